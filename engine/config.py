@@ -1,0 +1,147 @@
+"""EngineConfig: every engine setting in one flat, frozen, validated object.
+
+Users write it the way both seed APIs did: ``EngineConfig(model=..., block_size=16)``.
+It is read once (from arguments, a JSON file, or CLI flags) and passed down; nothing
+deeper in the engine reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import InitVar, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+PREEMPTION_MODES = ("auto", "recompute", "swap")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+# Keys users of the seed APIs write, mapped to our field names.
+ALIASES = {"max_total_tokens": "max_num_batched_tokens"}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Weights: a local folder, a hub id, or a .gguf file. None = the embedded default.
+    model: str | None = None
+    # Tokenizer source; None = the model's own.
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+
+    # Paged KV cache.
+    block_size: int = 16
+    # None = sized from a memory budget (gpu_memory_utilization on CUDA,
+    # kv_cache_memory bytes on the CPU).
+    max_num_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int = 2 * 1024**3
+    # CPU blocks that hold swapped-out sequences; 0 = no swap space.
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = True
+
+    # Scheduling.
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 4096
+    # New sequences are admitted only while KV usage stays under this fraction.
+    memory_threshold: float = 0.9
+    # "auto" swaps when CPU blocks exist and recomputes otherwise.
+    preemption_mode: str = "auto"
+
+    attention_backend: str = "auto"
+
+    # The seed API's name for max_num_batched_tokens.
+    max_total_tokens: InitVar[int | None] = None
+
+    def __post_init__(self, max_total_tokens: int | None) -> None:
+        if max_total_tokens is not None:
+            object.__setattr__(self, "max_num_batched_tokens", max_total_tokens)
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("max_num_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        _check_int("num_cpu_blocks", self.num_cpu_blocks, minimum=0)
+        _check_int("seed", self.seed, minimum=0)
+        for name in ("memory_threshold", "gpu_memory_utilization"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
+            )
+        for name in ("model", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")
+        if self.preemption_mode == "swap" and self.num_cpu_blocks == 0:
+            raise ValueError("preemption_mode 'swap' needs num_cpu_blocks > 0")
+
+    @property
+    def use_swap(self) -> bool:
+        if self.preemption_mode == "auto":
+            return self.num_cpu_blocks > 0
+        return self.preemption_mode == "swap"
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)] + list(ALIASES)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> EngineConfig:
+        """Build from a flat mapping; unknown keys are an error naming the key."""
+        known = set(cls.field_names())
+        for key in values:
+            if key not in known:
+                raise ValueError(f"{source}: unknown key {key!r}")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: {exc}") from exc
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> EngineConfig:
+        """Read a JSON file (flat, or with the settings under an "engine" key)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read config file: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object at the top level")
+        if isinstance(data.get("engine"), dict):
+            data = data["engine"]
+        data = {k: v for k, v in data.items() if not k.startswith("_")}  # "_comment" keys
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data, source=str(path))
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
