@@ -16,7 +16,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch")
 
 # Keys users of the seed APIs write, mapped to our field names.
 ALIASES = {"max_total_tokens": "max_num_batched_tokens"}
@@ -144,4 +144,3 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-

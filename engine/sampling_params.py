@@ -28,7 +28,9 @@ class SamplingParams:
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+            raise ValueError(
+                f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}"
+            )
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (

@@ -1,0 +1,41 @@
+"""Engine-wide counters: what the engine has done since it started."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineMetrics:
+    started: float = field(default_factory=time.monotonic)
+    requests_processed: int = 0  # finished, whatever the reason
+    prompt_tokens: int = 0
+    tokens_generated: int = 0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    total_latency: float = 0.0
+    busy_time: float = 0.0  # seconds spent inside step()
+    max_batch_size: int = 0  # most sequences in one forward pass
+
+    @property
+    def average_latency(self) -> float:
+        """Mean seconds from arrival to finish over finished requests."""
+        return self.total_latency / self.requests_processed if self.requests_processed else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per second of engine work."""
+        return self.tokens_generated / self.busy_time if self.busy_time else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "requests_processed": self.requests_processed,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_generated": self.tokens_generated,
+            "num_steps": self.num_steps,
+            "num_preemptions": self.num_preemptions,
+            "average_latency": self.average_latency,
+            "throughput": self.throughput,
+            "max_batch_size": self.max_batch_size,
+        }

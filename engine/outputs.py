@@ -1,0 +1,44 @@
+"""RequestOutput: what a caller sees of a request after each step and at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finished: bool
+    # "stop" (eos), "length" (max_tokens or max_model_len), "abort", "error"; None while running.
+    finish_reason: str | None
+    cumulative_logprob: float
+    metrics: RequestMetrics
+    # What this step added, for streaming.
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None

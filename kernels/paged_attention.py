@@ -1,0 +1,112 @@
+"""Attention over a paged KV cache, and the write of new keys/values into it.
+
+The cache of one layer is two tensors [num_blocks, block_size, num_kv_heads, head_dim].
+A sequence's token at position p lives in block ``block_table[p // block_size]`` at
+offset ``p % block_size``; its flat slot is ``block * block_size + offset``.
+
+One call serves a whole step: a batch of sequences, each with a chunk of new query
+tokens (1 for a decode, many for a prefill chunk) that attends causally to everything
+cached for that sequence, including the chunk itself:
+
+    out[t] = softmax(scale * q[t] . K[:pos(t)+1]^T) V[:pos(t)+1]
+
+The torch reference below pads the batch to [num_seqs, max_query_len] and gathers
+each sequence's blocks into [num_seqs, max_context_len]: no Python loop over
+sequences or layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] long; -1 = padding, not stored
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
+    context_lens: torch.Tensor  # [num_seqs] int32: cached tokens after this step
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cu_seqlens of the query chunks
+    max_query_len: int
+    max_context_len: int
+    # Built once per step for the torch path and shared by every layer.
+    query_valid: torch.Tensor | None = None  # [num_seqs, max_query_len] bool
+    query_index: torch.Tensor | None = None  # [num_seqs, max_query_len] long
+    # sliding window (None = full) -> [num_seqs, 1, max_query_len, max_ctx] bool
+    attn_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+
+def store_kv_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    num_kv_heads, head_dim = key.shape[1:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def prepare_torch_attention(
+    meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
+) -> None:
+    """Fill the padded query index and the causal masks the torch path shares across layers."""
+    device = meta.context_lens.device
+    starts = meta.query_start_loc[:-1].long()
+    query_lens = meta.query_start_loc[1:].long() - starts  # [num_seqs]
+    offsets = torch.arange(meta.max_query_len, device=device)
+    meta.query_valid = offsets[None, :] < query_lens[:, None]
+    meta.query_index = torch.where(meta.query_valid, starts[:, None] + offsets[None, :], 0)
+    # Absolute position of each (padded) query token; padded rows still see key 0,
+    # so no row of the mask is empty (an empty row would give NaN).
+    query_pos = (meta.context_lens.long() - query_lens)[:, None] + offsets[None, :]
+    key_pos = torch.arange(meta.block_tables.shape[1] * block_size, device=device)
+    causal = key_pos[None, None, :] <= query_pos[:, :, None]
+    for window in sliding_windows:
+        mask = causal
+        if window is not None:
+            mask = causal & (key_pos[None, None, :] > query_pos[:, :, None] - window)
+            mask[..., 0] |= ~meta.query_valid
+        meta.attn_masks[window] = mask.unsqueeze(1)
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """query [num_tokens, num_heads, head_dim] -> output of the same shape."""
+    attn_mask = meta.attn_masks[sliding_window]  # built by prepare_torch_attention
+    num_seqs, max_blocks = meta.block_tables.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = query.shape[1]
+    # [num_seqs, num_kv_heads, max_ctx, head_dim]
+    keys = k_cache[meta.block_tables].view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
+    values = v_cache[meta.block_tables].view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    # [num_seqs, num_heads, max_query_len, head_dim]
+    q = query[meta.query_index].transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q,
+        keys,
+        values,
+        attn_mask=attn_mask,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    # back to the packed [num_tokens, num_heads, head_dim]
+    return out.transpose(1, 2)[meta.query_valid]

@@ -1,0 +1,167 @@
+"""The torch kernels against Hugging Face's Llama layers and a dense attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+import kernels
+from kernels.paged_attention import AttentionMetadata
+
+
+def test_rms_norm_matches_transformers_exactly():
+    torch.manual_seed(0)
+    hf = LlamaRMSNorm(64, eps=1e-5)
+    hf.weight.data.normal_()
+    x = torch.randn(7, 64)
+    assert torch.equal(kernels.rms_norm(x, hf.weight, 1e-5), hf(x))
+    residual = torch.randn(7, 64)
+    out, new_residual = kernels.fused_add_rms_norm(x, residual, hf.weight, 1e-5)
+    assert torch.equal(new_residual, residual + x)
+    assert torch.equal(out, hf(residual + x))
+
+
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
+def test_rotary_matches_transformers_exactly(rope_parameters):
+    config = transformers.LlamaConfig(
+        hidden_size=96,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        rope_parameters=rope_parameters,
+    )
+    head_dim = 32
+    inv_freq = kernels.rope_inv_freq(head_dim, rope_parameters["rope_theta"], rope_parameters)
+    cos, sin = kernels.rope_cos_sin(inv_freq, 512)
+    hf_rope = LlamaRotaryEmbedding(config)
+    positions = torch.tensor([0, 1, 5, 63, 64, 200, 511])
+    q = torch.randn(7, 3, head_dim)
+    k = torch.randn(7, 1, head_dim)
+    hf_cos, hf_sin = hf_rope(q, positions[None])
+    # transformers wants [batch, heads, seq, head_dim]
+    hf_q, hf_k = apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos, hf_sin
+    )
+    our_q, our_k = kernels.rotary(positions, q, k, cos, sin)
+    assert torch.equal(our_q, hf_q[0].transpose(0, 1))
+    assert torch.equal(our_k, hf_k[0].transpose(0, 1))
+
+
+def test_rotary_gptj_style_rotates_adjacent_pairs():
+    inv_freq = kernels.rope_inv_freq(8, 10000.0, None)
+    cos, sin = kernels.rope_cos_sin(inv_freq, 16)
+    positions = torch.tensor([3])
+    q = torch.randn(1, 1, 8)
+    out, _ = kernels.rotary(positions, q, q.clone(), cos, sin, is_neox=False)
+    angle = 3 * inv_freq  # one frequency per adjacent pair
+    x1, x2 = q[0, 0, 0::2], q[0, 0, 1::2]
+    expected = torch.stack(
+        (x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()), -1
+    )
+    torch.testing.assert_close(out[0, 0], expected.flatten())
+
+
+def test_silu_and_mul():
+    x = torch.randn(4, 10)
+    expected = torch.nn.functional.silu(x[:, :5]) * x[:, 5:]
+    assert torch.equal(kernels.silu_and_mul(x), expected)
+
+
+def _dense_attention(q, k, v, scale, window=None):
+    # q [n_q, H, D] for the last n_q positions of k/v [n_ctx, KVH, D]
+    n_q, n_ctx = q.shape[0], k.shape[0]
+    ratio = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(ratio, dim=1)
+    v = v.repeat_interleave(ratio, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    q_pos = torch.arange(n_ctx - n_q, n_ctx)[:, None]
+    k_pos = torch.arange(n_ctx)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_mixed_batch_matches_dense(window):
+    """Decodes, a first prefill chunk and a chunk with cached context, blocks shuffled."""
+    torch.manual_seed(0)
+    block_size, num_blocks, kv_heads, heads, head_dim = 4, 40, 2, 6, 24
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    # (context before this step, new tokens this step)
+    shapes = [(9, 1), (0, 7), (13, 6), (3, 1), (0, 1)]
+    free = torch.randperm(num_blocks).tolist()
+    tables, full_k, full_v = [], [], []
+    slots, starts, ctx_lens = [], [0], []
+    new_k, new_v, queries = [], [], []
+    for cached, new in shapes:
+        total = cached + new
+        table = [free.pop() for _ in range(-(-total // block_size))]
+        k = torch.randn(total, kv_heads, head_dim)
+        v = torch.randn(total, kv_heads, head_dim)
+        for p in range(cached):  # already in the cache
+            k_cache[table[p // block_size], p % block_size] = k[p]
+            v_cache[table[p // block_size], p % block_size] = v[p]
+        slots += [
+            table[p // block_size] * block_size + p % block_size for p in range(cached, total)
+        ]
+        new_k.append(k[cached:])
+        new_v.append(v[cached:])
+        queries.append(torch.randn(new, heads, head_dim))
+        tables.append(table)
+        full_k.append(k)
+        full_v.append(v)
+        starts.append(starts[-1] + new)
+        ctx_lens.append(total)
+    max_blocks = max(len(t) for t in tables)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor(
+            [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
+        ),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(n for _, n in shapes),
+        max_context_len=max(ctx_lens),
+    )
+    kernels.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta.slot_mapping)
+    kernels.prepare_attention(meta, block_size, {window})
+    out = kernels.paged_attention(torch.cat(queries), k_cache, v_cache, meta, 0.3, window)
+    expected = torch.cat(
+        [
+            _dense_attention(q, k, v, 0.3, window)
+            for q, k, v in zip(queries, full_k, full_v, strict=True)
+        ]
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_store_kv_skips_padding_slots():
+    k_cache = torch.zeros(2, 4, 1, 3)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.ones(3, 1, 3)
+    kernels.store_kv(key, key * 2, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    assert k_cache.view(-1, 1, 3)[5].eq(1).all() and k_cache.view(-1, 1, 3)[0].eq(1).all()
+    assert k_cache.sum() == 6 and v_cache.sum() == 12
