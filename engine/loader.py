@@ -7,6 +7,8 @@ requested dtype, on CPU: the model code never knows where its weights came from.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import json
 import logging
@@ -168,7 +170,10 @@ def _local_source(path: Path) -> ModelSource:
 
 def load_config(source: ModelSource) -> transformers.PretrainedConfig:
     """The model's HF config; rejects architectures models/llama.py cannot run."""
-    config = transformers.AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
+    if source.is_gguf:
+        config = copy.deepcopy(_read_gguf_config(source))
+    else:
+        config = transformers.AutoConfig.from_pretrained(source.folder)
     try:
         architecture = architecture_of(config)
     except ValueError as exc:
@@ -186,8 +191,27 @@ def load_config(source: ModelSource) -> transformers.PretrainedConfig:
     return config
 
 
+# Reading a GGUF config parses the whole vocab too (seconds): read each file once.
+@functools.lru_cache(maxsize=4)
+def _read_gguf_config(source: ModelSource) -> transformers.PretrainedConfig:
+    return transformers.AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
+
+
 def load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
     """The HF tokenizer that ships with the weights (a GGUF file embeds its own)."""
+    if source.is_gguf:
+        return _load_gguf_tokenizer(source)
+    return _load_tokenizer(source)
+
+
+# Turning a GGUF vocab into a tokenizer takes seconds; engines built in one process
+# (tests, benchmarks) share the result. Tokenizers are not changed after loading.
+@functools.lru_cache(maxsize=4)
+def _load_gguf_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
+    return _load_tokenizer(source)
+
+
+def _load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
     start = time.perf_counter()
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         source.folder, gguf_file=source.gguf_file

@@ -1,0 +1,154 @@
+"""LLMEngine's Python API on a tiny random Llama: requests, steps, aborts, bad input, seeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from server import cli
+from tests.tiny_models import save_tiny_model
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture
+def engine(model_dir):
+    return LLMEngine(EngineConfig(model=str(model_dir), max_model_len=256, max_num_blocks=64))
+
+
+def run_to_end(engine: LLMEngine) -> dict[str, str]:
+    """Step until idle; return request_id -> concatenated streamed text."""
+    streamed: dict[str, str] = {}
+    while engine.has_pending_work():
+        for out in engine.step():
+            streamed[out.request_id] = streamed.get(out.request_id, "") + out.delta_text
+    return streamed
+
+
+def test_step_api_streams_the_final_text(engine):
+    first = engine.add_request("hello world", GREEDY)
+    second = engine.add_request([5, 6, 7, 8], GREEDY, request_id="mine")
+    assert second == "mine" and engine.has_pending_work()
+    streamed = run_to_end(engine)
+    for request_id in (first, second):
+        out = engine.get_output(request_id)
+        assert out.finished and out.finish_reason == "length"
+        assert len(out.token_ids) == 12
+        # Text continues the prompt (a first word keeps its leading space), as in vLLM.
+        prompt_text = engine.tokenizer.decode(out.prompt_token_ids)
+        full_text = engine.tokenizer.decode(out.prompt_token_ids + out.token_ids)
+        assert streamed[request_id] == out.text == full_text[len(prompt_text) :]
+        assert out.metrics.latency > 0 and out.metrics.time_to_first_token > 0
+    assert engine.get_output(first).prompt == "hello world"
+    assert engine.get_output("mine").prompt_token_ids == [5, 6, 7, 8]
+    metrics = engine.metrics.as_dict()
+    assert metrics["requests_processed"] == 2 and metrics["tokens_generated"] == 24
+    assert metrics["throughput"] > 0 and metrics["average_latency"] > 0
+    stats = engine.memory_stats()
+    assert stats["used_blocks"] == 0 and stats["free_blocks"] == stats["total_blocks"] == 64
+
+
+def test_abort_frees_blocks_and_spares_the_others(engine):
+    expected = engine.generate(["keep going"], GREEDY, use_tqdm=False)[0].token_ids
+    keep = engine.add_request("keep going", GREEDY)
+    drop = engine.add_request("stop me " * 20, GREEDY)
+    engine.step()
+    engine.step()
+    assert engine.memory_stats()["used_blocks"] > 0
+    assert engine.abort(drop) and not engine.abort(drop)
+    assert engine.get_output(drop).finish_reason == "abort"
+    run_to_end(engine)
+    assert engine.get_output(keep).token_ids == expected
+    assert engine.memory_stats()["used_blocks"] == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "field"),
+    [
+        ("", GREEDY, "prompt"),
+        ([], GREEDY, "prompt"),
+        ([1, 2, 10**6], GREEDY, "prompt"),
+        ([1] * 300, GREEDY, "max_model_len"),
+        (123, GREEDY, "prompt"),
+    ],
+)
+def test_bad_input_names_the_field_and_others_keep_running(engine, prompt, params, field):
+    good = engine.add_request("fine", GREEDY)
+    with pytest.raises(ValueError, match=field):
+        engine.add_request(prompt, params)
+    run_to_end(engine)
+    assert engine.get_output(good).finish_reason == "length"
+    assert engine.memory_stats()["num_sequences"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_generate_rejects_a_bad_prompt_without_leaking(engine):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate(["ok", ""], GREEDY, use_tqdm=False)
+    assert not engine.has_pending_work()
+    assert engine.memory_stats()["used_blocks"] == 0
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engine):
+    seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True)
+    alone = engine.generate(["tell me"], seeded, use_tqdm=False)[0].token_ids
+    others = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
+    crowd = engine.generate(
+        ["abc", "tell me", "a much longer prompt than the others"],
+        [others, seeded, others],
+        use_tqdm=False,
+    )
+    assert crowd[1].token_ids == alone
+    again = engine.generate(["tell me"], seeded, use_tqdm=False)[0].token_ids
+    assert again == alone
+
+
+def test_max_model_len_ends_with_length(model_dir):
+    engine = LLMEngine(EngineConfig(model=str(model_dir), max_model_len=20, max_num_blocks=8))
+    out = engine.generate([[5] * 15], SamplingParams(max_tokens=50, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_config_errors_name_the_field(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="max_num_blocks"):
+        LLMEngine(EngineConfig(model=str(model_dir), max_num_blocks=4, max_model_len=256))
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLMEngine(EngineConfig(model=str(model_dir), max_model_len=10**6))
+    with pytest.raises(ValueError, match="no-such-model"):
+        LLMEngine(EngineConfig(model=str(tmp_path / "no-such-model")))
+
+
+def test_cli_one_shot_prints_text_and_stats(model_dir, capsys):
+    code = cli.main(
+        ["--model", str(model_dir), "--input", "hello", "--max-tokens", "5", "--json"]
+        + ["--max-model-len", "64", "--max-num-blocks", "16"]
+    )
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["completion_tokens"] <= 5 and result["prompt_tokens"] > 0
+    assert result["finish_reason"] in ("stop", "length")
+
+
+def test_cli_reports_bad_flags_as_errors(model_dir, capsys):
+    assert cli.main(["--model", str(model_dir), "--input", "hi", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err

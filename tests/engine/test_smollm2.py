@@ -1,0 +1,112 @@
+"""The embedded SmolLM2-135M-Instruct: our engine against transformers on the same GGUF.
+
+Both load the Q4_1 file and dequantize it to fp32; greedy tokens must be identical
+for 16 prompts (chat and raw, 1 token to a few hundred), also when the KV cache is
+small enough to force preemption, prompts are chunked, and prefixes are shared.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.loader import resolve_model
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW_TOKENS = 24
+
+DOCUMENT = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the "
+    "tower from 1887 to 1889. Locally nicknamed La dame de fer, it was constructed as the "
+    "centrepiece of the 1889 World's Fair, and to crown the centennial anniversary of the "
+    "French Revolution. "
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Who built the tower?",
+    "Name three primary colours.",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 7?",
+]
+
+
+def build_prompts(tokenizer) -> list[list[int]]:
+    def chat(text: str) -> list[int]:
+        messages = [{"role": "user", "content": text}]
+        return list(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+
+    prompts = [chat(q) for q in QUESTIONS]  # share the template's system prefix
+    prompts += [chat(DOCUMENT + q) for q in QUESTIONS[:4]]  # share a long prefix
+    prompts.append(chat(DOCUMENT * 3 + "Summarise the text."))  # a few hundred tokens
+    raw = ["Paris", "Once upon a time", "def fibonacci(n):", DOCUMENT, "1, 2, 3, 4,"]
+    prompts += [tokenizer(text)["input_ids"] for text in raw]
+    prompts[-5] = prompts[-5][:1]  # a one-token prompt
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(prompts, transformers' greedy outputs) for SmolLM2 loaded from the same GGUF."""
+    source = resolve_model(None)
+    kwargs = dict(gguf_file=source.gguf_file)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        source.folder, dtype=torch.float32, **kwargs
+    ).eval()
+    prompts = build_prompts(tokenizer)
+    assert len(prompts) == 16 and max(len(p) for p in prompts) > 200
+    expected = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+            )
+            expected.append(out[0, len(prompt) :].tolist())
+    return prompts, expected
+
+
+REGIMES = {
+    "plain": dict(),
+    # 48 blocks of 16 = 768 tokens for ~2,000 tokens of work; 64-token chunks.
+    "recompute+chunked": dict(max_num_blocks=48, max_model_len=768, max_num_batched_tokens=64),
+    "swap": dict(max_num_blocks=48, max_model_len=768, num_cpu_blocks=256),
+}
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_smollm2_greedy_matches_transformers(reference, regime):
+    prompts, expected = reference
+    engine = LLMEngine(EngineConfig(dtype="float32", **REGIMES[regime]))
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
+    # The second pass finds the first pass's blocks in the prefix cache.
+    for _ in range(2):
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
+            assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
+    stats = engine.memory_stats()
+    assert stats["prefix_cache_hits"] > 0
+    if regime != "plain":
+        assert engine.metrics.num_preemptions > 0
+    assert stats["used_blocks"] == 0 and stats["cpu_used_blocks"] == 0
+
+
+def test_smollm2_answers_the_capital_of_france():
+    engine = LLMEngine()
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    out = engine.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0))[0]
+    assert "Paris" in out.text and out.finish_reason == "stop"
