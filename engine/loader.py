@@ -7,12 +7,14 @@ requested dtype, on CPU: the model code never knows where its weights came from.
 
 from __future__ import annotations
 
-import copy
-import functools
+import hashlib
 import importlib.util
 import json
 import logging
+import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from huggingface_hub import constants as hf_constants
 
 from engine.models import architecture_of
 
@@ -45,6 +48,9 @@ HUB_ALLOW_PATTERNS = [
 ]
 # Mistral repos carry the same weights twice (HF shards + mistral-native consolidated).
 HUB_IGNORE_PATTERNS = ["consolidated*", "original/*"]
+
+# Where the config and tokenizer converted from GGUF files are kept.
+GGUF_METADATA_CACHE = Path(hf_constants.HF_HOME) / "hetero-paged-infer" / "gguf"
 
 # GGUF tensor name -> HF parameter name. Layer tensors are "blk.{i}.{part}.{weight|bias}".
 GGUF_GLOBAL_NAMES = {
@@ -170,10 +176,7 @@ def _local_source(path: Path) -> ModelSource:
 
 def load_config(source: ModelSource) -> transformers.PretrainedConfig:
     """The model's HF config; rejects architectures models/llama.py cannot run."""
-    if source.is_gguf:
-        config = copy.deepcopy(_read_gguf_config(source))
-    else:
-        config = transformers.AutoConfig.from_pretrained(source.folder)
+    config = transformers.AutoConfig.from_pretrained(_metadata_folder(source))
     try:
         architecture = architecture_of(config)
     except ValueError as exc:
@@ -191,31 +194,10 @@ def load_config(source: ModelSource) -> transformers.PretrainedConfig:
     return config
 
 
-# Reading a GGUF config parses the whole vocab too (seconds): read each file once.
-@functools.lru_cache(maxsize=4)
-def _read_gguf_config(source: ModelSource) -> transformers.PretrainedConfig:
-    return transformers.AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
-
-
 def load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
     """The HF tokenizer that ships with the weights (a GGUF file embeds its own)."""
-    if source.is_gguf:
-        return _load_gguf_tokenizer(source)
-    return _load_tokenizer(source)
-
-
-# Turning a GGUF vocab into a tokenizer takes seconds; engines built in one process
-# (tests, benchmarks) share the result. Tokenizers are not changed after loading.
-@functools.lru_cache(maxsize=4)
-def _load_gguf_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
-    return _load_tokenizer(source)
-
-
-def _load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
     start = time.perf_counter()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(
-        source.folder, gguf_file=source.gguf_file
-    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(_metadata_folder(source))
     logger.info(
         "tokenizer %s from %s in %.1f s",
         type(tokenizer).__name__,
@@ -223,6 +205,44 @@ def _load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase
         time.perf_counter() - start,
     )
     return tokenizer
+
+
+def _metadata_folder(source: ModelSource) -> Path:
+    """A folder with the model's config.json and tokenizer files.
+
+    For a GGUF file, transformers' conversion of its metadata and vocab takes
+    ~15 s, so the converted files are kept under HF_HOME, keyed by the file's
+    path, size and mtime: later loads of the same file take well under a second.
+    """
+    if not source.is_gguf:
+        return source.folder
+    stat = source.path.stat()
+    key = f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    folder = GGUF_METADATA_CACHE / hashlib.sha256(key.encode()).hexdigest()[:20]
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    start = time.perf_counter()
+    kwargs = {"gguf_file": source.gguf_file}
+    config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent))
+    except OSError as exc:
+        # A read-only cache is slower, not fatal.
+        logger.warning("cannot cache GGUF metadata under %s: %s", folder.parent, exc)
+        staging = Path(tempfile.mkdtemp())
+    config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, folder)
+    except OSError:
+        # Another process cached it first, or the cache is read-only.
+        if not (folder / "tokenizer_config.json").is_file():
+            return staging
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("converted GGUF config and tokenizer in %.1f s", time.perf_counter() - start)
+    return folder
 
 
 def load_state_dict(source: ModelSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
