@@ -1,9 +1,11 @@
-"""`hetero-infer`: one-shot generation from the command line.
+"""`hetero-infer`: the server, and one-shot generation from the command line.
 
+    hetero-infer serve --port 8000 --api-key secret     (also: hetero-infer --serve)
     hetero-infer --input "Hello" --max-tokens 50
     hetero-infer --input "What is the capital of France?" --chat
 
-Engine flags override config.json (--config), which overrides the defaults.
+Settings come from flags, then HETERO_* environment variables (HETERO_PORT,
+HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then the --config file, then defaults.
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from server.settings import ServerSettings
+
+ENV_PREFIX = "HETERO_"
 
 # Engine flags: (flag, EngineConfig field, type). Shared by every mode of the CLI.
 ENGINE_FLAGS: list[tuple[str, str, type]] = [
@@ -42,12 +50,78 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=field_name, type=kind)
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    overrides = {name: getattr(args, name) for _, name, _ in ENGINE_FLAGS}
-    overrides["seed"] = args.seed
-    if args.config:
-        return EngineConfig.from_file(args.config, **overrides)
-    return EngineConfig.from_dict({k: v for k, v in overrides.items() if v is not None}, "flags")
+def engine_config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> EngineConfig:
+    flags = [(name, kind) for _, name, kind in ENGINE_FLAGS] + [("seed", int)]
+    overrides = _from_env(flags, environ)
+    overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
+    config_file = args.config or environ.get(f"{ENV_PREFIX}CONFIG")
+    if config_file:
+        return EngineConfig.from_file(config_file, **overrides)
+    return EngineConfig.from_dict(overrides, "flags")
+
+
+def _from_env(fields: list[tuple[str, type]], environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, kind in fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        try:
+            values[name] = kind(raw)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_PREFIX}{name.upper()}: {exc}") from exc
+    return values
+
+
+# Server flags: (flag, ServerSettings field, type).
+SERVER_FLAGS: list[tuple[str, str, type]] = [
+    ("--host", "host", str),
+    ("--port", "port", int),
+    ("--served-model-name", "served_model_name", str),
+    ("--api-key", "api_key", str),
+    ("--allowed-origins", "allowed_origins", str),
+    ("--max-waiting-requests", "max_waiting_requests", int),
+    ("--max-body-bytes", "max_body_bytes", int),
+    ("--shutdown-timeout", "shutdown_timeout", float),
+]
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetero-infer serve", description="Serve the OpenAI-compatible API."
+    )
+    for flag, name, kind in SERVER_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind)
+    parser.add_argument("--log-level", default="INFO")
+    add_engine_flags(parser)
+    return parser
+
+
+def server_settings_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> ServerSettings:
+    values = _from_env([(name, kind) for _, name, kind in SERVER_FLAGS], environ)
+    values.update({n: getattr(args, n) for _, n, _ in SERVER_FLAGS if getattr(args, n) is not None})
+    if isinstance(values.get("allowed_origins"), str):
+        origins = values["allowed_origins"].split(",")
+        values["allowed_origins"] = tuple(o.strip() for o in origins if o.strip())
+    return ServerSettings(engine=engine_config_from_args(args, environ), **values)
+
+
+def serve_main(argv: list[str]) -> int:
+    args = build_serve_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = server_settings_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from server.serve import serve  # uvicorn is only needed here
+
+    serve(settings)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"] or "--serve" in argv:
+        return serve_main([a for a in argv if a not in ("serve", "--serve")])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,160 @@
+"""AsyncEngine: the LLMEngine driven by an asyncio task, one queue per request.
+
+The engine's state is touched by one party at a time: requests to add or abort
+are queued and applied by the loop task between steps, and the model step itself
+runs in a dedicated worker thread so the event loop keeps serving HTTP and
+flushing streams while the model computes. New requests join the running batch
+at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from engine.llm_engine import LLMEngine, Prompt
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped on an error; no request can be served."""
+
+
+@dataclass
+class _NewRequest:
+    prompt: Prompt
+    params: SamplingParams
+    request_id: str
+    accepted: asyncio.Future = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._new: list[_NewRequest] = []
+        self._aborts: set[str] = set()
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        self._task: asyncio.Task | None = None
+        self.dead_error: BaseException | None = None
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.dead_error is None
+
+    @property
+    def num_pending(self) -> int:
+        """Requests accepted and not finished (waiting, running or swapped)."""
+        return len(self._queues)
+
+    # ---- requests ----
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs as the engine makes them, the last one finished.
+
+        ValueError for bad input is raised before the first output. Leaving the
+        iteration early (a client that went away) aborts the request.
+        """
+        if self.dead_error is not None:
+            raise EngineDeadError("the engine loop has stopped") from self.dead_error
+        new = _NewRequest(prompt, params, request_id)
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._new.append(new)
+        self._wake.set()
+        finished = False
+        try:
+            await new.accepted
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._aborts.add(request_id)
+        self._wake.set()
+
+    # ---- the loop ----
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._new and not self._aborts and not self.engine.has_pending_work():
+                    self._wake.clear()
+                    await self._wake.wait()
+                self._apply_requests()
+                if not self.engine.has_pending_work():
+                    continue
+                outputs = await loop.run_in_executor(self._executor, self._step)
+                for output in outputs:
+                    queue = self._queues.get(output.request_id)
+                    if queue is not None:
+                        queue.put_nowait(output)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug or a device error: fail loudly, not silently
+            logger.exception("engine loop died")
+            self.dead_error = exc
+            error = EngineDeadError(f"the engine loop has stopped: {exc}")
+            for new in self._new:
+                if not new.accepted.done():
+                    new.accepted.set_exception(error)
+            for queue in self._queues.values():
+                queue.put_nowait(error)
+
+    def _step(self) -> list[RequestOutput]:
+        # Snapshots: the engine keeps mutating its own output objects.
+        return [copy.copy(out) for out in self.engine.step()]
+
+    def _apply_requests(self) -> None:
+        for new in self._new:
+            if new.request_id in self._aborts:
+                self._aborts.discard(new.request_id)
+                new.accepted.cancel()
+                continue
+            try:
+                self.engine.add_request(new.prompt, new.params, new.request_id)
+            except ValueError as exc:
+                new.accepted.set_exception(exc)
+            else:
+                new.accepted.set_result(None)
+        self._new.clear()
+        for request_id in self._aborts:
+            self.engine.abort(request_id)
+        self._aborts.clear()

@@ -1,0 +1,137 @@
+"""build_app(): the FastAPI application. Its lifespan owns the engine.
+
+The model loads in a background thread after the socket opens, so /healthz
+answers (200) while loading and /readyz turns 200 only once the engine has
+loaded and served a warm-up request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.async_engine import AsyncEngine
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from server import middleware
+from server.protocol import APIError
+from server.routes import health, metrics, openai
+from server.server_metrics import ServerMetrics
+from server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    engine: AsyncEngine | None = None
+    ready: bool = False
+    draining: bool = False
+    load_error: BaseException | None = None
+
+    @property
+    def is_dead(self) -> bool:
+        """The engine failed to load, or its loop has died."""
+        return self.load_error is not None or (
+            self.engine is not None and self.engine.dead_error is not None
+        )
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine if it can take a request now; otherwise a 503 to send back."""
+        if self.draining:
+            raise _unavailable("the server is shutting down")
+        if self.is_dead:
+            raise _unavailable("the engine has failed")
+        if self.engine is None or not self.ready:
+            raise _unavailable("the model is still loading")
+        if self.engine.num_pending >= self.settings.max_waiting_requests:
+            raise _unavailable("too many requests are waiting; retry later")
+        return self.engine
+
+
+def _unavailable(message: str) -> APIError:
+    return APIError(503, message, "service_unavailable", headers={"Retry-After": "5"})
+
+
+def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> FastAPI:
+    """The app; ``engine`` lets tests and embedders pass a loaded engine."""
+    state = ServerState(settings)
+    state.metrics.bind(lambda: state.engine.engine if state.engine else None, settings.model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(_load(state, engine))
+        try:
+            yield
+        finally:
+            loader.cancel()
+            if state.engine is not None:
+                await state.engine.stop()
+
+    app = FastAPI(title="Hetero-Paged-Infer", lifespan=lifespan)
+    app.state.server = state
+    app.include_router(openai.router)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    middleware.install(app, settings)
+    _install_error_handlers(app)
+    return app
+
+
+async def _load(state: ServerState, engine: LLMEngine | None) -> None:
+    try:
+        if engine is None:
+            engine = await asyncio.to_thread(LLMEngine, state.settings.engine)
+        state.engine = AsyncEngine(engine)
+        state.engine.start()
+        # One real request through the whole path before we call ourselves ready.
+        warmup = SamplingParams(max_tokens=1, temperature=0.0)
+        async for _ in state.engine.generate([0], warmup, "warmup"):
+            pass
+        state.ready = True
+        logger.info("ready to serve %s", state.settings.model_name)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        state.load_error = exc
+        logger.exception("the engine failed to start")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI says 422; OpenAI (and vLLM) say 400, naming the field.
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        error = APIError(400, f"{param}: {message}" if param else message, param=param)
+        return JSONResponse(error.body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        error = APIError(exc.status_code, str(exc.detail), kind)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        error = APIError(500, "internal server error", "internal_server_error")
+        return JSONResponse(error.body(), status_code=500)

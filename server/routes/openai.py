@@ -1,0 +1,322 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models,
+/tokenize and /detokenize.
+
+A request is validated and tokenized here, then runs through the AsyncEngine.
+Streams are SSE (``data: {chunk}`` ... ``data: [DONE]``). A client that goes away
+aborts its request, streaming or not, so its KV blocks return at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    new_id,
+    now,
+    usage,
+)
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _state(request: Request):
+    return request.app.state.server
+
+
+def _check_model(request: Request, model: str | None) -> None:
+    name = _state(request).settings.model_name
+    if model is not None and model != name:
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist.",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _check_length(engine: AsyncEngine, token_ids: list[int], max_tokens: int | None) -> int:
+    """The max_tokens to use; 400 when the prompt (plus max_tokens) overflows the context."""
+    limit = engine.engine.max_model_len
+    if len(token_ids) + (max_tokens or 0) > limit or len(token_ids) >= limit:
+        asked = f"{len(token_ids)} in the messages/prompt"
+        if max_tokens:
+            asked += f" and {max_tokens} for the completion"
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(token_ids) + (max_tokens or 0)} tokens ({asked}). "
+            "Please reduce the length of the messages or completion.",
+            param="messages" if max_tokens is None else "max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens or limit - len(token_ids)
+
+
+def _tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        return engine.engine.tokenizer.encode(prompt)
+    vocab = engine.engine.model_config.vocab_size
+    if not prompt or any(not 0 <= t < vocab for t in prompt):
+        raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+    return list(prompt)
+
+
+async def _run(
+    request: Request, engine: AsyncEngine, token_ids: list[int], params: SamplingParams, rid: str
+) -> AsyncIterator[RequestOutput]:
+    """The engine's outputs for one request, observed by the metrics."""
+    tracker = _state(request).metrics.tracker()
+    try:
+        async for output in engine.generate(token_ids, params, rid):
+            tracker.observe(output)
+            yield output
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), "service_unavailable", headers={"Retry-After": "5"}) from exc
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
+
+
+async def _collect_or_abort(request: Request, outputs: AsyncIterator[RequestOutput]) -> list:
+    """Drain a request's outputs; stop (and so abort it) if the client disconnects."""
+
+    async def drain() -> list[RequestOutput]:
+        return [out async for out in outputs]
+
+    task = asyncio.ensure_future(drain())
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if not done and await request.is_disconnected():
+            task.cancel()  # unwinds into AsyncEngine.generate, which aborts the request
+            await asyncio.gather(task, return_exceptions=True)
+            raise APIError(499, "client closed the request", "client_closed_request")
+    return task.result()
+
+
+async def _run_all(
+    request: Request,
+    engine: AsyncEngine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    base_id: str,
+) -> list[RequestOutput]:
+    """Run several prompts concurrently; return each one's final output."""
+    streams = [
+        _collect_or_abort(request, _run(request, engine, ids, params, f"{base_id}-{i}"))
+        for i, ids in enumerate(prompts)
+    ]
+    results = await asyncio.gather(*streams)
+    return [outs[-1] for outs in results]
+
+
+def _sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
+    async def events() -> AsyncIterator[dict[str, str]]:
+        try:
+            async for chunk in chunks:
+                yield {"data": json.dumps(chunk, ensure_ascii=False)}
+        except APIError as exc:
+            # The status line has gone out already: report in-band, then end.
+            yield {"event": "error", "data": json.dumps(exc.body())}
+        yield {"data": "[DONE]"}
+
+    return EventSourceResponse(events(), ping=0, sep="\n")
+
+
+# ---- /v1/completions ----
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = _state(request)
+    _check_model(request, body.model)
+    engine = state.require_engine()
+    if body.echo or body.suffix:
+        raise APIError(400, "'echo' and 'suffix' are not supported yet", param="echo")
+    prompts = [_tokenize_prompt(engine, p) for p in body.prompts()]
+    max_tokens = [_check_length(engine, ids, body.max_tokens) for ids in prompts]
+    params = body.sampling_params(min(max_tokens))
+    completion_id = new_id("cmpl")
+    name = state.settings.model_name
+
+    def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk(choices: list[dict[str, Any]], usage_value: dict | None = None) -> dict[str, Any]:
+        body_ = {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": now(),
+            "model": name,
+            "choices": choices,
+        }
+        if usage_value is not None:
+            body_["usage"] = usage_value
+        return body_
+
+    if not body.stream:
+        finals = await _run_all(request, engine, prompts, params, completion_id)
+        return JSONResponse(
+            chunk(
+                [choice(i, o.text, o.finish_reason) for i, o in enumerate(finals)],
+                usage(sum(len(p) for p in prompts), sum(len(o.token_ids) for o in finals)),
+            )
+        )
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        generated = 0
+        for i, ids in enumerate(prompts):
+            async for out in _run(request, engine, ids, params, f"{completion_id}-{i}"):
+                generated += len(out.delta_token_ids)
+                if out.delta_text or out.finished:
+                    yield chunk([choice(i, out.delta_text, out.finish_reason)])
+        if include_usage:
+            yield chunk([], usage(sum(len(p) for p in prompts), generated))
+
+    return _sse(stream())
+
+
+# ---- /v1/chat/completions ----
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = _state(request)
+    _check_model(request, body.model)
+    engine = state.require_engine()
+    try:
+        token_ids = engine.engine.tokenizer.apply_chat_template(body.template_messages())
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="messages") from exc
+    requested = body.max_completion_tokens or body.max_tokens
+    params = body.sampling_params(_check_length(engine, token_ids, requested))
+    completion_id = new_id("chatcmpl")
+    name = state.settings.model_name
+
+    def chunk(choices: list[dict[str, Any]], usage_value: dict | None = None) -> dict[str, Any]:
+        body_ = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": now(),
+            "model": name,
+            "choices": choices,
+        }
+        if usage_value is not None:
+            body_["usage"] = usage_value
+        return body_
+
+    if not body.stream:
+        outputs = await _collect_or_abort(
+            request, _run(request, engine, token_ids, params, completion_id)
+        )
+        final = outputs[-1]
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": now(),
+                "model": name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": final.text},
+                        "logprobs": None,
+                        "finish_reason": final.finish_reason,
+                    }
+                ],
+                "usage": usage(len(token_ids), len(final.token_ids)),
+            }
+        )
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        yield chunk(
+            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        )
+        generated = 0
+        async for out in _run(request, engine, token_ids, params, completion_id):
+            generated += len(out.delta_token_ids)
+            if out.delta_text or out.finished:
+                delta = {"content": out.delta_text} if out.delta_text else {}
+                yield chunk(
+                    [
+                        {
+                            "index": 0,
+                            "delta": delta,
+                            "logprobs": None,
+                            "finish_reason": out.finish_reason,
+                        }
+                    ]
+                )
+        if include_usage:
+            yield chunk([], usage(len(token_ids), generated))
+
+    return _sse(stream())
+
+
+# ---- models, tokenizer ----
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state = _state(request)
+    max_len = state.engine.engine.max_model_len if state.engine else None
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.settings.model_name,
+                "object": "model",
+                "created": now(),
+                "owned_by": "hetero-paged-infer",
+                "root": state.settings.engine.model or state.settings.model_name,
+                "max_model_len": max_len,
+            }
+        ],
+    }
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request):
+    _check_model(request, body.model)
+    engine = _state(request).require_engine()
+    tokenizer = engine.engine.tokenizer
+    if body.messages is not None:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tokens = tokenizer.apply_chat_template(messages)
+    elif body.prompt is not None:
+        tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    else:
+        raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.engine.max_model_len}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request):
+    _check_model(request, body.model)
+    engine = _state(request).require_engine()
+    vocab = engine.engine.model_config.vocab_size
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+    return {"prompt": engine.engine.tokenizer.decode(body.tokens)}

@@ -1,0 +1,138 @@
+"""Prometheus metrics with vLLM's names, meanings and buckets (prefix ``vllm:``).
+
+Gauges and engine counters are read from the engine when Prometheus scrapes;
+per-request latencies are observed as the routes see each request's outputs.
+All times are seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
+TTFT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+ITL_BUCKETS += (5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0)
+REQUEST_BUCKETS += (50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineCollector(Collector):
+    """Engine state, read at scrape time."""
+
+    def __init__(self, get_engine: Callable[[], LLMEngine | None], model_name: str) -> None:
+        self.get_engine = get_engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator:
+        engine = self.get_engine()
+        if engine is None:
+            return
+        labels = ["model_name"]
+        stats = engine.memory_stats()
+        metrics = engine.metrics
+        for name, doc, value in (
+            ("num_requests_running", "Requests in the running batch.", stats["num_running"]),
+            (
+                "num_requests_waiting",
+                "Requests waiting to be scheduled (including swapped out).",
+                stats["num_waiting"] + stats["num_swapped"],
+            ),
+            ("kv_cache_usage_perc", "KV cache usage (1 = full).", stats["usage"]),
+        ):
+            gauge = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
+            gauge.add_metric([self.model_name], value)
+            yield gauge
+        for name, doc, value in (
+            ("prompt_tokens", "Prompt tokens processed.", metrics.prompt_tokens),
+            ("generation_tokens", "Tokens generated.", metrics.tokens_generated),
+            ("num_preemptions", "Preemptions of running requests.", metrics.num_preemptions),
+            ("prefix_cache_queries", "Prompt tokens looked up.", stats["prefix_cache_queries"]),
+            ("prefix_cache_hits", "Prompt tokens found cached.", stats["prefix_cache_hits"]),
+        ):
+            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
+            counter.add_metric([self.model_name], value)
+            yield counter
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = ""
+        labels = ["model_name"]
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            labels + ["finished_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from arrival to the first generated token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive output tokens of a request.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Time from arrival to finish.",
+            labels,
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to first being scheduled.",
+            labels,
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+
+    def bind(self, get_engine: Callable[[], LLMEngine | None], model_name: str) -> None:
+        self.model_name = model_name
+        self.registry.register(_EngineCollector(get_engine, model_name))
+
+    def tracker(self) -> RequestTracker:
+        return RequestTracker(self)
+
+
+class RequestTracker:
+    """Observes one request's outputs as they arrive."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.last_token_time: float | None = None
+
+    def observe(self, output: RequestOutput) -> None:
+        m, name = self.metrics, self.metrics.model_name
+        now = time.monotonic()
+        if output.delta_token_ids:
+            if self.last_token_time is None:
+                m.ttft.labels(name).observe(now - output.metrics.arrival_time)
+            else:
+                # Several tokens in one output share the gap evenly.
+                gap = (now - self.last_token_time) / len(output.delta_token_ids)
+                for _ in output.delta_token_ids:
+                    m.itl.labels(name).observe(gap)
+            self.last_token_time = now
+        if output.finished:
+            m.request_success.labels(name, output.finish_reason or "error").inc()
+            m.e2e.labels(name).observe(now - output.metrics.arrival_time)
+            if output.metrics.first_scheduled_time is not None:
+                queued = output.metrics.first_scheduled_time - output.metrics.arrival_time
+                m.queue_time.labels(name).observe(queued)
