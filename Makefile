@@ -7,11 +7,13 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 PROMPT ?= What is the capital of France?
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint format clean
+.PHONY: install serve ask test lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The OpenAI-compatible server on the embedded default model.
 serve: $(STAMP)
+	$(VENV)/bin/hetero-infer serve --host $(HOST) --port $(PORT)
+
+# One question to the embedded default model, answered on the command line.
+ask: $(STAMP)
 	$(VENV)/bin/hetero-infer --input "$(PROMPT)" --max-tokens 64 --chat
 
 test: $(STAMP)

@@ -47,6 +47,7 @@ class BlockManager:
         self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
+        self.swapped_out_blocks = 0  # blocks ever copied to CPU
 
     # ---- accounting ----
 
@@ -71,6 +72,7 @@ class BlockManager:
             "cached_blocks": len(self.cached_blocks),
             "cpu_total_blocks": self.num_cpu_blocks,
             "cpu_used_blocks": self.num_cpu_blocks - len(self.free_cpu_blocks),
+            "swapped_out_blocks": self.swapped_out_blocks,
             "prefix_cache_queries": self.prefix_queries,
             "prefix_cache_hits": self.prefix_hits,
             "prefix_cache_hit_rate": self.prefix_hits / self.prefix_queries
@@ -220,6 +222,7 @@ class BlockManager:
         """Move a sequence's KV to CPU blocks; return (gpu_block, cpu_block) copies."""
         assert self.can_swap_out(seq)
         mapping = [(gpu, self.free_cpu_blocks.pop()) for gpu in seq.block_table]
+        self.swapped_out_blocks += len(mapping)
         self.free(seq)
         seq.block_table = [cpu for _, cpu in mapping]
         return mapping

@@ -91,6 +91,8 @@ def test_greedy_matches_transformers(tiny, regime):
     assert engine.metrics.max_batch_size > 1
     if must_happen:
         assert engine.metrics.as_dict()[must_happen] > 0
+    if regime == "swap":
+        assert engine.memory_stats()["swapped_out_blocks"] > 0
     stats = engine.memory_stats()
     assert stats["prefix_cache_hits"] > 0
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0

@@ -100,6 +100,8 @@ def test_smollm2_greedy_matches_transformers(reference, regime):
     assert stats["prefix_cache_hits"] > 0
     if regime != "plain":
         assert engine.metrics.num_preemptions > 0
+    if regime == "swap":
+        assert stats["swapped_out_blocks"] > 0
     assert stats["used_blocks"] == 0 and stats["cpu_used_blocks"] == 0
 
 
