@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from tests.reference import transformers_greedy
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 MAX_NEW_TOKENS = 24
@@ -36,21 +37,9 @@ def shared_prefix_prompts(seed: int, vocab: int) -> list[list[int]]:
 
 def reference_outputs(model_dir, prompts: list[list[int]]) -> list[list[int]]:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW_TOKENS,
-                do_sample=False,
-                eos_token_id=EOS,
-                pad_token_id=0,
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+    return transformers_greedy(
+        model.eval(), prompts, MAX_NEW_TOKENS, eos_token_id=EOS, pad_token_id=0
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_MODELS))

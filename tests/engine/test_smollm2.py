@@ -13,6 +13,7 @@ import transformers
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.loader import resolve_model
+from tests.reference import transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -64,18 +65,7 @@ def reference():
     ).eval()
     prompts = build_prompts(tokenizer)
     assert len(prompts) == 16 and max(len(p) for p in prompts) > 200
-    expected = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW_TOKENS,
-                do_sample=False,
-            )
-            expected.append(out[0, len(prompt) :].tolist())
-    return prompts, expected
+    return prompts, transformers_greedy(model, prompts, MAX_NEW_TOKENS)
 
 
 REGIMES = {
