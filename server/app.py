@@ -8,10 +8,12 @@ loaded and served a warm-up request.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -107,10 +109,18 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         logger.exception("the engine failed to start")
 
 
+class _ErrorResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error may echo input (a model name, a field's
+    key) holding a lone surrogate, which JSONResponse's UTF-8 encoding cannot take."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        return _ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -122,16 +132,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
         error = APIError(400, f"{param}: {message}" if param else message, param=param)
-        return JSONResponse(error.body(), status_code=400)
+        return _ErrorResponse(error.body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        kind = {404: "not_found_error", 413: "request_too_large"}.get(
+            exc.status_code, "invalid_request_error"
+        )
         error = APIError(exc.status_code, str(exc.detail), kind)
-        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+        return _ErrorResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         error = APIError(500, "internal server error", "internal_server_error")
-        return JSONResponse(error.body(), status_code=500)
+        return _ErrorResponse(error.body(), status_code=500)

@@ -13,6 +13,8 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.protocol import APIError
 from server.settings import ServerSettings
@@ -25,6 +27,9 @@ OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 
 def install(app: FastAPI, settings: ServerSettings) -> None:
     expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+    # Added first, so it sits inside guard(): an error raised from the receive of a
+    # BaseHTTPMiddleware reaches the route wrapped in an ExceptionGroup (a 400).
+    app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -71,3 +76,34 @@ def _check(request: Request, settings: ServerSettings, expected_auth: bytes | No
             401, "invalid or missing API key", "authentication_error", code="invalid_api_key"
         )
     return None
+
+
+class _BodyLimit:
+    """Caps bodies sent without a Content-Length (chunked), which guard() cannot see.
+
+    Raised while the route reads the body, the HTTPException becomes a 413 in
+    OpenAI's shape through the app's handler.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise HTTPException(
+                        413, f"request body larger than {self.max_body_bytes} bytes"
+                    )
+            return message
+
+        await self.app(scope, receive_limited, send)

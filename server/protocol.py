@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling_params import SamplingParams
 
+INT64_MAX = 2**63 - 1
+
 
 class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
@@ -59,9 +61,11 @@ class SamplingFields(BaseModel):
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    # Bounded to int64: the sampler makes tensors and generators of them, and an
+    # overflow there would kill the engine loop for every request.
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -121,6 +125,9 @@ class CompletionRequest(SamplingFields):
     def _not_empty(cls, value: Any) -> Any:
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
+        for text in [value] if isinstance(value, str) else value:
+            if isinstance(text, str):
+                _check_text(text)
         return value
 
     def prompts(self) -> list[str | list[int]]:
@@ -138,6 +145,15 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        parts = value if isinstance(value, list) else [{"text": value}]
+        for part in parts:
+            if isinstance(part.get("text"), str):
+                _check_text(part["text"])
+        return value
 
     def text(self) -> str:
         """String content, or the text parts of list content joined."""
@@ -171,10 +187,24 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
 
+    @field_validator("prompt")
+    @classmethod
+    def _valid_text(cls, value: str | None) -> str | None:
+        return value if value is None else _check_text(value)
+
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
+
+
+def _check_text(text: str) -> str:
+    """JSON can carry lone surrogates ("\\ud800"): no tokenizer takes them, so refuse here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it has a lone surrogate)") from None
+    return text
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -34,6 +34,7 @@ from server.protocol import (
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
+T = TypeVar("T")
 
 
 def _state(request: Request):
@@ -96,20 +97,36 @@ async def _run(
         raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
 
 
-async def _collect_or_abort(request: Request, outputs: AsyncIterator[RequestOutput]) -> list:
-    """Drain a request's outputs; stop (and so abort it) if the client disconnects."""
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; cancel it (so its requests are aborted) if the client disconnects.
 
-    async def drain() -> list[RequestOutput]:
-        return [out async for out in outputs]
+    It waits on receive() for the disconnect: request.is_disconnected() never sees one
+    behind the @app.middleware("http") guard, whose receive wrapper drops the message
+    under the already-cancelled scope is_disconnected() polls with.
+    """
 
-    task = asyncio.ensure_future(drain())
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if not done and await request.is_disconnected():
-            task.cancel()  # unwinds into AsyncEngine.generate, which aborts the request
-            await asyncio.gather(task, return_exceptions=True)
-            raise APIError(499, "client closed the request", "client_closed_request")
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()  # unwinds into AsyncEngine.generate, which aborts the request
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "client closed the request", "client_closed_request")
     return task.result()
+
+
+async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    return [out async for out in outputs]
 
 
 async def _run_all(
@@ -121,10 +138,10 @@ async def _run_all(
 ) -> list[RequestOutput]:
     """Run several prompts concurrently; return each one's final output."""
     streams = [
-        _collect_or_abort(request, _run(request, engine, ids, params, f"{base_id}-{i}"))
+        _collect(_run(request, engine, ids, params, f"{base_id}-{i}"))
         for i, ids in enumerate(prompts)
     ]
-    results = await asyncio.gather(*streams)
+    results = await _until_disconnect(request, asyncio.gather(*streams))
     return [outs[-1] for outs in results]
 
 
@@ -226,8 +243,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return body_
 
     if not body.stream:
-        outputs = await _collect_or_abort(
-            request, _run(request, engine, token_ids, params, completion_id)
+        outputs = await _until_disconnect(
+            request, _collect(_run(request, engine, token_ids, params, completion_id))
         )
         final = outputs[-1]
         return JSONResponse(

@@ -1,0 +1,129 @@
+"""/metrics: vLLM's names, types, labels and buckets, and values that follow the requests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import MODEL_NAME, LiveServer
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), written out here on purpose.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5]
+TTFT_BUCKETS += [5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0]
+ITL_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0]
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0]
+REQUEST_BUCKETS += [60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"]
+COUNTERS = [
+    "prompt_tokens",
+    "generation_tokens",
+    "num_preemptions",
+    "request_success",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+]
+HISTOGRAMS = {
+    "time_to_first_token_seconds": TTFT_BUCKETS,
+    "inter_token_latency_seconds": ITL_BUCKETS,
+    "e2e_request_latency_seconds": REQUEST_BUCKETS,
+    "request_queue_time_seconds": REQUEST_BUCKETS,
+}
+
+
+def scrape(http: httpx.Client) -> dict:
+    """name (without "vllm:") -> parsed family."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        family.name.removeprefix("vllm:"): family
+        for family in text_string_to_metric_families(response.text)
+        if family.name.startswith("vllm:")
+    }
+
+
+def value(families: dict, name: str, suffix: str = "", **labels: str) -> float:
+    """The sum of a family's samples named name+suffix whose labels include ``labels``."""
+    full = f"vllm:{name}{suffix}"
+    return sum(
+        s.value
+        for s in families[name].samples
+        if s.name == full and labels.items() <= s.labels.items()
+    )
+
+
+def test_names_types_and_buckets(server: LiveServer):
+    with server.client() as http:
+        http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
+        families = scrape(http)
+    for name in GAUGES:
+        assert families[name].type == "gauge", name
+        [sample] = families[name].samples
+        assert sample.labels == {"model_name": MODEL_NAME}
+    for name in COUNTERS:
+        assert families[name].type == "counter", name
+        assert all(s.name == f"vllm:{name}_total" for s in families[name].samples if s.labels)
+    for name, buckets in HISTOGRAMS.items():
+        family = families[name]
+        assert family.type == "histogram", name
+        bounds = [float(s.labels["le"]) for s in family.samples if s.name == f"vllm:{name}_bucket"]
+        assert bounds == [*buckets, math.inf], name
+        assert all(s.labels["model_name"] == MODEL_NAME for s in family.samples)
+        assert {s.name for s in family.samples} >= {
+            f"vllm:{name}_bucket",
+            f"vllm:{name}_count",
+            f"vllm:{name}_sum",
+        }
+    reasons = {s.labels["finished_reason"] for s in families["request_success"].samples}
+    assert reasons and reasons <= {"length", "stop", "abort"}
+
+
+def test_values_follow_requests(server: LiveServer):
+    prompt = "Hello world and the " * 4  # several full KV blocks: the second run hits the cache
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 6, "ignore_eos": True}
+    chat = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 5,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with server.client() as http:
+        before = scrape(http)
+        usages = [http.post("/v1/completions", json=body).json()["usage"] for _ in range(2)]
+        stream = http.post("/v1/chat/completions", json=chat)
+        usage_line = [line for line in stream.text.splitlines() if '"usage"' in line][-1]
+        usages.append(json.loads(usage_line.removeprefix("data: "))["usage"])
+        after = scrape(http)
+
+    def delta(name: str, suffix: str = "", **labels: str) -> float:
+        return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
+
+    num_requests = len(usages)
+    prompt_tokens = sum(u["prompt_tokens"] for u in usages)
+    completion_tokens = sum(u["completion_tokens"] for u in usages)
+    assert completion_tokens == 6 + 6 + 5
+    assert delta("prompt_tokens", "_total") == prompt_tokens
+    assert delta("generation_tokens", "_total") == completion_tokens
+    assert delta("request_success", "_total", finished_reason="length") == num_requests
+    assert delta("request_success", "_total") == num_requests
+    assert delta("num_preemptions", "_total") == 0
+    assert delta("prefix_cache_queries", "_total") >= prompt_tokens - num_requests
+    assert delta("prefix_cache_hits", "_total") > 0
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        assert delta(name, "_count") == num_requests, name
+        assert delta(name, "_sum") > 0, name
+    assert delta("request_queue_time_seconds", "_count") == num_requests
+    assert delta("inter_token_latency_seconds", "_count") == completion_tokens - num_requests
+    # Each histogram's +Inf bucket holds all of its observations.
+    for name in HISTOGRAMS:
+        assert delta(name, "_bucket", le="+Inf") == delta(name, "_count"), name
+    # Idle again.
+    for name in GAUGES:
+        assert value(after, name) == 0, name

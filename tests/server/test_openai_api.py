@@ -1,0 +1,318 @@
+"""The official `openai` client against a live server: completions and chat, streaming
+and not, usage chunks, prompt forms, /v1/models, /tokenize and /detokenize.
+
+Greedy text over HTTP must equal `LLMEngine.generate` on the same prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from tests.server.conftest import MODEL_NAME, LiveServer
+
+PROMPT = "Hello world and the"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hello there, is it working?"},
+]
+MAX_TOKENS = 12
+
+
+def greedy(engine: LLMEngine, prompt: str | list[int], max_tokens: int = MAX_TOKENS, **kw):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+    return engine.generate(prompt, params, use_tqdm=False)[0]
+
+
+def greedy_chat(engine: LLMEngine, messages: list[dict], max_tokens: int = MAX_TOKENS, **kw):
+    return greedy(engine, engine.tokenizer.apply_chat_template(messages), max_tokens, **kw)
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer):
+    with openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
+    ) as client:
+        yield client
+
+
+def async_client(server: LiveServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def check_completion_chunks(chunks: list[Completion], expected: RequestOutput) -> None:
+    """Text chunks then, only if asked, one usage chunk; finish_reason on the last text one."""
+    assert chunks and all(isinstance(c, Completion) for c in chunks)
+    assert all(c.choices and c.usage is None for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert len({c.id for c in chunks}) == 1
+
+
+def check_chat_chunks(chunks: list[ChatCompletionChunk], expected: RequestOutput) -> None:
+    assert chunks and all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    assert all(c.choices and c.usage is None for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert all(c.object == "chat.completion.chunk" and c.model == MODEL_NAME for c in chunks)
+
+
+def check_usage_chunk(chunk, prompt_tokens: int, completion_tokens: int) -> None:
+    assert chunk.choices == []
+    assert chunk.usage.prompt_tokens == prompt_tokens
+    assert chunk.usage.completion_tokens == completion_tokens
+    assert chunk.usage.total_tokens == prompt_tokens + completion_tokens
+
+
+# ---- sync client ----
+
+
+def test_completion(client, reference_engine):
+    expected = greedy(reference_engine, PROMPT)
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert isinstance(out, Completion) and out.object == "text_completion"
+    assert out.model == MODEL_NAME and len(out.choices) == 1
+    assert out.choices[0].text == expected.text
+    assert out.choices[0].finish_reason == expected.finish_reason
+    assert out.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert out.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_completion_stream_without_usage(client, reference_engine):
+    expected = greedy(reference_engine, PROMPT)
+    stream = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    check_completion_chunks(list(stream), expected)
+
+
+def test_completion_stream_with_usage(client, reference_engine):
+    expected = greedy(reference_engine, PROMPT)
+    stream = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    *chunks, last = list(stream)
+    check_completion_chunks(chunks, expected)
+    check_usage_chunk(last, len(expected.prompt_token_ids), len(expected.token_ids))
+
+
+def test_chat(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES)
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert isinstance(out, ChatCompletion) and out.object == "chat.completion"
+    choice = out.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert out.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert out.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_chat_stream_without_usage(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    check_chat_chunks(list(stream), expected)
+
+
+def test_chat_stream_with_usage(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    *chunks, last = list(stream)
+    check_chat_chunks(chunks, expected)
+    check_usage_chunk(last, len(expected.prompt_token_ids), len(expected.token_ids))
+
+
+def test_chat_max_completion_tokens(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES, max_tokens=7, ignore_eos=True)
+    out = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        max_completion_tokens=7,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert out.usage.completion_tokens == 7
+    assert out.choices[0].finish_reason == "length"
+    assert out.choices[0].message.content == expected.text
+
+
+def test_chat_content_as_text_parts(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES)
+    parts = [
+        MESSAGES[0],
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hello there, "},
+                {"type": "text", "text": "is it working?"},
+            ],
+        },
+    ]
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=parts, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert out.choices[0].message.content == expected.text
+    assert out.usage.prompt_tokens == len(expected.prompt_token_ids)
+
+
+def test_raw_bodies_validate_as_sdk_types(server: LiveServer):
+    """Strict pydantic validation with the SDK's types (the client itself skips it)."""
+    completion = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4}
+    chat = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4}
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    with server.client() as http:
+        Completion.model_validate(http.post("/v1/completions", json=completion).json())
+        ChatCompletion.model_validate(http.post("/v1/chat/completions", json=chat).json())
+        for path, body, kind in (
+            ("/v1/completions", completion, Completion),
+            ("/v1/chat/completions", chat, ChatCompletionChunk),
+        ):
+            lines = http.post(path, json={**body, **usage}).text.splitlines()
+            data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+            assert data[-1] == "[DONE]"
+            for chunk in data[:-1]:
+                kind.model_validate(json.loads(chunk))
+
+
+# ---- prompt forms ----
+
+
+def test_prompt_as_list_of_strings(client, reference_engine):
+    prompts = ["Hello world", "the cat is on", "and then"]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=prompts, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    expected = [greedy(reference_engine, p) for p in prompts]
+    for choice in out.choices:
+        assert choice.text == expected[choice.index].text
+    assert out.usage.prompt_tokens == sum(len(e.prompt_token_ids) for e in expected)
+    assert out.usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+
+
+def test_prompt_as_token_ids(client, reference_engine):
+    ids = reference_engine.tokenizer.encode(PROMPT)
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=ids, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert out.choices[0].text == greedy(reference_engine, PROMPT).text
+    assert out.usage.prompt_tokens == len(ids)
+
+
+def test_prompt_as_list_of_token_id_lists(client, reference_engine):
+    lists = [[1, 100, 200, 300], [1, 50, 60], [7]]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=lists, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
+    texts = ["", "", ""]
+    finished = set()
+    for chunk in out:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert finished == {0, 1, 2}
+    assert texts == [greedy(reference_engine, ids).text for ids in lists]
+
+
+# ---- async client ----
+
+
+def test_async_client(server, reference_engine):
+    expected_text = greedy(reference_engine, PROMPT)
+    expected_chat = greedy_chat(reference_engine, MESSAGES)
+
+    async def main():
+        async with async_client(server) as client:
+            plain = await client.completions.create(
+                model=MODEL_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
+            )
+            stream = await client.completions.create(
+                model=MODEL_NAME,
+                prompt=PROMPT,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            text_chunks = [c async for c in stream]
+            chat = await client.chat.completions.create(
+                model=MODEL_NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
+            )
+            stream = await client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=MESSAGES,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                stream=True,
+            )
+            chat_chunks = [c async for c in stream]
+            models = await client.models.list()
+            return plain, text_chunks, chat, chat_chunks, models
+
+    plain, text_chunks, chat, chat_chunks, models = asyncio.run(main())
+    assert plain.choices[0].text == expected_text.text
+    check_completion_chunks(text_chunks[:-1], expected_text)
+    check_usage_chunk(
+        text_chunks[-1], len(expected_text.prompt_token_ids), len(expected_text.token_ids)
+    )
+    assert chat.choices[0].message.content == expected_chat.text
+    check_chat_chunks(chat_chunks, expected_chat)
+    assert [m.id for m in models.data] == [MODEL_NAME]
+
+
+# ---- models, tokenizer ----
+
+
+def test_models(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    assert models.data[0].object == "model"
+    assert models.data[0].owned_by
+    raw = server.client().get("/v1/models").json()
+    assert raw["object"] == "list"
+    assert raw["data"][0]["max_model_len"] == server.engine.max_model_len
+
+
+def test_tokenize_and_detokenize(server):
+    tokenizer = server.engine.tokenizer
+    with server.client() as http:
+        out = http.post("/tokenize", json={"model": MODEL_NAME, "prompt": PROMPT}).json()
+        assert out["tokens"] == tokenizer.encode(PROMPT)
+        assert out["count"] == len(out["tokens"])
+        assert out["max_model_len"] == server.engine.max_model_len
+        bare = http.post("/tokenize", json={"prompt": PROMPT, "add_special_tokens": False})
+        assert bare.json()["tokens"] == tokenizer.encode(PROMPT, add_special_tokens=False)
+        chat = http.post("/tokenize", json={"messages": MESSAGES}).json()
+        assert chat["tokens"] == tokenizer.apply_chat_template(MESSAGES)
+        text = http.post("/detokenize", json={"tokens": out["tokens"]}).json()
+        assert text == {"prompt": PROMPT}
