@@ -71,7 +71,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if use_top_k:
-        k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=logits.device)
+        k = torch.tensor(
+            [min(kk, vocab) if kk > 0 else vocab for kk in top_k], device=logits.device
+        )
         remove |= torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]
     if use_top_p:
         p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)

@@ -34,9 +34,11 @@ class SamplingParams:
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not 0 <= self.seed < 2**63  # torch generators take int64
         ):
-            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if self.top_k == 0:
             self.top_k = -1
 

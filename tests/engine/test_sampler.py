@@ -35,6 +35,11 @@ def test_top_k_top_p_mask_matches_reference():
     assert kept[2].all()
 
 
+def test_top_k_beyond_the_vocab_keeps_everything():
+    logits = torch.randn(1, 10)
+    assert torch.equal(apply_top_k_top_p(logits, top_k=[2**70], top_p=[1.0]), logits)
+
+
 def test_truncation_to_one_token_is_greedy():
     logits = torch.randn(4, 50)
     seqs = _seqs(

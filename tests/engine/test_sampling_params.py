@@ -18,6 +18,7 @@ from engine import SamplingParams
         ("top_k", -2),
         ("min_p", 2),
         ("seed", -1),
+        ("seed", 2**64),
     ],
 )
 def test_bad_values_name_the_field(field, value):
