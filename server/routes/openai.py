@@ -9,6 +9,7 @@ aborts its request, streaming or not, so its KV blocks return at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
@@ -158,6 +159,26 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
     return EventSourceResponse(events(), ping=0, sep="\n")
 
 
+def _completion_object(
+    object_type: str,
+    completion_id: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_value: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """A completion or chunk body; ``usage`` appears only when given."""
+    body = {
+        "id": completion_id,
+        "object": object_type,
+        "created": now(),
+        "model": model,
+        "choices": choices,
+    }
+    if usage_value is not None:
+        body["usage"] = usage_value
+    return body
+
+
 # ---- /v1/completions ----
 
 
@@ -177,17 +198,7 @@ async def completions(body: CompletionRequest, request: Request):
     def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-    def chunk(choices: list[dict[str, Any]], usage_value: dict | None = None) -> dict[str, Any]:
-        body_ = {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": now(),
-            "model": name,
-            "choices": choices,
-        }
-        if usage_value is not None:
-            body_["usage"] = usage_value
-        return body_
+    chunk = functools.partial(_completion_object, "text_completion", completion_id, name)
 
     if not body.stream:
         finals = await _run_all(request, engine, prompts, params, completion_id)
@@ -230,39 +241,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     completion_id = new_id("chatcmpl")
     name = state.settings.model_name
 
-    def chunk(choices: list[dict[str, Any]], usage_value: dict | None = None) -> dict[str, Any]:
-        body_ = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": now(),
-            "model": name,
-            "choices": choices,
-        }
-        if usage_value is not None:
-            body_["usage"] = usage_value
-        return body_
+    chunk = functools.partial(_completion_object, "chat.completion.chunk", completion_id, name)
 
     if not body.stream:
         outputs = await _until_disconnect(
             request, _collect(_run(request, engine, token_ids, params, completion_id))
         )
         final = outputs[-1]
+        message = {"role": "assistant", "content": final.text}
+        choice = {"index": 0, "message": message, "logprobs": None}
         return JSONResponse(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": now(),
-                "model": name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": final.text},
-                        "logprobs": None,
-                        "finish_reason": final.finish_reason,
-                    }
-                ],
-                "usage": usage(len(token_ids), len(final.token_ids)),
-            }
+            _completion_object(
+                "chat.completion",
+                completion_id,
+                name,
+                [{**choice, "finish_reason": final.finish_reason}],
+                usage(len(token_ids), len(final.token_ids)),
+            )
         )
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
