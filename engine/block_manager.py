@@ -45,7 +45,7 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached_blocks: dict[int, int] = {}  # block_hash -> block_id
         self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
-        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_hits = 0  # of those, tokens found
         self.swapped_out_blocks = 0  # blocks ever copied to CPU
 

@@ -1,0 +1,472 @@
+"""Property tests: hypothesis drives a BlockManager + Scheduler through random
+add / step / abort / fork sequences on a tiny KV cache, so prefix hits, chunked
+prefill, copy-on-write and preemption (recompute and swap) all happen.
+
+A fake model runner keeps the "KV" of every GPU and CPU block slot and applies the
+scheduler's swap and copy lists the way the real runner must (swap out, swap in,
+copy, then the forward pass). The KV of a position is a hash of every token up to
+it, so a sequence that reads a stale, stolen or wrongly shared block is caught.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+VOCAB = 4  # tiny, so that random prompts share prefixes
+EOS = VOCAB - 1  # not 0: hypothesis draws small values often, and eos ends sequences
+# Prompts start with a prefix of one of these, then a random suffix.
+PREFIXES = [[1, 2, 3] * 16, [3, 1] * 24, [2] * 48]
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.gpu: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
+        self.cpu: list[list[int | None]] = [[None] * block_size for _ in range(num_cpu_blocks)]
+        self._prefix_hashes: dict[str, list[int]] = {}
+
+    def kv(self, seq: Sequence, pos: int) -> int:
+        """What the model writes at ``pos``: a function of every token up to it."""
+        hashes = self._prefix_hashes.setdefault(seq.request_id, [])
+        while len(hashes) <= pos:  # tokens are only ever appended
+            hashes.append(hash((hashes[-1] if hashes else None, seq.token_ids[len(hashes)])))
+        return hashes[pos]
+
+    def read(self, cache: list[list[int | None]], seq: Sequence, pos: int) -> int | None:
+        return cache[seq.block_table[pos // self.block_size]][pos % self.block_size]
+
+    def execute(self, out: SchedulerOutput) -> None:
+        for gpu, cpu in out.blocks_to_swap_out:
+            self.cpu[cpu] = list(self.gpu[gpu])
+        for cpu, gpu in out.blocks_to_swap_in:
+            self.gpu[gpu] = list(self.cpu[cpu])
+        for src, dst in out.blocks_to_copy:
+            self.gpu[dst] = list(self.gpu[src])
+        for item in out.scheduled:
+            seq, bs = item.seq, self.block_size
+            for pos in range(item.start):  # the context this step attends to
+                assert self.read(self.gpu, seq, pos) == self.kv(seq, pos), (seq, pos)
+            for pos in range(item.start, item.start + item.num_new_tokens):
+                self.gpu[seq.block_table[pos // bs]][pos % bs] = self.kv(seq, pos)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random configurations: tiny caches, budgets and batch sizes, with or without swap
+    space and prefix caching, and a memory_threshold that may hold admissions back."""
+
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(2, 10),
+        use_swap=st.booleans(),
+        num_cpu_blocks=st.integers(0, 16),
+        max_num_seqs=st.integers(1, 4),
+        max_num_batched_tokens=st.integers(1, 12),
+        max_model_len=st.integers(2, 40),
+        memory_threshold=st.sampled_from([1.0, 0.75, 0.5]),
+        enable_prefix_caching=st.booleans(),
+    )
+    def setup(
+        self,
+        block_size: int,
+        num_blocks: int,
+        use_swap: bool,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        memory_threshold: float,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self._build(
+            block_size,
+            num_blocks,
+            use_swap,
+            num_cpu_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            memory_threshold,
+            enable_prefix_caching,
+        )
+
+    def _build(
+        self,
+        block_size: int,
+        num_blocks: int,
+        use_swap: bool,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        memory_threshold: float,
+        enable_prefix_caching: bool,
+    ) -> None:
+        # The engine never lets one sequence outgrow the whole cache.
+        self.max_model_len = min(max_model_len, num_blocks * block_size)
+        if not use_swap:
+            num_cpu_blocks = 0
+        self.bm = BlockManager(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching)
+        self.sched = Scheduler(
+            self.bm,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            memory_threshold=memory_threshold,
+            use_swap=use_swap,
+        )
+        self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size)
+        self.seqs: list[Sequence] = []
+        self.next_id = 0
+        self.registered_kv: dict[int, list[int]] = {}  # block hash -> the KV it stands for
+
+    # ---- rules ----
+
+    @rule(
+        prefix=st.integers(0, len(PREFIXES) - 1),
+        prefix_len=st.integers(0, 40),
+        suffixes=st.lists(st.lists(st.integers(1, VOCAB - 1), max_size=8), min_size=1, max_size=3),
+        max_tokens=st.integers(1, 12),
+        ignore_eos=st.booleans(),
+    )
+    def add(
+        self,
+        prefix: int,
+        prefix_len: int,
+        suffixes: list[list[int]],
+        max_tokens: int,
+        ignore_eos: bool,
+    ) -> None:
+        """One to three requests that share a prompt prefix."""
+        for suffix in suffixes:
+            prompt = (PREFIXES[prefix][:prefix_len] + suffix)[: self.max_model_len] or [1]
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+            seq = Sequence(self._new_id(), None, prompt, params, eos_token_ids=frozenset({EOS}))
+            self.seqs.append(seq)
+            self.sched.add(seq)
+
+    @rule(
+        num_steps=st.integers(1, 4),
+        tokens=st.lists(st.integers(0, VOCAB - 1), max_size=8),
+        abort_mid=st.none() | st.integers(0, 7),
+        abort_after=st.sampled_from([None, "swapped", "waiting"]),
+        fork_after=st.none() | st.integers(0, 63),
+    )
+    def step(
+        self,
+        num_steps: int,
+        tokens: list[int],
+        abort_mid: int | None,
+        abort_after: str | None,
+        fork_after: int | None,
+    ) -> None:
+        """A few engine steps; sampled tokens come from ``tokens``, then 1s.
+
+        ``abort_mid`` aborts a scheduled sequence while the first step "runs";
+        ``abort_after`` aborts the first sequence that lands in that queue, e.g. one
+        just preempted (it rarely stays there until a separate abort rule runs);
+        ``fork_after`` forks a running sequence after the first step, mid-generation.
+        """
+        for i in range(num_steps):
+            self._step(tokens[i::num_steps], abort_mid if i == 0 else None)
+            if i == 0 and fork_after is not None:
+                self.fork(fork_after)
+            queue = getattr(self.sched, abort_after) if abort_after else None
+            if queue:
+                event(f"abort {abort_after} after step")
+                self._abort(queue[0])
+                abort_after = None
+
+    @rule(place=st.sampled_from(["swapped", "running", "waiting"]), index=st.integers(0, 63))
+    def abort(self, place: str, index: int) -> None:
+        """Abort a sequence, from the named queue when it has one (swapped ones are rare)."""
+        queue = list(getattr(self.sched, place))
+        live = queue or [*self.sched.waiting, *self.sched.running, *self.sched.swapped]
+        if not live:
+            return
+        seq = live[index % len(live)]
+        event(f"abort {seq.status.value}")
+        self._abort(seq)
+
+    @rule(index=st.integers(0, 63))
+    def fork(self, index: int) -> None:
+        """Give a running sequence a twin that shares its blocks (n > 1 choices)."""
+        running = self.sched.running
+        if not running or len(running) >= self.sched.max_num_seqs:
+            return
+        parent = running[index % len(running)]
+        event(
+            "fork" + (" a partial block" if parent.num_computed_tokens % self.bm.block_size else "")
+        )
+        child = Sequence(
+            self._new_id(),
+            None,
+            parent.prompt_token_ids,
+            parent.sampling_params,
+            eos_token_ids=parent.eos_token_ids,
+        )
+        child.token_ids = list(parent.token_ids)
+        self.bm.fork(parent, child)
+        # No scheduler API for this yet: the child joins the batch as its newest member.
+        child.status = SequenceStatus.RUNNING
+        self.sched.running.append(child)
+        self.seqs.append(child)
+
+    # ---- one engine step, checked ----
+
+    def _step(self, tokens: list[int], abort_mid: int | None) -> SchedulerOutput:
+        sched = self.sched
+        running_before = list(sched.running)
+        waiting_before = list(sched.waiting)
+        swapped_before = list(sched.swapped)
+        out = sched.schedule()
+        self._check_output(out, running_before, waiting_before, swapped_before)
+        self.runner.execute(out)
+        for seq in out.preempted:
+            event(f"preempt to {seq.status.value}")
+        if out.blocks_to_swap_in:
+            event("swap in")
+        if out.blocks_to_copy:
+            event("copy-on-write")
+        if any(s.start > 0 and s.seq.num_computed_tokens == s.start for s in out.scheduled):
+            event("chunk or decode with context")
+
+        samplers = [s.seq for s in out.scheduled if s.samples]
+        if abort_mid is not None and out.scheduled:
+            self._abort(out.scheduled[abort_mid % len(out.scheduled)].seq)
+        sampled = {
+            seq.request_id: (tokens[k] if k < len(tokens) else 1, -1.0)
+            for k, seq in enumerate(samplers)
+        }
+        before = {id(s.seq): (s.seq.num_computed_tokens, s.seq.num_tokens) for s in out.scheduled}
+        tables = {id(s.seq): list(s.seq.block_table) for s in out.scheduled}
+        sched.postprocess(out, sampled)
+        for item in out.scheduled:
+            seq = item.seq
+            computed, num_tokens = before[id(seq)]
+            if seq.status == SequenceStatus.FINISHED_ABORTED:
+                continue
+            self._remember_registered_kv(seq, tables[id(seq)])
+            assert seq.num_computed_tokens == computed + item.num_new_tokens
+            assert seq.num_tokens == num_tokens + (seq.request_id in sampled)
+            if seq.is_finished:
+                assert seq.block_table == [] and seq not in sched.running
+                last = seq.token_ids[-1]
+                if seq.status == SequenceStatus.FINISHED_STOPPED:
+                    assert last == EOS and not seq.sampling_params.ignore_eos
+                else:
+                    assert (
+                        seq.num_output_tokens >= seq.sampling_params.max_tokens
+                        or seq.num_tokens >= self.max_model_len
+                    )
+        return out
+
+    def _check_output(
+        self,
+        out: SchedulerOutput,
+        running_before: list[Sequence],
+        waiting_before: list[Sequence],
+        swapped_before: list[Sequence],
+    ) -> None:
+        sched, bm, bs = self.sched, self.bm, self.bm.block_size
+        assert out.num_batched_tokens <= sched.max_num_batched_tokens
+        assert len(out.scheduled) <= sched.max_num_seqs
+        assert len(sched.running) <= sched.max_num_seqs
+        seqs = [s.seq for s in out.scheduled]
+        assert len({id(s) for s in seqs}) == len(seqs)
+
+        # Preemption takes the newest running sequences, newest first.
+        assert out.preempted == running_before[::-1][: len(out.preempted)]
+        for seq in out.preempted:
+            assert seq not in seqs
+            assert seq.status in (SequenceStatus.WAITING, SequenceStatus.SWAPPED)
+        if out.preempted:
+            assert all(s in running_before for s in seqs)  # nothing new joins that step
+        # Running first (in order), then swapped-in (in order), then admitted (FIFO).
+        n_run = sum(s in running_before for s in seqs)
+        n_swap = sum(s in swapped_before for s in seqs)
+        assert [s for s in running_before if s in seqs] == seqs[:n_run]
+        assert seqs[n_run : n_run + n_swap] == swapped_before[:n_swap]
+        admitted = seqs[n_run + n_swap :]
+        assert admitted == waiting_before[: len(admitted)]
+        if admitted:
+            assert not sched.swapped
+
+        written: set[int] = set()
+        for item in out.scheduled:
+            seq = item.seq
+            assert seq in sched.running and seq.status == SequenceStatus.RUNNING
+            assert item.num_new_tokens >= 1
+            assert item.start + item.num_new_tokens <= seq.num_tokens
+            assert len(seq.block_table) * bs >= item.start + item.num_new_tokens
+            first, last = item.start // bs, (item.start + item.num_new_tokens - 1) // bs
+            for block_id in seq.block_table[first : last + 1]:
+                # A block being written belongs to its writer alone and is not cached.
+                block = bm.blocks[block_id]
+                assert block.ref_count == 1, (seq, block)
+                assert block.block_hash is None, (seq, block)
+                assert block_id not in written
+                written.add(block_id)
+        for _, dst in out.blocks_to_copy:
+            assert dst in written
+        swapped_in = [gpu for _, gpu in out.blocks_to_swap_in]
+        assert len(set(swapped_in)) == len(swapped_in)
+        if out.blocks_to_swap_in:
+            assert not out.blocks_to_swap_out
+
+    def _remember_registered_kv(self, seq: Sequence, table: list[int]) -> None:
+        """Record what each hash stands for; one hash must always mean the same KV.
+
+        ``table`` is the block table the step ran with (a finished sequence's is gone).
+        """
+        bm, bs = self.bm, self.bm.block_size
+        if not bm.enable_prefix_caching:
+            return
+        for i, block_id in enumerate(table[: seq.num_computed_tokens // bs]):
+            block_hash = bm.blocks[block_id].block_hash
+            assert block_hash is not None, (seq, i)  # every computed full block is registered
+            kv = [self.runner.kv(seq, i * bs + j) for j in range(bs)]
+            assert self.registered_kv.setdefault(block_hash, kv) == kv, (seq, i)
+
+    def _abort(self, seq: Sequence) -> None:
+        self.sched.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        assert seq.status == SequenceStatus.FINISHED_ABORTED and seq.block_table == []
+
+    def _new_id(self) -> str:
+        self.next_id += 1
+        return f"r{self.next_id}"
+
+    # ---- invariants, after every rule ----
+
+    @invariant()
+    def accounting(self) -> None:
+        if not hasattr(self, "bm"):
+            return
+        bm, sched, bs = self.bm, self.sched, self.bm.block_size
+        running, waiting, swapped = sched.running, list(sched.waiting), list(sched.swapped)
+        assert len(running) <= sched.max_num_seqs
+
+        # Every sequence is in exactly one place.
+        places = [*running, *waiting, *swapped]
+        assert len({id(s) for s in places}) == len(places)
+        for seq in self.seqs:
+            if seq.is_finished:
+                assert seq not in places and seq.block_table == []
+            else:
+                assert seq in places
+        for seq in running:
+            assert seq.status == SequenceStatus.RUNNING
+        for seq in waiting:
+            assert seq.status == SequenceStatus.WAITING
+            assert seq.block_table == [] and seq.num_computed_tokens == 0
+        for seq in swapped:
+            assert seq.status == SequenceStatus.SWAPPED
+
+        # GPU blocks: ref counts are exactly the running sequences' tables.
+        holders = [0] * bm.num_blocks
+        for seq in running:
+            assert len(set(seq.block_table)) == len(seq.block_table)
+            assert len(seq.block_table) == -(-seq.num_computed_tokens // bs)
+            for block_id in seq.block_table:
+                holders[block_id] += 1
+        assert [b.ref_count for b in bm.blocks] == holders
+        free = set(bm.free_blocks)
+        assert free == {i for i, n in enumerate(holders) if n == 0}
+        assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
+        assert bm.num_used_blocks == sum(n > 0 for n in holders)
+        for block_hash, block_id in bm.cached_blocks.items():
+            assert bm.blocks[block_id].block_hash == block_hash
+
+        # CPU blocks: free + held by swapped sequences == total, none held twice.
+        cpu_held = [b for seq in swapped for b in seq.block_table]
+        cpu_all = cpu_held + bm.free_cpu_blocks
+        assert sorted(cpu_all) == list(range(bm.num_cpu_blocks))
+
+        # The KV every live sequence has computed is still where its table says.
+        runner = self.runner
+        for cache, seqs in ((runner.gpu, running), (runner.cpu, swapped)):
+            for seq in seqs:
+                for pos in range(seq.num_computed_tokens):
+                    assert runner.read(cache, seq, pos) == runner.kv(seq, pos), (seq, pos)
+        # A findable cached block (used or free) still holds the KV its hash stands for.
+        for block_hash, block_id in bm.cached_blocks.items():
+            assert len(bm.blocks[block_id].token_ids) == bs
+            assert runner.gpu[block_id] == self.registered_kv[block_hash]
+
+    # ---- at the end: everything drains, nothing leaks ----
+
+    def teardown(self) -> None:
+        if not hasattr(self, "bm"):
+            return
+        sched, bm = self.sched, self.bm
+        # Generous: each sequence needs at most max_model_len steps of work, plus
+        # re-prefills after preemptions. Starvation would never finish.
+        cap = 4 * self.max_model_len * (sched.num_unfinished + 1) + 50
+        steps = 0
+        while sched.has_unfinished():
+            assert steps < cap, f"no progress after {steps} steps: {sched.running} {sched.waiting}"
+            self._step([], None)
+            self.accounting()
+            steps += 1
+        assert all(seq.is_finished for seq in self.seqs)
+        assert all(block.ref_count == 0 for block in bm.blocks)
+        assert bm.num_free_blocks == bm.num_blocks
+        assert sorted(bm.free_cpu_blocks) == list(range(bm.num_cpu_blocks))
+
+
+class PressureMachine(SchedulerMachine):
+    """The same machine on a cache too small for its batch: preemption every few steps."""
+
+    @initialize(
+        block_size=st.sampled_from([2, 4]),
+        num_blocks=st.integers(3, 6),
+        use_swap=st.booleans(),
+        num_cpu_blocks=st.integers(2, 12),
+        max_num_seqs=st.integers(2, 4),
+        max_num_batched_tokens=st.integers(4, 16),
+        enable_prefix_caching=st.booleans(),
+    )
+    def setup(  # a narrower, harsher set of configurations than the base machine's
+        self,
+        block_size: int,
+        num_blocks: int,
+        use_swap: bool,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self._build(
+            block_size,
+            num_blocks,
+            use_swap,
+            num_cpu_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len=num_blocks * block_size,
+            memory_threshold=1.0,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+
+
+_SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+SchedulerMachine.TestCase.settings = _SETTINGS
+PressureMachine.TestCase.settings = _SETTINGS
+test_scheduler_machine = SchedulerMachine.TestCase
+test_scheduler_machine_under_memory_pressure = PressureMachine.TestCase
