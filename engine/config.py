@@ -16,7 +16,7 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 # Keys users of the seed APIs write, mapped to our field names.
 ALIASES = {"max_total_tokens": "max_num_batched_tokens"}
@@ -53,6 +53,8 @@ class EngineConfig:
     preemption_mode: str = "auto"
 
     attention_backend: str = "auto"
+    # Run every decode step eagerly instead of replaying captured CUDA graphs.
+    enforce_eager: bool = False
 
     # The seed API's name for max_num_batched_tokens.
     max_total_tokens: InitVar[int | None] = None
@@ -78,10 +80,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                 raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(
-                f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
-            )
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("model", "tokenizer"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

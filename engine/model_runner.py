@@ -3,11 +3,17 @@
 This is the one place where the scheduler's Python lists become tensors
 (``prepare_inputs``); the rest of the step is block copies, one forward pass for
 every scheduled sequence, last-token logits, and sampling.
+
+Every step runs under the config's ``attention_backend`` (kernels.use_backend): "auto"
+is Triton on CUDA and torch on the CPU. On CUDA the KV cache gets the memory that a
+profiling forward pass of the largest step leaves under gpu_memory_utilization, and
+decode steps replay CUDA graphs captured at a set of batch sizes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +50,10 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.sampler = Sampler(config.seed)
+        self.kernel_backend = _resolve_backend(config.attention_backend, device)
         hf = model.config
         self.num_layers = hf.num_hidden_layers
+        self.max_model_len = config.max_model_len or hf.max_position_embeddings
         self.kv_block_shape = (config.block_size, model.num_kv_heads, model.head_dim)
         self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
         # [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]
@@ -57,9 +65,15 @@ class ModelRunner:
             dtype=dtype,
             pin_memory=device.type == "cuda" and config.num_cpu_blocks > 0,
         )
-        self.kv_caches = [
-            (self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(self.num_layers)
-        ]
+        self.kv_caches = _layer_caches(self.kv_cache)
+        self.graphs: DecodeGraphs | None = None
+        # Graphs are only ever used on CUDA with the Triton kernels.
+        if not config.enforce_eager and device.type == "cuda" and self._uses_triton():
+            self.graphs = DecodeGraphs.capture(self)
+
+    def _uses_triton(self) -> bool:
+        with kernels.use_backend(self.kernel_backend):
+            return kernels.uses_triton(torch.empty(0, device=self.device))
 
     @property
     def bytes_per_block(self) -> int:
@@ -70,9 +84,22 @@ class ModelRunner:
 
     def _blocks_from_budget(self) -> int:
         if self.device.type == "cuda":
+            # What the largest step needs on top of the weights, measured, then what
+            # the device holds now (weights, CUDA context, other processes).
+            activations = self._profile_step_memory()
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
-            budget = int(total * self.config.gpu_memory_utilization) - used
+            budget = int(total * self.config.gpu_memory_utilization) - used - activations
+            logger.info(
+                "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
+                "%.2f GiB for the KV cache",
+                used / 2**30,
+                activations / 2**30,
+                self.config.max_num_batched_tokens,
+                max(budget, 0) / 2**30,
+                total / 2**30,
+            )
         else:
             budget = self.config.kv_cache_memory
         num_blocks = budget // self.bytes_per_block
@@ -83,14 +110,91 @@ class ModelRunner:
             )
         return int(num_blocks)
 
+    @torch.inference_mode()
+    def _profile_step_memory(self) -> int:
+        """Peak bytes allocated by the largest step: a forward pass over
+        max_num_batched_tokens prompt tokens, and logits for max_num_seqs of them. The
+        throwaway KV cache it writes to is not counted."""
+        num_tokens = self.config.max_num_batched_tokens
+        seq_len = min(num_tokens, self.max_model_len)
+        lens = [seq_len] * (num_tokens // seq_len)
+        if num_tokens % seq_len:
+            lens.append(num_tokens % seq_len)
+        num_blocks = sum(-(-n // self.block_size) for n in lens)
+        cache = torch.zeros(
+            (self.num_layers, 2, num_blocks, *self.kv_block_shape),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        with kernels.use_backend(self.kernel_backend):
+            inputs = self.synthetic_inputs([(0, n) for n in lens])
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, _layer_caches(cache), inputs.meta
+            )
+            rows = min(self.config.max_num_seqs, num_tokens)
+            logits = self.model.compute_logits(hidden[:rows])
+            logits.softmax(-1).sort(-1)  # the sampler's top-p holds about this much
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del cache, inputs, hidden, logits
+        return peak
+
+    def synthetic_inputs(self, chunks: list[tuple[int, int]]) -> ModelInputs:
+        """Inputs for made-up sequences, one per (cached tokens, new tokens), on blocks
+        0, 1, 2, ... in order (for profiling, warm-up and checks; token ids are 0)."""
+        bs = self.block_size
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        tables: list[list[int]] = []
+        query_start_loc = [0]
+        next_block = 0
+        for cached, new in chunks:
+            total = cached + new
+            table = list(range(next_block, next_block + -(-total // bs)))
+            next_block += len(table)
+            tables.append(table)
+            positions += range(cached, total)
+            slot_mapping += [table[p // bs] * bs + p % bs for p in range(cached, total)]
+            query_start_loc.append(query_start_loc[-1] + new)
+        width = max(len(t) for t in tables)
+
+        def tensor(values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=tensor(slot_mapping),
+            block_tables=tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            context_lens=tensor([c + n for c, n in chunks], torch.int32),
+            query_start_loc=tensor(query_start_loc, torch.int32),
+            max_query_len=max(n for _, n in chunks),
+            max_context_len=max(c + n for c, n in chunks),
+        )
+        kernels.prepare_attention(meta, bs, self.model.sliding_windows)
+        return ModelInputs(
+            input_ids=torch.zeros(len(positions), dtype=torch.long, device=self.device),
+            positions=tensor(positions),
+            meta=meta,
+            logits_indices=tensor([query_start_loc[i + 1] - 1 for i in range(len(chunks))]),
+        )
+
     # ---- one step ----
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, tuple[int, float]]:
         """Run a scheduled step; return request_id -> (sampled token, its logprob)."""
+        with kernels.use_backend(self.kernel_backend):
+            return self._execute(out)
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, tuple[int, float]]:
         self._copy_blocks(out)
         inputs = self.prepare_inputs(out)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         sampling = [s.seq for s in out.scheduled if s.samples]
         if not sampling:
             return {}
@@ -158,3 +262,154 @@ class ModelRunner:
         if out.blocks_to_copy:
             src, dst = zip(*out.blocks_to_copy, strict=True)
             self.kv_cache[:, :, list(dst)] = self.kv_cache[:, :, list(src)]
+
+
+def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # [num_layers, 2, num_blocks, ...] -> per layer (k_cache, v_cache)
+    return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    """The kernel backend steps run under; errors for a "triton" that cannot run."""
+    if backend == "triton":
+        if not kernels.triton_available():
+            raise ValueError("attention_backend 'triton' needs the triton package installed")
+        if device.type == "cpu":
+            from kernels.triton_utils import interpreting
+
+            if not interpreting():
+                raise ValueError(
+                    "attention_backend 'triton' on the CPU runs only in Triton's interpreter "
+                    "(TRITON_INTERPRET=1, slow: for tests); use 'auto' or 'torch'"
+                )
+    if backend == "auto" and device.type == "cuda" and not kernels.triton_available():
+        logger.warning("triton is not installed: the torch kernels run on the GPU (slower)")
+        return "torch"
+    return backend
+
+
+# Decode batch sizes with a captured graph; a batch runs in the smallest one that fits.
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class DecodeGraphs:
+    """CUDA graphs of the model's forward pass for decode steps (one new token per
+    sequence) at fixed batch sizes, sharing one memory pool.
+
+    A graph replays fixed kernels on fixed buffers, so every input lives in a static
+    buffer sized for the largest batch, and the attention kernels read the per-step
+    values (context lengths, block tables) from device memory. The Triton launchers see
+    max_context_len = max_model_len at capture, so the flash-decoding split count is
+    sized for the longest context; shorter ones leave splits empty. Rows past the real
+    batch are padding: slot -1 (nothing stored) and a context of 1.
+    """
+
+    def __init__(self, runner: ModelRunner, batch_sizes: list[int]) -> None:
+        self.runner = runner
+        self.batch_sizes = batch_sizes
+        device, max_batch = runner.device, batch_sizes[-1]
+        self.max_blocks = -(-runner.max_model_len // runner.block_size)
+        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.long, device=device)
+        # [max_batch, max_blocks]
+        self.block_tables = torch.zeros(
+            (max_batch, self.max_blocks), dtype=torch.int32, device=device
+        )
+        self.context_lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # [batch, hidden], in the graphs' pool
+        self.pool = None
+
+    @classmethod
+    def capture(cls, runner: ModelRunner) -> DecodeGraphs | None:
+        """Capture graphs for every batch size up to max_num_seqs and check one against
+        the eager forward; None (eager decode) if capture fails or the check differs."""
+        limit = runner.config.max_num_seqs
+        sizes = [b for b in CUDA_GRAPH_BATCH_SIZES if b < limit] + [
+            min(limit, CUDA_GRAPH_BATCH_SIZES[-1])
+        ]
+        graphs = cls(runner, sorted(set(sizes)))
+        started = time.monotonic()
+        try:
+            graphs.pool = torch.cuda.graph_pool_handle()
+            with torch.inference_mode(), kernels.use_backend(runner.kernel_backend):
+                for size in reversed(graphs.batch_sizes):  # largest first: the pool fits all
+                    graphs._capture(size)
+                ok = graphs._matches_eager()
+        except Exception as exc:  # graphs only save launch time: never fail start-up
+            logger.warning("CUDA graph capture failed, decoding eagerly: %r", exc)
+            return None
+        if not ok:
+            logger.warning("CUDA graph replay differs from the eager forward; decoding eagerly")
+            return None
+        logger.info(
+            "captured decode CUDA graphs for batch sizes %s in %.1f s",
+            graphs.batch_sizes,
+            time.monotonic() - started,
+        )
+        return graphs
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            context_lens=self.context_lens[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            max_query_len=1,
+            max_context_len=self.runner.max_model_len,
+        )
+
+    def _forward(self, size: int) -> torch.Tensor:
+        runner = self.runner
+        return runner.model(
+            self.input_ids[:size], self.positions[:size], runner.kv_caches, self._meta(size)
+        )
+
+    def _capture(self, size: int) -> None:
+        self._forward(size)  # warm-up: Triton compiles outside the capture
+        torch.cuda.synchronize(self.runner.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs[size] = self._forward(size)
+        self.graphs[size] = graph
+
+    def _matches_eager(self) -> bool:
+        """Replay against the eager forward on made-up decodes. Writing their keys into
+        blocks 0.. is harmless: no sequence exists yet, and a sequence only reads
+        positions it has written."""
+        runner = self.runner
+        num_seqs = min(3, self.batch_sizes[-1])
+        chunks = [(5 + 7 * i, 1) for i in range(num_seqs)]
+        if sum(-(-(c + n) // runner.block_size) for c, n in chunks) > runner.num_blocks:
+            return True  # too small a cache to check in; nothing to compare
+        inputs = runner.synthetic_inputs(chunks)
+        inputs.input_ids.copy_(torch.arange(3, 3 + num_seqs, device=runner.device))
+        eager = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
+        replayed = self.run(inputs).clone()
+        return bool(torch.allclose(replayed.float(), eager.float(), rtol=1e-2, atol=1e-2))
+
+    def can_run(self, inputs: ModelInputs) -> bool:
+        meta = inputs.meta
+        return (
+            meta.max_query_len == 1
+            and meta.num_seqs == inputs.input_ids.shape[0]
+            and meta.num_seqs <= self.batch_sizes[-1]
+            and meta.block_tables.shape[1] <= self.max_blocks
+        )
+
+    def run(self, inputs: ModelInputs) -> torch.Tensor:
+        """Copy the step's inputs into the static buffers, replay; [num_seqs, hidden]."""
+        meta = inputs.meta
+        n = meta.num_seqs
+        size = next(b for b in self.batch_sizes if b >= n)
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(inputs.positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:size].fill_(-1)
+        self.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        self.context_lens[:n].copy_(meta.context_lens)
+        self.context_lens[n:size].fill_(1)
+        self.graphs[size].replay()
+        return self.outputs[size][:n]

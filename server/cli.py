@@ -40,11 +40,18 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--max-num-batched-tokens", "max_num_batched_tokens", int),
     ("--memory-threshold", "memory_threshold", float),
     ("--kv-cache-memory", "kv_cache_memory", int),
+    ("--attention-backend", "attention_backend", str),
 ]
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="JSON file of engine settings (e.g. config.json)")
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="no CUDA graphs: run every decode step eagerly",
+    )
     parser.add_argument("--seed", type=int, help="engine seed (also the request seed here)")
     for flag, field_name, kind in ENGINE_FLAGS:
         parser.add_argument(flag, dest=field_name, type=kind)
@@ -53,13 +60,22 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
-    flags = [(name, kind) for _, name, kind in ENGINE_FLAGS] + [("seed", int)]
+    flags = [(name, kind) for _, name, kind in ENGINE_FLAGS]
+    flags += [("seed", int), ("enforce_eager", _parse_bool)]
     overrides = _from_env(flags, environ)
     overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
     config_file = args.config or environ.get(f"{ENV_PREFIX}CONFIG")
     if config_file:
         return EngineConfig.from_file(config_file, **overrides)
     return EngineConfig.from_dict(overrides, "flags")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
 
 
 def _from_env(fields: list[tuple[str, type]], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -35,6 +35,8 @@ def test_defaults_and_seed_alias():
         ("dtype", "float64"),
         ("device", "tpu"),
         ("enable_prefix_caching", "yes"),
+        ("enforce_eager", 1),
+        ("attention_backend", "cuda"),
         ("model", ""),
         ("seed", -1),
         ("preemption_mode", "swap"),  # without CPU blocks

@@ -36,6 +36,12 @@ def test_origins_and_redaction():
     assert "s3cret" not in json.dumps(settings.redacted())
 
 
+def test_enforce_eager_from_flag_and_environment():
+    assert settings_for(["--enforce-eager"], {}).engine.enforce_eager
+    assert settings_for([], {"HETERO_ENFORCE_EAGER": "true"}).engine.enforce_eager
+    assert not settings_for([], {}).engine.enforce_eager
+
+
 def test_bad_environment_names_the_variable():
     with pytest.raises(ValueError, match="HETERO_MAX_NUM_SEQS"):
         settings_for([], {"HETERO_MAX_NUM_SEQS": "many"})

@@ -1,0 +1,220 @@
+"""Triton paged attention and store_kv against the torch references (interpreter).
+
+Every batch puts each sequence's blocks at shuffled physical positions of a cache
+filled with noise, so a wrong gather or a missing mask shows. Expected values come
+from the torch reference in fp32 on the same (rounded) inputs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels.paged_attention import (  # noqa: E402
+    AttentionMetadata,
+    paged_attention_ref,
+    prepare_torch_attention,
+    store_kv_ref,
+)
+from kernels.paged_attention_triton import (  # noqa: E402
+    AttentionTiles,
+    paged_attention_triton,
+    store_kv_triton,
+)
+from tests.kernels.checks import assert_close  # noqa: E402
+
+SCALE = 0.3
+
+
+@dataclass
+class Batch:
+    query: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor  # [num_tokens, num_kv_heads, head_dim]: this step's new keys
+    value: torch.Tensor
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+
+
+def make_batch(
+    chunks: list[tuple[int, int]],
+    block_size: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> Batch:
+    """chunks: (tokens cached before this step, new tokens this step) per sequence.
+
+    The cached part is written into the cache here; the new part is for store_kv.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    needed = sum(-(-(cached + new) // block_size) for cached, new in chunks)
+    num_blocks = needed + 3  # spare blocks of noise
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables, slots, starts, context_lens, keys, values = [], [], [0], [], [], []
+    for cached, new in chunks:
+        total = cached + new
+        table = [free.pop() for _ in range(-(-total // block_size))]
+        k = torch.randn(total, num_kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(total, num_kv_heads, head_dim, generator=gen).to(dtype)
+        for p in range(cached):
+            k_cache[table[p // block_size], p % block_size] = k[p]
+            v_cache[table[p // block_size], p % block_size] = v[p]
+        slots += [
+            table[p // block_size] * block_size + p % block_size for p in range(cached, total)
+        ]
+        keys.append(k[cached:])
+        values.append(v[cached:])
+        tables.append(table)
+        starts.append(starts[-1] + new)
+        context_lens.append(total)
+    max_blocks = max(len(t) for t in tables)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor(
+            [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
+        ),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(new for _, new in chunks),
+        max_context_len=max(context_lens),
+    )
+    query = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    return Batch(query, torch.cat(keys), torch.cat(values), k_cache, v_cache, meta)
+
+
+def reference(batch: Batch, window: int | None) -> torch.Tensor:
+    """fp32 torch reference: store_kv_ref then paged_attention_ref on upcast copies."""
+    k_cache, v_cache = batch.k_cache.float(), batch.v_cache.float()
+    store_kv_ref(batch.key.float(), batch.value.float(), k_cache, v_cache, batch.meta.slot_mapping)
+    prepare_torch_attention(batch.meta, k_cache.shape[1], {window})
+    return paged_attention_ref(batch.query.float(), k_cache, v_cache, batch.meta, SCALE, window)
+
+
+def run_triton(
+    batch: Batch, window: int | None, tiles: AttentionTiles | None = None
+) -> torch.Tensor:
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    store_kv_triton(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    return paged_attention_triton(
+        batch.query, k_cache, v_cache, batch.meta, SCALE, window, tiles=tiles
+    )
+
+
+def decode_chunks(block_size: int) -> list[tuple[int, int]]:
+    # context lengths (after this step) 1, bs - 1, bs, bs + 1, several blocks
+    return [(n - 1, 1) for n in (1, block_size - 1, block_size, block_size + 1, 3 * block_size + 5)]
+
+
+def mixed_chunks(block_size: int) -> list[tuple[int, int]]:
+    # first prefill chunks, decodes, and chunks after cached context (chunked prefill,
+    # prefix-cache hits), chunk ends on and off block boundaries
+    bs = block_size
+    return [(0, 1), (0, 7), (bs - 1, 1), (bs, 5), (bs + 1, 2 * bs + 3), (2 * bs, 1), (5, bs)]
+
+
+def small_tiles(group: int, num_splits: int = 1) -> AttentionTiles:
+    """The smallest legal tiles: many loop steps and query tiles per sequence."""
+    return AttentionTiles(max(16, 1 << (group - 1).bit_length()), 16, num_splits, 4, 1)
+
+
+HEAD_DIM_FOR_GROUP = {1: 24, 3: 20, 8: 12}  # the tiny test models' odd head sizes
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_attention_matches_reference(dtype, block_size, group):
+    num_kv_heads = 2 if group < 8 else 1
+    head_dim = HEAD_DIM_FOR_GROUP[group]
+    for kind, chunks in (
+        ("decode", decode_chunks(block_size)),
+        ("mixed", mixed_chunks(block_size)),
+    ):
+        batch = make_batch(chunks, block_size, num_kv_heads, group, head_dim, dtype, seed=group)
+        expected = reference(batch, None)
+        assert_close(run_triton(batch, None), expected, dtype, f"{kind}, device tiles")
+        out = run_triton(batch, None, small_tiles(group))
+        assert_close(out, expected, dtype, f"{kind}, 16-key tiles")
+
+
+@pytest.mark.parametrize("head_dim", [12, 20, 24, 64, 80, 96, 128])
+def test_attention_head_dims(head_dim):
+    dtype = torch.float16
+    chunks = [(0, 3), (20, 1), (9, 8)]
+    batch = make_batch(chunks, 16, 1, 2, head_dim, dtype, seed=head_dim)
+    assert_close(run_triton(batch, None), reference(batch, None), dtype, f"head_dim {head_dim}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("num_splits", [2, 8])
+def test_attention_split_context(dtype, num_splits):
+    """Flash-decoding: partial results over slices of the context, then combined; with 8
+    splits the short contexts leave some splits empty."""
+    for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
+        batch = make_batch(chunks, 16, 2, 3, 20, dtype, seed=num_splits)
+        out = run_triton(batch, None, small_tiles(3, num_splits))
+        assert_close(out, reference(batch, None), dtype, f"{kind}, {num_splits} splits")
+
+
+@pytest.mark.parametrize("window", [1, 7, 19])
+def test_attention_sliding_window(window):
+    dtype = torch.float32
+    batch = make_batch(mixed_chunks(16), 16, 1, 3, 20, dtype, seed=window)
+    expected = reference(batch, window)
+    assert_close(run_triton(batch, window), expected, dtype, "device tiles")
+    assert_close(run_triton(batch, window, small_tiles(3)), expected, dtype, "16-key tiles")
+    out = run_triton(batch, window, small_tiles(3, num_splits=4))
+    assert_close(out, expected, dtype, "4 splits")
+
+
+def test_attention_bf16_is_upcast():
+    """bf16 arithmetic is wrong in the interpreter; the kernel must not do any."""
+    dtype = torch.bfloat16
+    batch = make_batch(mixed_chunks(16), 16, 1, 3, 24, dtype)
+    assert_close(run_triton(batch, None), reference(batch, None), dtype)
+
+
+def test_attention_strided_query():
+    """A query that is a view with a token stride larger than heads * head_dim."""
+    dtype = torch.float32
+    batch = make_batch(mixed_chunks(16), 16, 2, 3, 24, dtype)
+    wide = torch.zeros(batch.query.shape[0], 8, 24)
+    wide[:, 1:7] = batch.query
+    batch.query = wide[:, 1:7]
+    assert not batch.query.is_contiguous()
+    assert_close(run_triton(batch, None), reference(batch, None), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_store_kv_matches_reference_and_skips_padding(dtype, block_size):
+    gen = torch.Generator().manual_seed(block_size)
+    num_blocks, num_kv_heads, head_dim = 5, 3, 20
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(k_cache.shape, generator=gen).to(dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:23]
+    slots[[0, 5, 6, 22]] = -1  # padding tokens
+    # value as the model passes it: a view into a merged qkv output
+    qkv = torch.randn(23, 3 * num_kv_heads * head_dim, generator=gen).to(dtype)
+    key = qkv[:, : num_kv_heads * head_dim].reshape(23, num_kv_heads, head_dim)
+    value = qkv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(
+        23, num_kv_heads, head_dim
+    )
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    store_kv_ref(key, value, expected_k, expected_v, slots)
+    store_kv_triton(key, value, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expected_k), (k_cache != expected_k).nonzero()[:10].tolist()
+    assert torch.equal(v_cache, expected_v), (v_cache != expected_v).nonzero()[:10].tolist()
