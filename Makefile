@@ -27,6 +27,25 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# promtool, for tests/deploy (Prometheus config and alert rules). Not on PyPI: taken
+# from Debian's prometheus package, unpacked into the virtualenv rather than installed,
+# so no Prometheus service gets set up. Needs apt (Debian or Ubuntu; `apt-get update`
+# runs if the package lists are empty, which needs root). Without it the promtool tests
+# fail and say how to get it; a promtool already on PATH is used as it is.
+PROMTOOL := $(VENV)/bin/promtool
+$(PROMTOOL): | $(STAMP)
+	@if command -v promtool >/dev/null 2>&1; then \
+		ln -sf "$$(command -v promtool)" $@; \
+	else \
+		tmp=$$(mktemp -d) && cd $$tmp && \
+		{ apt-get download prometheus >/dev/null 2>&1 || \
+		  { apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } && \
+		dpkg-deb -x prometheus_*.deb unpacked && \
+		cp unpacked/usr/bin/promtool $(abspath $@) && cd / && rm -rf $$tmp || \
+		echo "warning: could not install promtool from Debian's prometheus package:" \
+			"the tests/deploy promtool checks will fail"; \
+	fi
+
 # The OpenAI-compatible server on the embedded default model.
 serve: $(STAMP)
 	$(VENV)/bin/hetero-infer serve --host $(HOST) --port $(PORT)
@@ -35,7 +54,7 @@ serve: $(STAMP)
 ask: $(STAMP)
 	$(VENV)/bin/hetero-infer --input "$(PROMPT)" --max-tokens 64 --chat
 
-test: $(STAMP)
+test: $(STAMP) $(PROMTOOL)
 	$(PY) -m pytest
 
 lint: $(STAMP)
