@@ -77,8 +77,10 @@ class AsyncEngine:
     async def generate(
         self, prompt: Prompt, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """Yield the request's outputs as the engine makes them, the last one finished.
+        """Yield the request's outputs as the engine makes them, until all are finished.
 
+        With n > 1 the outputs of the n choices interleave (``output.index`` says
+        which); the iteration ends after the last choice's finished output.
         ValueError for bad input is raised before the first output. Leaving the
         iteration early (a client that went away) aborts the request.
         """
@@ -90,13 +92,15 @@ class AsyncEngine:
         self._new.append(new)
         self._wake.set()
         finished = False
+        num_finished = 0
         try:
             await new.accepted
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
+                num_finished += item.finished
+                finished = num_finished == params.n
                 yield item
                 if finished:
                     return
@@ -123,7 +127,7 @@ class AsyncEngine:
                     continue
                 outputs = await loop.run_in_executor(self._executor, self._step)
                 for output in outputs:
-                    queue = self._queues.get(output.request_id)
+                    queue = self._queues.get(output.group_id)
                     if queue is not None:
                         queue.put_nowait(output)
         except asyncio.CancelledError:

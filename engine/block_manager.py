@@ -101,6 +101,9 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
+        if seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            return 0  # prompt logprobs need the prompt's logits: compute it all
+
         bs = self.block_size
         for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // bs)):
             block_id = self.cached_blocks.get(block_hash)
@@ -171,13 +174,18 @@ class BlockManager:
         last = seq.num_computed_tokens // self.block_size
         return last < len(seq.block_table) and self.blocks[seq.block_table[last]].ref_count > 1
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Let ``child`` share every block of ``parent`` (e.g. n > 1 choices)."""
+    def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
+        """Let ``child`` share the blocks of ``parent`` that hold its first ``num_tokens``
+        computed tokens (all of them by default), e.g. n > 1 choices of one prompt."""
         assert not child.block_table
-        for block_id in parent.block_table:
+        if num_tokens is None:
+            num_tokens = parent.num_computed_tokens
+        assert num_tokens <= parent.num_computed_tokens
+        shared = parent.block_table[: -(-num_tokens // self.block_size)]
+        for block_id in shared:
             self.blocks[block_id].ref_count += 1
-        child.block_table = list(parent.block_table)
-        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_table = list(shared)
+        child.num_computed_tokens = num_tokens
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's GPU blocks. Its last blocks are evicted first."""

@@ -7,6 +7,7 @@ it, and each sequence's detokenizer turns new tokens into text.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -28,6 +29,8 @@ from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.stop_strings import StopStringMatcher
+from engine.structured_output import StructuredOutput
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -43,6 +46,8 @@ class _Request:
     detokenizer: IncrementalDetokenizer
     output: RequestOutput
     num_detokenized: int  # tokens already turned into text
+    stops: StopStringMatcher | None = None
+    decoded: str = ""  # all text decoded so far; output.text is the part sent
 
 
 class LLMEngine:
@@ -62,6 +67,9 @@ class LLMEngine:
             else loader.load_tokenizer(source)
         )
         self.tokenizer = Tokenizer(hf_tokenizer, _config_eos_ids(self.model_config))
+        self.structured_output = StructuredOutput(
+            hf_tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
+        )
         self.max_model_len = self._resolve_max_model_len()
         self.runner = ModelRunner(config, self.model, self.device, self.dtype)
         capacity = self.runner.num_blocks * config.block_size
@@ -88,6 +96,7 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self._requests: dict[str, _Request] = {}
         self._finished: OrderedDict[str, RequestOutput] = OrderedDict()
+        self._groups: dict[str, list[str]] = {}  # n > 1: request id -> its choices' ids
         self._ids = itertools.count()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
@@ -134,27 +143,58 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         prompt_text, token_ids = self._tokenize(prompt)
+        self.check_params(params)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        if request_id in self._requests or request_id in self._finished:
+        choice_ids = [choice_id(request_id, i) for i in range(params.n)]
+        if any(i in self._requests or i in self._finished for i in choice_ids):
             raise ValueError(f"request_id {request_id!r} is already in use")
-        seq = Sequence(request_id, prompt_text, token_ids, params, self.tokenizer.eos_token_ids)
-        output = RequestOutput(
-            request_id=request_id,
-            prompt=prompt_text,
-            prompt_token_ids=list(token_ids),
-            text="",
-            token_ids=[],
-            finished=False,
-            finish_reason=None,
-            cumulative_logprob=0.0,
-            metrics=RequestMetrics(arrival_time=seq.times.arrival),
-        )
-        detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids)
-        self._requests[request_id] = _Request(seq, detokenizer, output, len(token_ids))
-        self.scheduler.add(seq)
+        seqs = []
+        for index, seq_id in enumerate(choice_ids):
+            seq = Sequence(
+                seq_id,
+                prompt_text,
+                token_ids,
+                choice_params(params, index),
+                self.tokenizer.eos_token_ids,
+            )
+            seq.group_id, seq.index = request_id, index
+            if params.json_schema is not None:
+                seq.matcher = self.structured_output.matcher(params.json_schema)
+            seqs.append(seq)
+            output = RequestOutput(
+                request_id=seq_id,
+                prompt=prompt_text,
+                prompt_token_ids=list(token_ids),
+                text="",
+                token_ids=[],
+                finished=False,
+                finish_reason=None,
+                cumulative_logprob=0.0,
+                metrics=RequestMetrics(arrival_time=seq.times.arrival),
+                index=index,
+                group_id=request_id,
+            )
+            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids)
+            stops = (
+                StopStringMatcher(params.stop, params.include_stop_str_in_output)
+                if params.stop
+                else None
+            )
+            self._requests[seq_id] = _Request(seq, detokenizer, output, len(token_ids), stops)
+        # Choice 0 computes the prompt; the others fork from it then (Scheduler.postprocess).
+        seqs[0].fork_children = seqs[1:]
+        if params.n > 1:
+            self._groups[request_id] = choice_ids
+        self.scheduler.add(seqs[0])
         self.metrics.prompt_tokens += len(token_ids)
         return request_id
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: token ids and the JSON schema."""
+        params.check_vocab(self.model_config.vocab_size)
+        if params.json_schema is not None:
+            self.structured_output.matcher(params.json_schema)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -184,13 +224,17 @@ class LLMEngine:
         return text, token_ids
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks at once. False if it is not running."""
-        request = self._requests.get(request_id)
-        if request is None:
-            return False
-        self.scheduler.finish(request.seq, SequenceStatus.FINISHED_ABORTED)
-        self._finish(request)
-        return True
+        """Stop a request (all its choices) and free its blocks at once.
+
+        False if it is not running."""
+        aborted = False
+        for seq_id in self._groups.pop(request_id, [request_id]):
+            request = self._requests.get(seq_id)
+            if request is not None:
+                self.scheduler.finish(request.seq, SequenceStatus.FINISHED_ABORTED)
+                self._finish(request)
+                aborted = True
+        return aborted
 
     def has_pending_work(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -220,6 +264,9 @@ class LLMEngine:
             return []
         sampled = self.runner.execute(out)
         progressed = self.scheduler.postprocess(out, sampled)
+        for seq in progressed:
+            if seq.matcher is not None and seq.request_id in sampled:
+                self._advance_grammar(seq)
         outputs = []
         for seq in progressed:
             request = self._requests[seq.request_id]
@@ -231,11 +278,27 @@ class LLMEngine:
         self.metrics.busy_time += time.perf_counter() - started
         return outputs
 
+    def _advance_grammar(self, seq: Sequence) -> None:
+        """Feed the matcher the new token; the output ends where the grammar does."""
+        if not seq.matcher.consume_token(seq.token_ids[-1]):
+            # The mask allowed only tokens it accepts, so this is a bug, not bad input.
+            logger.error("grammar refused token: %s", seq.matcher.get_error())
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_FAILED)
+        elif seq.matcher.is_stopped() and not seq.is_finished:
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
+
     def _update_output(self, request: _Request) -> RequestOutput:
         seq, output = request.seq, request.output
         new_ids = seq.token_ids[request.num_detokenized :]
         request.num_detokenized = seq.num_tokens
-        delta = request.detokenizer.step(new_ids) if new_ids else ""
+        # A stop_token_ids token ends the request without its text, as in vLLM.
+        text_ids = new_ids
+        if seq.stop_reason is not None and not seq.sampling_params.include_stop_str_in_output:
+            text_ids = new_ids[:-1]
+        old_len = len(request.decoded)
+        request.decoded += request.detokenizer.step(text_ids) if text_ids else ""
+        if seq.is_finished:
+            request.decoded += request.detokenizer.flush()
         now = time.monotonic()
         if new_ids and output.metrics.first_token_time is None:
             output.metrics.first_token_time = now
@@ -244,19 +307,50 @@ class LLMEngine:
         output.token_ids = seq.output_token_ids
         output.cumulative_logprob = seq.cumulative_logprob
         output.delta_token_ids = new_ids
+        if seq.logprobs is not None:
+            output.logprobs = list(seq.logprobs)  # a new list: callers keep snapshots
+        if seq.prompt_logprobs is not None and output.prompt_logprobs is None:
+            output.prompt_logprobs = list(seq.prompt_logprobs)
+        send_to = self._check_stop_strings(request, old_len)
         if seq.is_finished:
-            delta += request.detokenizer.flush()
             self._finish(request)
-        output.delta_text = delta
-        output.text += delta
+        sent = len(output.text)
+        send_to = max(send_to, sent)  # the hold-back never lets a sent char become a stop
+        output.delta_text = request.decoded[sent:send_to]
+        output.text = request.decoded[:send_to]
         return output
+
+    def _check_stop_strings(self, request: _Request, old_len: int) -> int:
+        """Finish the request on a stop string; return how far its text may be sent."""
+        seq, stops, text = request.seq, request.stops, request.decoded
+        if stops is None:
+            return len(text)
+        if seq.num_output_tokens >= seq.sampling_params.min_tokens:
+            found = stops.find(text, old_len)
+            if found is not None:
+                end, stop = found
+                request.decoded = text[:end]
+                seq.stop_reason = stop
+                # Over a length finish in the same step too: the stop string came first.
+                if seq.is_finished:
+                    seq.status = SequenceStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
+                return end
+        if seq.is_finished:
+            return len(text)
+        return len(text) - stops.held_back(text)
 
     def _finish(self, request: _Request) -> None:
         seq, output = request.seq, request.output
         output.finished = True
         output.finish_reason = seq.status.finish_reason
+        output.stop_reason = seq.stop_reason
         output.metrics.finished_time = seq.times.finished or time.monotonic()
         del self._requests[seq.request_id]
+        group = self._groups.get(seq.group_id)
+        if group is not None and all(i not in self._requests for i in group):
+            del self._groups[seq.group_id]
         self._finished[seq.request_id] = output
         while len(self._finished) > MAX_FINISHED_KEPT:
             self._finished.popitem(last=False)
@@ -271,7 +365,9 @@ class LLMEngine:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs come back in the prompts' order."""
+        """Run prompts to completion; outputs come back in the prompts' order.
+
+        With n > 1 a prompt gives n outputs, one per choice, next to each other."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -283,10 +379,11 @@ class LLMEngine:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
-        ids: list[str] = []
+        ids: list[str] = []  # every choice of every prompt, in order
         try:
             for prompt, sp in zip(prompts, params, strict=True):
-                ids.append(self.add_request(prompt, sp))
+                request_id = self.add_request(prompt, sp)
+                ids += [choice_id(request_id, i) for i in range(sp.n)]
         except ValueError:
             for request_id in ids:
                 self.abort(request_id)
@@ -299,6 +396,20 @@ class LLMEngine:
                         pending.discard(output.request_id)
                         bar.update(1)
         return [self._finished.pop(request_id) for request_id in ids]
+
+
+def choice_id(request_id: str, index: int) -> str:
+    """The sequence id of choice ``index`` of a request (choice 0 keeps the request's)."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index``'s own params: a seeded request seeds choice i with seed + i
+    (as vLLM does), so every choice is reproducible and the choices differ."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else (params.seed + index) % 2**63
+    return dataclasses.replace(params, n=1, seed=seed)
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -23,7 +23,11 @@ import kernels
 from engine.config import EngineConfig
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
 from kernels import AttentionMetadata
+
+# (token id, its logprob, {token id: logprob} of it and its top alternatives when asked)
+Sampled = tuple[int, float, dict[int, float] | None]
 
 logger = logging.getLogger(__name__)
 
@@ -183,27 +187,66 @@ class ModelRunner:
     # ---- one step ----
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, tuple[int, float]]:
-        """Run a scheduled step; return request_id -> (sampled token, its logprob)."""
+    def execute(self, out: SchedulerOutput) -> dict[str, Sampled]:
+        """Run a scheduled step; return request_id -> (sampled token, its logprob, top ones)."""
         with kernels.use_backend(self.kernel_backend):
             return self._execute(out)
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, tuple[int, float]]:
+    def _execute(self, out: SchedulerOutput) -> dict[str, Sampled]:
         self._copy_blocks(out)
         inputs = self.prepare_inputs(out)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        self._prompt_logprobs(out, hidden)
         sampling = [s.seq for s in out.scheduled if s.samples]
         if not sampling:
             return {}
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        tokens, logprobs = self.sampler(logits, sampling)
+        tokens, logprobs, tops = self.sampler(logits, sampling)
         return {
-            seq.request_id: (tok, lp)
-            for seq, tok, lp in zip(sampling, tokens, logprobs, strict=True)
+            seq.request_id: (tok, lp, top)
+            for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops, strict=True)
         }
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor) -> None:
+        """Fill seq.prompt_logprobs for the prompt positions this step computed.
+
+        Position p's logits predict prompt token p + 1. Kept only where the list
+        ends (a recomputed prompt would repeat them). These are the model's raw
+        logprobs, as vLLM gives prompt logprobs.
+        """
+        rows: list[int] = []
+        targets: list[tuple[Sequence, int]] = []  # (sequence, prompt token predicted)
+        offset = 0
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.prompt_logprobs is not None:
+                have = len(seq.prompt_logprobs)
+                assert item.start + 1 <= have or item.start >= seq.num_prompt_tokens
+                for p in range(item.start, item.start + item.num_new_tokens):
+                    if have <= p + 1 < seq.num_prompt_tokens:
+                        rows.append(offset + p - item.start)
+                        targets.append((seq, p + 1))
+            offset += item.num_new_tokens
+        if not rows:
+            return
+        logprobs = torch.log_softmax(
+            self.model.compute_logits(hidden[rows]).float(), dim=-1
+        ).cpu()  # [len(rows), vocab]
+        token_ids = torch.tensor([seq.token_ids[i] for seq, i in targets])
+        chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
+        k_max = max(seq.sampling_params.prompt_logprobs or 0 for seq, _ in targets)
+        top_values, top_ids = logprobs.topk(max(k_max, 1), dim=-1)
+        for j, (seq, i) in enumerate(targets):
+            k = seq.sampling_params.prompt_logprobs or 0
+            entry = {seq.token_ids[i]: chosen[j]}
+            top = zip(top_ids[j, :k].tolist(), top_values[j, :k].tolist(), strict=True)
+            for token_id, value in top:
+                entry.setdefault(token_id, value)
+            assert seq.prompt_logprobs is not None
+            seq.prompt_logprobs.append(entry)
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
         bs = self.block_size

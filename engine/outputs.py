@@ -42,3 +42,16 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    # The stop_token_ids entry or stop string that ended it (vLLM's stop_reason).
+    stop_reason: int | str | None = None
+    # When asked: per output token {token_id: logprob} (the token's own, then its top
+    # alternatives); per prompt token the same, None for the first.
+    logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    # n > 1: this output is choice ``index`` of the request ``group_id`` (the id the
+    # caller gave); request_id is the choice's own. For n = 1 they are 0 and request_id.
+    index: int = 0
+    group_id: str = ""
+
+    def __post_init__(self) -> None:
+        self.group_id = self.group_id or self.request_id

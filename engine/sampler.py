@@ -1,4 +1,5 @@
-"""Batched token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+"""Batched token sampling: logit bias, min_tokens, penalties, then greedy or temperature
+with top-k, top-p, min-p, and per-request seeds.
 
 All rows are processed together; only the random draw is per row for seeded
 requests, so a seeded request gets the same tokens whatever else is in the batch.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine.sequence import Sequence
+from engine.structured_output import allowed_tokens
 
 
 class Sampler:
@@ -19,13 +21,18 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
-        """logits [num_seqs, vocab] fp32 -> (token ids, log-probabilities of those tokens).
+    def __call__(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> tuple[list[int], list[float], list[dict[int, float] | None]]:
+        """logits [num_seqs, vocab] -> (token ids, their logprobs, top logprobs when asked).
 
-        The log-probabilities are of the model's raw distribution (before temperature
-        and truncation), as vLLM reports them by default.
+        The log-probabilities are of the distribution after logit bias, min_tokens
+        masking and penalties, before temperature and top-k/top-p/min-p truncation:
+        with none of those set (and always for greedy rows without them) that is the
+        model's raw distribution, which is what vLLM reports by default. The top
+        logprobs map the chosen token and the row's ``logprobs`` best to theirs.
         """
-        logits = logits.float()
+        logits = process_logits(logits.float(), seqs)
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
@@ -34,7 +41,8 @@ class Sampler:
             picked = self._sample(logits[rows], [seqs[i] for i in random_rows])
             tokens[rows] = picked
         chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.tolist(), chosen.tolist()
+        token_list, chosen_list = tokens.tolist(), chosen.tolist()
+        return token_list, chosen_list, top_logprobs(logprobs, token_list, chosen_list, seqs)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         device = logits.device
@@ -61,6 +69,30 @@ class Sampler:
         return noise
 
 
+def top_logprobs(
+    logprobs: torch.Tensor, tokens: list[int], chosen: list[float], seqs: list[Sequence]
+) -> list[dict[int, float] | None]:
+    """Per row that asked: {chosen token: logprob, then the k most likely: theirs}."""
+    ks = [s.sampling_params.logprobs for s in seqs]
+    if all(k is None for k in ks):
+        return [None] * len(seqs)
+    k_max = max(k or 0 for k in ks)
+    top_values, top_ids = (
+        logprobs.topk(k_max, dim=-1) if k_max else (logprobs[:, :0], logprobs[:, :0].long())
+    )
+    values, ids = top_values.tolist(), top_ids.tolist()
+    out: list[dict[int, float] | None] = []
+    for i, k in enumerate(ks):
+        if k is None:
+            out.append(None)
+            continue
+        row = {tokens[i]: chosen[i]}
+        for token_id, value in zip(ids[i][:k], values[i][:k], strict=True):
+            row.setdefault(token_id, value)
+        out.append(row)
+    return out
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     """Mask to -inf every logit outside each row's top k and top-p nucleus."""
     use_top_k = any(k > 0 for k in top_k)
@@ -84,3 +116,90 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     remove[:, 0] = False  # the most likely token always stays
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Logit bias, min_tokens masking, the grammar's mask and penalties, in vLLM's order,
+    on [num_seqs, vocab]."""
+    params = [s.sampling_params for s in seqs]
+    constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+    if not constrained and not any(p.logit_bias or p.min_tokens or p.has_penalties for p in params):
+        return logits
+    logits = logits.clone()  # the caller's tensor stays the model's output
+    vocab = logits.shape[-1]
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for i, (seq, p) in enumerate(zip(seqs, params, strict=True)):
+        for token_id, bias in p.logit_bias.items():
+            rows.append(i)
+            cols.append(token_id)
+            values.append(bias)
+        if seq.num_output_tokens < p.min_tokens:
+            banned = set(p.stop_token_ids)
+            if not p.ignore_eos:
+                banned |= seq.eos_token_ids
+            for token_id in banned:
+                if token_id < vocab:
+                    rows.append(i)
+                    cols.append(token_id)
+                    values.append(float("-inf"))
+    if rows:
+        device = logits.device
+        index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+        bias = torch.tensor(values, dtype=logits.dtype, device=device)
+        # accumulate: a token both biased and banned ends at -inf
+        logits.index_put_(index, bias, accumulate=True)
+    if constrained:
+        allowed = allowed_tokens([seqs[i].matcher for i in constrained], vocab, logits.device)
+        logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
+    penalized = [i for i, p in enumerate(params) if p.has_penalties]
+    if penalized:
+        picked = [seqs[i] for i in penalized]
+        logits[penalized] = apply_penalties(
+            logits[penalized],
+            prompt_ids=[s.prompt_token_ids for s in picked],
+            output_ids=[s.output_token_ids for s in picked],
+            presence=[s.sampling_params.presence_penalty for s in picked],
+            frequency=[s.sampling_params.frequency_penalty for s in picked],
+            repetition=[s.sampling_params.repetition_penalty for s in picked],
+        )
+    return logits
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_ids: list[list[int]],
+    output_ids: list[list[int]],
+    presence: list[float],
+    frequency: list[float],
+    repetition: list[float],
+) -> torch.Tensor:
+    """Penalties on [rows, vocab] logits, all rows at once.
+
+    repetition (vLLM's, from CTRL): a token seen in the prompt or the output has its
+    logit divided by the penalty when positive, multiplied when negative. Then
+    OpenAI's: logit -= frequency * count_in_output + presence * (count_in_output > 0).
+    """
+    vocab = logits.shape[-1]
+    output_counts = token_counts(output_ids, vocab, logits.device)  # [rows, vocab]
+    seen = (token_counts(prompt_ids, vocab, logits.device) > 0) | (output_counts > 0)
+    rep = torch.tensor(repetition, dtype=logits.dtype, device=logits.device)[:, None]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    freq = torch.tensor(frequency, dtype=logits.dtype, device=logits.device)[:, None]
+    pres = torch.tensor(presence, dtype=logits.dtype, device=logits.device)[:, None]
+    return logits - freq * output_counts - pres * (output_counts > 0).to(logits.dtype)
+
+
+def token_counts(ids: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """How often each token id occurs in each row's list -> [rows, vocab] float."""
+    width = max((len(row) for row in ids), default=0)
+    # Padding points at an extra column that is dropped afterwards.
+    padded = torch.full((len(ids), max(width, 1)), vocab, dtype=torch.long)
+    for i, row in enumerate(ids):
+        if row:
+            padded[i, : len(row)] = torch.tensor(row)
+    counts = torch.zeros(len(ids), vocab + 1)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
+    return counts[:, :vocab].to(device)

@@ -2,27 +2,57 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # Below this a temperature means greedy: dividing logits by it would overflow.
 GREEDY_EPSILON = 1e-5
+# Stop strings are searched in every step's new text: bound the work a request can ask for.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+# OpenAI's ranges.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+# vLLM's default max_logprobs; OpenAI allows 20 top_logprobs in chat, 5 in completions.
+MAX_LOGPROBS = 20
+MAX_N = 128
 
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
+    # Choices per request: they share the prompt's KV blocks (fork + copy-on-write).
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 (or 0) = all tokens
     min_p: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    # eos and stop_token_ids are masked out (and stop strings not looked for) until
+    # this many tokens are out, as in vLLM.
+    min_tokens: int = 0
+    presence_penalty: float = 0.0  # OpenAI: subtract once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtract per occurrence in the output so far
+    repetition_penalty: float = 1.0  # vLLM/CTRL: divide (or multiply) logits of seen tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # Per generated token: its logprob and this many top alternatives (0 = only its own).
+    logprobs: int | None = None
+    # Per prompt token (from the second on): the same, from the prefill's logits.
+    prompt_logprobs: int | None = None
+    # Constrain the output to JSON matching this schema ({"type": "object"}: any object).
+    json_schema: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise ValueError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -41,10 +71,74 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
         if self.top_k == 0:
             self.top_k = -1
+        self._check_stops()
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 100:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}"
+            )
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValueError("json_schema must be a JSON schema object")
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError("logit_bias must map token ids to biases")
+        for token_id, bias in self.logit_bias.items():
+            if not _is_int(token_id) or token_id < 0:
+                raise ValueError(f"logit_bias: token id {token_id!r} is not a token id")
+            if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: bias {bias!r} must be in [-100, 100]")
+
+    def _check_stops(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings")
+        self.stop = [s for s in self.stop if s]  # "" would stop before the first token
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ValueError(f"stop: each string must be at most {MAX_STOP_STRING_CHARS} chars")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError("stop_token_ids must be a list of token ids")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the request names must exist: the sampler indexes logits with them."""
+        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+                )
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:

@@ -176,13 +176,11 @@ class Scheduler:
 
     # ---- after the model step ----
 
-    def postprocess(
-        self, out: SchedulerOutput, sampled: dict[str, tuple[int, float]]
-    ) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput, sampled: dict[str, tuple]) -> list[Sequence]:
         """Advance the scheduled sequences; append sampled tokens; finish and free.
 
-        ``sampled`` maps request_id -> (token_id, logprob) for each sequence that
-        sampled this step. Returns the sequences that made progress.
+        ``sampled`` maps request_id -> (token_id, logprob[, top logprobs]) for each
+        sequence that sampled this step. Returns the sequences that made progress.
         """
         progressed = []
         for item in out.scheduled:
@@ -192,18 +190,42 @@ class Scheduler:
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(seq)
             if seq.request_id in sampled:
-                token_id, logprob = sampled[seq.request_id]
-                seq.append_token(token_id, logprob)
+                if seq.fork_children:
+                    self._fork_children(seq)
+                token_id, logprob, *top = sampled[seq.request_id]
+                seq.append_token(token_id, logprob, top[0] if top else None)
                 self._check_stop(seq, token_id)
             if seq.is_finished:
                 self._free_finished(seq)
             progressed.append(seq)
         return progressed
 
+    def _fork_children(self, parent: Sequence) -> None:
+        """n > 1: the other choices start from the parent's computed prompt.
+
+        Each shares the blocks of all but the last prompt token and computes that one
+        itself next step, so its first token is sampled from its own logits and
+        generator; the partly filled block they share is copied on write.
+        """
+        assert parent.num_output_tokens == 0 and parent.num_computed_tokens == parent.num_tokens
+        for child in parent.fork_children:
+            if child.is_finished:  # aborted with its group
+                continue
+            self.block_manager.fork(parent, child, parent.num_tokens - 1)
+            child.prompt_logprobs = parent.prompt_logprobs  # complete now, and never changes
+            child.status = SequenceStatus.RUNNING
+            child.times.first_scheduled = parent.times.first_scheduled
+            self.running.append(child)
+        parent.fork_children = []
+
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.sampling_params
-        if not params.ignore_eos and token_id in seq.eos_token_ids:
+        may_stop = seq.num_output_tokens >= params.min_tokens
+        if may_stop and not params.ignore_eos and token_id in seq.eos_token_ids:
             seq.status = SequenceStatus.FINISHED_STOPPED
+        elif may_stop and token_id in params.stop_token_ids:
+            seq.status = SequenceStatus.FINISHED_STOPPED
+            seq.stop_reason = token_id
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.status = SequenceStatus.FINISHED_LENGTH
 

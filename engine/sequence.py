@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -54,6 +55,12 @@ class Sequence:
         eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.request_id = request_id
+        # n > 1: every choice is a Sequence; group_id is the caller's request id and
+        # index the choice's place. Choice 0 carries the others until its prompt is
+        # computed, then they fork from it (see Scheduler.postprocess).
+        self.group_id = request_id
+        self.index = 0
+        self.fork_children: list[Sequence] = []
         self.prompt = prompt
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -73,6 +80,19 @@ class Sequence:
         self.times = SequenceTimes()
         self.num_preemptions = 0
         self.error: str | None = None
+        # What stopped it, as vLLM reports: a stop_token_ids entry or a stop string
+        # (None for eos, length, or while running).
+        self.stop_reason: int | str | None = None
+        # Per output token {token_id: logprob} for it and its top alternatives, when asked.
+        self.logprobs: list[dict[int, float]] | None = (
+            [] if sampling_params.logprobs is not None else None
+        )
+        # Per prompt token the same; the first token has none (nothing predicts it).
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None
+        )
+        # response_format: an llguidance matcher fed every output token (the engine sets it).
+        self.matcher: Any = None
         # Seeded requests draw from their own generator, so their tokens do not
         # depend on what else shares the batch.
         self.generator: torch.Generator | None = None
@@ -109,6 +129,10 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    def append_token(self, token_id: int, logprob: float) -> None:
+    def append_token(
+        self, token_id: int, logprob: float, top_logprobs: dict[int, float] | None = None
+    ) -> None:
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
+        if self.logprobs is not None:
+            self.logprobs.append(top_logprobs or {token_id: logprob})

@@ -1,6 +1,7 @@
 """OpenAI request and response bodies, and the mapping to SamplingParams.
 
-Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos).
+Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
+stop_token_ids, include_stop_str_in_output, repetition_penalty).
 A field we do not implement yet is refused with a 400 naming it rather than
 ignored: a client must never get silently different behaviour.
 """
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 
 INT64_MAX = 2**63 - 1
 
@@ -67,51 +68,87 @@ class SamplingFields(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=100)
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted at their neutral values only, until they are implemented.
-    n: int = Field(default=1, ge=1, le=128)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    # vLLM's v1 engine has no best_of either: only 1 is accepted.
     best_of: int | None = None
-    stop: str | list[str] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    # Accepted at their neutral values only, until they are implemented.
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> None:
-        """Raise a 400 for any field set to something we cannot honour yet."""
-        checks = {
-            "n": self.n != 1,
-            "best_of": self.best_of not in (None, 1),
-            "stop": bool(self.stop),
-            "logprobs": self.logprobs not in (None, False),
-            "top_logprobs": self.top_logprobs not in (None, 0),
-            "presence_penalty": self.presence_penalty != 0,
-            "frequency_penalty": self.frequency_penalty != 0,
-            "repetition_penalty": self.repetition_penalty not in (None, 1, 1.0),
-            "logit_bias": bool(self.logit_bias),
-            "response_format": bool(self.response_format)
-            and self.response_format.get("type") != "text",
-        }
-        for name, is_set in checks.items():
-            if is_set:
-                raise APIError(400, f"'{name}' is not supported by this server yet", param=name)
+        """Raise a 400 for any field set to something we cannot honour."""
+        if self.best_of not in (None, 1):
+            raise APIError(
+                400,
+                "'best_of' greater than 1 is not supported (nor by vLLM's v1 engine); "
+                "use 'n' for several choices",
+                param="best_of",
+            )
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def json_schema(self) -> dict[str, Any] | None:
+        """response_format as a JSON schema to constrain decoding to, or None for text."""
+        fmt = self.response_format
+        if fmt is None or fmt.get("type") == "text":
+            return None
+        if fmt.get("type") == "json_object":
+            return {"type": "object"}
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400,
+                    "response_format: json_schema needs {'name': ..., 'schema': {...}}",
+                    param="response_format",
+                )
+            return schema
+        raise APIError(
+            400,
+            "response_format: type must be 'text', 'json_object' or 'json_schema'",
+            param="response_format",
+        )
+
+    def logprobs_params(self) -> dict[str, int]:
+        """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
+        return {}
+
+    def sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
         self.unsupported()
-        values: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": self.ignore_eos}
-        for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        values: dict[str, Any] = {
+            "n": self.n,
+            "max_tokens": max_tokens,
+            "ignore_eos": self.ignore_eos,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "min_tokens": self.min_tokens,
+        }
+        names = (
+            "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+            "presence_penalty", "frequency_penalty", "repetition_penalty",
+        )  # fmt: skip
+        for name in names:
             value = getattr(self, name)
             if value is not None:
                 values[name] = value
+        if self.logit_bias:
+            values["logit_bias"] = _token_bias(self.logit_bias)
+        values.update(self.logprobs_params())
+        values["json_schema"] = self.json_schema()
         try:
-            return SamplingParams(**values)
+            params = SamplingParams(**values)
+            params.check_vocab(vocab_size)
+            return params
         except ValueError as exc:
-            raise APIError(400, str(exc), param=str(exc).split()[0]) from exc
+            raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
 
 
 class CompletionRequest(SamplingFields):
@@ -119,6 +156,16 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
     suffix: str | None = None
+    # OpenAI caps this at 5; vLLM's default max_logprobs is 20.
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def logprobs_params(self) -> dict[str, int]:
+        if self.logprobs is None:
+            return {}
+        values = {"logprobs": self.logprobs}
+        if self.echo:
+            values["prompt_logprobs"] = self.logprobs
+        return values
 
     @field_validator("prompt")
     @classmethod
@@ -174,6 +221,15 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def logprobs_params(self) -> dict[str, int]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(
+                400, "logprobs must be set to true if top_logprobs is used", param="top_logprobs"
+            )
+        return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
 
     def template_messages(self) -> list[dict[str, str]]:
         if self.tools:
@@ -196,6 +252,20 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
+
+
+def _token_bias(logit_bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys, so as strings."""
+    bias = {}
+    for key, value in logit_bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise APIError(
+                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
+            ) from None
+        bias[token_id] = value
+    return bias
 
 
 def _check_text(text: str) -> str:

@@ -22,6 +22,7 @@ from sse_starlette.sse import EventSourceResponse
 from engine.async_engine import AsyncEngine, EngineDeadError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from server.logprobs import LogprobsFormatter, text_length
 from server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -70,6 +71,19 @@ def _check_length(engine: AsyncEngine, token_ids: list[int], max_tokens: int | N
             code="context_length_exceeded",
         )
     return max_tokens or limit - len(token_ids)
+
+
+def _sampling_params(
+    engine: AsyncEngine, body: CompletionRequest | ChatCompletionRequest, max_tokens: int
+) -> SamplingParams:
+    """The request's SamplingParams, checked against the model here so that a bad one
+    is a 400 even when streaming (where errors after the first byte go in-band)."""
+    params = body.sampling_params(max_tokens, engine.engine.model_config.vocab_size)
+    try:
+        engine.engine.check_params(params)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
+    return params
 
 
 def _tokenize_prompt(engine: AsyncEngine, prompt: str | list[int]) -> list[int]:
@@ -136,14 +150,19 @@ async def _run_all(
     prompts: list[list[int]],
     params: SamplingParams,
     base_id: str,
-) -> list[RequestOutput]:
-    """Run several prompts concurrently; return each one's final output."""
+) -> list[list[RequestOutput]]:
+    """Run several prompts concurrently; return each one's final outputs, one per choice."""
     streams = [
         _collect(_run(request, engine, ids, params, f"{base_id}-{i}"))
         for i, ids in enumerate(prompts)
     ]
     results = await _until_disconnect(request, asyncio.gather(*streams))
-    return [outs[-1] for outs in results]
+    return [_finals(outs) for outs in results]
+
+
+def _finals(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """The finished output of each choice, in choice order."""
+    return sorted((o for o in outputs if o.finished), key=lambda o: o.index)
 
 
 def _sse(chunks: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
@@ -187,39 +206,90 @@ async def completions(body: CompletionRequest, request: Request):
     state = _state(request)
     _check_model(request, body.model)
     engine = state.require_engine()
-    if body.echo or body.suffix:
-        raise APIError(400, "'echo' and 'suffix' are not supported yet", param="echo")
-    prompts = [_tokenize_prompt(engine, p) for p in body.prompts()]
+    if body.suffix:
+        raise APIError(400, "'suffix' is not supported", param="suffix")
+    tokenizer = engine.engine.tokenizer
+    prompts_given = body.prompts()
+    prompts = [_tokenize_prompt(engine, p) for p in prompts_given]
     max_tokens = [_check_length(engine, ids, body.max_tokens) for ids in prompts]
-    params = body.sampling_params(min(max_tokens))
+    params = _sampling_params(engine, body, min(max_tokens))
     completion_id = new_id("cmpl")
     name = state.settings.model_name
+    # echo returns the prompt as it was sent; token-id prompts as their decode.
+    echoed = [
+        (p if isinstance(p, str) else tokenizer.decode(ids)) if body.echo else ""
+        for p, ids in zip(prompts_given, prompts, strict=True)
+    ]
+    formatter = LogprobsFormatter(tokenizer) if params.logprobs is not None else None
 
-    def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(
+        index: int, text: str, out: RequestOutput, logprobs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+
+    def logprob_tokens(
+        index: int, out: RequestOutput, start: int, with_prompt: bool
+    ) -> tuple[list[int], list[Any]]:
+        """Token ids and logprob entries from output token ``start`` on (prompt first)."""
+        ids: list[int] = []
+        entries: list[Any] = []
+        if with_prompt:
+            assert out.prompt_logprobs is not None
+            ids += prompts[index]
+            entries += out.prompt_logprobs
+        assert out.logprobs is not None
+        ids += out.token_ids[start:]
+        entries += out.logprobs[start:]
+        return ids, entries
 
     chunk = functools.partial(_completion_object, "text_completion", completion_id, name)
+    prompt_tokens = sum(len(p) for p in prompts)
+    n = params.n
 
     if not body.stream:
         finals = await _run_all(request, engine, prompts, params, completion_id)
-        return JSONResponse(
-            chunk(
-                [choice(i, o.text, o.finish_reason) for i, o in enumerate(finals)],
-                usage(sum(len(p) for p in prompts), sum(len(o.token_ids) for o in finals)),
-            )
-        )
+        choices = []
+        for i, outs in enumerate(finals):
+            for out in outs:
+                logprobs = None
+                if formatter is not None:
+                    logprobs = formatter.completion(*logprob_tokens(i, out, 0, body.echo), 0)
+                choices.append(choice(i * n + out.index, echoed[i] + out.text, out, logprobs))
+        generated = sum(len(o.token_ids) for outs in finals for o in outs)
+        return JSONResponse(chunk(choices, usage(prompt_tokens, generated)))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
         generated = 0
         for i, ids in enumerate(prompts):
+            # Per choice: whether its first chunk is out, tokens sent, text offset.
+            started: set[int] = set()
+            sent_tokens = [0] * n
+            offsets = [0] * n
             async for out in _run(request, engine, ids, params, f"{completion_id}-{i}"):
                 generated += len(out.delta_token_ids)
-                if out.delta_text or out.finished:
-                    yield chunk([choice(i, out.delta_text, out.finish_reason)])
+                c = out.index
+                first = c not in started
+                if not (out.delta_text or out.finished or first and body.echo):
+                    continue  # logprobs of tokens without text yet ride on a later chunk
+                text = (echoed[i] if first else "") + out.delta_text
+                logprobs = None
+                if formatter is not None:
+                    lp_ids, entries = logprob_tokens(i, out, sent_tokens[c], first and body.echo)
+                    logprobs = formatter.completion(lp_ids, entries, offsets[c])
+                    offsets[c] += text_length(formatter, lp_ids)
+                    sent_tokens[c] = len(out.token_ids)
+                started.add(c)
+                yield chunk([choice(i * n + c, text, out, logprobs)])
         if include_usage:
-            yield chunk([], usage(sum(len(p) for p in prompts), generated))
+            yield chunk([], usage(prompt_tokens, generated))
 
     return _sse(stream())
 
@@ -237,9 +307,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     except ValueError as exc:
         raise APIError(400, str(exc), param="messages") from exc
     requested = body.max_completion_tokens or body.max_tokens
-    params = body.sampling_params(_check_length(engine, token_ids, requested))
+    params = _sampling_params(engine, body, _check_length(engine, token_ids, requested))
     completion_id = new_id("chatcmpl")
     name = state.settings.model_name
+    formatter = LogprobsFormatter(engine.engine.tokenizer) if body.logprobs else None
+    top = body.top_logprobs or 0
+
+    def logprobs(out: RequestOutput, start: int) -> dict[str, Any] | None:
+        if formatter is None:
+            return None
+        assert out.logprobs is not None
+        return formatter.chat(out.token_ids[start:], out.logprobs[start:], top)
 
     chunk = functools.partial(_completion_object, "chat.completion.chunk", completion_id, name)
 
@@ -247,37 +325,51 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         outputs = await _until_disconnect(
             request, _collect(_run(request, engine, token_ids, params, completion_id))
         )
-        final = outputs[-1]
-        message = {"role": "assistant", "content": final.text}
-        choice = {"index": 0, "message": message, "logprobs": None}
+        finals = _finals(outputs)
+        choices = [
+            {
+                "index": final.index,
+                "message": {"role": "assistant", "content": final.text},
+                "logprobs": logprobs(final, 0),
+                "finish_reason": final.finish_reason,
+                "stop_reason": final.stop_reason,
+            }
+            for final in finals
+        ]
+        generated = sum(len(final.token_ids) for final in finals)
         return JSONResponse(
             _completion_object(
                 "chat.completion",
                 completion_id,
                 name,
-                [{**choice, "finish_reason": final.finish_reason}],
-                usage(len(token_ids), len(final.token_ids)),
+                choices,
+                usage(len(token_ids), generated),
             )
         )
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
-        yield chunk(
-            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
-        )
+        for c in range(params.n):
+            role = {"role": "assistant", "content": ""}
+            yield chunk([{"index": c, "delta": role, "finish_reason": None}])
         generated = 0
+        sent_tokens = [0] * params.n
         async for out in _run(request, engine, token_ids, params, completion_id):
             generated += len(out.delta_token_ids)
+            # Logprobs of tokens without text yet ride on a later chunk.
             if out.delta_text or out.finished:
                 delta = {"content": out.delta_text} if out.delta_text else {}
+                chunk_logprobs = logprobs(out, sent_tokens[out.index])
+                sent_tokens[out.index] = len(out.token_ids)
                 yield chunk(
                     [
                         {
-                            "index": 0,
+                            "index": out.index,
                             "delta": delta,
-                            "logprobs": None,
+                            "logprobs": chunk_logprobs,
                             "finish_reason": out.finish_reason,
+                            "stop_reason": out.stop_reason,
                         }
                     ]
                 )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine.sampler import Sampler, apply_top_k_top_p
+from engine.sampler import Sampler, apply_top_k_top_p, process_logits
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -15,7 +16,7 @@ def _seqs(*params: SamplingParams) -> list[Sequence]:
 
 def test_greedy_picks_argmax_and_reports_raw_logprob():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, -1.0]])
-    tokens, logprobs = Sampler()(
+    tokens, logprobs, _ = Sampler()(
         logits, _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
     )
     assert tokens == [1, 0]
@@ -48,7 +49,7 @@ def test_truncation_to_one_token_is_greedy():
         SamplingParams(min_p=1.0),
         SamplingParams(temperature=1e-7),
     )
-    tokens, _ = Sampler()(logits, seqs)
+    tokens, _, _ = Sampler()(logits, seqs)
     assert tokens == logits.argmax(-1).tolist()
 
 
@@ -78,3 +79,83 @@ def test_sampled_frequencies_follow_temperature_softmax():
         counts[sampler(logits, seq)[0][0]] += 1
     expected = torch.softmax(logits[0] / 0.7, -1)
     assert torch.allclose(counts / n, expected, atol=0.03)
+
+
+# ---- logit bias, min_tokens, penalties: against a plain per-token reference ----
+
+
+def _seq_with(params: SamplingParams, prompt: list[int], output: list[int]) -> Sequence:
+    seq = Sequence("r", None, prompt, params, eos_token_ids=frozenset({0}))
+    for token_id in output:
+        seq.append_token(token_id, 0.0)
+    return seq
+
+
+def _reference(logits: list[float], params: SamplingParams, prompt, output) -> list[float]:
+    """The definitions, one token at a time: bias, then repetition, then OpenAI's penalties."""
+    out = list(logits)
+    for token_id, bias in params.logit_bias.items():
+        out[token_id] += bias
+    for token_id in range(len(out)):
+        if token_id in prompt or token_id in output:
+            r = params.repetition_penalty
+            out[token_id] = out[token_id] / r if out[token_id] > 0 else out[token_id] * r
+        count = output.count(token_id)
+        out[token_id] -= params.frequency_penalty * count
+        out[token_id] -= params.presence_penalty * (count > 0)
+    return out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(presence_penalty=1.5),
+        SamplingParams(frequency_penalty=0.7),
+        SamplingParams(presence_penalty=-0.5, frequency_penalty=-2.0),
+        SamplingParams(repetition_penalty=1.3),
+        SamplingParams(repetition_penalty=0.8, frequency_penalty=0.3, presence_penalty=0.4),
+        SamplingParams(logit_bias={3: 5.0, 7: -100.0}),
+        SamplingParams(logit_bias={1: -2.5}, repetition_penalty=1.5, presence_penalty=2.0),
+    ],
+)
+def test_penalties_and_bias_match_the_reference(params):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 10) * 3
+    histories = [([1, 2, 3], [4, 4, 5, 1]), ([9], []), ([0, 0], [7, 7, 7, 8, 3])]
+    seqs = [_seq_with(params, p, o) for p, o in histories]
+    got = process_logits(logits, seqs)
+    for row, (prompt, output) in enumerate(histories):
+        expected = _reference(logits[row].tolist(), params, prompt, output)
+        torch.testing.assert_close(got[row], torch.tensor(expected))
+
+
+def test_rows_without_penalties_are_untouched_beside_penalized_ones():
+    logits = torch.randn(2, 10)
+    seqs = [
+        _seq_with(SamplingParams(frequency_penalty=1.0), [1], [2, 2]),
+        _seq_with(SamplingParams(), [1], [2, 2]),
+    ]
+    got = process_logits(logits, seqs)
+    assert torch.equal(got[1], logits[1]) and not torch.equal(got[0], logits[0])
+
+
+def test_logit_bias_steers_greedy_and_logprobs_follow_it():
+    logits = torch.zeros(1, 8)
+    logits[0, 2] = 5.0
+    params = SamplingParams(temperature=0, logit_bias={6: 100.0})
+    tokens, logprobs, _ = Sampler()(logits, [_seq_with(params, [1], [])])
+    assert tokens == [6]
+    biased = logits.clone()
+    biased[0, 6] += 100
+    assert logprobs[0] == pytest.approx(torch.log_softmax(biased, -1)[0, 6].item())
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+    logits = torch.zeros(2, 8)
+    logits[:, 0] = 10.0  # eos
+    logits[:, 5] = 9.0  # a stop token id
+    params = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5])
+    early = _seq_with(params, [1], [3])
+    late = _seq_with(params, [1], [3, 3])
+    tokens, _, _ = Sampler()(logits, [early, late])
+    assert tokens[0] not in (0, 5) and tokens[1] == 0

@@ -456,6 +456,26 @@ def test_forked_sequences_copy_their_shared_partial_block() -> None:
     assert used_blocks(sched) == 3
 
 
+def test_n_choices_fork_from_the_prompt_when_it_first_samples() -> None:
+    sched = make_scheduler()
+    parent = make_seq("p", 6)
+    children = [make_seq(f"p#{i}", token_ids=parent.prompt_token_ids) for i in (1, 2)]
+    parent.fork_children = children
+    sched.add(parent)
+    run_step(sched, {"p": 11})
+    # The children share the blocks of the first 5 prompt tokens and compute the 6th.
+    first, second = parent.block_table
+    assert sched.running == [parent, *children]
+    for child in children:
+        assert child.status == SequenceStatus.RUNNING and child.num_computed_tokens == 5
+        assert child.block_table == [first, second] and child.output_token_ids == []
+    out = run_step(sched, {"p": 12, "p#1": 13, "p#2": 14})
+    assert scheduled(out) == [("p", 1), ("p#1", 1), ("p#2", 1)]
+    assert len(out.blocks_to_copy) == 2  # the shared partial block, copied on write
+    assert [c.output_token_ids for c in children] == [[13], [14]]
+    assert used_blocks(sched) == 4
+
+
 # ---- abort ----
 
 
@@ -570,6 +590,29 @@ def test_ignore_eos() -> None:
     run_step(sched, {"a": EOS})
     assert a.status == SequenceStatus.FINISHED_LENGTH
     assert a.output_token_ids == [EOS, EOS, EOS]
+
+
+def test_stop_token_ids_finish_with_a_stop_reason() -> None:
+    sched = make_scheduler()
+    a = make_seq("a", 5)
+    a.sampling_params = SamplingParams(max_tokens=10, stop_token_ids=[9])
+    sched.add(a)
+    run_step(sched)
+    run_step(sched, {"a": 9})
+    assert a.status == SequenceStatus.FINISHED_STOPPED and a.stop_reason == 9
+    assert a.output_token_ids == [TOKEN, 9] and used_blocks(sched) == 0
+
+
+def test_min_tokens_defers_eos_and_stop_tokens() -> None:
+    sched = make_scheduler()
+    a = make_seq("a", 5)
+    a.sampling_params = SamplingParams(max_tokens=10, min_tokens=3, stop_token_ids=[9])
+    sched.add(a)
+    run_step(sched, {"a": EOS})
+    run_step(sched, {"a": 9})
+    assert a.status == SequenceStatus.RUNNING
+    run_step(sched, {"a": 9})  # the third token may stop it
+    assert a.status == SequenceStatus.FINISHED_STOPPED and a.stop_reason == 9
 
 
 def test_finish_on_max_tokens() -> None:

@@ -1,0 +1,65 @@
+"""JSON output by constrained decoding: llguidance matchers over the model's tokenizer.
+
+Each constrained sequence has a matcher that knows which tokens may come next; the
+sampler turns that into a vocabulary mask before it picks, and the engine feeds the
+matcher every token picked. Why llguidance (not xgrammar): it computes each mask
+lazily from the grammar with no per-schema compile step (a request's schema costs
+nothing before its first token), has no Python dependencies, and its masks are
+plain bit arrays that apply on any torch device. The README has its per-token cost.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import torch
+
+# Compact JSON: without this the grammar lets a model pad with endless whitespace.
+_JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
+class StructuredOutput:
+    """Builds matchers for JSON schemas over one tokenizer (built once, on first use)."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._hf_tokenizer = hf_tokenizer
+        self._vocab_size = vocab_size
+        self._eos_token_ids = eos_token_ids
+        self._lltokenizer: Any = None
+
+    def matcher(self, schema: dict[str, Any]) -> Any:
+        """A fresh llguidance matcher for ``schema``; ValueError if the schema is unusable."""
+        import llguidance
+
+        if self._lltokenizer is None:
+            import llguidance.hf
+
+            if not getattr(self._hf_tokenizer, "is_fast", False):
+                raise ValueError("response_format needs a fast (tokenizers) tokenizer")
+            self._lltokenizer = llguidance.hf.from_tokenizer(
+                self._hf_tokenizer,
+                n_vocab=self._vocab_size,
+                eos_token=self._eos_token_ids or None,
+            )
+        schema = copy.deepcopy(schema)
+        schema.setdefault("x-guidance", _JSON_OPTIONS)
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"response_format: the schema is not usable: {exc}") from None
+        matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
+        if matcher.is_error():
+            raise ValueError(f"response_format: the schema is not usable: {matcher.get_error()}")
+        return matcher
+
+
+def allowed_tokens(matchers: list[Any], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[len(matchers), vocab] bool: the tokens each matcher allows next."""
+    words = -(-vocab_size // 32)
+    masks = b"".join(m.compute_bitmask()[: 4 * words] for m in matchers)
+    bitmask = torch.frombuffer(bytearray(masks), dtype=torch.int32).view(len(matchers), words)
+    # bit b of word w is token 32 w + b: [rows, words] -> [rows, words, 32] -> [rows, vocab]
+    bits = (bitmask.to(device)[:, :, None] >> torch.arange(32, device=device)) & 1
+    return bits.view(len(matchers), -1)[:, :vocab_size].bool()

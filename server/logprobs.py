@@ -1,0 +1,100 @@
+"""Engine logprobs ({token_id: logprob} per token) in OpenAI's two response shapes.
+
+Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, parallel
+lists, the top ones keyed by token text. Chat: {"content": [{"token", "logprob",
+"bytes", "top_logprobs": [...]}]}. A token's text is its own decode (special tokens
+shown); a byte-fallback token that is not a whole character shows as OpenAI
+writes such pieces, "bytes:\\xe2", and "bytes" carries the real byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.tokenizer import Tokenizer
+
+Entry = dict[int, float]
+# JSON has no -Infinity: a masked-out alternative shows this instead, as in vLLM.
+MIN_LOGPROB = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+class LogprobsFormatter:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def token(self, token_id: int) -> tuple[str, list[int]]:
+        """The token's text and its bytes."""
+        cached = self._cache.get(token_id)
+        if cached is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            raw = list(text.encode("utf-8"))
+            if token_id in self._tokenizer.byte_token_ids:
+                name = self._tokenizer.hf_tokenizer.convert_ids_to_tokens(token_id)
+                raw = [int(name[3:5], 16)]  # "<0xE2>"
+                if raw[0] >= 0x80:  # not a character alone
+                    text = f"bytes:\\x{raw[0]:02x}"
+            cached = self._cache[token_id] = (text, raw)
+        return cached
+
+    def width(self, token_id: int) -> int:
+        """The token's length in the response text: a multi-byte character made of byte
+        tokens counts once, at its lead byte."""
+        text, raw = self.token(token_id)
+        if text.startswith("bytes:"):
+            return 0 if 0x80 <= raw[0] < 0xC0 else 1
+        return len(text)
+
+    def completion(
+        self,
+        token_ids: list[int],
+        entries: list[Entry | None],
+        text_offset: int,
+    ) -> dict[str, Any]:
+        """Completions' logprobs for these tokens; offsets count on from ``text_offset``."""
+        body: dict[str, Any] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        for token_id, entry in zip(token_ids, entries, strict=True):
+            body["tokens"].append(self.token(token_id)[0])
+            body["text_offset"].append(text_offset)
+            text_offset += self.width(token_id)
+            if entry is None:  # the prompt's first token: nothing predicts it
+                body["token_logprobs"].append(None)
+                body["top_logprobs"].append(None)
+                continue
+            body["token_logprobs"].append(_finite(entry[token_id]))
+            body["top_logprobs"].append({self.token(t)[0]: _finite(lp) for t, lp in entry.items()})
+        return body
+
+    def chat(self, token_ids: list[int], entries: list[Entry], top: int) -> dict[str, Any]:
+        """Chat's logprobs: each token with its ``top`` most likely alternatives."""
+        content = []
+        for token_id, entry in zip(token_ids, entries, strict=True):
+            text, raw = self.token(token_id)
+            best = sorted(entry.items(), key=lambda item: -item[1])[:top]
+            content.append(
+                {
+                    "token": text,
+                    "logprob": _finite(entry[token_id]),
+                    "bytes": raw,
+                    "top_logprobs": [self._chat_item(t, lp) for t, lp in best],
+                }
+            )
+        return {"content": content}
+
+    def _chat_item(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = self.token(token_id)
+        return {"token": text, "logprob": _finite(logprob), "bytes": raw}
+
+
+def text_length(formatter: LogprobsFormatter, token_ids: list[int]) -> int:
+    """Where text_offset stands after these tokens."""
+    return sum(formatter.width(t) for t in token_ids)
