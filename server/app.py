@@ -25,7 +25,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from server import middleware
 from server.protocol import APIError
-from server.routes import health, metrics, openai
+from server.routes import health, metrics, openai, ui
 from server.server_metrics import ServerMetrics
 from server.settings import ServerSettings
 
@@ -85,6 +85,7 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
     app.include_router(openai.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(ui.router)
     middleware.install(app, settings)
     _install_error_handlers(app)
     return app

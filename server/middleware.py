@@ -21,8 +21,9 @@ from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-# Probes and scrapes stay open when an API key is set, as in vLLM.
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+# Probes and scrapes stay open when an API key is set, as in vLLM; so does the chat
+# page (server/routes/ui.py), whose own API calls send the key the user types.
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/", "/static/chat.css", "/static/chat.js")
 
 
 def install(app: FastAPI, settings: ServerSettings) -> None:
