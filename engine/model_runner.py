@@ -32,6 +32,11 @@ Sampled = tuple[int, float, dict[int, float] | None]
 logger = logging.getLogger(__name__)
 
 
+# One sequence's share of a step: (new token ids, position of the first, block table,
+# whether its last token's logits are kept for sampling).
+_Chunk = tuple[list[int], int, list[int], bool]
+
+
 @dataclass
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
@@ -149,40 +154,14 @@ class ModelRunner:
     def synthetic_inputs(self, chunks: list[tuple[int, int]]) -> ModelInputs:
         """Inputs for made-up sequences, one per (cached tokens, new tokens), on blocks
         0, 1, 2, ... in order (for profiling, warm-up and checks; token ids are 0)."""
-        bs = self.block_size
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        tables: list[list[int]] = []
-        query_start_loc = [0]
+        items: list[_Chunk] = []
         next_block = 0
         for cached, new in chunks:
-            total = cached + new
-            table = list(range(next_block, next_block + -(-total // bs)))
-            next_block += len(table)
-            tables.append(table)
-            positions += range(cached, total)
-            slot_mapping += [table[p // bs] * bs + p % bs for p in range(cached, total)]
-            query_start_loc.append(query_start_loc[-1] + new)
-        width = max(len(t) for t in tables)
-
-        def tensor(values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=self.device)
-
-        meta = AttentionMetadata(
-            slot_mapping=tensor(slot_mapping),
-            block_tables=tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
-            context_lens=tensor([c + n for c, n in chunks], torch.int32),
-            query_start_loc=tensor(query_start_loc, torch.int32),
-            max_query_len=max(n for _, n in chunks),
-            max_context_len=max(c + n for c, n in chunks),
-        )
-        kernels.prepare_attention(meta, bs, self.model.sliding_windows)
-        return ModelInputs(
-            input_ids=torch.zeros(len(positions), dtype=torch.long, device=self.device),
-            positions=tensor(positions),
-            meta=meta,
-            logits_indices=tensor([query_start_loc[i + 1] - 1 for i in range(len(chunks))]),
-        )
+            num_blocks = -(-(cached + new) // self.block_size)
+            table = list(range(next_block, next_block + num_blocks))
+            next_block += num_blocks
+            items.append(([0] * new, cached, table, True))
+        return self._build_inputs(items)
 
     # ---- one step ----
 
@@ -249,6 +228,19 @@ class ModelRunner:
             seq.prompt_logprobs.append(entry)
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
+        return self._build_inputs(
+            [
+                (
+                    item.seq.token_ids[item.start : item.start + item.num_new_tokens],
+                    item.start,
+                    item.seq.block_table,
+                    item.samples,
+                )
+                for item in out.scheduled
+            ]
+        )
+
+    def _build_inputs(self, chunks: list[_Chunk]) -> ModelInputs:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -256,22 +248,19 @@ class ModelRunner:
         query_start_loc = [0]
         context_lens: list[int] = []
         logits_indices: list[int] = []
-        for item in out.scheduled:
-            seq, start = item.seq, item.start
-            end = start + item.num_new_tokens
-            input_ids += seq.token_ids[start:end]
+        for new_ids, start, table, samples in chunks:
+            end = start + len(new_ids)
+            input_ids += new_ids
             positions += range(start, end)
-            table = seq.block_table
             slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
+            query_start_loc.append(query_start_loc[-1] + len(new_ids))
             context_lens.append(end)
-            if item.samples:
+            if samples:
                 logits_indices.append(query_start_loc[-1] - 1)
         max_context_len = max(context_lens)
         max_blocks = -(-max_context_len // bs)
         block_tables = [
-            item.seq.block_table[:max_blocks] + [0] * (max_blocks - len(item.seq.block_table))
-            for item in out.scheduled
+            table[:max_blocks] + [0] * (max_blocks - len(table)) for _, _, table, _ in chunks
         ]
 
         def tensor(values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -282,7 +271,7 @@ class ModelRunner:
             block_tables=tensor(block_tables, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             query_start_loc=tensor(query_start_loc, torch.int32),
-            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_query_len=max(len(new_ids) for new_ids, _, _, _ in chunks),
             max_context_len=max_context_len,
         )
         kernels.prepare_attention(meta, bs, self.model.sliding_windows)
