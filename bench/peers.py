@@ -1,0 +1,413 @@
+"""Serve one model with each peer in turn and run the serving benchmark on every one.
+
+    python -m bench.peers                                   # smollm2, all peers
+    python -m bench.peers --peers ours,llama-cpp --concurrency 16 --threads 2
+    python -m bench.peers --quick                           # a small run, for a check
+
+For each peer: start its server on 127.0.0.1 on a free port, poll until it is ready,
+run ``bench.serving`` against it (same prompts, same seed), stop it (SIGTERM, then
+kill), and at the end print one comparison table with the ratio of ours to each peer,
+written with a JSON and a PNG to ``--out`` (``peers-<model>.*``, plus each peer's own
+``<model>-<peer>.json/.png`` and its server log under ``logs/``).
+
+Peers, all on the same weights (``bench.models``) and the same number of threads
+(``OMP_NUM_THREADS`` for the torch servers, ``n_threads`` for llama.cpp):
+
+- ``ours``: ``hetero-infer serve --dtype bfloat16``.
+- ``transformers``: ``transformers serve --continuous-batching --dtype bfloat16``. It
+  refuses fields it does not know (``ignore_eos`` is a 422), so its requests carry a
+  ``generation_config`` with ``eos_token_id: -1`` instead, which turns its eos stop
+  off. It pins the model: requests name the model folder, as it was started with.
+- ``llama-cpp``: llama.cpp through ``llama-cpp-python``'s server, installed in its own
+  virtualenv by ``bench/setup_llama_cpp.sh`` (skipped when missing). Its weights are
+  the embedded SmolLM2 GGUF rewritten with every tensor dequantized to BF16 (the same
+  values ours and transformers compute with, whose folder comes from that GGUF too);
+  ``--gguf-dtype f16`` or ``q4_1`` (the original file) instead. Its server has no
+  parallel slots: one request is computed at a time (``interrupt_requests`` off, as
+  its default would cut a stream short whenever the next request arrives), so at any
+  concurrency it measures sequential serving. It has no ``ignore_eos``;
+  ``min_tokens = max_tokens`` keeps eos away, and it sends no usage, so its output
+  tokens are the streamed text re-tokenized.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import httpx
+
+from bench import serving
+from bench.models import BENCH_MODELS, cache_root, model_folder
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PEERS = ("ours", "transformers", "llama-cpp")
+LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
+READY_TIMEOUT = 900.0  # seconds; a first start converts weights on a busy 2-core machine
+STOP_TIMEOUT = 60.0
+
+
+@dataclass
+class PeerServer:
+    """How to start one peer and how to talk to it."""
+
+    name: str
+    command: list[str]
+    ready_path: str  # GET returns 200 once the model is loaded
+    model: str  # the model name its requests carry
+    env: dict[str, str] = field(default_factory=dict)
+    ignore_eos: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class Skip(Exception):
+    """A peer that cannot run here (not installed, no weights for it)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment that holds torch (OpenMP, MKL) to ``threads`` threads."""
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+
+
+# ---- the GGUF for llama.cpp ----
+
+
+def dequantized_gguf(source: Path, dtype: str = "bf16", out: Path | None = None) -> Path:
+    """``source`` rewritten with every quantized tensor dequantized to ``dtype`` (bf16 or
+    f16): the same metadata (the file type updated), names, shapes and layout (llama.cpp's
+    q/k row order included), so llama.cpp computes with the values the quantized file
+    stands for. Written once, next to the benchmark models."""
+    import gguf
+    import numpy as np
+
+    target = {"bf16": gguf.GGMLQuantizationType.BF16, "f16": gguf.GGMLQuantizationType.F16}[dtype]
+    file_type = {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "f16": gguf.LlamaFileType.MOSTLY_F16}
+    out = out or cache_root() / f"{source.stem.split('.')[0]}.{dtype.upper()}.gguf"
+    if out.is_file():
+        return out
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_suffix(".partial")
+    writer = gguf.GGUFWriter(staging, arch)  # writes general.architecture itself
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the header's own counts, written anew
+        if name == "general.alignment":
+            writer.add_custom_alignment(int(fld.contents()))
+            continue
+        value = fld.contents()
+        if name == "general.file_type":
+            value = int(file_type[dtype])
+        sub_type = fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, fld.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type
+        if kind in (gguf.GGMLQuantizationType.F32, target):
+            # Norms and other small float tensors stay as they are (llama.cpp wants F32).
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=kind)
+            continue
+        values = gguf.quants.dequantize(tensor.data, kind).astype(np.float32)
+        if target == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(tensor.name, values.astype(np.float16))
+        else:
+            packed = gguf.quants.quantize(values, target)
+            writer.add_tensor(tensor.name, packed, raw_shape=packed.shape, raw_dtype=target)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(staging, out)
+    return out
+
+
+def llama_cpp_python() -> Path:
+    """The interpreter of the llama-cpp-python virtualenv, if its server imports."""
+    python = LLAMA_CPP_VENV / "bin" / "python"
+    if not python.is_file():
+        raise Skip(
+            f"llama-cpp-python is not installed ({python} missing): run "
+            "`bash bench/setup_llama_cpp.sh`"
+        )
+    check = subprocess.run(
+        [str(python), "-c", "import llama_cpp, llama_cpp.server; print(llama_cpp.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    if check.returncode != 0:
+        raise Skip(f"llama-cpp-python does not import: {check.stderr.strip()[-300:]}")
+    return python
+
+
+# ---- the peers ----
+
+
+def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
+    folder = model_folder(model)
+    command = [
+        str(Path(sys.executable).parent / "hetero-infer"), "serve",
+        "--model", str(folder),
+        "--dtype", "bfloat16",
+        "--served-model-name", model,
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    return PeerServer("ours", command, "/readyz", model, env=thread_env(args.threads))
+
+
+def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerServer:
+    cli = Path(sys.executable).parent / "transformers"
+    if not cli.is_file():
+        raise Skip(f"transformers' CLI is not installed ({cli} missing)")
+    folder = str(model_folder(model))
+    command = [
+        str(cli), "serve", "--continuous-batching",
+        "--dtype", "bfloat16", "--device", "cpu",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "info",
+        folder,
+    ]  # fmt: skip
+    no_eos = {"eos_token_id": -1, "do_sample": False, "max_new_tokens": args.output_len}
+    return PeerServer(
+        "transformers",
+        command,
+        "/health",
+        folder,  # it is pinned to the folder and refuses any other name
+        env=thread_env(args.threads),
+        ignore_eos=False,
+        extra_body={"generation_config": json.dumps(no_eos)},
+        notes=["transformers: eos stop off through generation_config.eos_token_id = -1"],
+    )
+
+
+def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServer:
+    if model != "smollm2":
+        raise Skip(f"llama-cpp: no GGUF of {model!r} (only smollm2 ships as one)")
+    python = llama_cpp_python()
+    from engine.loader import default_model_path
+
+    source = default_model_path()
+    if args.gguf_dtype == "q4_1":
+        gguf_path = source
+        weights = f"the embedded Q4_1 GGUF as it is ({source.name}): not the others' weights"
+    else:
+        gguf_path = dequantized_gguf(source, args.gguf_dtype)
+        weights = f"{gguf_path.name}: the embedded GGUF dequantized to {args.gguf_dtype.upper()}"
+    # One sequence at a time: room for the longest request and a margin.
+    n_ctx = max(2048, args.prompt_len + args.output_len + 64)
+    command = [
+        str(python), "-m", "llama_cpp.server",
+        "--model", str(gguf_path),
+        "--model_alias", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
+        "--n_ctx", str(n_ctx),
+        "--interrupt_requests", "False",
+    ]  # fmt: skip
+    return PeerServer(
+        "llama-cpp",
+        command,
+        "/v1/models",
+        model,
+        env=thread_env(args.threads),
+        ignore_eos=False,
+        extra_body={"min_tokens": args.output_len},
+        notes=[
+            f"llama-cpp weights: {weights}",
+            "llama-cpp: llama-cpp-python's server computes one request at a time "
+            "(no parallel slots); min_tokens = max_tokens stands in for ignore_eos",
+        ],
+    )
+
+
+PEER_BUILDERS: dict[str, Callable[[str, int, argparse.Namespace], PeerServer]] = {
+    "ours": peer_ours,
+    "transformers": peer_transformers,
+    "llama-cpp": peer_llama_cpp,
+}
+
+
+# ---- running a server ----
+
+
+def start(peer: PeerServer, log_path: Path) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_")}
+    env.update(peer.env)
+    with open(log_path, "wb") as log:
+        # Its own session: stop() can then reach the workers it spawns, too.
+        return subprocess.Popen(
+            peer.command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_ready(process: subprocess.Popen, url: str, timeout: float, log_path: Path) -> float:
+    """Poll ``url`` until it answers 200; returns the seconds it took."""
+    started = time.monotonic()
+    while True:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the server exited with {process.returncode}:\n{tail}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"not ready after {timeout:.0f} s (log: {log_path})")
+        time.sleep(0.5)
+
+
+def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM (ours drains and exits), then SIGKILL to the whole group if it lingers."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # leftovers of the group, if any
+    if process.poll() is None:
+        process.wait(timeout=30)
+
+
+def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+    """Start peer ``name``, benchmark it, stop it; None when it is skipped."""
+    port = free_port()
+    try:
+        peer = PEER_BUILDERS[name](args.model, port, args)
+    except Skip as exc:
+        print(f"-- skipping {name}: {exc}", flush=True)
+        return None
+    log_path = out / "logs" / f"{args.model}-{name}.log"
+    print(f"-- {name}: starting on port {port} (log {log_path})", flush=True)
+    for note in peer.notes:
+        print(f"   {note}", flush=True)
+    process = start(peer, log_path)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        took = wait_ready(process, base + peer.ready_path, READY_TIMEOUT, log_path)
+        print(f"-- {name}: ready after {took:.1f} s; benchmarking", flush=True)
+        config = serving.BenchConfig(
+            base_url=base + "/v1",
+            model=peer.model,
+            tokenizer=str(model_folder(args.model)),
+            num_prompts=args.num_prompts,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            request_rate=args.request_rate,
+            concurrency=args.concurrency,
+            seed=args.seed,
+            ignore_eos=peer.ignore_eos,
+            extra_body=peer.extra_body,
+            warmup=args.warmup,
+            label=name,
+        )
+        result = serving.benchmark(config)
+    finally:
+        stop(process)
+    result["peer"] = {
+        "command": peer.command,
+        "threads": args.threads,
+        "notes": peer.notes,
+        "ready_s": took,
+    }
+    print(serving.format_summary(result), flush=True)
+    result_out = out / "runs"
+    result_out.mkdir(parents=True, exist_ok=True)
+    (result_out / f"{args.model}-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    serving.plot([result], result_out / f"{args.model}-{name}.png")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.peers", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--model", default="smollm2", choices=BENCH_MODELS)
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {PEERS}")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--request-rate", type=serving._rate, default=float("inf"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--gguf-dtype", default="bf16", choices=("bf16", "f16", "q4_1"), help="llama.cpp's weights"
+    )
+    parser.add_argument("--quick", action="store_true", help="8 prompts of 64 tokens -> 16 tokens")
+    parser.add_argument("--out", type=Path, default=serving.DEFAULT_OUT)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.prompt_len, args.output_len = 8, 64, 16
+        args.concurrency = min(args.concurrency, 8)
+    names = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown:
+        print(f"error: unknown peers {unknown}; choose from {PEERS}", file=sys.stderr)
+        return 2
+    print(
+        f"model {args.model}: {args.num_prompts} prompts x {args.prompt_len} tokens -> "
+        f"{args.output_len} tokens, concurrency {args.concurrency}, {args.threads} threads",
+        flush=True,
+    )
+    results = []
+    broken = []
+    for name in names:
+        try:
+            result = run_peer(name, args, args.out)
+        except RuntimeError as exc:  # a peer that failed to start or serve: go on
+            print(f"-- {name} failed: {exc}", flush=True)
+            broken.append(name)
+            continue
+        if result is not None:
+            results.append(result)
+    if not results:
+        print("no peer ran", file=sys.stderr)
+        return 1
+    baseline = "ours" if any(r["label"] == "ours" for r in results) else None
+    table, paths = serving.write_comparison(results, args.out, f"peers-{args.model}", baseline)
+    print()
+    print(table)
+    for result in results:
+        for note in result["peer"]["notes"]:
+            print(f"note: {note}")
+    for name in broken:
+        print(f"note: {name} did not run (see its log)")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if not broken and all(r["summary"]["failed"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
