@@ -1,7 +1,8 @@
 """Kernels the model calls, each with a torch implementation that runs anywhere.
 
 The model imports these names only. Each call picks its implementation here: the
-Triton kernel (kernels/*_triton.py) for CUDA tensors, the torch reference otherwise.
+Triton kernel (kernels/*_triton.py) for CUDA tensors, the torch reference otherwise;
+attention on CPU tensors runs its CPU path (kernels/paged_attention_cpu.py).
 ``use_backend("torch" | "triton")`` forces one path for the calls made inside it (the
 ModelRunner wraps each step in its config's ``attention_backend``); forcing "triton"
 on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1), which tests use.
@@ -27,6 +28,7 @@ from kernels.paged_attention import (
     prepare_torch_attention,
     store_kv_ref,
 )
+from kernels.paged_attention_cpu import paged_attention_cpu, prepare_cpu_attention
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 
@@ -142,9 +144,14 @@ def store_kv(
 def prepare_attention(
     meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
 ) -> None:
-    """Per-step attention set-up shared by all layers: the torch path's masks. The Triton
-    kernels read the block tables directly and need none."""
-    if not uses_triton(meta.context_lens):
+    """Per-step attention set-up shared by all layers: the CPU path's split into decodes
+    and prefills, or the torch path's masks. The Triton kernels read the block tables
+    directly and need none."""
+    if uses_triton(meta.context_lens):
+        return
+    if meta.context_lens.is_cpu:
+        prepare_cpu_attention(meta, block_size, sliding_windows)
+    else:
         prepare_torch_attention(meta, block_size, sliding_windows)
 
 
@@ -159,6 +166,8 @@ def paged_attention(
     """query [num_tokens, num_heads, head_dim] -> output of the same shape."""
     if uses_triton(query):
         return _triton().paged_attention(query, k_cache, v_cache, meta, scale, sliding_window)
+    if query.is_cpu:
+        return paged_attention_cpu(query, k_cache, v_cache, meta, scale, sliding_window)
     return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)
 
 

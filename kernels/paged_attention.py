@@ -36,6 +36,12 @@ class AttentionMetadata:
     query_index: torch.Tensor | None = None  # [num_seqs, max_query_len] long
     # sliding window (None = full) -> [num_seqs, 1, max_query_len, max_ctx] bool
     attn_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    # Built once per step for the CPU path (prepare_cpu_attention): the sequences with
+    # one query token, the packed index of that token, and the rest as padded prefills.
+    decode_seqs: torch.Tensor | None = None
+    decode_tokens: torch.Tensor | None = None
+    prefill: AttentionMetadata | None = None
+    prefill_tokens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -62,9 +68,21 @@ def prepare_torch_attention(
     meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
 ) -> None:
     """Fill the padded query index and the causal masks the torch path shares across layers."""
-    device = meta.context_lens.device
     starts = meta.query_start_loc[:-1].long()
     query_lens = meta.query_start_loc[1:].long() - starts  # [num_seqs]
+    fill_padded_queries(meta, starts, query_lens, block_size, sliding_windows)
+
+
+def fill_padded_queries(
+    meta: AttentionMetadata,
+    starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    block_size: int,
+    sliding_windows: set[int | None],
+) -> None:
+    """query_valid, query_index and attn_masks for sequences whose query tokens start at
+    ``starts`` (indices into the step's packed tokens) and number ``query_lens``."""
+    device = meta.context_lens.device
     offsets = torch.arange(meta.max_query_len, device=device)
     meta.query_valid = offsets[None, :] < query_lens[:, None]
     meta.query_index = torch.where(meta.query_valid, starts[:, None] + offsets[None, :], 0)
@@ -110,3 +128,35 @@ def paged_attention_ref(
     )
     # back to the packed [num_tokens, num_heads, head_dim]
     return out.transpose(1, 2)[meta.query_valid]
+
+
+def decode_attention_ref(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query token per sequence: query [num_seqs, num_heads, head_dim]
+    attends to the first context_lens[i] cached tokens of sequence i (the last
+    ``sliding_window`` of them when set). Returns the query's shape."""
+    num_seqs, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    group = query.shape[1] // num_kv_heads
+    max_ctx = max_blocks * block_size
+    flat_tables = block_tables.flatten().long()
+    # [num_seqs, num_kv_heads, max_ctx, head_dim]
+    keys = k_cache.index_select(0, flat_tables).view(num_seqs, max_ctx, num_kv_heads, -1)
+    values = v_cache.index_select(0, flat_tables).view(num_seqs, max_ctx, num_kv_heads, -1)
+    q = query.view(num_seqs, num_kv_heads, group, head_dim).float()
+    scores = torch.matmul(q, keys.permute(0, 2, 3, 1).float()) * scale  # [s, kvh, g, ctx]
+    key_pos = torch.arange(max_ctx, device=query.device)
+    lens = context_lens.long()[:, None]
+    visible = key_pos[None, :] < lens
+    if sliding_window is not None:
+        visible &= key_pos[None, :] >= lens - sliding_window
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.matmul(scores.softmax(-1), values.transpose(1, 2).float())  # [s, kvh, g, dim]
+    return out.reshape(query.shape).to(query.dtype)

@@ -1,0 +1,109 @@
+"""The CPU attention path against the torch reference.
+
+The C++ decode kernel is checked against ``decode_attention_ref`` and against the
+padded reference (``paged_attention_ref``), and the whole CPU path (decodes by the
+kernel, prefill chunks padded among themselves) against the reference on mixed steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.paged_attention import (
+    decode_attention_ref,
+    paged_attention_ref,
+    prepare_torch_attention,
+)
+from kernels.paged_attention_cpu import (
+    cpu_kernels,
+    decode_attention_cpu,
+    paged_attention_cpu,
+    prepare_cpu_attention,
+)
+from tests.kernels.batches import Batch, make_batch
+from tests.kernels.checks import assert_close
+
+SCALE = 0.3
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def padded_reference(batch: Batch, window: int | None) -> torch.Tensor:
+    """fp32 padded torch reference on upcast copies of the (already filled) cache."""
+    prepare_torch_attention(batch.meta, batch.k_cache.shape[1], {window})
+    return paged_attention_ref(
+        batch.query.float(), batch.k_cache.float(), batch.v_cache.float(), batch.meta, SCALE, window
+    )
+
+
+def decode_batch(dtype: torch.dtype, block_size: int, num_kv_heads: int, group: int, head_dim: int):
+    # Contexts on and off block boundaries, 1 token, and several blocks; the new key is
+    # written so that the query sees it, as in a real step.
+    bs = block_size
+    chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1)]
+    batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=group + head_dim)
+    slots = batch.meta.slot_mapping
+    batch.k_cache.view(-1, num_kv_heads, head_dim)[slots] = batch.key
+    batch.v_cache.view(-1, num_kv_heads, head_dim)[slots] = batch.value
+    return batch
+
+
+def test_kernel_builds_here():
+    # The machines we test on have a compiler: a silent fallback would hide a broken build.
+    assert cpu_kernels() is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_heads", "group", "head_dim"),
+    [(16, 1, 1, 64), (16, 3, 3, 64), (32, 2, 4, 20), (8, 1, 8, 128), (16, 2, 7, 12)],
+)
+def test_decode_kernel_matches_references(dtype, block_size, num_kv_heads, group, head_dim):
+    batch = decode_batch(dtype, block_size, num_kv_heads, group, head_dim)
+    meta = batch.meta
+    args = (batch.k_cache, batch.v_cache, meta.block_tables, meta.context_lens, SCALE)
+    actual = decode_attention_cpu(batch.query, *args)
+    assert actual.dtype == dtype
+    expected = padded_reference(batch, None)
+    assert_close(actual, expected, dtype, "kernel vs padded reference")
+    assert_close(decode_attention_ref(batch.query, *args), expected, dtype, "decode ref")
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+def test_decode_kernel_sliding_window(window):
+    batch = decode_batch(torch.float32, 16, 2, 3, 24)
+    meta = batch.meta
+    args = (batch.k_cache, batch.v_cache, meta.block_tables, meta.context_lens, SCALE, window)
+    expected = padded_reference(batch, window)
+    assert_close(decode_attention_cpu(batch.query, *args), expected, torch.float32, "kernel")
+    assert_close(decode_attention_ref(batch.query, *args), expected, torch.float32, "ref")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 6])
+def test_cpu_path_on_mixed_steps(dtype, window):
+    """Decodes, first prefill chunks, and chunks after cached context in one step."""
+    bs = 16
+    chunks = [(0, 7), (bs - 1, 1), (bs, 5), (2 * bs, 1), (bs + 1, 2 * bs + 3), (5, 1), (0, 1)]
+    batch = make_batch(chunks, bs, 2, 3, 20, dtype, seed=3)
+    slots = batch.meta.slot_mapping
+    batch.k_cache.view(-1, 2, 20)[slots] = batch.key
+    batch.v_cache.view(-1, 2, 20)[slots] = batch.value
+    expected = padded_reference(batch, window)
+    prepare_cpu_attention(batch.meta, bs, {window})
+    assert batch.meta.decode_seqs.tolist() == [1, 3, 5, 6]
+    # The prefills are padded to their own longest chunk, not to the step's blocks.
+    assert batch.meta.prefill.max_query_len == 2 * bs + 3
+    actual = paged_attention_cpu(
+        batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE, window
+    )
+    assert_close(actual, expected, dtype, "cpu path")
+
+
+def test_cpu_path_decodes_only():
+    batch = decode_batch(torch.float32, 16, 3, 3, 64)
+    expected = padded_reference(batch, None)
+    prepare_cpu_attention(batch.meta, 16, {None})
+    assert batch.meta.prefill is None
+    actual = paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE)
+    assert_close(actual, expected, torch.float32, "decodes only")
