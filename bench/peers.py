@@ -157,7 +157,11 @@ def llama_cpp_python() -> Path:
         text=True,
     )
     if check.returncode != 0:
-        raise Skip(f"llama-cpp-python does not import: {check.stderr.strip()[-300:]}")
+        last = (check.stderr.strip().splitlines() or ["?"])[-1]
+        raise Skip(
+            f"llama-cpp-python does not import in {LLAMA_CPP_VENV} ({last}): run "
+            "`bash bench/setup_llama_cpp.sh`"
+        )
     return python
 
 
@@ -185,7 +189,7 @@ def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerSe
         str(cli), "serve", "--continuous-batching",
         "--dtype", "bfloat16", "--device", "cpu",
         "--host", "127.0.0.1", "--port", str(port),
-        "--log-level", "info",
+        "--log-level", "warning",
         folder,
     ]  # fmt: skip
     no_eos = {"eos_token_id": -1, "do_sample": False, "max_new_tokens": args.output_len}

@@ -594,6 +594,9 @@ def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path
             patch.set_alpha(0.5)
         means = [float(np.mean(s)) if s else math.nan for s in series]
         ax.plot(range(1, len(labels) + 1), means, "k^", label="mean")
+        finite = [m for m in means if m > 0]
+        if finite and max(finite) / min(finite) > 8:
+            ax.set_yscale("log")  # peers an order of magnitude apart stay readable
         ax.set_title(f"{LATENCY_NAMES[metric]} (ms; whiskers p1-p99)")
         ax.legend(loc="upper right", fontsize="small")
     s = results[0]["settings"]
