@@ -48,6 +48,7 @@ def test_logprobs_match_transformers(model_dir, hf_model, budget):
     engine = LLMEngine(
         EngineConfig(
             model=str(model_dir),
+            dtype="float32",  # compared with transformers in fp32
             max_model_len=128,
             max_num_blocks=64,
             block_size=4,
