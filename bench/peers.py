@@ -26,8 +26,9 @@ Peers, all on the same weights (``bench.models``) and the same number of threads
   parallel slots: one request is computed at a time (``interrupt_requests`` off, as
   its default would cut a stream short whenever the next request arrives), so at any
   concurrency it measures sequential serving. It has no ``ignore_eos``;
-  ``min_tokens = max_tokens`` keeps eos away, and it sends no usage, so its output
-  tokens are the streamed text re-tokenized.
+  ``min_tokens = max_tokens`` keeps eos away (a Python logits processor, a small cost
+  per token); its default ``repeat_penalty`` of 1.1 is set to 1 (greedy as the
+  others); it sends no usage, so its output tokens are counted from the stream.
 """
 
 from __future__ import annotations
@@ -236,11 +237,14 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
         model,
         env=thread_env(args.threads),
         ignore_eos=False,
-        extra_body={"min_tokens": args.output_len},
+        # Its server's own defaults include repeat_penalty 1.1, which changes even
+        # greedy picks: neutral, as the other peers run.
+        extra_body={"min_tokens": args.output_len, "repeat_penalty": 1.0},
         notes=[
             f"llama-cpp weights: {weights}",
             "llama-cpp: llama-cpp-python's server computes one request at a time "
-            "(no parallel slots); min_tokens = max_tokens stands in for ignore_eos",
+            "(no parallel slots); min_tokens = max_tokens stands in for ignore_eos; "
+            "repeat_penalty 1 (its default is 1.1)",
         ],
     )
 

@@ -16,7 +16,8 @@ the tokens actually received are counted) and ``stream_options.include_usage``.
 Per request: TTFT (until the first chunk with text), inter-token latencies (the gap
 before each later chunk, split evenly over the tokens that chunk carries), TPOT
 (``(e2e - ttft) / (output_tokens - 1)``), end-to-end latency, output tokens (the
-server's usage when it sends one, else the text re-tokenized). A run writes
+server's usage when it sends one, else the text re-tokenized, and at least one per
+chunk). A run writes
 ``<out>/<label>.json`` (settings, summary, every request) and ``<out>/<label>.png``
 (latency distributions) and prints a table. ``--compare`` reads several such JSON
 files and writes one table, JSON and chart, with the ratio of the first run (or
@@ -338,7 +339,10 @@ async def send_request(
         record.output_tokens = int(usage["completion_tokens"])
         record.tokens_from_usage = True
     else:
-        record.output_tokens = count_tokens(record.text)
+        # Without usage: the text re-tokenized, an estimate (random-ish text need not
+        # encode back to the tokens it came from), but no fewer than the chunks, as
+        # each carried at least one token.
+        record.output_tokens = max(count_tokens(record.text), len(texts))
     if not texts:
         record.error = "no text received"
         return record
