@@ -2,7 +2,8 @@
 
 The model imports these names only. Each call picks its implementation here: the
 Triton kernel (kernels/*_triton.py) for CUDA tensors, the torch reference otherwise;
-attention on CPU tensors runs its CPU path (kernels/paged_attention_cpu.py).
+on CPU tensors, attention and the bf16/fp16 elementwise kernels run C++ kernels
+(kernels/csrc, built on first use by kernels/cpu_extension.py) where they build.
 ``use_backend("torch" | "triton")`` forces one path for the calls made inside it (the
 ModelRunner wraps each step in its config's ``attention_backend``); forcing "triton"
 on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1), which tests use.
@@ -22,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from kernels.activation import silu_and_mul_ref
+from kernels.cpu_extension import elementwise_kernels
 from kernels.paged_attention import (
     AttentionMetadata,
     paged_attention_ref,
@@ -94,6 +96,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [num_tokens, hidden] -> weight * x / rms(x)."""
     if uses_triton(x):
         return _triton().rms_norm(x, weight, eps)
+    if cpu := elementwise_kernels(x):
+        return cpu.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -103,6 +107,8 @@ def fused_add_rms_norm(
     """Returns (rms_norm(x + residual), x + residual)."""
     if uses_triton(x):
         return _triton().fused_add_rms_norm(x, residual, weight, eps)
+    if cpu := elementwise_kernels(x):
+        return cpu.fused_add_rms_norm(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
@@ -117,6 +123,8 @@ def rotary(
     """Rotate q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim]."""
     if uses_triton(q):
         return _triton().rotary(positions, q, k, cos, sin, is_neox)
+    if cpu := elementwise_kernels(q):
+        return cpu.rotary(positions, q, k, cos, sin, is_neox)
     return rotary_ref(positions, q, k, cos, sin, is_neox)
 
 
@@ -124,6 +132,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]."""
     if uses_triton(x):
         return _triton().silu_and_mul(x)
+    if cpu := elementwise_kernels(x):
+        return cpu.silu_and_mul(x)
     return silu_and_mul_ref(x)
 
 

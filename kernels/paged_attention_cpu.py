@@ -7,63 +7,21 @@ through kernels/csrc/paged_attention_cpu.cpp, which reads each cached key and va
 row once from its block, and the prefill chunks through the padded torch path, padded
 only among themselves.
 
-torch compiles the C++ file with the machine's own compiler and flags (-O3
--march=native: it runs where it is built) and keeps the library under
-TORCH_EXTENSIONS_DIR, so later processes load it in well under a second. Where no
-compiler is found the build fails once, a warning says so, and decodes use the torch
-code (``decode_attention_ref``), which gives the same results more slowly.
-``HETERO_CPU_KERNELS=0`` turns the kernel off.
+Where the C++ kernels cannot be built (kernels/cpu_extension.py), decodes run through
+``decode_attention_ref``, which gives the same results more slowly.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-import time
-from pathlib import Path
-from types import ModuleType
-
 import torch
 
+from kernels.cpu_extension import cpu_kernels
 from kernels.paged_attention import (
     AttentionMetadata,
     decode_attention_ref,
     fill_padded_queries,
     paged_attention_ref,
 )
-
-logger = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
-
-
-@functools.cache
-def cpu_kernels() -> ModuleType | None:
-    """The compiled extension, or None where it cannot be built (or is turned off)."""
-    if os.environ.get("HETERO_CPU_KERNELS", "1") == "0":
-        return None
-    try:
-        import ninja  # the build tool torch drives; its wheel puts a binary on PATH
-
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    except ImportError:
-        pass  # a ninja already on PATH will do
-    from torch.utils import cpp_extension
-
-    started = time.perf_counter()
-    try:
-        module = cpp_extension.load(
-            name="hetero_paged_attention_cpu",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-ffast-math"],
-            verbose=False,
-        )
-    except Exception as exc:  # no compiler, no ninja, ...: slower, not broken
-        logger.warning("CPU attention kernel unavailable, decoding with torch ops: %s", exc)
-        return None
-    logger.info("CPU attention kernel ready in %.1f s", time.perf_counter() - started)
-    return module
 
 
 def decode_attention_cpu(

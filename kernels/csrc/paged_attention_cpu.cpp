@@ -7,8 +7,10 @@
 // the same row.
 // Sequences are split across torch's intra-op threads.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+#include "load_row.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,20 +18,6 @@
 #include <vector>
 
 namespace {
-
-// A row of the cache as floats. bf16 is the top half of an fp32, so the shift below is
-// exact and, unlike c10::BFloat16's conversion, vectorises.
-template <typename scalar_t>
-inline void load_row(const scalar_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-template <>
-inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
-}
 
 template <typename scalar_t>
 void decode_attention_kernel(
@@ -122,6 +110,8 @@ void decode_attention_kernel(
   });
 }
 
+}  // namespace
+
 at::Tensor decode_attention(
     const at::Tensor& query,
     const at::Tensor& k_cache,
@@ -146,10 +136,4 @@ at::Tensor decode_attention(
                                       static_cast<float>(scale), window);
   });
   return out;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "paged decode attention (CPU)");
 }

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.cpu_extension import cpu_kernels
 from kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
     prepare_torch_attention,
 )
 from kernels.paged_attention_cpu import (
-    cpu_kernels,
     decode_attention_cpu,
     paged_attention_cpu,
     prepare_cpu_attention,

@@ -1,0 +1,25 @@
+// Python bindings of the CPU kernels (kernels/paged_attention_cpu.py builds them).
+
+#include <torch/extension.h>
+
+#include <tuple>
+
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale, int64_t window);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
+                                          const at::Tensor& k, const at::Tensor& cos,
+                                          const at::Tensor& sin, bool is_neox);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "paged decode attention");
+  m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (bf16/fp16)");
+  m.def("rotary", &rotary, "rotary embeddings of q and k (bf16/fp16)");
+}

@@ -1,0 +1,70 @@
+"""The C++ elementwise kernels (bf16/fp16 on the CPU) against their torch references,
+through the dispatch the model calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.activation import silu_and_mul_ref
+from kernels.cpu_extension import cpu_kernels, elementwise_kernels
+from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
+from tests.kernels.checks import assert_close
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_dispatch_uses_the_kernels_for_reduced_precision_only():
+    assert cpu_kernels() is not None
+    assert elementwise_kernels(torch.empty(1, dtype=torch.bfloat16)) is not None
+    assert elementwise_kernels(torch.empty(1, dtype=torch.float16)) is not None
+    # fp32 keeps the references, which round exactly as transformers does.
+    assert elementwise_kernels(torch.empty(1, dtype=torch.float32)) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 64), (37, 576), (300, 96)])
+def test_rms_norm(dtype, rows, hidden):
+    x = randn(rows, hidden, dtype=dtype) * 3
+    weight = randn(hidden, dtype=dtype, seed=1)
+    assert_close(kernels.rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(dtype):
+    x, residual = randn(45, 128, dtype=dtype), randn(45, 128, dtype=dtype, seed=1)
+    weight = randn(128, dtype=dtype, seed=2)
+    out, total = kernels.fused_add_rms_norm(x, residual, weight, 1e-6)
+    out_ref, total_ref = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
+    assert torch.equal(total, total_ref)  # one rounding of an exact fp32 sum either way
+    assert_close(out, out_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 17, 200])
+def test_silu_and_mul(dtype, rows):
+    x = randn(rows, 2 * 160, dtype=dtype) * 4
+    assert_close(kernels.silu_and_mul(x), silu_and_mul_ref(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_on_views_of_a_merged_projection(dtype, is_neox):
+    # q and k are strided views into one [tokens, q + 2 kv] projection, as in the model.
+    tokens, heads, kv_heads, head_dim = 23, 6, 2, 20
+    qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(tokens, heads, head_dim)
+    k = k.view(tokens, kv_heads, head_dim)
+    cos, sin = rope_cos_sin(rope_inv_freq(head_dim, 10000.0, None), 4096)
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(3))
+    q_out, k_out = kernels.rotary(positions, q, k, cos, sin, is_neox)
+    q_ref, k_ref = rotary_ref(positions, q, k, cos, sin, is_neox)
+    assert_close(q_out, q_ref, dtype, "q")
+    assert_close(k_out, k_ref, dtype, "k")
