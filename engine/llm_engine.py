@@ -247,11 +247,19 @@ class LLMEngine:
 
     def memory_stats(self) -> dict[str, Any]:
         stats = self.block_manager.memory_stats()
+        # KV slots the running sequences hold vs the tokens stored in them: paging
+        # wastes at most the unfilled tail of each sequence's last block.
+        allocated = sum(len(seq.block_table) for seq in self.scheduler.running)
+        allocated *= self.config.block_size
+        filled = sum(seq.num_computed_tokens for seq in self.scheduler.running)
         stats.update(
             num_sequences=self.scheduler.num_unfinished,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_swapped=len(self.scheduler.swapped),
+            kv_slots_allocated=allocated,
+            kv_slots_filled=filled,
+            kv_waste=(allocated - filled) / allocated if allocated else 0.0,
         )
         return stats
 

@@ -55,6 +55,28 @@ def test_step_api_streams_the_final_text(engine):
     assert stats["used_blocks"] == 0 and stats["free_blocks"] == stats["total_blocks"] == 64
 
 
+def test_kv_waste_is_the_unfilled_tail_of_each_last_block(model_dir):
+    engine = LLMEngine(
+        EngineConfig(model=str(model_dir), max_model_len=256, max_num_blocks=64, block_size=8)
+    )
+    assert engine.memory_stats()["kv_waste"] == 0.0  # nothing allocated
+    prompts = [[5] * 20, [6] * 9, [7] * 16]
+    for prompt in prompts:
+        engine.add_request(prompt, GREEDY)
+    for _ in range(3):
+        engine.step()
+    stats = engine.memory_stats()
+    # After 3 steps (prefill + 2 decodes) each sequence holds len + 2 tokens; its
+    # blocks cover len + 3 (the slot of the token sampled last, stored next step).
+    stored = [len(p) + 2 for p in prompts]
+    slots = [-(-(n + 1) // 8) * 8 for n in stored]
+    assert stats["kv_slots_filled"] == sum(stored)
+    assert stats["kv_slots_allocated"] == sum(slots)
+    assert stats["kv_waste"] == pytest.approx(1 - sum(stored) / sum(slots))
+    run_to_end(engine)
+    assert engine.memory_stats()["kv_slots_allocated"] == 0
+
+
 def test_abort_frees_blocks_and_spares_the_others(engine):
     expected = engine.generate(["keep going"], GREEDY, use_tqdm=False)[0].token_ids
     keep = engine.add_request("keep going", GREEDY)
