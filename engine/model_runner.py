@@ -12,11 +12,12 @@ decode steps replay CUDA graphs captured at a set of batch sizes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
 import torch
 
 import kernels
@@ -241,37 +242,41 @@ class ModelRunner:
         )
 
     def _build_inputs(self, chunks: list[_Chunk]) -> ModelInputs:
+        """Pack the chunks into the step's tensors: numpy over all tokens at once (a
+        Python loop runs per sequence, for its token ids and block table, never per
+        token), handed to torch without copies on the CPU."""
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
-        logits_indices: list[int] = []
-        for new_ids, start, table, samples in chunks:
-            end = start + len(new_ids)
-            input_ids += new_ids
-            positions += range(start, end)
-            slot_mapping += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_start_loc.append(query_start_loc[-1] + len(new_ids))
-            context_lens.append(end)
-            if samples:
-                logits_indices.append(query_start_loc[-1] - 1)
-        max_context_len = max(context_lens)
+        num_seqs = len(chunks)
+        query_lens = np.fromiter((len(c[0]) for c in chunks), np.int64, num_seqs)
+        starts = np.fromiter((c[1] for c in chunks), np.int64, num_seqs)
+        query_start_loc = np.zeros(num_seqs + 1, np.int64)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        input_ids = np.fromiter(itertools.chain.from_iterable(c[0] for c in chunks), np.int64)
+        # The sequence each token belongs to, and its absolute position there.
+        token_seq = np.repeat(np.arange(num_seqs), query_lens)
+        positions = np.arange(num_tokens) - (query_start_loc[:-1] - starts)[token_seq]
+        context_lens = starts + query_lens
+        max_context_len = int(context_lens.max())
         max_blocks = -(-max_context_len // bs)
-        block_tables = [
-            table[:max_blocks] + [0] * (max_blocks - len(table)) for _, _, table, _ in chunks
-        ]
+        block_tables = np.zeros((num_seqs, max_blocks), np.int32)
+        for row, (_, _, table, _) in zip(block_tables, chunks, strict=True):
+            used = table[:max_blocks]
+            row[: len(used)] = used
+        slot_mapping = block_tables[token_seq, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        samples = np.fromiter((c[3] for c in chunks), bool, num_seqs)
+        logits_indices = query_start_loc[1:][samples] - 1
 
-        def tensor(values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        def tensor(values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.from_numpy(values).to(self.device, dtype, non_blocking=True)
 
         meta = AttentionMetadata(
             slot_mapping=tensor(slot_mapping),
             block_tables=tensor(block_tables, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             query_start_loc=tensor(query_start_loc, torch.int32),
-            max_query_len=max(len(new_ids) for new_ids, _, _, _ in chunks),
+            max_query_len=int(query_lens.max()),
             max_context_len=max_context_len,
         )
         kernels.prepare_attention(meta, bs, self.model.sliding_windows)
