@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from kernels.activation import silu_and_mul_ref
-from kernels.cpu_extension import elementwise_kernels
+from kernels.cpu_extension import elementwise_kernels, small_batch_linear_kernels
 from kernels.paged_attention import (
     AttentionMetadata,
     paged_attention_ref,
@@ -128,6 +128,16 @@ def rotary(
     return rotary_ref(positions, q, k, cos, sin, is_neox)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, in] -> x weight^T + bias: the CPU's bf16 matrix-vector kernel for small
+    decode batches (reads weights ~3x faster than torch's bf16 matmul at batch 1),
+    torch's matmul otherwise."""
+    if cpu := small_batch_linear_kernels(x, weight):
+        out = cpu.linear_small_batch(x, weight)
+        return out if bias is None else out + bias
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]."""
     if uses_triton(x):
@@ -186,6 +196,7 @@ __all__ = [
     "AttentionMetadata",
     "current_backend",
     "fused_add_rms_norm",
+    "linear",
     "paged_attention",
     "prepare_attention",
     "rms_norm",

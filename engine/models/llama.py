@@ -43,6 +43,13 @@ def layer_sliding_windows(config: Any) -> list[int | None]:
     return [window] * n
 
 
+class Linear(nn.Linear):
+    """nn.Linear through kernels.linear (a faster CPU path for small decode batches)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, config: Any, sliding_window: int | None) -> None:
         super().__init__()
@@ -55,8 +62,8 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         o_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
 
     def forward(
         self,
@@ -82,8 +89,8 @@ class MLP(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
@@ -165,7 +172,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> fp32 logits [n, vocab]."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        return kernels.linear(hidden, weight).float()
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

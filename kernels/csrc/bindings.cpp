@@ -12,6 +12,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);
+bool linear_small_batch_available();
+at::Tensor linear_small_batch(const at::Tensor& x, const at::Tensor& weight);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
@@ -22,4 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (bf16/fp16)");
   m.def("rotary", &rotary, "rotary embeddings of q and k (bf16/fp16)");
+  m.def("linear_small_batch_available", &linear_small_batch_available,
+        "whether linear_small_batch was built (AVX512-BF16)");
+  m.def("linear_small_batch", &linear_small_batch, "x W^T for <= 4 rows of bf16");
 }
