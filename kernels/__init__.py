@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from kernels.activation import silu_and_mul_ref
-from kernels.cpu_extension import elementwise_kernels, small_batch_linear_kernels
+from kernels.cpu_extension import cpu_kernels, elementwise_kernels, small_batch_linear_kernels
 from kernels.paged_attention import (
     AttentionMetadata,
     paged_attention_ref,
@@ -157,6 +157,8 @@ def store_kv(
     """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
     if uses_triton(key):
         _triton().store_kv(key, value, k_cache, v_cache, slot_mapping)
+    elif key.is_cpu and (cpu := cpu_kernels()):
+        cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
     else:
         store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 

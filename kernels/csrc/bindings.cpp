@@ -7,6 +7,8 @@
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& context_lens, double scale, int64_t window);
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+              at::Tensor& v_cache, const at::Tensor& slot_mapping);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
@@ -20,6 +22,7 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention");
+  m.def("store_kv", &store_kv, "write keys/values into their cache slots (-1: skipped)");
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (bf16/fp16)");

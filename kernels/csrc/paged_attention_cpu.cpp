@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -136,4 +137,35 @@ at::Tensor decode_attention(
                                       static_cast<float>(scale), window);
   });
   return out;
+}
+
+// Writes each token's key and value rows into its cache slot; slot -1 (padding) is
+// skipped in the loop, so no pass over the slots is needed to find them first.
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+              at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && key.stride(2) == 1 && key.stride(1) == key.size(2) &&
+                  value.stride(2) == 1 && value.stride(1) == value.size(2),
+              "key/value must be [tokens, kv_heads, head_dim] with contiguous heads");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() &&
+                  value.scalar_type() == v_cache.scalar_type(),
+              "key/value and cache dtypes differ");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  const int64_t tokens = key.size(0);
+  const int64_t row = key.size(1) * key.size(2);  // bytes per slot / element size
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t element = key.element_size();
+  const char* k_src = static_cast<const char*>(key.data_ptr());
+  const char* v_src = static_cast<const char*>(value.data_ptr());
+  char* k_dst = static_cast<char*>(k_cache.data_ptr());
+  char* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const int64_t k_stride = key.stride(0) * element, v_stride = value.stride(0) * element;
+  at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slots[t] < 0) continue;
+      std::memcpy(k_dst + slots[t] * row * element, k_src + t * k_stride, row * element);
+      std::memcpy(v_dst + slots[t] * row * element, v_src + t * v_stride, row * element);
+    }
+  });
 }

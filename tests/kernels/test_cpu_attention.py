@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels
 from kernels.cpu_extension import cpu_kernels
 from kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
     prepare_torch_attention,
+    store_kv_ref,
 )
 from kernels.paged_attention_cpu import (
     decode_attention_cpu,
@@ -107,3 +109,19 @@ def test_cpu_path_decodes_only():
     assert batch.meta.prefill is None
     actual = paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE)
     assert_close(actual, expected, torch.float32, "decodes only")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_skips_padding_slots(dtype):
+    bs = 16
+    batch = make_batch([(0, 7), (bs - 1, 1), (3, 20)], bs, 2, 3, 20, dtype, seed=5)
+    slots = batch.meta.slot_mapping.clone()
+    slots[[0, 9]] = -1  # padding rows: nothing stored
+    # value as a view with strided rows, as the model's merged projection gives it
+    rows = torch.cat([batch.value.flatten(1), batch.key.flatten(1)], dim=1)
+    value = rows[:, : 2 * 20].view(-1, 2, 20)
+    k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    store_kv_ref(batch.key, value, k_ref, v_ref, slots)
+    k_out, v_out = batch.k_cache.clone(), batch.v_cache.clone()
+    kernels.store_kv(batch.key, value, k_out, v_out, slots)
+    assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
