@@ -2,9 +2,11 @@
 server, measuring what a client sees (in the manner of vLLM's ``benchmark_serving``).
 
     python -m bench.serving --base-url http://127.0.0.1:8000/v1 --model smollm2 \\
-        --tokenizer ~/.cache/huggingface/hetero-paged-infer/bench/smollm2 \\
         --num-prompts 64 --concurrency 32 --prompt-len 256 --output-len 128 --label ours
     python -m bench.serving --compare bench/results/ours.json bench/results/llama-cpp.json
+
+The tokenizer comes from ``--tokenizer`` (a folder or hub id), else from ``--model``;
+a benchmark model's name (``bench.models``: smollm2, ...) means its folder.
 
 Prompts are seeded random ordinary token ids of the model's tokenizer, decoded to
 text (and re-encoded to about ``--prompt-len`` tokens). Requests arrive as a Poisson
@@ -17,11 +19,13 @@ Per request: TTFT (until the first chunk with text), inter-token latencies (the 
 before each later chunk, split evenly over the tokens that chunk carries), TPOT
 (``(e2e - ttft) / (output_tokens - 1)``), end-to-end latency, output tokens (the
 server's usage when it sends one, else the text re-tokenized, and at least one per
-chunk). A run writes
-``<out>/<label>.json`` (settings, summary, every request) and ``<out>/<label>.png``
-(latency distributions) and prints a table. ``--compare`` reads several such JSON
-files and writes one table, JSON and chart, with the ratio of the first run (or
-``--baseline``) to each other.
+chunk). ``--no-ignore-eos`` and ``--extra-body JSON`` adapt the requests to a server
+with other switches (see bench/peers.py).
+
+A run writes ``<out>/<label>.json`` (settings, summary, every request) and
+``<out>/<label>.png`` (throughputs and latency distributions) and prints a table.
+``--compare`` reads several such JSON files and writes one table (``.md``), JSON and
+chart, with the ratio of the first run (or ``--baseline``) to each other.
 """
 
 from __future__ import annotations
@@ -376,26 +380,31 @@ def _make_client(config: BenchConfig, connections: int) -> httpx.AsyncClient:
 
 
 async def run_benchmark_async(
-    config: BenchConfig, tokenizer: Any, prompts: list[tuple[str, int]]
+    config: BenchConfig,
+    tokenizer: Any,
+    prompts: list[tuple[str, int]],
+    warmup_prompts: Sequence[tuple[str, int]] = (),
 ) -> tuple[list[RequestRecord], float]:
-    """Send the prompts as configured; returns the records and the run's duration."""
+    """Send the prompts as configured, after the warm-up prompts (not measured); returns
+    the records and the run's duration."""
 
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     in_flight = config.concurrency or len(prompts)
     async with _make_client(config, in_flight) as client:
-        if config.warmup > 0:
+        if warmup_prompts:
             # Not measured: first requests pay for lazy start-up (graph capture, a
-            # peer's batching manager), which is not what the run is about.
+            # peer's batching manager), which is not what the run is about. Prompts of
+            # their own, so that no prefix cache holds a measured prompt beforehand.
             t_w = time.perf_counter()
             warm = [
                 RequestRecord(i, n, min(config.output_len, 8))
-                for i, (_, n) in enumerate(prompts[: config.warmup])
+                for i, (_, n) in enumerate(warmup_prompts)
             ]
             await asyncio.gather(
                 *(
-                    send_request(client, config, r, prompts[r.index][0], count_tokens, t_w)
+                    send_request(client, config, r, warmup_prompts[r.index][0], count_tokens, t_w)
                     for r in warm
                 )
             )
@@ -428,8 +437,13 @@ async def run_benchmark_async(
 def benchmark(config: BenchConfig, tokenizer: Any | None = None) -> dict[str, Any]:
     """Run the benchmark; returns the result (settings, summary, requests) as a dict."""
     tokenizer = tokenizer or load_tokenizer(config.tokenizer or config.model)
-    prompts = random_prompts(tokenizer, config.num_prompts, config.prompt_len, config.seed)
-    records, duration = asyncio.run(run_benchmark_async(config, tokenizer, prompts))
+    # The measured prompts come first from the seeded stream: the same whatever the
+    # number of warm-up prompts drawn after them.
+    drawn = random_prompts(
+        tokenizer, config.num_prompts + config.warmup, config.prompt_len, config.seed
+    )
+    prompts, warmup = drawn[: config.num_prompts], drawn[config.num_prompts :]
+    records, duration = asyncio.run(run_benchmark_async(config, tokenizer, prompts, warmup))
     settings = asdict(config)
     settings.pop("api_key", None)
     settings["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
