@@ -15,10 +15,139 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <limits>
 #include <vector>
 
 namespace {
+
+// Scores of every query head against the keys at positions first .. first + n - 1:
+// scores[h * n + t] = q[h] . k[first + t] (q already scaled), rows read from the blocks.
+template <typename scalar_t>
+void score_keys(const float* q, const scalar_t* k_ptr, const int32_t* table, int64_t first,
+                int64_t n, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
+                int64_t head_dim, float* scores, float* row) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = first + t;
+    load_row(k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
+                      pos % block_size) * token_stride,
+             row, token_stride);
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* qh = q + h * head_dim;
+      const float* kh = row + (h / group) * head_dim;
+      float dot = 0.f;
+      for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
+      scores[h * n + t] = dot;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Lane i of the result is the sum of the 16 lanes of v[i]: a transposing reduction,
+// about 2 instructions per vector instead of a full horizontal sum each.
+inline __m512 sum_each_of_16(const __m512* v) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane sums of 4 vectors
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Add up the four 128-bit lanes: quads[k] becomes lane k of the result.
+  const __m512 lo = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 hi = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// score_keys for head_dim % 16 == 0, 16 keys at a time: one vector accumulator per key,
+// reduced together, instead of a horizontal sum per (key, head).
+template <typename scalar_t>
+void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* table,
+                       int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, float* scores) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const scalar_t* rows[16];
+  __m512 acc[16];
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t count = std::min<int64_t>(16, n - t0);
+    for (int64_t i = 0; i < 16; ++i) {
+      // Past the last key, repeat it: computed, then masked out at the store.
+      const int64_t pos = first + t0 + std::min(i, count - 1);
+      rows[i] = k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
+                         pos % block_size) * token_stride;
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* qh = q + h * head_dim;
+      const int64_t offset = (h / group) * head_dim;
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qh + d);
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + offset + d), acc[i]);
+      }
+      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sum_each_of_16(acc));
+    }
+  }
+}
+
+// acc[h] += sum over t of probs[h * n + t] * v[first + t] for head_dim % 16 == 0:
+// 16 value rows at a time, each head's accumulators kept in registers across them.
+template <typename scalar_t>
+void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_t* table,
+                         int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, float* acc) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const scalar_t* rows[16];
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t count = std::min<int64_t>(16, n - t0);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t pos = first + t0 + i;
+      rows[i] = v_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
+                         pos % block_size) * token_stride;
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* p = probs + h * n + t0;
+      const int64_t offset = (h / group) * head_dim;
+      for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
+        const int64_t chunks = std::min<int64_t>(4, (head_dim - d0) / 16);
+        float* a = acc + h * head_dim + d0;
+        __m512 sum[4];
+        for (int64_t j = 0; j < chunks; ++j) sum[j] = _mm512_loadu_ps(a + 16 * j);
+        for (int64_t i = 0; i < count; ++i) {
+          const __m512 weight = _mm512_set1_ps(p[i]);
+          for (int64_t j = 0; j < chunks; ++j) {
+            sum[j] = _mm512_fmadd_ps(weight, load16(rows[i] + offset + d0 + 16 * j), sum[j]);
+          }
+        }
+        for (int64_t j = 0; j < chunks; ++j) _mm512_storeu_ps(a + 16 * j, sum[j]);
+      }
+    }
+  }
+}
+#endif
 
 template <typename scalar_t>
 void decode_attention_kernel(
@@ -61,20 +190,22 @@ void decode_attention_kernel(
 
       // Pass 1: every head's score against each key row, read once.
       scores.resize(num_heads * n);
-      std::fill(maxes.begin(), maxes.end(), -std::numeric_limits<float>::infinity());
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t pos = first + t;
-        load_row(k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
-                          pos % block_size) * token_stride,
-                 row.data(), token_stride);
-        for (int64_t h = 0; h < num_heads; ++h) {
-          const float* qh = q.data() + h * head_dim;
-          const float* kh = row.data() + (h / group) * head_dim;
-          float dot = 0.f;
-          for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
-          scores[h * n + t] = dot;
-          maxes[h] = std::max(maxes[h], dot);
+      bool scored = false;
+#if defined(__AVX512F__)
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (head_dim % 16 == 0) {
+          score_keys_avx512(q.data(), k_ptr, table, first, n, block_size, num_heads,
+                            num_kv_heads, head_dim, scores.data());
+          scored = true;
         }
+      }
+#endif
+      if (!scored) {
+        score_keys(q.data(), k_ptr, table, first, n, block_size, num_heads, num_kv_heads,
+                   head_dim, scores.data(), row.data());
+      }
+      for (int64_t h = 0; h < num_heads; ++h) {
+        maxes[h] = *std::max_element(scores.begin() + h * n, scores.begin() + (h + 1) * n);
       }
       for (int64_t h = 0; h < num_heads; ++h) {
         float sum = 0.f;
@@ -88,7 +219,17 @@ void decode_attention_kernel(
 
       // Pass 2: the probability-weighted sum of the value rows, each read once.
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < n; ++t) {
+      bool weighed = false;
+#if defined(__AVX512F__)
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (head_dim % 16 == 0) {
+          weigh_values_avx512(scores.data(), v_ptr, table, first, n, block_size, num_heads,
+                              num_kv_heads, head_dim, acc.data());
+          weighed = true;
+        }
+      }
+#endif
+      for (int64_t t = 0; t < n && !weighed; ++t) {
         const int64_t pos = first + t;
         load_row(v_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
                           pos % block_size) * token_stride,
