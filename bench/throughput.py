@@ -592,8 +592,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--kv-cache-gib", type=float, default=2.0, help="KV cache for ours, hf-cb and vllm"
     )
-    parser.add_argument("--hf-cb-batch-tokens", default="256,512,1024,2048")
-    parser.add_argument("--hf-static-batch-sizes", default="8,16,32,64")
+    # hf-cb: a small token budget also caps its decode batch, which matters on the CPU:
+    # its SDPA path attends each step's queries to all keys of the batch under a
+    # block-diagonal mask, so attention grows with the square of the batch.
+    parser.add_argument(
+        "--hf-cb-batch-tokens", default="128,512,2048", help="hf-cb: max_batch_tokens to try"
+    )
+    parser.add_argument(
+        "--hf-static-batch-sizes", default="8,16,32,64", help="hf-static: batch sizes to try"
+    )
     parser.add_argument(
         "--timeout", type=float, default=3600, help="seconds per system before it is stopped"
     )
