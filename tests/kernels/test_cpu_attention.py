@@ -44,9 +44,7 @@ def decode_batch(dtype: torch.dtype, block_size: int, num_kv_heads: int, group: 
     bs = block_size
     chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1)]
     batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=group + head_dim)
-    slots = batch.meta.slot_mapping
-    batch.k_cache.view(-1, num_kv_heads, head_dim)[slots] = batch.key
-    batch.v_cache.view(-1, num_kv_heads, head_dim)[slots] = batch.value
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
     return batch
 
 
@@ -88,9 +86,7 @@ def test_cpu_path_on_mixed_steps(dtype, window):
     bs = 16
     chunks = [(0, 7), (bs - 1, 1), (bs, 5), (2 * bs, 1), (bs + 1, 2 * bs + 3), (5, 1), (0, 1)]
     batch = make_batch(chunks, bs, 2, 3, 20, dtype, seed=3)
-    slots = batch.meta.slot_mapping
-    batch.k_cache.view(-1, 2, 20)[slots] = batch.key
-    batch.v_cache.view(-1, 2, 20)[slots] = batch.value
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
     expected = padded_reference(batch, window)
     prepare_cpu_attention(batch.meta, bs, {window})
     assert batch.meta.decode_seqs.tolist() == [1, 3, 5, 6]
