@@ -48,7 +48,8 @@ def cpu_kernels() -> ModuleType | None:
         module = cpp_extension.load(
             name="hetero_cpu_kernels",
             sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-ffast-math"],
+            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(SOURCES[0].parent)],
         )
     except Exception as exc:  # no compiler, no ninja, ...: slower, not broken

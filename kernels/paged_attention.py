@@ -36,12 +36,10 @@ class AttentionMetadata:
     query_index: torch.Tensor | None = None  # [num_seqs, max_query_len] long
     # sliding window (None = full) -> [num_seqs, 1, max_query_len, max_ctx] bool
     attn_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
-    # Built once per step for the CPU path (prepare_cpu_attention): the sequences with
-    # one query token, the packed index of that token, and the rest as padded prefills.
-    decode_seqs: torch.Tensor | None = None
-    decode_tokens: torch.Tensor | None = None
-    prefill: AttentionMetadata | None = None
-    prefill_tokens: torch.Tensor | None = None
+    # Built once per step for the CPU kernel (prepare_cpu_attention): each query
+    # token's block table [num_tokens, max_blocks] and the keys it sees [num_tokens].
+    token_block_tables: torch.Tensor | None = None
+    token_context_lens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -70,18 +68,6 @@ def prepare_torch_attention(
     """Fill the padded query index and the causal masks the torch path shares across layers."""
     starts = meta.query_start_loc[:-1].long()
     query_lens = meta.query_start_loc[1:].long() - starts  # [num_seqs]
-    fill_padded_queries(meta, starts, query_lens, block_size, sliding_windows)
-
-
-def fill_padded_queries(
-    meta: AttentionMetadata,
-    starts: torch.Tensor,
-    query_lens: torch.Tensor,
-    block_size: int,
-    sliding_windows: set[int | None],
-) -> None:
-    """query_valid, query_index and attn_masks for sequences whose query tokens start at
-    ``starts`` (indices into the step's packed tokens) and number ``query_lens``."""
     device = meta.context_lens.device
     offsets = torch.arange(meta.max_query_len, device=device)
     meta.query_valid = offsets[None, :] < query_lens[:, None]

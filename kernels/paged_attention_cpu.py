@@ -1,14 +1,18 @@
-"""Paged attention on the CPU: decodes by a C++ kernel, prefill chunks by torch.
+"""Paged attention on the CPU: every query token as its own row of the C++ kernel.
 
-A step mixes decodes (one query token) with prefill chunks (many). Padding them all to
-the longest chunk, as the torch reference does, would make every decode pay for the
-longest prompt, so the step is split once (``prepare_cpu_attention``): decodes run
-through kernels/csrc/paged_attention_cpu.cpp, which reads each cached key and value
-row once from its block, and the prefill chunks through the padded torch path, padded
-only among themselves.
+A step mixes decodes (one query token) with prefill chunks (many). Query token t of a
+sequence sees the sequence's keys at positions 0 .. pos(t), all in the cache by the
+time attention runs (the step's keys are stored first). So each token is a "decode"
+of its own: the sequence's block table with a context of pos(t) + 1 keys. One call of
+kernels/csrc/paged_attention_cpu.cpp then serves the whole step, reading every key and
+value row straight from its block, with no padding to the longest chunk and no work
+past the causal diagonal (torch's padded attention computed both). A prompt's rows
+are re-read by each of its tokens, from the core's cache, since a 512-token prompt's
+keys and values take a few hundred KB per layer.
 
-Where the C++ kernels cannot be built (kernels/cpu_extension.py), decodes run through
-``decode_attention_ref``, which gives the same results more slowly.
+``prepare_cpu_attention`` builds those per-token rows once per step, for all layers.
+Where the C++ kernels cannot be built (kernels/cpu_extension.py), the padded torch
+reference runs instead, with the same results, more slowly.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from kernels.cpu_extension import cpu_kernels
 from kernels.paged_attention import (
     AttentionMetadata,
     decode_attention_ref,
-    fill_padded_queries,
     paged_attention_ref,
+    prepare_torch_attention,
 )
 
 
@@ -47,31 +51,20 @@ def decode_attention_cpu(
 def prepare_cpu_attention(
     meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
 ) -> None:
-    """Split the step into decodes and padded prefill chunks, once for all layers."""
-    starts = meta.query_start_loc[:-1].long()
-    query_lens = meta.query_start_loc[1:].long() - starts
-    is_decode = query_lens == 1
-    meta.decode_seqs = is_decode.nonzero().squeeze(1)
-    meta.decode_tokens = starts[meta.decode_seqs]
-    prefill_seqs = (~is_decode).nonzero().squeeze(1)
-    if prefill_seqs.numel() == 0:
+    """Each query token's block table and visible context, once for all layers (or the
+    torch reference's masks where the kernel is not built)."""
+    if cpu_kernels() is None:
+        prepare_torch_attention(meta, block_size, sliding_windows)
         return
-    context_lens = meta.context_lens[prefill_seqs]
-    max_context_len = int(context_lens.max())
-    prefill = AttentionMetadata(
-        slot_mapping=meta.slot_mapping,
-        # Only as many block columns as the longest prefill needs: the masks scale with it.
-        block_tables=meta.block_tables[prefill_seqs, : -(-max_context_len // block_size)],
-        context_lens=context_lens,
-        query_start_loc=meta.query_start_loc,
-        max_query_len=int(query_lens[prefill_seqs].max()),
-        max_context_len=max_context_len,
-    )
-    fill_padded_queries(
-        prefill, starts[prefill_seqs], query_lens[prefill_seqs], block_size, sliding_windows
-    )
-    meta.prefill = prefill
-    meta.prefill_tokens = prefill.query_index[prefill.query_valid]
+    ends = meta.query_start_loc[1:].long()
+    query_lens = ends - meta.query_start_loc[:-1].long()
+    num_tokens = int(ends[-1])
+    seq_of_token = torch.repeat_interleave(torch.arange(meta.num_seqs), query_lens)
+    # The last token of a chunk sees the whole context; each earlier one, one key less.
+    token = torch.arange(num_tokens)
+    visible = meta.context_lens.long()[seq_of_token] - (ends[seq_of_token] - 1 - token)
+    meta.token_block_tables = meta.block_tables.index_select(0, seq_of_token)
+    meta.token_context_lens = visible.to(torch.int32)
 
 
 def paged_attention_cpu(
@@ -83,23 +76,14 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
-    assert meta.decode_seqs is not None, "prepare_cpu_attention builds the step's split"
-    if meta.prefill is None:  # decodes only: token i is sequence i's
-        return decode_attention_cpu(
-            query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, sliding_window
-        )
-    out = torch.empty_like(query)
-    if meta.decode_seqs.numel():
-        out[meta.decode_tokens] = decode_attention_cpu(
-            query[meta.decode_tokens],
-            k_cache,
-            v_cache,
-            meta.block_tables[meta.decode_seqs],
-            meta.context_lens[meta.decode_seqs],
-            scale,
-            sliding_window,
-        )
-    out[meta.prefill_tokens] = paged_attention_ref(
-        query, k_cache, v_cache, meta.prefill, scale, sliding_window
+    if meta.token_context_lens is None:  # no C++ kernel: the padded torch reference
+        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)
+    return decode_attention_cpu(
+        query,
+        k_cache,
+        v_cache,
+        meta.token_block_tables,
+        meta.token_context_lens,
+        scale,
+        sliding_window,
     )
-    return out

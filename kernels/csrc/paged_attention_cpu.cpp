@@ -1,11 +1,12 @@
-// Decode attention over the paged KV cache on the CPU: one query token per sequence.
+// Attention over the paged KV cache on the CPU, one query token per row: a decode, or
+// one token of a prefill chunk given the context it sees (kernels/paged_attention_cpu.py).
 //
 // The torch path would gather every sequence's blocks into a padded copy before a
 // batched matmul, moving the whole KV cache through memory three times per layer.
-// This kernel reads each key and value row once, straight from its block, and keeps
-// a sequence's scores in a small buffer; query heads that share a KV head (GQA) read
-// the same row.
-// Sequences are split across torch's intra-op threads.
+// This kernel reads each key and value row once, straight from its block (asking for
+// the next rows ahead of use), and keeps a row's scores in a small buffer; query heads
+// that share a KV head (GQA) read the same row. bf16 scores use AVX512-BF16's dot
+// instruction. Rows are split across torch's intra-op threads.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -80,6 +81,21 @@ inline __m512 sum_each_of_16(const __m512* v) {
                        _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// Asks for the rows of positions first .. first + n - 1 ahead of their use: the blocks
+// of a sequence lie anywhere in the cache, so the hardware prefetcher cannot follow
+// them, and waiting on each row doubled the kernel's time.
+template <typename scalar_t>
+inline void prefetch_rows(const scalar_t* cache, const int32_t* table, int64_t first, int64_t n,
+                          int64_t block_size, int64_t token_stride) {
+  const int64_t bytes = token_stride * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t pos = first; pos < first + n; ++pos) {
+    const char* row = reinterpret_cast<const char*>(
+        cache + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) *
+                    token_stride);
+    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T1);
+  }
+}
+
 // score_keys for head_dim % 16 == 0, 16 keys at a time: one vector accumulator per key,
 // reduced together, instead of a horizontal sum per (key, head).
 template <typename scalar_t>
@@ -92,6 +108,8 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
   __m512 acc[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = std::min<int64_t>(16, n - t0);
+    prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
+                  token_stride);
     for (int64_t i = 0; i < 16; ++i) {
       // Past the last key, repeat it: computed, then masked out at the store.
       const int64_t pos = first + t0 + std::min(i, count - 1);
@@ -112,8 +130,88 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
   }
 }
 
+#if defined(__AVX512BF16__)
+// score_keys for bf16 with head_dim % 32 == 0: AVX512-BF16's dot instruction multiplies
+// the bf16 query and key pairs as they are and sums in fp32, so nothing is converted.
+// The scale is applied to the sums (the query stays exact in bf16).
+inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::BFloat16* k_ptr,
+                            const int32_t* table, int64_t first, int64_t n, int64_t block_size,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                            float* scores) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const uint16_t* q = reinterpret_cast<const uint16_t*>(query);
+  const uint16_t* rows[16];
+  __m512 acc[16];
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t count = std::min<int64_t>(16, n - t0);
+    prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
+                  token_stride);
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t pos = first + t0 + std::min(i, count - 1);  // repeats masked at the store
+      rows[i] = reinterpret_cast<const uint16_t*>(
+          k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) *
+                      token_stride);
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const uint16_t* qh = q + h * head_dim;
+      const int64_t offset = (h / group) * head_dim;
+      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 32) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qh + d);
+        for (int i = 0; i < 16; ++i) {
+          acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(rows[i] + offset + d), qv);
+        }
+      }
+      _mm512_mask_storeu_ps(scores + h * n + t0, keep, _mm512_mul_ps(sum_each_of_16(acc), scale_v));
+    }
+  }
+}
+#endif
+
+// acc[h0 + j][d0 ..] += sum over the rows of probs[(h0 + j) * n + i] * rows[i][offset + d0 ..]
+// for HEADS heads that share one KV head and 16 * CHUNKS dims: each value chunk is
+// converted once for all the heads, and the sums stay in registers across the rows
+// (both counts are constants so that the compiler keeps them there).
+template <int HEADS, int CHUNKS, typename scalar_t>
+inline void weigh_rows(const float* probs, int64_t n, const scalar_t* const* rows, int64_t count,
+                       int64_t h0, int64_t offset, int64_t d0, int64_t head_dim, float* acc) {
+  __m512 sum[HEADS][CHUNKS];
+  for (int j = 0; j < HEADS; ++j) {
+    for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_loadu_ps(acc + (h0 + j) * head_dim + d0 + 16 * c);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    __m512 value[CHUNKS];
+    for (int c = 0; c < CHUNKS; ++c) value[c] = load16(rows[i] + offset + d0 + 16 * c);
+    for (int j = 0; j < HEADS; ++j) {
+      const __m512 weight = _mm512_set1_ps(probs[(h0 + j) * n + i]);
+      for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_fmadd_ps(weight, value[c], sum[j][c]);
+    }
+  }
+  for (int j = 0; j < HEADS; ++j) {
+    for (int c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(acc + (h0 + j) * head_dim + d0 + 16 * c, sum[j][c]);
+  }
+}
+
+// weigh_rows over every dim of the heads, 64 at a time.
+template <int HEADS, typename scalar_t>
+inline void weigh_rows_all_dims(const float* probs, int64_t n, const scalar_t* const* rows,
+                                int64_t count, int64_t h0, int64_t offset, int64_t head_dim,
+                                float* acc) {
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
+    switch (std::min<int64_t>(4, (head_dim - d0) / 16)) {
+      case 4: weigh_rows<HEADS, 4>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
+      case 3: weigh_rows<HEADS, 3>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
+      case 2: weigh_rows<HEADS, 2>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
+      default: weigh_rows<HEADS, 1>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
+    }
+  }
+}
+
 // acc[h] += sum over t of probs[h * n + t] * v[first + t] for head_dim % 16 == 0:
-// 16 value rows at a time, each head's accumulators kept in registers across them.
+// 16 value rows at a time, up to 4 heads of a KV group per pass over them.
 template <typename scalar_t>
 void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_t* table,
                          int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
@@ -123,26 +221,22 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
   const scalar_t* rows[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = std::min<int64_t>(16, n - t0);
+    prefetch_rows(v_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
+                  token_stride);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t pos = first + t0 + i;
       rows[i] = v_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
                          pos % block_size) * token_stride;
     }
-    for (int64_t h = 0; h < num_heads; ++h) {
-      const float* p = probs + h * n + t0;
-      const int64_t offset = (h / group) * head_dim;
-      for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
-        const int64_t chunks = std::min<int64_t>(4, (head_dim - d0) / 16);
-        float* a = acc + h * head_dim + d0;
-        __m512 sum[4];
-        for (int64_t j = 0; j < chunks; ++j) sum[j] = _mm512_loadu_ps(a + 16 * j);
-        for (int64_t i = 0; i < count; ++i) {
-          const __m512 weight = _mm512_set1_ps(p[i]);
-          for (int64_t j = 0; j < chunks; ++j) {
-            sum[j] = _mm512_fmadd_ps(weight, load16(rows[i] + offset + d0 + 16 * j), sum[j]);
-          }
-        }
-        for (int64_t j = 0; j < chunks; ++j) _mm512_storeu_ps(a + 16 * j, sum[j]);
+    for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
+      const int64_t offset = (h0 / group) * head_dim;
+      heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
+      const float* p = probs + t0;
+      switch (heads) {
+        case 4: weigh_rows_all_dims<4>(p, n, rows, count, h0, offset, head_dim, acc); break;
+        case 3: weigh_rows_all_dims<3>(p, n, rows, count, h0, offset, head_dim, acc); break;
+        case 2: weigh_rows_all_dims<2>(p, n, rows, count, h0, offset, head_dim, acc); break;
+        default: weigh_rows_all_dims<1>(p, n, rows, count, h0, offset, head_dim, acc); break;
       }
     }
   }
@@ -191,9 +285,18 @@ void decode_attention_kernel(
       // Pass 1: every head's score against each key row, read once.
       scores.resize(num_heads * n);
       bool scored = false;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+        if (head_dim % 32 == 0) {
+          score_keys_bf16(q_ptr + seq * num_heads * head_dim, scale, k_ptr, table, first, n,
+                          block_size, num_heads, num_kv_heads, head_dim, scores.data());
+          scored = true;
+        }
+      }
+#endif
 #if defined(__AVX512F__)
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        if (head_dim % 16 == 0) {
+        if (!scored && head_dim % 16 == 0) {
           score_keys_avx512(q.data(), k_ptr, table, first, n, block_size, num_heads,
                             num_kv_heads, head_dim, scores.data());
           scored = true;

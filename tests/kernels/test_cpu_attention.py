@@ -42,7 +42,7 @@ def decode_batch(dtype: torch.dtype, block_size: int, num_kv_heads: int, group: 
     # Contexts on and off block boundaries, 1 token, and several blocks; the new key is
     # written so that the query sees it, as in a real step.
     bs = block_size
-    chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1)]
+    chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1), (9 * bs + 3, 1)]
     batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=group + head_dim)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
     return batch
@@ -56,7 +56,16 @@ def test_kernel_builds_here():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("block_size", "num_kv_heads", "group", "head_dim"),
-    [(16, 1, 1, 64), (16, 3, 3, 64), (32, 2, 4, 20), (8, 1, 8, 128), (16, 2, 7, 12)],
+    [
+        (16, 1, 1, 64),
+        (16, 3, 3, 64),
+        (32, 2, 4, 20),
+        (8, 1, 8, 128),
+        (16, 2, 7, 12),
+        # head dims a multiple of 16 but not 32, and GQA groups split 4 + 3 / 4 + 1
+        (16, 2, 7, 48),
+        (16, 1, 5, 96),
+    ],
 )
 def test_decode_kernel_matches_references(dtype, block_size, num_kv_heads, group, head_dim):
     batch = decode_batch(dtype, block_size, num_kv_heads, group, head_dim)
@@ -89,9 +98,12 @@ def test_cpu_path_on_mixed_steps(dtype, window):
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
     expected = padded_reference(batch, window)
     prepare_cpu_attention(batch.meta, bs, {window})
-    assert batch.meta.decode_seqs.tolist() == [1, 3, 5, 6]
-    # The prefills are padded to their own longest chunk, not to the step's blocks.
-    assert batch.meta.prefill.max_query_len == 2 * bs + 3
+    # One kernel row per query token: a chunk's tokens see one more key each, ending at
+    # the sequence's whole context.
+    lens = batch.meta.token_context_lens.tolist()
+    assert len(lens) == sum(n for _, n in chunks)
+    assert lens[:8] == [1, 2, 3, 4, 5, 6, 7, bs]
+    assert lens[-1] == 1 and lens[-2] == 6
     actual = paged_attention_cpu(
         batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE, window
     )
@@ -102,7 +114,7 @@ def test_cpu_path_decodes_only():
     batch = decode_batch(torch.float32, 16, 3, 3, 64)
     expected = padded_reference(batch, None)
     prepare_cpu_attention(batch.meta, 16, {None})
-    assert batch.meta.prefill is None
+    assert batch.meta.token_context_lens.tolist() == batch.meta.context_lens.tolist()
     actual = paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE)
     assert_close(actual, expected, torch.float32, "decodes only")
 
