@@ -56,6 +56,7 @@ throughput. Both are printed as met or not for whatever model runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import statistics
@@ -70,7 +71,9 @@ if __name__ == "__main__" and not __package__:
     # Run as a file: import the repository's packages, not files next to this one.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import torch
+# The engine's OpenMP settings (engine/__init__.py) take effect only before torch loads.
+importlib.import_module("engine")
+import torch  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DTYPES = ("bfloat16", "float16", "float32")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
+import importlib
 import json
 import math
 import os
@@ -354,6 +355,9 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def worker_main(job_path: str) -> None:
     """Run one system's job (JSON) in this process and write its result file."""
+    # The engine's OpenMP settings (engine/__init__.py), for every system alike: they
+    # take effect only before torch loads.
+    importlib.import_module("engine")
     import torch
     import transformers
 

@@ -10,12 +10,17 @@ import importlib
 import os
 from typing import Any
 
-# OpenMP threads that spin while they wait for work collapse when another process
-# shares the cores: on 2 busy cores a small matmul took 10x longer with 2 spinning
-# threads than with 1, and 2 passive threads were the fastest of all. libgomp reads
-# this when torch loads, so it only takes effect where the engine is imported first
-# (the CLI and server are); an explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How long torch's OpenMP threads spin before they sleep between parallel regions. A
+# decode step runs hundreds of short regions: waking sleeping threads for each one
+# made a batch-1 step 18 ms where spinning threads took 13 ms. But threads that spin
+# without end collapse when another process shares the cores (on 2 busy cores a
+# batch-64 step took 4-5x as long as with sleeping threads), so they spin a short
+# while (GOMP_SPINCOUNT 10000, ~0.1 ms) and then sleep: on an idle machine as fast as
+# spinning, under contention 1.8x the sleeping threads' time. libgomp reads this when
+# torch loads, so it only takes effect where the engine is imported first (the CLI and
+# server are); an explicit OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 _EXPORTS = {
     "EngineConfig": "engine.config",

@@ -22,6 +22,7 @@ import torch
 
 import kernels
 from engine.config import EngineConfig
+from engine.host_memory import zeros_on_huge_pages
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
@@ -67,9 +68,11 @@ class ModelRunner:
         self.kv_block_shape = (config.block_size, model.num_kv_heads, model.head_dim)
         self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
         # [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]
-        self.kv_cache = torch.zeros(
-            (self.num_layers, 2, self.num_blocks, *self.kv_block_shape), dtype=dtype, device=device
-        )
+        kv_cache_shape = (self.num_layers, 2, self.num_blocks, *self.kv_block_shape)
+        if device.type == "cpu":
+            self.kv_cache = zeros_on_huge_pages(kv_cache_shape, dtype)
+        else:
+            self.kv_cache = torch.zeros(kv_cache_shape, dtype=dtype, device=device)
         self.cpu_kv_cache = torch.zeros(
             (self.num_layers, 2, config.num_cpu_blocks, *self.kv_block_shape),
             dtype=dtype,

@@ -41,6 +41,6 @@ def test_serves_only_small_bf16_batches():
     assert small_batch_linear_kernels(randn(SMALL_BATCH_ROWS + 1, 64), weight) is None
     assert small_batch_linear_kernels(randn(1, 64).float(), weight.float()) is None
     assert small_batch_linear_kernels(randn(1, 48), randn(64, 48)) is None  # 48 % 32 != 0
-    # Larger batches fall through to torch's matmul, which gives the same answer.
+    # Larger batches fall through to oneDNN on packed weights, the same answer as torch's.
     x = randn(9, 64)
     assert torch.equal(kernels.linear(x, weight), torch.nn.functional.linear(x, weight))
