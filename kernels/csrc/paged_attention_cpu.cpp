@@ -269,15 +269,29 @@ void decode_attention_kernel(
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
 
-  // One work item per sequence: a token's keys for all KV heads are one contiguous row,
-  // so the cache is read in whole rows (block by block), which the prefetcher follows.
-  at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
+  // Each thread takes a run of rows with an equal share of the keys to read (plus a
+  // fixed cost per row): split by row count, the thread with the longer contexts (a
+  // prompt's later tokens, say) kept the other waiting.
+  auto keys_of = [&](int64_t seq) -> int64_t {
+    return window > 0 ? std::min<int64_t>(lens[seq], window) : lens[seq];
+  };
+  std::vector<int64_t> work_before(num_seqs + 1, 0);
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    work_before[seq + 1] = work_before[seq] + keys_of(seq) + 32;
+  }
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs));
+  auto first_row_of = [&](int64_t part) -> int64_t {
+    const int64_t target = work_before[num_seqs] * part / parts;
+    return std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
+  };
+  at::parallel_for(0, parts, 1, [&](int64_t part_begin, int64_t part_end) {
     std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim), row(token_stride);
     std::vector<float> scores, maxes(num_heads), sums(num_heads);
-    for (int64_t seq = begin; seq < end; ++seq) {
+    const int64_t end = part_end == parts ? num_seqs : first_row_of(part_end);
+    for (int64_t seq = first_row_of(part_begin); seq < end; ++seq) {
       const int64_t len = lens[seq];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - first;
+      const int64_t n = keys_of(seq);
+      const int64_t first = len - n;
       const int32_t* table = tables + seq * max_blocks;
       load_row(q_ptr + seq * num_heads * head_dim, q.data(), num_heads * head_dim);
       for (int64_t i = 0; i < num_heads * head_dim; ++i) q[i] *= scale;
