@@ -26,6 +26,14 @@
 
 namespace {
 
+// The cache row of the token at position `pos` of a sequence whose block table is `table`.
+template <typename scalar_t>
+inline const scalar_t* row_at(const scalar_t* cache, const int32_t* table, int64_t pos,
+                              int64_t block_size, int64_t token_stride) {
+  return cache +
+         (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * token_stride;
+}
+
 // Scores of every query head against the keys at positions first .. first + n - 1:
 // scores[h * n + t] = q[h] . k[first + t] (q already scaled), rows read from the blocks.
 template <typename scalar_t>
@@ -36,9 +44,7 @@ void score_keys(const float* q, const scalar_t* k_ptr, const int32_t* table, int
   const int64_t token_stride = num_kv_heads * head_dim;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first + t;
-    load_row(k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
-                      pos % block_size) * token_stride,
-             row, token_stride);
+    load_row(row_at(k_ptr, table, pos, block_size, token_stride), row, token_stride);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
       const float* kh = row + (h / group) * head_dim;
@@ -89,9 +95,7 @@ inline void prefetch_rows(const scalar_t* cache, const int32_t* table, int64_t f
                           int64_t block_size, int64_t token_stride) {
   const int64_t bytes = token_stride * static_cast<int64_t>(sizeof(scalar_t));
   for (int64_t pos = first; pos < first + n; ++pos) {
-    const char* row = reinterpret_cast<const char*>(
-        cache + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) *
-                    token_stride);
+    const char* row = reinterpret_cast<const char*>(row_at(cache, table, pos, block_size, token_stride));
     for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T1);
   }
 }
@@ -110,11 +114,9 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
     const int64_t count = std::min<int64_t>(16, n - t0);
     prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
                   token_stride);
+    // Past the last key, repeat it: computed, then masked out at the store.
     for (int64_t i = 0; i < 16; ++i) {
-      // Past the last key, repeat it: computed, then masked out at the store.
-      const int64_t pos = first + t0 + std::min(i, count - 1);
-      rows[i] = k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
-                         pos % block_size) * token_stride;
+      rows[i] = row_at(k_ptr, table, first + t0 + std::min(i, count - 1), block_size, token_stride);
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
@@ -148,11 +150,9 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
     const int64_t count = std::min<int64_t>(16, n - t0);
     prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
                   token_stride);
-    for (int64_t i = 0; i < 16; ++i) {
-      const int64_t pos = first + t0 + std::min(i, count - 1);  // repeats masked at the store
+    for (int64_t i = 0; i < 16; ++i) {  // repeats of the last key, masked at the store
       rows[i] = reinterpret_cast<const uint16_t*>(
-          k_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) *
-                      token_stride);
+          row_at(k_ptr, table, first + t0 + std::min(i, count - 1), block_size, token_stride));
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
@@ -224,9 +224,7 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
     prefetch_rows(v_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
                   token_stride);
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t pos = first + t0 + i;
-      rows[i] = v_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
-                         pos % block_size) * token_stride;
+      rows[i] = row_at(v_ptr, table, first + t0 + i, block_size, token_stride);
     }
     for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
       const int64_t offset = (h0 / group) * head_dim;
@@ -348,9 +346,7 @@ void decode_attention_kernel(
 #endif
       for (int64_t t = 0; t < n && !weighed; ++t) {
         const int64_t pos = first + t;
-        load_row(v_ptr + (static_cast<int64_t>(table[pos / block_size]) * block_size +
-                          pos % block_size) * token_stride,
-                 row.data(), token_stride);
+        load_row(row_at(v_ptr, table, pos, block_size, token_stride), row.data(), token_stride);
         for (int64_t h = 0; h < num_heads; ++h) {
           const float p = scores[h * n + t];
           const float* vh = row.data() + (h / group) * head_dim;
