@@ -3,7 +3,8 @@
 torch's bf16 ``F.linear`` on the CPU calls oneDNN, which reorders the weight into its
 blocked layout on every call. Packing each weight once (``_reorder_linear_weight``)
 and multiplying with the packed copy made the model's projections 10-25% faster at
-the batch sizes of a step (64-2048 rows) and up to 2x at 1-4 rows. The packed copies
+the batch sizes of a step (64-2048 rows). (At 1-4 rows the bf16 matrix-vector kernel
+serves instead: it streams weights from memory faster still.) The packed copies
 are kept beside their weights (an extra copy of each, e.g. 270 MB for SmolLM2) and
 made again if a weight changes in place. Where oneDNN lacks these ops, torch's
 ``F.linear`` runs.
