@@ -48,6 +48,8 @@ def cpu_kernels() -> ModuleType | None:
         module = cpp_extension.load(
             name="hetero_cpu_kernels",
             sources=[str(path) for path in SOURCES],
+            # at::parallel_for is OpenMP in torch's headers: without -fopenmp every kernel
+            # runs on one thread (it links the libgomp torch has already loaded).
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(SOURCES[0].parent)],
