@@ -21,7 +21,6 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#include <limits>
 #include <vector>
 
 namespace {
@@ -100,6 +99,22 @@ inline void prefetch_rows(const scalar_t* cache, const int32_t* table, int64_t f
   }
 }
 
+// The rows of the 16 positions first + t0 .. of a pass over n positions, with the next
+// 16 rows asked for ahead of use. Past the last position the last row repeats
+// (computed, then masked out or skipped); returns how many rows are real.
+template <typename scalar_t>
+inline int64_t tile_rows(const scalar_t* cache, const int32_t* table, int64_t first, int64_t t0,
+                         int64_t n, int64_t block_size, int64_t token_stride,
+                         const scalar_t** rows) {
+  const int64_t count = std::min<int64_t>(16, n - t0);
+  prefetch_rows(cache, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
+                token_stride);
+  for (int64_t i = 0; i < 16; ++i) {
+    rows[i] = row_at(cache, table, first + t0 + std::min(i, count - 1), block_size, token_stride);
+  }
+  return count;
+}
+
 // score_keys for head_dim % 16 == 0, 16 keys at a time: one vector accumulator per key,
 // reduced together, instead of a horizontal sum per (key, head).
 template <typename scalar_t>
@@ -111,13 +126,7 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
   const scalar_t* rows[16];
   __m512 acc[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = std::min<int64_t>(16, n - t0);
-    prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
-                  token_stride);
-    // Past the last key, repeat it: computed, then masked out at the store.
-    for (int64_t i = 0; i < 16; ++i) {
-      rows[i] = row_at(k_ptr, table, first + t0 + std::min(i, count - 1), block_size, token_stride);
-    }
+    const int64_t count = tile_rows(k_ptr, table, first, t0, n, block_size, token_stride, rows);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
@@ -142,21 +151,14 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
                             float* scores) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t token_stride = num_kv_heads * head_dim;
-  const uint16_t* q = reinterpret_cast<const uint16_t*>(query);
-  const uint16_t* rows[16];
+  const c10::BFloat16* rows[16];
   __m512 acc[16];
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = std::min<int64_t>(16, n - t0);
-    prefetch_rows(k_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
-                  token_stride);
-    for (int64_t i = 0; i < 16; ++i) {  // repeats of the last key, masked at the store
-      rows[i] = reinterpret_cast<const uint16_t*>(
-          row_at(k_ptr, table, first + t0 + std::min(i, count - 1), block_size, token_stride));
-    }
+    const int64_t count = tile_rows(k_ptr, table, first, t0, n, block_size, token_stride, rows);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
-      const uint16_t* qh = q + h * head_dim;
+      const c10::BFloat16* qh = query + h * head_dim;
       const int64_t offset = (h / group) * head_dim;
       for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
       for (int64_t d = 0; d < head_dim; d += 32) {
@@ -220,12 +222,7 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
   const int64_t token_stride = num_kv_heads * head_dim;
   const scalar_t* rows[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = std::min<int64_t>(16, n - t0);
-    prefetch_rows(v_ptr, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
-                  token_stride);
-    for (int64_t i = 0; i < count; ++i) {
-      rows[i] = row_at(v_ptr, table, first + t0 + i, block_size, token_stride);
-    }
+    const int64_t count = tile_rows(v_ptr, table, first, t0, n, block_size, token_stride, rows);
     for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
       const int64_t offset = (h0 / group) * head_dim;
       heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
