@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from engine.sequence import Sequence
 from engine.structured_output import allowed_tokens
 
@@ -32,6 +33,11 @@ class Sampler:
         model's raw distribution, which is what vLLM reports by default. The top
         logprobs map the chosen token and the row's ``logprobs`` best to theirs.
         """
+        params = [s.sampling_params for s in seqs]
+        if all(p.greedy and p.logprobs is None for p in params) and not needs_processing(seqs):
+            # The common case in one pass per row, on the model's own logits.
+            tokens, chosen = kernels.greedy_pick(logits)
+            return tokens.tolist(), chosen.tolist(), [None] * len(seqs)
         logits = process_logits(logits.float(), seqs)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
@@ -125,13 +131,24 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def needs_processing(seqs: list[Sequence]) -> bool:
+    """Whether any row has something for process_logits to do."""
+    return any(
+        s.matcher is not None
+        or s.sampling_params.logit_bias
+        or s.sampling_params.min_tokens
+        or s.sampling_params.has_penalties
+        for s in seqs
+    )
+
+
 def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Logit bias, min_tokens masking, the grammar's mask and penalties, in vLLM's order,
     on [num_seqs, vocab]."""
+    if not needs_processing(seqs):
+        return logits
     params = [s.sampling_params for s in seqs]
     constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
-    if not constrained and not any(p.logit_bias or p.min_tokens or p.has_penalties for p in params):
-        return logits
     logits = logits.clone()  # the caller's tensor stays the model's output
     vocab = logits.shape[-1]
     rows: list[int] = []

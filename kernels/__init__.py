@@ -24,6 +24,7 @@ import torch
 
 from kernels.activation import silu_and_mul_ref
 from kernels.cpu_extension import cpu_kernels, elementwise_kernels, small_batch_linear_kernels
+from kernels.greedy import greedy_pick_ref
 from kernels.linear_cpu import packed_linear, packed_linear_serves
 from kernels.paged_attention import (
     AttentionMetadata,
@@ -166,6 +167,13 @@ def store_kv(
         store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
+def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)."""
+    if logits.is_cpu and (cpu := cpu_kernels()):
+        return cpu.greedy_pick(logits.contiguous())
+    return greedy_pick_ref(logits)
+
+
 def prepare_attention(
     meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
 ) -> None:
@@ -201,6 +209,7 @@ __all__ = [
     "AttentionMetadata",
     "current_backend",
     "fused_add_rms_norm",
+    "greedy_pick",
     "linear",
     "paged_attention",
     "prepare_attention",

@@ -23,7 +23,13 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).parent / "csrc" / name
-    for name in ("bindings.cpp", "paged_attention_cpu.cpp", "elementwise_cpu.cpp", "linear_cpu.cpp")
+    for name in (
+        "bindings.cpp",
+        "paged_attention_cpu.cpp",
+        "elementwise_cpu.cpp",
+        "linear_cpu.cpp",
+        "greedy_cpu.cpp",
+    )
 ]
 # The elementwise kernels serve the reduced-precision dtypes only: fp32 runs the torch
 # references, whose rounding matches transformers' exactly.

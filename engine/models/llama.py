@@ -170,9 +170,10 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [n, hidden] -> fp32 logits [n, vocab]."""
+        """hidden [n, hidden] -> logits [n, vocab] in the model's dtype (the sampler
+        converts to fp32 where it needs to: the greedy pick reads them as they are)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return kernels.linear(hidden, weight).float()
+        return kernels.linear(hidden, weight)
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -19,6 +19,7 @@ at::Tensor linear_small_batch(const at::Tensor& x, const at::Tensor& weight);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
+std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention");
@@ -30,4 +31,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_small_batch_available", &linear_small_batch_available,
         "whether linear_small_batch was built (AVX512-BF16)");
   m.def("linear_small_batch", &linear_small_batch, "x W^T for <= 4 rows of bf16");
+  m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
 }

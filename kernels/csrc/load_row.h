@@ -1,12 +1,13 @@
-// Loading a row of bf16 / fp16 / fp32 values as floats, shared by the CPU kernels.
+// Rows of bf16 / fp16 / fp32 values to and from fp32 buffers, shared by the CPU kernels.
+//
+// bf16 is the top half of an fp32, so both directions are integer arithmetic that the
+// compiler vectorises; c10::BFloat16's own conversions branch on NaN and do not.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
 
-// bf16 is the top half of an fp32, so the shift below is exact and, unlike
-// c10::BFloat16's conversion, vectorises.
 template <typename scalar_t>
 inline void load_row(const scalar_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
@@ -17,4 +18,22 @@ inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
   uint32_t* out = reinterpret_cast<uint32_t*>(dst);
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+}
+
+// fp32 -> bf16 bits, rounding to nearest even as c10::BFloat16 does (finite values).
+inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &value, sizeof(bits));
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+template <typename scalar_t>
+inline void store_row(const float* src, scalar_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<scalar_t>(src[i]);
+}
+
+template <>
+inline void store_row<c10::BFloat16>(const float* src, c10::BFloat16* dst, int64_t n) {
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(src[i]);
 }

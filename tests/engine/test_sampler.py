@@ -173,3 +173,27 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
     late = _seq_with(params, [1], [3, 3])
     tokens, _, _ = Sampler()(logits, [early, late])
     assert tokens[0] not in (0, 5) and tokens[1] == 0
+
+
+def _greedy_seqs(n: int, **params) -> list[Sequence]:
+    return [Sequence(str(i), None, [1], SamplingParams(temperature=0, **params)) for i in range(n)]
+
+
+def test_sampler_gives_the_same_greedy_result_on_either_path():
+    # bf16 logits, as the model returns them: plain greedy rows take the one-pass kernel;
+    # asking for top logprobs takes the general fp32 path.
+    logits = (4 * torch.randn(6, 3000, generator=torch.Generator().manual_seed(3))).bfloat16()
+    fast = Sampler()(logits, _greedy_seqs(6))
+    general = Sampler()(logits, _greedy_seqs(6, logprobs=1))
+    assert fast[0] == general[0] and fast[2] == [None] * 6
+    torch.testing.assert_close(torch.tensor(fast[1]), torch.tensor(general[1]))
+    assert all(top is not None for top in general[2])
+
+
+def test_sampler_applies_logit_bias_before_a_greedy_pick():
+    logits = (4 * torch.randn(2, 100, generator=torch.Generator().manual_seed(4))).bfloat16()
+    low = int(logits[0].float().argmin())
+    seqs = [Sequence("0", None, [1], SamplingParams(temperature=0, logit_bias={low: 100.0}))]
+    seqs += _greedy_seqs(1)
+    tokens, _, _ = Sampler()(logits, seqs)
+    assert tokens == [low, int(logits[1].float().argmax())]
