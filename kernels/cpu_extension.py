@@ -26,6 +26,7 @@ SOURCES = [
     for name in (
         "bindings.cpp",
         "paged_attention_cpu.cpp",
+        "prefill_attention_cpu.cpp",
         "elementwise_cpu.cpp",
         "linear_cpu.cpp",
         "greedy_cpu.cpp",

@@ -18,9 +18,13 @@ sequences or layers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from kernels.paged_attention_cpu import PrefillChunks
 
 
 @dataclass
@@ -40,6 +44,8 @@ class AttentionMetadata:
     # token's block table [num_tokens, max_blocks] and the keys it sees [num_tokens].
     token_block_tables: torch.Tensor | None = None
     token_context_lens: torch.Tensor | None = None
+    # ... and the step's prefill chunks for the tiled kernel (None: the step has none).
+    prefill_chunks: PrefillChunks | None = None
 
     @property
     def num_seqs(self) -> int:

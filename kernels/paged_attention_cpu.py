@@ -1,21 +1,26 @@
-"""Paged attention on the CPU: every query token as its own row of the C++ kernel.
+"""Paged attention on the CPU, by the C++ kernels in kernels/csrc.
 
 A step mixes decodes (one query token) with prefill chunks (many). Query token t of a
 sequence sees the sequence's keys at positions 0 .. pos(t), all in the cache by the
-time attention runs (the step's keys are stored first). So each token is a "decode"
-of its own: the sequence's block table with a context of pos(t) + 1 keys. One call of
-kernels/csrc/paged_attention_cpu.cpp then serves the whole step, reading every key and
-value row straight from its block, with no padding to the longest chunk and no work
-past the causal diagonal (torch's padded attention computed both). A prompt's rows
-are re-read by each of its tokens, from the core's cache, since a 512-token prompt's
-keys and values take a few hundred KB per layer.
+time attention runs (the step's keys are stored first). Two kernels serve a step:
 
-``prepare_cpu_attention`` builds those per-token rows once per step, for all layers.
-Where the C++ kernels cannot be built (kernels/cpu_extension.py), the padded torch
-reference runs instead, with the same results, more slowly.
+- paged_attention_cpu.cpp takes any token as a row of its own: the sequence's block
+  table with a context of pos(t) + 1 keys. It serves the decodes, and every token
+  where the tiled kernel does not apply (fp32/fp16, sliding windows, odd head sizes).
+- prefill_attention_cpu.cpp takes whole prefill chunks in bf16: 16 query tokens at a
+  time against 16 keys at a time, as small matrix products (flash attention), so a
+  chunk's keys are read once per 16 tokens instead of once per token.
+
+Neither pads to the longest chunk nor works past the causal diagonal, as torch's
+padded attention does. ``prepare_cpu_attention`` builds the per-token rows and the
+chunk lists once per step, for all layers. Where the C++ kernels cannot be built
+(kernels/cpu_extension.py), the padded torch reference runs instead, with the same
+results, more slowly.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +31,20 @@ from kernels.paged_attention import (
     paged_attention_ref,
     prepare_torch_attention,
 )
+
+# Head sizes the tiled kernel is built for (a multiple of 16 values per vector).
+TILED_HEAD_DIMS = (32, 64, 96, 128)
+
+
+@dataclass
+class PrefillChunks:
+    """A step's prefill chunks (2+ query tokens), and its decode tokens beside them."""
+
+    block_tables: torch.Tensor  # [num_chunks, max_blocks] int32
+    context_lens: torch.Tensor  # [num_chunks] int32: keys after the step
+    starts: torch.Tensor  # [num_chunks] int32: the chunk's first query row
+    lens: torch.Tensor  # [num_chunks] int32: its query tokens
+    decode_rows: torch.Tensor  # [num_decodes] long: query rows of the decode tokens
 
 
 def decode_attention_cpu(
@@ -51,13 +70,14 @@ def decode_attention_cpu(
 def prepare_cpu_attention(
     meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
 ) -> None:
-    """Each query token's block table and visible context, once for all layers (or the
-    torch reference's masks where the kernel is not built)."""
+    """Each query token's block table and visible context, and the prefill chunks, once
+    for all layers (or the torch reference's masks where the kernels are not built)."""
     if cpu_kernels() is None:
         prepare_torch_attention(meta, block_size, sliding_windows)
         return
+    starts = meta.query_start_loc[:-1].long()
     ends = meta.query_start_loc[1:].long()
-    query_lens = ends - meta.query_start_loc[:-1].long()
+    query_lens = ends - starts
     num_tokens = int(ends[-1])
     seq_of_token = torch.repeat_interleave(torch.arange(meta.num_seqs), query_lens)
     # The last token of a chunk sees the whole context; each earlier one, one key less.
@@ -65,6 +85,27 @@ def prepare_cpu_attention(
     visible = meta.context_lens.long()[seq_of_token] - (ends[seq_of_token] - 1 - token)
     meta.token_block_tables = meta.block_tables.index_select(0, seq_of_token)
     meta.token_context_lens = visible.to(torch.int32)
+    is_chunk = query_lens > 1
+    if bool(is_chunk.any()):
+        chunks = is_chunk.nonzero().squeeze(1)
+        meta.prefill_chunks = PrefillChunks(
+            block_tables=meta.block_tables.index_select(0, chunks),
+            context_lens=meta.context_lens.index_select(0, chunks),
+            starts=starts[chunks].to(torch.int32),
+            lens=query_lens[chunks].to(torch.int32),
+            decode_rows=starts[~is_chunk],
+        )
+
+
+def tiled_kernel_serves(query: torch.Tensor, sliding_window: int | None) -> bool:
+    module = cpu_kernels()
+    return (
+        module is not None
+        and module.prefill_attention_available()
+        and query.dtype == torch.bfloat16
+        and query.shape[2] in TILED_HEAD_DIMS
+        and sliding_window is None
+    )
 
 
 def paged_attention_cpu(
@@ -76,14 +117,39 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
-    if meta.token_context_lens is None:  # no C++ kernel: the padded torch reference
+    if meta.token_context_lens is None:  # no C++ kernels: the padded torch reference
         return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)
-    return decode_attention_cpu(
+    chunks = meta.prefill_chunks
+    if chunks is None or not tiled_kernel_serves(query, sliding_window):
+        return decode_attention_cpu(
+            query,
+            k_cache,
+            v_cache,
+            meta.token_block_tables,
+            meta.token_context_lens,
+            scale,
+            sliding_window,
+        )
+    out = torch.empty(query.shape, dtype=query.dtype)
+    cpu_kernels().prefill_attention(
         query,
         k_cache,
         v_cache,
-        meta.token_block_tables,
-        meta.token_context_lens,
+        chunks.block_tables,
+        chunks.context_lens,
+        chunks.starts,
+        chunks.lens,
         scale,
-        sliding_window,
+        out,
     )
+    rows = chunks.decode_rows
+    if rows.numel():
+        out[rows] = decode_attention_cpu(
+            query[rows],
+            k_cache,
+            v_cache,
+            meta.token_block_tables[rows],
+            meta.token_context_lens[rows],
+            scale,
+        )
+    return out

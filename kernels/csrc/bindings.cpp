@@ -20,9 +20,17 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
 std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
+bool prefill_attention_available();
+void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& block_tables,
+                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
+                       const at::Tensor& chunk_lens, double scale, at::Tensor& out);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention");
+  m.def("prefill_attention_available", &prefill_attention_available,
+        "whether prefill_attention was built (AVX512-BF16)");
+  m.def("prefill_attention", &prefill_attention, "tiled causal attention of prefill chunks");
   m.def("store_kv", &store_kv, "write keys/values into their cache slots (-1: skipped)");
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");

@@ -1,8 +1,9 @@
 """The CPU attention path against the torch reference.
 
 The C++ decode kernel is checked against ``decode_attention_ref`` and against the
-padded reference (``paged_attention_ref``), and the whole CPU path (decodes by the
-kernel, prefill chunks padded among themselves) against the reference on mixed steps.
+padded reference (``paged_attention_ref``), and the whole CPU path (per-token rows,
+or the tiled kernel for bf16 prefill chunks beside the decode kernel) against the
+reference on mixed steps.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ from kernels.paged_attention_cpu import (
     decode_attention_cpu,
     paged_attention_cpu,
     prepare_cpu_attention,
+    tiled_kernel_serves,
 )
 from tests.kernels.batches import Batch, make_batch
 from tests.kernels.checks import assert_close
 
 SCALE = 0.3
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+needs_tiled_kernel = pytest.mark.skipif(
+    cpu_kernels() is None or not cpu_kernels().prefill_attention_available(),
+    reason="the tiled prefill kernel needs AVX512-BF16",
+)
 
 
 def padded_reference(batch: Batch, window: int | None) -> torch.Tensor:
@@ -108,6 +114,46 @@ def test_cpu_path_on_mixed_steps(dtype, window):
         batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE, window
     )
     assert_close(actual, expected, dtype, "cpu path")
+
+
+@needs_tiled_kernel
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_heads", "group", "head_dim"),
+    [(16, 3, 3, 64), (32, 2, 4, 32), (16, 1, 7, 96), (8, 2, 1, 128)],
+)
+def test_tiled_prefill_kernel_on_mixed_steps(block_size, num_kv_heads, group, head_dim):
+    """bf16 chunks by the tiled kernel: first chunks, chunks after cached context (on
+    and off tile and block boundaries), a 2-token chunk, with decodes between them."""
+    bs = block_size
+    chunks = [(0, 37), (bs - 1, 1), (21, 50), (0, 2), (3 * bs, 16), (5, 1), (0, 1), (40, 17)]
+    batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, torch.bfloat16, seed=11)
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
+    expected = padded_reference(batch, None)
+    prepare_cpu_attention(batch.meta, bs, {None})
+    assert tiled_kernel_serves(batch.query, None)
+    assert batch.meta.prefill_chunks.lens.tolist() == [37, 50, 2, 16, 17]
+    actual = paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE)
+    assert_close(actual, expected, torch.bfloat16, "tiled kernel")
+
+
+@needs_tiled_kernel
+def test_tiled_prefill_kernel_on_one_long_chunk():
+    # One chunk is split among the threads by its query tiles, not given to one thread.
+    batch = make_batch([(100, 300)], 16, 3, 3, 64, torch.bfloat16, seed=12)
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
+    expected = padded_reference(batch, None)
+    prepare_cpu_attention(batch.meta, 16, {None})
+    actual = paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.meta, SCALE)
+    assert_close(actual, expected, torch.bfloat16, "one long chunk")
+
+
+@needs_tiled_kernel
+def test_tiled_kernel_serves_bf16_without_window_only():
+    query = torch.empty(4, 2, 64, dtype=torch.bfloat16)
+    assert tiled_kernel_serves(query, None)
+    assert not tiled_kernel_serves(query, 8)
+    assert not tiled_kernel_serves(query.float(), None)
+    assert not tiled_kernel_serves(torch.empty(4, 2, 20, dtype=torch.bfloat16), None)
 
 
 def test_cpu_path_decodes_only():

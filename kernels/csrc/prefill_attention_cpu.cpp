@@ -1,0 +1,316 @@
+// Causal attention of prefill chunks over the paged KV cache on the CPU, bf16 only.
+//
+// A chunk's query tokens all read the same keys and values, so here they are read in
+// tiles of 16 tokens against tiles of 16 keys, as matrix products on AVX512-BF16's dot
+// instruction, with an online softmax (flash attention): the decode kernel, one
+// token at a time, re-reads every key per token and reduces each dot product across
+// lanes. Two passes, each split among torch's threads by its work:
+// 1. per (chunk, KV head), the keys are laid out with a tile's 16 keys across the
+//    lanes (pairs of dims per lane, as the instruction multiplies pairs), and the
+//    values with pairs of keys per lane;
+// 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
+//    small keep both threads busy when a step holds a single long chunk.
+// The probabilities are rounded to bf16 for the value product, as GPU flash attention
+// does.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "load_row.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+bool prefill_attention_available() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512BF16__)
+namespace {
+
+constexpr int64_t kTile = 16;
+// Masked scores and the running maximum's start: finite, as -ffast-math assumes.
+constexpr float kMasked = -1e30f;
+
+// e^x for each lane, to ~1e-7 relative: 2^(x log2 e) split into an integer power
+// (applied by scalef) and a fraction in [-0.5, 0.5] (a degree-6 polynomial).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+// A pair of bf16 values (as their 32 bits) in every lane.
+inline __m512bh broadcast_pair(uint32_t pair) {
+  return as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+}
+
+// fn(i) for every i < work.size(), split among torch's threads into runs of equal
+// total work (work[i] > 0).
+template <typename Fn>
+void for_each_balanced(const std::vector<int64_t>& work, const Fn& fn) {
+  const int64_t n = static_cast<int64_t>(work.size());
+  std::vector<int64_t> work_before(n + 1, 0);
+  for (int64_t i = 0; i < n; ++i) work_before[i + 1] = work_before[i] + work[i];
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  auto first_of = [&](int64_t part) -> int64_t {
+    const int64_t target = work_before[n] * part / parts;
+    return std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
+  };
+  at::parallel_for(0, parts, 1, [&](int64_t part_begin, int64_t part_end) {
+    const int64_t end = part_end == parts ? n : first_of(part_end);
+    for (int64_t i = first_of(part_begin); i < end; ++i) fn(i);
+  });
+}
+
+// One sequence's keys and values for one KV head, re-laid out for the products.
+struct KvTiles {
+  // keys[tile][dim pair][key]: a tile's 16 keys across the lanes, a pair of dims each.
+  std::vector<uint32_t> keys;
+  // values[tile][key pair][dim][2]: pairs of keys per lane, one dim per lane.
+  std::vector<uint16_t> values;
+
+  void build(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table,
+             int64_t context, int64_t block_size, int64_t token_stride, int64_t offset,
+             int64_t head_dim) {
+    const int64_t tiles = (context + kTile - 1) / kTile;
+    const int64_t pairs = head_dim / 2;
+    keys.assign(tiles * pairs * kTile, 0);
+    values.assign(tiles * kTile * head_dim, 0);  // zeros past the context: 0 * 0, not NaN
+    for (int64_t pos = 0; pos < context; ++pos) {
+      const int64_t slot =
+          static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const uint32_t* k =
+          reinterpret_cast<const uint32_t*>(k_cache + slot * token_stride + offset);
+      const uint16_t* v = v_cache + slot * token_stride + offset;
+      const int64_t tile = pos / kTile, lane = pos % kTile;
+      uint32_t* kt = keys.data() + tile * pairs * kTile + lane;
+      for (int64_t p = 0; p < pairs; ++p) kt[p * kTile] = k[p];
+      uint16_t* vt = values.data() + (tile * (kTile / 2) + lane / 2) * head_dim * 2 + lane % 2;
+      for (int64_t d = 0; d < head_dim; ++d) vt[2 * d] = v[d];
+    }
+  }
+};
+
+// Attention of query tokens first .. first + count - 1 (count <= 16) of a chunk whose
+// last token sits at position context - 1, over the tiles; writes their output rows.
+// CHUNKS = head_dim / 16, a constant so that the value sums stay in registers.
+template <int CHUNKS>
+void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t first,
+                       int64_t count, int64_t chunk_len, int64_t context, const KvTiles& kv,
+                       float scale, float* acc, at::BFloat16* out, int64_t out_stride) {
+  constexpr int64_t head_dim = CHUNKS * 16, pairs = head_dim / 2;
+  // Queries whose value sums are updated together: independent chains of dot
+  // instructions, within the 32 vector registers.
+  constexpr int kQueries = CHUNKS <= 4 ? 4 : 2;
+  float maxes[kTile], sums[kTile];
+  std::fill(maxes, maxes + kTile, kMasked);
+  std::fill(sums, sums + kTile, 0.f);
+  std::fill(acc, acc + kTile * head_dim, 0.f);
+  const int64_t first_pos = context - chunk_len + first;
+  const int64_t last_pos = first_pos + count - 1;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t tile = 0; tile * kTile <= last_pos; ++tile) {
+    const uint32_t* kt = kv.keys.data() + tile * pairs * kTile;
+    const uint16_t* vt = kv.values.data() + tile * kTile * head_dim;
+    for (int64_t i0 = 0; i0 < count; i0 += 4) {
+      // Scores of 4 query tokens against the tile's 16 keys: 8 independent chains.
+      const uint32_t* q[4];
+      for (int j = 0; j < 4; ++j) {
+        q[j] = reinterpret_cast<const uint32_t*>(
+            query + (first + std::min<int64_t>(i0 + j, count - 1)) * query_stride);
+      }
+      __m512 even[4], odd[4];
+      for (int j = 0; j < 4; ++j) even[j] = odd[j] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < pairs; p += 2) {
+        const __m512bh k0 = as_bh(_mm512_loadu_si512(kt + p * kTile));
+        const __m512bh k1 = as_bh(_mm512_loadu_si512(kt + (p + 1) * kTile));
+        for (int j = 0; j < 4; ++j) {
+          even[j] = _mm512_dpbf16_ps(even[j], k0, broadcast_pair(q[j][p]));
+          odd[j] = _mm512_dpbf16_ps(odd[j], k1, broadcast_pair(q[j][p + 1]));
+        }
+      }
+      // Online softmax: each query's maximum so far; what was summed is rescaled to
+      // it. Queries past the tile's end, or that see none of its keys, get no weight.
+      float rescale[4];
+      alignas(32) uint32_t prob_pairs[4][kTile / 2];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = i0 + j;
+        const int64_t visible = first_pos + i - tile * kTile + 1;  // keys of the tile it sees
+        if (i >= count || visible <= 0) {
+          rescale[j] = 1.f;
+          std::fill(prob_pairs[j], prob_pairs[j] + kTile / 2, 0u);
+          continue;
+        }
+        const __mmask16 keep = visible >= kTile ? static_cast<__mmask16>(0xFFFF)
+                                                : static_cast<__mmask16>((1u << visible) - 1);
+        const __m512 scores = _mm512_mask_mov_ps(
+            _mm512_set1_ps(kMasked), keep, _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), scale_v));
+        const float new_max = std::max(maxes[i], _mm512_reduce_max_ps(scores));
+        rescale[j] = std::exp(maxes[i] - new_max);  // 0 on the first tile
+        maxes[i] = new_max;
+        const __m512 probs =
+            _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+        sums[i] = sums[i] * rescale[j] + _mm512_reduce_add_ps(probs);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(prob_pairs[j]),
+                           (__m256i)_mm512_cvtneps_pbh(probs));
+      }
+      // Value sums: each pair of keys' value chunk is loaded once for kQueries queries.
+      for (int j0 = 0; j0 < 4; j0 += kQueries) {
+        __m512 sum[kQueries][CHUNKS];
+        for (int j = 0; j < kQueries; ++j) {
+          const __m512 r = _mm512_set1_ps(rescale[j0 + j]);
+          for (int c = 0; c < CHUNKS; ++c) {
+            sum[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c), r);
+          }
+        }
+        for (int64_t kp = 0; kp < kTile / 2; ++kp) {
+          __m512bh value[CHUNKS];
+          for (int c = 0; c < CHUNKS; ++c) {
+            value[c] = as_bh(_mm512_loadu_si512(vt + (kp * head_dim + 16 * c) * 2));
+          }
+          for (int j = 0; j < kQueries; ++j) {
+            const __m512bh weight = broadcast_pair(prob_pairs[j0 + j][kp]);
+            for (int c = 0; c < CHUNKS; ++c) {
+              sum[j][c] = _mm512_dpbf16_ps(sum[j][c], value[c], weight);
+            }
+          }
+        }
+        for (int j = 0; j < kQueries; ++j) {
+          for (int c = 0; c < CHUNKS; ++c) {
+            _mm512_storeu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c, sum[j][c]);
+          }
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    float* row = acc + i * head_dim;
+    const float inv = 1.f / sums[i];
+    for (int64_t d = 0; d < head_dim; ++d) row[d] *= inv;
+    store_row(row, out + (first + i) * out_stride, head_dim);
+  }
+}
+
+}  // namespace
+#endif
+
+// out[t] for the query tokens of each chunk: rows chunk_starts[s] .. chunk_starts[s] +
+// chunk_lens[s] - 1 of query are the last tokens of sequence s, whose context (the
+// chunk's keys already stored) is context_lens[s]. Other rows of `out` are left as
+// they are.
+void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& block_tables,
+                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
+                       const at::Tensor& chunk_lens, double scale, at::Tensor& out) {
+  TORCH_CHECK(prefill_attention_available(), "built without AVX512-BF16");
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+                  out.scalar_type() == at::kBFloat16,
+              "bf16 only");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2) &&
+                  out.is_contiguous() && out.sizes() == query.sizes(),
+              "query [tokens, heads, dim] with contiguous heads; out like it, contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK((query.size(2) == 32 || query.size(2) == 64 || query.size(2) == 96 ||
+               query.size(2) == 128) &&
+                  query.size(1) % k_cache.size(2) == 0,
+              "head_dim 32, 64, 96 or 128; heads a multiple of KV heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+                  chunk_starts.scalar_type() == at::kInt && chunk_lens.scalar_type() == at::kInt,
+              "block_tables, context_lens, chunk_starts and chunk_lens must be int32");
+#if defined(__AVX512BF16__)
+  const auto tables_c = block_tables.contiguous();
+  const auto lens_c = context_lens.contiguous();
+  const auto starts_c = chunk_starts.contiguous();
+  const auto chunk_lens_c = chunk_lens.contiguous();
+  const int32_t* tables = tables_c.data_ptr<int32_t>();
+  const int32_t* lens = lens_c.data_ptr<int32_t>();
+  const int32_t* starts = starts_c.data_ptr<int32_t>();
+  const int32_t* query_lens = chunk_lens_c.data_ptr<int32_t>();
+  const int64_t num_seqs = context_lens.size(0), max_blocks = block_tables.size(1);
+  const int64_t num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  const int64_t group = num_heads / num_kv_heads, token_stride = num_kv_heads * head_dim;
+  const uint16_t* q_ptr = reinterpret_cast<const uint16_t*>(query.data_ptr<at::BFloat16>());
+  const uint16_t* k_ptr = reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>());
+  const uint16_t* v_ptr = reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>());
+  at::BFloat16* out_ptr = out.data_ptr<at::BFloat16>();
+  const int64_t q_token_stride = query.stride(0);
+
+  // Pass 1: each (chunk, KV head)'s tiles, built once for all its query heads.
+  // Kept from call to call (per calling thread): fresh buffers of this size would come
+  // from mmap, and page faults cost as much as the pass. A reference, so that the
+  // lambdas below, run by other threads, see the calling thread's buffers.
+  const int64_t num_units = num_seqs * num_kv_heads;
+  thread_local std::vector<KvTiles> kv_buffers;
+  std::vector<KvTiles>& kv = kv_buffers;
+  if (static_cast<int64_t>(kv.size()) < num_units) kv.resize(num_units);
+  std::vector<int64_t> build_work(num_units);
+  for (int64_t u = 0; u < num_units; ++u) build_work[u] = lens[u / num_kv_heads] + 16;
+  for_each_balanced(build_work, [&](int64_t u) {
+    const int64_t seq = u / num_kv_heads, kv_head = u % num_kv_heads;
+    kv[u].build(k_ptr, v_ptr, tables + seq * max_blocks, lens[seq], block_size, token_stride,
+                kv_head * head_dim, head_dim);
+  });
+
+  // Pass 2: (chunk, head, 16 query tokens) items; work = queries x keys they read.
+  struct Item {
+    int64_t seq, head, first;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> work;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t chunk_len = query_lens[seq], cached = lens[seq] - chunk_len;
+    for (int64_t first = 0; first < chunk_len; first += kTile) {
+      const int64_t count = std::min<int64_t>(kTile, chunk_len - first);
+      for (int64_t h = 0; h < num_heads; ++h) {
+        items.push_back({seq, h, first});
+        work.push_back(count * (cached + first + count) + 64);
+      }
+    }
+  }
+  auto attend = [&](const Item& item, float* acc) {
+    const int64_t chunk_len = query_lens[item.seq];
+    const int64_t count = std::min<int64_t>(kTile, chunk_len - item.first);
+    const uint16_t* query_rows = q_ptr + starts[item.seq] * q_token_stride + item.head * head_dim;
+    at::BFloat16* out_rows = out_ptr + (starts[item.seq] * num_heads + item.head) * head_dim;
+    const KvTiles& tiles = kv[item.seq * num_kv_heads + item.head / group];
+    auto run = [&](auto tile_fn) {
+      tile_fn(query_rows, q_token_stride, item.first, count, chunk_len, lens[item.seq], tiles,
+              static_cast<float>(scale), acc, out_rows, num_heads * head_dim);
+    };
+    switch (head_dim / 16) {
+      case 2: run(attend_query_tile<2>); break;
+      case 4: run(attend_query_tile<4>); break;
+      case 6: run(attend_query_tile<6>); break;
+      default: run(attend_query_tile<8>); break;
+    }
+  };
+  for_each_balanced(work, [&](int64_t i) {
+    thread_local std::vector<float> acc;
+    acc.resize(kTile * head_dim);
+    attend(items[i], acc.data());
+  });
+#endif
+}
