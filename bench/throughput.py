@@ -166,6 +166,21 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return max(runs, key=lambda run: run["output_tokens_per_s"])
 
 
+def median_round(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A system's record of the round with the median best output tokens/s (the lower
+    one of an even count), listing every round's; the first record if none ran."""
+    ran = sorted(
+        (r for r in records if r.get("best")), key=lambda r: r["best"]["output_tokens_per_s"]
+    )
+    if not ran:
+        return records[0]
+    median = dict(ran[(len(ran) - 1) // 2])
+    median["rounds_output_tokens_per_s"] = [
+        r["best"]["output_tokens_per_s"] for r in records if r.get("best")
+    ]
+    return median
+
+
 def load_workload(path: str | Path) -> list[dict[str, Any]]:
     return json.loads(Path(path).read_text())["requests"]
 
@@ -533,6 +548,11 @@ def format_table(records: dict[str, dict[str, Any]]) -> str:
 
     lines = [line(header), "-" * len(line(header))]
     lines += [line(r) for r in rows]
+    for system, record in records.items():
+        per_round = record.get("rounds_output_tokens_per_s", [])
+        if len(per_round) > 1:
+            listed = ", ".join(f"{x:.1f}" for x in per_round)
+            notes.append(f"{system}: median of {len(per_round)} rounds (out tok/s {listed})")
     if ours and "kv_waste_mean" in ours:
         notes.append(
             f"ours: KV cache waste (allocated slots holding no token) {ours['kv_waste_mean']:.1%}"
@@ -613,12 +633,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="vllm: no torch.compile (it takes minutes at start-up on a small CPU)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the systems this many times, interleaved; each reports its median round",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.num_requests, args.prompt_len, args.output_len = 16, (16, 64), (16, 32)
         args.hf_cb_batch_tokens, args.hf_static_batch_sizes = "512", "16"
         args.vllm_eager = True
+    if args.rounds < 1:
+        parser.error("--rounds: need at least 1")
     args.systems = [s for s in args.systems.split(",") if s]
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
@@ -666,18 +694,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Other work on the machine skews every number (with several threads a busy core
     # stalls each parallel region): the load averages go into the result.
     load_before = os.getloadavg()
-    records: dict[str, dict[str, Any]] = {}
-    for system in args.systems:
-        print(f"== {system}", flush=True)
-        record = records[system] = run_system(system, job, args.out / stem, args.timeout)
-        for run in record.get("runs", []):
-            print(
-                f"  {setting_text(run['setting'])}: {run['output_tokens_per_s']:.1f} output "
-                f"tok/s in {run['wall_s']:.1f} s",
-                flush=True,
-            )
-        if "runs" not in record:
-            print(f"  {record.get('skipped') or 'failed: ' + record['error']}", flush=True)
+    # Rounds interleave the systems (A B A B ...), so that a machine whose speed drifts
+    # over minutes slows each of them alike; each system's median round is its result.
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for number in range(1, args.rounds + 1):
+        for system in args.systems:
+            of = f" (round {number} of {args.rounds})" if args.rounds > 1 else ""
+            print(f"== {system}{of}", flush=True)
+            record = run_system(system, job, args.out / stem, args.timeout)
+            rounds.setdefault(system, []).append(record)
+            for run in record.get("runs", []):
+                print(
+                    f"  {setting_text(run['setting'])}: {run['output_tokens_per_s']:.1f} output "
+                    f"tok/s in {run['wall_s']:.1f} s",
+                    flush=True,
+                )
+            if "runs" not in record:
+                print(f"  {record.get('skipped') or 'failed: ' + record['error']}", flush=True)
+    records = {system: median_round(of_system) for system, of_system in rounds.items()}
 
     table = format_table(records)
     print()

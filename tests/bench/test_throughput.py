@@ -55,6 +55,7 @@ def test_ours_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
             "--dtype", "float32",
             "--threads", "1",
             "--kv-cache-gib", "0.05",
+            "--rounds", "2",
             "--out", str(out),
         ]
     )  # fmt: skip
@@ -67,8 +68,23 @@ def test_ours_end_to_end_on_a_tiny_model(tmp_path: Path) -> None:
     assert best["wall_s"] > 0
     assert best["output_tokens_per_s"] == pytest.approx(best["output_tokens"] / best["wall_s"])
     assert record["threads"] == 1
+    assert len(record["rounds_output_tokens_per_s"]) == 2
+    assert "ours: median of 2 rounds" in result["table"]
     assert json.loads((out / "throughput-tiny-llama.json").read_text())["systems"]["ours"]["best"]
     assert (out / "throughput-tiny-llama.png").stat().st_size > 0
+
+
+def test_median_round_picks_the_middle_run_and_lists_all() -> None:
+    def record(tokens_per_s: float) -> dict:
+        return {"best": {"output_tokens_per_s": tokens_per_s}, "runs": []}
+
+    rounds = [record(300.0), record(100.0), {"error": "timed out"}, record(200.0)]
+    median = throughput.median_round(rounds)
+    assert median["best"]["output_tokens_per_s"] == 200.0
+    assert median["rounds_output_tokens_per_s"] == [300.0, 100.0, 200.0]
+    # an even count takes the lower middle; no run at all keeps the first record
+    assert throughput.median_round(rounds[:2])["best"]["output_tokens_per_s"] == 100.0
+    assert throughput.median_round([{"skipped": "x"}]) == {"skipped": "x"}
 
 
 def test_a_missing_vllm_is_skipped_with_a_line(
