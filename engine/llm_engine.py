@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,11 @@ from engine import loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, Sampled
 from engine.models import build_model
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 from engine.stop_strings import StopStringMatcher
 from engine.structured_output import StructuredOutput
@@ -100,6 +101,14 @@ class LLMEngine:
         self._finished: OrderedDict[str, RequestOutput] = OrderedDict()
         self._groups: dict[str, list[str]] = {}  # n > 1: request id -> its choices' ids
         self._ids = itertools.count()
+        # overlap_steps: the model pass's thread, and the sequences whose tokens of the
+        # last step are not yet in their outputs.
+        self._overlap = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-pass")
+            if _overlaps(config.overlap_steps, self.device)
+            else None
+        )
+        self._unsent: list[Sequence] = []
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
             self.runner.num_blocks,
@@ -239,7 +248,7 @@ class LLMEngine:
         return aborted
 
     def has_pending_work(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._unsent)
 
     def get_output(self, request_id: str) -> RequestOutput | None:
         request = self._requests.get(request_id)
@@ -266,26 +275,52 @@ class LLMEngine:
     # ---- stepping ----
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return the requests that got tokens or finished."""
+        """Run one scheduling step; return the requests that got tokens or finished.
+
+        With overlap_steps, the model pass of this step runs in a worker thread while
+        this thread turns the previous step's tokens into outputs: the outputs returned
+        are the previous step's (the last ones come from a step with nothing scheduled).
+        """
         started = time.perf_counter()
         out = self.scheduler.schedule()
         self.metrics.num_preemptions += len(out.preempted)
-        if out.is_empty:
-            return []
-        sampled = self.runner.execute(out)
+        if self._overlap is None:
+            progressed = [] if out.is_empty else self._postprocess(out, self.runner.execute(out))
+            outputs = self._outputs(progressed)
+        else:
+            running = None
+            if not out.is_empty:
+                running = self._overlap.submit(self.runner.run, out, self.runner.prepare(out))
+            # A stop string found here finishes its sequence while the model computes one
+            # more token for it, which postprocess then drops.
+            unsent, self._unsent = self._unsent, []
+            outputs = self._outputs(unsent)
+            if running is not None:
+                self._unsent = self._postprocess(out, running.result())
+        if not out.is_empty:
+            self.metrics.busy_time += time.perf_counter() - started
+        return outputs
+
+    def _postprocess(self, out: SchedulerOutput, sampled: dict[str, Sampled]) -> list[Sequence]:
+        """Append a step's tokens; return the sequences that progressed."""
         progressed = self.scheduler.postprocess(out, sampled)
         for seq in progressed:
             if seq.matcher is not None and seq.request_id in sampled:
                 self._advance_grammar(seq)
-        outputs = []
-        for seq in progressed:
-            request = self._requests[seq.request_id]
-            if seq.num_tokens > request.num_detokenized or seq.is_finished:
-                outputs.append(self._update_output(request))
         self.metrics.num_steps += 1
         self.metrics.tokens_generated += len(sampled)
         self.metrics.max_batch_size = max(self.metrics.max_batch_size, len(out.scheduled))
-        self.metrics.busy_time += time.perf_counter() - started
+        return progressed
+
+    def _outputs(self, progressed: list[Sequence]) -> list[RequestOutput]:
+        """Detokenize the sequences' new tokens into their requests' outputs."""
+        outputs = []
+        for seq in progressed:
+            request = self._requests.get(seq.request_id)
+            if request is None:  # aborted since its step
+                continue
+            if seq.num_tokens > request.num_detokenized or seq.is_finished:
+                outputs.append(self._update_output(request))
         return outputs
 
     def _advance_grammar(self, seq: Sequence) -> None:
@@ -420,6 +455,11 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
         return params
     seed = None if params.seed is None else (params.seed + index) % 2**63
     return dataclasses.replace(params, n=1, seed=seed)
+
+
+def _overlaps(mode: str, device: torch.device) -> bool:
+    # On the CPU the model pass keeps every core busy: work beside it only slows it.
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -169,15 +169,27 @@ class ModelRunner:
 
     # ---- one step ----
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[str, Sampled]:
         """Run a scheduled step; return request_id -> (sampled token, its logprob, top ones)."""
-        with kernels.use_backend(self.kernel_backend):
-            return self._execute(out)
+        return self.run(out, self.prepare(out))
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, Sampled]:
-        self._copy_blocks(out)
-        inputs = self.prepare_inputs(out)
+    @torch.inference_mode()
+    def prepare(self, out: SchedulerOutput) -> ModelInputs:
+        """A step's work before the model pass: block copies and the input tensors. It
+        reads the scheduled sequences' tokens and block tables, so it runs in the thread
+        that changes them."""
+        with kernels.use_backend(self.kernel_backend):
+            self._copy_blocks(out)
+            return self.prepare_inputs(out)
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, inputs: ModelInputs) -> dict[str, Sampled]:
+        """The model pass, prompt logprobs and sampling of a prepared step (in any thread:
+        the backend choice and inference mode are set here, per thread)."""
+        with kernels.use_backend(self.kernel_backend):
+            return self._run(out, inputs)
+
+    def _run(self, out: SchedulerOutput, inputs: ModelInputs) -> dict[str, Sampled]:
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:

@@ -41,6 +41,7 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--memory-threshold", "memory_threshold", float),
     ("--kv-cache-memory", "kv_cache_memory", int),
     ("--attention-backend", "attention_backend", str),
+    ("--overlap-steps", "overlap_steps", str),
 ]
 
 

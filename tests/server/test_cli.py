@@ -42,6 +42,12 @@ def test_enforce_eager_from_flag_and_environment():
     assert not settings_for([], {}).engine.enforce_eager
 
 
+def test_overlap_steps_from_flag_and_environment():
+    assert settings_for(["--overlap-steps", "on"], {}).engine.overlap_steps == "on"
+    assert settings_for([], {"HETERO_OVERLAP_STEPS": "off"}).engine.overlap_steps == "off"
+    assert settings_for([], {}).engine.overlap_steps == "auto"
+
+
 def test_bad_environment_names_the_variable():
     with pytest.raises(ValueError, match="HETERO_MAX_NUM_SEQS"):
         settings_for([], {"HETERO_MAX_NUM_SEQS": "many"})
