@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
+from tests.engine.test_llm_engine import run_to_end
 from tests.tiny_models import save_tiny_model
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -41,15 +42,6 @@ def fields(out) -> tuple:
         out.logprobs,
         out.prompt_logprobs,
     )
-
-
-def run_to_end(engine: LLMEngine) -> dict[str, str]:
-    """Step until idle; return request_id -> concatenated streamed text."""
-    streamed: dict[str, str] = {}
-    while engine.has_pending_work():
-        for out in engine.step():
-            streamed[out.request_id] = streamed.get(out.request_id, "") + out.delta_text
-    return streamed
 
 
 def test_auto_is_on_for_cuda_only(model_dir):
