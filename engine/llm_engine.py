@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from engine import loader
+from engine import host_memory, loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
@@ -60,6 +60,8 @@ class LLMEngine:
             config = config.replace(**overrides)
         self.config = config
         self.device = _resolve_device(config.device)
+        if self.device.type == "cpu":
+            host_memory.keep_freed_memory()
         source = loader.resolve_model(config.model)
         self.model_config = loader.load_config(source)
         self.dtype = _resolve_dtype(config.dtype, self.device)
