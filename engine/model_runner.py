@@ -149,7 +149,7 @@ class ModelRunner:
             )
             rows = min(self.config.max_num_seqs, num_tokens)
             logits = self.model.compute_logits(hidden[:rows])
-            logits.softmax(-1).sort(-1)  # the sampler's top-p holds about this much
+            logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         del cache, inputs, hidden, logits

@@ -46,8 +46,8 @@ def layer_sliding_windows(config: Any) -> list[int | None]:
 class DirectCall:
     """A module whose calls go straight to forward, past nn.Module.__call__'s hook
     handling: the model's inner modules never carry hooks, and a step makes ~300 such
-    calls (~1 ms of a 10 ms batch-1 step on a 2-core CPU). The model itself keeps the
-    usual __call__."""
+    calls (0.3 ms of a 10 ms batch-1 step on a 2-core CPU, measured). The model itself
+    keeps the usual __call__."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
