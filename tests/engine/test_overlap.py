@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.test_llm_engine import run_to_end
@@ -45,8 +46,10 @@ def fields(out) -> tuple:
 
 
 def test_auto_is_on_for_cuda_only(model_dir):
-    assert make_engine(model_dir, "auto")._overlap is None  # these tests run on the CPU
+    # The engine runs on CUDA where there is a GPU ("auto" device), on the CPU elsewhere.
+    assert (make_engine(model_dir, "auto")._overlap is not None) == torch.cuda.is_available()
     assert make_engine(model_dir, "on")._overlap is not None
+    assert make_engine(model_dir, "off")._overlap is None
 
 
 def test_same_outputs_as_the_serial_loop(model_dir):
