@@ -247,6 +247,8 @@ class LLMEngine:
                 self.scheduler.finish(request.seq, SequenceStatus.FINISHED_ABORTED)
                 self._finish(request)
                 aborted = True
+        # overlap_steps: an aborted request's last tokens are never sent.
+        self._unsent = [seq for seq in self._unsent if seq.request_id in self._requests]
         return aborted
 
     def has_pending_work(self) -> bool:

@@ -71,9 +71,12 @@ class Sampler:
         if bool((min_p > 0).any()):
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < threshold, 0.0)
-        return (probs / self._exponential_noise(probs.shape, seqs)).argmax(dim=-1)
+        noise = self._exponential_noise(probs.shape, seqs).to(probs.device)
+        return (probs / noise).argmax(dim=-1)
 
     def _exponential_noise(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
+        # Drawn on the CPU, where the generators live, whatever device the logits are on
+        # (the caller moves it): a seed gives the same noise on every device.
         noise = torch.empty(shape).exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
             if seq.generator is not None:

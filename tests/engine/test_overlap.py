@@ -90,9 +90,20 @@ def test_abort_between_steps_frees_blocks_and_spares_the_others(model_dir):
     for _ in range(5):
         engine.step()
     assert engine.abort(ids[1])
+    assert all(seq.request_id != ids[1] for seq in engine._unsent)
     run_to_end(engine)
     assert engine.get_output(ids[1]).finish_reason == "abort"
     for request_id in (ids[0], ids[2]):
         out = engine.get_output(request_id)
         assert out.finish_reason == "length" and len(out.token_ids) == 12
     assert engine.memory_stats()["used_blocks"] == 0
+
+
+def test_aborting_everything_leaves_no_pending_work(model_dir):
+    engine = make_engine(model_dir, "on")
+    request_id = engine.add_request([5, 6, 7], GREEDY)
+    engine.step()
+    engine.step()
+    assert engine._unsent  # the last step's tokens wait to be sent
+    assert engine.abort(request_id)
+    assert not engine.has_pending_work() and engine.step() == []

@@ -197,3 +197,15 @@ def test_sampler_applies_logit_bias_before_a_greedy_pick():
     seqs += _greedy_seqs(1)
     tokens, _, _ = Sampler()(logits, seqs)
     assert tokens == [low, int(logits[1].float().argmax())]
+
+
+@pytest.mark.cuda
+def test_random_and_greedy_rows_sample_on_the_gpu():
+    # The noise comes from CPU generators; it must meet the logits on their device.
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5)).cuda()
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.7)]
+    params.append(SamplingParams(temperature=0))
+    tokens, logprobs, _ = Sampler()(logits, _seqs(*params))
+    assert all(0 <= t < 50 for t in tokens) and tokens[2] == int(logits[2].argmax())
+    again, _, _ = Sampler()(logits, _seqs(*params))
+    assert again[0] == tokens[0]  # seeded
