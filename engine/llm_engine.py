@@ -107,7 +107,7 @@ class LLMEngine:
         # last step are not yet in their outputs.
         self._overlap = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-pass")
-            if _overlaps(config.overlap_steps, self.device)
+            if config.overlap_steps
             else None
         )
         self._unsent: list[Sequence] = []
@@ -459,11 +459,6 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
         return params
     seed = None if params.seed is None else (params.seed + index) % 2**63
     return dataclasses.replace(params, n=1, seed=seed)
-
-
-def _overlaps(mode: str, device: torch.device) -> bool:
-    # On the CPU the model pass keeps every core busy: work beside it only slows it.
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 def _resolve_device(device: str) -> torch.device:

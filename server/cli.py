@@ -41,7 +41,6 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--memory-threshold", "memory_threshold", float),
     ("--kv-cache-memory", "kv_cache_memory", int),
     ("--attention-backend", "attention_backend", str),
-    ("--overlap-steps", "overlap_steps", str),
 ]
 
 
@@ -53,6 +52,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="no CUDA graphs: run every decode step eagerly",
     )
+    parser.add_argument(
+        "--overlap-steps",
+        action="store_true",
+        default=None,
+        help="detokenize each step's tokens while the next step's model pass runs",
+    )
     parser.add_argument("--seed", type=int, help="engine seed (also the request seed here)")
     for flag, field_name, kind in ENGINE_FLAGS:
         parser.add_argument(flag, dest=field_name, type=kind)
@@ -62,7 +67,7 @@ def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
     flags = [(name, kind) for _, name, kind in ENGINE_FLAGS]
-    flags += [("seed", int), ("enforce_eager", _parse_bool)]
+    flags += [("seed", int), ("enforce_eager", _parse_bool), ("overlap_steps", _parse_bool)]
     overrides = _from_env(flags, environ)
     overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
     config_file = args.config or environ.get(f"{ENV_PREFIX}CONFIG")

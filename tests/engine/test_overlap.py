@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.test_llm_engine import run_to_end
@@ -21,7 +20,7 @@ def model_dir(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
 
 
-def make_engine(model_dir, overlap: str) -> LLMEngine:
+def make_engine(model_dir, overlap: bool) -> LLMEngine:
     # A small token budget: prompts are prefilled in chunks, beside other decodes.
     config = EngineConfig(
         model=str(model_dir),
@@ -45,15 +44,12 @@ def fields(out) -> tuple:
     )
 
 
-def test_auto_is_on_for_cuda_only(model_dir):
-    # The engine runs on CUDA where there is a GPU ("auto" device), on the CPU elsewhere.
-    assert (make_engine(model_dir, "auto")._overlap is not None) == torch.cuda.is_available()
-    assert make_engine(model_dir, "on")._overlap is not None
-    assert make_engine(model_dir, "off")._overlap is None
+def test_off_by_default():
+    assert not EngineConfig().overlap_steps
 
 
 def test_same_outputs_as_the_serial_loop(model_dir):
-    serial, overlapped = make_engine(model_dir, "off"), make_engine(model_dir, "on")
+    serial, overlapped = make_engine(model_dir, False), make_engine(model_dir, True)
     plain = serial.generate(PROMPTS, GREEDY, use_tqdm=False)
     # Stops taken from the serial run's own text and tokens, so that they do trigger:
     # a stop string is found one step after its token (the step beside it computes one
@@ -74,7 +70,7 @@ def test_same_outputs_as_the_serial_loop(model_dir):
 
 
 def test_outputs_come_one_step_later_and_stream_the_final_text(model_dir):
-    engine = make_engine(model_dir, "on")
+    engine = make_engine(model_dir, True)
     request_id = engine.add_request([5, 6, 7], GREEDY)
     assert engine.step() == []  # the first token is being detokenized next step
     streamed = run_to_end(engine)
@@ -85,7 +81,7 @@ def test_outputs_come_one_step_later_and_stream_the_final_text(model_dir):
 
 
 def test_abort_between_steps_frees_blocks_and_spares_the_others(model_dir):
-    engine = make_engine(model_dir, "on")
+    engine = make_engine(model_dir, True)
     ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
     for _ in range(5):
         engine.step()
@@ -100,7 +96,7 @@ def test_abort_between_steps_frees_blocks_and_spares_the_others(model_dir):
 
 
 def test_aborting_everything_leaves_no_pending_work(model_dir):
-    engine = make_engine(model_dir, "on")
+    engine = make_engine(model_dir, True)
     request_id = engine.add_request([5, 6, 7], GREEDY)
     engine.step()
     engine.step()

@@ -43,9 +43,9 @@ def test_enforce_eager_from_flag_and_environment():
 
 
 def test_overlap_steps_from_flag_and_environment():
-    assert settings_for(["--overlap-steps", "on"], {}).engine.overlap_steps == "on"
-    assert settings_for([], {"HETERO_OVERLAP_STEPS": "off"}).engine.overlap_steps == "off"
-    assert settings_for([], {}).engine.overlap_steps == "auto"
+    assert settings_for(["--overlap-steps"], {}).engine.overlap_steps
+    assert settings_for([], {"HETERO_OVERLAP_STEPS": "true"}).engine.overlap_steps
+    assert not settings_for([], {}).engine.overlap_steps
 
 
 def test_bad_environment_names_the_variable():
