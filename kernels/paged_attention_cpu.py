@@ -45,6 +45,8 @@ class PrefillChunks:
     starts: torch.Tensor  # [num_chunks] int32: the chunk's first query row
     lens: torch.Tensor  # [num_chunks] int32: its query tokens
     decode_rows: torch.Tensor  # [num_decodes] long: query rows of the decode tokens
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32: their tables
+    decode_context_lens: torch.Tensor  # [num_decodes] int32
 
 
 def decode_attention_cpu(
@@ -88,12 +90,15 @@ def prepare_cpu_attention(
     is_chunk = query_lens > 1
     if bool(is_chunk.any()):
         chunks = is_chunk.nonzero().squeeze(1)
+        decodes = (~is_chunk).nonzero().squeeze(1)
         meta.prefill_chunks = PrefillChunks(
             block_tables=meta.block_tables.index_select(0, chunks),
             context_lens=meta.context_lens.index_select(0, chunks),
             starts=starts[chunks].to(torch.int32),
             lens=query_lens[chunks].to(torch.int32),
-            decode_rows=starts[~is_chunk],
+            decode_rows=starts[decodes],
+            decode_block_tables=meta.block_tables.index_select(0, decodes),
+            decode_context_lens=meta.context_lens.index_select(0, decodes),
         )
 
 
@@ -148,8 +153,8 @@ def paged_attention_cpu(
             query[rows],
             k_cache,
             v_cache,
-            meta.token_block_tables[rows],
-            meta.token_context_lens[rows],
+            chunks.decode_block_tables,
+            chunks.decode_context_lens,
             scale,
         )
     return out
