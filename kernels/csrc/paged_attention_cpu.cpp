@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include "load_row.h"
+#include "parallel_by_work.h"
 
 #include <algorithm>
 #include <cmath>
@@ -265,25 +266,16 @@ void decode_attention_kernel(
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
 
   // Each thread takes a run of rows with an equal share of the keys to read (plus a
-  // fixed cost per row): split by row count, the thread with the longer contexts (a
-  // prompt's later tokens, say) kept the other waiting.
+  // fixed cost per row).
   auto keys_of = [&](int64_t seq) -> int64_t {
     return window > 0 ? std::min<int64_t>(lens[seq], window) : lens[seq];
   };
-  std::vector<int64_t> work_before(num_seqs + 1, 0);
-  for (int64_t seq = 0; seq < num_seqs; ++seq) {
-    work_before[seq + 1] = work_before[seq] + keys_of(seq) + 32;
-  }
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs));
-  auto first_row_of = [&](int64_t part) -> int64_t {
-    const int64_t target = work_before[num_seqs] * part / parts;
-    return std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
-  };
-  at::parallel_for(0, parts, 1, [&](int64_t part_begin, int64_t part_end) {
+  std::vector<int64_t> work(num_seqs);
+  for (int64_t seq = 0; seq < num_seqs; ++seq) work[seq] = keys_of(seq) + 32;
+  parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
     std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim), row(token_stride);
     std::vector<float> scores, maxes(num_heads), sums(num_heads);
-    const int64_t end = part_end == parts ? num_seqs : first_row_of(part_end);
-    for (int64_t seq = first_row_of(part_begin); seq < end; ++seq) {
+    for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t len = lens[seq];
       const int64_t n = keys_of(seq);
       const int64_t first = len - n;

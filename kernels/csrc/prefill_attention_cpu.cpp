@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "load_row.h"
+#include "parallel_by_work.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -64,24 +65,6 @@ inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
 // A pair of bf16 values (as their 32 bits) in every lane.
 inline __m512bh broadcast_pair(uint32_t pair) {
   return as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
-}
-
-// fn(i) for every i < work.size(), split among torch's threads into runs of equal
-// total work (work[i] > 0).
-template <typename Fn>
-void for_each_balanced(const std::vector<int64_t>& work, const Fn& fn) {
-  const int64_t n = static_cast<int64_t>(work.size());
-  std::vector<int64_t> work_before(n + 1, 0);
-  for (int64_t i = 0; i < n; ++i) work_before[i + 1] = work_before[i] + work[i];
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  auto first_of = [&](int64_t part) -> int64_t {
-    const int64_t target = work_before[n] * part / parts;
-    return std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin();
-  };
-  at::parallel_for(0, parts, 1, [&](int64_t part_begin, int64_t part_end) {
-    const int64_t end = part_end == parts ? n : first_of(part_end);
-    for (int64_t i = first_of(part_begin); i < end; ++i) fn(i);
-  });
 }
 
 // One sequence's keys and values for one KV head, re-laid out for the products.
@@ -268,10 +251,12 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   if (static_cast<int64_t>(kv.size()) < num_units) kv.resize(num_units);
   std::vector<int64_t> build_work(num_units);
   for (int64_t u = 0; u < num_units; ++u) build_work[u] = lens[u / num_kv_heads] + 16;
-  for_each_balanced(build_work, [&](int64_t u) {
-    const int64_t seq = u / num_kv_heads, kv_head = u % num_kv_heads;
-    kv[u].build(k_ptr, v_ptr, tables + seq * max_blocks, lens[seq], block_size, token_stride,
-                kv_head * head_dim, head_dim);
+  parallel_for_by_work(build_work, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t seq = u / num_kv_heads, kv_head = u % num_kv_heads;
+      kv[u].build(k_ptr, v_ptr, tables + seq * max_blocks, lens[seq], block_size, token_stride,
+                  kv_head * head_dim, head_dim);
+    }
   });
 
   // Pass 2: (chunk, head, 16 query tokens) items; work = queries x keys they read.
@@ -307,10 +292,9 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       default: run(attend_query_tile<8>); break;
     }
   };
-  for_each_balanced(work, [&](int64_t i) {
-    thread_local std::vector<float> acc;
-    acc.resize(kTile * head_dim);
-    attend(items[i], acc.data());
+  parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(kTile * head_dim);
+    for (int64_t i = begin; i < end; ++i) attend(items[i], acc.data());
   });
 #endif
 }
