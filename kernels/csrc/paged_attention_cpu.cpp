@@ -5,8 +5,9 @@
 // batched matmul, moving the whole KV cache through memory three times per layer.
 // This kernel reads each key and value row once, straight from its block (asking for
 // the next rows ahead of use), and keeps a row's scores in a small buffer; query heads
-// that share a KV head (GQA) read the same row. bf16 scores use AVX512-BF16's dot
-// instruction. Rows are split across torch's intra-op threads.
+// that share a KV head (GQA) read the same row. In bf16 both products use AVX512-BF16's
+// dot instruction, the value product on probabilities rounded to bf16 (as GPU flash
+// attention does). Rows are split across torch's intra-op threads.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -87,34 +88,70 @@ inline __m512 sum_each_of_16(const __m512* v) {
                        _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Asks for the rows of positions first .. first + n - 1 ahead of their use: the blocks
-// of a sequence lie anywhere in the cache, so the hardware prefetcher cannot follow
-// them, and waiting on each row doubled the kernel's time.
+// Pointers to the cache rows of consecutive positions, one after the other: a division
+// only where a block starts, instead of one per row (it cost more than the row's math).
 template <typename scalar_t>
-inline void prefetch_rows(const scalar_t* cache, const int32_t* table, int64_t first, int64_t n,
-                          int64_t block_size, int64_t token_stride) {
-  const int64_t bytes = token_stride * static_cast<int64_t>(sizeof(scalar_t));
-  for (int64_t pos = first; pos < first + n; ++pos) {
-    const char* row = reinterpret_cast<const char*>(row_at(cache, table, pos, block_size, token_stride));
-    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T1);
+struct RowWalker {
+  const scalar_t* cache;
+  const int32_t* table;
+  int64_t block_size, token_stride, block, offset;
+
+  RowWalker(const scalar_t* cache, const int32_t* table, int64_t pos, int64_t block_size,
+            int64_t token_stride)
+      : cache(cache), table(table), block_size(block_size), token_stride(token_stride),
+        block(pos / block_size), offset(pos % block_size) {}
+
+  const scalar_t* next() {
+    const scalar_t* row =
+        cache + (static_cast<int64_t>(table[block]) * block_size + offset) * token_stride;
+    if (++offset == block_size) {
+      offset = 0;
+      ++block;
+    }
+    return row;
   }
+};
+
+// Asks for a row ahead of its use: the blocks of a sequence lie anywhere in the cache,
+// so the hardware prefetcher cannot follow them, and waiting on each row doubled the
+// kernel's time.
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* row, int64_t token_stride) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  const int64_t size = token_stride * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t offset = 0; offset < size; offset += 64) _mm_prefetch(bytes + offset, _MM_HINT_T1);
 }
 
-// The rows of the 16 positions first + t0 .. of a pass over n positions, with the next
-// 16 rows asked for ahead of use. Past the last position the last row repeats
-// (computed, then masked out or skipped); returns how many rows are real.
+// The rows of a pass over n positions, 16 at a time, with the next 16 asked for ahead
+// of use. Past the last position the last row repeats (computed, then masked out or
+// given no weight).
 template <typename scalar_t>
-inline int64_t tile_rows(const scalar_t* cache, const int32_t* table, int64_t first, int64_t t0,
-                         int64_t n, int64_t block_size, int64_t token_stride,
-                         const scalar_t** rows) {
-  const int64_t count = std::min<int64_t>(16, n - t0);
-  prefetch_rows(cache, table, first + t0 + 16, std::min<int64_t>(16, n - t0 - 16), block_size,
-                token_stride);
-  for (int64_t i = 0; i < 16; ++i) {
-    rows[i] = row_at(cache, table, first + t0 + std::min(i, count - 1), block_size, token_stride);
+struct TileRows {
+  RowWalker<scalar_t> current, ahead;
+  int64_t n, token_stride, fetched = 0;
+  const scalar_t* rows[16];
+
+  TileRows(const scalar_t* cache, const int32_t* table, int64_t first, int64_t n,
+           int64_t block_size, int64_t token_stride)
+      : current(cache, table, first, block_size, token_stride),
+        ahead(cache, table, first, block_size, token_stride), n(n), token_stride(token_stride) {
+    prefetch_until(16);
   }
-  return count;
-}
+
+  void prefetch_until(int64_t end) {
+    for (end = std::min(end, n); fetched < end; ++fetched) prefetch_row(ahead.next(), token_stride);
+  }
+
+  // Fills rows with positions t0 .. t0 + 15 (t0 a multiple of 16, in order); returns
+  // how many are real.
+  int64_t load(int64_t t0) {
+    prefetch_until(t0 + 32);
+    const int64_t count = std::min<int64_t>(16, n - t0);
+    for (int64_t i = 0; i < count; ++i) rows[i] = current.next();
+    for (int64_t i = count; i < 16; ++i) rows[i] = rows[count - 1];
+    return count;
+  }
+};
 
 // score_keys for head_dim % 16 == 0, 16 keys at a time: one vector accumulator per key,
 // reduced together, instead of a horizontal sum per (key, head).
@@ -124,10 +161,11 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
                        int64_t num_kv_heads, int64_t head_dim, float* scores) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t token_stride = num_kv_heads * head_dim;
-  const scalar_t* rows[16];
+  TileRows<scalar_t> tiles(k_ptr, table, first, n, block_size, token_stride);
+  const scalar_t* const* rows = tiles.rows;
   __m512 acc[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = tile_rows(k_ptr, table, first, t0, n, block_size, token_stride, rows);
+    const int64_t count = tiles.load(t0);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
@@ -152,11 +190,12 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
                             float* scores) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t token_stride = num_kv_heads * head_dim;
-  const c10::BFloat16* rows[16];
+  TileRows<c10::BFloat16> tiles(k_ptr, table, first, n, block_size, token_stride);
+  const c10::BFloat16* const* rows = tiles.rows;
   __m512 acc[16];
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = tile_rows(k_ptr, table, first, t0, n, block_size, token_stride, rows);
+    const int64_t count = tiles.load(t0);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
       const c10::BFloat16* qh = query + h * head_dim;
@@ -169,6 +208,93 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
         }
       }
       _mm512_mask_storeu_ps(scores + h * n + t0, keep, _mm512_mul_ps(sum_each_of_16(acc), scale_v));
+    }
+  }
+}
+#endif
+
+#if defined(__AVX512BF16__)
+// acc[h0 + j] += sum over the tile's rows of pairs[h0 + j][i / 2] * rows[i] for HEADS
+// heads sharing one KV head and 32 * CHUNKS dims, on AVX512-BF16's dot instruction:
+// it multiplies pairs of bf16 values, so two value rows are interleaved (one pair of
+// keys per lane) and meet a pair of bf16 probabilities. The interleaving is per 128-bit
+// lane, so acc holds each 32 dims as [dims 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, ...];
+// unpermute_dims puts them back at the end.
+template <int HEADS, int CHUNKS>
+inline void weigh_row_pairs(const uint32_t* pairs, int64_t pairs_stride,
+                            const c10::BFloat16* const* rows, int64_t count, int64_t h0,
+                            int64_t offset, int64_t d0, int64_t head_dim, float* acc) {
+  __m512 sum[HEADS][2 * CHUNKS];
+  for (int j = 0; j < HEADS; ++j) {
+    for (int c = 0; c < 2 * CHUNKS; ++c) sum[j][c] = _mm512_loadu_ps(acc + (h0 + j) * head_dim + d0 + 16 * c);
+  }
+  for (int64_t i = 0; i < count; i += 2) {
+    __m512bh value[2 * CHUNKS];
+    for (int c = 0; c < CHUNKS; ++c) {
+      const __m512i even = _mm512_loadu_si512(rows[i] + offset + d0 + 32 * c);
+      const __m512i odd = _mm512_loadu_si512(rows[i + 1] + offset + d0 + 32 * c);
+      value[2 * c] = (__m512bh)_mm512_unpacklo_epi16(even, odd);
+      value[2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(even, odd);
+    }
+    for (int j = 0; j < HEADS; ++j) {
+      const __m512bh weight = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[(h0 + j) * pairs_stride + i / 2]));
+      for (int c = 0; c < 2 * CHUNKS; ++c) sum[j][c] = _mm512_dpbf16_ps(sum[j][c], value[c], weight);
+    }
+  }
+  for (int j = 0; j < HEADS; ++j) {
+    for (int c = 0; c < 2 * CHUNKS; ++c) _mm512_storeu_ps(acc + (h0 + j) * head_dim + d0 + 16 * c, sum[j][c]);
+  }
+}
+
+// weigh_row_pairs over every dim of the heads, 64 at a time.
+template <int HEADS>
+inline void weigh_row_pairs_all_dims(const uint32_t* pairs, int64_t pairs_stride,
+                                     const c10::BFloat16* const* rows, int64_t count, int64_t h0,
+                                     int64_t offset, int64_t head_dim, float* acc) {
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
+    if (head_dim - d0 >= 64) {
+      weigh_row_pairs<HEADS, 2>(pairs, pairs_stride, rows, count, h0, offset, d0, head_dim, acc);
+    } else {
+      weigh_row_pairs<HEADS, 1>(pairs, pairs_stride, rows, count, h0, offset, d0, head_dim, acc);
+    }
+  }
+}
+
+// weigh_values_avx512 for bf16 with head_dim % 32 == 0, from the probabilities rounded
+// to bf16 pairs (pairs[h][t / 2]: keys t and t + 1, the second 0 past the last key),
+// as GPU flash attention rounds them; the value rows are never converted.
+inline void weigh_values_bf16(const uint32_t* pairs, int64_t pairs_stride,
+                              const c10::BFloat16* v_ptr, const int32_t* table, int64_t first,
+                              int64_t n, int64_t block_size, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t head_dim, float* acc) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  TileRows<c10::BFloat16> tiles(v_ptr, table, first, n, block_size, token_stride);
+  const c10::BFloat16* const* rows = tiles.rows;
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t count = tiles.load(t0);
+    const uint32_t* p = pairs + t0 / 2;
+    for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
+      const int64_t offset = (h0 / group) * head_dim;
+      heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
+      switch (heads) {
+        case 4: weigh_row_pairs_all_dims<4>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
+        case 3: weigh_row_pairs_all_dims<3>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
+        case 2: weigh_row_pairs_all_dims<2>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
+        default: weigh_row_pairs_all_dims<1>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
+      }
+    }
+  }
+}
+
+// Undoes weigh_row_pairs' order of dims within each 32 of a row of head_dim sums.
+inline void unpermute_dims(float* row, int64_t head_dim) {
+  float permuted[32];
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
+    std::memcpy(permuted, row + d0, sizeof(permuted));
+    for (int w = 0; w < 16; ++w) {
+      row[d0 + 8 * (w / 4) + w % 4] = permuted[w];
+      row[d0 + 8 * (w / 4) + 4 + w % 4] = permuted[16 + w];
     }
   }
 }
@@ -221,9 +347,10 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
                          int64_t num_kv_heads, int64_t head_dim, float* acc) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t token_stride = num_kv_heads * head_dim;
-  const scalar_t* rows[16];
+  TileRows<scalar_t> tiles(v_ptr, table, first, n, block_size, token_stride);
+  const scalar_t* const* rows = tiles.rows;
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t count = tile_rows(v_ptr, table, first, t0, n, block_size, token_stride, rows);
+    const int64_t count = tiles.load(t0);
     for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
       const int64_t offset = (h0 / group) * head_dim;
       heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
@@ -275,6 +402,7 @@ void decode_attention_kernel(
   parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
     std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim), row(token_stride);
     std::vector<float> scores, maxes(num_heads), sums(num_heads);
+    std::vector<uint32_t> pairs;
     for (int64_t seq = begin; seq < end; ++seq) {
       const int64_t len = lens[seq];
       const int64_t n = keys_of(seq);
@@ -324,9 +452,25 @@ void decode_attention_kernel(
       // Pass 2: the probability-weighted sum of the value rows, each read once.
       std::fill(acc.begin(), acc.end(), 0.f);
       bool weighed = false;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+        if (head_dim % 32 == 0) {
+          const int64_t stride = (n + 1) / 2;
+          pairs.assign(num_heads * stride, 0u);  // a zero after an odd last key
+          for (int64_t h = 0; h < num_heads; ++h) {
+            // bf16 in order are the pairs: keys t and t + 1 in the low and high halves.
+            store_row(scores.data() + h * n, reinterpret_cast<c10::BFloat16*>(pairs.data() + h * stride), n);
+          }
+          weigh_values_bf16(pairs.data(), stride, v_ptr, table, first, n, block_size, num_heads,
+                            num_kv_heads, head_dim, acc.data());
+          for (int64_t h = 0; h < num_heads; ++h) unpermute_dims(acc.data() + h * head_dim, head_dim);
+          weighed = true;
+        }
+      }
+#endif
 #if defined(__AVX512F__)
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        if (head_dim % 16 == 0) {
+        if (!weighed && head_dim % 16 == 0) {
           weigh_values_avx512(scores.data(), v_ptr, table, first, n, block_size, num_heads,
                               num_kv_heads, head_dim, acc.data());
           weighed = true;
