@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from kernels.activation import silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels, elementwise_kernels, small_batch_linear_kernels
+from kernels.cpu_extension import cpu_kernels, elementwise_kernels
 from kernels.greedy import greedy_pick_ref
 from kernels.linear_cpu import packed_linear, packed_linear_serves
 from kernels.paged_attention import (
@@ -131,12 +131,8 @@ def rotary(
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, in] -> x weight^T + bias: on the CPU in bf16, the matrix-vector kernel for
-    small decode batches and oneDNN on packed weights for the rest; torch's matmul
-    otherwise."""
-    if cpu := small_batch_linear_kernels(x, weight):
-        out = cpu.linear_small_batch(x, weight)
-        return out if bias is None else out + bias
+    """x [rows, in] -> x weight^T + bias: on the CPU in bf16 on a packed copy of the
+    weight (kernels/linear_cpu.py); torch's matmul otherwise."""
     if packed_linear_serves(x, weight):
         return packed_linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)

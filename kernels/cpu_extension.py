@@ -73,22 +73,3 @@ def elementwise_kernels(x: torch.Tensor) -> ModuleType | None:
     if not x.is_cpu or x.dtype not in ELEMENTWISE_DTYPES:
         return None
     return cpu_kernels()
-
-
-# Rows up to which the bf16 matrix-vector kernel beats torch's matmul (it re-reads x per
-# weight row, so its edge shrinks as rows grow); the C++ side accepts no more.
-SMALL_BATCH_ROWS = 4
-
-
-def small_batch_linear_kernels(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
-    """The extension where its bf16 matrix-vector kernel serves x [rows, in] @ weight^T."""
-    if not (
-        x.is_cpu
-        and x.dtype == weight.dtype == torch.bfloat16
-        and x.dim() == 2
-        and x.shape[0] <= SMALL_BATCH_ROWS
-        and x.shape[1] % 32 == 0
-    ):
-        return None
-    module = cpu_kernels()
-    return module if module is not None and module.linear_small_batch_available() else None

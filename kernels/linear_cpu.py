@@ -1,21 +1,25 @@
-"""bf16 linear layers on the CPU through oneDNN with weights packed once.
+"""bf16 linear layers on the CPU with weights packed once.
 
-torch's bf16 ``F.linear`` on the CPU calls oneDNN, which reorders the weight into its
-blocked layout on every call. Packing each weight once (``_reorder_linear_weight``)
-and multiplying with the packed copy made the model's projections 10-25% faster at
-the batch sizes of a step (64-2048 rows). (At 1-4 rows the bf16 matrix-vector kernel
-serves instead: it streams weights from memory faster still.) The packed copies
-are kept beside their weights (an extra copy of each, e.g. 270 MB for SmolLM2) and
-made again if a weight changes in place. Where oneDNN lacks these ops, torch's
-``F.linear`` runs.
+Where the C++ kernels are built with AVX512-BF16 (kernels/csrc/linear_cpu.cpp), a
+weight whose output count is a multiple of 32 and input count even is packed into
+that kernel's panels: in the offline benchmark's step shapes, with weights streamed
+from memory as in a real step, it ran 350-440 GFLOP/s at 32-128 rows where oneDNN ran
+290-370, and about twice oneDNN's rate at 1-8 rows. Other weights go to oneDNN, also
+on a copy packed once into its blocked layout (``_reorder_linear_weight``): torch's
+``F.linear`` reorders the weight on every call, 10-25% slower. A packed copy is kept
+beside its weight (e.g. 270 MB for SmolLM2) and made again if the weight changes in
+place. Where neither is available, torch's ``F.linear`` runs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from kernels.cpu_extension import cpu_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -25,21 +29,34 @@ _unavailable = False
 
 
 def packed_linear_serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``packed_linear`` takes x @ weight^T: bf16 CPU tensors where oneDNN runs."""
+    """Whether ``packed_linear`` takes x @ weight^T: bf16 CPU tensors where our kernel
+    or oneDNN runs."""
     return (
-        not _unavailable
-        and x.is_cpu
+        x.is_cpu
         and x.dtype == weight.dtype == torch.bfloat16
         and weight.dim() == 2
-        and torch.backends.mkldnn.is_available()
+        and (_kernel_serves(weight) or (not _unavailable and torch.backends.mkldnn.is_available()))
     )
 
 
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
+def _kernel_serves(weight: torch.Tensor) -> bool:
+    """Whether the AVX512-BF16 kernel takes this bf16 weight [out, in]."""
+    module = cpu_kernels()
+    return (
+        module is not None
+        and module.linear_packed_available()
+        and weight.shape[0] % 32 == 0
+        and weight.shape[1] % 2 == 0
+    )
+
+
+def _packed_weight(
+    weight: torch.Tensor, pack: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     version = weight._version
     entry = _packed.get(weight)
     if entry is None or entry[0] != version:
-        entry = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 128))
+        entry = (version, pack(weight.detach()))
         _packed[weight] = entry
     return entry[1]
 
@@ -47,11 +64,17 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., in] @ weight^T + bias by oneDNN on the packed weight (torch's F.linear if
-    the ops are missing)."""
+    """x [..., in] @ weight^T + bias by our kernel or oneDNN on the packed weight
+    (torch's F.linear if neither runs)."""
     global _unavailable
+    if _kernel_serves(weight):
+        module = cpu_kernels()
+        packed = _packed_weight(weight, module.pack_linear_weight)
+        out = module.linear_packed(x.reshape(-1, x.shape[-1]), packed, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
     try:
-        return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), bias, "none", [], "")
+        packed = _packed_weight(weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 128))
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     except (AttributeError, RuntimeError) as exc:
         _unavailable = True
         logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)

@@ -2,6 +2,7 @@
 
 #include <torch/extension.h>
 
+#include <optional>
 #include <tuple>
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
@@ -14,8 +15,10 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);
-bool linear_small_batch_available();
-at::Tensor linear_small_batch(const at::Tensor& x, const at::Tensor& weight);
+bool linear_packed_available();
+at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
@@ -36,8 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (bf16/fp16)");
   m.def("rotary", &rotary, "rotary embeddings of q and k (bf16/fp16)");
-  m.def("linear_small_batch_available", &linear_small_batch_available,
-        "whether linear_small_batch was built (AVX512-BF16)");
-  m.def("linear_small_batch", &linear_small_batch, "x W^T for <= 4 rows of bf16");
+  m.def("linear_packed_available", &linear_packed_available,
+        "whether linear_packed was built (AVX512-BF16)");
+  m.def("pack_linear_weight", &pack_linear_weight, "a bf16 weight in linear_packed's panels");
+  m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight");
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
 }
