@@ -25,7 +25,12 @@ import torch
 from kernels.activation import silu_and_mul_ref
 from kernels.cpu_extension import cpu_kernels, elementwise_kernels
 from kernels.greedy import greedy_pick_ref
-from kernels.linear_cpu import packed_linear, packed_linear_serves
+from kernels.linear_cpu import (
+    gated_linear,
+    gated_linear_serves,
+    packed_linear,
+    packed_linear_serves,
+)
 from kernels.paged_attention import (
     AttentionMetadata,
     paged_attention_ref,
@@ -147,6 +152,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul_ref(x)
 
 
+def silu_and_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu_and_mul(linear(x, weight, bias)) for a merged gate_up weight [2 * d, in]: on
+    the CPU in bf16 in one pass, SiLU-and-mul applied to the fp32 sums before they are
+    rounded (kernels/linear_cpu.py)."""
+    if gated_linear_serves(x, weight, bias):
+        return gated_linear(x, weight)
+    return silu_and_mul(linear(x, weight, bias))
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -214,6 +230,7 @@ __all__ = [
     "rope_inv_freq",
     "rotary",
     "silu_and_mul",
+    "silu_and_mul_linear",
     "store_kv",
     "triton_available",
     "use_backend",

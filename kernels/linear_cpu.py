@@ -23,8 +23,10 @@ from kernels.cpu_extension import cpu_kernels
 
 logger = logging.getLogger(__name__)
 
-# weight -> (its version when packed, packed copy); dropped with the weight.
+# weight -> (its version when packed, packed copy); dropped with the weight. Merged
+# gate_up weights packed for the fused SiLU-and-mul have a cache of their own.
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_packed_gated: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _unavailable = False
 
 
@@ -51,13 +53,15 @@ def _kernel_serves(weight: torch.Tensor) -> bool:
 
 
 def _packed_weight(
-    weight: torch.Tensor, pack: Callable[[torch.Tensor], torch.Tensor]
+    weight: torch.Tensor,
+    pack: Callable[[torch.Tensor], torch.Tensor],
+    cache: WeakIdKeyDictionary = _packed,
 ) -> torch.Tensor:
     version = weight._version
-    entry = _packed.get(weight)
+    entry = cache.get(weight)
     if entry is None or entry[0] != version:
         entry = (version, pack(weight.detach()))
-        _packed[weight] = entry
+        cache[weight] = entry
     return entry[1]
 
 
@@ -79,3 +83,24 @@ def packed_linear(
         _unavailable = True
         logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)
         return torch.nn.functional.linear(x, weight, bias)
+
+
+def gated_linear_serves(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``gated_linear`` takes silu-and-mul of x @ weight^T: bf16 CPU tensors,
+    no bias, a weight the kernel takes."""
+    return (
+        bias is None
+        and x.is_cpu
+        and x.dtype == weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and _kernel_serves(weight)
+    )
+
+
+def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in], weight [2 * d, in] (gate rows, then up rows) -> silu(gate) * up
+    [..., d], from the kernel's fp32 sums in one pass."""
+    module = cpu_kernels()
+    packed = _packed_weight(weight, module.pack_gated_linear_weight, _packed_gated)
+    out = module.linear_packed(x.reshape(-1, x.shape[-1]), packed, None, gated=True)
+    return out.view(*x.shape[:-1], weight.shape[0] // 2)

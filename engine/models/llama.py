@@ -105,7 +105,8 @@ class MLP(DirectCall, nn.Module):
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        return self.down_proj(kernels.silu_and_mul_linear(x, gate_up.weight, gate_up.bias))
 
 
 class RMSNorm(DirectCall, nn.Module):

@@ -17,8 +17,9 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
 at::Tensor silu_and_mul(const at::Tensor& x);
 bool linear_packed_available();
 at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
-                         const std::optional<at::Tensor>& bias);
+                         const std::optional<at::Tensor>& bias, bool gated);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
@@ -42,6 +43,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_packed_available", &linear_packed_available,
         "whether linear_packed was built (AVX512-BF16)");
   m.def("pack_linear_weight", &pack_linear_weight, "a bf16 weight in linear_packed's panels");
-  m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight");
+  m.def("pack_gated_linear_weight", &pack_gated_linear_weight,
+        "a merged gate_up weight in linear_packed's gated panels");
+  m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight",
+        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false);
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
 }

@@ -23,6 +23,7 @@
 
 #include "load_row.h"
 #include "parallel_by_work.h"
+#include "vector_math.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -42,23 +43,6 @@ namespace {
 constexpr int64_t kTile = 16;
 // Masked scores and the running maximum's start: finite, as -ffast-math assumes.
 constexpr float kMasked = -1e30f;
-
-// e^x for each lane, to ~1e-7 relative: 2^(x log2 e) split into an integer power
-// (applied by scalef) and a fraction in [-0.5, 0.5] (a degree-6 polynomial).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
 

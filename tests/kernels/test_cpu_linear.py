@@ -59,3 +59,30 @@ def test_other_shapes_go_to_onednn(out_features, in_features):
     with pytest.raises(RuntimeError):
         cpu_kernels().pack_linear_weight(weight)
     assert_matches_fp32(kernels.linear(x, weight), x, weight, None)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 13, 64])
+@pytest.mark.parametrize(("intermediate", "in_features"), [(16, 64), (1536, 576)])
+def test_gated_matches_silu_and_mul_of_an_fp32_matmul(rows, intermediate, in_features):
+    x, weight = randn(rows, in_features), randn(2 * intermediate, in_features, seed=1) * 0.2
+    sums = torch.nn.functional.linear(x.float(), weight.float())
+    gate, up = sums.split(intermediate, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    actual = kernels.silu_and_mul_linear(x, weight)
+    assert actual.dtype == torch.bfloat16 and actual.shape == (rows, intermediate)
+    # From the fp32 sums: only the result's bf16 rounding (unfused, gate and up were
+    # rounded first as well).
+    scale = expected.abs().clamp_min(1.0)
+    assert ((actual.float() - expected).abs() / scale).max() < 2 * 2**-7
+    unfused = kernels.silu_and_mul(kernels.linear(x, weight))
+    assert ((actual.float() - unfused.float()).abs() / scale).max() < 4 * 2**-7
+
+
+def test_gated_leaves_bias_and_other_dtypes_to_the_unfused_ops():
+    x, weight, bias = randn(5, 64), randn(64, 64, seed=1), randn(64, seed=2)
+    expected = kernels.silu_and_mul(kernels.linear(x, weight, bias))
+    assert torch.equal(kernels.silu_and_mul_linear(x, weight, bias), expected)
+    xf, wf = x.float(), weight.float()
+    assert torch.equal(
+        kernels.silu_and_mul_linear(xf, wf), kernels.silu_and_mul(kernels.linear(xf, wf))
+    )
