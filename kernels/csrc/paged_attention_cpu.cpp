@@ -213,6 +213,24 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
 }
 #endif
 
+// body(std::integral_constant<int, HEADS>, h0, offset) for each run of up to 4 heads
+// h0 .. h0 + HEADS - 1 that share one KV head (whose dims start at offset): the value
+// passes weigh a value row for all of a run's heads at once, with the count a constant
+// so that the sums stay in registers.
+template <typename Body>
+inline void for_each_head_run(int64_t num_heads, int64_t group, int64_t head_dim, const Body& body) {
+  for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
+    const int64_t offset = (h0 / group) * head_dim;
+    heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
+    switch (heads) {
+      case 4: body(std::integral_constant<int, 4>{}, h0, offset); break;
+      case 3: body(std::integral_constant<int, 3>{}, h0, offset); break;
+      case 2: body(std::integral_constant<int, 2>{}, h0, offset); break;
+      default: body(std::integral_constant<int, 1>{}, h0, offset); break;
+    }
+  }
+}
+
 #if defined(__AVX512BF16__)
 // acc[h0 + j] += sum over the tile's rows of pairs[h0 + j][i / 2] * rows[i] for HEADS
 // heads sharing one KV head and 32 * CHUNKS dims, on AVX512-BF16's dot instruction:
@@ -274,16 +292,10 @@ inline void weigh_values_bf16(const uint32_t* pairs, int64_t pairs_stride,
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const uint32_t* p = pairs + t0 / 2;
-    for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
-      const int64_t offset = (h0 / group) * head_dim;
-      heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
-      switch (heads) {
-        case 4: weigh_row_pairs_all_dims<4>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
-        case 3: weigh_row_pairs_all_dims<3>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
-        case 2: weigh_row_pairs_all_dims<2>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
-        default: weigh_row_pairs_all_dims<1>(p, pairs_stride, rows, count, h0, offset, head_dim, acc); break;
-      }
-    }
+    for_each_head_run(num_heads, group, head_dim, [&](auto heads, int64_t h0, int64_t offset) {
+      weigh_row_pairs_all_dims<decltype(heads)::value>(p, pairs_stride, rows, count, h0, offset,
+                                                       head_dim, acc);
+    });
   }
 }
 
@@ -351,17 +363,10 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
   const scalar_t* const* rows = tiles.rows;
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
-    for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
-      const int64_t offset = (h0 / group) * head_dim;
-      heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
-      const float* p = probs + t0;
-      switch (heads) {
-        case 4: weigh_rows_all_dims<4>(p, n, rows, count, h0, offset, head_dim, acc); break;
-        case 3: weigh_rows_all_dims<3>(p, n, rows, count, h0, offset, head_dim, acc); break;
-        case 2: weigh_rows_all_dims<2>(p, n, rows, count, h0, offset, head_dim, acc); break;
-        default: weigh_rows_all_dims<1>(p, n, rows, count, h0, offset, head_dim, acc); break;
-      }
-    }
+    const float* p = probs + t0;
+    for_each_head_run(num_heads, group, head_dim, [&](auto heads, int64_t h0, int64_t offset) {
+      weigh_rows_all_dims<decltype(heads)::value>(p, n, rows, count, h0, offset, head_dim, acc);
+    });
   }
 }
 #endif
