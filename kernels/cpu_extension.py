@@ -1,37 +1,32 @@
-"""The CPU kernels in kernels/csrc, compiled on first use.
+"""The CPU kernels in kernels/csrc: built at install time, or compiled on first use.
 
-torch's cpp_extension builds them with the machine's own compiler and flags (-O3
--march=native: they run where they are built) and keeps the library under
-TORCH_EXTENSIONS_DIR, so only the first process on a machine pays the build (about a
-minute on 2 cores); later ones load it in well under a second. Where the build fails
-(no compiler, no ninja) a warning says so once and the torch code runs instead, with
-the same results, more slowly. ``HETERO_CPU_KERNELS=0`` turns the kernels off.
+``pip install`` (``make install``) compiles them into the package for the installing
+machine (see kernels/cpu_build.py); they load here in well under a second. Where no
+usable build was installed (torch was not importable at build time, the sources or
+torch changed since, or this CPU lacks an instruction the build used), torch's
+cpp_extension compiles them on first use, keeping the library under
+TORCH_EXTENSIONS_DIR, so only the first process on a machine pays (about a minute on
+2 cores). Where that fails too (no compiler) a warning says so once and the torch code
+runs instead, with the same results, more slowly. ``HETERO_CPU_KERNELS=0`` turns the
+kernels off.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import json
 import logging
 import os
 import time
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from kernels import cpu_build
+
 logger = logging.getLogger(__name__)
 
-SOURCES = [
-    Path(__file__).parent / "csrc" / name
-    for name in (
-        "bindings.cpp",
-        "paged_attention_cpu.cpp",
-        "prefill_attention_cpu.cpp",
-        "elementwise_cpu.cpp",
-        "linear_cpu.cpp",
-        "greedy_cpu.cpp",
-    )
-]
 # The elementwise kernels serve the reduced-precision dtypes only: fp32 runs the torch
 # references, whose rounding matches transformers' exactly.
 ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16)
@@ -42,30 +37,47 @@ def cpu_kernels() -> ModuleType | None:
     """The compiled extension, or None where it cannot be built (or is turned off)."""
     if os.environ.get("HETERO_CPU_KERNELS", "1") == "0":
         return None
-    try:
-        import ninja  # the build tool torch drives; its wheel carries the binary
+    started = time.perf_counter()
+    module = _installed_build() or _build_now()
+    if module is not None:
+        logger.info("CPU kernels ready in %.1f s", time.perf_counter() - started)
+    return module
 
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    except ImportError:
-        pass  # a ninja already on PATH will do
+
+def _installed_build() -> ModuleType | None:
+    """The library built at install time, where it fits this torch, source and CPU."""
+    info_path = cpu_build.SOURCE_DIR.parent / cpu_build.BUILD_INFO_FILE
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, ValueError):
+        return None  # not built at install time
+    reason = cpu_build.mismatch(info, torch.__version__)
+    if reason is not None:
+        logger.warning("the CPU kernels built at install time do not fit: %s", reason)
+        return None
+    try:
+        return importlib.import_module(f"kernels.{cpu_build.EXTENSION_NAME}")
+    except ImportError as exc:
+        logger.warning("the CPU kernels built at install time do not load: %s", exc)
+        return None
+
+
+def _build_now() -> ModuleType | None:
+    cpu_build.put_ninja_on_path()
     from torch.utils import cpp_extension
 
-    started = time.perf_counter()
+    logger.info("compiling the CPU kernels (once per machine; about a minute)")
     try:
-        module = cpp_extension.load(
-            name="hetero_cpu_kernels",
-            sources=[str(path) for path in SOURCES],
-            # at::parallel_for is OpenMP in torch's headers: without -fopenmp every kernel
-            # runs on one thread (it links the libgomp torch has already loaded).
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(SOURCES[0].parent)],
+        return cpp_extension.load(
+            name=cpu_build.EXTENSION_NAME,
+            sources=[str(path) for path in cpu_build.source_paths()],
+            extra_cflags=cpu_build.CFLAGS,
+            extra_ldflags=cpu_build.LDFLAGS,
+            extra_include_paths=[str(cpu_build.SOURCE_DIR)],
         )
     except Exception as exc:  # no compiler, no ninja, ...: slower, not broken
         logger.warning("CPU kernels unavailable, running torch ops instead: %s", exc)
         return None
-    logger.info("CPU kernels ready in %.1f s", time.perf_counter() - started)
-    return module
 
 
 def elementwise_kernels(x: torch.Tensor) -> ModuleType | None:
