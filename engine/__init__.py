@@ -1,7 +1,9 @@
 """Hetero-Paged-Infer's engine: continuous batching over a paged KV cache.
 
-``from engine import LLMEngine, EngineConfig, SamplingParams``. Names load on first
-use, so importing one small part (e.g. engine.block_manager) stays cheap.
+``from engine import LLMEngine, EngineConfig, SamplingParams`` (vLLM's and mini-infer's
+API), or ``from engine import InferenceEngine, GenerationParams`` (the Rust seed's).
+Names load on first use, so importing one small part (e.g. engine.block_manager) stays
+cheap.
 """
 
 from __future__ import annotations
@@ -26,7 +28,22 @@ _EXPORTS = {
     "EngineConfig": "engine.config",
     "LLMEngine": "engine.llm_engine",
     "RequestOutput": "engine.outputs",
+    "GenerateOutput": "engine.outputs",
     "SamplingParams": "engine.sampling_params",
+    # The Hetero-Paged-Infer seed's API.
+    "InferenceEngine": "engine.inference_engine",
+    "GenerationParams": "engine.inference_engine",
+    "CompletedRequest": "engine.inference_engine",
+    "MemoryStats": "engine.inference_engine",
+    # Errors (both seeds' names).
+    "EngineError": "engine.exceptions",
+    "ConfigError": "engine.exceptions",
+    "ModelNotFoundError": "engine.exceptions",
+    "ValidationError": "engine.exceptions",
+    "InvalidRequestError": "engine.exceptions",
+    "OutOfMemoryError": "engine.exceptions",
+    "SchedulerError": "engine.exceptions",
+    "ExecutionError": "engine.exceptions",
 }
 
 __all__ = list(_EXPORTS)

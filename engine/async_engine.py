@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from engine.exceptions import ExecutionError, SchedulerError
 from engine.llm_engine import LLMEngine, Prompt
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -24,7 +25,7 @@ from engine.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(ExecutionError):
     """The engine loop has stopped on an error; no request can be served."""
 
 
@@ -39,8 +40,11 @@ class _NewRequest:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_pending: int | None = None) -> None:
+        """``max_pending``: requests accepted and not finished, beyond which new ones
+        are refused with SchedulerError (None: no limit)."""
         self.engine = engine
+        self.max_pending = max_pending
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._new: list[_NewRequest] = []
         self._aborts: set[str] = set()
@@ -81,11 +85,14 @@ class AsyncEngine:
 
         With n > 1 the outputs of the n choices interleave (``output.index`` says
         which); the iteration ends after the last choice's finished output.
-        ValueError for bad input is raised before the first output. Leaving the
+        ValidationError (a ValueError) for bad input and SchedulerError for a full
+        queue are raised before the first output. Leaving the
         iteration early (a client that went away) aborts the request.
         """
         if self.dead_error is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead_error
+        if self.max_pending is not None and len(self._queues) >= self.max_pending:
+            raise SchedulerError("too many requests are waiting; retry later")
         new = _NewRequest(prompt, params, request_id)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue

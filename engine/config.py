@@ -13,13 +13,22 @@ from dataclasses import InitVar, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from engine.exceptions import ConfigError
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
-# Keys users of the seed APIs write, mapped to our field names.
-ALIASES = {"max_total_tokens": "max_num_batched_tokens"}
+# Keys users of the seed APIs write (see EngineConfig's InitVars).
+ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
+# Sections of the seed's config.json that belong to the server (server/cli.py reads them).
+SERVER_SECTIONS = ("serving",)
+# Keys of the seed's config.json with no meaning here: refused, saying why.
+UNSUPPORTED_SEED_KEYS = {
+    "max_retry_attempts": "a failed step is not retried: it fails its requests",
+    "special_tokens": "special token ids come from the model's tokenizer",
+}
 
 
 @dataclass(frozen=True)
@@ -63,10 +72,18 @@ class EngineConfig:
 
     # The seed API's name for max_num_batched_tokens.
     max_total_tokens: InitVar[int | None] = None
+    # The seed API's most sequences in one step. Here every running sequence takes
+    # part in every step, so it caps max_num_seqs (the seed's config.json gives both,
+    # e.g. 32 and 256: 32 sequences run at once).
+    max_batch_size: InitVar[int | None] = None
 
-    def __post_init__(self, max_total_tokens: int | None) -> None:
+    def __post_init__(self, max_total_tokens: int | None, max_batch_size: int | None) -> None:
         if max_total_tokens is not None:
             object.__setattr__(self, "max_num_batched_tokens", max_total_tokens)
+        if max_batch_size is not None:
+            _check_int("max_batch_size", max_batch_size, minimum=1)
+            _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
+            object.__setattr__(self, "max_num_seqs", min(self.max_num_seqs, max_batch_size))
         self._validate()
 
     def _validate(self) -> None:
@@ -84,16 +101,16 @@ class EngineConfig:
         for name in ("memory_threshold", "gpu_memory_utilization"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+                raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
         for name in ("enable_prefix_caching", "enforce_eager", "overlap_steps"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("model", "tokenizer"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")
+                raise ConfigError(f"{name} must be a non-empty string or null, got {value!r}")
         if self.preemption_mode == "swap" and self.num_cpu_blocks == 0:
-            raise ValueError("preemption_mode 'swap' needs num_cpu_blocks > 0")
+            raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
 
     @property
     def use_swap(self) -> bool:
@@ -110,12 +127,19 @@ class EngineConfig:
         """Build from a flat mapping; unknown keys are an error naming the key."""
         known = set(cls.field_names())
         for key in values:
+            if key in UNSUPPORTED_SEED_KEYS:
+                raise ConfigError(
+                    f"{source}: {key!r} is not supported: {UNSUPPORTED_SEED_KEYS[key]}"
+                )
             if key not in known:
-                raise ValueError(f"{source}: unknown key {key!r}")
+                raise ConfigError(f"{source}: unknown key {key!r}")
+        tokenizer = values.get("tokenizer")
+        if isinstance(tokenizer, dict):  # the seed's {"kind": ..., "path": ...}
+            values = {**values, "tokenizer": _seed_tokenizer(tokenizer, source)}
         try:
             return cls(**values)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: {exc}") from exc
+            raise ConfigError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> EngineConfig:
@@ -124,14 +148,15 @@ class EngineConfig:
         try:
             data = json.loads(path.read_text())
         except OSError as exc:
-            raise ValueError(f"{path}: cannot read config file: {exc.strerror}") from exc
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+            raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object at the top level")
+            raise ConfigError(f"{path}: expected a JSON object at the top level")
         if isinstance(data.get("engine"), dict):
             data = data["engine"]
-        data = {k: v for k, v in data.items() if not k.startswith("_")}  # "_comment" keys
+        # "_comment" keys, and the server's section of the seed's layout.
+        data = {k: v for k, v in data.items() if not k.startswith("_") and k not in SERVER_SECTIONS}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data, source=str(path))
 
@@ -142,11 +167,33 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
+def read_section(path: str | Path, section: str) -> dict[str, Any]:
+    """One section of a config file (e.g. the seed's "serving"); {} when it has none.
+    The file was already read and checked by from_file."""
+    data = json.loads(Path(path).read_text())
+    value = data.get(section) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _seed_tokenizer(spec: dict[str, Any], source: str) -> str | None:
+    """The seed's tokenizer section -> a tokenizer source (None: the model's own)."""
+    kind, path = spec.get("kind", "huggingface"), spec.get("path")
+    if set(spec) - {"kind", "path"} or kind not in ("huggingface", "simple"):
+        raise ConfigError(f"{source}: tokenizer must be {{'kind': 'huggingface', 'path': ...}}")
+    if kind == "simple":
+        raise ConfigError(
+            f"{source}: tokenizer kind 'simple' (the seed's test tokenizer) does not fit a real "
+            "model: give 'huggingface' with a path (or null for the model's own), or pass a "
+            "tokenizer object to the engine"
+        )
+    return path
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")

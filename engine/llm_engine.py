@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from engine import host_memory, loader
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.exceptions import ConfigError, OutOfMemoryError, ValidationError
 from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner, Sampled
 from engine.models import build_model
@@ -54,8 +55,14 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, tokenizer: Any = None, **overrides: Any
+    ) -> None:
+        """``tokenizer``: a tokenizer path (as the config's field) or a tokenizer object:
+        a Hugging Face one, or any object with encode/decode (see engine.tokenizer)."""
         config = config or EngineConfig()
+        if isinstance(tokenizer, str):
+            overrides["tokenizer"] = tokenizer
         if overrides:
             config = config.replace(**overrides)
         self.config = config
@@ -66,20 +73,19 @@ class LLMEngine:
         self.model_config = loader.load_config(source)
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.model = self._load_model(source)
-        hf_tokenizer = (
-            loader.load_tokenizer(loader.resolve_model(config.tokenizer))
-            if config.tokenizer
-            else loader.load_tokenizer(source)
-        )
-        self.tokenizer = Tokenizer(hf_tokenizer, _config_eos_ids(self.model_config))
+        if tokenizer is None or isinstance(tokenizer, str):
+            tokenizer = loader.load_tokenizer(
+                loader.resolve_model(config.tokenizer) if config.tokenizer else source
+            )
+        self.tokenizer = Tokenizer(tokenizer, _config_eos_ids(self.model_config))
         self.structured_output = StructuredOutput(
-            hf_tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
+            tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
         )
         self.max_model_len = self._resolve_max_model_len()
         self.runner = ModelRunner(config, self.model, self.device, self.dtype)
         capacity = self.runner.num_blocks * config.block_size
         if capacity < self.max_model_len:
-            raise ValueError(
+            raise OutOfMemoryError(
                 f"max_num_blocks: the KV cache holds {capacity} tokens "
                 f"({self.runner.num_blocks} blocks of {config.block_size}), fewer than "
                 f"max_model_len ({self.max_model_len}); add blocks or lower max_model_len"
@@ -137,7 +143,7 @@ class LLMEngine:
         if self.config.max_model_len is None:
             return limit
         if self.config.max_model_len > limit:
-            raise ValueError(
+            raise ConfigError(
                 f"max_model_len ({self.config.max_model_len}) is larger than the model's "
                 f"max_position_embeddings ({limit})"
             )
@@ -150,18 +156,25 @@ class LLMEngine:
         prompt: Prompt,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
+        max_tokens: int | None = None,
     ) -> str:
-        """Queue a request; returns its id. Bad input raises ValueError naming the field."""
+        """Queue a request; returns its id. Bad input raises ValidationError (a
+        ValueError) naming the field. ``max_tokens`` overrides the params' own (the
+        mini-infer form: ``add_request(prompt=..., max_tokens=..., sampling_params=...)``).
+        """
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be a SamplingParams")
+            raise ValidationError("sampling_params must be a SamplingParams")
+        if max_tokens is not None:
+            params = dataclasses.replace(params, max_tokens=max_tokens)
         prompt_text, token_ids = self._tokenize(prompt)
         self.check_params(params)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         choice_ids = [choice_id(request_id, i) for i in range(params.n)]
         if any(i in self._requests or i in self._finished for i in choice_ids):
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise ValidationError(f"request_id {request_id!r} is already in use")
         seqs = []
         for index, seq_id in enumerate(choice_ids):
             seq = Sequence(
@@ -212,25 +225,26 @@ class LLMEngine:
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt must not be empty")
+                raise ValidationError("prompt must not be empty")
             token_ids = self.tokenizer.encode(prompt)
             text: str | None = prompt
         elif isinstance(prompt, list | tuple) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
             token_ids, text = list(prompt), None
-            vocab = self.model_config.vocab_size
-            bad = [t for t in token_ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(
-                    f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})"
-                )
         else:
-            raise ValueError("prompt must be a string or a list of token ids")
+            raise ValidationError("prompt must be a string or a list of token ids")
         if not token_ids:
-            raise ValueError("prompt must not be empty")
+            raise ValidationError("prompt must not be empty")
+        # (Checked for encoded text too: a plugged-in tokenizer may not fit the model.)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationError(
+                f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})"
+            )
         if len(token_ids) > self.max_model_len:
-            raise ValueError(
+            raise ValidationError(
                 f"prompt: {len(token_ids)} tokens is longer than max_model_len "
                 f"({self.max_model_len})"
             )
@@ -255,8 +269,8 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self._unsent)
 
     def get_output(self, request_id: str) -> RequestOutput | None:
-        request = self._requests.get(request_id)
-        return request.output if request is not None else self._finished.get(request_id)
+        """A finished request's output; None while it runs (or once forgotten)."""
+        return self._finished.get(request_id)
 
     def memory_stats(self) -> dict[str, Any]:
         stats = self.block_manager.memory_stats()
@@ -413,10 +427,24 @@ class LLMEngine:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        **sampling: Any,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in the prompts' order.
 
-        With n > 1 a prompt gives n outputs, one per choice, next to each other."""
+        Sampling comes as SamplingParams, or as their fields in keyword form
+        (``generate(prompts=[...], max_tokens=100, temperature=0.8, top_p=0.95)``, as
+        mini-infer writes it). With n > 1 a prompt gives n outputs, one per choice, next
+        to each other."""
+        if sampling:
+            if sampling_params is not None:
+                raise ValidationError(
+                    "give sampling_params or their fields as keywords, not both",
+                    param="sampling_params",
+                )
+            try:
+                sampling_params = SamplingParams(**sampling)
+            except TypeError as exc:
+                raise ValidationError(f"generate: {exc}", param="sampling_params") from None
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -427,7 +455,9 @@ class LLMEngine:
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
+                raise ValidationError(
+                    f"sampling_params: {len(params)} given for {len(prompts)} prompts"
+                )
         ids: list[str] = []  # every choice of every prompt, in order
         try:
             for prompt, sp in zip(prompts, params, strict=True):
@@ -465,7 +495,7 @@ def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but no CUDA GPU is available")
+        raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available")
     return torch.device(device)
 
 

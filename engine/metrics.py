@@ -28,6 +28,15 @@ class EngineMetrics:
         """Generated tokens per second of engine work."""
         return self.tokens_generated / self.busy_time if self.busy_time else 0.0
 
+    # The Hetero-Paged-Infer seed's names for the same figures.
+    @property
+    def avg_latency_ms(self) -> float:
+        return self.average_latency * 1000
+
+    @property
+    def throughput_tok_per_sec(self) -> float:
+        return self.throughput
+
     def as_dict(self) -> dict[str, float]:
         return {
             "requests_processed": self.requests_processed,

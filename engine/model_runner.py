@@ -22,6 +22,7 @@ import torch
 
 import kernels
 from engine.config import EngineConfig
+from engine.exceptions import ConfigError, OutOfMemoryError
 from engine.host_memory import zeros_on_huge_pages
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
@@ -117,7 +118,7 @@ class ModelRunner:
             budget = self.config.kv_cache_memory
         num_blocks = budget // self.bytes_per_block
         if num_blocks < 1:
-            raise ValueError(
+            raise OutOfMemoryError(
                 f"no memory left for the KV cache (budget {budget} bytes, one block needs "
                 f"{self.bytes_per_block}); raise kv_cache_memory or gpu_memory_utilization"
             )
@@ -325,12 +326,12 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     """The kernel backend steps run under; errors for a "triton" that cannot run."""
     if backend == "triton":
         if not kernels.triton_available():
-            raise ValueError("attention_backend 'triton' needs the triton package installed")
+            raise ConfigError("attention_backend 'triton' needs the triton package installed")
         if device.type == "cpu":
             from kernels.triton_utils import interpreting
 
             if not interpreting():
-                raise ValueError(
+                raise ConfigError(
                     "attention_backend 'triton' on the CPU runs only in Triton's interpreter "
                     "(TRITON_INTERPRET=1, slow: for tests); use 'auto' or 'torch'"
                 )

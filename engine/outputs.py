@@ -55,3 +55,7 @@ class RequestOutput:
 
     def __post_init__(self) -> None:
         self.group_id = self.group_id or self.request_id
+
+
+# mini-infer's name for the same.
+GenerateOutput = RequestOutput

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.exceptions import ValidationError
+
 # Below this a temperature means greedy: dividing logits by it would overflow.
 GREEDY_EPSILON = 1e-5
 # Stop strings are searched in every step's new text: bound the work a request can ask for.
@@ -48,70 +50,76 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+            raise ValidationError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise ValidationError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+            raise ValidationError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+            raise ValidationError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ValidationError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(
+            raise ValidationError(
                 f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}"
             )
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise ValidationError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, int)
             or not 0 <= self.seed < 2**63  # torch generators take int64
         ):
-            raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
+            raise ValidationError(
+                f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}"
+            )
         if self.top_k == 0:
             self.top_k = -1
         self._check_stops()
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+                raise ValidationError(
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}"
+                )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+                raise ValidationError(f"{name} must be in [-2, 2], got {value!r}")
         if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 100:
-            raise ValueError(
+            raise ValidationError(
                 f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}"
             )
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
-            raise ValueError("json_schema must be a JSON schema object")
+            raise ValidationError("json_schema must be a JSON schema object")
         if not isinstance(self.logit_bias, dict):
-            raise ValueError("logit_bias must map token ids to biases")
+            raise ValidationError("logit_bias must map token ids to biases")
         for token_id, bias in self.logit_bias.items():
             if not _is_int(token_id) or token_id < 0:
-                raise ValueError(f"logit_bias: token id {token_id!r} is not a token id")
+                raise ValidationError(f"logit_bias: token id {token_id!r} is not a token id")
             if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias: bias {bias!r} must be in [-100, 100]")
+                raise ValidationError(f"logit_bias: bias {bias!r} must be in [-100, 100]")
 
     def _check_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-            raise ValueError("stop must be a string or a list of strings")
+            raise ValidationError("stop must be a string or a list of strings")
         self.stop = [s for s in self.stop if s]  # "" would stop before the first token
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+            raise ValidationError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
-            raise ValueError(f"stop: each string must be at most {MAX_STOP_STRING_CHARS} chars")
+            raise ValidationError(
+                f"stop: each string must be at most {MAX_STOP_STRING_CHARS} chars"
+            )
         if not isinstance(self.stop_token_ids, list) or not all(
             _is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValueError("stop_token_ids must be a list of token ids")
+            raise ValidationError("stop_token_ids must be a list of token ids")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            raise ValidationError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
-            raise ValueError(
+            raise ValidationError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
 
@@ -120,7 +128,7 @@ class SamplingParams:
         for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise ValueError(
+                raise ValidationError(
                     f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
                 )
 

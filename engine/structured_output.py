@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from engine.exceptions import ValidationError
+
 # Compact JSON: without this the grammar lets a model pad with endless whitespace.
 _JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
@@ -37,7 +39,7 @@ class StructuredOutput:
             import llguidance.hf
 
             if not getattr(self._hf_tokenizer, "is_fast", False):
-                raise ValueError("response_format needs a fast (tokenizers) tokenizer")
+                raise ValidationError("response_format needs a fast (tokenizers) tokenizer")
             self._lltokenizer = llguidance.hf.from_tokenizer(
                 self._hf_tokenizer,
                 n_vocab=self._vocab_size,
@@ -48,10 +50,12 @@ class StructuredOutput:
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"response_format: the schema is not usable: {exc}") from None
+            raise ValidationError(f"response_format: the schema is not usable: {exc}") from None
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"response_format: the schema is not usable: {matcher.get_error()}")
+            raise ValidationError(
+                f"response_format: the schema is not usable: {matcher.get_error()}"
+            )
         return matcher
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
+from engine.exceptions import ConfigError, ValidationError
+
 logger = logging.getLogger(__name__)
 
 # How many prompt tokens the detokenizer's first window reaches back (vLLM uses the same
@@ -32,33 +34,48 @@ _REPLACEMENT_CHAR = "\ufffd"
 
 
 class Tokenizer:
-    """The engine's view of a Hugging Face tokenizer: ids in, ids out, nothing else."""
+    """The engine's view of a tokenizer: ids in, ids out, nothing else.
 
-    def __init__(
-        self, hf_tokenizer: PreTrainedTokenizerBase, extra_eos_token_ids: Iterable[int] = ()
-    ) -> None:
-        self._hf = hf_tokenizer
+    Usually a Hugging Face tokenizer. Any other object with ``encode(text) -> ids`` and
+    ``decode(ids) -> text`` plugs in too (the seed's ``TokenizerTrait``), with an
+    ``eos_token_id`` (attribute or method) if it has one; chat templates and
+    response_format need a Hugging Face tokenizer.
+    """
+
+    def __init__(self, tokenizer: Any, extra_eos_token_ids: Iterable[int] = ()) -> None:
+        self._hf = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
+        if self._hf is None and not (
+            callable(getattr(tokenizer, "encode", None))
+            and callable(getattr(tokenizer, "decode", None))
+        ):
+            raise ConfigError("tokenizer must have encode(text) and decode(token_ids) methods")
+        self._tokenizer = tokenizer
         eos_ids: set[int] = set()
-        if hf_tokenizer.eos_token_id is not None:
-            eos_ids.add(int(hf_tokenizer.eos_token_id))
+        own_eos = _attribute(tokenizer, "eos_token_id")
+        if own_eos is not None:
+            eos_ids.add(int(own_eos))
         for token_id in extra_eos_token_ids:
             # A model's generation_config may list eos ids the tokenizer does not mark
             # (e.g. <|eot_id|> next to <|end_of_text|>): stopping needs all of them.
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise ValueError(f"eos token ids must be non-negative integers, got {token_id!r}")
+                raise ConfigError(f"eos token ids must be non-negative integers, got {token_id!r}")
             eos_ids.add(token_id)
         self._eos_token_ids = frozenset(eos_ids)
-        self._special_token_ids = _special_token_ids(hf_tokenizer)
-        self._byte_token_ids = _byte_fallback_token_ids(hf_tokenizer)
+        hf = self._hf
+        self._special_token_ids = _special_token_ids(hf) if hf is not None else frozenset()
+        self._byte_token_ids = _byte_fallback_token_ids(hf) if hf is not None else frozenset()
 
     @property
-    def hf_tokenizer(self) -> PreTrainedTokenizerBase:
+    def hf_tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The Hugging Face tokenizer; None for a plugged-in one."""
         return self._hf
 
     @property
-    def vocab_size(self) -> int:
-        # len() counts added tokens; the HF attribute `vocab_size` does not.
-        return len(self._hf)
+    def vocab_size(self) -> int | None:
+        if self._hf is not None:
+            # len() counts added tokens; the HF attribute `vocab_size` does not.
+            return len(self._hf)
+        return _attribute(self._tokenizer, "vocab_size")
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -75,9 +92,13 @@ class Tokenizer:
         return self._byte_token_ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._hf is None:
+            return [int(i) for i in self._tokenizer.encode(text)]
         return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._hf is None:
+            return self._tokenizer.decode(list(ids))
         # No clean-up of spaces before punctuation: it rewrites text across token
         # boundaries, which a stream that has already sent the space cannot follow.
         return self._hf.decode(
@@ -87,8 +108,8 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
-        if not getattr(self._hf, "chat_template", None):
-            raise ValueError(
+        if not getattr(self._hf, "chat_template", None):  # (None for a plugged-in tokenizer)
+            raise ValidationError(
                 "this tokenizer has no chat template; send a plain prompt "
                 "(/v1/completions) or use a model whose tokenizer defines one"
             )
@@ -102,7 +123,9 @@ class Tokenizer:
         except jinja2.TemplateError as e:
             # Templates reject bad conversations (roles out of order, ...) this way:
             # that is the caller's input, not our bug.
-            raise ValueError(f"chat template rejected the messages: {e}") from e
+            raise ValidationError(
+                f"chat template rejected the messages: {e}", param="messages"
+            ) from e
         # transformers 5 returns a BatchEncoding here; older versions a plain list.
         ids = out["input_ids"] if isinstance(out, Mapping) else out
         return [int(i) for i in ids]
@@ -246,6 +269,12 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(
             self._ids[start:stop], skip_special_tokens=self._skip_special_tokens
         )
+
+
+def _attribute(tokenizer: Any, name: str) -> Any:
+    """A plugged-in tokenizer's value: an attribute, or a method as the seed's trait has."""
+    value = getattr(tokenizer, name, None)
+    return value() if callable(value) else value
 
 
 def _special_token_ids(hf_tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.async_engine import AsyncEngine
+from engine.exceptions import EngineError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from server import middleware
@@ -56,8 +57,6 @@ class ServerState:
             raise _unavailable("the engine has failed")
         if self.engine is None or not self.ready:
             raise _unavailable("the model is still loading")
-        if self.engine.num_pending >= self.settings.max_waiting_requests:
-            raise _unavailable("too many requests are waiting; retry later")
         return self.engine
 
 
@@ -95,7 +94,7 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
     try:
         if engine is None:
             engine = await asyncio.to_thread(LLMEngine, state.settings.engine)
-        state.engine = AsyncEngine(engine)
+        state.engine = AsyncEngine(engine, max_pending=state.settings.max_waiting_requests)
         state.engine.start()
         # One real request through the whole path before we call ourselves ready.
         warmup = SamplingParams(max_tokens=1, temperature=0.0)
@@ -122,6 +121,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return _ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(EngineError)
+    async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        return await api_error(request, APIError.from_exception(exc))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

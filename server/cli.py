@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, read_section
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from server.settings import ServerSettings
@@ -38,6 +38,9 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--max-num-seqs", "max_num_seqs", int),
     ("--max-model-len", "max_model_len", int),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int),
+    # The seed's names for the same limits (see EngineConfig).
+    ("--max-total-tokens", "max_total_tokens", int),
+    ("--max-batch-size", "max_batch_size", int),
     ("--memory-threshold", "memory_threshold", float),
     ("--kv-cache-memory", "kv_cache_memory", int),
     ("--attention-backend", "attention_backend", str),
@@ -45,7 +48,7 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="JSON file of engine settings (e.g. config.json)")
+    parser.add_argument("--config", "-c", help="JSON file of engine settings (e.g. config.json)")
     parser.add_argument(
         "--enforce-eager",
         action="store_true",
@@ -70,10 +73,14 @@ def engine_config_from_args(
     flags += [("seed", int), ("enforce_eager", _parse_bool), ("overlap_steps", _parse_bool)]
     overrides = _from_env(flags, environ)
     overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
-    config_file = args.config or environ.get(f"{ENV_PREFIX}CONFIG")
+    config_file = _config_file(args, environ)
     if config_file:
         return EngineConfig.from_file(config_file, **overrides)
     return EngineConfig.from_dict(overrides, "flags")
+
+
+def _config_file(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    return args.config or environ.get(f"{ENV_PREFIX}CONFIG")
 
 
 def _parse_bool(text: str) -> bool:
@@ -97,11 +104,13 @@ def _from_env(fields: list[tuple[str, type]], environ: Mapping[str, str]) -> dic
     return values
 
 
+# The seed's config.json "serving" keys -> ServerSettings fields.
+SEED_SERVING_KEYS = {"host": "host", "port": "port", "model_name": "served_model_name"}
+
 # Server flags: (flag, ServerSettings field, type).
 SERVER_FLAGS: list[tuple[str, str, type]] = [
     ("--host", "host", str),
     ("--port", "port", int),
-    ("--served-model-name", "served_model_name", str),
     ("--api-key", "api_key", str),
     ("--allowed-origins", "allowed_origins", str),
     ("--max-waiting-requests", "max_waiting_requests", int),
@@ -116,6 +125,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     for flag, name, kind in SERVER_FLAGS:
         parser.add_argument(flag, dest=name, type=kind)
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        help="names the model answers to in requests; the first is reported (default: the "
+        "model's name and hetero-infer)",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_engine_flags(parser)
     return parser
@@ -124,12 +139,23 @@ def build_serve_parser() -> argparse.ArgumentParser:
 def server_settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> ServerSettings:
-    values = _from_env([(name, kind) for _, name, kind in SERVER_FLAGS], environ)
-    values.update({n: getattr(args, n) for _, n, _ in SERVER_FLAGS if getattr(args, n) is not None})
+    flags = [(name, kind) for _, name, kind in SERVER_FLAGS] + [("served_model_name", str)]
+    engine = engine_config_from_args(args, environ)
+    values: dict[str, Any] = {}
+    if config_file := _config_file(args, environ):
+        # The seed's config.json layout: {"serving": {"host", "port", "model_name"}}.
+        serving = read_section(config_file, "serving")
+        if set(serving) - set(SEED_SERVING_KEYS):
+            raise ValueError(f"{config_file}: serving takes {', '.join(SEED_SERVING_KEYS)}")
+        values.update({SEED_SERVING_KEYS[k]: v for k, v in serving.items() if v is not None})
+    values.update(_from_env(flags, environ))  # HETERO_SERVED_MODEL_NAME: names split by commas
+    values.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
+    if isinstance(values.get("served_model_name"), list):
+        values["served_model_name"] = tuple(values["served_model_name"])
     if isinstance(values.get("allowed_origins"), str):
         origins = values["allowed_origins"].split(",")
         values["allowed_origins"] = tuple(o.strip() for o in origins if o.strip())
-    return ServerSettings(engine=engine_config_from_args(args, environ), **values)
+    return ServerSettings(engine=engine, **values)
 
 
 def serve_main(argv: list[str]) -> int:

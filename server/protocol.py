@@ -14,6 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.exceptions import (
+    ExecutionError,
+    ModelNotFoundError,
+    SchedulerError,
+    ValidationError,
+)
 from engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 
 INT64_MAX = 2**63 - 1
@@ -38,6 +44,21 @@ class APIError(Exception):
         self.param = param
         self.code = code or type
         self.headers = headers
+
+    @classmethod
+    def from_exception(cls, exc: Exception) -> APIError:
+        """The one mapping of the engine's errors (engine/exceptions.py) to responses:
+        bad input 400 naming the field, an unknown model 404, a full queue or a failed
+        engine 503 with Retry-After."""
+        message = str(exc)
+        if isinstance(exc, ModelNotFoundError):
+            return cls(404, message, "not_found_error", param="model", code="model_not_found")
+        if isinstance(exc, SchedulerError | ExecutionError):
+            return cls(503, message, "service_unavailable", headers={"Retry-After": "5"})
+        if isinstance(exc, ValueError):  # ValidationError, OutOfMemoryError, ConfigError
+            param = exc.param if isinstance(exc, ValidationError) else None
+            return cls(400, message, param=param)
+        return cls(500, "internal server error", "internal_server_error")
 
     def body(self) -> dict[str, Any]:
         return {
@@ -148,7 +169,7 @@ class SamplingFields(BaseModel):
             params.check_vocab(vocab_size)
             return params
         except ValueError as exc:
-            raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
+            raise APIError.from_exception(exc) from exc
 
 
 class CompletionRequest(SamplingFields):

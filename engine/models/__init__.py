@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from engine.exceptions import ConfigError
 from engine.models.llama import LlamaForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -31,7 +32,7 @@ def architecture_of(config: Any) -> str:
     if not names and model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     found = ", ".join(names) or f"model_type {model_type!r}"
-    raise ValueError(
+    raise ConfigError(
         f"unsupported model architecture {found}; supported: {', '.join(MODEL_REGISTRY)}"
     )
 

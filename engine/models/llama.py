@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import kernels
+from engine.exceptions import ConfigError
 from kernels import AttentionMetadata
 
 
@@ -102,7 +103,7 @@ class MLP(DirectCall, nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if config.hidden_act != "silu":
-            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
+            raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj
@@ -194,9 +195,9 @@ class LlamaForCausalLM(nn.Module):
 
         def put(name: str, tensor: torch.Tensor) -> None:
             if name not in params:
-                raise ValueError(f"checkpoint tensor for unknown parameter {name!r}")
+                raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
             if params[name].shape != tensor.shape:
-                raise ValueError(
+                raise ConfigError(
                     f"{name}: checkpoint shape {tuple(tensor.shape)} does not match the "
                     f"model's {tuple(params[name].shape)}"
                 )
@@ -227,4 +228,4 @@ class LlamaForCausalLM(nn.Module):
             put(name, torch.cat([parts[i] for i in sorted(parts)], dim=0))
         missing = set(params) - loaded
         if missing:
-            raise ValueError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
+            raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")

@@ -19,7 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from engine.async_engine import AsyncEngine, EngineDeadError
+from engine.async_engine import AsyncEngine
+from engine.exceptions import EngineError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from server.logprobs import LogprobsFormatter, text_length
@@ -44,8 +45,7 @@ def _state(request: Request):
 
 
 def _check_model(request: Request, model: str | None) -> None:
-    name = _state(request).settings.model_name
-    if model is not None and model != name:
+    if model is not None and model not in _state(request).settings.model_names:
         raise APIError(
             404,
             f"The model `{model}` does not exist.",
@@ -82,7 +82,7 @@ def _sampling_params(
     try:
         engine.engine.check_params(params)
     except ValueError as exc:
-        raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
+        raise APIError.from_exception(exc) from exc
     return params
 
 
@@ -106,10 +106,8 @@ async def _run(
         async for output in engine.generate(token_ids, params, rid):
             tracker.observe(output)
             yield output
-    except EngineDeadError as exc:
-        raise APIError(503, str(exc), "service_unavailable", headers={"Retry-After": "5"}) from exc
-    except ValueError as exc:
-        raise APIError(400, str(exc), param=str(exc).split()[0].rstrip(":")) from exc
+    except (EngineError, ValueError) as exc:
+        raise APIError.from_exception(exc) from exc
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -390,13 +388,14 @@ async def models(request: Request):
         "object": "list",
         "data": [
             {
-                "id": state.settings.model_name,
+                "id": name,
                 "object": "model",
                 "created": now(),
                 "owned_by": "hetero-paged-infer",
                 "root": state.settings.engine.model or state.settings.model_name,
                 "max_model_len": max_len,
             }
+            for name in state.settings.model_names
         ],
     }
 

@@ -51,3 +51,38 @@ def test_overlap_steps_from_flag_and_environment():
 def test_bad_environment_names_the_variable():
     with pytest.raises(ValueError, match="HETERO_MAX_NUM_SEQS"):
         settings_for([], {"HETERO_MAX_NUM_SEQS": "many"})
+
+
+def test_served_model_names():
+    default = settings_for(["--model", "/models/My-Model"], {})
+    assert default.model_names == ("My-Model", "hetero-infer")
+    assert default.model_name == "My-Model"
+    assert settings_for([], {}).model_names == ("SmolLM2-135M-Instruct", "hetero-infer")
+    several = settings_for(["--served-model-name", "first", "second"], {})
+    assert several.model_names == ("first", "second") and several.model_name == "first"
+    from_env = settings_for([], {"HETERO_SERVED_MODEL_NAME": "a, b"})
+    assert from_env.model_names == ("a", "b")
+
+
+def test_seed_flags_and_config_file(tmp_path):
+    settings = settings_for(["--max-batch-size", "8", "--max-total-tokens", "512"], {})
+    assert settings.engine.max_num_seqs == 8
+    assert settings.engine.max_num_batched_tokens == 512
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "max_batch_size": 32,
+                "max_num_seqs": 256,
+                "serving": {"host": "0.0.0.0", "port": 3000, "model_name": "hetero-infer"},
+            }
+        )
+    )
+    settings = settings_for(["-c", str(config)], {})
+    assert settings.engine.max_num_seqs == 32
+    assert (settings.host, settings.port) == ("0.0.0.0", 3000)
+    assert settings.model_names == ("hetero-infer",)
+    assert settings_for(["-c", str(config), "--port", "9000"], {}).port == 9000  # flags win
+    config.write_text(json.dumps({"serving": {"workers": 4}}))
+    with pytest.raises(ValueError, match="serving takes host, port, model_name"):
+        settings_for(["-c", str(config)], {})
