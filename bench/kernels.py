@@ -64,7 +64,7 @@ def decode_case(
 ):
     """A decode step: every sequence has ``context`` cached tokens (this one included),
     its blocks scattered over the cache."""
-    from kernels.paged_attention import AttentionMetadata, prepare_torch_attention
+    from hetero_infer.kernels.paged_attention import AttentionMetadata, prepare_torch_attention
 
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
@@ -87,8 +87,8 @@ def decode_case(
 
 
 def bench_decode(args: argparse.Namespace, device: torch.device, peak: float) -> list[dict]:
-    from kernels.paged_attention import paged_attention_ref
-    from kernels.paged_attention_triton import paged_attention_triton
+    from hetero_infer.kernels.paged_attention import paged_attention_ref
+    from hetero_infer.kernels.paged_attention_triton import paged_attention_triton
 
     dtype = getattr(torch, args.dtype)
     scale = args.head_dim**-0.5
@@ -120,8 +120,8 @@ def bench_decode(args: argparse.Namespace, device: torch.device, peak: float) ->
 
 
 def bench_rms_norm(args: argparse.Namespace, device: torch.device, peak: float) -> list[dict]:
-    from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-    from kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
+    from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+    from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 
     dtype = getattr(torch, args.dtype)
     hidden = args.num_heads * args.head_dim

@@ -54,7 +54,12 @@ def model_folder(name: str) -> Path:
 
 
 def _write_smollm2(folder: Path) -> None:
-    from engine.loader import load_config, load_state_dict, load_tokenizer, resolve_model
+    from hetero_infer.engine.loader import (
+        load_config,
+        load_state_dict,
+        load_tokenizer,
+        resolve_model,
+    )
 
     source = resolve_model(None)
     config = load_config(source)

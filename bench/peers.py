@@ -210,7 +210,7 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
     if model != "smollm2":
         raise Skip(f"llama-cpp: no GGUF of {model!r} (only smollm2 ships as one)")
     python = llama_cpp_python()
-    from engine.loader import default_model_path
+    from hetero_infer.engine.loader import default_model_path
 
     source = default_model_path()
     if args.gguf_dtype == "q4_1":

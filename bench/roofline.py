@@ -335,7 +335,7 @@ def blocks_needed(batch: int, context: int, block_size: int) -> int:
 
 def build_engine(model: str, dtype: str, max_batch: int, context: int, device: str = "auto") -> Any:
     """An LLMEngine whose KV cache holds ``max_batch`` sequences of context + 1 tokens."""
-    from engine import LLMEngine
+    from hetero_infer.engine import LLMEngine
 
     block_size = 16
     return LLMEngine(
@@ -355,7 +355,7 @@ def time_decode_step(
 ) -> list[float]:
     """Seconds of each timed decode step of ``batch`` sequences with ``context`` cached
     tokens each: the model's forward pass and the last-token logits."""
-    import kernels
+    from hetero_infer import kernels
 
     need = blocks_needed(batch, context, runner.block_size)
     if need > runner.num_blocks:

@@ -190,9 +190,8 @@ def load_workload(path: str | Path) -> list[dict[str, Any]]:
 
 def run_ours(job: dict[str, Any]) -> dict[str, Any]:
     import torch
-
-    import engine
-    from engine import SamplingParams
+    from hetero_infer import engine
+    from hetero_infer.engine import SamplingParams
 
     workload = load_workload(job["workload"])
     llm = engine.LLMEngine(

@@ -1,7 +1,7 @@
 """Hetero-Paged-Infer's engine: continuous batching over a paged KV cache.
 
-``from engine import LLMEngine, EngineConfig, SamplingParams`` (vLLM's and mini-infer's
-API), or ``from engine import InferenceEngine, GenerationParams`` (the Rust seed's).
+``from hetero_infer.engine import LLMEngine, EngineConfig, SamplingParams`` (vLLM's and mini-infer's
+API), or ``from hetero_infer.engine import InferenceEngine, GenerationParams`` (the Rust seed's).
 Names load on first use, so importing one small part (e.g. engine.block_manager) stays
 cheap.
 """
@@ -25,25 +25,25 @@ if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 _EXPORTS = {
-    "EngineConfig": "engine.config",
-    "LLMEngine": "engine.llm_engine",
-    "RequestOutput": "engine.outputs",
-    "GenerateOutput": "engine.outputs",
-    "SamplingParams": "engine.sampling_params",
+    "EngineConfig": "hetero_infer.engine.config",
+    "LLMEngine": "hetero_infer.engine.llm_engine",
+    "RequestOutput": "hetero_infer.engine.outputs",
+    "GenerateOutput": "hetero_infer.engine.outputs",
+    "SamplingParams": "hetero_infer.engine.sampling_params",
     # The Hetero-Paged-Infer seed's API.
-    "InferenceEngine": "engine.inference_engine",
-    "GenerationParams": "engine.inference_engine",
-    "CompletedRequest": "engine.inference_engine",
-    "MemoryStats": "engine.inference_engine",
+    "InferenceEngine": "hetero_infer.engine.inference_engine",
+    "GenerationParams": "hetero_infer.engine.inference_engine",
+    "CompletedRequest": "hetero_infer.engine.inference_engine",
+    "MemoryStats": "hetero_infer.engine.inference_engine",
     # Errors (both seeds' names).
-    "EngineError": "engine.exceptions",
-    "ConfigError": "engine.exceptions",
-    "ModelNotFoundError": "engine.exceptions",
-    "ValidationError": "engine.exceptions",
-    "InvalidRequestError": "engine.exceptions",
-    "OutOfMemoryError": "engine.exceptions",
-    "SchedulerError": "engine.exceptions",
-    "ExecutionError": "engine.exceptions",
+    "EngineError": "hetero_infer.engine.exceptions",
+    "ConfigError": "hetero_infer.engine.exceptions",
+    "ModelNotFoundError": "hetero_infer.engine.exceptions",
+    "ValidationError": "hetero_infer.engine.exceptions",
+    "InvalidRequestError": "hetero_infer.engine.exceptions",
+    "OutOfMemoryError": "hetero_infer.engine.exceptions",
+    "SchedulerError": "hetero_infer.engine.exceptions",
+    "ExecutionError": "hetero_infer.engine.exceptions",
 }
 
 __all__ = list(_EXPORTS)

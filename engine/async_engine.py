@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from engine.exceptions import ExecutionError, SchedulerError
-from engine.llm_engine import LLMEngine, Prompt
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from hetero_infer.engine.exceptions import ExecutionError, SchedulerError
+from hetero_infer.engine.llm_engine import LLMEngine, Prompt
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

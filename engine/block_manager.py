@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sequence import Sequence
+from hetero_infer.engine.sequence import Sequence
 
 
 @dataclass

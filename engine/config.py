@@ -13,7 +13,7 @@ from dataclasses import InitVar, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from engine.exceptions import ConfigError
+from hetero_infer.engine.exceptions import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")

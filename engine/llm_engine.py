@@ -20,22 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hetero_infer.engine import host_memory, loader
+from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError, ValidationError
+from hetero_infer.engine.metrics import EngineMetrics
+from hetero_infer.engine.model_runner import ModelRunner, Sampled
+from hetero_infer.engine.models import build_model
+from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.engine.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.stop_strings import StopStringMatcher
+from hetero_infer.engine.structured_output import StructuredOutput
+from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from tqdm.auto import tqdm
-
-from engine import host_memory, loader
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.exceptions import ConfigError, OutOfMemoryError, ValidationError
-from engine.metrics import EngineMetrics
-from engine.model_runner import ModelRunner, Sampled
-from engine.models import build_model
-from engine.outputs import RequestMetrics, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence, SequenceStatus
-from engine.stop_strings import StopStringMatcher
-from engine.structured_output import StructuredOutput
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 

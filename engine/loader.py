@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from hetero_infer.engine.exceptions import ConfigError, ModelNotFoundError
+from hetero_infer.engine.models import architecture_of
 from huggingface_hub import constants as hf_constants
-
-from engine.exceptions import ConfigError, ModelNotFoundError
-from engine.models import architecture_of
 
 logger = logging.getLogger(__name__)
 

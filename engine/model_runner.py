@@ -19,15 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-import kernels
-from engine.config import EngineConfig
-from engine.exceptions import ConfigError, OutOfMemoryError
-from engine.host_memory import zeros_on_huge_pages
-from engine.sampler import Sampler
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
-from kernels import AttentionMetadata
+from hetero_infer import kernels
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
+from hetero_infer.engine.host_memory import zeros_on_huge_pages
+from hetero_infer.engine.sampler import Sampler
+from hetero_infer.engine.scheduler import SchedulerOutput
+from hetero_infer.engine.sequence import Sequence
+from hetero_infer.kernels import AttentionMetadata
 
 # (token id, its logprob, {token id: logprob} of it and its top alternatives when asked)
 Sampled = tuple[int, float, dict[int, float] | None]
@@ -328,7 +327,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
         if not kernels.triton_available():
             raise ConfigError("attention_backend 'triton' needs the triton package installed")
         if device.type == "cpu":
-            from kernels.triton_utils import interpreting
+            from hetero_infer.kernels.triton_utils import interpreting
 
             if not interpreting():
                 raise ConfigError(

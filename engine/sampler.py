@@ -10,10 +10,9 @@ with probability p_i, and lets each row draw its noise from its own generator.
 from __future__ import annotations
 
 import torch
-
-import kernels
-from engine.sequence import Sequence
-from engine.structured_output import allowed_tokens
+from hetero_infer import kernels
+from hetero_infer.engine.sequence import Sequence
+from hetero_infer.engine.structured_output import allowed_tokens
 
 
 class Sampler:

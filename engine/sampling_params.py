@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.exceptions import ValidationError
+from hetero_infer.engine.exceptions import ValidationError
 
 # Below this a temperature means greedy: dividing logits by it would overflow.
 GREEDY_EPSILON = 1e-5

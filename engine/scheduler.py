@@ -15,8 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from engine.sampling_params import SamplingParams
+from hetero_infer.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -15,8 +15,7 @@ import json
 from typing import Any
 
 import torch
-
-from engine.exceptions import ValidationError
+from hetero_infer.engine.exceptions import ValidationError
 
 # Compact JSON: without this the grammar lets a model pad with endless whitespace.
 _JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}

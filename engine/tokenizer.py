@@ -11,9 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jinja2
+from hetero_infer.engine.exceptions import ConfigError, ValidationError
 from transformers import PreTrainedTokenizerBase
-
-from engine.exceptions import ConfigError, ValidationError
 
 logger = logging.getLogger(__name__)
 

@@ -21,25 +21,24 @@ from contextvars import ContextVar
 from types import SimpleNamespace
 
 import torch
-
-from kernels.activation import silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels, elementwise_kernels
-from kernels.greedy import greedy_pick_ref
-from kernels.linear_cpu import (
+from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.cpu_extension import cpu_kernels, elementwise_kernels
+from hetero_infer.kernels.greedy import greedy_pick_ref
+from hetero_infer.kernels.linear_cpu import (
     gated_linear,
     gated_linear_serves,
     packed_linear,
     packed_linear_serves,
 )
-from kernels.paged_attention import (
+from hetero_infer.kernels.paged_attention import (
     AttentionMetadata,
     paged_attention_ref,
     prepare_torch_attention,
     store_kv_ref,
 )
-from kernels.paged_attention_cpu import paged_attention_cpu, prepare_cpu_attention
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
+from hetero_infer.kernels.paged_attention_cpu import paged_attention_cpu, prepare_cpu_attention
+from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -84,10 +83,10 @@ def _triton() -> SimpleNamespace:
             "the Triton kernels need the triton package (pip install triton); "
             "or use attention_backend='torch'"
         )
-    from kernels.activation_triton import silu_and_mul_triton
-    from kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
-    from kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
-    from kernels.rotary_triton import rotary_triton
+    from hetero_infer.kernels.activation_triton import silu_and_mul_triton
+    from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
+    from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
+    from hetero_infer.kernels.rotary_triton import rotary_triton
 
     return SimpleNamespace(
         silu_and_mul=silu_and_mul_triton,

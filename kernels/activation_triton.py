@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.triton_utils import check_last_dim_contiguous, device_info, next_pow2, rows_per_program
+from hetero_infer.kernels.triton_utils import (
+    check_last_dim_contiguous,
+    device_info,
+    next_pow2,
+    rows_per_program,
+)
 
 
 @triton.jit

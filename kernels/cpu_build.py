@@ -29,7 +29,8 @@ SOURCES = (
     "linear_cpu.cpp",
     "greedy_cpu.cpp",
 )
-# Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so.
+# Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so
+# (hetero_infer.kernels.hetero_cpu_kernels).
 EXTENSION_NAME = "hetero_cpu_kernels"
 BUILD_INFO_FILE = f"{EXTENSION_NAME}.json"
 # at::parallel_for is OpenMP in torch's headers: without -fopenmp every kernel runs on
@@ -119,7 +120,7 @@ def setup_kwargs() -> dict[str, Any]:
                 (library.parent / BUILD_INFO_FILE).write_text(json.dumps(info, indent=1))
 
     extension = CppExtension(
-        name=f"kernels.{EXTENSION_NAME}",
+        name=f"hetero_infer.kernels.{EXTENSION_NAME}",
         sources=[f"kernels/csrc/{name}" for name in SOURCES],  # setup.py's folder is the cwd
         include_dirs=[str(SOURCE_DIR)],
         extra_compile_args=CFLAGS,

@@ -22,8 +22,7 @@ import time
 from types import ModuleType
 
 import torch
-
-from kernels import cpu_build
+from hetero_infer.kernels import cpu_build
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def _installed_build() -> ModuleType | None:
         logger.warning("the CPU kernels built at install time do not fit: %s", reason)
         return None
     try:
-        return importlib.import_module(f"kernels.{cpu_build.EXTENSION_NAME}")
+        return importlib.import_module(f"hetero_infer.kernels.{cpu_build.EXTENSION_NAME}")
     except ImportError as exc:
         logger.warning("the CPU kernels built at install time do not load: %s", exc)
         return None

@@ -17,9 +17,8 @@ import logging
 from collections.abc import Callable
 
 import torch
+from hetero_infer.kernels.cpu_extension import cpu_kernels
 from torch.utils.weak import WeakIdKeyDictionary
-
-from kernels.cpu_extension import cpu_kernels
 
 logger = logging.getLogger(__name__)
 

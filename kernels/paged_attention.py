@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from kernels.paged_attention_cpu import PrefillChunks
+    from hetero_infer.kernels.paged_attention_cpu import PrefillChunks
 
 
 @dataclass

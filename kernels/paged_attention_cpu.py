@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from kernels.cpu_extension import cpu_kernels
-from kernels.paged_attention import (
+from hetero_infer.kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels.paged_attention import (
     AttentionMetadata,
     decode_attention_ref,
     paged_attention_ref,

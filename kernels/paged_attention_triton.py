@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-
-from kernels.paged_attention import AttentionMetadata
-from kernels.triton_utils import (
+from hetero_infer.kernels.paged_attention import AttentionMetadata
+from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     check_last_dim_contiguous,
     device_info,

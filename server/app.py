@@ -18,17 +18,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.server import middleware
+from hetero_infer.server.protocol import APIError
+from hetero_infer.server.routes import health, metrics, openai, ui
+from hetero_infer.server.server_metrics import ServerMetrics
+from hetero_infer.server.settings import ServerSettings
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from engine.async_engine import AsyncEngine
-from engine.exceptions import EngineError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from server import middleware
-from server.protocol import APIError
-from server.routes import health, metrics, openai, ui
-from server.server_metrics import ServerMetrics
-from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config import EngineConfig, read_section
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from server.settings import ServerSettings
+from hetero_infer.engine.config import EngineConfig, read_section
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.server.settings import ServerSettings
 
 ENV_PREFIX = "HETERO_"
 
@@ -166,7 +166,7 @@ def serve_main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from server.serve import serve  # uvicorn is only needed here
+    from hetero_infer.server.serve import serve  # uvicorn is only needed here
 
     serve(settings)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.tokenizer import Tokenizer
+from hetero_infer.engine.tokenizer import Tokenizer
 
 Entry = dict[int, float]
 # JSON has no -Infinity: a masked-out alternative shows this instead, as in vLLM.

@@ -12,15 +12,14 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from engine.exceptions import (
+from hetero_infer.engine.exceptions import (
     ExecutionError,
     ModelNotFoundError,
     SchedulerError,
     ValidationError,
 )
-from engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
 

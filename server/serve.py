@@ -14,10 +14,9 @@ import logging
 import time
 
 import uvicorn
+from hetero_infer.server.app import build_app
+from hetero_infer.server.settings import ServerSettings
 from sse_starlette.sse import AppStatus
-
-from server.app import build_app
-from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 

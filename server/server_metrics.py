@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
 TTFT_BUCKETS += (2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import EngineConfig
+from hetero_infer.engine.config import EngineConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The name the project's own examples send, answered by default beside the model's.

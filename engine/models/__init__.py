@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.models.llama import LlamaForCausalLM
 from torch import nn
-
-from engine.exceptions import ConfigError
-from engine.models.llama import LlamaForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from hetero_infer import kernels
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.kernels import AttentionMetadata
 from torch import nn
-
-import kernels
-from engine.exceptions import ConfigError
-from kernels import AttentionMetadata
 
 
 def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:

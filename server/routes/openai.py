@@ -17,14 +17,12 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sse_starlette.sse import EventSourceResponse
-
-from engine.async_engine import AsyncEngine
-from engine.exceptions import EngineError
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from server.logprobs import LogprobsFormatter, text_length
-from server.protocol import (
+from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.server.logprobs import LogprobsFormatter, text_length
+from hetero_infer.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,6 +32,7 @@ from server.protocol import (
     now,
     usage,
 )
+from sse_starlette.sse import EventSourceResponse
 
 logger = logging.getLogger(__name__)
 router = APIRouter()

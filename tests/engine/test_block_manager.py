@@ -7,10 +7,9 @@ Pure Python. "Computing" tokens is simulated the way the scheduler does it:
 from __future__ import annotations
 
 import pytest
-
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
 

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from engine import EngineConfig
+from hetero_infer.engine import EngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.reference import transformers_greedy
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 

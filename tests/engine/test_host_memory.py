@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from engine.host_memory import HUGE_PAGE, keep_freed_memory, zeros_on_huge_pages
+from hetero_infer.engine.host_memory import HUGE_PAGE, keep_freed_memory, zeros_on_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -12,9 +12,9 @@ import time
 import jsonschema
 import pytest
 import torch
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.structured_output import StructuredOutput, allowed_tokens
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.structured_output import StructuredOutput, allowed_tokens
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.tiny_models import save_tiny_model
 

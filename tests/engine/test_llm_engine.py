@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.server import cli
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from server import cli
 from tests.tiny_models import save_tiny_model
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

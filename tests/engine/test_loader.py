@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
-from engine import loader
-from engine.loader import (
+from hetero_infer.engine import loader
+from hetero_infer.engine.loader import (
     ModelSource,
     load_config,
     load_state_dict,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.tiny_models import save_tiny_model
 
 PROMPT = [5, 17, 42, 99, 7, 250, 31, 64, 8, 120, 77, 3, 200, 14, 9, 60, 33, 41, 150, 12]

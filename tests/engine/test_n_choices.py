@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.outputs import RequestOutput
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.outputs import RequestOutput
 from tests.tiny_models import save_tiny_model
 
 PROMPT = list(range(5, 75))  # 70 tokens: 4 full blocks of 16 and a partial one

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from engine import EngineConfig, LLMEngine, SamplingParams
 from tests.engine.test_llm_engine import run_to_end
 from tests.tiny_models import save_tiny_model
 

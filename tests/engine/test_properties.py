@@ -10,6 +10,10 @@ it, so a sequence that reads a stale, stolen or wrongly shared block is caught.
 
 from __future__ import annotations
 
+from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.engine.sequence import Sequence, SequenceStatus
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -18,11 +22,6 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
-
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 4  # tiny, so that random prompts share prefixes
 EOS = VOCAB - 1  # not 0: hypothesis draws small values often, and eos ends sequences

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from engine.sampler import Sampler, apply_top_k_top_p, process_logits
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from hetero_infer.engine.sampler import Sampler, apply_top_k_top_p, process_logits
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.sequence import Sequence
 
 
 def _seqs(*params: SamplingParams) -> list[Sequence]:

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from engine import SamplingParams
+from hetero_infer.engine import SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ Pure Python, no model.
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
+from hetero_infer.engine.sequence import Sequence, SequenceStatus
 
 EOS = 0
 TOKEN = 7  # what the "model" samples unless a test says otherwise

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from engine import (
+from hetero_infer.engine import (
     CompletedRequest,
     ConfigError,
     EngineConfig,
@@ -30,6 +29,7 @@ from engine import (
     SchedulerError,
     ValidationError,
 )
+
 from tests.helpers import BYTE_FALLBACK_VOCAB_SIZE
 from tests.tiny_models import save_tiny_model
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.loader import resolve_model
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.loader import resolve_model
 from tests.reference import transformers_greedy
 
 pytestmark = pytest.mark.slow

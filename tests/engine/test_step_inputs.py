@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hetero_infer.engine import EngineConfig, LLMEngine
 
-from engine import EngineConfig, LLMEngine
 from tests.tiny_models import save_tiny_model
 
 

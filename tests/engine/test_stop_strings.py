@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.stop_strings import StopStringMatcher
+from hetero_infer.engine.tokenizer import IncrementalDetokenizer
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.stop_strings import StopStringMatcher
-from engine.tokenizer import IncrementalDetokenizer
 from tests.tiny_models import save_tiny_model
 
 MAX_TOKENS = 16

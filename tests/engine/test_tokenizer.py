@@ -13,11 +13,11 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hetero_infer.engine.tokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer, Tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.tokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer, Tokenizer
 from tests.helpers import (
     BOS_TOKEN_ID,
     BYTE_FALLBACK_VOCAB_SIZE,

@@ -10,8 +10,7 @@ import random
 from dataclasses import dataclass
 
 import torch
-
-from kernels.paged_attention import AttentionMetadata
+from hetero_infer.kernels.paged_attention import AttentionMetadata
 
 
 @dataclass

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from kernels.cpu_extension import cpu_kernels
-from kernels.paged_attention import (
+from hetero_infer import kernels
+from hetero_infer.kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
     prepare_torch_attention,
     store_kv_ref,
 )
-from kernels.paged_attention_cpu import (
+from hetero_infer.kernels.paged_attention_cpu import (
     decode_attention_cpu,
     paged_attention_cpu,
     prepare_cpu_attention,
     tiled_kernel_serves,
 )
+
 from tests.kernels.batches import Batch, make_batch
 from tests.kernels.checks import assert_close
 

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import torch
-
-from kernels import cpu_build
-from kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels import cpu_build
+from hetero_infer.kernels.cpu_extension import cpu_kernels
 
 BUILD_INFO = cpu_build.SOURCE_DIR.parent / cpu_build.BUILD_INFO_FILE
 
@@ -22,7 +21,7 @@ def test_the_install_built_the_kernels_and_they_load():
     module = cpu_kernels()
     assert module is not None
     assert Path(module.__file__).parent == BUILD_INFO.parent
-    assert module.__name__ == f"kernels.{cpu_build.EXTENSION_NAME}"
+    assert module.__name__ == f"hetero_infer.kernels.{cpu_build.EXTENSION_NAME}"
 
 
 def test_a_build_that_does_not_fit_is_not_used():

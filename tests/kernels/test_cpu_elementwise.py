@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hetero_infer import kernels
+from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.cpu_extension import cpu_kernels, elementwise_kernels
+from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 
-import kernels
-from kernels.activation import silu_and_mul_ref
-from kernels.cpu_extension import cpu_kernels, elementwise_kernels
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 from tests.kernels.checks import assert_close
 
 DTYPES = [torch.bfloat16, torch.float16]

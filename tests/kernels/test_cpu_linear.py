@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from kernels.cpu_extension import cpu_kernels
-from kernels.linear_cpu import packed_linear
+from hetero_infer import kernels
+from hetero_infer.kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels.linear_cpu import packed_linear
 
 pytestmark = pytest.mark.skipif(
     cpu_kernels() is None or not cpu_kernels().linear_packed_available(),

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from kernels.cpu_extension import cpu_kernels
-from kernels.greedy import greedy_pick_ref
+from hetero_infer import kernels
+from hetero_infer.kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels.greedy import greedy_pick_ref
 
 
 def logits_of(rows: int, vocab: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from kernels.linear_cpu import packed_linear, packed_linear_serves
+from hetero_infer import kernels
+from hetero_infer.kernels.linear_cpu import packed_linear, packed_linear_serves
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from hetero_infer import kernels
+from hetero_infer.kernels.paged_attention import AttentionMetadata
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
-
-import kernels
-from kernels.paged_attention import AttentionMetadata
 
 
 def test_rms_norm_matches_transformers_exactly():

@@ -12,16 +12,17 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.paged_attention import (  # noqa: E402
+from hetero_infer.kernels.paged_attention import (  # noqa: E402
     paged_attention_ref,
     prepare_torch_attention,
     store_kv_ref,
 )
-from kernels.paged_attention_triton import (  # noqa: E402
+from hetero_infer.kernels.paged_attention_triton import (  # noqa: E402
     AttentionTiles,
     paged_attention_triton,
     store_kv_triton,
 )
+
 from tests.kernels.batches import Batch, make_batch  # noqa: E402
 from tests.kernels.checks import assert_close  # noqa: E402
 

@@ -77,35 +77,35 @@ def attention_constants(**overrides) -> dict:
 VARIANTS = [
     (
         "decode-bf16-splits",
-        "kernels.paged_attention_triton:_paged_attention_kernel",
+        "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
         attention_pointers("bf16"),
         attention_constants(NUM_SPLITS=4),
         dict(num_warps=4, num_stages=2),
     ),
     (
         "prefill-fp16-window",
-        "kernels.paged_attention_triton:_paged_attention_kernel",
+        "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
         attention_pointers("fp16"),
         attention_constants(GROUP=3, BLOCK_M=128, BLOCK_Q=42, USE_WINDOW=True),
         dict(num_warps=8, num_stages=3),
     ),
     (
         "prefill-fp32-head24",
-        "kernels.paged_attention_triton:_paged_attention_kernel",
+        "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
         attention_pointers("fp32"),
         attention_constants(GROUP=1, BLOCK_M=64, BLOCK_Q=64, HEAD_PAD=32, DOT_FP32=True),
         dict(num_warps=4, num_stages=2),
     ),
     (
         "combine",
-        "kernels.paged_attention_triton:_combine_splits_kernel",
+        "hetero_infer.kernels.paged_attention_triton:_combine_splits_kernel",
         {"out_ptr": "*bf16", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
         dict(BLOCK_R=4, NUM_SPLITS=4, HEAD_PAD=128),
         dict(num_warps=4),
     ),
     (
         "store_kv",
-        "kernels.paged_attention_triton:_store_kv_kernel",
+        "hetero_infer.kernels.paged_attention_triton:_store_kv_kernel",
         {
             **{n: "*bf16" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")},
             "slot_mapping_ptr": "*i64",
@@ -115,7 +115,7 @@ VARIANTS = [
     ),
     (
         "fused_add_rms_norm",
-        "kernels.rms_norm_triton:_rms_norm_kernel",
+        "hetero_infer.kernels.rms_norm_triton:_rms_norm_kernel",
         {
             **{n: "*bf16" for n in ("out_ptr", "residual_out_ptr", "x_ptr", "residual_ptr")},
             "weight_ptr": "*bf16",
@@ -125,7 +125,7 @@ VARIANTS = [
     ),
     (
         "rotary-gptj",
-        "kernels.rotary_triton:_rotary_kernel",
+        "hetero_infer.kernels.rotary_triton:_rotary_kernel",
         {
             **{n: "*bf16" for n in ("q_out_ptr", "k_out_ptr", "q_ptr", "k_ptr")},
             "positions_ptr": "*i64",
@@ -137,7 +137,7 @@ VARIANTS = [
     ),
     (
         "silu_and_mul",
-        "kernels.activation_triton:_silu_and_mul_kernel",
+        "hetero_infer.kernels.activation_triton:_silu_and_mul_kernel",
         {"out_ptr": "*bf16", "x_ptr": "*bf16"},
         dict(BLOCK_ROWS=1, BLOCK_D=4096),
         dict(num_warps=4),

@@ -10,13 +10,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.activation import silu_and_mul_ref  # noqa: E402
-from kernels.activation_triton import silu_and_mul_triton  # noqa: E402
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref  # noqa: E402
-from kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton  # noqa: E402
-from kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref  # noqa: E402
-from kernels.rotary_triton import rotary_triton  # noqa: E402
-from kernels.triton_utils import DeviceInfo  # noqa: E402
+from hetero_infer.kernels.activation import silu_and_mul_ref  # noqa: E402
+from hetero_infer.kernels.activation_triton import silu_and_mul_triton  # noqa: E402
+from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref  # noqa: E402
+from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton  # noqa: E402
+from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref  # noqa: E402
+from hetero_infer.kernels.rotary_triton import rotary_triton  # noqa: E402
+from hetero_infer.kernels.triton_utils import DeviceInfo  # noqa: E402
+
 from tests.kernels.checks import assert_close  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -15,10 +15,10 @@ import textwrap
 
 import pytest
 import torch
+from hetero_infer import kernels
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.model_runner import DecodeGraphs
 
-import kernels
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.model_runner import DecodeGraphs
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 triton_installed = pytest.mark.skipif(not kernels.triton_available(), reason="needs triton")
@@ -162,7 +162,7 @@ def test_backend_switch():
 
 
 def test_config_and_cli_accept_the_triton_backend():
-    from server.cli import ENGINE_FLAGS
+    from hetero_infer.server.cli import ENGINE_FLAGS
 
     assert EngineConfig(attention_backend="triton").attention_backend == "triton"
     with pytest.raises(ValueError, match="attention_backend"):
@@ -178,7 +178,7 @@ def test_cpu_path_works_without_triton():
         import sys
         sys.modules["triton"] = None  # any import of triton now fails
         import torch
-        import kernels
+        from hetero_infer import kernels
         assert not kernels.triton_available()
         x = torch.randn(3, 8)
         kernels.rms_norm(x, torch.ones(8), 1e-5)

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.server.app import ServerState, build_app
+from hetero_infer.server.settings import ServerSettings
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from server.app import ServerState, build_app
-from server.settings import ServerSettings
 from tests.tiny_models import save_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +198,7 @@ def spawn_server(model_dir: Path, log_dir: Path, *extra_args: str) -> ServerProc
     args = [
         sys.executable,
         "-m",
-        "server.cli",
+        "hetero_infer.server.cli",
         "serve",
         "--model",
         str(model_dir),

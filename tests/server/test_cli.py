@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from server.cli import build_serve_parser, server_settings_from_args
+from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 
 
 def settings_for(argv: list[str], environ: dict[str, str]):

@@ -8,9 +8,9 @@ import json
 
 import httpx
 import openai
+from hetero_infer.engine.sampling_params import SamplingParams
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.sampling_params import SamplingParams
 from tests.server.conftest import MODEL_NAME, LiveServer, wait_until
 
 NUM_STREAMS = 16

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from engine.exceptions import (
+from hetero_infer.engine.exceptions import (
     ConfigError,
     ExecutionError,
     ModelNotFoundError,
@@ -12,7 +11,7 @@ from engine.exceptions import (
     SchedulerError,
     ValidationError,
 )
-from server.protocol import APIError
+from hetero_infer.server.protocol import APIError
 
 
 @pytest.mark.parametrize(

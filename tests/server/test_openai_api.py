@@ -11,12 +11,12 @@ import json
 
 import openai
 import pytest
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.sampling_params import SamplingParams
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 PROMPT = "Hello world and the"

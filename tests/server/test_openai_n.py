@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import openai
 import pytest
+from hetero_infer.engine.sampling_params import SamplingParams
 
-from engine.sampling_params import SamplingParams
 from tests.server.conftest import MODEL_NAME, LiveServer
 
 PROMPT = "Hello world and the"

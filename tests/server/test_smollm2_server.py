@@ -16,11 +16,11 @@ pytestmark = pytest.mark.slow
 
 def test_default_model_answers_through_the_sdk(tmp_path):
     port = free_port()
-    log_path = tmp_path / "server.log"
+    log_path = tmp_path / "hetero_infer.server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_")}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "hetero_infer.server.cli", "serve", "--port", str(port)],
             cwd=REPO_ROOT,
             env=env,
             stdout=log,
