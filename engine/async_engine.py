@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -150,8 +149,7 @@ class AsyncEngine:
                 queue.put_nowait(error)
 
     def _step(self) -> list[RequestOutput]:
-        # Snapshots: the engine keeps mutating its own output objects.
-        return [copy.copy(out) for out in self.engine.step()]
+        return self.engine.step()
 
     def _apply_requests(self) -> None:
         for new in self._new:

@@ -162,5 +162,5 @@ class InferenceEngine:
             finish_reason=out.finish_reason,
             duration=out.metrics.latency or 0.0,
             success=not failed,
-            error=(out.error or "the request failed") if failed else None,
+            error="the request failed" if failed else None,
         )

@@ -12,45 +12,32 @@ import functools
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from hetero_infer.engine import host_memory, loader
-from hetero_infer.engine.block_manager import BlockManager
 from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.scheduler import Scheduler
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import SchedulerOutput, SequenceUpdate
 from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError, ValidationError
+from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
+from hetero_infer.engine.frontend.output_processor import OutputProcessor
+from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.model_runner import ModelRunner, Sampled
+from hetero_infer.engine.model_runner import ModelRunner
 from hetero_infer.engine.models import build_model
-from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
+from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.engine.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.stop_strings import StopStringMatcher
 from hetero_infer.engine.structured_output import StructuredOutput
-from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from hetero_infer.engine.tokenizer import Tokenizer
 from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[int]
-# Finished requests kept for get_output() after they end.
-MAX_FINISHED_KEPT = 4096
-
-
-@dataclass
-class _Request:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    output: RequestOutput
-    num_detokenized: int  # tokens already turned into text
-    stops: StopStringMatcher | None = None
-    decoded: str = ""  # all text decoded so far; output.text is the part sent
 
 
 class LLMEngine:
@@ -104,18 +91,19 @@ class LLMEngine:
             use_swap=config.use_swap,
         )
         self.metrics = EngineMetrics()
-        self._requests: dict[str, _Request] = {}
-        self._finished: OrderedDict[str, RequestOutput] = OrderedDict()
-        self._groups: dict[str, list[str]] = {}  # n > 1: request id -> its choices' ids
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.structured_output, self.model_config.vocab_size, self.max_model_len
+        )
+        self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
-        # overlap_steps: the model pass's thread, and the sequences whose tokens of the
-        # last step are not yet in their outputs.
+        # overlap_steps: the model pass's thread, and the last step's updates that are not
+        # yet in outputs.
         self._overlap = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-pass")
             if config.overlap_steps
             else None
         )
-        self._unsent: list[Sequence] = []
+        self._unsent: list[SequenceUpdate] = []
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
             self.runner.num_blocks,
@@ -163,105 +151,44 @@ class LLMEngine:
         mini-infer form: ``add_request(prompt=..., max_tokens=..., sampling_params=...)``).
         """
         params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValidationError("sampling_params must be a SamplingParams")
-        if max_tokens is not None:
+        if max_tokens is not None and isinstance(params, SamplingParams):
             params = dataclasses.replace(params, max_tokens=max_tokens)
-        prompt_text, token_ids = self._tokenize(prompt)
-        self.check_params(params)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        choice_ids = [choice_id(request_id, i) for i in range(params.n)]
-        if any(i in self._requests or i in self._finished for i in choice_ids):
-            raise ValidationError(f"request_id {request_id!r} is already in use")
+        return self.add_processed(self.input_processor.process(request_id, prompt, params))
+
+    def add_processed(self, request: EngineRequest) -> str:
+        """Queue a request the input processor has checked (the server's routes check
+        theirs before they answer, then hand them over here)."""
+        parent = ParentRequest(request.request_id, request.params)
+        if any(self.output_processor.is_known(i) for i in parent.choice_ids):
+            raise ValidationError(f"request_id {request.request_id!r} is already in use")
         seqs = []
-        for index, seq_id in enumerate(choice_ids):
-            seq = Sequence(
-                seq_id,
-                prompt_text,
-                token_ids,
-                choice_params(params, index),
-                self.tokenizer.eos_token_ids,
-            )
-            seq.group_id, seq.index = request_id, index
-            if params.json_schema is not None:
-                seq.matcher = self.structured_output.matcher(params.json_schema)
-            seqs.append(seq)
-            output = RequestOutput(
-                request_id=seq_id,
-                prompt=prompt_text,
-                prompt_token_ids=list(token_ids),
-                text="",
-                token_ids=[],
-                finished=False,
-                finish_reason=None,
-                cumulative_logprob=0.0,
-                metrics=RequestMetrics(arrival_time=seq.times.arrival),
-                index=index,
-                group_id=request_id,
-            )
-            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids)
-            stops = (
-                StopStringMatcher(params.stop, params.include_stop_str_in_output)
-                if params.stop
-                else None
-            )
-            self._requests[seq_id] = _Request(seq, detokenizer, output, len(token_ids), stops)
-        # Choice 0 computes the prompt; the others fork from it then (Scheduler.postprocess).
+        for index, seq_id in enumerate(parent.choice_ids):
+            grammar = request.grammar
+            if grammar is not None and index > 0:
+                grammar = grammar.deep_copy()  # each choice walks the grammar on its own
+            params = parent.choice_params(index)
+            eos = self.tokenizer.eos_token_ids
+            seqs.append(Sequence(seq_id, request.prompt_token_ids, params, eos, grammar))
+        # Choice 0 computes the prompt; the others fork from its KV blocks then.
         seqs[0].fork_children = seqs[1:]
-        if params.n > 1:
-            self._groups[request_id] = choice_ids
+        self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)
         self.scheduler.add(seqs[0])
-        self.metrics.prompt_tokens += len(token_ids)
-        return request_id
-
-    def check_params(self, params: SamplingParams) -> None:
-        """What SamplingParams cannot check alone: token ids and the JSON schema."""
-        params.check_vocab(self.model_config.vocab_size)
-        if params.json_schema is not None:
-            self.structured_output.matcher(params.json_schema)
-
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValidationError("prompt must not be empty")
-            token_ids = self.tokenizer.encode(prompt)
-            text: str | None = prompt
-        elif isinstance(prompt, list | tuple) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            token_ids, text = list(prompt), None
-        else:
-            raise ValidationError("prompt must be a string or a list of token ids")
-        if not token_ids:
-            raise ValidationError("prompt must not be empty")
-        # (Checked for encoded text too: a plugged-in tokenizer may not fit the model.)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValidationError(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})"
-            )
-        if len(token_ids) > self.max_model_len:
-            raise ValidationError(
-                f"prompt: {len(token_ids)} tokens is longer than max_model_len "
-                f"({self.max_model_len})"
-            )
-        return text, token_ids
+        self.metrics.prompt_tokens += len(request.prompt_token_ids)
+        return request.request_id
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (all its choices) and free its blocks at once.
 
         False if it is not running."""
         aborted = False
-        for seq_id in self._groups.pop(request_id, [request_id]):
-            request = self._requests.get(seq_id)
-            if request is not None:
-                self.scheduler.finish(request.seq, SequenceStatus.FINISHED_ABORTED)
-                self._finish(request)
-                aborted = True
+        seq_ids = self.output_processor.choice_ids(request_id)
+        for seq_id in seq_ids:
+            self.scheduler.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
+            aborted |= self.output_processor.abort(seq_id)
         # overlap_steps: an aborted request's last tokens are never sent.
-        self._unsent = [seq for seq in self._unsent if seq.request_id in self._requests]
+        self._unsent = [u for u in self._unsent if u.request_id not in seq_ids]
         return aborted
 
     def has_pending_work(self) -> bool:
@@ -269,7 +196,7 @@ class LLMEngine:
 
     def get_output(self, request_id: str) -> RequestOutput | None:
         """A finished request's output; None while it runs (or once forgotten)."""
-        return self._finished.get(request_id)
+        return self.output_processor.get_finished(request_id)
 
     def memory_stats(self) -> dict[str, Any]:
         stats = self.block_manager.memory_stats()
@@ -292,132 +219,43 @@ class LLMEngine:
     # ---- stepping ----
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return the requests that got tokens or finished.
+        """Run one step: schedule, run the model, update the sequences, make outputs.
+        Returns the outputs of the requests that got tokens or finished.
 
         With overlap_steps, the model pass of this step runs in a worker thread while
         this thread turns the previous step's tokens into outputs: the outputs returned
         are the previous step's (the last ones come from a step with nothing scheduled).
         """
         started = time.perf_counter()
-        out = self.scheduler.schedule()
-        self.metrics.num_preemptions += len(out.preempted)
+        scheduled = self.scheduler.schedule()
         if self._overlap is None:
-            progressed = [] if out.is_empty else self._postprocess(out, self.runner.execute(out))
-            outputs = self._outputs(progressed)
+            outputs = self._process(self._update(scheduled, self.runner.execute(scheduled)))
         else:
-            running = None
-            if not out.is_empty:
-                running = self._overlap.submit(self.runner.run, out, self.runner.prepare(out))
             # A stop string found here finishes its sequence while the model computes one
-            # more token for it, which postprocess then drops.
+            # more token for it, which the scheduler then drops.
+            running = self._overlap.submit(self.runner.execute, scheduled)
             unsent, self._unsent = self._unsent, []
-            outputs = self._outputs(unsent)
-            if running is not None:
-                self._unsent = self._postprocess(out, running.result())
-        if not out.is_empty:
+            outputs = self._process(unsent)
+            self._unsent = self._update(scheduled, running.result())
+        if not scheduled.is_empty:
             self.metrics.busy_time += time.perf_counter() - started
         return outputs
 
-    def _postprocess(self, out: SchedulerOutput, sampled: dict[str, Sampled]) -> list[Sequence]:
-        """Append a step's tokens; return the sequences that progressed."""
-        progressed = self.scheduler.postprocess(out, sampled)
-        for seq in progressed:
-            if seq.matcher is not None and seq.request_id in sampled:
-                self._advance_grammar(seq)
-        self.metrics.num_steps += 1
-        self.metrics.tokens_generated += len(sampled)
-        self.metrics.max_batch_size = max(self.metrics.max_batch_size, len(out.scheduled))
-        return progressed
+    def _update(self, scheduled: SchedulerOutput, runner_output: Any) -> list[SequenceUpdate]:
+        updates = self.scheduler.update_from_output(scheduled, runner_output)
+        self.metrics.num_preemptions += len(scheduled.preempted)
+        if not scheduled.is_empty:
+            self.metrics.num_steps += 1
+            self.metrics.tokens_generated += len(runner_output.sampled)
+            batch_size = len(scheduled.scheduled)
+            self.metrics.max_batch_size = max(self.metrics.max_batch_size, batch_size)
+        return updates
 
-    def _outputs(self, progressed: list[Sequence]) -> list[RequestOutput]:
-        """Detokenize the sequences' new tokens into their requests' outputs."""
-        outputs = []
-        for seq in progressed:
-            request = self._requests.get(seq.request_id)
-            if request is None:  # aborted since its step
-                continue
-            if seq.num_tokens > request.num_detokenized or seq.is_finished:
-                outputs.append(self._update_output(request))
-        return outputs
-
-    def _advance_grammar(self, seq: Sequence) -> None:
-        """Feed the matcher the new token; the output ends where the grammar does."""
-        if not seq.matcher.consume_token(seq.token_ids[-1]):
-            # The mask allowed only tokens it accepts, so this is a bug, not bad input.
-            logger.error("grammar refused token: %s", seq.matcher.get_error())
-            self.scheduler.finish(seq, SequenceStatus.FINISHED_FAILED)
-        elif seq.matcher.is_stopped() and not seq.is_finished:
-            self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-
-    def _update_output(self, request: _Request) -> RequestOutput:
-        seq, output = request.seq, request.output
-        new_ids = seq.token_ids[request.num_detokenized :]
-        request.num_detokenized = seq.num_tokens
-        # A stop_token_ids token ends the request without its text, as in vLLM.
-        text_ids = new_ids
-        if seq.stop_reason is not None and not seq.sampling_params.include_stop_str_in_output:
-            text_ids = new_ids[:-1]
-        old_len = len(request.decoded)
-        request.decoded += request.detokenizer.step(text_ids) if text_ids else ""
-        if seq.is_finished:
-            request.decoded += request.detokenizer.flush()
-        now = time.monotonic()
-        if new_ids and output.metrics.first_token_time is None:
-            output.metrics.first_token_time = now
-        output.metrics.first_scheduled_time = seq.times.first_scheduled
-        output.metrics.num_preemptions = seq.num_preemptions
-        output.token_ids = seq.output_token_ids
-        output.cumulative_logprob = seq.cumulative_logprob
-        output.delta_token_ids = new_ids
-        if seq.logprobs is not None:
-            output.logprobs = list(seq.logprobs)  # a new list: callers keep snapshots
-        if seq.prompt_logprobs is not None and output.prompt_logprobs is None:
-            output.prompt_logprobs = list(seq.prompt_logprobs)
-        send_to = self._check_stop_strings(request, old_len)
-        if seq.is_finished:
-            self._finish(request)
-        sent = len(output.text)
-        send_to = max(send_to, sent)  # the hold-back never lets a sent char become a stop
-        output.delta_text = request.decoded[sent:send_to]
-        output.text = request.decoded[:send_to]
-        return output
-
-    def _check_stop_strings(self, request: _Request, old_len: int) -> int:
-        """Finish the request on a stop string; return how far its text may be sent."""
-        seq, stops, text = request.seq, request.stops, request.decoded
-        if stops is None:
-            return len(text)
-        if seq.num_output_tokens >= seq.sampling_params.min_tokens:
-            found = stops.find(text, old_len)
-            if found is not None:
-                end, stop = found
-                request.decoded = text[:end]
-                seq.stop_reason = stop
-                # Over a length finish in the same step too: the stop string came first.
-                if seq.is_finished:
-                    seq.status = SequenceStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)
-                return end
-        if seq.is_finished:
-            return len(text)
-        return len(text) - stops.held_back(text)
-
-    def _finish(self, request: _Request) -> None:
-        seq, output = request.seq, request.output
-        output.finished = True
-        output.finish_reason = seq.status.finish_reason
-        output.stop_reason = seq.stop_reason
-        output.metrics.finished_time = seq.times.finished or time.monotonic()
-        del self._requests[seq.request_id]
-        group = self._groups.get(seq.group_id)
-        if group is not None and all(i not in self._requests for i in group):
-            del self._groups[seq.group_id]
-        self._finished[seq.request_id] = output
-        while len(self._finished) > MAX_FINISHED_KEPT:
-            self._finished.popitem(last=False)
-        self.metrics.requests_processed += 1
-        self.metrics.total_latency += output.metrics.latency or 0.0
+    def _process(self, updates: list[SequenceUpdate]) -> list[RequestOutput]:
+        processed = self.output_processor.process(updates)
+        for seq_id in processed.stopped:  # by a stop string
+            self.scheduler.finish(seq_id, SequenceStatus.FINISHED_STOPPED)
+        return processed.outputs
 
     # ---- offline batch API ----
 
@@ -473,21 +311,7 @@ class LLMEngine:
                     if output.finished and output.request_id in pending:
                         pending.discard(output.request_id)
                         bar.update(1)
-        return [self._finished.pop(request_id) for request_id in ids]
-
-
-def choice_id(request_id: str, index: int) -> str:
-    """The sequence id of choice ``index`` of a request (choice 0 keeps the request's)."""
-    return request_id if index == 0 else f"{request_id}#{index}"
-
-
-def choice_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Choice ``index``'s own params: a seeded request seeds choice i with seed + i
-    (as vLLM does), so every choice is reproducible and the choices differ."""
-    if params.n == 1:
-        return params
-    seed = None if params.seed is None else (params.seed + index) % 2**63
-    return dataclasses.replace(params, n=1, seed=seed)
+        return [self.output_processor.pop_finished(request_id) for request_id in ids]
 
 
 def _resolve_device(device: str) -> torch.device:

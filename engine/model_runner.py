@@ -21,15 +21,18 @@ import numpy as np
 import torch
 from hetero_infer import kernels
 from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.core.step_data import (
+    EMPTY_RUNNER_OUTPUT,
+    Logprobs,
+    ModelRunnerOutput,
+    SampledToken,
+    ScheduledSequence,
+    SchedulerOutput,
+)
 from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
 from hetero_infer.engine.sampler import Sampler
-from hetero_infer.engine.scheduler import SchedulerOutput
-from hetero_infer.engine.sequence import Sequence
 from hetero_infer.kernels import AttentionMetadata
-
-# (token id, its logprob, {token id: logprob} of it and its top alternatives when asked)
-Sampled = tuple[int, float, dict[int, float] | None]
 
 logger = logging.getLogger(__name__)
 
@@ -169,91 +172,76 @@ class ModelRunner:
 
     # ---- one step ----
 
-    def execute(self, out: SchedulerOutput) -> dict[str, Sampled]:
-        """Run a scheduled step; return request_id -> (sampled token, its logprob, top ones)."""
-        return self.run(out, self.prepare(out))
-
     @torch.inference_mode()
-    def prepare(self, out: SchedulerOutput) -> ModelInputs:
-        """A step's work before the model pass: block copies and the input tensors. It
-        reads the scheduled sequences' tokens and block tables, so it runs in the thread
-        that changes them."""
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run a scheduled step: block copies, one forward pass, prompt logprobs and
+        sampling. Reads only ``out`` (plain data), so it may run in any thread."""
+        self.sampler.forget(out.finished)
+        if out.is_empty:
+            return EMPTY_RUNNER_OUTPUT
         with kernels.use_backend(self.kernel_backend):
             self._copy_blocks(out)
-            return self.prepare_inputs(out)
-
-    @torch.inference_mode()
-    def run(self, out: SchedulerOutput, inputs: ModelInputs) -> dict[str, Sampled]:
-        """The model pass, prompt logprobs and sampling of a prepared step (in any thread:
-        the backend choice and inference mode are set here, per thread)."""
-        with kernels.use_backend(self.kernel_backend):
-            return self._run(out, inputs)
-
-    def _run(self, out: SchedulerOutput, inputs: ModelInputs) -> dict[str, Sampled]:
-        if self.graphs is not None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        self._prompt_logprobs(out, hidden)
-        sampling = [s.seq for s in out.scheduled if s.samples]
-        if not sampling:
-            return {}
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        tokens, logprobs, tops = self.sampler(logits, sampling)
-        return {
-            seq.request_id: (tok, lp, top)
-            for seq, tok, lp, top in zip(sampling, tokens, logprobs, tops, strict=True)
+            inputs = self.prepare_inputs(out)
+            if self.graphs is not None and self.graphs.can_run(inputs):
+                hidden = self.graphs.run(inputs)
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            prompt_logprobs = self._prompt_logprobs(out, hidden)
+            sampling = [s for s in out.scheduled if s.samples]
+            if not sampling:
+                return ModelRunnerOutput({}, prompt_logprobs)
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            tokens, logprobs, tops = self.sampler(logits, sampling)
+        sampled = {
+            s.request_id: SampledToken(tok, lp, top)
+            for s, tok, lp, top in zip(sampling, tokens, logprobs, tops, strict=True)
         }
+        return ModelRunnerOutput(sampled, prompt_logprobs)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor) -> None:
-        """Fill seq.prompt_logprobs for the prompt positions this step computed.
+    def _prompt_logprobs(
+        self, out: SchedulerOutput, hidden: torch.Tensor
+    ) -> dict[str, list[Logprobs]]:
+        """Each sequence's logprobs for the prompt positions this step computed.
 
-        Position p's logits predict prompt token p + 1. Kept only where the list
-        ends (a recomputed prompt would repeat them). These are the model's raw
+        Position p's logits predict prompt token p + 1. Only positions past those the
+        sequence has (a recomputed prompt would repeat them). These are the model's raw
         logprobs, as vLLM gives prompt logprobs.
         """
         rows: list[int] = []
-        targets: list[tuple[Sequence, int]] = []  # (sequence, prompt token predicted)
+        targets: list[tuple[ScheduledSequence, int]] = []  # (sequence, prompt token predicted)
         offset = 0
         for item in out.scheduled:
-            seq = item.seq
-            if seq.prompt_logprobs is not None:
-                have = len(seq.prompt_logprobs)
-                assert item.start + 1 <= have or item.start >= seq.num_prompt_tokens
+            have = item.num_prompt_logprobs
+            if have is not None and item.prompt_token_ids is not None:
+                num_prompt = len(item.prompt_token_ids)
+                assert item.start + 1 <= have or item.start >= num_prompt
                 for p in range(item.start, item.start + item.num_new_tokens):
-                    if have <= p + 1 < seq.num_prompt_tokens:
+                    if have <= p + 1 < num_prompt:
                         rows.append(offset + p - item.start)
-                        targets.append((seq, p + 1))
+                        targets.append((item, p + 1))
             offset += item.num_new_tokens
         if not rows:
-            return
+            return {}
         logprobs = torch.log_softmax(
             self.model.compute_logits(hidden[rows]).float(), dim=-1
         ).cpu()  # [len(rows), vocab]
-        token_ids = torch.tensor([seq.token_ids[i] for seq, i in targets])
+        token_ids = torch.tensor([item.prompt_token_ids[i] for item, i in targets])
         chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
-        k_max = max(seq.sampling_params.prompt_logprobs or 0 for seq, _ in targets)
+        k_max = max(item.sampling_params.prompt_logprobs or 0 for item, _ in targets)
         top_values, top_ids = logprobs.topk(max(k_max, 1), dim=-1)
-        for j, (seq, i) in enumerate(targets):
-            k = seq.sampling_params.prompt_logprobs or 0
-            entry = {seq.token_ids[i]: chosen[j]}
+        found: dict[str, list[Logprobs]] = {}
+        for j, (item, i) in enumerate(targets):
+            k = item.sampling_params.prompt_logprobs or 0
+            entry = {item.prompt_token_ids[i]: chosen[j]}
             top = zip(top_ids[j, :k].tolist(), top_values[j, :k].tolist(), strict=True)
             for token_id, value in top:
                 entry.setdefault(token_id, value)
-            assert seq.prompt_logprobs is not None
-            seq.prompt_logprobs.append(entry)
+            found.setdefault(item.request_id, []).append(entry)
+        return found
 
     def prepare_inputs(self, out: SchedulerOutput) -> ModelInputs:
         return self._build_inputs(
-            [
-                (
-                    item.seq.token_ids[item.start : item.start + item.num_new_tokens],
-                    item.start,
-                    item.seq.block_table,
-                    item.samples,
-                )
-                for item in out.scheduled
-            ]
+            [(item.token_ids, item.start, item.block_table, item.samples) for item in out.scheduled]
         )
 
     def _build_inputs(self, chunks: list[_Chunk]) -> ModelInputs:

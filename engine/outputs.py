@@ -1,11 +1,17 @@
-"""RequestOutput: what a caller sees of a request after each step and at the end."""
+"""RequestOutput: what a caller sees of a request after each step and at the end.
+
+Each is an immutable snapshot: a step makes new ones, so a caller (or another thread)
+may keep them while the engine goes on.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.core.step_data import Logprobs
 
-@dataclass
+
+@dataclass(frozen=True)
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -26,7 +32,7 @@ class RequestMetrics:
         return self.finished_time - self.arrival_time
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -41,20 +47,20 @@ class RequestOutput:
     # What this step added, for streaming.
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
-    error: str | None = None
     # The stop_token_ids entry or stop string that ended it (vLLM's stop_reason).
     stop_reason: int | str | None = None
     # When asked: per output token {token_id: logprob} (the token's own, then its top
     # alternatives); per prompt token the same, None for the first.
-    logprobs: list[dict[int, float]] | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    logprobs: list[Logprobs] | None = None
+    prompt_logprobs: list[Logprobs | None] | None = None
     # n > 1: this output is choice ``index`` of the request ``group_id`` (the id the
     # caller gave); request_id is the choice's own. For n = 1 they are 0 and request_id.
     index: int = 0
     group_id: str = ""
 
     def __post_init__(self) -> None:
-        self.group_id = self.group_id or self.request_id
+        if not self.group_id:
+            object.__setattr__(self, "group_id", self.request_id)
 
 
 # mini-infer's name for the same.

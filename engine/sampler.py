@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from hetero_infer import kernels
-from hetero_infer.engine.sequence import Sequence
+from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.structured_output import allowed_tokens
 
 
@@ -19,10 +19,17 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         # Unseeded requests share one generator, seeded once per engine so runs repeat.
         self.generator = torch.Generator().manual_seed(seed)
+        # Seeded requests draw from their own, so their tokens do not depend on what else
+        # shares the batch; kept until forget() is told the request finished.
+        self.generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.generators.pop(request_id, None)
 
     @torch.no_grad()
     def __call__(
-        self, logits: torch.Tensor, seqs: list[Sequence]
+        self, logits: torch.Tensor, seqs: list[ScheduledSequence]
     ) -> tuple[list[int], list[float], list[dict[int, float] | None]]:
         """logits [num_seqs, vocab] -> (token ids, their logprobs, top logprobs when asked).
 
@@ -55,7 +62,7 @@ class Sampler:
         token_list, chosen_list = tokens.tolist(), chosen.tolist()
         return token_list, chosen_list, top_logprobs(logprobs, token_list, chosen_list, seqs)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
         device = logits.device
         params = [s.sampling_params for s in seqs]
         temperature = torch.tensor([p.temperature for p in params], device=device)
@@ -70,21 +77,36 @@ class Sampler:
         if bool((min_p > 0).any()):
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < threshold, 0.0)
-        noise = self._exponential_noise(probs.shape, seqs).to(probs.device)
+        generators = [self._generator(s) for s in seqs]
+        noise = self._exponential_noise(probs.shape, generators).to(probs.device)
         return (probs / noise).argmax(dim=-1)
 
-    def _exponential_noise(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
+    def _generator(self, seq: ScheduledSequence) -> torch.Generator | None:
+        seed = seq.sampling_params.seed
+        if seed is None:
+            return None
+        generator = self.generators.get(seq.request_id)
+        if generator is None:
+            generator = self.generators[seq.request_id] = torch.Generator().manual_seed(seed)
+        return generator
+
+    def _exponential_noise(
+        self, shape: torch.Size, generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
         # Drawn on the CPU, where the generators live, whatever device the logits are on
         # (the caller moves it): a seed gives the same noise on every device.
         noise = torch.empty(shape).exponential_(generator=self.generator)
-        for i, seq in enumerate(seqs):
-            if seq.generator is not None:
-                noise[i].exponential_(generator=seq.generator)
+        for i, generator in enumerate(generators):
+            if generator is not None:
+                noise[i].exponential_(generator=generator)
         return noise
 
 
 def top_logprobs(
-    logprobs: torch.Tensor | None, tokens: list[int], chosen: list[float], seqs: list[Sequence]
+    logprobs: torch.Tensor | None,
+    tokens: list[int],
+    chosen: list[float],
+    seqs: list[ScheduledSequence],
 ) -> list[dict[int, float] | None]:
     """Per row that asked: {chosen token: logprob, then the k most likely: theirs}.
     ``logprobs`` (the rows' log-softmax) is None when no row asked."""
@@ -133,24 +155,24 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def needs_processing(seqs: list[Sequence]) -> bool:
+def needs_processing(seqs: list[ScheduledSequence]) -> bool:
     """Whether any row has something for process_logits to do."""
     return any(
-        s.matcher is not None
+        s.grammar_bitmask is not None
+        or s.banned_token_ids
         or s.sampling_params.logit_bias
-        or s.sampling_params.min_tokens
         or s.sampling_params.has_penalties
         for s in seqs
     )
 
 
-def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     """Logit bias, min_tokens masking, the grammar's mask and penalties, in vLLM's order,
     on [num_seqs, vocab]."""
     if not needs_processing(seqs):
         return logits
     params = [s.sampling_params for s in seqs]
-    constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+    constrained = [i for i, s in enumerate(seqs) if s.grammar_bitmask is not None]
     logits = logits.clone()  # the caller's tensor stays the model's output
     vocab = logits.shape[-1]
     rows: list[int] = []
@@ -161,15 +183,11 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
             rows.append(i)
             cols.append(token_id)
             values.append(bias)
-        if seq.num_output_tokens < p.min_tokens:
-            banned = set(p.stop_token_ids)
-            if not p.ignore_eos:
-                banned |= seq.eos_token_ids
-            for token_id in banned:
-                if token_id < vocab:
-                    rows.append(i)
-                    cols.append(token_id)
-                    values.append(float("-inf"))
+        for token_id in seq.banned_token_ids:  # not before min_tokens
+            if token_id < vocab:
+                rows.append(i)
+                cols.append(token_id)
+                values.append(float("-inf"))
     if rows:
         device = logits.device
         index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
@@ -177,7 +195,8 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         # accumulate: a token both biased and banned ends at -inf
         logits.index_put_(index, bias, accumulate=True)
     if constrained:
-        allowed = allowed_tokens([seqs[i].matcher for i in constrained], vocab, logits.device)
+        bitmasks = [seqs[i].grammar_bitmask for i in constrained]
+        allowed = allowed_tokens(bitmasks, vocab, logits.device)
         logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
     penalized = [i for i, p in enumerate(params) if p.has_penalties]
     if penalized:

@@ -132,6 +132,11 @@ class SamplingParams:
                     f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
                 )
 
+    def allows_stop(self, num_output_tokens: int) -> bool:
+        """Whether a sequence with this many output tokens may stop (min_tokens): before,
+        eos and stop tokens are masked out and stop strings are not looked for."""
+        return num_output_tokens >= self.min_tokens
+
     @property
     def has_penalties(self) -> bool:
         return (

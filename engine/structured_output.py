@@ -58,11 +58,12 @@ class StructuredOutput:
         return matcher
 
 
-def allowed_tokens(matchers: list[Any], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(matchers), vocab] bool: the tokens each matcher allows next."""
+def allowed_tokens(bitmasks: list[bytes], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[len(bitmasks), vocab] bool: the tokens each grammar bit mask (a matcher's
+    compute_bitmask()) allows next."""
     words = -(-vocab_size // 32)
-    masks = b"".join(m.compute_bitmask()[: 4 * words] for m in matchers)
-    bitmask = torch.frombuffer(bytearray(masks), dtype=torch.int32).view(len(matchers), words)
+    masks = b"".join(m[: 4 * words] for m in bitmasks)
+    bitmask = torch.frombuffer(bytearray(masks), dtype=torch.int32).view(len(bitmasks), words)
     # bit b of word w is token 32 w + b: [rows, words] -> [rows, words, 32] -> [rows, vocab]
     bits = (bitmask.to(device)[:, :, None] >> torch.arange(32, device=device)) & 1
-    return bits.view(len(matchers), -1)[:, :vocab_size].bool()
+    return bits.view(len(bitmasks), -1)[:, :vocab_size].bool()

@@ -79,7 +79,7 @@ def _sampling_params(
     is a 400 even when streaming (where errors after the first byte go in-band)."""
     params = body.sampling_params(max_tokens, engine.engine.model_config.vocab_size)
     try:
-        engine.engine.check_params(params)
+        engine.engine.input_processor.check_params(params)
     except ValueError as exc:
         raise APIError.from_exception(exc) from exc
     return params

@@ -7,15 +7,15 @@ Pure Python. "Computing" tokens is simulated the way the scheduler does it:
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
 
 
 def make_seq(request_id: str, token_ids: list[int]) -> Sequence:
-    return Sequence(request_id, None, list(token_ids), SamplingParams(max_tokens=16))
+    return Sequence(request_id, list(token_ids), SamplingParams(max_tokens=16))
 
 
 def compute(bm: BlockManager, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
@@ -71,11 +71,11 @@ def test_decode_allocates_a_block_only_at_a_boundary() -> None:
     prefill(bm, seq)
     assert len(seq.block_table) == 2
     for token in (6, 7):  # positions 6 and 7 still fit in block 1
-        seq.append_token(token, 0.0)
+        seq.token_ids.append(token)
         assert bm.num_blocks_needed(seq, 1) == 0
         compute(bm, seq, 1)
         assert len(seq.block_table) == 2
-    seq.append_token(8, 0.0)  # position 8 opens block 2
+    seq.token_ids.append(8)  # position 8 opens block 2
     assert bm.num_blocks_needed(seq, 1) == 1
     compute(bm, seq, 1)
     assert len(seq.block_table) == 3
@@ -334,8 +334,8 @@ def test_writer_copies_a_shared_partial_last_block() -> None:
     child = make_seq("c", list(range(6)))
     bm.fork(parent, child)
     full, shared = parent.block_table
-    parent.append_token(100, 0.0)
-    child.append_token(200, 0.0)
+    parent.token_ids.append(100)
+    child.token_ids.append(200)
 
     assert bm.num_blocks_needed(parent, 1) == 1  # the private copy
     copies = compute(bm, parent, 1)
@@ -358,7 +358,7 @@ def test_copy_on_write_plus_new_block_in_one_chunk() -> None:
     child = make_seq("c", list(range(6)))
     bm.fork(parent, child)
     for t in range(4):
-        parent.append_token(100 + t, 0.0)
+        parent.token_ids.append(100 + t)
     assert bm.num_blocks_needed(parent, 4) == 2  # one copy, one new block
     copies = compute(bm, parent, 4)
     assert len(copies) == 1 and copies[0][0] == child.block_table[1]
@@ -372,8 +372,8 @@ def test_no_copy_when_fork_is_at_a_block_boundary() -> None:
     prefill(bm, parent)
     child = make_seq("c", list(range(8)))
     bm.fork(parent, child)
-    parent.append_token(100, 0.0)
-    child.append_token(200, 0.0)
+    parent.token_ids.append(100)
+    child.token_ids.append(200)
     assert compute(bm, parent, 1) == []
     assert compute(bm, child, 1) == []
     assert parent.block_table[:2] == child.block_table[:2]
@@ -386,7 +386,7 @@ def test_copy_on_write_needs_a_free_block() -> None:
     prefill(bm, parent)
     child = make_seq("c", list(range(6)))
     bm.fork(parent, child)
-    parent.append_token(100, 0.0)
+    parent.token_ids.append(100)
     assert bm.num_free_blocks == 0
     assert not bm.can_allocate_slots(parent, 1)
 
@@ -444,7 +444,7 @@ def test_swap_in_brings_blocks_back() -> None:
     prefill(bm, seq)
     bm.swap_out(seq)
     cpu_table = list(seq.block_table)
-    seq.append_token(10, 0.0)
+    seq.token_ids.append(10)
     assert bm.can_swap_in(seq, 1)
     mapping = bm.swap_in(seq)
     assert [cpu for cpu, _ in mapping] == cpu_table
@@ -466,7 +466,7 @@ def test_can_swap_in_counts_the_new_tokens() -> None:
     seq = make_seq("a", list(range(8)))
     prefill(bm, seq)
     bm.swap_out(seq)
-    seq.append_token(8, 0.0)
+    seq.token_ids.append(8)
     hog = make_seq("hog", list(range(100, 108)))
     prefill(bm, hog)  # 2 of 4 GPU blocks left; seq needs 3 for position 8
     assert not bm.can_swap_in(seq, 1)

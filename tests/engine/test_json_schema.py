@@ -35,7 +35,7 @@ def test_mask_allows_only_what_the_grammar_does():
     tokenizer = make_byte_fallback_tokenizer()
     vocab = len(tokenizer)
     matcher = StructuredOutput(tokenizer, vocab, [2]).matcher({"enum": ["yes", "no"]})
-    allowed = allowed_tokens([matcher], vocab, torch.device("cpu"))[0]
+    allowed = allowed_tokens([matcher.compute_bitmask()], vocab, torch.device("cpu"))[0]
     # Every allowed token starts the text '"yes"' or '"no"'.
     texts = {tokenizer.decode([i]) for i in allowed.nonzero().flatten().tolist()}
     assert texts and all('"yes"'.startswith(t) or '"no"'.startswith(t) for t in texts)

@@ -10,10 +10,11 @@ it, so a sequence that reads a stale, stolen or wrongly shared block is caught.
 
 from __future__ import annotations
 
-from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.scheduler import Scheduler
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken, SchedulerOutput
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.engine.sequence import Sequence, SequenceStatus
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -46,7 +47,9 @@ class FakeRunner:
     def read(self, cache: list[list[int | None]], seq: Sequence, pos: int) -> int | None:
         return cache[seq.block_table[pos // self.block_size]][pos % self.block_size]
 
-    def execute(self, out: SchedulerOutput) -> None:
+    def execute(self, out: SchedulerOutput, seqs: dict[str, Sequence]) -> None:
+        """Apply a step the way the real runner does, from the scheduler's plain data
+        alone (``seqs`` only supplies the token history the fake KV hashes)."""
         for gpu, cpu in out.blocks_to_swap_out:
             self.cpu[cpu] = list(self.gpu[gpu])
         for cpu, gpu in out.blocks_to_swap_in:
@@ -54,11 +57,13 @@ class FakeRunner:
         for src, dst in out.blocks_to_copy:
             self.gpu[dst] = list(self.gpu[src])
         for item in out.scheduled:
-            seq, bs = item.seq, self.block_size
+            seq, bs, table = seqs[item.request_id], self.block_size, item.block_table
+            end = item.start + item.num_new_tokens
+            assert item.token_ids == seq.token_ids[item.start : end]
             for pos in range(item.start):  # the context this step attends to
-                assert self.read(self.gpu, seq, pos) == self.kv(seq, pos), (seq, pos)
-            for pos in range(item.start, item.start + item.num_new_tokens):
-                self.gpu[seq.block_table[pos // bs]][pos % bs] = self.kv(seq, pos)
+                assert self.gpu[table[pos // bs]][pos % bs] == self.kv(seq, pos), (seq, pos)
+            for pos in range(item.start, end):
+                self.gpu[table[pos // bs]][pos % bs] = self.kv(seq, pos)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -126,7 +131,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             use_swap=use_swap,
         )
         self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size)
-        self.seqs: list[Sequence] = []
+        self.seqs: dict[str, Sequence] = {}
         self.next_id = 0
         self.registered_kv: dict[int, list[int]] = {}  # block hash -> the KV it stands for
 
@@ -151,8 +156,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for suffix in suffixes:
             prompt = (PREFIXES[prefix][:prefix_len] + suffix)[: self.max_model_len] or [1]
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-            seq = Sequence(self._new_id(), None, prompt, params, eos_token_ids=frozenset({EOS}))
-            self.seqs.append(seq)
+            seq = Sequence(self._new_id(), prompt, params, eos_token_ids=frozenset({EOS}))
+            self.seqs[seq.request_id] = seq
             self.sched.add(seq)
 
     @rule(
@@ -210,7 +215,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         child = Sequence(
             self._new_id(),
-            None,
             parent.prompt_token_ids,
             parent.sampling_params,
             eos_token_ids=parent.eos_token_ids,
@@ -220,7 +224,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         # No scheduler API for this yet: the child joins the batch as its newest member.
         child.status = SequenceStatus.RUNNING
         self.sched.running.append(child)
-        self.seqs.append(child)
+        self.sched.sequences[child.request_id] = child
+        self.seqs[child.request_id] = child
 
     # ---- one engine step, checked ----
 
@@ -231,32 +236,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         swapped_before = list(sched.swapped)
         out = sched.schedule()
         self._check_output(out, running_before, waiting_before, swapped_before)
-        self.runner.execute(out)
-        for seq in out.preempted:
-            event(f"preempt to {seq.status.value}")
+        self.runner.execute(out, self.seqs)
+        for request_id in out.preempted:
+            event(f"preempt to {self.seqs[request_id].status.value}")
         if out.blocks_to_swap_in:
             event("swap in")
         if out.blocks_to_copy:
             event("copy-on-write")
-        if any(s.start > 0 and s.seq.num_computed_tokens == s.start for s in out.scheduled):
+        scheduled = [self.seqs[s.request_id] for s in out.scheduled]
+        if any(s.start > 0 for s in out.scheduled):
             event("chunk or decode with context")
 
-        samplers = [s.seq for s in out.scheduled if s.samples]
+        samplers = [self.seqs[s.request_id] for s in out.scheduled if s.samples]
         if abort_mid is not None and out.scheduled:
-            self._abort(out.scheduled[abort_mid % len(out.scheduled)].seq)
+            self._abort(scheduled[abort_mid % len(scheduled)])
         sampled = {
-            seq.request_id: (tokens[k] if k < len(tokens) else 1, -1.0)
+            seq.request_id: SampledToken(tokens[k] if k < len(tokens) else 1, -1.0)
             for k, seq in enumerate(samplers)
         }
-        before = {id(s.seq): (s.seq.num_computed_tokens, s.seq.num_tokens) for s in out.scheduled}
-        tables = {id(s.seq): list(s.seq.block_table) for s in out.scheduled}
-        sched.postprocess(out, sampled)
-        for item in out.scheduled:
-            seq = item.seq
+        before = {id(seq): (seq.num_computed_tokens, seq.num_tokens) for seq in scheduled}
+        sched.update_from_output(out, ModelRunnerOutput(sampled))
+        for item, seq in zip(out.scheduled, scheduled, strict=True):
             computed, num_tokens = before[id(seq)]
             if seq.status == SequenceStatus.FINISHED_ABORTED:
                 continue
-            self._remember_registered_kv(seq, tables[id(seq)])
+            self._remember_registered_kv(seq, item.block_table)
             assert seq.num_computed_tokens == computed + item.num_new_tokens
             assert seq.num_tokens == num_tokens + (seq.request_id in sampled)
             if seq.is_finished:
@@ -282,12 +286,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert out.num_batched_tokens <= sched.max_num_batched_tokens
         assert len(out.scheduled) <= sched.max_num_seqs
         assert len(sched.running) <= sched.max_num_seqs
-        seqs = [s.seq for s in out.scheduled]
+        seqs = [self.seqs[s.request_id] for s in out.scheduled]
         assert len({id(s) for s in seqs}) == len(seqs)
 
         # Preemption takes the newest running sequences, newest first.
-        assert out.preempted == running_before[::-1][: len(out.preempted)]
-        for seq in out.preempted:
+        preempted = [self.seqs[request_id] for request_id in out.preempted]
+        assert preempted == running_before[::-1][: len(out.preempted)]
+        for seq in preempted:
             assert seq not in seqs
             assert seq.status in (SequenceStatus.WAITING, SequenceStatus.SWAPPED)
         if out.preempted:
@@ -303,9 +308,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not sched.swapped
 
         written: set[int] = set()
-        for item in out.scheduled:
-            seq = item.seq
+        for item, seq in zip(out.scheduled, seqs, strict=True):
             assert seq in sched.running and seq.status == SequenceStatus.RUNNING
+            assert item.block_table == seq.block_table
             assert item.num_new_tokens >= 1
             assert item.start + item.num_new_tokens <= seq.num_tokens
             assert len(seq.block_table) * bs >= item.start + item.num_new_tokens
@@ -339,7 +344,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.registered_kv.setdefault(block_hash, kv) == kv, (seq, i)
 
     def _abort(self, seq: Sequence) -> None:
-        self.sched.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self.sched.finish(seq.request_id, SequenceStatus.FINISHED_ABORTED)
         assert seq.status == SequenceStatus.FINISHED_ABORTED and seq.block_table == []
 
     def _new_id(self) -> str:
@@ -359,7 +364,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # Every sequence is in exactly one place.
         places = [*running, *waiting, *swapped]
         assert len({id(s) for s in places}) == len(places)
-        for seq in self.seqs:
+        for seq in self.seqs.values():
             if seq.is_finished:
                 assert seq not in places and seq.block_table == []
             else:
@@ -418,7 +423,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._step([], None)
             self.accounting()
             steps += 1
-        assert all(seq.is_finished for seq in self.seqs)
+        assert all(seq.is_finished for seq in self.seqs.values())
         assert all(block.ref_count == 0 for block in bm.blocks)
         assert bm.num_free_blocks == bm.num_blocks
         assert sorted(bm.free_cpu_blocks) == list(range(bm.num_cpu_blocks))

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hetero_infer.engine.core.scheduler import schedule_entry
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.sampler import Sampler, apply_top_k_top_p, process_logits
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.sequence import Sequence
 
 
-def _seqs(*params: SamplingParams) -> list[Sequence]:
-    return [Sequence(str(i), None, [1], p) for i, p in enumerate(params)]
+def _row(
+    request_id: str, params: SamplingParams, prompt: list[int], output: list[int]
+) -> ScheduledSequence:
+    """What the scheduler hands the sampler for a sequence about to sample."""
+    seq = Sequence(request_id, prompt, params, eos_token_ids=frozenset({0}))
+    seq.token_ids += output
+    seq.num_computed_tokens = seq.num_tokens - 1
+    return schedule_entry(seq, 1)
+
+
+def _seqs(*params: SamplingParams) -> list[ScheduledSequence]:
+    return [_row(str(i), p, [1], []) for i, p in enumerate(params)]
 
 
 def test_greedy_picks_argmax_and_reports_raw_logprob():
@@ -97,11 +109,8 @@ def test_sampled_frequencies_follow_temperature_softmax():
 # ---- logit bias, min_tokens, penalties: against a plain per-token reference ----
 
 
-def _seq_with(params: SamplingParams, prompt: list[int], output: list[int]) -> Sequence:
-    seq = Sequence("r", None, prompt, params, eos_token_ids=frozenset({0}))
-    for token_id in output:
-        seq.append_token(token_id, 0.0)
-    return seq
+def _seq_with(params: SamplingParams, prompt: list[int], output: list[int]) -> ScheduledSequence:
+    return _row("r", params, prompt, output)
 
 
 def _reference(logits: list[float], params: SamplingParams, prompt, output) -> list[float]:
@@ -174,8 +183,8 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
     assert tokens[0] not in (0, 5) and tokens[1] == 0
 
 
-def _greedy_seqs(n: int, **params) -> list[Sequence]:
-    return [Sequence(str(i), None, [1], SamplingParams(temperature=0, **params)) for i in range(n)]
+def _greedy_seqs(n: int, **params) -> list[ScheduledSequence]:
+    return _seqs(*[SamplingParams(temperature=0, **params)] * n)
 
 
 def test_sampler_gives_the_same_greedy_result_on_either_path():
@@ -192,7 +201,7 @@ def test_sampler_gives_the_same_greedy_result_on_either_path():
 def test_sampler_applies_logit_bias_before_a_greedy_pick():
     logits = (4 * torch.randn(2, 100, generator=torch.Generator().manual_seed(4))).bfloat16()
     low = int(logits[0].float().argmin())
-    seqs = [Sequence("0", None, [1], SamplingParams(temperature=0, logit_bias={low: 100.0}))]
+    seqs = _seqs(SamplingParams(temperature=0, logit_bias={low: 100.0}))
     seqs += _greedy_seqs(1)
     tokens, _, _ = Sampler()(logits, seqs)
     assert tokens == [low, int(logits[1].float().argmax())]

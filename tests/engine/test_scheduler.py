@@ -5,10 +5,16 @@ Pure Python, no model.
 
 from __future__ import annotations
 
-from hetero_infer.engine.block_manager import BlockManager
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.scheduler import Scheduler
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import (
+    ModelRunnerOutput,
+    SampledToken,
+    SchedulerOutput,
+    SequenceUpdate,
+)
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.scheduler import Scheduler, SchedulerOutput
-from hetero_infer.engine.sequence import Sequence, SequenceStatus
 
 EOS = 0
 TOKEN = 7  # what the "model" samples unless a test says otherwise
@@ -50,22 +56,23 @@ def make_seq(
         token_ids = [base + i for i in range(prompt_len)]
     return Sequence(
         request_id,
-        None,
         token_ids,
         SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
         eos_token_ids=frozenset({EOS}),
     )
 
 
-def feed(sched: Scheduler, out: SchedulerOutput, tokens: dict[str, int] | None = None) -> None:
+def feed(
+    sched: Scheduler, out: SchedulerOutput, tokens: dict[str, int] | None = None
+) -> list[SequenceUpdate]:
     """Hand-made model output: every sequence whose step reaches its end samples a token."""
     tokens = tokens or {}
     sampled = {
-        s.seq.request_id: (tokens.get(s.seq.request_id, TOKEN), -0.5)
+        s.request_id: SampledToken(tokens.get(s.request_id, TOKEN), -0.5)
         for s in out.scheduled
         if s.samples
     }
-    sched.postprocess(out, sampled)
+    return sched.update_from_output(out, ModelRunnerOutput(sampled))
 
 
 def run_step(sched: Scheduler, tokens: dict[str, int] | None = None) -> SchedulerOutput:
@@ -79,7 +86,7 @@ def run_step(sched: Scheduler, tokens: dict[str, int] | None = None) -> Schedule
 
 
 def scheduled(out: SchedulerOutput) -> list[tuple[str, int]]:
-    return [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled]
+    return [(s.request_id, s.num_new_tokens) for s in out.scheduled]
 
 
 def used_blocks(sched: Scheduler) -> int:
@@ -93,13 +100,15 @@ def test_prefill_then_decode() -> None:
     sched = make_scheduler()
     a = make_seq("a", 10)
     sched.add(a)
-    out = run_step(sched)
+    out = sched.schedule()
+    (update,) = feed(sched, out)
     assert scheduled(out) == [("a", 10)]
     assert a.status == SequenceStatus.RUNNING
     assert a.num_computed_tokens == 10
     assert a.output_token_ids == [TOKEN]
-    assert a.cumulative_logprob == -0.5
-    assert a.times.first_scheduled is not None
+    assert update.new_token == SampledToken(TOKEN, -0.5) and update.num_output_tokens == 1
+    assert a.first_scheduled_time is not None
+    assert update.first_scheduled_time == a.first_scheduled_time
     out = run_step(sched)
     assert scheduled(out) == [("a", 1)]
     assert a.num_computed_tokens == 11
@@ -111,7 +120,7 @@ def test_samples_flag_is_set_only_for_the_last_chunk() -> None:
     sched.add(make_seq("a", 6))
     out = sched.schedule()
     assert [s.samples for s in out.scheduled] == [False]
-    sched.postprocess(out, {})
+    sched.update_from_output(out, ModelRunnerOutput())
     out = sched.schedule()
     assert [(s.start, s.num_new_tokens, s.samples) for s in out.scheduled] == [(4, 2, True)]
 
@@ -293,7 +302,7 @@ def test_preempt_newest_by_recompute() -> None:
     a, b = _fill_with_two_decoders(sched)
     sched.add(make_seq("c", 2))
     out = run_step(sched)
-    assert out.preempted == [b]
+    assert out.preempted == [b.request_id]
     assert scheduled(out) == [("a", 1)]  # nothing is admitted in a step that preempted
     assert out.blocks_to_swap_out == []
     assert b.status == SequenceStatus.WAITING
@@ -338,7 +347,7 @@ def test_preemption_with_prefix_caching_reuses_the_victims_blocks() -> None:
     run_step(sched)  # b's first block is now full and cached
     assert b.num_computed_tokens == 4
     out = run_step(sched)  # a takes the last free block; b's position 4 finds none
-    assert out.preempted == [b]
+    assert out.preempted == [b.request_id]
     assert scheduled(out) == [("a", 1)]
     a.sampling_params.max_tokens = a.num_output_tokens + 1
     out = run_step(sched)  # b's cached block alone does not get it admitted
@@ -359,7 +368,7 @@ def test_preempt_by_swap() -> None:
     a, b = _fill_with_two_decoders(sched)
     gpu_table = list(b.block_table)
     out = run_step(sched)
-    assert out.preempted == [b]
+    assert out.preempted == [b.request_id]
     assert scheduled(out) == [("a", 1)]
     assert b.status == SequenceStatus.SWAPPED
     assert list(sched.swapped) == [b]
@@ -402,10 +411,13 @@ def test_several_victims_come_back_oldest_first() -> None:
     run_step(sched)
     run_step(sched)  # all 4 blocks in use; a, b and c each need one more
     out = run_step(sched)
-    assert out.preempted == [c, b]  # newest first, until a and then nothing else fits
+    assert out.preempted == [
+        c.request_id,
+        b.request_id,
+    ]  # newest first, until a and then nothing else fits
     assert scheduled(out) == [("a", 1)]
     assert list(sched.swapped) == [b, c]
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     out = run_step(sched)
     assert scheduled(out) == [("b", 1), ("c", 1)]
 
@@ -414,7 +426,7 @@ def test_swap_falls_back_to_recompute_without_cpu_space() -> None:
     sched = make_scheduler(num_blocks=4, num_cpu_blocks=1, use_swap=True)
     a, b = _fill_with_two_decoders(sched)
     out = run_step(sched)
-    assert out.preempted == [b]
+    assert out.preempted == [b.request_id]
     assert out.blocks_to_swap_out == []
     assert b.status == SequenceStatus.WAITING
     assert b.num_computed_tokens == 0
@@ -426,7 +438,7 @@ def test_a_lone_sequence_that_cannot_grow_preempts_itself() -> None:
     sched.add(a)
     run_step(sched)
     out = run_step(sched)
-    assert out.preempted == [a] and out.is_empty
+    assert out.preempted == [a.request_id] and out.is_empty
     assert a.status == SequenceStatus.WAITING
     assert used_blocks(sched) == 0
 
@@ -445,6 +457,7 @@ def test_forked_sequences_copy_their_shared_partial_block() -> None:
     # n > 1 choices: the engine puts the twin straight into the batch.
     child.status = SequenceStatus.RUNNING
     sched.running.append(child)
+    sched.sequences[child.request_id] = child
     full, shared = parent.block_table
     out = run_step(sched, {"p": 11, "c": 12})
     assert scheduled(out) == [("p", 1), ("c", 1)]
@@ -483,10 +496,10 @@ def test_abort_waiting() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5)
     sched.add(a)
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.status == SequenceStatus.FINISHED_ABORTED
     assert a.status.finish_reason == "abort"
-    assert a.times.finished is not None
+    assert a.finished_time is not None
     assert not sched.has_unfinished()
     assert run_step(sched).is_empty
 
@@ -498,22 +511,23 @@ def test_abort_running_frees_blocks() -> None:
     sched.add(b)
     run_step(sched)
     assert used_blocks(sched) == 5
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.block_table == []
     assert used_blocks(sched) == 2
     assert sched.running == [b]
     assert scheduled(run_step(sched)) == [("b", 1)]
 
 
-def test_abort_between_schedule_and_postprocess() -> None:
+def test_abort_between_schedule_and_update() -> None:
     sched = make_scheduler()
     a, b = make_seq("a", 10), make_seq("b", 5)
     sched.add(a)
     sched.add(b)
     out = sched.schedule()
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
-    progressed = sched.postprocess(out, {"a": (TOKEN, 0.0), "b": (TOKEN, 0.0)})
-    assert progressed == [b]
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sampled = {"a": SampledToken(TOKEN, 0.0), "b": SampledToken(TOKEN, 0.0)}
+    progressed = sched.update_from_output(out, ModelRunnerOutput(sampled))
+    assert [u.request_id for u in progressed] == ["b"]
     assert a.output_token_ids == []
     assert a.num_computed_tokens == 0
     assert used_blocks(sched) == 2
@@ -524,7 +538,7 @@ def test_abort_swapped_frees_cpu_blocks() -> None:
     a, b = _fill_with_two_decoders(sched)
     run_step(sched)
     assert b.status == SequenceStatus.SWAPPED
-    sched.finish(b, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
     assert b.block_table == []
     assert not sched.swapped
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 0
@@ -536,9 +550,9 @@ def test_abort_preempted_waiting_sequence() -> None:
     a, b = _fill_with_two_decoders(sched)
     run_step(sched)
     assert b.status == SequenceStatus.WAITING
-    sched.finish(b, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
     assert list(sched.waiting) == []
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert used_blocks(sched) == 0
     assert not sched.has_unfinished()
 
@@ -549,7 +563,7 @@ def test_abort_of_a_finished_sequence_is_a_no_op() -> None:
     sched.add(a)
     run_step(sched)
     assert a.status == SequenceStatus.FINISHED_LENGTH
-    sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.status == SequenceStatus.FINISHED_LENGTH
 
 
@@ -566,7 +580,7 @@ def test_finish_on_eos() -> None:
     assert a.status == SequenceStatus.FINISHED_STOPPED
     assert a.status.finish_reason == "stop"
     assert a.output_token_ids == [TOKEN, EOS]
-    assert a.block_table == [] and a.times.finished is not None
+    assert a.block_table == [] and a.finished_time is not None
     assert sched.running == [b]
     assert used_blocks(sched) == 2
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.stop_strings import StopStringMatcher
+from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
 from hetero_infer.engine.tokenizer import IncrementalDetokenizer
 
 from tests.tiny_models import save_tiny_model

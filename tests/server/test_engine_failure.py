@@ -39,7 +39,7 @@ def check_error(error: dict, codes: tuple[str, ...]) -> None:
 def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
     runner = doomed.engine.runner
 
-    def broken_run(*args, **kwargs):  # the model pass, with or without overlap_steps
+    def broken_forward(*args, **kwargs):  # the model pass, with or without overlap_steps
         raise RuntimeError("injected device failure")
 
     async def streaming(http: httpx.AsyncClient, got_tokens: asyncio.Event) -> list[tuple]:
@@ -71,7 +71,7 @@ def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
 
             await asyncio.wait_for(both_in_flight(), 60)
             assert not plain.done()
-            monkeypatch.setattr(runner, "run", broken_run)
+            monkeypatch.setattr(runner.model, "forward", broken_forward)
             return await asyncio.wait_for(stream, 60), await asyncio.wait_for(plain, 60)
 
     events, plain = asyncio.run(main())

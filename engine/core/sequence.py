@@ -1,4 +1,5 @@
-"""Sequence: one request's tokens, KV blocks and place in the state machine.
+"""Sequence: one request's (or one choice's) tokens, KV blocks and place in the state
+machine, as the scheduler keeps it.
 
 waiting -> running (prefill, possibly in chunks, then decode) -> finished
 (stopped, length, aborted, failed); running -> waiting on recompute preemption,
@@ -9,10 +10,8 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from hetero_infer.engine.sampling_params import SamplingParams
 
 
@@ -35,36 +34,25 @@ class SequenceStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-@dataclass
-class SequenceTimes:
-    arrival: float = field(default_factory=time.monotonic)
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    finished: float | None = None
-
-
 class Sequence:
     def __init__(
         self,
         request_id: str,
-        prompt: str | None,
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
+        grammar: Any = None,
     ) -> None:
         self.request_id = request_id
-        # n > 1: every choice is a Sequence; group_id is the caller's request id and
-        # index the choice's place. Choice 0 carries the others until its prompt is
-        # computed, then they fork from it (see Scheduler.postprocess).
-        self.group_id = request_id
-        self.index = 0
-        self.fork_children: list[Sequence] = []
-        self.prompt = prompt
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
+        # response_format: an llguidance matcher, fed every output token; its end is a stop.
+        self.grammar = grammar
+        # n > 1: the other choices of the request, forked from this one's KV blocks once
+        # its prompt is computed (see Scheduler.update_from_output).
+        self.fork_children: list[Sequence] = []
         self.status = SequenceStatus.WAITING
         # Tokens whose KV is in the cache (or is being written this step).
         self.num_computed_tokens = 0
@@ -74,29 +62,18 @@ class Sequence:
         # many of this sequence's blocks are registered in the cache.
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
-        self.cumulative_logprob = 0.0
-        self.output_text = ""
-        self.times = SequenceTimes()
+        # Prompt positions whose logprobs are computed (None: not asked). The first prompt
+        # token has none (nothing predicts it), so this starts at 1.
+        self.num_prompt_logprobs: int | None = (
+            1 if sampling_params.prompt_logprobs is not None else None
+        )
         self.num_preemptions = 0
-        self.error: str | None = None
-        # What stopped it, as vLLM reports: a stop_token_ids entry or a stop string
-        # (None for eos, length, or while running).
-        self.stop_reason: int | str | None = None
-        # Per output token {token_id: logprob} for it and its top alternatives, when asked.
-        self.logprobs: list[dict[int, float]] | None = (
-            [] if sampling_params.logprobs is not None else None
-        )
-        # Per prompt token the same; the first token has none (nothing predicts it).
-        self.prompt_logprobs: list[dict[int, float] | None] | None = (
-            [None] if sampling_params.prompt_logprobs is not None else None
-        )
-        # response_format: an llguidance matcher fed every output token (the engine sets it).
-        self.matcher: Any = None
-        # Seeded requests draw from their own generator, so their tokens do not
-        # depend on what else shares the batch.
-        self.generator: torch.Generator | None = None
-        if sampling_params.seed is not None:
-            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        # What stopped it, as vLLM reports: a stop_token_ids entry (None for eos, length,
+        # or while running; a stop string is found by the front end).
+        self.stop_reason: int | None = None
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.finished_time: float | None = None
 
     def __repr__(self) -> str:
         return (
@@ -128,10 +105,9 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    def append_token(
-        self, token_id: int, logprob: float, top_logprobs: dict[int, float] | None = None
-    ) -> None:
-        self.token_ids.append(token_id)
-        self.cumulative_logprob += logprob
-        if self.logprobs is not None:
-            self.logprobs.append(top_logprobs or {token_id: logprob})
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether prompt logprobs are asked and not all computed yet."""
+        return self.num_prompt_logprobs is not None and (
+            self.num_prompt_logprobs < self.num_prompt_tokens
+        )

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.sequence import Sequence
+from hetero_infer.engine.core.sequence import Sequence
 
 
 @dataclass
@@ -101,7 +101,7 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        if seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+        if seq.needs_prompt_logprobs:
             return 0  # prompt logprobs need the prompt's logits: compute it all
 
         bs = self.block_size

@@ -13,44 +13,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-from hetero_infer.engine.block_manager import BlockManager
-from hetero_infer.engine.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledSequence:
-    seq: Sequence
-    num_new_tokens: int
-
-    @property
-    def start(self) -> int:
-        """Position of the first token computed this step."""
-        return self.seq.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the sequence's last token, so a token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    # Block copies the model runner does before the forward pass, in this order.
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # gpu -> cpu
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> gpu
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import (
+    ModelRunnerOutput,
+    SampledToken,
+    ScheduledSequence,
+    SchedulerOutput,
+    SequenceUpdate,
+)
+from hetero_infer.engine.core.stop import banned_token_ids, check_stop
 
 
 class Scheduler:
@@ -69,12 +42,18 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.memory_threshold = memory_threshold
         self.use_swap = use_swap
+        # Every unfinished sequence by id (n > 1 choices waiting to fork included).
+        self.sequences: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self._finished_ids: list[str] = []  # since the last schedule()
 
     def add(self, seq: Sequence) -> None:
+        """Queue a sequence; its fork_children (n > 1) join once its prompt is computed."""
+        for s in (seq, *seq.fork_children):
+            self.sequences[s.request_id] = s
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -87,17 +66,21 @@ class Scheduler:
     # ---- scheduling ----
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished=self._finished_ids)
+        self._finished_ids = []
+        steps: list[tuple[Sequence, int]] = []  # (sequence, tokens it computes)
         budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
-        if out.preempted:
-            return out  # memory is short: admit nothing new this step
-        budget = self._schedule_swapped(out, budget)
-        if not self.swapped:
-            self._schedule_waiting(out, budget)
+        budget = self._schedule_running(out, steps, budget)
+        if not out.preempted:  # memory is short: admit nothing new this step
+            budget = self._schedule_swapped(out, steps, budget)
+            if not self.swapped:
+                self._schedule_waiting(out, steps, budget)
+        out.scheduled.extend(schedule_entry(seq, num_new) for seq, num_new in steps)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(
+        self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
+    ) -> int:
         bm = self.block_manager
         i = 0
         while i < len(self.running) and budget > 0:
@@ -108,13 +91,15 @@ class Scheduler:
                 self._preempt(victim, out)
                 if victim is seq:
                     return budget
-            out.blocks_to_copy += bm.allocate_slots(seq, num_new)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
+            steps.append((seq, num_new))
             budget -= num_new
             i += 1
         return budget
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_swapped(
+        self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
+    ) -> int:
         bm = self.block_manager
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
@@ -122,15 +107,17 @@ class Scheduler:
             if not bm.can_swap_in(seq, num_new):
                 break
             self.swapped.popleft()
-            out.blocks_to_swap_in += bm.swap_in(seq)
-            out.blocks_to_copy += bm.allocate_slots(seq, num_new)
+            out.blocks_to_swap_in.extend(bm.swap_in(seq))
+            out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            steps.append((seq, num_new))
             budget -= num_new
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(
+        self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
+    ) -> None:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -142,12 +129,12 @@ class Scheduler:
                 break
             self.waiting.popleft()
             bm.record_prefix_lookup(seq.num_tokens, num_hit)
-            out.blocks_to_copy += bm.allocate_slots(seq, num_new)
+            out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
-            if seq.times.first_scheduled is None:
-                seq.times.first_scheduled = time.monotonic()
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            steps.append((seq, num_new))
             budget -= num_new
 
     def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -163,9 +150,9 @@ class Scheduler:
         self.running.remove(seq)
         self.num_preemptions += 1
         seq.num_preemptions += 1
-        out.preempted.append(seq)
+        out.preempted.append(seq.request_id)
         if self.use_swap and self.block_manager.can_swap_out(seq):
-            out.blocks_to_swap_out += self.block_manager.swap_out(seq)
+            out.blocks_to_swap_out.extend(self.block_manager.swap_out(seq))
             seq.status = SequenceStatus.SWAPPED
             self.swapped.appendleft(seq)
         else:
@@ -176,29 +163,32 @@ class Scheduler:
 
     # ---- after the model step ----
 
-    def postprocess(self, out: SchedulerOutput, sampled: dict[str, tuple]) -> list[Sequence]:
-        """Advance the scheduled sequences; append sampled tokens; finish and free.
-
-        ``sampled`` maps request_id -> (token_id, logprob[, top logprobs]) for each
-        sequence that sampled this step. Returns the sequences that made progress.
-        """
-        progressed = []
+    def update_from_output(
+        self, out: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[SequenceUpdate]:
+        """Apply a step's results: advance the scheduled sequences, append their sampled
+        tokens, finish and free those that stop. Returns an update per sequence that
+        made progress (sequences finished while the step ran are skipped)."""
+        updates = []
         for item in out.scheduled:
-            seq = item.seq
-            if seq.is_finished:  # aborted while the step ran
+            seq = self.sequences.get(item.request_id)
+            if seq is None:  # finished (aborted) while the step ran
                 continue
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.register_full_blocks(seq)
-            if seq.request_id in sampled:
+            prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
+            if prompt_logprobs:
+                seq.num_prompt_logprobs += len(prompt_logprobs)
+            sampled = runner_output.sampled.get(seq.request_id)
+            if sampled is not None:
                 if seq.fork_children:
                     self._fork_children(seq)
-                token_id, logprob, *top = sampled[seq.request_id]
-                seq.append_token(token_id, logprob, top[0] if top else None)
-                self._check_stop(seq, token_id)
-            if seq.is_finished:
-                self._free_finished(seq)
-            progressed.append(seq)
-        return progressed
+                seq.token_ids.append(sampled.token_id)
+                status = check_stop(seq, self.max_model_len)
+                if status is not None:
+                    self.finish(seq.request_id, status)
+            updates.append(_update(seq, sampled, prompt_logprobs))
+        return updates
 
     def _fork_children(self, parent: Sequence) -> None:
         """n > 1: the other choices start from the parent's computed prompt.
@@ -212,33 +202,19 @@ class Scheduler:
             if child.is_finished:  # aborted with its group
                 continue
             self.block_manager.fork(parent, child, parent.num_tokens - 1)
-            child.prompt_logprobs = parent.prompt_logprobs  # complete now, and never changes
+            child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
             child.status = SequenceStatus.RUNNING
-            child.times.first_scheduled = parent.times.first_scheduled
+            child.first_scheduled_time = parent.first_scheduled_time
             self.running.append(child)
         parent.fork_children = []
 
-    def _check_stop(self, seq: Sequence, token_id: int) -> None:
-        params = seq.sampling_params
-        may_stop = seq.num_output_tokens >= params.min_tokens
-        if may_stop and not params.ignore_eos and token_id in seq.eos_token_ids:
-            seq.status = SequenceStatus.FINISHED_STOPPED
-        elif may_stop and token_id in params.stop_token_ids:
-            seq.status = SequenceStatus.FINISHED_STOPPED
-            seq.stop_reason = token_id
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.status = SequenceStatus.FINISHED_LENGTH
-
-    def _free_finished(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
-        self.running.remove(seq)
-        seq.times.finished = time.monotonic()
-
-    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        """End a sequence wherever it is (abort, failure) and free its blocks."""
+    def finish(self, request_id: str, status: SequenceStatus) -> bool:
+        """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
+        False if there is no such unfinished sequence."""
         assert status.is_finished
-        if seq.is_finished:
-            return
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return False
         if seq in self.running:
             self.running.remove(seq)
             self.block_manager.free(seq)
@@ -249,4 +225,43 @@ class Scheduler:
             self.waiting.remove(seq)
             self.block_manager.free(seq)
         seq.status = status
-        seq.times.finished = time.monotonic()
+        seq.finished_time = time.monotonic()
+        self._finished_ids.append(request_id)
+        return True
+
+
+def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
+    """The plain-data copy of what the runner needs of ``seq`` for this step."""
+    start = seq.num_computed_tokens
+    params = seq.sampling_params
+    samples = start + num_new == seq.num_tokens
+    wants_history = params.has_penalties or seq.needs_prompt_logprobs
+    return ScheduledSequence(
+        request_id=seq.request_id,
+        token_ids=seq.token_ids[start : start + num_new],
+        start=start,
+        block_table=list(seq.block_table),
+        samples=samples,
+        sampling_params=params,
+        banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
+        prompt_token_ids=seq.prompt_token_ids if wants_history else None,
+        output_token_ids=seq.output_token_ids if params.has_penalties else None,
+        grammar_bitmask=(
+            seq.grammar.compute_bitmask() if samples and seq.grammar is not None else None
+        ),
+        num_prompt_logprobs=seq.num_prompt_logprobs,
+    )
+
+
+def _update(seq: Sequence, sampled: SampledToken | None, prompt_logprobs: list) -> SequenceUpdate:
+    return SequenceUpdate(
+        request_id=seq.request_id,
+        new_token=sampled,
+        new_prompt_logprobs=prompt_logprobs,
+        finish_reason=seq.status.finish_reason,
+        stop_reason=seq.stop_reason,
+        num_output_tokens=seq.num_output_tokens,
+        num_preemptions=seq.num_preemptions,
+        first_scheduled_time=seq.first_scheduled_time,
+        finished_time=seq.finished_time,
+    )

@@ -1,0 +1,103 @@
+"""The plain data that crosses layers in a step.
+
+The scheduler hands the model runner a ``SchedulerOutput``; the runner returns a
+``ModelRunnerOutput`` that the scheduler applies to its sequences, and the scheduler
+reports each sequence's progress to the front end as a ``SequenceUpdate``. None of
+them holds a reference to a live Sequence: the runner never changes a request, and
+nothing after the scheduler does either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetero_infer.engine.sampling_params import SamplingParams
+
+# Per token: {token id: logprob} of the token itself, then of its top alternatives.
+Logprobs = dict[int, float]
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: what the runner computes and samples for it."""
+
+    request_id: str
+    # The tokens whose KV this step computes, and the position of the first.
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    # Whether this step reaches the sequence's last token, so a token is sampled.
+    samples: bool
+    sampling_params: SamplingParams
+    # What the sampler needs beyond the params (only where it applies):
+    # tokens masked out because the sequence may not stop yet (min_tokens);
+    banned_token_ids: frozenset[int] = frozenset()
+    # the prompt and output so far, for penalties;
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+    # the tokens the JSON grammar allows next (llguidance's bit mask, 32 tokens a word).
+    grammar_bitmask: bytes | None = None
+    # Prompt logprobs: the prompt positions that have them already (None: not asked),
+    # and the prompt they predict.
+    num_prompt_logprobs: int | None = None
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    # Block copies the model runner does before the forward pass, in this order.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # gpu -> cpu
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> gpu
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
+    # Ids of sequences preempted this step, and of those finished since the last step
+    # (the runner drops what it keeps for them, e.g. their random generators).
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float
+    # The token's and its top alternatives' logprobs, when the request asked.
+    top_logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Per sequence, for the prompt positions this step computed: each one's prediction
+    # of the next prompt token (in order, continuing where the last step stopped).
+    prompt_logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)
+
+
+EMPTY_RUNNER_OUTPUT = ModelRunnerOutput()
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one step did to a sequence, for the front end to turn into an output."""
+
+    request_id: str
+    new_token: SampledToken | None
+    new_prompt_logprobs: list[Logprobs]
+    # "stop", "length", "abort", "error" once finished; None while it runs.
+    finish_reason: str | None
+    # The stop_token_ids entry that ended it (vLLM's stop_reason).
+    stop_reason: int | None
+    num_output_tokens: int
+    num_preemptions: int
+    first_scheduled_time: float | None
+    finished_time: float | None

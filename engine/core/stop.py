@@ -1,0 +1,48 @@
+"""check_stop: the one place that decides whether a new token ends its sequence.
+
+Stop strings need text, so the front end finds them and has the scheduler finish the
+sequence (as an abort with reason "stop"); everything decided by tokens is here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+def check_stop(seq: Sequence, max_model_len: int) -> SequenceStatus | None:
+    """The status that the sequence's newest token ends it with, or None; sets
+    ``seq.stop_reason`` for a stop_token_ids entry. The grammar (response_format) is fed
+    the token here too: where the JSON is complete, the sequence stops."""
+    params = seq.sampling_params
+    token_id = seq.token_ids[-1]
+    may_stop = params.allows_stop(seq.num_output_tokens)
+    status = None
+    if may_stop and not params.ignore_eos and token_id in seq.eos_token_ids:
+        status = SequenceStatus.FINISHED_STOPPED
+    elif may_stop and token_id in params.stop_token_ids:
+        status = SequenceStatus.FINISHED_STOPPED
+        seq.stop_reason = token_id
+    elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+        status = SequenceStatus.FINISHED_LENGTH
+    if seq.grammar is None:
+        return status
+    if not seq.grammar.consume_token(token_id):
+        # The mask allowed only tokens it accepts, so this is a bug, not bad input.
+        logger.error("grammar refused token: %s", seq.grammar.get_error())
+        return status or SequenceStatus.FINISHED_FAILED
+    if status is None and seq.grammar.is_stopped():
+        return SequenceStatus.FINISHED_STOPPED
+    return status
+
+
+def banned_token_ids(seq: Sequence) -> frozenset[int]:
+    """Tokens the sampler masks out because the sequence may not stop yet (min_tokens)."""
+    params = seq.sampling_params
+    if params.allows_stop(seq.num_output_tokens):
+        return frozenset()
+    banned = frozenset(params.stop_token_ids)
+    return banned if params.ignore_eos else banned | seq.eos_token_ids

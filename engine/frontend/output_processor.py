@@ -1,0 +1,228 @@
+"""OutputProcessor: the scheduler's sequence updates -> RequestOutputs.
+
+Per choice it keeps the detokenizer, the text so far, the logprobs and the timing, and
+makes an immutable RequestOutput for each step that added a token or finished. Stop
+strings are found here (they need text): the sequence that completes one is reported
+back, for the scheduler to finish as stopped, as vLLM's output processor turns them
+into aborts. Finished outputs are kept a while for ``get_output``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from hetero_infer.engine.core.step_data import Logprobs, SequenceUpdate
+from hetero_infer.engine.frontend.parent_request import ParentRequest
+from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
+from hetero_infer.engine.metrics import EngineMetrics
+from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+# Finished requests kept for get_output() after they end.
+MAX_FINISHED_KEPT = 4096
+
+
+@dataclass
+class _ChoiceState:
+    request_id: str
+    parent: ParentRequest
+    index: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher | None
+    arrival_time: float
+    token_ids: list[int] = field(default_factory=list)
+    decoded: str = ""  # all text decoded so far; ``sent`` chars of it went out
+    sent: int = 0
+    cumulative_logprob: float = 0.0
+    logprobs: list[Logprobs] | None = None
+    # Shared by every choice of a request: choice 0 computes the prompt.
+    prompt_logprobs: list[Logprobs | None] | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class ProcessedOutputs:
+    outputs: list[RequestOutput]
+    # Sequences that completed a stop string, for the scheduler to finish.
+    stopped: list[str]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, metrics: EngineMetrics) -> None:
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self._choices: dict[str, _ChoiceState] = {}
+        self._parents: dict[str, ParentRequest] = {}
+        self._finished: OrderedDict[str, RequestOutput] = OrderedDict()
+
+    def add_request(
+        self, parent: ParentRequest, prompt: str | None, prompt_token_ids: list[int]
+    ) -> None:
+        now = time.monotonic()
+        prompt_logprobs = [None] if parent.params.prompt_logprobs is not None else None
+        for index, request_id in enumerate(parent.choice_ids):
+            params = parent.choice_params(index)
+            self._choices[request_id] = _ChoiceState(
+                request_id=request_id,
+                parent=parent,
+                index=index,
+                prompt=prompt,
+                prompt_token_ids=list(prompt_token_ids),
+                params=params,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids),
+                stops=StopStringMatcher(params.stop, params.include_stop_str_in_output)
+                if params.stop
+                else None,
+                arrival_time=now,
+                logprobs=[] if params.logprobs is not None else None,
+                prompt_logprobs=prompt_logprobs,
+            )
+        self._parents[parent.request_id] = parent
+
+    def is_known(self, request_id: str) -> bool:
+        """Whether the id names a request (or a choice) running or still kept."""
+        return request_id in self._choices or request_id in self._finished
+
+    def choice_ids(self, request_id: str) -> list[str]:
+        parent = self._parents.get(request_id)
+        return parent.choice_ids if parent is not None else [request_id]
+
+    def get_finished(self, request_id: str) -> RequestOutput | None:
+        return self._finished.get(request_id)
+
+    def pop_finished(self, request_id: str) -> RequestOutput:
+        return self._finished.pop(request_id)
+
+    def process(self, updates: list[SequenceUpdate]) -> ProcessedOutputs:
+        outputs, stopped = [], []
+        for update in updates:
+            state = self._choices.get(update.request_id)
+            if state is None:  # aborted since its step
+                continue
+            if update.new_token is None and update.finish_reason is None:
+                # A prompt chunk: nothing to show, but its prompt logprobs are kept.
+                if state.prompt_logprobs is not None:
+                    state.prompt_logprobs.extend(update.new_prompt_logprobs)
+                continue
+            output, stopped_here = self._advance(state, update)
+            outputs.append(output)
+            if stopped_here:
+                stopped.append(update.request_id)
+        return ProcessedOutputs(outputs, stopped)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a choice as aborted; False if it is not running."""
+        state = self._choices.get(request_id)
+        if state is None:
+            return False
+        self._finish(state, self._snapshot(state, "", [], "abort", time.monotonic()))
+        return True
+
+    def _advance(self, state: _ChoiceState, update: SequenceUpdate) -> tuple[RequestOutput, bool]:
+        """Apply one update to a choice; (its output, whether a stop string ended it)."""
+        if state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(update.new_prompt_logprobs)
+        new_ids = []
+        if update.new_token is not None:
+            token = update.new_token
+            new_ids = [token.token_id]
+            state.token_ids.append(token.token_id)
+            state.cumulative_logprob += token.logprob
+            if state.logprobs is not None:
+                state.logprobs.append(token.top_logprobs or {token.token_id: token.logprob})
+            if state.first_token_time is None:
+                state.first_token_time = time.monotonic()
+        state.first_scheduled_time = update.first_scheduled_time
+        state.num_preemptions = update.num_preemptions
+        finish_reason = update.finish_reason
+        state.stop_reason = update.stop_reason
+        # A stop_token_ids token ends the request without its text, as in vLLM.
+        text_ids = new_ids
+        if update.stop_reason is not None and not state.params.include_stop_str_in_output:
+            text_ids = new_ids[:-1]
+        old_len = len(state.decoded)
+        state.decoded += state.detokenizer.step(text_ids) if text_ids else ""
+        if finish_reason is not None:
+            state.decoded += state.detokenizer.flush()
+        send_to, stopped = self._check_stop_strings(state, old_len, update.num_output_tokens)
+        if stopped:
+            finish_reason = "stop"
+        elif finish_reason is None and state.stops is not None:
+            send_to -= state.stops.held_back(state.decoded)
+        send_to = max(send_to, state.sent)  # the hold-back never lets a sent char become a stop
+        delta = state.decoded[state.sent : send_to]
+        state.sent = send_to
+        # A stop string ends the request now; the scheduler's own finish came with the update.
+        finished_time = time.monotonic() if stopped else update.finished_time
+        output = self._snapshot(state, delta, new_ids, finish_reason, finished_time)
+        if finish_reason is not None:
+            self._finish(state, output)
+        return output, stopped
+
+    def _check_stop_strings(
+        self, state: _ChoiceState, old_len: int, num_output_tokens: int
+    ) -> tuple[int, bool]:
+        """(how far the text may be sent, whether a stop string ended it)."""
+        if state.stops is None or not state.params.allows_stop(num_output_tokens):
+            return len(state.decoded), False
+        found = state.stops.find(state.decoded, old_len)
+        if found is None:
+            return len(state.decoded), False
+        # Over a length finish in the same step too: the stop string came first.
+        end, state.stop_reason = found
+        state.decoded = state.decoded[:end]
+        return end, True
+
+    def _snapshot(
+        self,
+        state: _ChoiceState,
+        delta_text: str,
+        new_ids: list[int],
+        finish_reason: str | None,
+        finished_time: float | None,
+    ) -> RequestOutput:
+        finished = finish_reason is not None
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            text=state.decoded[: state.sent],
+            token_ids=list(state.token_ids),
+            finished=finished,
+            finish_reason=finish_reason,
+            cumulative_logprob=state.cumulative_logprob,
+            metrics=RequestMetrics(
+                arrival_time=state.arrival_time,
+                first_scheduled_time=state.first_scheduled_time,
+                first_token_time=state.first_token_time,
+                finished_time=finished_time,
+                num_preemptions=state.num_preemptions,
+            ),
+            delta_text=delta_text,
+            delta_token_ids=new_ids,
+            stop_reason=state.stop_reason if finished else None,
+            logprobs=list(state.logprobs) if state.logprobs is not None else None,
+            prompt_logprobs=state.prompt_logprobs,
+            index=state.index,
+            group_id=state.parent.request_id,
+        )
+
+    def _finish(self, state: _ChoiceState, output: RequestOutput) -> None:
+        del self._choices[state.request_id]
+        parent_id = state.parent.request_id
+        if all(i not in self._choices for i in state.parent.choice_ids):
+            self._parents.pop(parent_id, None)
+        self._finished[state.request_id] = output
+        while len(self._finished) > MAX_FINISHED_KEPT:
+            self._finished.popitem(last=False)
+        self.metrics.requests_processed += 1
+        self.metrics.total_latency += output.metrics.latency or 0.0
