@@ -321,19 +321,13 @@ def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] |
         base = f"http://127.0.0.1:{port}"
         took = wait_ready(process, base + peer.ready_path, READY_TIMEOUT, log_path)
         print(f"-- {name}: ready after {took:.1f} s; benchmarking", flush=True)
-        config = serving.BenchConfig(
+        config = serving.BenchConfig.from_args(
+            args,
             base_url=base + "/v1",
             model=peer.model,
             tokenizer=str(model_folder(args.model)),
-            num_prompts=args.num_prompts,
-            prompt_len=args.prompt_len,
-            output_len=args.output_len,
-            request_rate=args.request_rate,
-            concurrency=args.concurrency,
-            seed=args.seed,
             ignore_eos=peer.ignore_eos,
             extra_body=peer.extra_body,
-            warmup=args.warmup,
             label=name,
         )
         result = serving.benchmark(config)
@@ -346,10 +340,7 @@ def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] |
         "ready_s": took,
     }
     print(serving.format_summary(result), flush=True)
-    result_out = out / "runs"
-    result_out.mkdir(parents=True, exist_ok=True)
-    (result_out / f"{args.model}-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    serving.plot([result], result_out / f"{args.model}-{name}.png")
+    serving.write_result(result, out / "runs", f"{args.model}-{name}")
     return result
 
 

@@ -56,6 +56,17 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E latency"}
 # A byte-fallback piece of a SentencePiece vocabulary, such as <0xE2>.
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+# The flags that shape a run, which bench.serving and bench.peers share: BenchConfig's
+# fields of the same names.
+RUN_FLAGS = (
+    "num_prompts",
+    "prompt_len",
+    "output_len",
+    "request_rate",
+    "concurrency",
+    "seed",
+    "warmup",
+)
 
 
 # ---- settings and records ----
@@ -79,6 +90,12 @@ class BenchConfig:
     timeout: float = 3600.0
     api_key: str | None = None
     label: str = "run"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> BenchConfig:
+        """The run's shape from the command line (``RUN_FLAGS``), the server and its
+        switches from ``fields``."""
+        return cls(**{name: getattr(args, name) for name in RUN_FLAGS}, **fields)
 
 
 @dataclass
@@ -613,11 +630,14 @@ def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path
     return save_figure(fig, path, dpi=100)
 
 
-def write_result(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
+def write_result(result: dict[str, Any], out: Path, name: str | None = None) -> tuple[Path, Path]:
+    """``<name>.json`` (everything) and ``<name>.png`` (its chart) in ``out``; the name
+    is the run's label unless given."""
+    name = name or result["label"]
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"{result['label']}.json"
+    json_path = out / f"{name}.json"
     json_path.write_text(json.dumps(result, indent=1) + "\n")
-    return json_path, plot([result], out / f"{result['label']}.png")
+    return json_path, plot([result], out / f"{name}.png")
 
 
 def write_comparison(
@@ -685,19 +705,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         print("error: --model is required (or --compare)", file=sys.stderr)
         return 2
-    config = BenchConfig(
+    config = BenchConfig.from_args(
+        args,
         base_url=args.base_url,
         model=args.model,
         tokenizer=args.tokenizer,
-        num_prompts=args.num_prompts,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
-        request_rate=args.request_rate,
-        concurrency=args.concurrency,
-        seed=args.seed,
         ignore_eos=not args.no_ignore_eos,
         extra_body=json.loads(args.extra_body),
-        warmup=args.warmup,
         timeout=args.timeout,
         api_key=args.api_key,
         label=args.label,
