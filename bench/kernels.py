@@ -25,9 +25,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-
-def parse_ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+from bench.common import parse_ints
 
 
 def peak_bandwidth(device: torch.device) -> tuple[float | None, float]:
@@ -93,8 +91,8 @@ def bench_decode(args: argparse.Namespace, device: torch.device, peak: float) ->
     dtype = getattr(torch, args.dtype)
     scale = args.head_dim**-0.5
     rows = []
-    for batch in parse_ints(args.batch):
-        for context in parse_ints(args.context):
+    for batch in args.batch:
+        for context in args.context:
             case = decode_case(
                 batch,
                 context,
@@ -127,7 +125,7 @@ def bench_rms_norm(args: argparse.Namespace, device: torch.device, peak: float) 
     hidden = args.num_heads * args.head_dim
     weight = torch.randn(hidden, dtype=dtype, device=device)
     rows = []
-    for tokens in parse_ints(args.tokens):
+    for tokens in args.tokens:
         x = torch.randn(tokens, hidden, dtype=dtype, device=device)
         residual = torch.randn_like(x)
         size = x.numel() * x.element_size()
@@ -160,9 +158,11 @@ def _row(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--batch", default="1,8,32,128", help="decode batch sizes")
-    parser.add_argument("--context", default="512,2048,8192", help="decode context lengths")
-    parser.add_argument("--tokens", default="1,64,1024,8192", help="RMSNorm rows")
+    parser.add_argument("--batch", type=parse_ints, default="1,8,32,128", help="decode batch sizes")
+    parser.add_argument(
+        "--context", type=parse_ints, default="512,2048,8192", help="decode context lengths"
+    )
+    parser.add_argument("--tokens", type=parse_ints, default="1,64,1024,8192", help="RMSNorm rows")
     parser.add_argument("--num-heads", type=int, default=32)
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)

@@ -53,9 +53,9 @@ if __name__ == "__main__" and not __package__:
 import httpx
 
 from bench import serving
+from bench.common import REPO_ROOT, RESULTS_DIR, thread_env
 from bench.models import BENCH_MODELS, cache_root, model_folder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PEERS = ("ours", "transformers", "llama-cpp")
 LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
 READY_TIMEOUT = 900.0  # seconds; a first start converts weights on a busy 2-core machine
@@ -86,10 +86,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """Environment that holds torch (OpenMP, MKL) to ``threads`` threads."""
-    n = str(threads)
-    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+def server_env(threads: int) -> dict[str, str]:
+    """Environment that holds a server to ``threads`` threads: torch (OpenMP, MKL) and
+    numpy (OpenBLAS), whose pool would otherwise take every core."""
+    return {**thread_env(threads), "OPENBLAS_NUM_THREADS": str(threads)}
 
 
 # ---- the GGUF for llama.cpp ----
@@ -178,7 +178,7 @@ def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
         "--served-model-name", model,
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    return PeerServer("ours", command, "/readyz", model, env=thread_env(args.threads))
+    return PeerServer("ours", command, "/readyz", model, env=server_env(args.threads))
 
 
 def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerServer:
@@ -199,7 +199,7 @@ def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerSe
         command,
         "/health",
         folder,  # it is pinned to the folder and refuses any other name
-        env=thread_env(args.threads),
+        env=server_env(args.threads),
         ignore_eos=False,
         extra_body={"generation_config": json.dumps(no_eos)},
         notes=["transformers: eos stop off through generation_config.eos_token_id = -1"],
@@ -235,7 +235,7 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
         command,
         "/v1/models",
         model,
-        env=thread_env(args.threads),
+        env=server_env(args.threads),
         ignore_eos=False,
         # Its server's own defaults include repeat_penalty 1.1, which changes even
         # greedy picks: neutral, as the other peers run.
@@ -321,19 +321,13 @@ def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] |
         base = f"http://127.0.0.1:{port}"
         took = wait_ready(process, base + peer.ready_path, READY_TIMEOUT, log_path)
         print(f"-- {name}: ready after {took:.1f} s; benchmarking", flush=True)
-        config = serving.BenchConfig(
+        config = serving.BenchConfig.from_args(
+            args,
             base_url=base + "/v1",
             model=peer.model,
             tokenizer=str(model_folder(args.model)),
-            num_prompts=args.num_prompts,
-            prompt_len=args.prompt_len,
-            output_len=args.output_len,
-            request_rate=args.request_rate,
-            concurrency=args.concurrency,
-            seed=args.seed,
             ignore_eos=peer.ignore_eos,
             extra_body=peer.extra_body,
-            warmup=args.warmup,
             label=name,
         )
         result = serving.benchmark(config)
@@ -346,10 +340,7 @@ def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] |
         "ready_s": took,
     }
     print(serving.format_summary(result), flush=True)
-    result_out = out / "runs"
-    result_out.mkdir(parents=True, exist_ok=True)
-    (result_out / f"{args.model}-{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    serving.plot([result], result_out / f"{args.model}-{name}.png")
+    serving.write_result(result, out / "runs", f"{args.model}-{name}")
     return result
 
 
@@ -371,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gguf-dtype", default="bf16", choices=("bf16", "f16", "q4_1"), help="llama.cpp's weights"
     )
     parser.add_argument("--quick", action="store_true", help="8 prompts of 64 tokens -> 16 tokens")
-    parser.add_argument("--out", type=Path, default=serving.DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     return parser
 
 

@@ -56,7 +56,6 @@ throughput. Both are printed as met or not for whatever model runs.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import statistics
@@ -71,11 +70,11 @@ if __name__ == "__main__" and not __package__:
     # Run as a file: import the repository's packages, not files next to this one.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-# The engine's OpenMP settings (engine/__init__.py) take effect only before torch loads.
-importlib.import_module("engine")
+from bench.common import RESULTS_DIR, apply_engine_thread_settings, parse_ints, resolve_model
+
+apply_engine_thread_settings()  # before torch loads
 import torch  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DTYPES = ("bfloat16", "float16", "float32")
 BATCH1_TARGET = 1.5  # step / bandwidth bound at batch 1, at most
 BATCH64_TARGET = 0.40  # achieved / bf16 matmul TFLOP/s at batch 64, at least
@@ -432,20 +431,6 @@ def check_targets(rows: list[dict[str, Any]], bf16_tflops: float) -> dict[str, d
 
 
 # ---- the command line ----
-
-
-def resolve_model(name: str) -> str:
-    """A bench/models.py name -> its folder (built on first use); anything else as given."""
-    from bench.models import BENCH_MODELS, model_folder
-
-    return str(model_folder(name)) if name in BENCH_MODELS else name
-
-
-def parse_ints(text: str) -> list[int]:
-    values = [int(x) for x in text.split(",") if x.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -50,11 +50,23 @@ if __name__ == "__main__" and not __package__:
 import httpx
 import numpy as np
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+from bench.common import RESULTS_DIR, align, column_widths, pyplot, resolve_model, save_figure
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E latency"}
-# Summary fields that count as better when higher (the rest are latencies: lower).
+# A byte-fallback piece of a SentencePiece vocabulary, such as <0xE2>.
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+# The flags that shape a run, which bench.serving and bench.peers share: BenchConfig's
+# fields of the same names.
+RUN_FLAGS = (
+    "num_prompts",
+    "prompt_len",
+    "output_len",
+    "request_rate",
+    "concurrency",
+    "seed",
+    "warmup",
+)
 
 
 # ---- settings and records ----
@@ -78,6 +90,12 @@ class BenchConfig:
     timeout: float = 3600.0
     api_key: str | None = None
     label: str = "run"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> BenchConfig:
+        """The run's shape from the command line (``RUN_FLAGS``), the server and its
+        switches from ``fields``."""
+        return cls(**{name: getattr(args, name) for name in RUN_FLAGS}, **fields)
 
 
 @dataclass
@@ -220,11 +238,7 @@ def load_tokenizer(name: str) -> Any:
     means that model's folder."""
     from transformers import AutoTokenizer
 
-    from bench.models import BENCH_MODELS, model_folder
-
-    if name in BENCH_MODELS:
-        name = str(model_folder(name))
-    return AutoTokenizer.from_pretrained(name)
+    return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
 def ordinary_token_ids(tokenizer: Any) -> np.ndarray:
@@ -552,20 +566,14 @@ def format_comparison(comparison: dict[str, Any]) -> str:
         cells = [row["title"], *(_fmt(row["values"][label]) for label in labels)]
         cells += [_fmt(row["ratios"][o], 3) for o in others]
         body.append(cells)
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *body, strict=True)]
-    lines = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
-        "| " + " | ".join("-" * w for w in widths) + " |",
-    ]
-    for cells in body:
-        lines.append(
-            "| "
-            + " | ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-            + " |"
-        )
+    widths = column_widths([head, *body])
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    # A Markdown table: the header all to the left, the numbers to the right.
+    lines = [line(align(head, widths, left=len(head))), line(["-" * w for w in widths])]
+    lines += [line(align(cells, widths)) for cells in body]
     lines.append(f"ratios {base}/peer: above 1 is better for throughputs, below 1 for latencies")
     return "\n".join(lines)
 
@@ -579,11 +587,7 @@ def _latency_series(result: dict[str, Any], metric: str) -> list[float]:
 
 def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Throughput bars and latency box plots of one or more runs, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = [r["label"] for r in results]
     colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(labels))]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
@@ -623,18 +627,17 @@ def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path
         or f"{s['num_prompts']} prompts x {s['prompt_len']} tokens -> {s['output_len']} tokens, "
         f"rate {s['request_rate']}, concurrency {s['concurrency']}"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
-def write_result(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
+def write_result(result: dict[str, Any], out: Path, name: str | None = None) -> tuple[Path, Path]:
+    """``<name>.json`` (everything) and ``<name>.png`` (its chart) in ``out``; the name
+    is the run's label unless given."""
+    name = name or result["label"]
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / f"{result['label']}.json"
+    json_path = out / f"{name}.json"
     json_path.write_text(json.dumps(result, indent=1) + "\n")
-    return json_path, plot([result], out / f"{result['label']}.png")
+    return json_path, plot([result], out / f"{name}.png")
 
 
 def write_comparison(
@@ -681,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per request, seconds")
     parser.add_argument("--api-key")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--label", default="ours")
     parser.add_argument(
         "--compare", nargs="+", type=Path, metavar="JSON", help="compare finished runs instead"
@@ -702,19 +705,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         print("error: --model is required (or --compare)", file=sys.stderr)
         return 2
-    config = BenchConfig(
+    config = BenchConfig.from_args(
+        args,
         base_url=args.base_url,
         model=args.model,
         tokenizer=args.tokenizer,
-        num_prompts=args.num_prompts,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
-        request_rate=args.request_rate,
-        concurrency=args.concurrency,
-        seed=args.seed,
         ignore_eos=not args.no_ignore_eos,
         extra_body=json.loads(args.extra_body),
-        warmup=args.warmup,
         timeout=args.timeout,
         api_key=args.api_key,
         label=args.label,

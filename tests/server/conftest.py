@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 from hetero_infer.engine.config import EngineConfig
@@ -155,6 +156,16 @@ def server(model_dir: Path) -> Iterator[LiveServer]:
     live = start_server(model_dir)
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> Iterator[openai.OpenAI]:
+    """The official `openai` client on the module's server; no retries, so that a
+    failed request fails its test at once."""
+    with openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
+    ) as client:
+        yield client
 
 
 # ---- a subprocess server, for signals ----

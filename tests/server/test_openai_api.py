@@ -10,7 +10,6 @@ import asyncio
 import json
 
 import openai
-import pytest
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
@@ -34,14 +33,6 @@ def greedy(engine: LLMEngine, prompt: str | list[int], max_tokens: int = MAX_TOK
 
 def greedy_chat(engine: LLMEngine, messages: list[dict], max_tokens: int = MAX_TOKENS, **kw):
     return greedy(engine, engine.tokenizer.apply_chat_template(messages), max_tokens, **kw)
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer):
-    with openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
-    ) as client:
-        yield client
 
 
 def async_client(server: LiveServer) -> openai.AsyncOpenAI:

@@ -6,21 +6,11 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import openai
-import pytest
 
 from tests.engine.test_json_schema import SMALL
-from tests.server.conftest import MODEL_NAME, LiveServer
+from tests.server.conftest import MODEL_NAME
 
 MESSAGES = [{"role": "user", "content": "Give me a colour."}]
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer):
-    with openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
-    ) as client:
-        yield client
 
 
 def test_chat_json_schema(client):

@@ -7,18 +7,10 @@ import openai
 import pytest
 from hetero_infer.engine.sampling_params import SamplingParams
 
-from tests.server.conftest import MODEL_NAME, LiveServer
+from tests.server.conftest import MODEL_NAME
 
 PROMPT = "Hello world and the"
 MESSAGES = [{"role": "user", "content": "Hello there, is it working?"}]
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer):
-    with openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
-    ) as client:
-        yield client
 
 
 def test_completion_n_with_seed_is_reproducible(client, reference_engine):

@@ -6,25 +6,16 @@ logit_bias, seed, top_k and min_p. Usage must count exactly the tokens generated
 
 from __future__ import annotations
 
-import openai
 import pytest
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 
-from tests.server.conftest import MODEL_NAME, LiveServer
+from tests.server.conftest import MODEL_NAME
 
 PROMPT = "Hello world and the"
 MESSAGES = [{"role": "user", "content": "Hello there, is it working?"}]
 MAX_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer):
-    with openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60
-    ) as client:
-        yield client
 
 
 def run(engine: LLMEngine, prompt: str | list[int], **kw) -> RequestOutput:

@@ -1,0 +1,111 @@
+"""What the benchmarks share: where results go, how a ``--model`` name becomes a
+folder, thread counts for their subprocesses, integer lists on the command line, and
+the text tables and charts they write.
+
+Only the standard library is imported at the top: bench.roofline imports this module
+before torch, whose OpenMP settings must be made before it loads (see
+``apply_engine_thread_settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+# ---- the command line ----
+
+
+def parse_ints(text: str) -> list[int]:
+    """``"1,8,32"`` -> [1, 8, 32]: positive integers, as an argparse ``type``."""
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def resolve_model(name: str) -> str:
+    """A benchmark model's name (bench/models.py) -> its folder, built on first use;
+    anything else (a folder, a hub id, a .gguf file) as given."""
+    # Imported here: bench.models loads torch, which must wait for the engine's settings.
+    from bench.models import BENCH_MODELS, model_folder
+
+    return str(model_folder(name)) if name in BENCH_MODELS else name
+
+
+def resolve_model_folder(name: str) -> Path:
+    """As ``resolve_model``, for benchmarks whose peers load only a Hugging Face folder:
+    anything but a benchmark model's name must be one (else SystemExit)."""
+    from bench.models import BENCH_MODELS, model_folder
+
+    if name in BENCH_MODELS:
+        return model_folder(name)
+    folder = Path(name)
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"--model: {name!r} is neither one of {BENCH_MODELS} nor a model folder")
+    return folder.resolve()
+
+
+# ---- threads ----
+
+
+def apply_engine_thread_settings() -> None:
+    """Import the engine package for its OpenMP settings (engine/__init__.py), so that
+    a benchmark runs torch as the server does. libgomp reads them when torch loads:
+    call this before anything imports torch."""
+    importlib.import_module("hetero_infer.engine")
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The variables that hold OpenMP and MKL to ``threads`` threads in a subprocess: a
+    thread torch was not told about (transformers' continuous batching loop, a server's
+    workers) takes its team size from them."""
+    return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+# ---- tables ----
+
+
+def column_widths(rows: Sequence[Sequence[str]]) -> list[int]:
+    """The widest cell of each column, over all rows (the header included)."""
+    return [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+
+def align(cells: Sequence[str], widths: Sequence[int], left: int = 1) -> list[str]:
+    """Cells padded to their column's width: the first ``left`` (names) to the left,
+    the rest (numbers) to the right, so that digits line up."""
+    return [
+        cell.ljust(width) if i < left else cell.rjust(width)
+        for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+    ]
+
+
+# ---- charts ----
+
+
+def pyplot() -> ModuleType:
+    """matplotlib.pyplot drawing to files only: no display needed. Imported on first
+    use, as most runs and every test of the numbers need no chart library."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (its folder made as needed) and free it:
+    pyplot keeps every open figure alive otherwise."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
