@@ -10,7 +10,7 @@ import transformers
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf import gguf_metadata_folder
 from hetero_infer.engine.loader.source import ModelSource
-from hetero_infer.engine.models import architecture_of
+from hetero_infer.engine.models.config import architecture_of
 
 logger = logging.getLogger(__name__)
 
