@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __name__ == "__main__" and not __package__:
     # Run as a file: import the repository's packages, not files next to this one.
@@ -74,6 +74,9 @@ from bench.common import RESULTS_DIR, apply_engine_thread_settings, parse_ints, 
 
 apply_engine_thread_settings()  # before torch loads
 import torch  # noqa: E402
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.models import ModelConfig
 
 DTYPES = ("bfloat16", "float16", "float32")
 BATCH1_TARGET = 1.5  # step / bandwidth bound at batch 1, at most
@@ -100,23 +103,20 @@ class ModelShape:
     mlp_bias: bool = False
 
     @classmethod
-    def from_config(cls, config: Any) -> ModelShape:
-        """From a transformers config, with the same rules as engine/models/llama.py."""
-        heads = config.num_attention_heads
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        is_qwen2 = config.model_type == "qwen2"
+    def from_config(cls, config: ModelConfig) -> ModelShape:
+        """From the engine's ModelConfig: the sizes its model is built with."""
         return cls(
-            num_layers=config.num_hidden_layers,
+            num_layers=config.num_layers,
             hidden_size=config.hidden_size,
-            num_heads=heads,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
             intermediate_size=config.intermediate_size,
             vocab_size=config.vocab_size,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=not is_qwen2 and attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            tie_word_embeddings=config.tie_word_embeddings,
+            qkv_bias=config.qkv_bias,
+            o_bias=config.o_bias,
+            mlp_bias=config.mlp_bias,
         )
 
     def layer_projections(self) -> dict[str, tuple[int, int]]:

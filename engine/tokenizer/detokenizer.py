@@ -1,18 +1,10 @@
-"""Tokenizer: a thin wrapper over a Hugging Face tokenizer, and the incremental detokenizer.
-
-The engine only ever sees token ids; this module is where text goes in (encode, chat
-template) and where it comes back out, one streamed delta at a time.
-"""
+"""IncrementalDetokenizer: one sequence's generated ids into streamed text deltas."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
 
-import jinja2
-from hetero_infer.engine.exceptions import ConfigError, ValidationError
-from transformers import PreTrainedTokenizerBase
+from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -30,104 +22,6 @@ MAX_PARTIAL_CHAR_TOKENS = 3
 _COMPACT_AFTER = 64
 
 _REPLACEMENT_CHAR = "\ufffd"
-
-
-class Tokenizer:
-    """The engine's view of a tokenizer: ids in, ids out, nothing else.
-
-    Usually a Hugging Face tokenizer. Any other object with ``encode(text) -> ids`` and
-    ``decode(ids) -> text`` plugs in too (the seed's ``TokenizerTrait``), with an
-    ``eos_token_id`` (attribute or method) if it has one; chat templates and
-    response_format need a Hugging Face tokenizer.
-    """
-
-    def __init__(self, tokenizer: Any, extra_eos_token_ids: Iterable[int] = ()) -> None:
-        self._hf = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
-        if self._hf is None and not (
-            callable(getattr(tokenizer, "encode", None))
-            and callable(getattr(tokenizer, "decode", None))
-        ):
-            raise ConfigError("tokenizer must have encode(text) and decode(token_ids) methods")
-        self._tokenizer = tokenizer
-        eos_ids: set[int] = set()
-        own_eos = _attribute(tokenizer, "eos_token_id")
-        if own_eos is not None:
-            eos_ids.add(int(own_eos))
-        for token_id in extra_eos_token_ids:
-            # A model's generation_config may list eos ids the tokenizer does not mark
-            # (e.g. <|eot_id|> next to <|end_of_text|>): stopping needs all of them.
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise ConfigError(f"eos token ids must be non-negative integers, got {token_id!r}")
-            eos_ids.add(token_id)
-        self._eos_token_ids = frozenset(eos_ids)
-        hf = self._hf
-        self._special_token_ids = _special_token_ids(hf) if hf is not None else frozenset()
-        self._byte_token_ids = _byte_fallback_token_ids(hf) if hf is not None else frozenset()
-
-    @property
-    def hf_tokenizer(self) -> PreTrainedTokenizerBase | None:
-        """The Hugging Face tokenizer; None for a plugged-in one."""
-        return self._hf
-
-    @property
-    def vocab_size(self) -> int | None:
-        if self._hf is not None:
-            # len() counts added tokens; the HF attribute `vocab_size` does not.
-            return len(self._hf)
-        return _attribute(self._tokenizer, "vocab_size")
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self._eos_token_ids
-
-    @property
-    def special_token_ids(self) -> frozenset[int]:
-        """Ids that `decode(..., skip_special_tokens=True)` drops."""
-        return self._special_token_ids
-
-    @property
-    def byte_token_ids(self) -> frozenset[int]:
-        """Ids of sentencepiece byte-fallback tokens `<0x00>`..`<0xFF>`; empty for others."""
-        return self._byte_token_ids
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if self._hf is None:
-            return [int(i) for i in self._tokenizer.encode(text)]
-        return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        if self._hf is None:
-            return self._tokenizer.decode(list(ids))
-        # No clean-up of spaces before punctuation: it rewrites text across token
-        # boundaries, which a stream that has already sent the space cannot follow.
-        return self._hf.decode(
-            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
-        )
-
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> list[int]:
-        if not getattr(self._hf, "chat_template", None):  # (None for a plugged-in tokenizer)
-            raise ValidationError(
-                "this tokenizer has no chat template; send a plain prompt "
-                "(/v1/completions) or use a model whose tokenizer defines one"
-            )
-        try:
-            out = self._hf.apply_chat_template(
-                messages,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                return_dict=True,
-            )
-        except jinja2.TemplateError as e:
-            # Templates reject bad conversations (roles out of order, ...) this way:
-            # that is the caller's input, not our bug.
-            raise ValidationError(
-                f"chat template rejected the messages: {e}", param="messages"
-            ) from e
-        # transformers 5 returns a BatchEncoding here; older versions a plain list.
-        ids = out["input_ids"] if isinstance(out, Mapping) else out
-        return [int(i) for i in ids]
 
 
 class IncrementalDetokenizer:
@@ -268,31 +162,3 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(
             self._ids[start:stop], skip_special_tokens=self._skip_special_tokens
         )
-
-
-def _attribute(tokenizer: Any, name: str) -> Any:
-    """A plugged-in tokenizer's value: an attribute, or a method as the seed's trait has."""
-    value = getattr(tokenizer, name, None)
-    return value() if callable(value) else value
-
-
-def _special_token_ids(hf_tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    candidates = set(hf_tokenizer.all_special_ids)
-    added = getattr(hf_tokenizer, "added_tokens_decoder", {})
-    candidates.update(i for i, token in added.items() if getattr(token, "special", False))
-    # The detokenizer leaves these ids out of its window, so the set must be exactly what
-    # decoding skips: an eos that is an ordinary vocab entry, say, is kept and shown.
-    return frozenset(
-        i
-        for i in candidates
-        if hf_tokenizer.decode([i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        == ""
-    )
-
-
-def _byte_fallback_token_ids(hf_tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    # 256 lookups instead of scanning a 150k-entry vocab; a missing token maps to unk.
-    names = [f"<0x{b:02X}>" for b in range(256)]
-    ids = hf_tokenizer.convert_tokens_to_ids(names)
-    unk = hf_tokenizer.unk_token_id
-    return frozenset(i for i in ids if i is not None and i != unk)

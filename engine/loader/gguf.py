@@ -1,0 +1,147 @@
+"""GGUF files: their tensors dequantized under Hugging Face names, and their metadata
+converted (once, cached under HF_HOME) into a config.json and tokenizer files."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.source import ModelSource
+from huggingface_hub import constants as hf_constants
+
+logger = logging.getLogger(__name__)
+
+# Where the config and tokenizer converted from GGUF files are kept.
+GGUF_METADATA_CACHE = Path(hf_constants.HF_HOME) / "hetero-paged-infer" / "gguf"
+
+# GGUF tensor name -> HF parameter name. Layer tensors are "blk.{i}.{part}.{weight|bias}".
+GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER_PARTS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Llama-3 GGUFs store precomputed RoPE frequency factors; we derive them from the config.
+GGUF_SKIPPED = ("rope_freqs.weight",)
+# llama.cpp's converter permutes q/k rows for these (its RoPE pairs adjacent dims).
+GGUF_PERMUTED_ARCHS = ("llama", "mistral")
+
+
+def gguf_metadata_folder(source: ModelSource) -> Path:
+    """A folder with the GGUF file's config.json and tokenizer files.
+
+    transformers' conversion of the file's metadata and vocab takes ~15 s, so the
+    converted files are kept under HF_HOME, keyed by the file's path, size and mtime:
+    later loads of the same file take well under a second.
+    """
+    stat = source.path.stat()
+    key = f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    folder = GGUF_METADATA_CACHE / hashlib.sha256(key.encode()).hexdigest()[:20]
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    start = time.perf_counter()
+    kwargs = {"gguf_file": source.gguf_file}
+    config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent))
+    except OSError as exc:
+        # A read-only cache is slower, not fatal.
+        logger.warning("cannot cache GGUF metadata under %s: %s", folder.parent, exc)
+        staging = Path(tempfile.mkdtemp())
+    config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, folder)
+    except OSError:
+        # Another process cached it first, or the cache is read-only.
+        if not (folder / "tokenizer_config.json").is_file():
+            return staging
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("converted GGUF config and tokenizer in %.1f s", time.perf_counter() - start)
+    return folder
+
+
+def gguf_hf_name(name: str) -> str | None:
+    """HF parameter name for a GGUF tensor name; None for tensors we recompute."""
+    if name in GGUF_GLOBAL_NAMES:
+        return GGUF_GLOBAL_NAMES[name]
+    if name in GGUF_SKIPPED:
+        return None
+    match = GGUF_LAYER_RE.fullmatch(name)
+    if match is None or match.group(2) not in GGUF_LAYER_PARTS:
+        raise ConfigError(f"unexpected GGUF tensor {name!r}")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{GGUF_LAYER_PARTS[part]}.{kind}"
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k permute: it regroups each head's rows from HF's
+    [first half | second half] RoPE layout into interleaved pairs.
+
+    The converter does reshape(n_head, 2, d/2, ...).swapaxes(1, 2); this swaps back.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def load_gguf(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of a GGUF file, dequantized to `dtype`, q/k rows back in HF's order."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _gguf_field(reader, "general.architecture")
+    n_head = _gguf_field(reader, f"{arch}.attention.head_count")
+    n_kv_head = _gguf_field(reader, f"{arch}.attention.head_count_kv") or n_head
+    permuted = arch in GGUF_PERMUTED_ARCHS
+    if permuted and n_head is None:
+        raise ConfigError(f"{path}: GGUF file has no {arch}.attention.head_count")
+
+    state_dict: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        hf_name = gguf_hf_name(tensor.name)
+        if hf_name is None:
+            continue
+        # GGUF lists dims fastest-first; torch wants them slowest-first.
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        if permuted and ".attn_q." in tensor.name:
+            weights = unpermute_rows(weights, n_head)
+        elif permuted and ".attn_k." in tensor.name:
+            weights = unpermute_rows(weights, n_kv_head)
+        if not weights.flags.writeable:
+            # F32 tensors are views into the read-only memory map.
+            weights = weights.copy()
+        state_dict[hf_name] = torch.from_numpy(weights).to(dtype)
+    logger.debug("GGUF %s: arch %s, %d heads, %d kv heads", path, arch, n_head, n_kv_head)
+    return state_dict

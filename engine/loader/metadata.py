@@ -1,0 +1,53 @@
+"""A model's Hugging Face config and tokenizer, from its folder or its GGUF file."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import transformers
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.engine.models.config import architecture_of
+
+logger = logging.getLogger(__name__)
+
+
+def load_config(source: ModelSource) -> transformers.PretrainedConfig:
+    """The model's HF config; rejects architectures models/llama.py cannot run."""
+    config = transformers.AutoConfig.from_pretrained(_metadata_folder(source))
+    try:
+        architecture = architecture_of(config)
+    except ValueError as exc:
+        raise ConfigError(f"model {str(source.path)!r}: {exc}") from exc
+    logger.info(
+        "config %s from %s: %d layers, hidden %d, %d heads, %d kv heads, vocab %d",
+        architecture,
+        source.path,
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size,
+    )
+    return config
+
+
+def load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
+    """The HF tokenizer that ships with the weights (a GGUF file embeds its own)."""
+    start = time.perf_counter()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(_metadata_folder(source))
+    logger.info(
+        "tokenizer %s from %s in %.1f s",
+        type(tokenizer).__name__,
+        source.path,
+        time.perf_counter() - start,
+    )
+    return tokenizer
+
+
+def _metadata_folder(source: ModelSource) -> Path:
+    """A folder with the model's config.json and tokenizer files."""
+    return gguf_metadata_folder(source) if source.is_gguf else source.folder

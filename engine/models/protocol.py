@@ -1,0 +1,53 @@
+"""CausalLM: what the model runner needs of a model, whatever its architecture."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.kernels import AttentionMetadata
+
+# One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A decoder over a paged KV cache: one call computes every scheduled token of a
+    step. Implementations are torch modules, built on the meta device and then filled
+    by load_weights, so a model never initializes weights it is about to overwrite."""
+
+    config: ModelConfig
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    # The distinct attention windows of the layers (None = full attention): the
+    # attention kernels prepare one mask per window.
+    sliding_windows: set[int | None]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        ...
+
+    # The runner calls the model itself: a torch module's call runs its hooks, then forward.
+    __call__ = forward
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> logits [n, vocab] in the model's dtype."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Fill every parameter from Hugging Face-named tensors; ConfigError for a
+        missing, unknown or misshapen one."""
+        ...
+
+    def init_rope(self, device: torch.device) -> None:
+        """Build the RoPE tables on `device` (they are not parameters)."""
+        ...

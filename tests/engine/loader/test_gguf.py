@@ -1,0 +1,86 @@
+"""engine/loader/gguf.py: GGUF tensors dequantize, un-permute and rename to exactly what
+transformers loads, and the file's metadata converts to its config and tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hetero_infer.engine.loader import (
+    ModelSource,
+    load_config,
+    load_state_dict,
+    load_tokenizer,
+    resolve_model,
+)
+from hetero_infer.engine.loader.gguf import gguf_hf_name, unpermute_rows
+
+
+def test_unpermute_inverts_llama_cpp_permute() -> None:
+    def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+        # convert_hf_to_gguf.py LlamaModel.permute
+        return (
+            w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape)
+        )
+
+    rng = np.random.default_rng(0)
+    for shape, n_head in [((48, 8), 3), ((64, 5), 4), ((32,), 2)]:
+        w = rng.standard_normal(shape).astype(np.float32)
+        assert np.array_equal(unpermute_rows(llama_cpp_permute(w, n_head), n_head), w)
+
+
+def test_unexpected_gguf_tensor_is_an_error() -> None:
+    assert gguf_hf_name("blk.7.ffn_up.weight") == "model.layers.7.mlp.up_proj.weight"
+    assert gguf_hf_name("rope_freqs.weight") is None
+    with pytest.raises(ValueError, match="blk.0.ffn_gate_exps.weight"):
+        gguf_hf_name("blk.0.ffn_gate_exps.weight")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> ModelSource:
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="module")
+def smollm2_ours(smollm2: ModelSource) -> dict[str, torch.Tensor]:
+    return load_state_dict(smollm2, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2: ModelSource) -> dict[str, torch.Tensor]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2.folder, gguf_file=smollm2.gguf_file, dtype=torch.float32
+    )
+    return model.state_dict()
+
+
+@pytest.mark.slow
+def test_gguf_state_dict_matches_transformers(
+    smollm2_ours: dict[str, torch.Tensor], smollm2_reference: dict[str, torch.Tensor]
+) -> None:
+    # lm_head is tied to the embedding in SmolLM2: the GGUF has no output.weight.
+    assert set(smollm2_ours) == set(smollm2_reference) - {"lm_head.weight"}
+    for name, tensor in smollm2_ours.items():
+        ref = smollm2_reference[name]
+        assert tensor.shape == ref.shape, name
+        assert torch.equal(tensor, ref), name
+
+
+@pytest.mark.slow
+def test_gguf_config(smollm2: ModelSource) -> None:
+    config = load_config(smollm2)
+    assert config.model_type == "llama"
+    assert (config.num_hidden_layers, config.hidden_size) == (30, 576)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (9, 3)
+    assert config.vocab_size == 49152 and config.tie_word_embeddings
+
+
+@pytest.mark.slow
+def test_gguf_tokenizer(smollm2: ModelSource) -> None:
+    tokenizer = load_tokenizer(smollm2)
+    ids = tokenizer.encode("Hello, world!", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "Hello, world!"
+    assert tokenizer.chat_template

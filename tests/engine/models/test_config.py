@@ -1,0 +1,119 @@
+"""engine/models/config.py: ModelConfig reads each Hugging Face config's rules once
+(head_dim, biases, RoPE, sliding windows, eos ids), and the registry builds a CausalLM
+from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+from hetero_infer.engine.models import CausalLM, ModelConfig, architecture_of, build_model
+
+from tests.tiny_models import TINY_MODELS
+
+
+def test_tiny_llama() -> None:
+    config = ModelConfig.from_hf(TINY_MODELS["llama"]())
+    assert (config.architecture, config.model_type) == ("LlamaForCausalLM", "llama")
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (3, 72, 112)
+    # head_dim from hidden_size / heads when the config names none
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (3, 1, 24)
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling is not None and config.rope_scaling["rope_type"] == "llama3"
+    assert config.sliding_windows == (None, None, None)
+    assert config.tie_word_embeddings and config.hidden_act == "silu"
+    assert (config.qkv_bias, config.o_bias, config.mlp_bias) == (False, False, False)
+    assert config.eos_token_ids == (2,)
+    assert (config.vocab_size, config.max_position_embeddings) == (384, 1024)
+
+
+def test_mistral_head_dim_and_sliding_window() -> None:
+    config = ModelConfig.from_hf(TINY_MODELS["mistral"]())
+    assert (config.num_heads, config.head_dim, config.hidden_size) == (6, 20, 120)
+    assert config.rope_scaling is None and not config.tie_word_embeddings
+    sliding = transformers.MistralConfig(num_hidden_layers=2, sliding_window=4096)
+    assert ModelConfig.from_hf(sliding).sliding_windows == (4096, 4096)
+
+
+def test_qwen2_biases_and_windows() -> None:
+    config = ModelConfig.from_hf(TINY_MODELS["qwen2"]())
+    # Qwen2 has q/k/v biases and no o_proj bias, whatever attention_bias says.
+    assert (config.qkv_bias, config.o_bias) == (True, False)
+    assert config.sliding_windows == (None, None, None)
+    # Only the layers past max_window_layers slide.
+    sliding = transformers.Qwen2Config(
+        num_hidden_layers=3, sliding_window=64, use_sliding_window=True, max_window_layers=1
+    )
+    assert ModelConfig.from_hf(sliding).sliding_windows == (None, 64, 64)
+
+
+def test_attention_bias_puts_biases_on_every_projection() -> None:
+    config = ModelConfig.from_hf(
+        transformers.LlamaConfig(num_hidden_layers=1, attention_bias=True, mlp_bias=True)
+    )
+    assert (config.qkv_bias, config.o_bias, config.mlp_bias) == (True, True, True)
+
+
+def test_transformers_4_config_shape() -> None:
+    # transformers 4.x: rope_theta and rope_scaling as attributes, no rope_parameters;
+    # a GGUF conversion names no architectures, only the model type.
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    hf = SimpleNamespace(
+        model_type="llama",
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=5000.0,
+        rope_scaling=scaling,
+        max_position_embeddings=64,
+        hidden_act="silu",
+        eos_token_id=[3, 4],
+    )
+    config = ModelConfig.from_hf(hf)
+    assert config.architecture == "LlamaForCausalLM"
+    assert (config.rope_theta, config.rope_scaling) == (5000.0, scaling)
+    assert config.rope_scaling is not scaling  # a copy: the HF config stays its own
+    assert config.head_dim == 4 and config.eos_token_ids == (3, 4)
+    assert not config.tie_word_embeddings and not config.qkv_bias
+    assert (
+        ModelConfig.from_hf(SimpleNamespace(**{**vars(hf), "eos_token_id": None})).eos_token_ids
+        == ()
+    )
+
+
+def test_unsupported_architecture_is_named() -> None:
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        architecture_of(SimpleNamespace(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        architecture_of(SimpleNamespace(architectures=None, model_type="gpt2"))
+
+
+def test_frozen_and_checked() -> None:
+    config = ModelConfig.from_hf(TINY_MODELS["qwen2"]())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.num_layers = 4  # type: ignore[misc]
+    with pytest.raises(ValueError, match="2 layer types for 3 layers"):
+        dataclasses.replace(config, sliding_windows=(None, None))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_registry_builds_a_causal_lm(name: str) -> None:
+    config = ModelConfig.from_hf(TINY_MODELS[name]())
+    with torch.device("meta"):
+        model = build_model(config)
+    assert isinstance(model, CausalLM)
+    assert model.config is config
+    assert (model.num_layers, model.num_kv_heads, model.head_dim) == (
+        config.num_layers,
+        config.num_kv_heads,
+        config.head_dim,
+    )
+    assert model.sliding_windows == set(config.sliding_windows)
+    assert len(model.layers) == config.num_layers

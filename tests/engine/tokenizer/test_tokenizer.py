@@ -1,0 +1,152 @@
+"""engine/tokenizer/tokenizer.py: the Tokenizer wrapper: encode/decode round trips, chat
+templates, eos ids, on the byte-fallback tokenizer and on SmolLM2's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hetero_infer.engine.tokenizer import Tokenizer
+from hypothesis import given
+from transformers import AutoTokenizer
+
+from tests.engine.tokenizer.common import (
+    MIXED_TEXT,
+    PROPERTY_SETTINGS,
+    SMOLLM2_VOCAB_SIZE,
+    TEXT,
+    byte_tokens,
+)
+from tests.helpers import (
+    BOS_TOKEN_ID,
+    BYTE_FALLBACK_VOCAB_SIZE,
+    BYTE_TOKEN_IDS,
+    EOS_TOKEN_ID,
+    FIRST_BYTE_TOKEN_ID,
+    UNK_TOKEN_ID,
+    make_byte_fallback_tokenizer,
+)
+
+
+def test_byte_fallback_tokenizer_layout(bf_tok: Tokenizer) -> None:
+    hf = bf_tok.hf_tokenizer
+    assert bf_tok.vocab_size == BYTE_FALLBACK_VOCAB_SIZE < 512
+    assert (hf.unk_token_id, hf.bos_token_id, hf.eos_token_id) == (
+        UNK_TOKEN_ID,
+        BOS_TOKEN_ID,
+        EOS_TOKEN_ID,
+    )
+    assert bf_tok.byte_token_ids == frozenset(BYTE_TOKEN_IDS)
+    assert hf.convert_ids_to_tokens([FIRST_BYTE_TOKEN_ID, FIRST_BYTE_TOKEN_ID + 255]) == [
+        "<0x00>",
+        "<0xFF>",
+    ]
+    assert bf_tok.special_token_ids == {UNK_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID}
+    # ASCII uses real pieces; everything else falls back to bytes.
+    assert hf.convert_ids_to_tokens(bf_tok.encode("Hello world", add_special_tokens=False)) == [
+        "▁Hello",
+        "▁world",
+    ]
+    assert bf_tok.encode("é", add_special_tokens=False)[1:] == byte_tokens("é".encode())
+    assert bf_tok.encode("hi")[0] == BOS_TOKEN_ID
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Hello world",
+        "naïve café",
+        "你好，世界",
+        "😀 ok 👍🏽",
+        " leading",
+        "a\nb\tc  ",
+        MIXED_TEXT,
+    ],
+)
+def test_byte_fallback_round_trip(bf_tok: Tokenizer, text: str) -> None:
+    assert bf_tok.decode(bf_tok.encode(text)) == text
+    assert bf_tok.decode(bf_tok.encode(text, add_special_tokens=False)) == text
+
+
+@PROPERTY_SETTINGS
+@given(text=TEXT)
+def test_byte_fallback_round_trip_property(bf_tok: Tokenizer, text: str) -> None:
+    assert bf_tok.decode(bf_tok.encode(text)) == text
+
+
+def test_byte_fallback_save_and_reload(bf_tok: Tokenizer, tmp_path: Path) -> None:
+    bf_tok.hf_tokenizer.save_pretrained(tmp_path)
+    reloaded = Tokenizer(AutoTokenizer.from_pretrained(tmp_path))
+    messages = [{"role": "user", "content": "hi 😀"}]
+    assert reloaded.encode(MIXED_TEXT) == bf_tok.encode(MIXED_TEXT)
+    assert reloaded.decode(bf_tok.encode(MIXED_TEXT)) == MIXED_TEXT
+    assert reloaded.apply_chat_template(messages) == bf_tok.apply_chat_template(messages)
+    assert reloaded.eos_token_ids == {EOS_TOKEN_ID}
+    assert reloaded.byte_token_ids == bf_tok.byte_token_ids
+
+
+# ----------------------------------------------------------------- wrapper: chat, eos
+
+
+def test_chat_template_byte_fallback(bf_tok: Tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi é"}, {"role": "assistant", "content": "ok"}]
+    ids = bf_tok.apply_chat_template(messages)
+    rendered = "<s>user: hi é\nassistant: ok\nassistant:"
+    assert ids == bf_tok.encode(rendered, add_special_tokens=False)
+    assert ids[0] == BOS_TOKEN_ID and ids.count(BOS_TOKEN_ID) == 1
+    without_prompt = bf_tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert bf_tok.decode(without_prompt) == "user: hi é\nassistant: ok\n"
+
+
+def test_chat_template_missing_is_a_value_error() -> None:
+    hf = make_byte_fallback_tokenizer()
+    hf.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        Tokenizer(hf).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_chat_template_rejecting_messages_is_a_value_error() -> None:
+    hf = make_byte_fallback_tokenizer()
+    hf.chat_template = "{{ raise_exception('roles must alternate') }}"
+    with pytest.raises(ValueError, match="roles must alternate"):
+        Tokenizer(hf).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_eos_token_ids() -> None:
+    hf = make_byte_fallback_tokenizer()
+    assert Tokenizer(hf).eos_token_ids == frozenset({EOS_TOKEN_ID})
+    # e.g. a generation_config.json that lists more eos ids than the tokenizer marks
+    assert Tokenizer(hf, extra_eos_token_ids=[EOS_TOKEN_ID, 300]).eos_token_ids == {2, 300}
+    with pytest.raises(ValueError, match="eos token ids"):
+        Tokenizer(hf, extra_eos_token_ids=[-1])
+    hf.eos_token = None
+    assert Tokenizer(hf).eos_token_ids == frozenset()
+    assert Tokenizer(hf, extra_eos_token_ids=(7,)).eos_token_ids == {7}
+
+
+@pytest.mark.slow
+def test_smollm2_wrapper(smol_tok: Tokenizer) -> None:
+    hf = smol_tok.hf_tokenizer
+    assert smol_tok.vocab_size == SMOLLM2_VOCAB_SIZE
+    assert smol_tok.eos_token_ids == {hf.convert_tokens_to_ids("<|im_end|>")}
+    assert smol_tok.byte_token_ids == frozenset()  # byte-level BPE: no <0xNN> tokens
+    assert smol_tok.decode(smol_tok.encode(MIXED_TEXT)) == MIXED_TEXT
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hi in 中文 😀"},
+        {"role": "assistant", "content": "你好 👋"},
+        {"role": "user", "content": "Again"},
+    ]
+    for add_generation_prompt in (True, False):
+        expected = hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        if not isinstance(expected, list):  # transformers 5: a BatchEncoding
+            expected = expected["input_ids"]
+        got = smol_tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        assert got == expected
+        rendered = hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        assert got == smol_tok.encode(rendered, add_special_tokens=False)
