@@ -10,7 +10,6 @@ before torch, whose OpenMP settings must be made before it loads (see
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -57,10 +56,12 @@ def resolve_model_folder(name: str) -> Path:
 
 
 def apply_engine_thread_settings() -> None:
-    """Import the engine package for its OpenMP settings (engine/__init__.py), so that
-    a benchmark runs torch as the server does. libgomp reads them when torch loads:
-    call this before anything imports torch."""
-    importlib.import_module("hetero_infer.engine")
+    """The OpenMP settings the server's entry point applies (engine/process_settings.py),
+    so that a benchmark runs torch as the server does. libgomp reads them when torch
+    loads: call this before anything imports torch."""
+    from hetero_infer.engine.process_settings import set_openmp_wait_policy
+
+    set_openmp_wait_policy()
 
 
 def thread_env(threads: int) -> dict[str, str]:

@@ -334,10 +334,10 @@ def blocks_needed(batch: int, context: int, block_size: int) -> int:
 
 def build_engine(model: str, dtype: str, max_batch: int, context: int, device: str = "auto") -> Any:
     """An LLMEngine whose KV cache holds ``max_batch`` sequences of context + 1 tokens."""
-    from hetero_infer.engine import LLMEngine
+    from hetero_infer.engine import EngineConfig, LLMEngine, apply_process_settings
 
     block_size = 16
-    return LLMEngine(
+    config = EngineConfig(
         model=model,
         dtype=dtype,
         device=device,
@@ -347,6 +347,8 @@ def build_engine(model: str, dtype: str, max_batch: int, context: int, device: s
         max_num_blocks=blocks_needed(max_batch, context, block_size),
         enable_prefix_caching=False,
     )
+    apply_process_settings(config)  # as the server's entry point does
+    return LLMEngine(config)
 
 
 def time_decode_step(

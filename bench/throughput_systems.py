@@ -67,13 +67,15 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
     from hetero_infer.engine import SamplingParams
 
     workload = load_workload(job["workload"])
-    llm = engine.LLMEngine(
+    config = engine.EngineConfig(
         model=job["model_folder"],
         dtype=job["dtype"],
         max_num_seqs=job["max_num_seqs"],
         max_num_batched_tokens=job["max_num_batched_tokens"],
         kv_cache_memory=int(job["kv_cache_gib"] * 2**30),
     )
+    engine.apply_process_settings(config)  # as the server's entry point does
+    llm = engine.LLMEngine(config)
 
     kv_waste: list[float] = []  # per step: unfilled share of the KV slots in use
 

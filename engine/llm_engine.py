@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hetero_infer.engine import host_memory, loader
+from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
@@ -52,9 +52,7 @@ class LLMEngine:
         if overrides:
             config = config.replace(**overrides)
         self.config = config
-        self.device = _resolve_device(config.device)
-        if self.device.type == "cpu":
-            host_memory.keep_freed_memory()
+        self.device = resolve_device(config.device)
         source = loader.resolve_model(config.model)
         self.model_config = ModelConfig.from_hf(loader.load_config(source))
         self.dtype = _resolve_dtype(config.dtype, self.device)
@@ -314,7 +312,7 @@ class LLMEngine:
         return [self.output_processor.pop_finished(request_id) for request_id in ids]
 
 
-def _resolve_device(device: str) -> torch.device:
+def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetero_infer.engine.config import EngineConfig, read_section
-from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.process_settings import apply_process_settings, set_openmp_wait_policy
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server.settings import ServerSettings
 
@@ -166,7 +166,8 @@ def serve_main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from hetero_infer.server.serve import serve  # uvicorn is only needed here
+    apply_process_settings(settings.engine)
+    from hetero_infer.server.serve import serve  # uvicorn (and torch) are only needed here
 
     serve(settings)
     return 0
@@ -192,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Nothing imported so far loads torch: what must precede it goes first.
+    set_openmp_wait_policy()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"] or "--serve" in argv:
         return serve_main([a for a in argv if a not in ("serve", "--serve")])
@@ -208,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             min_p=args.min_p,
             seed=args.seed,
         )
+        apply_process_settings(config)
+        from hetero_infer.engine.llm_engine import LLMEngine
+
         started = time.monotonic()
         engine = LLMEngine(config)
         load_time = time.monotonic() - started

@@ -1,0 +1,44 @@
+"""Process-wide settings the engine runs best with, applied once by an entry point
+(the command line, the server, the benchmarks) from the config: importing a module of
+the engine changes nothing about the process.
+
+    set_openmp_wait_policy()         # before anything imports torch
+    apply_process_settings(config)   # before the engine loads its model
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+
+from hetero_infer.engine.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+# How long torch's OpenMP threads spin before they sleep between parallel regions. A
+# decode step runs hundreds of short regions: waking sleeping threads for each one
+# made a batch-1 step 18 ms where spinning threads took 13 ms. But threads that spin
+# without end collapse when another process shares the cores (on 2 busy cores a
+# batch-64 step took 4-5x as long as with sleeping threads), so they spin a short
+# while (~0.1 ms) and then sleep: on an idle machine as fast as spinning, under
+# contention 1.8x the sleeping threads' time.
+OPENMP_SPIN_COUNT = "10000"
+
+
+def set_openmp_wait_policy(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Have OpenMP threads spin briefly between parallel regions. libgomp reads this
+    when torch loads, so call it before anything imports torch; an explicit
+    OMP_WAIT_POLICY or GOMP_SPINCOUNT wins."""
+    if "OMP_WAIT_POLICY" not in environ:
+        environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
+
+
+def apply_process_settings(config: EngineConfig) -> None:
+    """What the engine on ``config``'s device wants of the process: on the CPU, malloc
+    keeps freed activations for the next step (engine/host_memory.py)."""
+    from hetero_infer.engine import host_memory
+    from hetero_infer.engine.llm_engine import resolve_device
+
+    if resolve_device(config.device).type == "cpu" and host_memory.keep_freed_memory():
+        logger.debug("malloc keeps freed blocks up to 32 MB for reuse")
