@@ -46,7 +46,9 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
         if not isinstance(params, SamplingParams):
-            raise ValidationError("sampling_params must be a SamplingParams")
+            raise ValidationError(
+                "sampling_params must be a SamplingParams", param="sampling_params"
+            )
         text, token_ids = self.tokenize(prompt)
         grammar = self.check_params(params)
         return EngineRequest(request_id, text, token_ids, params, grammar)
@@ -55,7 +57,7 @@ class InputProcessor:
         """(the prompt's text or None, its token ids), checked against the model."""
         if isinstance(prompt, str):
             if not prompt:
-                raise ValidationError("prompt must not be empty")
+                raise ValidationError("prompt must not be empty", param="prompt")
             token_ids = self.tokenizer.encode(prompt)
             text: str | None = prompt
         elif isinstance(prompt, list | tuple) and all(
@@ -63,23 +65,25 @@ class InputProcessor:
         ):
             token_ids, text = list(prompt), None
         else:
-            raise ValidationError("prompt must be a string or a list of token ids")
+            raise ValidationError("prompt must be a string or a list of token ids", param="prompt")
         self.check_prompt(token_ids)
         return text, token_ids
 
     def check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
-            raise ValidationError("prompt must not be empty")
+            raise ValidationError("prompt must not be empty", param="prompt")
         # (Encoded text too: a plugged-in tokenizer may not fit the model.)
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValidationError(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+                f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                param="prompt",
             )
         if len(token_ids) > self.max_model_len:
             raise ValidationError(
                 f"prompt: {len(token_ids)} tokens is longer than max_model_len "
-                f"({self.max_model_len})"
+                f"({self.max_model_len})",
+                param="prompt",
             )
 
     def check_params(self, params: SamplingParams) -> Any:

@@ -17,7 +17,12 @@ from hetero_infer.server.protocol import APIError
 @pytest.mark.parametrize(
     ("error", "status", "kind", "param"),
     [
-        (ValidationError("top_p must be in (0, 1], got 2"), 400, "invalid_request_error", "top_p"),
+        (
+            ValidationError("top_p must be in (0, 1], got 2", param="top_p"),
+            400,
+            "invalid_request_error",
+            "top_p",
+        ),
         (ValidationError("bad", param="messages"), 400, "invalid_request_error", "messages"),
         (OutOfMemoryError("prompt needs 900 blocks"), 400, "invalid_request_error", None),
         (ConfigError("block_size must be ..."), 400, "invalid_request_error", None),
