@@ -12,62 +12,11 @@ import time
 import uuid
 from typing import Any, Literal
 
-from hetero_infer.engine.exceptions import (
-    ExecutionError,
-    ModelNotFoundError,
-    SchedulerError,
-    ValidationError,
-)
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from hetero_infer.server.errors import APIError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code or type
-        self.headers = headers
-
-    @classmethod
-    def from_exception(cls, exc: Exception) -> APIError:
-        """The one mapping of the engine's errors (engine/exceptions.py) to responses:
-        bad input 400 naming the field, an unknown model 404, a full queue or a failed
-        engine 503 with Retry-After."""
-        message = str(exc)
-        if isinstance(exc, ModelNotFoundError):
-            return cls(404, message, "not_found_error", param="model", code="model_not_found")
-        if isinstance(exc, SchedulerError | ExecutionError):
-            return cls(503, message, "service_unavailable", headers={"Retry-After": "5"})
-        if isinstance(exc, ValueError):  # ValidationError, OutOfMemoryError, ConfigError
-            param = exc.param if isinstance(exc, ValidationError) else None
-            return cls(400, message, param=param)
-        return cls(500, "internal server error", "internal_server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 class StreamOptions(BaseModel):

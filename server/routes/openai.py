@@ -21,9 +21,9 @@ from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.exceptions import EngineError
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.server.errors import APIError
 from hetero_infer.server.logprobs import LogprobsFormatter, text_length
 from hetero_infer.server.protocol import (
-    APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

@@ -11,7 +11,7 @@ from hetero_infer.engine.exceptions import (
     SchedulerError,
     ValidationError,
 )
-from hetero_infer.server.protocol import APIError
+from hetero_infer.server.errors import APIError
 
 
 @pytest.mark.parametrize(
