@@ -33,6 +33,10 @@ class ValidationError(EngineError, ValueError):
         self.param = param
 
 
+class ContextLengthError(ValidationError):
+    """The prompt, with the tokens asked for, does not fit in the model's context."""
+
+
 # mini-infer's name for the same error.
 InvalidRequestError = ValidationError
 

@@ -19,7 +19,8 @@ from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server import middleware
 from hetero_infer.server.errors import install_error_handlers, service_unavailable
-from hetero_infer.server.routes import health, metrics, openai, ui
+from hetero_infer.server.openai.router import router as openai_router
+from hetero_infer.server.routes import health, metrics, ui
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
 
@@ -56,7 +57,7 @@ class ServerState:
 def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> FastAPI:
     """The app; ``engine`` lets tests and embedders pass a loaded engine."""
     state = ServerState(settings)
-    state.metrics.bind(lambda: state.engine.engine if state.engine else None, settings.model_name)
+    state.metrics.bind(lambda: state.engine, settings.model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +71,7 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
 
     app = FastAPI(title="Hetero-Paged-Infer", lifespan=lifespan)
     app.state.server = state
-    app.include_router(openai.router)
+    app.include_router(openai_router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(ui.router)
@@ -86,8 +87,9 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         state.engine = AsyncEngine(engine, max_pending=state.settings.max_waiting_requests)
         state.engine.start()
         # One real request through the whole path before we call ourselves ready.
-        warmup = SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in state.engine.generate([0], warmup, "warmup"):
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        warmup = state.engine.input_processor.process("warmup", [0], params)
+        async for _ in state.engine.generate(warmup):
             pass
         state.ready = True
         logger.info("ready to serve %s", state.settings.model_name)

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from hetero_infer.engine.exceptions import (
+    ContextLengthError,
     EngineError,
     ExecutionError,
     ModelNotFoundError,
@@ -56,6 +57,8 @@ class APIError(Exception):
             return cls(404, message, "not_found_error", param="model", code="model_not_found")
         if isinstance(exc, SchedulerError | ExecutionError):
             return cls(503, message, "service_unavailable", headers={"Retry-After": "5"})
+        if isinstance(exc, ContextLengthError):
+            return cls(400, message, param=exc.param, code="context_length_exceeded")
         if isinstance(exc, ValueError):  # ValidationError, OutOfMemoryError, ConfigError
             param = exc.param if isinstance(exc, ValidationError) else None
             return cls(400, message, param=param)

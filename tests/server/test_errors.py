@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hetero_infer.engine.exceptions import (
     ConfigError,
+    ContextLengthError,
     ExecutionError,
     ModelNotFoundError,
     OutOfMemoryError,
@@ -42,3 +43,9 @@ def test_from_exception(error, status, kind, param):
         assert api.headers == {"Retry-After": "5"}
     if status != 500:
         assert body["message"] == str(error)
+
+
+def test_context_length_has_openai_code():
+    error = ContextLengthError("This model's maximum context length is 8 tokens.", "messages")
+    body = APIError.from_exception(error).body()["error"]
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "messages")

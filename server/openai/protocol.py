@@ -1,4 +1,5 @@
-"""OpenAI request and response bodies, and the mapping to SamplingParams.
+"""OpenAI request bodies (pydantic, so the app's OpenAPI schema describes them), and
+their mapping to SamplingParams.
 
 Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
 stop_token_ids, include_stop_str_in_output, repetition_penalty).
@@ -8,8 +9,6 @@ ignored: a client must never get silently different behaviour.
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
@@ -54,6 +53,11 @@ class SamplingFields(BaseModel):
     # Accepted at their neutral values only, until they are implemented.
     response_format: dict[str, Any] | None = None
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
     def unsupported(self) -> None:
         """Raise a 400 for any field set to something we cannot honour."""
         if self.best_of not in (None, 1):
@@ -91,7 +95,9 @@ class SamplingFields(BaseModel):
         """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
         return {}
 
-    def sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The body's SamplingParams (which check their own ranges); what needs the
+        model (token ids, the schema) the engine's input processor checks."""
         self.unsupported()
         values: dict[str, Any] = {
             "n": self.n,
@@ -112,12 +118,7 @@ class SamplingFields(BaseModel):
             values["logit_bias"] = _token_bias(self.logit_bias)
         values.update(self.logprobs_params())
         values["json_schema"] = self.json_schema()
-        try:
-            params = SamplingParams(**values)
-            params.check_vocab(vocab_size)
-            return params
-        except ValueError as exc:
-            raise APIError.from_exception(exc) from exc
+        return SamplingParams(**values)
 
 
 class CompletionRequest(SamplingFields):
@@ -203,7 +204,7 @@ class ChatCompletionRequest(SamplingFields):
     def template_messages(self) -> list[dict[str, str]]:
         if self.tools:
             raise APIError(400, "'tools' is not supported by this server yet", param="tools")
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return template_messages(self.messages)
 
 
 class TokenizeRequest(BaseModel):
@@ -246,17 +247,6 @@ def _check_text(text: str) -> str:
     return text
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template takes them: role and text content."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
