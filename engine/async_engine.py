@@ -5,6 +5,10 @@ are queued and applied by the loop task between steps, and the model step itself
 runs in a dedicated worker thread so the event loop keeps serving HTTP and
 flushing streams while the model computes. New requests join the running batch
 at the next step.
+
+It is also the server's one view of the engine (vLLM's EngineClient): the tokenizer,
+the context length, the input processor that turns a prompt into an EngineRequest,
+generate and abort, and what /metrics reads. The LLMEngine itself stays private.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from hetero_infer.engine.exceptions import ExecutionError, SchedulerError
-from hetero_infer.engine.llm_engine import LLMEngine, Prompt
+from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor
+from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +37,7 @@ class EngineDeadError(ExecutionError):
 
 @dataclass
 class _NewRequest:
-    prompt: Prompt
-    params: SamplingParams
-    request_id: str
+    request: EngineRequest
     accepted: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -42,7 +47,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_pending: int | None = None) -> None:
         """``max_pending``: requests accepted and not finished, beyond which new ones
         are refused with SchedulerError (None: no limit)."""
-        self.engine = engine
+        self._engine = engine
         self.max_pending = max_pending
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._new: list[_NewRequest] = []
@@ -75,24 +80,50 @@ class AsyncEngine:
         """Requests accepted and not finished (waiting, running or swapped)."""
         return len(self._queues)
 
+    # ---- what the server reads ----
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.model_config.vocab_size
+
+    @property
+    def input_processor(self) -> InputProcessor:
+        """Checks and tokenizes a request into the EngineRequest that generate() takes."""
+        return self._engine.input_processor
+
+    @property
+    def metrics(self) -> EngineMetrics:
+        return self._engine.metrics
+
+    def memory_stats(self) -> dict[str, Any]:
+        return self._engine.memory_stats()
+
     # ---- requests ----
 
-    async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as the engine makes them, until all are finished.
 
-        With n > 1 the outputs of the n choices interleave (``output.index`` says
+        The request comes checked from ``input_processor``; the loop queues it as it
+        is. With n > 1 the outputs of the n choices interleave (``output.index`` says
         which); the iteration ends after the last choice's finished output.
-        ValidationError (a ValueError) for bad input and SchedulerError for a full
-        queue are raised before the first output. Leaving the
-        iteration early (a client that went away) aborts the request.
+        SchedulerError for a full queue (or ValidationError for a request id in use)
+        is raised before the first output. Leaving the iteration early (a client that
+        went away) aborts the request.
         """
         if self.dead_error is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead_error
         if self.max_pending is not None and len(self._queues) >= self.max_pending:
             raise SchedulerError("too many requests are waiting; retry later")
-        new = _NewRequest(prompt, params, request_id)
+        request_id = request.request_id
+        new = _NewRequest(request)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         self._new.append(new)
@@ -106,7 +137,7 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 num_finished += item.finished
-                finished = num_finished == params.n
+                finished = num_finished == request.params.n
                 yield item
                 if finished:
                     return
@@ -125,11 +156,11 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self._new and not self._aborts and not self.engine.has_pending_work():
+                if not self._new and not self._aborts and not self._engine.has_pending_work():
                     self._wake.clear()
                     await self._wake.wait()
                 self._apply_requests()
-                if not self.engine.has_pending_work():
+                if not self._engine.has_pending_work():
                     continue
                 outputs = await loop.run_in_executor(self._executor, self._step)
                 for output in outputs:
@@ -149,21 +180,22 @@ class AsyncEngine:
                 queue.put_nowait(error)
 
     def _step(self) -> list[RequestOutput]:
-        return self.engine.step()
+        return self._engine.step()
 
     def _apply_requests(self) -> None:
         for new in self._new:
-            if new.request_id in self._aborts:
-                self._aborts.discard(new.request_id)
+            request_id = new.request.request_id
+            if request_id in self._aborts:
+                self._aborts.discard(request_id)
                 new.accepted.cancel()
                 continue
             try:
-                self.engine.add_request(new.prompt, new.params, new.request_id)
+                self._engine.add_processed(new.request)
             except ValueError as exc:
                 new.accepted.set_exception(exc)
             else:
                 new.accepted.set_result(None)
         self._new.clear()
         for request_id in self._aborts:
-            self.engine.abort(request_id)
+            self._engine.abort(request_id)
         self._aborts.clear()

@@ -25,11 +25,16 @@ class ModelNotFoundError(ConfigError):
 class ValidationError(EngineError, ValueError):
     """A request is invalid: its prompt, or one of its sampling parameters.
 
-    ``param`` names the field, as OpenAI's error shape reports it."""
+    ``param`` names the field, as OpenAI's error shape reports it: whoever raises it
+    knows the field, so it is given, never read back out of the message."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.param = param if param is not None else _leading_field(message)
+        self.param = param
+
+
+class ContextLengthError(ValidationError):
+    """The prompt, with the tokens asked for, does not fit in the model's context."""
 
 
 # mini-infer's name for the same error.
@@ -48,9 +53,3 @@ class SchedulerError(EngineError, RuntimeError):
 
 class ExecutionError(EngineError, RuntimeError):
     """A model step failed (a device error, a bug): the engine cannot go on."""
-
-
-def _leading_field(message: str) -> str | None:
-    """The field a message starts with ("top_p must be ..." -> "top_p")."""
-    word = message.split(maxsplit=1)[0].rstrip(":") if message else ""
-    return word if word.replace("_", "").replace(".", "").isalnum() else None

@@ -41,7 +41,9 @@ class GenerationParams:
         """ValidationError (a ValueError) naming the field that is out of range."""
         temperature = self.temperature
         if isinstance(temperature, int | float) and temperature > MAX_TEMPERATURE:
-            raise ValidationError(f"temperature must be in [0, 2], got {temperature!r}")
+            raise ValidationError(
+                f"temperature must be in [0, 2], got {temperature!r}", param="temperature"
+            )
         self.to_sampling_params()  # the rest as SamplingParams checks them
 
     def is_valid(self) -> bool:

@@ -160,7 +160,9 @@ class LLMEngine:
         theirs before they answer, then hand them over here)."""
         parent = ParentRequest(request.request_id, request.params)
         if any(self.output_processor.is_known(i) for i in parent.choice_ids):
-            raise ValidationError(f"request_id {request.request_id!r} is already in use")
+            raise ValidationError(
+                f"request_id {request.request_id!r} is already in use", param="request_id"
+            )
         seqs = []
         for index, seq_id in enumerate(parent.choice_ids):
             grammar = request.grammar
@@ -291,7 +293,8 @@ class LLMEngine:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValidationError(
-                    f"sampling_params: {len(params)} given for {len(prompts)} prompts"
+                    f"sampling_params: {len(params)} given for {len(prompts)} prompts",
+                    param="sampling_params",
                 )
         ids: list[str] = []  # every choice of every prompt, in order
         try:

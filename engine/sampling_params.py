@@ -50,28 +50,37 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValidationError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+            raise ValidationError(
+                f"max_tokens must be an integer, got {self.max_tokens!r}", param="max_tokens"
+            )
         if self.max_tokens < 1:
-            raise ValidationError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise ValidationError(
+                f"max_tokens must be at least 1, got {self.max_tokens}", param="max_tokens"
+            )
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
-            raise ValidationError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+            raise ValidationError(
+                f"n must be an integer in [1, {MAX_N}], got {self.n!r}", param="n"
+            )
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValidationError(f"temperature must be a number >= 0, got {self.temperature!r}")
+            raise ValidationError(
+                f"temperature must be a number >= 0, got {self.temperature!r}", param="temperature"
+            )
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValidationError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ValidationError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValidationError(
-                f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}"
+                f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}",
+                param="top_k",
             )
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValidationError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise ValidationError(f"min_p must be in [0, 1], got {self.min_p!r}", param="min_p")
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, int)
             or not 0 <= self.seed < 2**63  # torch generators take int64
         ):
             raise ValidationError(
-                f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}"
+                f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}", param="seed"
             )
         if self.top_k == 0:
             self.top_k = -1
@@ -80,47 +89,59 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise ValidationError(
-                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}"
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", param=name
                 )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise ValidationError(f"{name} must be in [-2, 2], got {value!r}")
+                raise ValidationError(f"{name} must be in [-2, 2], got {value!r}", param=name)
         if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 100:
             raise ValidationError(
-                f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}"
+                f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}",
+                param="repetition_penalty",
             )
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
-            raise ValidationError("json_schema must be a JSON schema object")
+            raise ValidationError("json_schema must be a JSON schema object", param="json_schema")
         if not isinstance(self.logit_bias, dict):
-            raise ValidationError("logit_bias must map token ids to biases")
+            raise ValidationError("logit_bias must map token ids to biases", param="logit_bias")
         for token_id, bias in self.logit_bias.items():
             if not _is_int(token_id) or token_id < 0:
-                raise ValidationError(f"logit_bias: token id {token_id!r} is not a token id")
+                raise ValidationError(
+                    f"logit_bias: token id {token_id!r} is not a token id", param="logit_bias"
+                )
             if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise ValidationError(f"logit_bias: bias {bias!r} must be in [-100, 100]")
+                raise ValidationError(
+                    f"logit_bias: bias {bias!r} must be in [-100, 100]", param="logit_bias"
+                )
 
     def _check_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-            raise ValidationError("stop must be a string or a list of strings")
+            raise ValidationError("stop must be a string or a list of strings", param="stop")
         self.stop = [s for s in self.stop if s]  # "" would stop before the first token
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValidationError(f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+            raise ValidationError(
+                f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}", param="stop"
+            )
         if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
             raise ValidationError(
-                f"stop: each string must be at most {MAX_STOP_STRING_CHARS} chars"
+                f"stop: each string must be at most {MAX_STOP_STRING_CHARS} chars", param="stop"
             )
         if not isinstance(self.stop_token_ids, list) or not all(
             _is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValidationError("stop_token_ids must be a list of token ids")
+            raise ValidationError(
+                "stop_token_ids must be a list of token ids", param="stop_token_ids"
+            )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValidationError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            raise ValidationError(
+                f"min_tokens must be an integer >= 0, got {self.min_tokens!r}", param="min_tokens"
+            )
         if self.min_tokens > self.max_tokens:
             raise ValidationError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                param="min_tokens",
             )
 
     def check_vocab(self, vocab_size: int) -> None:
@@ -129,7 +150,8 @@ class SamplingParams:
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ValidationError(
-                    f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+                    f"{name}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                    param=name,
                 )
 
     def allows_stop(self, num_output_tokens: int) -> bool:

@@ -38,7 +38,9 @@ class StructuredOutput:
             import llguidance.hf
 
             if not getattr(self._hf_tokenizer, "is_fast", False):
-                raise ValidationError("response_format needs a fast (tokenizers) tokenizer")
+                raise ValidationError(
+                    "response_format needs a fast (tokenizers) tokenizer", param="response_format"
+                )
             self._lltokenizer = llguidance.hf.from_tokenizer(
                 self._hf_tokenizer,
                 n_vocab=self._vocab_size,
@@ -49,11 +51,14 @@ class StructuredOutput:
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (TypeError, ValueError) as exc:
-            raise ValidationError(f"response_format: the schema is not usable: {exc}") from None
+            raise ValidationError(
+                f"response_format: the schema is not usable: {exc}", param="response_format"
+            ) from None
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
         if matcher.is_error():
             raise ValidationError(
-                f"response_format: the schema is not usable: {matcher.get_error()}"
+                f"response_format: the schema is not usable: {matcher.get_error()}",
+                param="response_format",
             )
         return matcher
 

@@ -8,26 +8,21 @@ loaded and served a warm-up request.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from hetero_infer.engine.async_engine import AsyncEngine
-from hetero_infer.engine.exceptions import EngineError
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server import middleware
-from hetero_infer.server.protocol import APIError
-from hetero_infer.server.routes import health, metrics, openai, ui
+from hetero_infer.server.errors import install_error_handlers, service_unavailable
+from hetero_infer.server.openai.router import router as openai_router
+from hetero_infer.server.routes import health, metrics, ui
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
@@ -51,22 +46,18 @@ class ServerState:
     def require_engine(self) -> AsyncEngine:
         """The engine if it can take a request now; otherwise a 503 to send back."""
         if self.draining:
-            raise _unavailable("the server is shutting down")
+            raise service_unavailable("the server is shutting down")
         if self.is_dead:
-            raise _unavailable("the engine has failed")
+            raise service_unavailable("the engine has failed")
         if self.engine is None or not self.ready:
-            raise _unavailable("the model is still loading")
+            raise service_unavailable("the model is still loading")
         return self.engine
-
-
-def _unavailable(message: str) -> APIError:
-    return APIError(503, message, "service_unavailable", headers={"Retry-After": "5"})
 
 
 def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> FastAPI:
     """The app; ``engine`` lets tests and embedders pass a loaded engine."""
     state = ServerState(settings)
-    state.metrics.bind(lambda: state.engine.engine if state.engine else None, settings.model_name)
+    state.metrics.bind(lambda: state.engine, settings.model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,12 +71,12 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
 
     app = FastAPI(title="Hetero-Paged-Infer", lifespan=lifespan)
     app.state.server = state
-    app.include_router(openai.router)
+    app.include_router(openai_router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(ui.router)
     middleware.install(app, settings)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     return app
 
 
@@ -96,8 +87,9 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         state.engine = AsyncEngine(engine, max_pending=state.settings.max_waiting_requests)
         state.engine.start()
         # One real request through the whole path before we call ourselves ready.
-        warmup = SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in state.engine.generate([0], warmup, "warmup"):
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        warmup = state.engine.input_processor.process("warmup", [0], params)
+        async for _ in state.engine.generate(warmup):
             pass
         state.ready = True
         logger.info("ready to serve %s", state.settings.model_name)
@@ -106,47 +98,3 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
     except BaseException as exc:
         state.load_error = exc
         logger.exception("the engine failed to start")
-
-
-class _ErrorResponse(JSONResponse):
-    """JSON with non-ASCII escaped: an error may echo input (a model name, a field's
-    key) holding a lone surrogate, which JSONResponse's UTF-8 encoding cannot take."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _ErrorResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(EngineError)
-    async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
-        return await api_error(request, APIError.from_exception(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI says 422; OpenAI (and vLLM) say 400, naming the field.
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message, param = "the request body is not valid JSON", None
-        error = APIError(400, f"{param}: {message}" if param else message, param=param)
-        return _ErrorResponse(error.body(), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "not_found_error", 413: "request_too_large"}.get(
-            exc.status_code, "invalid_request_error"
-        )
-        error = APIError(exc.status_code, str(exc.detail), kind)
-        return _ErrorResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        error = APIError(500, "internal server error", "internal_server_error")
-        return _ErrorResponse(error.body(), status_code=500)

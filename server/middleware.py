@@ -13,7 +13,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
-from hetero_infer.server.protocol import APIError
+from hetero_infer.server.errors import APIError
 from hetero_infer.server.settings import ServerSettings
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,7 +27,7 @@ REQUEST_BUCKETS += (50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 class _EngineCollector(Collector):
     """Engine state, read at scrape time."""
 
-    def __init__(self, get_engine: Callable[[], LLMEngine | None], model_name: str) -> None:
+    def __init__(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.get_engine = get_engine
         self.model_name = model_name
 
@@ -102,7 +102,7 @@ class ServerMetrics:
             registry=self.registry,
         )
 
-    def bind(self, get_engine: Callable[[], LLMEngine | None], model_name: str) -> None:
+    def bind(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.model_name = model_name
         self.registry.register(_EngineCollector(get_engine, model_name))
 

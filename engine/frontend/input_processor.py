@@ -3,7 +3,12 @@ tokenized, for the engine's own add_request and for the server's routes alike.
 
 Every check that needs the model (the vocabulary, the context length, the tokenizer, a
 JSON schema's grammar) is here; what SamplingParams can check alone it checks itself.
-A bad request raises ValidationError naming the field.
+A bad request raises ValidationError naming the field. Each check runs once: the
+EngineRequest that comes out is queued as it is (LLMEngine.add_processed).
+
+The two callers differ only in the context-length rule. The engine's own requests may
+ask for more tokens than the context has left (they end with "length" there); the
+server follows OpenAI, which refuses such a request up front (``fit_context``).
 """
 
 from __future__ import annotations
@@ -11,12 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.exceptions import ContextLengthError, ValidationError
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """A prompt the processor has checked: its text (None when it came as token ids)
+    and its token ids, none empty and all in the vocabulary."""
+
+    text: str | None
+    token_ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -45,17 +59,27 @@ class InputProcessor:
         self.max_model_len = max_model_len
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
+        """The engine's own path (LLMEngine.add_request): the prompt must fit in the
+        context; max_tokens may run past it."""
         if not isinstance(params, SamplingParams):
-            raise ValidationError("sampling_params must be a SamplingParams")
-        text, token_ids = self.tokenize(prompt)
-        grammar = self.check_params(params)
-        return EngineRequest(request_id, text, token_ids, params, grammar)
+            raise ValidationError(
+                "sampling_params must be a SamplingParams", param="sampling_params"
+            )
+        checked = self.tokenize(prompt)
+        if len(checked.token_ids) > self.max_model_len:
+            raise ValidationError(
+                f"prompt: {len(checked.token_ids)} tokens is longer than max_model_len "
+                f"({self.max_model_len})",
+                param="prompt",
+            )
+        return self.request(request_id, checked, params)
 
-    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """(the prompt's text or None, its token ids), checked against the model."""
+    def tokenize(self, prompt: Prompt) -> PromptTokens:
+        """The prompt's tokens (text is encoded, token ids taken as they are), checked
+        against the model."""
         if isinstance(prompt, str):
             if not prompt:
-                raise ValidationError("prompt must not be empty")
+                raise ValidationError("prompt must not be empty", param="prompt")
             token_ids = self.tokenizer.encode(prompt)
             text: str | None = prompt
         elif isinstance(prompt, list | tuple) and all(
@@ -63,29 +87,46 @@ class InputProcessor:
         ):
             token_ids, text = list(prompt), None
         else:
-            raise ValidationError("prompt must be a string or a list of token ids")
-        self.check_prompt(token_ids)
-        return text, token_ids
-
-    def check_prompt(self, token_ids: list[int]) -> None:
+            raise ValidationError("prompt must be a string or a list of token ids", param="prompt")
         if not token_ids:
-            raise ValidationError("prompt must not be empty")
+            raise ValidationError("prompt must not be empty", param="prompt")
         # (Encoded text too: a plugged-in tokenizer may not fit the model.)
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValidationError(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+                f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                param="prompt",
             )
-        if len(token_ids) > self.max_model_len:
-            raise ValidationError(
-                f"prompt: {len(token_ids)} tokens is longer than max_model_len "
-                f"({self.max_model_len})"
-            )
+        return PromptTokens(text, token_ids)
 
-    def check_params(self, params: SamplingParams) -> Any:
-        """What SamplingParams cannot check alone: token ids and the JSON schema. Returns
-        the schema's grammar (an llguidance matcher), or None without one."""
+    def fit_context(self, prompt: PromptTokens, max_tokens: int | None) -> int:
+        """OpenAI's context rule, as the server applies it: the prompt and max_tokens
+        together fit in max_model_len, and the prompt leaves room for a token. Returns
+        the max_tokens to use (without one, what the context has left);
+        ContextLengthError in OpenAI's words otherwise."""
+        limit = self.max_model_len
+        num_prompt_tokens = len(prompt.token_ids)
+        requested = num_prompt_tokens + (max_tokens or 0)
+        if requested > limit or num_prompt_tokens >= limit:
+            asked = f"{num_prompt_tokens} in the messages/prompt"
+            if max_tokens:
+                asked += f" and {max_tokens} for the completion"
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {requested} tokens ({asked}). "
+                "Please reduce the length of the messages or completion.",
+                param="messages" if max_tokens is None else "max_tokens",
+            )
+        return max_tokens or limit - num_prompt_tokens
+
+    def request(
+        self, request_id: str, prompt: PromptTokens, params: SamplingParams
+    ) -> EngineRequest:
+        """The request for a checked prompt, once its params pass the model's checks:
+        token ids the params name must be in the vocabulary, and a JSON schema must
+        compile; its grammar (an llguidance matcher) is built here, once."""
         params.check_vocab(self.vocab_size)
-        if params.json_schema is None:
-            return None
-        return self.structured_output.matcher(params.json_schema)
+        grammar = None
+        if params.json_schema is not None:
+            grammar = self.structured_output.matcher(params.json_schema)
+        return EngineRequest(request_id, prompt.text, prompt.token_ids, params, grammar)

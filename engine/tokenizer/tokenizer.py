@@ -92,7 +92,8 @@ class Tokenizer:
         if not getattr(self._hf, "chat_template", None):  # (None for a plugged-in tokenizer)
             raise ValidationError(
                 "this tokenizer has no chat template; send a plain prompt "
-                "(/v1/completions) or use a model whose tokenizer defines one"
+                "(/v1/completions) or use a model whose tokenizer defines one",
+                param="messages",
             )
         try:
             out = self._hf.apply_chat_template(

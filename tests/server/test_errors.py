@@ -5,19 +5,25 @@ from __future__ import annotations
 import pytest
 from hetero_infer.engine.exceptions import (
     ConfigError,
+    ContextLengthError,
     ExecutionError,
     ModelNotFoundError,
     OutOfMemoryError,
     SchedulerError,
     ValidationError,
 )
-from hetero_infer.server.protocol import APIError
+from hetero_infer.server.errors import APIError
 
 
 @pytest.mark.parametrize(
     ("error", "status", "kind", "param"),
     [
-        (ValidationError("top_p must be in (0, 1], got 2"), 400, "invalid_request_error", "top_p"),
+        (
+            ValidationError("top_p must be in (0, 1], got 2", param="top_p"),
+            400,
+            "invalid_request_error",
+            "top_p",
+        ),
         (ValidationError("bad", param="messages"), 400, "invalid_request_error", "messages"),
         (OutOfMemoryError("prompt needs 900 blocks"), 400, "invalid_request_error", None),
         (ConfigError("block_size must be ..."), 400, "invalid_request_error", None),
@@ -37,3 +43,9 @@ def test_from_exception(error, status, kind, param):
         assert api.headers == {"Retry-After": "5"}
     if status != 500:
         assert body["message"] == str(error)
+
+
+def test_context_length_has_openai_code():
+    error = ContextLengthError("This model's maximum context length is 8 tokens.", "messages")
+    body = APIError.from_exception(error).body()["error"]
+    assert (body["code"], body["param"]) == ("context_length_exceeded", "messages")

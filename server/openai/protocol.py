@@ -1,4 +1,5 @@
-"""OpenAI request and response bodies, and the mapping to SamplingParams.
+"""OpenAI request bodies (pydantic, so the app's OpenAPI schema describes them), and
+their mapping to SamplingParams.
 
 Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
 stop_token_ids, include_stop_str_in_output, repetition_penalty).
@@ -8,66 +9,13 @@ ignored: a client must never get silently different behaviour.
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
-from hetero_infer.engine.exceptions import (
-    ExecutionError,
-    ModelNotFoundError,
-    SchedulerError,
-    ValidationError,
-)
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from hetero_infer.server.errors import APIError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = 2**63 - 1
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code or type
-        self.headers = headers
-
-    @classmethod
-    def from_exception(cls, exc: Exception) -> APIError:
-        """The one mapping of the engine's errors (engine/exceptions.py) to responses:
-        bad input 400 naming the field, an unknown model 404, a full queue or a failed
-        engine 503 with Retry-After."""
-        message = str(exc)
-        if isinstance(exc, ModelNotFoundError):
-            return cls(404, message, "not_found_error", param="model", code="model_not_found")
-        if isinstance(exc, SchedulerError | ExecutionError):
-            return cls(503, message, "service_unavailable", headers={"Retry-After": "5"})
-        if isinstance(exc, ValueError):  # ValidationError, OutOfMemoryError, ConfigError
-            param = exc.param if isinstance(exc, ValidationError) else None
-            return cls(400, message, param=param)
-        return cls(500, "internal server error", "internal_server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 class StreamOptions(BaseModel):
@@ -104,6 +52,11 @@ class SamplingFields(BaseModel):
     best_of: int | None = None
     # Accepted at their neutral values only, until they are implemented.
     response_format: dict[str, Any] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def unsupported(self) -> None:
         """Raise a 400 for any field set to something we cannot honour."""
@@ -142,7 +95,9 @@ class SamplingFields(BaseModel):
         """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
         return {}
 
-    def sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The body's SamplingParams (which check their own ranges); what needs the
+        model (token ids, the schema) the engine's input processor checks."""
         self.unsupported()
         values: dict[str, Any] = {
             "n": self.n,
@@ -163,12 +118,7 @@ class SamplingFields(BaseModel):
             values["logit_bias"] = _token_bias(self.logit_bias)
         values.update(self.logprobs_params())
         values["json_schema"] = self.json_schema()
-        try:
-            params = SamplingParams(**values)
-            params.check_vocab(vocab_size)
-            return params
-        except ValueError as exc:
-            raise APIError.from_exception(exc) from exc
+        return SamplingParams(**values)
 
 
 class CompletionRequest(SamplingFields):
@@ -254,7 +204,7 @@ class ChatCompletionRequest(SamplingFields):
     def template_messages(self) -> list[dict[str, str]]:
         if self.tools:
             raise APIError(400, "'tools' is not supported by this server yet", param="tools")
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return template_messages(self.messages)
 
 
 class TokenizeRequest(BaseModel):
@@ -297,17 +247,6 @@ def _check_text(text: str) -> str:
     return text
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template takes them: role and text content."""
+    return [{"role": m.role, "content": m.text()} for m in messages]

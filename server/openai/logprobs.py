@@ -49,6 +49,10 @@ class LogprobsFormatter:
             return 0 if 0x80 <= raw[0] < 0xC0 else 1
         return len(text)
 
+    def text_length(self, token_ids: list[int]) -> int:
+        """Where text_offset stands after these tokens."""
+        return sum(self.width(t) for t in token_ids)
+
     def completion(
         self,
         token_ids: list[int],
@@ -93,8 +97,3 @@ class LogprobsFormatter:
     def _chat_item(self, token_id: int, logprob: float) -> dict[str, Any]:
         text, raw = self.token(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": raw}
-
-
-def text_length(formatter: LogprobsFormatter, token_ids: list[int]) -> int:
-    """Where text_offset stands after these tokens."""
-    return sum(formatter.width(t) for t in token_ids)

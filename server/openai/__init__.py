@@ -1,0 +1,1 @@
+"""The OpenAI family of routes: router, request bodies, completions, chat, logprobs."""

@@ -1,0 +1,153 @@
+"""/v1/completions: the body's prompts become engine requests, their outputs a
+completion or a stream of chunks.
+
+Choices are numbered ``prompt_index * n + choice``. With echo the prompt comes before
+the completion (token-id prompts as their decode) and, with logprobs, the prompt
+tokens' logprobs first. Streamed prompts run one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.tokenizer import Tokenizer
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.logprobs import Entry, LogprobsFormatter
+from hetero_infer.server.openai.protocol import CompletionRequest
+from hetero_infer.server.openai.responses import Chunk, completion_body, new_id, usage
+from hetero_infer.server.openai.serving import RequestContext
+
+
+@dataclass
+class _ChoiceCursor:
+    """How far a streamed choice has got."""
+
+    started: bool = False  # its first chunk (with the echo) is out
+    sent_tokens: int = 0  # output tokens whose logprobs are out
+    text_offset: int = 0  # text_offset of the next logprobs entry
+
+
+class Completion:
+    """One /v1/completions request: an engine request per prompt, and the answer."""
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        body: CompletionRequest,
+        completion_id: str,
+        requests: list[EngineRequest],
+    ) -> None:
+        self.ctx = ctx
+        self.id = completion_id
+        self.requests = requests
+        self.n = requests[0].params.n
+        self.echo = body.echo
+        self.include_usage = body.include_usage
+        tokenizer = ctx.engine.tokenizer
+        self.echoed = [_echo_text(r, tokenizer) if body.echo else "" for r in requests]
+        self.formatter = LogprobsFormatter(tokenizer) if body.logprobs is not None else None
+        self.prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+
+    @classmethod
+    def build(cls, ctx: RequestContext, body: CompletionRequest) -> Completion:
+        """Tokenize and check every prompt, then its params (max_tokens fits the
+        longest prompt's context)."""
+        if body.suffix:
+            raise APIError(400, "'suffix' is not supported", param="suffix")
+        processor = ctx.engine.input_processor
+        prompts = [processor.tokenize(prompt) for prompt in body.prompts()]
+        max_tokens = min([processor.fit_context(prompt, body.max_tokens) for prompt in prompts])
+        params = body.sampling_params(max_tokens)
+        completion_id = new_id("cmpl")
+        requests = [
+            processor.request(f"{completion_id}-{i}", prompt, params)
+            for i, prompt in enumerate(prompts)
+        ]
+        return cls(ctx, body, completion_id, requests)
+
+    async def whole(self) -> dict[str, Any]:
+        finals = await self.ctx.run_to_end(self.requests)
+        choices = []
+        for i, outs in enumerate(finals):
+            for out in outs:
+                logprobs = None
+                if self.formatter is not None:
+                    ids, entries = _logprob_tokens(self.requests[i], out, 0, self.echo)
+                    logprobs = self.formatter.completion(ids, entries, 0)
+                choices.append(self._choice(i, out, self.echoed[i] + out.text, logprobs))
+        generated = sum(len(out.token_ids) for outs in finals for out in outs)
+        return self._body(choices, usage(self.prompt_tokens, generated))
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        generated = 0
+        for i, request in enumerate(self.requests):
+            cursors = [_ChoiceCursor() for _ in range(self.n)]
+            async for out in self.ctx.outputs(request):
+                generated += len(out.delta_token_ids)
+                chunk = self._chunk(i, out, cursors[out.index])
+                if chunk is not None:
+                    yield chunk
+        if self.include_usage:
+            yield self._body([], usage(self.prompt_tokens, generated))
+
+    def _chunk(self, i: int, out: RequestOutput, cursor: _ChoiceCursor) -> Chunk | None:
+        """The chunk for prompt ``i``'s output, None while it has no text to send (the
+        logprobs of tokens without text yet ride on a later chunk)."""
+        first = not cursor.started
+        if not (out.delta_text or out.finished or first and self.echo):
+            return None
+        text = (self.echoed[i] if first else "") + out.delta_text
+        logprobs = None
+        if self.formatter is not None:
+            with_prompt = first and self.echo
+            ids, entries = _logprob_tokens(self.requests[i], out, cursor.sent_tokens, with_prompt)
+            logprobs = self.formatter.completion(ids, entries, cursor.text_offset)
+            cursor.text_offset += self.formatter.text_length(ids)
+            cursor.sent_tokens = len(out.token_ids)
+        cursor.started = True
+        return self._body([self._choice(i, out, text, logprobs)])
+
+    def _choice(
+        self, i: int, out: RequestOutput, text: str, logprobs: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return {
+            "index": i * self.n + out.index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+
+    def _body(
+        self, choices: list[dict[str, Any]], usage_value: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        return completion_body(
+            "text_completion", self.id, self.ctx.model_name, choices, usage_value
+        )
+
+
+def _echo_text(request: EngineRequest, tokenizer: Tokenizer) -> str:
+    """The prompt as it was sent; a token-id prompt as its decode."""
+    if request.prompt is not None:
+        return request.prompt
+    return tokenizer.decode(request.prompt_token_ids)
+
+
+def _logprob_tokens(
+    request: EngineRequest, out: RequestOutput, start: int, with_prompt: bool
+) -> tuple[list[int], list[Entry | None]]:
+    """Token ids and logprob entries from output token ``start`` on (prompt first)."""
+    ids: list[int] = []
+    entries: list[Entry | None] = []
+    if with_prompt:
+        assert out.prompt_logprobs is not None
+        ids += request.prompt_token_ids
+        entries += out.prompt_logprobs
+    assert out.logprobs is not None
+    ids += out.token_ids[start:]
+    entries += out.logprobs[start:]
+    return ids, entries

@@ -1,0 +1,56 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models,
+/tokenize and /detokenize.
+
+Each handler only routes: completions.py and chat.py build the engine requests (through
+the engine's input processor, which checks them) and the answers, whole or streamed as
+SSE. The typed bodies (protocol.py) are what the app's OpenAPI schema describes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from hetero_infer.server.openai import tokenization
+from hetero_infer.server.openai.chat import ChatCompletion
+from hetero_infer.server.openai.completions import Completion
+from hetero_infer.server.openai.models import model_list
+from hetero_infer.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from hetero_infer.server.openai.responses import respond
+from hetero_infer.server.openai.serving import RequestContext
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    completion = Completion.build(RequestContext.open(request, body.model), body)
+    return await respond(completion, body.stream)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    chat = ChatCompletion.build(RequestContext.open(request, body.model), body)
+    return await respond(chat, body.stream)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = request.app.state.server
+    return model_list(state.settings, state.engine.max_model_len if state.engine else None)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    return tokenization.tokenize(RequestContext.open(request, body.model).engine, body)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    return tokenization.detokenize(RequestContext.open(request, body.model).engine, body)

@@ -1,0 +1,109 @@
+"""RequestContext: one HTTP request's way to the engine.
+
+It checks the model name and that the engine takes requests, runs engine requests with
+their outputs observed by the metrics, and, for answers sent whole, aborts them when the
+client goes away (streams abort when the SSE response stops iterating them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastapi import Request
+from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.server_metrics import ServerMetrics
+from hetero_infer.server.settings import ServerSettings
+
+T = TypeVar("T")
+
+
+def check_model(settings: ServerSettings, model: str | None) -> None:
+    """404 for a model name the server does not answer to (None: any)."""
+    if model is not None and model not in settings.model_names:
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist.",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    model_name: str  # the name responses report
+    connection: Request
+
+    @classmethod
+    def open(cls, request: Request, model: str | None) -> RequestContext:
+        """The context of a request naming ``model``: 404 for a model not served,
+        503 while the engine cannot take requests."""
+        state = request.app.state.server
+        check_model(state.settings, model)
+        engine = state.require_engine()
+        return cls(engine, state.metrics, state.settings.model_name, request)
+
+    async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one request, observed by the metrics; the engine's
+        errors as APIErrors (which a stream reports in-band)."""
+        tracker = self.metrics.tracker()
+        try:
+            async for output in self.engine.generate(request):
+                tracker.observe(output)
+                yield output
+        except (EngineError, ValueError) as exc:
+            raise APIError.from_exception(exc) from exc
+
+    async def run_to_end(self, requests: list[EngineRequest]) -> list[list[RequestOutput]]:
+        """Run the requests concurrently; each one's finished outputs, one per choice in
+        choice order. A client that goes away aborts them all."""
+        runs = asyncio.gather(*(_collect(self.outputs(request)) for request in requests))
+        results = await _until_disconnect(self.connection, runs)
+        return [_finals(outputs) for outputs in results]
+
+
+async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    return [out async for out in outputs]
+
+
+def _finals(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """The finished output of each choice, in choice order."""
+    return sorted((o for o in outputs if o.finished), key=lambda o: o.index)
+
+
+async def _until_disconnect(connection: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; cancel it (so its requests are aborted) if the client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(connection))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()  # unwinds into AsyncEngine.generate, which aborts the request
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "client closed the request", "client_closed_request")
+    return task.result()
+
+
+async def _disconnected(connection: Request) -> None:
+    """Returns once the client has disconnected.
+
+    It waits on receive() for the disconnect: request.is_disconnected() never sees one
+    behind the @app.middleware("http") guard, whose receive wrapper drops the message
+    under the already-cancelled scope is_disconnected() polls with.
+    """
+    while (await connection.receive())["type"] != "http.disconnect":
+        pass
