@@ -62,6 +62,9 @@ class EngineConfig:
     preemption_mode: str = "auto"
 
     attention_backend: str = "auto"
+    # The C++ CPU kernels (kernels/csrc); false runs the torch code instead, with the
+    # same results, more slowly.
+    cpu_kernels: bool = True
     # Run every decode step eagerly instead of replaying captured CUDA graphs.
     enforce_eager: bool = False
     # Overlap each step's model pass with the CPU work around it: step N-1's outputs
@@ -102,7 +105,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                 raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
-        for name in ("enable_prefix_caching", "enforce_eager", "overlap_steps"):
+        for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager", "overlap_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("model", "tokenizer"):

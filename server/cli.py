@@ -61,6 +61,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="detokenize each step's tokens while the next step's model pass runs",
     )
+    parser.add_argument(
+        "--cpu-kernels",
+        type=_parse_bool,
+        help="false: the torch code instead of the C++ CPU kernels (same results, slower)",
+    )
     parser.add_argument("--seed", type=int, help="engine seed (also the request seed here)")
     for flag, field_name, kind in ENGINE_FLAGS:
         parser.add_argument(flag, dest=field_name, type=kind)
@@ -70,7 +75,12 @@ def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
     flags = [(name, kind) for _, name, kind in ENGINE_FLAGS]
-    flags += [("seed", int), ("enforce_eager", _parse_bool), ("overlap_steps", _parse_bool)]
+    flags += [
+        ("seed", int),
+        ("enforce_eager", _parse_bool),
+        ("overlap_steps", _parse_bool),
+        ("cpu_kernels", _parse_bool),
+    ]
     overrides = _from_env(flags, environ)
     overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
     config_file = _config_file(args, environ)

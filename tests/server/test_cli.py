@@ -38,6 +38,12 @@ def test_origins_and_redaction():
 def test_enforce_eager_from_flag_and_environment():
     assert settings_for(["--enforce-eager"], {}).engine.enforce_eager
     assert settings_for([], {"HETERO_ENFORCE_EAGER": "true"}).engine.enforce_eager
+
+
+def test_cpu_kernels_from_flag_and_environment():
+    assert settings_for([], {}).engine.cpu_kernels
+    assert not settings_for([], {"HETERO_CPU_KERNELS": "0"}).engine.cpu_kernels
+    assert settings_for(["--cpu-kernels", "true"], {"HETERO_CPU_KERNELS": "0"}).engine.cpu_kernels
     assert not settings_for([], {}).engine.enforce_eager
 
 
