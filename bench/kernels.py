@@ -62,7 +62,8 @@ def decode_case(
 ):
     """A decode step: every sequence has ``context`` cached tokens (this one included),
     its blocks scattered over the cache."""
-    from hetero_infer.kernels.paged_attention import AttentionMetadata, prepare_torch_attention
+    from hetero_infer.kernels.attention_backend import AttentionInputs
+    from hetero_infer.kernels.paged_attention import prepare_torch_attention
 
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
@@ -70,7 +71,7 @@ def decode_case(
     k_cache = torch.randn(shape, dtype=dtype, device=device)
     v_cache = torch.randn(shape, dtype=dtype, device=device)
     tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq)
-    meta = AttentionMetadata(
+    inputs = AttentionInputs(
         slot_mapping=torch.zeros(batch, dtype=torch.long, device=device),
         block_tables=tables.to(torch.int32),
         context_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
@@ -78,7 +79,7 @@ def decode_case(
         max_query_len=1,
         max_context_len=context,
     )
-    prepare_torch_attention(meta, block_size, {None})
+    meta = prepare_torch_attention(inputs, block_size, {None})  # the reference's masks
     query = torch.randn(batch, num_heads, head_dim, dtype=dtype, device=device)
     moved = (2 * batch * context * num_kv_heads + 2 * batch * num_heads) * head_dim
     return query, k_cache, v_cache, meta, moved * query.element_size()

@@ -356,8 +356,6 @@ def time_decode_step(
 ) -> list[float]:
     """Seconds of each timed decode step of ``batch`` sequences with ``context`` cached
     tokens each: the model's forward pass and the last-token logits."""
-    from hetero_infer import kernels
-
     need = blocks_needed(batch, context, runner.block_size)
     if need > runner.num_blocks:
         raise ValueError(
@@ -365,7 +363,7 @@ def time_decode_step(
             f"{runner.num_blocks}"
         )
     model = runner.model
-    with torch.inference_mode(), kernels.use_backend(runner.kernel_backend):
+    with torch.inference_mode():
         inputs = runner.synthetic_inputs([(context, 1)] * batch)
 
         def step() -> None:

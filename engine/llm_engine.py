@@ -35,6 +35,7 @@ from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
+from hetero_infer.kernels import Kernels, select_kernels
 from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
@@ -113,15 +114,25 @@ class LLMEngine:
 
     def _load_model(self, source: loader.ModelSource) -> CausalLM:
         started = time.monotonic()
+        kernels = self._select_kernels()
         # Built without memory, then filled from the checkpoint: no random init.
         with torch.device("meta"):
-            model = build_model(self.model_config)
+            model = build_model(self.model_config, kernels)
         model = model.to_empty(device=self.device).to(self.dtype)
         model.load_weights(loader.load_state_dict(source, self.dtype))
+        model.pack_weights()
         model.init_rope(self.device)
         model.eval()
         logger.info("loaded %s in %.1f s", source.path, time.monotonic() - started)
         return model
+
+    def _select_kernels(self) -> Kernels:
+        try:
+            return select_kernels(
+                self.config.attention_backend, self.device, cpu_kernels=self.config.cpu_kernels
+            )
+        except ValueError as exc:  # a backend that cannot run here
+            raise ConfigError(str(exc)) from exc
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings

@@ -4,10 +4,11 @@ This is the one place where the scheduler's Python lists become tensors
 (``prepare_inputs``); the rest of the step is block copies, one forward pass for
 every scheduled sequence, last-token logits, and sampling.
 
-Every step runs under the config's ``attention_backend`` (kernels.use_backend): "auto"
-is Triton on CUDA and torch on the CPU. On CUDA the KV cache gets the memory that a
-profiling forward pass of the largest step leaves under gpu_memory_utilization, and
-decode steps replay CUDA graphs captured at a set of batch sizes.
+The model's attention backend (chosen once, with the model: kernels.select_kernels)
+turns each step's inputs into its metadata. On CUDA the KV cache gets the memory that
+a profiling forward pass of the largest step leaves under gpu_memory_utilization, and
+decode steps replay CUDA graphs captured at a set of batch sizes, where the backend's
+metadata allows it (Triton's).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from hetero_infer import kernels
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.step_data import (
     EMPTY_RUNNER_OUTPUT,
@@ -29,11 +29,11 @@ from hetero_infer.engine.core.step_data import (
     ScheduledSequence,
     SchedulerOutput,
 )
-from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
+from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
 from hetero_infer.engine.models import CausalLM
 from hetero_infer.engine.sampler import Sampler
-from hetero_infer.kernels import AttentionMetadata
+from hetero_infer.kernels import AttentionInputs
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _Chunk = tuple[list[int], int, list[int], bool]
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
-    meta: AttentionMetadata
+    meta: AttentionInputs  # the attention backend's metadata for the step
     logits_indices: torch.Tensor  # [num_sampled]: the last token of each sampling sequence
 
 
@@ -64,8 +64,8 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
-        self.sampler = Sampler(config.seed)
-        self.kernel_backend = _resolve_backend(config.attention_backend, device)
+        self.attention = model.kernels.attention
+        self.sampler = Sampler(config.seed, model.kernels.ops.greedy_pick)
         self.num_layers = model.num_layers
         self.max_model_len = config.max_model_len or model.config.max_position_embeddings
         self.kv_block_shape = (config.block_size, model.num_kv_heads, model.head_dim)
@@ -83,13 +83,10 @@ class ModelRunner:
         )
         self.kv_caches = _layer_caches(self.kv_cache)
         self.graphs: DecodeGraphs | None = None
-        # Graphs are only ever used on CUDA with the Triton kernels.
-        if not config.enforce_eager and device.type == "cuda" and self._uses_triton():
+        # Graphs are only ever used on CUDA, with a backend whose metadata they can hold.
+        graphs_fit = device.type == "cuda" and self.attention.supports_cuda_graphs
+        if not config.enforce_eager and graphs_fit:
             self.graphs = DecodeGraphs.capture(self)
-
-    def _uses_triton(self) -> bool:
-        with kernels.use_backend(self.kernel_backend):
-            return kernels.uses_triton(torch.empty(0, device=self.device))
 
     @property
     def bytes_per_block(self) -> int:
@@ -145,14 +142,11 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        with kernels.use_backend(self.kernel_backend):
-            inputs = self.synthetic_inputs([(0, n) for n in lens])
-            hidden = self.model(
-                inputs.input_ids, inputs.positions, _layer_caches(cache), inputs.meta
-            )
-            rows = min(self.config.max_num_seqs, num_tokens)
-            logits = self.model.compute_logits(hidden[:rows])
-            logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
+        inputs = self.synthetic_inputs([(0, n) for n in lens])
+        hidden = self.model(inputs.input_ids, inputs.positions, _layer_caches(cache), inputs.meta)
+        rows = min(self.config.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:rows])
+        logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         del cache, inputs, hidden, logits
@@ -179,19 +173,18 @@ class ModelRunner:
         self.sampler.forget(out.finished)
         if out.is_empty:
             return EMPTY_RUNNER_OUTPUT
-        with kernels.use_backend(self.kernel_backend):
-            self._copy_blocks(out)
-            inputs = self.prepare_inputs(out)
-            if self.graphs is not None and self.graphs.can_run(inputs):
-                hidden = self.graphs.run(inputs)
-            else:
-                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-            prompt_logprobs = self._prompt_logprobs(out, hidden)
-            sampling = [s for s in out.scheduled if s.samples]
-            if not sampling:
-                return ModelRunnerOutput({}, prompt_logprobs)
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            tokens, logprobs, tops = self.sampler(logits, sampling)
+        self._copy_blocks(out)
+        inputs = self.prepare_inputs(out)
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        prompt_logprobs = self._prompt_logprobs(out, hidden)
+        sampling = [s for s in out.scheduled if s.samples]
+        if not sampling:
+            return ModelRunnerOutput({}, prompt_logprobs)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        tokens, logprobs, tops = self.sampler(logits, sampling)
         sampled = {
             s.request_id: SampledToken(tok, lp, top)
             for s, tok, lp, top in zip(sampling, tokens, logprobs, tops, strict=True)
@@ -274,7 +267,7 @@ class ModelRunner:
         def tensor(values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.from_numpy(values).to(self.device, dtype, non_blocking=True)
 
-        meta = AttentionMetadata(
+        attention_inputs = AttentionInputs(
             slot_mapping=tensor(slot_mapping),
             block_tables=tensor(block_tables, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
@@ -282,7 +275,7 @@ class ModelRunner:
             max_query_len=int(query_lens.max()),
             max_context_len=max_context_len,
         )
-        kernels.prepare_attention(meta, bs, self.model.sliding_windows)
+        meta = self.attention.prepare(attention_inputs, bs, self.model.sliding_windows)
         return ModelInputs(
             input_ids=tensor(input_ids),
             positions=tensor(positions),
@@ -307,25 +300,6 @@ class ModelRunner:
 def _layer_caches(kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     # [num_layers, 2, num_blocks, ...] -> per layer (k_cache, v_cache)
     return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
-
-
-def _resolve_backend(backend: str, device: torch.device) -> str:
-    """The kernel backend steps run under; errors for a "triton" that cannot run."""
-    if backend == "triton":
-        if not kernels.triton_available():
-            raise ConfigError("attention_backend 'triton' needs the triton package installed")
-        if device.type == "cpu":
-            from hetero_infer.kernels.triton_utils import interpreting
-
-            if not interpreting():
-                raise ConfigError(
-                    "attention_backend 'triton' on the CPU runs only in Triton's interpreter "
-                    "(TRITON_INTERPRET=1, slow: for tests); use 'auto' or 'torch'"
-                )
-    if backend == "auto" and device.type == "cuda" and not kernels.triton_available():
-        logger.warning("triton is not installed: the torch kernels run on the GPU (slower)")
-        return "torch"
-    return backend
 
 
 # Decode batch sizes with a captured graph; a batch runs in the smallest one that fits.
@@ -374,7 +348,7 @@ class DecodeGraphs:
         started = time.monotonic()
         try:
             graphs.pool = torch.cuda.graph_pool_handle()
-            with torch.inference_mode(), kernels.use_backend(runner.kernel_backend):
+            with torch.inference_mode():
                 for size in reversed(graphs.batch_sizes):  # largest first: the pool fits all
                     graphs._capture(size)
                 ok = graphs._matches_eager()
@@ -391,15 +365,18 @@ class DecodeGraphs:
         )
         return graphs
 
-    def _meta(self, size: int) -> AttentionMetadata:
-        return AttentionMetadata(
+    def _meta(self, size: int) -> AttentionInputs:
+        """The backend's metadata over the static buffers (for Triton, the buffers)."""
+        runner = self.runner
+        inputs = AttentionInputs(
             slot_mapping=self.slot_mapping[:size],
             block_tables=self.block_tables[:size],
             context_lens=self.context_lens[:size],
             query_start_loc=self.query_start_loc[: size + 1],
             max_query_len=1,
-            max_context_len=self.runner.max_model_len,
+            max_context_len=runner.max_model_len,
         )
+        return runner.attention.prepare(inputs, runner.block_size, runner.model.sliding_windows)
 
     def _forward(self, size: int) -> torch.Tensor:
         runner = self.runner

@@ -9,16 +9,24 @@ with probability p_i, and lets each row draw its noise from its own generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from hetero_infer import kernels
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.structured_output import allowed_tokens
+from hetero_infer.kernels.greedy import greedy_pick_ref
+
+# logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
+GreedyPick = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, greedy_pick: GreedyPick = greedy_pick_ref) -> None:
+        """``greedy_pick``: the engine's kernel for the common all-greedy batch (its
+        KernelOps'; the torch reference by default)."""
         # Unseeded requests share one generator, seeded once per engine so runs repeat.
         self.generator = torch.Generator().manual_seed(seed)
+        self.greedy_pick = greedy_pick
         # Seeded requests draw from their own, so their tokens do not depend on what else
         # shares the batch; kept until forget() is told the request finished.
         self.generators: dict[str, torch.Generator] = {}
@@ -42,7 +50,7 @@ class Sampler:
         params = [s.sampling_params for s in seqs]
         if all(p.greedy and p.logprobs is None for p in params) and not needs_processing(seqs):
             # The common case in one pass per row, on the model's own logits.
-            tokens, chosen = kernels.greedy_pick(logits)
+            tokens, chosen = self.greedy_pick(logits)
             return tokens.tolist(), chosen.tolist(), [None] * len(seqs)
         logits = process_logits(logits.float(), seqs)
         tokens = logits.argmax(dim=-1)

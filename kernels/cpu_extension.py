@@ -7,8 +7,9 @@ torch changed since, or this CPU lacks an instruction the build used), torch's
 cpp_extension compiles them on first use, keeping the library under
 TORCH_EXTENSIONS_DIR, so only the first process on a machine pays (about a minute on
 2 cores). Where that fails too (no compiler) a warning says so once and the torch code
-runs instead, with the same results, more slowly. ``HETERO_CPU_KERNELS=0`` turns the
-kernels off.
+runs instead, with the same results, more slowly. Whether to use them at all is the
+engine's setting (``cpu_kernels``), passed to kernels/selection.py, which loads them
+only where they are wanted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import functools
 import importlib
 import json
 import logging
-import os
 import time
 from types import ModuleType
 
@@ -26,16 +26,11 @@ from hetero_infer.kernels import cpu_build
 
 logger = logging.getLogger(__name__)
 
-# The elementwise kernels serve the reduced-precision dtypes only: fp32 runs the torch
-# references, whose rounding matches transformers' exactly.
-ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16)
 
-
+# Cached: a process loads (or compiles) the extension once, whoever asks first.
 @functools.cache
-def cpu_kernels() -> ModuleType | None:
-    """The compiled extension, or None where it cannot be built (or is turned off)."""
-    if os.environ.get("HETERO_CPU_KERNELS", "1") == "0":
-        return None
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled extension, or None where it cannot be built."""
     started = time.perf_counter()
     module = _installed_build() or _build_now()
     if module is not None:
@@ -77,10 +72,3 @@ def _build_now() -> ModuleType | None:
     except Exception as exc:  # no compiler, no ninja, ...: slower, not broken
         logger.warning("CPU kernels unavailable, running torch ops instead: %s", exc)
         return None
-
-
-def elementwise_kernels(x: torch.Tensor) -> ModuleType | None:
-    """The extension where it serves tensor ``x`` (a CPU tensor in bf16 or fp16)."""
-    if not x.is_cpu or x.dtype not in ELEMENTWISE_DTYPES:
-        return None
-    return cpu_kernels()

@@ -1,4 +1,4 @@
-"""bf16 linear layers on the CPU with weights packed once.
+"""bf16 linear layers on the CPU with weights packed once, when the model is loaded.
 
 Where the C++ kernels are built with AVX512-BF16 (kernels/csrc/linear_cpu.cpp), a
 weight whose output count is a multiple of 32 and input count even is packed into
@@ -6,100 +6,99 @@ that kernel's panels: in the offline benchmark's step shapes, with weights strea
 from memory as in a real step, it ran 350-440 GFLOP/s at 32-128 rows where oneDNN ran
 290-370, and about twice oneDNN's rate at 1-8 rows. Other weights go to oneDNN, also
 on a copy packed once into its blocked layout (``_reorder_linear_weight``): torch's
-``F.linear`` reorders the weight on every call, 10-25% slower. A packed copy is kept
-beside its weight (e.g. 270 MB for SmolLM2) and made again if the weight changes in
-place. Where neither is available, torch's ``F.linear`` runs.
+``F.linear`` reorders the weight on every call, 10-25% slower. The packed copy is kept
+by the returned object beside its weight (e.g. 270 MB for SmolLM2). Where neither is
+available, torch's ``F.linear`` runs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from types import ModuleType
 
 import torch
-from hetero_infer.kernels.cpu_extension import cpu_kernels
-from torch.utils.weak import WeakIdKeyDictionary
+from hetero_infer.kernels.linear import LinearFn, TorchLinear
 
 logger = logging.getLogger(__name__)
 
-# weight -> (its version when packed, packed copy); dropped with the weight. Merged
-# gate_up weights packed for the fused SiLU-and-mul have a cache of their own.
-_packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_packed_gated: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_unavailable = False
+
+class KernelLinear:
+    """x [..., in] @ weight^T + bias by our kernel on the weight's panels; ``gated``:
+    a merged gate_up weight [2 * d, in] whose fp32 sums become silu(gate) * up [..., d]
+    in the same pass."""
+
+    def __init__(
+        self,
+        module: ModuleType,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        gated: bool = False,
+    ) -> None:
+        pack = module.pack_gated_linear_weight if gated else module.pack_linear_weight
+        self.packed = pack(weight.detach())  # [out / 32, in / 2, 32]
+        self.run = module.linear_packed
+        self.bias, self.gated = bias, gated
+        self.out_features = weight.shape[0] // 2 if gated else weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.run(x.reshape(-1, x.shape[-1]), self.packed, self.bias, self.gated)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
-def packed_linear_serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``packed_linear`` takes x @ weight^T: bf16 CPU tensors where our kernel
-    or oneDNN runs."""
-    return (
-        x.is_cpu
-        and x.dtype == weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and (_kernel_serves(weight) or (not _unavailable and torch.backends.mkldnn.is_available()))
-    )
+class OneDnnLinear:
+    """x [..., in] @ weight^T + bias by oneDNN on its packed copy of the weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        # 128: the batch size oneDNN picks its blocked layout for.
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 128)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def _kernel_serves(weight: torch.Tensor) -> bool:
-    """Whether the AVX512-BF16 kernel takes this bf16 weight [out, in]."""
-    module = cpu_kernels()
+def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
+    """Whether the AVX512-BF16 kernel takes this weight [out, in]."""
     return (
         module is not None
         and module.linear_packed_available()
+        and weight.is_cpu
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
         and weight.shape[0] % 32 == 0
         and weight.shape[1] % 2 == 0
     )
 
 
-def _packed_weight(
-    weight: torch.Tensor,
-    pack: Callable[[torch.Tensor], torch.Tensor],
-    cache: WeakIdKeyDictionary = _packed,
-) -> torch.Tensor:
-    version = weight._version
-    entry = cache.get(weight)
-    if entry is None or entry[0] != version:
-        entry = (version, pack(weight.detach()))
-        cache[weight] = entry
-    return entry[1]
-
-
-def packed_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x [..., in] @ weight^T + bias by our kernel or oneDNN on the packed weight
-    (torch's F.linear if neither runs)."""
-    global _unavailable
-    if _kernel_serves(weight):
-        module = cpu_kernels()
-        packed = _packed_weight(weight, module.pack_linear_weight)
-        out = module.linear_packed(x.reshape(-1, x.shape[-1]), packed, bias)
-        return out.view(*x.shape[:-1], weight.shape[0])
-    try:
-        packed = _packed_weight(weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 128))
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    except (AttributeError, RuntimeError) as exc:
-        _unavailable = True
-        logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)
-        return torch.nn.functional.linear(x, weight, bias)
-
-
-def gated_linear_serves(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``gated_linear`` takes silu-and-mul of x @ weight^T: bf16 CPU tensors,
-    no bias, a weight the kernel takes."""
-    return (
-        bias is None
-        and x.is_cpu
-        and x.dtype == weight.dtype == torch.bfloat16
+def pack_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, module: ModuleType | None
+) -> LinearFn:
+    """A bf16 CPU weight packed for our kernel (``module``, where built) or oneDNN;
+    any other weight as it is, for torch's F.linear."""
+    if kernel_takes(module, weight):
+        return KernelLinear(module, weight, bias)
+    if not (
+        weight.is_cpu
+        and weight.dtype == torch.bfloat16
         and weight.dim() == 2
-        and _kernel_serves(weight)
-    )
+        and torch.backends.mkldnn.is_available()
+    ):
+        return TorchLinear(weight, bias)
+    try:
+        linear = OneDnnLinear(weight, bias)
+        with torch.no_grad():  # one row through it: fails here, if at all, not in a step
+            linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
+    except (AttributeError, RuntimeError) as exc:
+        logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)
+        return TorchLinear(weight, bias)
+    return linear
 
 
-def gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., in], weight [2 * d, in] (gate rows, then up rows) -> silu(gate) * up
-    [..., d], from the kernel's fp32 sums in one pass."""
-    module = cpu_kernels()
-    packed = _packed_weight(weight, module.pack_gated_linear_weight, _packed_gated)
-    out = module.linear_packed(x.reshape(-1, x.shape[-1]), packed, None, gated=True)
-    return out.view(*x.shape[:-1], weight.shape[0] // 2)
+def pack_gated_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, module: ModuleType | None
+) -> LinearFn | None:
+    """silu-and-mul of x @ weight^T in one pass, for a merged gate_up weight our kernel
+    takes (and no bias); None otherwise."""
+    if bias is not None or not kernel_takes(module, weight):
+        return None
+    return KernelLinear(module, weight, gated=True)

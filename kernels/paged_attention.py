@@ -12,44 +12,27 @@ cached for that sequence, including the chunk itself:
 
 The torch reference below pads the batch to [num_seqs, max_query_len] and gathers
 each sequence's blocks into [num_seqs, max_context_len]: no Python loop over
-sequences or layers.
+sequences or layers. ``TorchAttentionBackend`` serves it to the model, with the masks
+built once per step for all layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from hetero_infer.kernels.paged_attention_cpu import PrefillChunks
+from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 
 
-@dataclass
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] long; -1 = padding, not stored
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
-    context_lens: torch.Tensor  # [num_seqs] int32: cached tokens after this step
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cu_seqlens of the query chunks
-    max_query_len: int
-    max_context_len: int
-    # Built once per step for the torch path and shared by every layer.
-    query_valid: torch.Tensor | None = None  # [num_seqs, max_query_len] bool
-    query_index: torch.Tensor | None = None  # [num_seqs, max_query_len] long
+@dataclass(frozen=True, eq=False)
+class TorchAttentionMetadata(AttentionInputs):
+    """The step's inputs and what the padded reference shares across layers."""
+
+    query_valid: torch.Tensor  # [num_seqs, max_query_len] bool
+    query_index: torch.Tensor  # [num_seqs, max_query_len] long
     # sliding window (None = full) -> [num_seqs, 1, max_query_len, max_ctx] bool
-    attn_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
-    # Built once per step for the CPU kernel (prepare_cpu_attention): each query
-    # token's block table [num_tokens, max_blocks] and the keys it sees [num_tokens].
-    token_block_tables: torch.Tensor | None = None
-    token_context_lens: torch.Tensor | None = None
-    # ... and the step's prefill chunks for the tiled kernel (None: the step has none).
-    prefill_chunks: PrefillChunks | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return self.context_lens.shape[0]
+    attn_masks: dict[int | None, torch.Tensor]
 
 
 def store_kv_ref(
@@ -69,38 +52,45 @@ def store_kv_ref(
 
 
 def prepare_torch_attention(
-    meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
-) -> None:
-    """Fill the padded query index and the causal masks the torch path shares across layers."""
-    starts = meta.query_start_loc[:-1].long()
-    query_lens = meta.query_start_loc[1:].long() - starts  # [num_seqs]
-    device = meta.context_lens.device
-    offsets = torch.arange(meta.max_query_len, device=device)
-    meta.query_valid = offsets[None, :] < query_lens[:, None]
-    meta.query_index = torch.where(meta.query_valid, starts[:, None] + offsets[None, :], 0)
+    inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+) -> TorchAttentionMetadata:
+    """The padded query index and the causal masks the torch path shares across layers."""
+    starts = inputs.query_start_loc[:-1].long()
+    query_lens = inputs.query_start_loc[1:].long() - starts  # [num_seqs]
+    device = inputs.context_lens.device
+    offsets = torch.arange(inputs.max_query_len, device=device)
+    query_valid = offsets[None, :] < query_lens[:, None]
+    query_index = torch.where(query_valid, starts[:, None] + offsets[None, :], 0)
     # Absolute position of each (padded) query token; padded rows still see key 0,
     # so no row of the mask is empty (an empty row would give NaN).
-    query_pos = (meta.context_lens.long() - query_lens)[:, None] + offsets[None, :]
-    key_pos = torch.arange(meta.block_tables.shape[1] * block_size, device=device)
+    query_pos = (inputs.context_lens.long() - query_lens)[:, None] + offsets[None, :]
+    key_pos = torch.arange(inputs.block_tables.shape[1] * block_size, device=device)
     causal = key_pos[None, None, :] <= query_pos[:, :, None]
+    attn_masks = {}
     for window in sliding_windows:
         mask = causal
         if window is not None:
             mask = causal & (key_pos[None, None, :] > query_pos[:, :, None] - window)
-            mask[..., 0] |= ~meta.query_valid
-        meta.attn_masks[window] = mask.unsqueeze(1)
+            mask[..., 0] |= ~query_valid
+        attn_masks[window] = mask.unsqueeze(1)
+    return TorchAttentionMetadata(
+        **inputs.common_fields(),
+        query_valid=query_valid,
+        query_index=query_index,
+        attn_masks=attn_masks,
+    )
 
 
 def paged_attention_ref(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: TorchAttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """query [num_tokens, num_heads, head_dim] -> output of the same shape."""
-    attn_mask = meta.attn_masks[sliding_window]  # built by prepare_torch_attention
+    attn_mask = meta.attn_masks[sliding_window]
     num_seqs, max_blocks = meta.block_tables.shape
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_heads = query.shape[1]
@@ -152,3 +142,35 @@ def decode_attention_ref(
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     out = torch.matmul(scores.softmax(-1), values.transpose(1, 2).float())  # [s, kvh, g, dim]
     return out.reshape(query.shape).to(query.dtype)
+
+
+class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
+    """The torch reference: runs on any device, e.g. on a GPU without Triton."""
+
+    name = "torch"
+
+    def prepare(
+        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+    ) -> TorchAttentionMetadata:
+        return prepare_torch_attention(inputs, block_size, sliding_windows)
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+    ) -> None:
+        store_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)

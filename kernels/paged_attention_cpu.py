@@ -14,28 +14,23 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
 Neither pads to the longest chunk nor works past the causal diagonal, as torch's
 padded attention does. ``prepare_cpu_attention`` builds the per-token rows and the
 chunk lists once per step, for all layers. Where the C++ kernels cannot be built
-(kernels/cpu_extension.py), the padded torch reference runs instead, with the same
-results, more slowly.
+(kernels/cpu_extension.py), or are turned off, the engine runs the padded torch
+reference instead (kernels/paged_attention.py), with the same results, more slowly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
-from hetero_infer.kernels.cpu_extension import cpu_kernels
-from hetero_infer.kernels.paged_attention import (
-    AttentionMetadata,
-    decode_attention_ref,
-    paged_attention_ref,
-    prepare_torch_attention,
-)
+from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 
 # Head sizes the tiled kernel is built for (a multiple of 16 values per vector).
 TILED_HEAD_DIMS = (32, 64, 96, 128)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class PrefillChunks:
     """A step's prefill chunks (2+ query tokens), and its decode tokens beside them."""
 
@@ -48,112 +43,137 @@ class PrefillChunks:
     decode_context_lens: torch.Tensor  # [num_decodes] int32
 
 
-def decode_attention_cpu(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Same contract as ``decode_attention_ref``; by the C++ kernel where it is built."""
-    module = cpu_kernels()
-    if module is None:
-        return decode_attention_ref(
-            query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
-        )
-    return module.decode_attention(
-        query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0
-    )
+@dataclass(frozen=True, eq=False)
+class CpuAttentionMetadata(AttentionInputs):
+    """The step's inputs, each query token's kernel row, and the prefill chunks."""
+
+    token_block_tables: torch.Tensor  # [num_tokens, max_blocks] int32: each token's table
+    token_context_lens: torch.Tensor  # [num_tokens] int32: the keys each token sees
+    prefill_chunks: PrefillChunks | None  # None: the step has no prefill chunk
 
 
-def prepare_cpu_attention(
-    meta: AttentionMetadata, block_size: int, sliding_windows: set[int | None]
-) -> None:
+def prepare_cpu_attention(inputs: AttentionInputs) -> CpuAttentionMetadata:
     """Each query token's block table and visible context, and the prefill chunks, once
-    for all layers (or the torch reference's masks where the kernels are not built)."""
-    if cpu_kernels() is None:
-        prepare_torch_attention(meta, block_size, sliding_windows)
-        return
-    starts = meta.query_start_loc[:-1].long()
-    ends = meta.query_start_loc[1:].long()
+    for all layers."""
+    starts = inputs.query_start_loc[:-1].long()
+    ends = inputs.query_start_loc[1:].long()
     query_lens = ends - starts
     num_tokens = int(ends[-1])
-    seq_of_token = torch.repeat_interleave(torch.arange(meta.num_seqs), query_lens)
+    seq_of_token = torch.repeat_interleave(torch.arange(inputs.num_seqs), query_lens)
     # The last token of a chunk sees the whole context; each earlier one, one key less.
     token = torch.arange(num_tokens)
-    visible = meta.context_lens.long()[seq_of_token] - (ends[seq_of_token] - 1 - token)
-    meta.token_block_tables = meta.block_tables.index_select(0, seq_of_token)
-    meta.token_context_lens = visible.to(torch.int32)
+    visible = inputs.context_lens.long()[seq_of_token] - (ends[seq_of_token] - 1 - token)
+    prefill_chunks = None
     is_chunk = query_lens > 1
     if bool(is_chunk.any()):
         chunks = is_chunk.nonzero().squeeze(1)
         decodes = (~is_chunk).nonzero().squeeze(1)
-        meta.prefill_chunks = PrefillChunks(
-            block_tables=meta.block_tables.index_select(0, chunks),
-            context_lens=meta.context_lens.index_select(0, chunks),
+        prefill_chunks = PrefillChunks(
+            block_tables=inputs.block_tables.index_select(0, chunks),
+            context_lens=inputs.context_lens.index_select(0, chunks),
             starts=starts[chunks].to(torch.int32),
             lens=query_lens[chunks].to(torch.int32),
             decode_rows=starts[decodes],
-            decode_block_tables=meta.block_tables.index_select(0, decodes),
-            decode_context_lens=meta.context_lens.index_select(0, decodes),
+            decode_block_tables=inputs.block_tables.index_select(0, decodes),
+            decode_context_lens=inputs.context_lens.index_select(0, decodes),
         )
-
-
-def tiled_kernel_serves(query: torch.Tensor, sliding_window: int | None) -> bool:
-    module = cpu_kernels()
-    return (
-        module is not None
-        and module.prefill_attention_available()
-        and query.dtype == torch.bfloat16
-        and query.shape[2] in TILED_HEAD_DIMS
-        and sliding_window is None
+    return CpuAttentionMetadata(
+        **inputs.common_fields(),
+        token_block_tables=inputs.block_tables.index_select(0, seq_of_token),
+        token_context_lens=visible.to(torch.int32),
+        prefill_chunks=prefill_chunks,
     )
 
 
-def paged_attention_cpu(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
-    if meta.token_context_lens is None:  # no C++ kernels: the padded torch reference
-        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)
-    chunks = meta.prefill_chunks
-    if chunks is None or not tiled_kernel_serves(query, sliding_window):
-        return decode_attention_cpu(
+class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
+    """The C++ kernels on CPU tensors; ``module`` is the built extension
+    (kernels/cpu_extension.py). Where it did not build, the torch backend is chosen
+    instead (kernels/selection.py)."""
+
+    name = "cpu"
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.tiled_kernel_built = module.prefill_attention_available()
+
+    def prepare(
+        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+    ) -> CpuAttentionMetadata:
+        return prepare_cpu_attention(inputs)
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: CpuAttentionMetadata,
+    ) -> None:
+        self.module.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+
+    def decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        """Same contract as ``decode_attention_ref``: one row per query token."""
+        return self.module.decode_attention(
+            query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0
+        )
+
+    def tiled_kernel_serves(self, query: torch.Tensor, sliding_window: int | None) -> bool:
+        return (
+            self.tiled_kernel_built
+            and query.dtype == torch.bfloat16
+            and query.shape[2] in TILED_HEAD_DIMS
+            and sliding_window is None
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: CpuAttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        chunks = meta.prefill_chunks
+        if chunks is None or not self.tiled_kernel_serves(query, sliding_window):
+            return self.decode(
+                query,
+                k_cache,
+                v_cache,
+                meta.token_block_tables,
+                meta.token_context_lens,
+                scale,
+                sliding_window,
+            )
+        out = torch.empty(query.shape, dtype=query.dtype)
+        self.module.prefill_attention(
             query,
             k_cache,
             v_cache,
-            meta.token_block_tables,
-            meta.token_context_lens,
+            chunks.block_tables,
+            chunks.context_lens,
+            chunks.starts,
+            chunks.lens,
             scale,
-            sliding_window,
+            out,
         )
-    out = torch.empty(query.shape, dtype=query.dtype)
-    cpu_kernels().prefill_attention(
-        query,
-        k_cache,
-        v_cache,
-        chunks.block_tables,
-        chunks.context_lens,
-        chunks.starts,
-        chunks.lens,
-        scale,
-        out,
-    )
-    rows = chunks.decode_rows
-    if rows.numel():
-        out[rows] = decode_attention_cpu(
-            query[rows],
-            k_cache,
-            v_cache,
-            chunks.decode_block_tables,
-            chunks.decode_context_lens,
-            scale,
-        )
-    return out
+        rows = chunks.decode_rows
+        if rows.numel():
+            out[rows] = self.decode(
+                query[rows],
+                k_cache,
+                v_cache,
+                chunks.decode_block_tables,
+                chunks.decode_context_lens,
+                scale,
+            )
+        return out

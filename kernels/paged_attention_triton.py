@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from hetero_infer.kernels.paged_attention import AttentionMetadata
+from hetero_infer.kernels.attention_backend import AttentionInputs
 from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     check_last_dim_contiguous,
@@ -372,7 +372,7 @@ def paged_attention_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionInputs,
     scale: float,
     sliding_window: int | None = None,
     *,

@@ -10,6 +10,7 @@ from hetero_infer.engine.models.config import (
 )
 from hetero_infer.engine.models.llama import LlamaForCausalLM
 from hetero_infer.engine.models.protocol import CausalLM
+from hetero_infer.kernels import Kernels
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -19,10 +20,11 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
 assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES), "config.py and the registry differ"
 
 
-def build_model(config: ModelConfig) -> CausalLM:
-    """The model for `config`. Build it under torch.device("meta") and then load_weights:
-    its own initialization would only be overwritten."""
-    return MODEL_REGISTRY[config.architecture](config)
+def build_model(config: ModelConfig, kernels: Kernels) -> CausalLM:
+    """The model for `config`, calling `kernels` (chosen once: kernels.select_kernels).
+    Build it under torch.device("meta"), then load_weights and pack_weights: its own
+    initialization would only be overwritten."""
+    return MODEL_REGISTRY[config.architecture](config, kernels)
 
 
 __all__ = [

@@ -2,20 +2,29 @@
 
 One forward pass serves every scheduled sequence of a step: tokens are packed
 into [num_tokens, hidden] and attention finds each token's context through the
-block tables in AttentionMetadata. q/k/v and gate/up projections are merged
+block tables in the attention metadata. q/k/v and gate/up projections are merged
 into one matmul each. Parameter names follow Hugging Face's, so checkpoints load
-by name; ``load_weights`` does the merging.
+by name; ``load_weights`` does the merging, and ``pack_weights`` then prepares each
+linear layer's weight for its kernel. The kernels are chosen before the model is built
+(kernels.select_kernels) and bound by each layer at construction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from hetero_infer import kernels
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.kernels import AttentionMetadata
+from hetero_infer.kernels import (
+    AttentionInputs,
+    KernelOps,
+    Kernels,
+    LinearFn,
+    rope_cos_sin,
+    rope_inv_freq,
+)
 from torch import nn
 
 
@@ -29,16 +38,37 @@ class DirectCall:
         return self.forward(*args, **kwargs)
 
 
+def _not_packed(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("the model's weights are not packed: call pack_weights() after loading")
+
+
 class Linear(DirectCall, nn.Linear):
-    """nn.Linear through kernels.linear (a faster CPU path for small decode batches)."""
+    """nn.Linear whose weight ``pack`` prepares once, after loading (``pack_weight``):
+    on the CPU a packed bf16 copy for a faster kernel (kernels/linear_cpu.py)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        pack: Callable[[torch.Tensor, torch.Tensor | None], LinearFn],
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.pack = pack
+        self.packed: LinearFn = _not_packed
+
+    def pack_weight(self) -> None:
+        self.packed = self.pack(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.linear(x, self.weight, self.bias)
+        return self.packed(x)
 
 
 class Attention(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, sliding_window: int | None, kernels: Kernels) -> None:
         super().__init__()
+        self.backend = kernels.attention
+        self.rotary = kernels.ops.rotary
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -46,10 +76,10 @@ class Attention(DirectCall, nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.sliding_window = sliding_window
-        self.qkv_proj = Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
-        )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        pack = kernels.ops.pack_linear
+        qkv_size = self.q_size + 2 * self.kv_size
+        self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, pack)
+        self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, pack)
 
     def forward(
         self,
@@ -57,56 +87,60 @@ class Attention(DirectCall, nn.Module):
         positions: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        meta: AttentionInputs,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = kernels.rotary(positions, q, k, *rope)
+        q, k = self.rotary(positions, q, k, *rope)
         k_cache, v_cache = kv_cache
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
+        self.backend.store_kv(k, v, k_cache, v_cache, meta)
+        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
         bias = config.mlp_bias
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        hidden, intermediate = config.hidden_size, config.intermediate_size
+        # Gives silu(gate) * up [num_tokens, intermediate]: SiLU-and-mul is part of the
+        # projection, in one pass where a kernel fuses them.
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, ops.pack_silu_and_mul_linear)
+        self.down_proj = Linear(intermediate, hidden, bias, ops.pack_linear)
         if config.hidden_act != "silu":
             raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj
-        return self.down_proj(kernels.silu_and_mul_linear(x, gate_up.weight, gate_up.bias))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class RMSNorm(DirectCall, nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.rms_norm, self.fused_add_rms_norm = ops.rms_norm, ops.fused_add_rms_norm
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual); with no residual, x is the residual."""
         if residual is None:
-            return kernels.rms_norm(x, self.weight, self.eps), x
-        return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return self.rms_norm(x, self.weight, self.eps), x
+        return self.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class DecoderLayer(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig, sliding_window: int | None) -> None:
+    def __init__(self, config: ModelConfig, sliding_window: int | None, kernels: Kernels) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, sliding_window)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        ops = kernels.ops
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, sliding_window, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
 
     def forward(self, x, residual, positions, rope, kv_cache, meta):
         x, residual = self.input_layernorm(x, residual)
@@ -118,27 +152,31 @@ class DecoderLayer(DirectCall, nn.Module):
 class LlamaForCausalLM(nn.Module):
     """A CausalLM (models/protocol.py)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernels: Kernels) -> None:
         super().__init__()
         self.config = config
+        self.kernels = kernels
         self.num_layers = config.num_layers
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.sliding_windows = set(config.sliding_windows)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, w) for w in config.sliding_windows)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, w, kernels) for w in config.sliding_windows
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels.ops)
         self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = None
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cos = self.rope_sin = None
+        self.logits_proj: LinearFn = _not_packed
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
         config = self.config
-        inv_freq = kernels.rope_inv_freq(self.head_dim, config.rope_theta, config.rope_scaling)
-        cos, sin = kernels.rope_cos_sin(inv_freq, config.max_position_embeddings)
+        inv_freq = rope_inv_freq(self.head_dim, config.rope_theta, config.rope_scaling)
+        cos, sin = rope_cos_sin(inv_freq, config.max_position_embeddings)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def forward(
@@ -146,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        meta: AttentionInputs,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed_tokens(input_ids)
@@ -160,8 +198,17 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] in the model's dtype (the sampler
         converts to fp32 where it needs to: the greedy pick reads them as they are)."""
+        return self.logits_proj(hidden)
+
+    @torch.no_grad()
+    def pack_weights(self) -> None:
+        """Prepare every linear layer's weight for its kernel, once, after load_weights
+        (on the CPU: packed bf16 copies). A weight changed afterwards needs this again."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack_weight()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return kernels.linear(hidden, weight)
+        self.logits_proj = self.kernels.ops.pack_linear(weight, None)
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

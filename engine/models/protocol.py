@@ -6,7 +6,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.kernels import AttentionMetadata
+from hetero_infer.kernels import AttentionInputs, Kernels
 
 # One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -19,6 +19,9 @@ class CausalLM(Protocol):
     by load_weights, so a model never initializes weights it is about to overwrite."""
 
     config: ModelConfig
+    # What it calls, chosen before it was built; the runner prepares each step's
+    # attention metadata with the same backend.
+    kernels: Kernels
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -31,7 +34,7 @@ class CausalLM(Protocol):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[KVCache],
-        meta: AttentionMetadata,
+        meta: AttentionInputs,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
         ...
@@ -46,6 +49,11 @@ class CausalLM(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Fill every parameter from Hugging Face-named tensors; ConfigError for a
         missing, unknown or misshapen one."""
+        ...
+
+    def pack_weights(self) -> None:
+        """Prepare the linear layers' weights for their kernels, once, after
+        load_weights (on the CPU: packed bf16 copies)."""
         ...
 
     def init_rope(self, device: torch.device) -> None:

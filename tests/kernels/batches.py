@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 
 import torch
-from hetero_infer.kernels.paged_attention import AttentionMetadata
+from hetero_infer.kernels.attention_backend import AttentionInputs
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Batch:
     value: torch.Tensor
     k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor
-    meta: AttentionMetadata
+    inputs: AttentionInputs  # what each backend prepares its metadata from
 
 
 def make_batch(
@@ -63,7 +63,7 @@ def make_batch(
         starts.append(starts[-1] + new)
         context_lens.append(total)
     max_blocks = max(len(t) for t in tables)
-    meta = AttentionMetadata(
+    inputs = AttentionInputs(
         slot_mapping=torch.tensor(slots),
         block_tables=torch.tensor(
             [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
@@ -74,4 +74,4 @@ def make_batch(
         max_context_len=max(context_lens),
     )
     query = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    return Batch(query, torch.cat(keys), torch.cat(values), k_cache, v_cache, meta)
+    return Batch(query, torch.cat(keys), torch.cat(values), k_cache, v_cache, inputs)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from hetero_infer.kernels import cpu_build
-from hetero_infer.kernels.cpu_extension import cpu_kernels
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 
 BUILD_INFO = cpu_build.SOURCE_DIR.parent / cpu_build.BUILD_INFO_FILE
 
@@ -18,7 +18,7 @@ def test_the_install_built_the_kernels_and_they_load():
     assert BUILD_INFO.is_file(), "the install did not build the CPU kernels (see setup.py)"
     info = json.loads(BUILD_INFO.read_text())
     assert cpu_build.mismatch(info, torch.__version__) is None
-    module = cpu_kernels()
+    module = load_cpu_kernels()
     assert module is not None
     assert Path(module.__file__).parent == BUILD_INFO.parent
     assert module.__name__ == f"hetero_infer.kernels.{cpu_build.EXTENSION_NAME}"

@@ -1,31 +1,53 @@
 """The C++ elementwise kernels (bf16/fp16 on the CPU) against their torch references,
-through the dispatch the model calls."""
+through the ops the engine selects on the CPU."""
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import pytest
 import torch
-from hetero_infer import kernels
+from hetero_infer.kernels import cpu_ops, select_kernels
 from hetero_infer.kernels.activation import silu_and_mul_ref
-from hetero_infer.kernels.cpu_extension import cpu_kernels, elementwise_kernels
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 
 from tests.kernels.checks import assert_close
 
 DTYPES = [torch.bfloat16, torch.float16]
+ops = select_kernels("auto", torch.device("cpu")).ops
 
 
 def randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+class RecordingModule:
+    """Stands in for the extension module: notes each kernel the ops reach for."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module, self.calls = module, []
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        return getattr(self.module, name)
+
+
 def test_dispatch_uses_the_kernels_for_reduced_precision_only():
-    assert cpu_kernels() is not None
-    assert elementwise_kernels(torch.empty(1, dtype=torch.bfloat16)) is not None
-    assert elementwise_kernels(torch.empty(1, dtype=torch.float16)) is not None
+    assert load_cpu_kernels() is not None
+    module = RecordingModule(load_cpu_kernels())
+    recorded = cpu_ops(module)
+    for dtype in DTYPES:
+        recorded.rms_norm(randn(2, 8, dtype=dtype), randn(8, dtype=dtype), 1e-5)
+        recorded.silu_and_mul(randn(2, 8, dtype=dtype))
+    assert module.calls == ["rms_norm", "silu_and_mul"] * len(DTYPES)
     # fp32 keeps the references, which round exactly as transformers does.
-    assert elementwise_kernels(torch.empty(1, dtype=torch.float32)) is None
+    module.calls.clear()
+    recorded.rms_norm(randn(2, 8, dtype=torch.float32), randn(8, dtype=torch.float32), 1e-5)
+    recorded.silu_and_mul(randn(2, 8, dtype=torch.float32))
+    assert module.calls == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -33,14 +55,14 @@ def test_dispatch_uses_the_kernels_for_reduced_precision_only():
 def test_rms_norm(dtype, rows, hidden):
     x = randn(rows, hidden, dtype=dtype) * 3
     weight = randn(hidden, dtype=dtype, seed=1)
-    assert_close(kernels.rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), dtype)
+    assert_close(ops.rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_add_rms_norm(dtype):
     x, residual = randn(45, 128, dtype=dtype), randn(45, 128, dtype=dtype, seed=1)
     weight = randn(128, dtype=dtype, seed=2)
-    out, total = kernels.fused_add_rms_norm(x, residual, weight, 1e-6)
+    out, total = ops.fused_add_rms_norm(x, residual, weight, 1e-6)
     out_ref, total_ref = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
     assert torch.equal(total, total_ref)  # one rounding of an exact fp32 sum either way
     assert_close(out, out_ref, dtype)
@@ -50,7 +72,7 @@ def test_fused_add_rms_norm(dtype):
 @pytest.mark.parametrize("rows", [1, 17, 200])
 def test_silu_and_mul(dtype, rows):
     x = randn(rows, 2 * 160, dtype=dtype) * 4
-    assert_close(kernels.silu_and_mul(x), silu_and_mul_ref(x), dtype)
+    assert_close(ops.silu_and_mul(x), silu_and_mul_ref(x), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,7 +86,7 @@ def test_rotary_on_views_of_a_merged_projection(dtype, is_neox):
     k = k.view(tokens, kv_heads, head_dim)
     cos, sin = rope_cos_sin(rope_inv_freq(head_dim, 10000.0, None), 4096)
     positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(3))
-    q_out, k_out = kernels.rotary(positions, q, k, cos, sin, is_neox)
+    q_out, k_out = ops.rotary(positions, q, k, cos, sin, is_neox)
     q_ref, k_ref = rotary_ref(positions, q, k, cos, sin, is_neox)
     assert_close(q_out, q_ref, dtype, "q")
     assert_close(k_out, k_ref, dtype, "k")

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer import kernels
-from hetero_infer.kernels.cpu_extension import cpu_kernels
-from hetero_infer.kernels.linear_cpu import packed_linear
+from hetero_infer.kernels import select_kernels
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.linear_cpu import pack_linear
 
 pytestmark = pytest.mark.skipif(
-    cpu_kernels() is None or not cpu_kernels().linear_packed_available(),
+    load_cpu_kernels() is None or not load_cpu_kernels().linear_packed_available(),
     reason="needs a CPU (and compiler) with AVX512-BF16",
 )
+ops = select_kernels("auto", torch.device("cpu")).ops
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """The engine's linear layer on the CPU: the weight packed, then applied."""
+    return ops.pack_linear(weight, bias)(x)
+
+
+def silu_and_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return ops.pack_silu_and_mul_linear(weight, bias)(x)
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -37,18 +49,19 @@ def assert_matches_fp32(actual: torch.Tensor, x, weight, bias) -> None:
 def test_matches_an_fp32_matmul(rows, out_features, in_features, with_bias):
     x, weight = randn(rows, in_features), randn(out_features, in_features, seed=1)
     bias = randn(out_features, seed=2) if with_bias else None
-    module = cpu_kernels()
+    module = load_cpu_kernels()
     packed = module.pack_linear_weight(weight)
     assert packed.shape == (out_features // 32, in_features // 2, 32)
     assert_matches_fp32(module.linear_packed(x, packed, bias), x, weight, bias)
-    assert_matches_fp32(kernels.linear(x, weight, bias), x, weight, bias)
+    assert_matches_fp32(linear(x, weight, bias), x, weight, bias)
 
 
 def test_non_contiguous_rows_and_leading_dims():
     weight = randn(64, 96, seed=1)
     x = randn(10, 192)[:, ::2]  # every other column: not contiguous
-    assert_matches_fp32(packed_linear(x, weight), x, weight, None)
-    assert packed_linear(randn(3, 7, 96), weight).shape == (3, 7, 64)
+    packed = pack_linear(weight, None, load_cpu_kernels())
+    assert_matches_fp32(packed(x), x, weight, None)
+    assert packed(randn(3, 7, 96)).shape == (3, 7, 64)
 
 
 @pytest.mark.parametrize(("out_features", "in_features"), [(200, 96), (64, 95)])
@@ -56,8 +69,8 @@ def test_other_shapes_go_to_onednn(out_features, in_features):
     # Outputs not a multiple of 32, or an odd input count, are not the kernel's.
     x, weight = randn(9, in_features), randn(out_features, in_features, seed=1)
     with pytest.raises(RuntimeError):
-        cpu_kernels().pack_linear_weight(weight)
-    assert_matches_fp32(kernels.linear(x, weight), x, weight, None)
+        load_cpu_kernels().pack_linear_weight(weight)
+    assert_matches_fp32(linear(x, weight), x, weight, None)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 13, 64])
@@ -67,21 +80,19 @@ def test_gated_matches_silu_and_mul_of_an_fp32_matmul(rows, intermediate, in_fea
     sums = torch.nn.functional.linear(x.float(), weight.float())
     gate, up = sums.split(intermediate, dim=-1)
     expected = torch.nn.functional.silu(gate) * up
-    actual = kernels.silu_and_mul_linear(x, weight)
+    actual = silu_and_mul_linear(x, weight)
     assert actual.dtype == torch.bfloat16 and actual.shape == (rows, intermediate)
     # From the fp32 sums: only the result's bf16 rounding (unfused, gate and up were
     # rounded first as well).
     scale = expected.abs().clamp_min(1.0)
     assert ((actual.float() - expected).abs() / scale).max() < 2 * 2**-7
-    unfused = kernels.silu_and_mul(kernels.linear(x, weight))
+    unfused = ops.silu_and_mul(linear(x, weight))
     assert ((actual.float() - unfused.float()).abs() / scale).max() < 4 * 2**-7
 
 
 def test_gated_leaves_bias_and_other_dtypes_to_the_unfused_ops():
     x, weight, bias = randn(5, 64), randn(64, 64, seed=1), randn(64, seed=2)
-    expected = kernels.silu_and_mul(kernels.linear(x, weight, bias))
-    assert torch.equal(kernels.silu_and_mul_linear(x, weight, bias), expected)
+    expected = ops.silu_and_mul(linear(x, weight, bias))
+    assert torch.equal(silu_and_mul_linear(x, weight, bias), expected)
     xf, wf = x.float(), weight.float()
-    assert torch.equal(
-        kernels.silu_and_mul_linear(xf, wf), kernels.silu_and_mul(kernels.linear(xf, wf))
-    )
+    assert torch.equal(silu_and_mul_linear(xf, wf), ops.silu_and_mul(linear(xf, wf)))

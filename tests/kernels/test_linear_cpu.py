@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer import kernels
-from hetero_infer.kernels.linear_cpu import packed_linear, packed_linear_serves
+from hetero_infer.kernels import select_kernels
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.linear import TorchLinear
+from hetero_infer.kernels.linear_cpu import pack_linear
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -14,6 +16,13 @@ pytestmark = pytest.mark.skipif(
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight^T + bias on a copy of the weight packed for this call."""
+    return pack_linear(weight, bias, load_cpu_kernels())(x)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64, 300])
@@ -39,16 +48,21 @@ def test_keeps_leading_dims():
 @pytest.mark.parametrize("out_features", [30, 32])
 def test_repacks_a_weight_changed_in_place(out_features):
     x, weight = randn(8, 64), randn(out_features, 64, seed=1)
-    before = packed_linear(x, weight)
+    packed = pack_linear(weight, None, load_cpu_kernels())
+    before = packed(x)
     with torch.no_grad():
         weight.mul_(2)
-    after = packed_linear(x, weight)
+    # A packed copy is a snapshot of the weight: a change needs an explicit re-pack (the
+    # engine packs once, after loading: LlamaForCausalLM.pack_weights).
+    assert torch.equal(packed(x), before)
+    after = pack_linear(weight, None, load_cpu_kernels())(x)
     assert torch.equal(after, 2 * before)  # a power of two scales exactly
 
 
-def test_serves_bf16_cpu_only_and_kernels_linear_uses_it():
+def test_serves_bf16_cpu_only_and_the_engine_uses_it():
     weight = randn(32, 64)
-    assert packed_linear_serves(randn(9, 64), weight)
-    assert not packed_linear_serves(randn(9, 64).float(), weight.float())
+    assert not isinstance(pack_linear(weight, None, load_cpu_kernels()), TorchLinear)
+    assert isinstance(pack_linear(weight.float(), None, load_cpu_kernels()), TorchLinear)
     x = randn(9, 64)
-    assert torch.equal(kernels.linear(x, weight), packed_linear(x, weight))
+    ops = select_kernels("auto", torch.device("cpu")).ops
+    assert torch.equal(ops.pack_linear(weight, None)(x), packed_linear(x, weight))

@@ -1,4 +1,5 @@
-"""The torch kernels against Hugging Face's Llama layers and a dense attention."""
+"""The torch kernels against Hugging Face's Llama layers and a dense attention; and the
+kernels the engine selects on the CPU, which in fp32 must match them as exactly."""
 
 from __future__ import annotations
 
@@ -6,22 +7,37 @@ import pytest
 import torch
 import transformers
 from hetero_infer import kernels
-from hetero_infer.kernels.paged_attention import AttentionMetadata
+from hetero_infer.kernels import AttentionInputs
+from hetero_infer.kernels.paged_attention import TorchAttentionBackend
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
 
+CPU_KERNELS = kernels.select_kernels("auto", torch.device("cpu"))
+OPS = {"torch": kernels.torch_ops(), "cpu": CPU_KERNELS.ops}
+ATTENTION = {"torch": TorchAttentionBackend(), "cpu": CPU_KERNELS.attention}
 
-def test_rms_norm_matches_transformers_exactly():
+
+@pytest.fixture(params=sorted(OPS))
+def ops(request) -> kernels.KernelOps:
+    return OPS[request.param]
+
+
+@pytest.fixture(params=sorted(ATTENTION))
+def attention(request) -> kernels.AttentionBackend:
+    return ATTENTION[request.param]
+
+
+def test_rms_norm_matches_transformers_exactly(ops):
     torch.manual_seed(0)
     hf = LlamaRMSNorm(64, eps=1e-5)
     hf.weight.data.normal_()
     x = torch.randn(7, 64)
-    assert torch.equal(kernels.rms_norm(x, hf.weight, 1e-5), hf(x))
+    assert torch.equal(ops.rms_norm(x, hf.weight, 1e-5), hf(x))
     residual = torch.randn(7, 64)
-    out, new_residual = kernels.fused_add_rms_norm(x, residual, hf.weight, 1e-5)
+    out, new_residual = ops.fused_add_rms_norm(x, residual, hf.weight, 1e-5)
     assert torch.equal(new_residual, residual + x)
     assert torch.equal(out, hf(residual + x))
 
@@ -41,7 +57,7 @@ def test_rms_norm_matches_transformers_exactly():
         },
     ],
 )
-def test_rotary_matches_transformers_exactly(rope_parameters):
+def test_rotary_matches_transformers_exactly(ops, rope_parameters):
     config = transformers.LlamaConfig(
         hidden_size=96,
         num_attention_heads=3,
@@ -61,17 +77,17 @@ def test_rotary_matches_transformers_exactly(rope_parameters):
     hf_q, hf_k = apply_rotary_pos_emb(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos, hf_sin
     )
-    our_q, our_k = kernels.rotary(positions, q, k, cos, sin)
+    our_q, our_k = ops.rotary(positions, q, k, cos, sin)
     assert torch.equal(our_q, hf_q[0].transpose(0, 1))
     assert torch.equal(our_k, hf_k[0].transpose(0, 1))
 
 
-def test_rotary_gptj_style_rotates_adjacent_pairs():
+def test_rotary_gptj_style_rotates_adjacent_pairs(ops):
     inv_freq = kernels.rope_inv_freq(8, 10000.0, None)
     cos, sin = kernels.rope_cos_sin(inv_freq, 16)
     positions = torch.tensor([3])
     q = torch.randn(1, 1, 8)
-    out, _ = kernels.rotary(positions, q, q.clone(), cos, sin, is_neox=False)
+    out, _ = ops.rotary(positions, q, q.clone(), cos, sin, is_neox=False)
     angle = 3 * inv_freq  # one frequency per adjacent pair
     x1, x2 = q[0, 0, 0::2], q[0, 0, 1::2]
     expected = torch.stack(
@@ -80,10 +96,10 @@ def test_rotary_gptj_style_rotates_adjacent_pairs():
     torch.testing.assert_close(out[0, 0], expected.flatten())
 
 
-def test_silu_and_mul():
+def test_silu_and_mul(ops):
     x = torch.randn(4, 10)
     expected = torch.nn.functional.silu(x[:, :5]) * x[:, 5:]
-    assert torch.equal(kernels.silu_and_mul(x), expected)
+    assert torch.equal(ops.silu_and_mul(x), expected)
 
 
 def _dense_attention(q, k, v, scale, window=None):
@@ -103,7 +119,7 @@ def _dense_attention(q, k, v, scale, window=None):
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_attention_mixed_batch_matches_dense(window):
+def test_paged_attention_mixed_batch_matches_dense(attention, window):
     """Decodes, a first prefill chunk and a chunk with cached context, blocks shuffled."""
     torch.manual_seed(0)
     block_size, num_blocks, kv_heads, heads, head_dim = 4, 40, 2, 6, 24
@@ -135,7 +151,7 @@ def test_paged_attention_mixed_batch_matches_dense(window):
         starts.append(starts[-1] + new)
         ctx_lens.append(total)
     max_blocks = max(len(t) for t in tables)
-    meta = AttentionMetadata(
+    inputs = AttentionInputs(
         slot_mapping=torch.tensor(slots),
         block_tables=torch.tensor(
             [t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32
@@ -145,9 +161,9 @@ def test_paged_attention_mixed_batch_matches_dense(window):
         max_query_len=max(n for _, n in shapes),
         max_context_len=max(ctx_lens),
     )
-    kernels.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta.slot_mapping)
-    kernels.prepare_attention(meta, block_size, {window})
-    out = kernels.paged_attention(torch.cat(queries), k_cache, v_cache, meta, 0.3, window)
+    meta = attention.prepare(inputs, block_size, {window})
+    attention.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta)
+    out = attention.forward(torch.cat(queries), k_cache, v_cache, meta, 0.3, window)
     expected = torch.cat(
         [
             _dense_attention(q, k, v, 0.3, window)
@@ -157,10 +173,19 @@ def test_paged_attention_mixed_batch_matches_dense(window):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_store_kv_skips_padding_slots():
+def test_store_kv_skips_padding_slots(attention):
     k_cache = torch.zeros(2, 4, 1, 3)
     v_cache = torch.zeros_like(k_cache)
     key = torch.ones(3, 1, 3)
-    kernels.store_kv(key, key * 2, k_cache, v_cache, torch.tensor([5, -1, 0]))
+    inputs = AttentionInputs(
+        slot_mapping=torch.tensor([5, -1, 0]),
+        block_tables=torch.tensor([[1, 0]], dtype=torch.int32),
+        context_lens=torch.tensor([6], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
+        max_query_len=3,
+        max_context_len=6,
+    )
+    meta = attention.prepare(inputs, 4, {None})
+    attention.store_kv(key, key * 2, k_cache, v_cache, meta)
     assert k_cache.view(-1, 1, 3)[5].eq(1).all() and k_cache.view(-1, 1, 3)[0].eq(1).all()
     assert k_cache.sum() == 6 and v_cache.sum() == 12

@@ -32,18 +32,19 @@ SCALE = 0.3
 def reference(batch: Batch, window: int | None) -> torch.Tensor:
     """fp32 torch reference: store_kv_ref then paged_attention_ref on upcast copies."""
     k_cache, v_cache = batch.k_cache.float(), batch.v_cache.float()
-    store_kv_ref(batch.key.float(), batch.value.float(), k_cache, v_cache, batch.meta.slot_mapping)
-    prepare_torch_attention(batch.meta, k_cache.shape[1], {window})
-    return paged_attention_ref(batch.query.float(), k_cache, v_cache, batch.meta, SCALE, window)
+    inputs = batch.inputs
+    store_kv_ref(batch.key.float(), batch.value.float(), k_cache, v_cache, inputs.slot_mapping)
+    meta = prepare_torch_attention(inputs, k_cache.shape[1], {window})
+    return paged_attention_ref(batch.query.float(), k_cache, v_cache, meta, SCALE, window)
 
 
 def run_triton(
     batch: Batch, window: int | None, tiles: AttentionTiles | None = None
 ) -> torch.Tensor:
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
-    store_kv_triton(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping)
+    store_kv_triton(batch.key, batch.value, k_cache, v_cache, batch.inputs.slot_mapping)
     return paged_attention_triton(
-        batch.query, k_cache, v_cache, batch.meta, SCALE, window, tiles=tiles
+        batch.query, k_cache, v_cache, batch.inputs, SCALE, window, tiles=tiles
     )
 
 

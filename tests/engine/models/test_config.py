@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine.models import CausalLM, ModelConfig, architecture_of, build_model
+from hetero_infer.kernels import select_kernels
 
 from tests.tiny_models import TINY_MODELS
 
@@ -106,10 +107,11 @@ def test_frozen_and_checked() -> None:
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_registry_builds_a_causal_lm(name: str) -> None:
     config = ModelConfig.from_hf(TINY_MODELS[name]())
+    kernels = select_kernels("auto", torch.device("cpu"))
     with torch.device("meta"):
-        model = build_model(config)
+        model = build_model(config, kernels)
     assert isinstance(model, CausalLM)
-    assert model.config is config
+    assert model.config is config and model.kernels is kernels
     assert (model.num_layers, model.num_kv_heads, model.head_dim) == (
         config.num_layers,
         config.num_kv_heads,

@@ -1,0 +1,127 @@
+"""The model's ops other than attention, with their implementations chosen once.
+
+``KernelOps`` holds one function per op; kernels/selection.py builds it with the
+attention backend (``torch_ops`` on a GPU without Triton, ``cpu_ops`` on the CPU, the
+Triton kernels swapped in by kernels/triton_backend.py) and the model binds it when it
+is built. Linear layers are packed once after the weights load (``pack_linear``), not
+looked up per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from hetero_infer.kernels import linear_cpu
+from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.greedy import greedy_pick_ref
+from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, TorchLinear
+from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+from hetero_infer.kernels.rotary import rotary_ref
+
+# The C++ elementwise kernels serve the reduced-precision dtypes only: fp32 runs the
+# torch references, whose rounding matches transformers' exactly.
+ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16)
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    # x [num_tokens, hidden] -> weight * x / rms(x)
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor]
+    # (x, residual, weight, eps) -> (rms_norm(x + residual), x + residual)
+    fused_add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    # (positions, q [num_tokens, num_heads, head_dim], k [.., num_kv_heads, ..], cos, sin,
+    # is_neox) -> rotated (q, k)
+    rotary: Callable[..., tuple[Tensor, Tensor]]
+    # x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]
+    silu_and_mul: Callable[[Tensor], Tensor]
+    # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
+    greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]]
+    # (weight [out, in], bias) -> x [..., in] -> [..., out]
+    pack_linear: Callable[[Tensor, Tensor | None], LinearFn]
+    # (merged gate_up weight, bias) -> x -> silu_and_mul(linear(x)) in one pass, or None
+    # where no kernel fuses the two
+    pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None]
+
+    def pack_silu_and_mul_linear(self, weight: Tensor, bias: Tensor | None = None) -> LinearFn:
+        """x [..., in] -> silu_and_mul(linear(x)) [..., d] for a merged gate_up weight
+        [2 * d, in]: fused where a kernel takes it, else the two ops in turn."""
+        fused = self.pack_fused_silu_and_mul_linear(weight, bias)
+        if fused is not None:
+            return fused
+        return SiluAndMulLinear(self.pack_linear(weight, bias), self.silu_and_mul)
+
+    def replace(self, **changes: Callable) -> KernelOps:
+        return dataclasses.replace(self, **changes)
+
+
+def _no_fused_kernel(weight: Tensor, bias: Tensor | None) -> None:
+    return None
+
+
+def torch_ops() -> KernelOps:
+    """The torch references (any device)."""
+    return KernelOps(
+        rms_norm=rms_norm_ref,
+        fused_add_rms_norm=fused_add_rms_norm_ref,
+        rotary=rotary_ref,
+        silu_and_mul=silu_and_mul_ref,
+        greedy_pick=greedy_pick_ref,
+        pack_linear=TorchLinear,
+        pack_fused_silu_and_mul_linear=_no_fused_kernel,
+    )
+
+
+def cpu_ops(module: ModuleType | None) -> KernelOps:
+    """CPU tensors: the C++ kernels of ``module`` (kernels/cpu_extension.py) for bf16 and
+    fp16, the references for fp32; packed bf16 linear layers (by oneDNN too where
+    ``module`` is None: not built, or turned off)."""
+    packed = torch_ops().replace(
+        pack_linear=functools.partial(linear_cpu.pack_linear, module=module),
+        pack_fused_silu_and_mul_linear=functools.partial(
+            linear_cpu.pack_gated_linear, module=module
+        ),
+    )
+    if module is None:
+        return packed
+
+    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        if x.dtype in ELEMENTWISE_DTYPES:
+            return module.rms_norm(x, weight, eps)
+        return rms_norm_ref(x, weight, eps)
+
+    def fused_add_rms_norm(
+        x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        if x.dtype in ELEMENTWISE_DTYPES:
+            return module.fused_add_rms_norm(x, residual, weight, eps)
+        return fused_add_rms_norm_ref(x, residual, weight, eps)
+
+    def rotary(
+        positions: Tensor, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, is_neox: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        if q.dtype in ELEMENTWISE_DTYPES:
+            return module.rotary(positions, q, k, cos, sin, is_neox)
+        return rotary_ref(positions, q, k, cos, sin, is_neox)
+
+    def silu_and_mul(x: Tensor) -> Tensor:
+        if x.dtype in ELEMENTWISE_DTYPES:
+            return module.silu_and_mul(x)
+        return silu_and_mul_ref(x)
+
+    def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
+        return module.greedy_pick(logits.contiguous())  # any dtype, in one pass per row
+
+    return packed.replace(
+        rms_norm=rms_norm,
+        fused_add_rms_norm=fused_add_rms_norm,
+        rotary=rotary,
+        silu_and_mul=silu_and_mul,
+        greedy_pick=greedy_pick,
+    )

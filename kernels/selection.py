@@ -1,0 +1,80 @@
+"""The one place the kernels are chosen: once per engine, from its settings and device.
+
+``attention_backend`` "auto" is Triton on CUDA (torch's reference where triton is not
+installed) and the C++ kernels on the CPU (the torch reference where they did not build,
+or ``cpu_kernels`` is off). "torch" is the reference on CUDA, the same as "auto" on the
+CPU. "triton" is Triton on CUDA, and on CPU tensors only in Triton's interpreter
+(``TRITON_INTERPRET=1``: slow, for tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+import torch
+from hetero_infer.kernels.attention_backend import AttentionBackend
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.ops import KernelOps, cpu_ops, torch_ops
+from hetero_infer.kernels.paged_attention import TorchAttentionBackend
+from hetero_infer.kernels.paged_attention_cpu import CpuAttentionBackend
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What the model calls: attention, and every other op."""
+
+    attention: AttentionBackend
+    ops: KernelOps
+
+
+def triton_available() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["triton"] = None
+        return False
+
+
+def select_kernels(
+    attention_backend: str, device: torch.device, cpu_kernels: bool = True
+) -> Kernels:
+    """The kernels an engine on ``device`` runs. ``cpu_kernels``: whether the C++ CPU
+    kernels may be used (else the torch code runs, with the same results, more slowly).
+    ValueError where the choice cannot run here."""
+    if attention_backend not in BACKENDS:
+        raise ValueError(
+            f"attention_backend must be one of {', '.join(BACKENDS)}; got {attention_backend!r}"
+        )
+    on_cpu = device.type == "cpu"
+    module = load_cpu_kernels() if on_cpu and cpu_kernels else None
+    device_ops = cpu_ops(module) if on_cpu else torch_ops()
+    if attention_backend == "triton":
+        _check_triton_runs_on(device)
+    elif attention_backend == "auto" and not on_cpu and not triton_available():
+        logger.warning("triton is not installed: the torch kernels run on the GPU (slower)")
+        attention_backend = "torch"
+    if attention_backend == "triton" or (attention_backend == "auto" and not on_cpu):
+        from hetero_infer.kernels.triton_backend import TritonAttentionBackend, triton_ops
+
+        return Kernels(TritonAttentionBackend(), triton_ops(device_ops))
+    if module is not None:
+        return Kernels(CpuAttentionBackend(module), device_ops)
+    return Kernels(TorchAttentionBackend(), device_ops)
+
+
+def _check_triton_runs_on(device: torch.device) -> None:
+    if not triton_available():
+        raise ValueError("attention_backend 'triton' needs the triton package installed")
+    if device.type == "cpu":
+        from hetero_infer.kernels.triton_utils import interpreting
+
+        if not interpreting():
+            raise ValueError(
+                "attention_backend 'triton' on the CPU runs only in Triton's interpreter "
+                "(TRITON_INTERPRET=1, slow: for tests); use 'auto' or 'torch'"
+            )
