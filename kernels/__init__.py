@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.linear import LinearFn
-from hetero_infer.kernels.ops import KernelOps, cpu_ops, torch_ops
+from hetero_infer.kernels.ops import KernelOps, cpu_ops
 from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq
 from hetero_infer.kernels.selection import BACKENDS, Kernels, select_kernels, triton_available
 
@@ -34,6 +34,5 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
     "select_kernels",
-    "torch_ops",
     "triton_available",
 ]

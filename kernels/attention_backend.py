@@ -10,7 +10,7 @@ reference's masks, the CPU kernels' per-token rows), so no backend carries anoth
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
@@ -38,46 +38,30 @@ class AttentionInputs:
 
 
 Metadata = TypeVar("Metadata", bound=AttentionInputs)
+Tensor = torch.Tensor
 
 
-class AttentionBackend(ABC, Generic[Metadata]):
-    """Paged attention by one family of kernels, chosen once (kernels/selection.py)."""
+@dataclass(frozen=True)
+class AttentionBackend(Generic[Metadata]):
+    """Paged attention by one family of kernels, chosen once (kernels/selection.py).
+
+    Each backend is its three kernels, which share one signature each across backends,
+    so they are bound here as they are: a call is a plain function call.
+    """
 
     name: str
-    # Whether a step's metadata lives in the inputs' own tensors only, so that a CUDA
-    # graph captured over static input buffers replays any later step.
+    # (inputs, block_size, the sliding windows the layers use) -> the step's metadata,
+    # built once for all layers.
+    prepare: Callable[[AttentionInputs, int, set[int | None]], Metadata]
+    # (key, value [num_tokens, num_kv_heads, head_dim], k_cache, v_cache
+    # [num_blocks, block_size, num_kv_heads, head_dim], slot_mapping) -> None: writes the
+    # keys and values into their cache slots; slot -1 is skipped.
+    store_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
+    # (query [num_tokens, num_heads, head_dim], k_cache, v_cache, meta, scale,
+    # sliding_window) -> output of the query's shape: each token attends causally to its
+    # sequence's cached keys (the step's are stored first), the last sliding_window of
+    # them when it is not None.
+    forward: Callable[[Tensor, Tensor, Tensor, Metadata, float, int | None], Tensor]
+    # Whether the metadata is the inputs' own tensors, so that a CUDA graph captured over
+    # static input buffers replays any later step that fits them.
     supports_cuda_graphs: bool = False
-
-    @abstractmethod
-    def prepare(
-        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
-    ) -> Metadata:
-        """The step's metadata, shared by every layer; ``sliding_windows`` are the
-        windows the model's layers use (None = full attention)."""
-
-    @abstractmethod
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: Metadata,
-    ) -> None:
-        """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots
-        (meta.slot_mapping; -1 skipped). A cache is [num_blocks, block_size,
-        num_kv_heads, head_dim]."""
-
-    @abstractmethod
-    def forward(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: Metadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        """query [num_tokens, num_heads, head_dim] -> output of the same shape: each
-        token attends causally to its sequence's cached keys (the step's are stored
-        first), the last ``sliding_window`` of them when set."""

@@ -1,10 +1,10 @@
 """The model's ops other than attention, with their implementations chosen once.
 
-``KernelOps`` holds one function per op; kernels/selection.py builds it with the
-attention backend (``torch_ops`` on a GPU without Triton, ``cpu_ops`` on the CPU, the
-Triton kernels swapped in by kernels/triton_backend.py) and the model binds it when it
-is built. Linear layers are packed once after the weights load (``pack_linear``), not
-looked up per call.
+``KernelOps`` holds one function per op, the torch references unless told otherwise;
+kernels/selection.py builds it with the attention backend (as it is on a GPU,
+``cpu_ops`` on the CPU, the Triton kernels swapped in by kernels/triton_backend.py) and
+the model binds it when it is built. Linear layers are packed once after the weights
+load (``pack_linear``), not looked up per call.
 """
 
 from __future__ import annotations
@@ -30,24 +30,35 @@ ELEMENTWISE_DTYPES = (torch.bfloat16, torch.float16)
 Tensor = torch.Tensor
 
 
+def _no_fused_kernel(weight: Tensor, bias: Tensor | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class KernelOps:
+    """The model's ops other than attention; by default the torch references (any
+    device)."""
+
     # x [num_tokens, hidden] -> weight * x / rms(x)
-    rms_norm: Callable[[Tensor, Tensor, float], Tensor]
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor] = rms_norm_ref
     # (x, residual, weight, eps) -> (rms_norm(x + residual), x + residual)
-    fused_add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    fused_add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] = (
+        fused_add_rms_norm_ref
+    )
     # (positions, q [num_tokens, num_heads, head_dim], k [.., num_kv_heads, ..], cos, sin,
     # is_neox) -> rotated (q, k)
-    rotary: Callable[..., tuple[Tensor, Tensor]]
+    rotary: Callable[..., tuple[Tensor, Tensor]] = rotary_ref
     # x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]
-    silu_and_mul: Callable[[Tensor], Tensor]
+    silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
     # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
-    greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]]
+    greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]] = greedy_pick_ref
     # (weight [out, in], bias) -> x [..., in] -> [..., out]
-    pack_linear: Callable[[Tensor, Tensor | None], LinearFn]
+    pack_linear: Callable[[Tensor, Tensor | None], LinearFn] = TorchLinear
     # (merged gate_up weight, bias) -> x -> silu_and_mul(linear(x)) in one pass, or None
     # where no kernel fuses the two
-    pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None]
+    pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None] = (
+        _no_fused_kernel
+    )
 
     def pack_silu_and_mul_linear(self, weight: Tensor, bias: Tensor | None = None) -> LinearFn:
         """x [..., in] -> silu_and_mul(linear(x)) [..., d] for a merged gate_up weight
@@ -61,28 +72,11 @@ class KernelOps:
         return dataclasses.replace(self, **changes)
 
 
-def _no_fused_kernel(weight: Tensor, bias: Tensor | None) -> None:
-    return None
-
-
-def torch_ops() -> KernelOps:
-    """The torch references (any device)."""
-    return KernelOps(
-        rms_norm=rms_norm_ref,
-        fused_add_rms_norm=fused_add_rms_norm_ref,
-        rotary=rotary_ref,
-        silu_and_mul=silu_and_mul_ref,
-        greedy_pick=greedy_pick_ref,
-        pack_linear=TorchLinear,
-        pack_fused_silu_and_mul_linear=_no_fused_kernel,
-    )
-
-
 def cpu_ops(module: ModuleType | None) -> KernelOps:
     """CPU tensors: the C++ kernels of ``module`` (kernels/cpu_extension.py) for bf16 and
     fp16, the references for fp32; packed bf16 linear layers (by oneDNN too where
     ``module`` is None: not built, or turned off)."""
-    packed = torch_ops().replace(
+    packed = KernelOps(
         pack_linear=functools.partial(linear_cpu.pack_linear, module=module),
         pack_fused_silu_and_mul_linear=functools.partial(
             linear_cpu.pack_gated_linear, module=module

@@ -12,7 +12,7 @@ cached for that sequence, including the chunk itself:
 
 The torch reference below pads the batch to [num_seqs, max_query_len] and gathers
 each sequence's blocks into [num_seqs, max_context_len]: no Python loop over
-sequences or layers. ``TorchAttentionBackend`` serves it to the model, with the masks
+sequences or layers. ``torch_attention()`` serves it to the model, with the masks
 built once per step for all layers.
 """
 
@@ -144,33 +144,6 @@ def decode_attention_ref(
     return out.reshape(query.shape).to(query.dtype)
 
 
-class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
-    """The torch reference: runs on any device, e.g. on a GPU without Triton."""
-
-    name = "torch"
-
-    def prepare(
-        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
-    ) -> TorchAttentionMetadata:
-        return prepare_torch_attention(inputs, block_size, sliding_windows)
-
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: TorchAttentionMetadata,
-    ) -> None:
-        store_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: TorchAttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window)
+def torch_attention() -> AttentionBackend[TorchAttentionMetadata]:
+    """The torch reference as a backend: runs on any device, e.g. a GPU without Triton."""
+    return AttentionBackend("torch", prepare_torch_attention, store_kv_ref, paged_attention_ref)

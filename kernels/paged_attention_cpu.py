@@ -13,13 +13,15 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
 
 Neither pads to the longest chunk nor works past the causal diagonal, as torch's
 padded attention does. ``prepare_cpu_attention`` builds the per-token rows and the
-chunk lists once per step, for all layers. Where the C++ kernels cannot be built
-(kernels/cpu_extension.py), or are turned off, the engine runs the padded torch
-reference instead (kernels/paged_attention.py), with the same results, more slowly.
+chunk lists once per step, for all layers. Each function takes the built extension
+(``module``, kernels/cpu_extension.py); where it did not build, or is turned off, the
+engine runs the torch backend instead (kernels/paged_attention.py), with the same
+results, more slowly.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,7 +32,7 @@ from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionIn
 TILED_HEAD_DIMS = (32, 64, 96, 128)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass
 class PrefillChunks:
     """A step's prefill chunks (2+ query tokens), and its decode tokens beside them."""
 
@@ -52,9 +54,28 @@ class CpuAttentionMetadata(AttentionInputs):
     prefill_chunks: PrefillChunks | None  # None: the step has no prefill chunk
 
 
-def prepare_cpu_attention(inputs: AttentionInputs) -> CpuAttentionMetadata:
+def decode_attention_cpu(
+    module: ModuleType,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``decode_attention_ref``, by the C++ kernel."""
+    return module.decode_attention(
+        query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0
+    )
+
+
+def prepare_cpu_attention(
+    inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+) -> CpuAttentionMetadata:
     """Each query token's block table and visible context, and the prefill chunks, once
-    for all layers."""
+    for all layers (the kernels need neither the block size nor the windows here: they
+    read the block tables, and take the window per call)."""
     starts = inputs.query_start_loc[:-1].long()
     ends = inputs.query_start_loc[1:].long()
     query_lens = ends - starts
@@ -85,95 +106,66 @@ def prepare_cpu_attention(inputs: AttentionInputs) -> CpuAttentionMetadata:
     )
 
 
-class CpuAttentionBackend(AttentionBackend[CpuAttentionMetadata]):
-    """The C++ kernels on CPU tensors; ``module`` is the built extension
-    (kernels/cpu_extension.py). Where it did not build, the torch backend is chosen
-    instead (kernels/selection.py)."""
+def tiled_kernel_serves(
+    module: ModuleType, query: torch.Tensor, sliding_window: int | None
+) -> bool:
+    return (
+        module.prefill_attention_available()
+        and query.dtype == torch.bfloat16
+        and query.shape[2] in TILED_HEAD_DIMS
+        and sliding_window is None
+    )
 
-    name = "cpu"
 
-    def __init__(self, module: ModuleType) -> None:
-        self.module = module
-        self.tiled_kernel_built = module.prefill_attention_available()
-
-    def prepare(
-        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
-    ) -> CpuAttentionMetadata:
-        return prepare_cpu_attention(inputs)
-
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: CpuAttentionMetadata,
-    ) -> None:
-        self.module.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-
-    def decode(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        """Same contract as ``decode_attention_ref``: one row per query token."""
-        return self.module.decode_attention(
-            query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0
-        )
-
-    def tiled_kernel_serves(self, query: torch.Tensor, sliding_window: int | None) -> bool:
-        return (
-            self.tiled_kernel_built
-            and query.dtype == torch.bfloat16
-            and query.shape[2] in TILED_HEAD_DIMS
-            and sliding_window is None
-        )
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: CpuAttentionMetadata,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        chunks = meta.prefill_chunks
-        if chunks is None or not self.tiled_kernel_serves(query, sliding_window):
-            return self.decode(
-                query,
-                k_cache,
-                v_cache,
-                meta.token_block_tables,
-                meta.token_context_lens,
-                scale,
-                sliding_window,
-            )
-        out = torch.empty(query.shape, dtype=query.dtype)
-        self.module.prefill_attention(
+def paged_attention_cpu(
+    module: ModuleType,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: CpuAttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
+    chunks = meta.prefill_chunks
+    if chunks is None or not tiled_kernel_serves(module, query, sliding_window):
+        return decode_attention_cpu(
+            module,
             query,
             k_cache,
             v_cache,
-            chunks.block_tables,
-            chunks.context_lens,
-            chunks.starts,
-            chunks.lens,
+            meta.token_block_tables,
+            meta.token_context_lens,
             scale,
-            out,
+            sliding_window,
         )
-        rows = chunks.decode_rows
-        if rows.numel():
-            out[rows] = self.decode(
-                query[rows],
-                k_cache,
-                v_cache,
-                chunks.decode_block_tables,
-                chunks.decode_context_lens,
-                scale,
-            )
-        return out
+    out = torch.empty(query.shape, dtype=query.dtype)
+    module.prefill_attention(
+        query,
+        k_cache,
+        v_cache,
+        chunks.block_tables,
+        chunks.context_lens,
+        chunks.starts,
+        chunks.lens,
+        scale,
+        out,
+    )
+    rows = chunks.decode_rows
+    if rows.numel():
+        out[rows] = decode_attention_cpu(
+            module,
+            query[rows],
+            k_cache,
+            v_cache,
+            chunks.decode_block_tables,
+            chunks.decode_context_lens,
+            scale,
+        )
+    return out
+
+
+def cpu_attention(module: ModuleType) -> AttentionBackend[CpuAttentionMetadata]:
+    """The C++ kernels of the built extension ``module`` as a backend, for CPU tensors."""
+    forward = functools.partial(paged_attention_cpu, module)
+    return AttentionBackend("cpu", prepare_cpu_attention, module.store_kv, forward)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.ops import KernelOps, cpu_ops, torch_ops
-from hetero_infer.kernels.paged_attention import TorchAttentionBackend
-from hetero_infer.kernels.paged_attention_cpu import CpuAttentionBackend
+from hetero_infer.kernels.ops import KernelOps, cpu_ops
+from hetero_infer.kernels.paged_attention import torch_attention
+from hetero_infer.kernels.paged_attention_cpu import cpu_attention
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +52,19 @@ def select_kernels(
         )
     on_cpu = device.type == "cpu"
     module = load_cpu_kernels() if on_cpu and cpu_kernels else None
-    device_ops = cpu_ops(module) if on_cpu else torch_ops()
+    device_ops = cpu_ops(module) if on_cpu else KernelOps()  # a GPU: torch's references
     if attention_backend == "triton":
         _check_triton_runs_on(device)
     elif attention_backend == "auto" and not on_cpu and not triton_available():
         logger.warning("triton is not installed: the torch kernels run on the GPU (slower)")
         attention_backend = "torch"
     if attention_backend == "triton" or (attention_backend == "auto" and not on_cpu):
-        from hetero_infer.kernels.triton_backend import TritonAttentionBackend, triton_ops
+        from hetero_infer.kernels.triton_backend import triton_attention, triton_ops
 
-        return Kernels(TritonAttentionBackend(), triton_ops(device_ops))
+        return Kernels(triton_attention(), triton_ops(device_ops))
     if module is not None:
-        return Kernels(CpuAttentionBackend(module), device_ops)
-    return Kernels(TorchAttentionBackend(), device_ops)
+        return Kernels(cpu_attention(module), device_ops)
+    return Kernels(torch_attention(), device_ops)
 
 
 def _check_triton_runs_on(device: torch.device) -> None:

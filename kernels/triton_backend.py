@@ -7,7 +7,6 @@ Triton backend is chosen: the CPU path works without triton installed.
 
 from __future__ import annotations
 
-import torch
 from hetero_infer.kernels.activation_triton import silu_and_mul_triton
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.ops import KernelOps
@@ -16,39 +15,23 @@ from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_
 from hetero_infer.kernels.rotary_triton import rotary_triton
 
 
-class TritonAttentionBackend(AttentionBackend[AttentionInputs]):
+def prepare_triton_attention(
+    inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+) -> AttentionInputs:
     """The kernels read the block tables, context lengths and query starts straight
-    from the step's inputs: no per-step metadata beyond them. So a CUDA graph captured
-    over static input buffers replays any decode step that fits them."""
+    from the step's inputs: no metadata beyond them, so a CUDA graph captured over
+    static input buffers replays any decode step that fits them."""
+    return inputs
 
-    name = "triton"
-    supports_cuda_graphs = True
 
-    def prepare(
-        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
-    ) -> AttentionInputs:
-        return inputs
-
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionInputs,
-    ) -> None:
-        store_kv_triton(key, value, k_cache, v_cache, meta.slot_mapping)
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionInputs,
-        scale: float,
-        sliding_window: int | None = None,
-    ) -> torch.Tensor:
-        return paged_attention_triton(query, k_cache, v_cache, meta, scale, sliding_window)
+def triton_attention() -> AttentionBackend[AttentionInputs]:
+    return AttentionBackend(
+        "triton",
+        prepare_triton_attention,
+        store_kv_triton,
+        paged_attention_triton,
+        supports_cuda_graphs=True,
+    )
 
 
 def triton_ops(device_ops: KernelOps) -> KernelOps:

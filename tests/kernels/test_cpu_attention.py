@@ -1,14 +1,12 @@
 """The CPU attention path against the torch reference.
 
 The C++ decode kernel is checked against ``decode_attention_ref`` and against the
-padded reference (``paged_attention_ref``), and the whole CPU backend (per-token rows,
+padded reference (``paged_attention_ref``), and the whole CPU path (per-token rows,
 or the tiled kernel for bf16 prefill chunks beside the decode kernel) against the
 reference on mixed steps.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -19,7 +17,13 @@ from hetero_infer.kernels.paged_attention import (
     prepare_torch_attention,
     store_kv_ref,
 )
-from hetero_infer.kernels.paged_attention_cpu import CpuAttentionBackend
+from hetero_infer.kernels.paged_attention_cpu import (
+    cpu_attention,
+    decode_attention_cpu,
+    paged_attention_cpu,
+    prepare_cpu_attention,
+    tiled_kernel_serves,
+)
 
 from tests.kernels.batches import Batch, make_batch
 from tests.kernels.checks import assert_close
@@ -33,10 +37,11 @@ needs_tiled_kernel = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def cpu() -> CpuAttentionBackend:
+def module():
+    """The built extension, which every CPU kernel function takes."""
     if load_cpu_kernels() is None:
         pytest.skip("the C++ kernels did not build (test_kernel_builds_here says so)")
-    return CpuAttentionBackend(load_cpu_kernels())
+    return load_cpu_kernels()
 
 
 def padded_reference(batch: Batch, window: int | None) -> torch.Tensor:
@@ -76,11 +81,11 @@ def test_kernel_builds_here():
         (16, 1, 5, 96),
     ],
 )
-def test_decode_kernel_matches_references(cpu, dtype, block_size, num_kv_heads, group, head_dim):
+def test_decode_kernel_matches_references(module, dtype, block_size, num_kv_heads, group, head_dim):
     batch = decode_batch(dtype, block_size, num_kv_heads, group, head_dim)
     inputs = batch.inputs
     args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE)
-    actual = cpu.decode(batch.query, *args)
+    actual = decode_attention_cpu(module, batch.query, *args)
     assert actual.dtype == dtype
     expected = padded_reference(batch, None)
     assert_close(actual, expected, dtype, "kernel vs padded reference")
@@ -88,32 +93,35 @@ def test_decode_kernel_matches_references(cpu, dtype, block_size, num_kv_heads, 
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 40])
-def test_decode_kernel_sliding_window(cpu, window):
+def test_decode_kernel_sliding_window(module, window):
     batch = decode_batch(torch.float32, 16, 2, 3, 24)
     inputs = batch.inputs
     args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE, window)
     expected = padded_reference(batch, window)
-    assert_close(cpu.decode(batch.query, *args), expected, torch.float32, "kernel")
+    actual = decode_attention_cpu(module, batch.query, *args)
+    assert_close(actual, expected, torch.float32, "kernel")
     assert_close(decode_attention_ref(batch.query, *args), expected, torch.float32, "ref")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [None, 6])
-def test_cpu_path_on_mixed_steps(cpu, dtype, window):
+def test_cpu_path_on_mixed_steps(module, dtype, window):
     """Decodes, first prefill chunks, and chunks after cached context in one step."""
     bs = 16
     chunks = [(0, 7), (bs - 1, 1), (bs, 5), (2 * bs, 1), (bs + 1, 2 * bs + 3), (5, 1), (0, 1)]
     batch = make_batch(chunks, bs, 2, 3, 20, dtype, seed=3)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, window)
-    meta = cpu.prepare(batch.inputs, bs, {window})
+    meta = prepare_cpu_attention(batch.inputs, bs, {window})
     # One kernel row per query token: a chunk's tokens see one more key each, ending at
     # the sequence's whole context.
     lens = meta.token_context_lens.tolist()
     assert len(lens) == sum(n for _, n in chunks)
     assert lens[:8] == [1, 2, 3, 4, 5, 6, 7, bs]
     assert lens[-1] == 1 and lens[-2] == 6
-    actual = cpu.forward(batch.query, batch.k_cache, batch.v_cache, meta, SCALE, window)
+    actual = paged_attention_cpu(
+        module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE, window
+    )
     assert_close(actual, expected, dtype, "cpu path")
 
 
@@ -122,7 +130,7 @@ def test_cpu_path_on_mixed_steps(cpu, dtype, window):
     ("block_size", "num_kv_heads", "group", "head_dim"),
     [(16, 3, 3, 64), (32, 2, 4, 32), (16, 1, 7, 96), (8, 2, 1, 128)],
 )
-def test_tiled_prefill_kernel_on_mixed_steps(cpu, block_size, num_kv_heads, group, head_dim):
+def test_tiled_prefill_kernel_on_mixed_steps(module, block_size, num_kv_heads, group, head_dim):
     """bf16 chunks by the tiled kernel: first chunks, chunks after cached context (on
     and off tile and block boundaries), a 2-token chunk, with decodes between them."""
     bs = block_size
@@ -130,44 +138,44 @@ def test_tiled_prefill_kernel_on_mixed_steps(cpu, block_size, num_kv_heads, grou
     batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, torch.bfloat16, seed=11)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, None)
-    meta = cpu.prepare(batch.inputs, bs, {None})
-    assert cpu.tiled_kernel_serves(batch.query, None)
+    meta = prepare_cpu_attention(batch.inputs, bs, {None})
+    assert tiled_kernel_serves(module, batch.query, None)
     assert meta.prefill_chunks.lens.tolist() == [37, 50, 2, 16, 17]
-    actual = cpu.forward(batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
+    actual = paged_attention_cpu(module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
     assert_close(actual, expected, torch.bfloat16, "tiled kernel")
 
 
 @needs_tiled_kernel
-def test_tiled_prefill_kernel_on_one_long_chunk(cpu):
+def test_tiled_prefill_kernel_on_one_long_chunk(module):
     # One chunk is split among the threads by its query tiles, not given to one thread.
     batch = make_batch([(100, 300)], 16, 3, 3, 64, torch.bfloat16, seed=12)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, None)
-    meta = cpu.prepare(batch.inputs, 16, {None})
-    actual = cpu.forward(batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
+    meta = prepare_cpu_attention(batch.inputs, 16, {None})
+    actual = paged_attention_cpu(module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
     assert_close(actual, expected, torch.bfloat16, "one long chunk")
 
 
 @needs_tiled_kernel
-def test_tiled_kernel_serves_bf16_without_window_only(cpu):
+def test_tiled_kernel_serves_bf16_without_window_only(module):
     query = torch.empty(4, 2, 64, dtype=torch.bfloat16)
-    assert cpu.tiled_kernel_serves(query, None)
-    assert not cpu.tiled_kernel_serves(query, 8)
-    assert not cpu.tiled_kernel_serves(query.float(), None)
-    assert not cpu.tiled_kernel_serves(torch.empty(4, 2, 20, dtype=torch.bfloat16), None)
+    assert tiled_kernel_serves(module, query, None)
+    assert not tiled_kernel_serves(module, query, 8)
+    assert not tiled_kernel_serves(module, query.float(), None)
+    assert not tiled_kernel_serves(module, torch.empty(4, 2, 20, dtype=torch.bfloat16), None)
 
 
-def test_cpu_path_decodes_only(cpu):
+def test_cpu_path_decodes_only(module):
     batch = decode_batch(torch.float32, 16, 3, 3, 64)
     expected = padded_reference(batch, None)
-    meta = cpu.prepare(batch.inputs, 16, {None})
+    meta = prepare_cpu_attention(batch.inputs, 16, {None})
     assert meta.token_context_lens.tolist() == meta.context_lens.tolist()
-    actual = cpu.forward(batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
+    actual = paged_attention_cpu(module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
     assert_close(actual, expected, torch.float32, "decodes only")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_store_kv_skips_padding_slots(cpu, dtype):
+def test_store_kv_skips_padding_slots(module, dtype):
     bs = 16
     batch = make_batch([(0, 7), (bs - 1, 1), (3, 20)], bs, 2, 3, 20, dtype, seed=5)
     slots = batch.inputs.slot_mapping.clone()
@@ -178,6 +186,5 @@ def test_store_kv_skips_padding_slots(cpu, dtype):
     k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_ref(batch.key, value, k_ref, v_ref, slots)
     k_out, v_out = batch.k_cache.clone(), batch.v_cache.clone()
-    meta = cpu.prepare(dataclasses.replace(batch.inputs, slot_mapping=slots), bs, {None})
-    cpu.store_kv(batch.key, value, k_out, v_out, meta)
+    cpu_attention(module).store_kv(batch.key, value, k_out, v_out, slots)
     assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)

@@ -8,7 +8,7 @@ import torch
 import transformers
 from hetero_infer import kernels
 from hetero_infer.kernels import AttentionInputs
-from hetero_infer.kernels.paged_attention import TorchAttentionBackend
+from hetero_infer.kernels.paged_attention import torch_attention
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -16,8 +16,8 @@ from transformers.models.llama.modeling_llama import (
 )
 
 CPU_KERNELS = kernels.select_kernels("auto", torch.device("cpu"))
-OPS = {"torch": kernels.torch_ops(), "cpu": CPU_KERNELS.ops}
-ATTENTION = {"torch": TorchAttentionBackend(), "cpu": CPU_KERNELS.attention}
+OPS = {"torch": kernels.KernelOps(), "cpu": CPU_KERNELS.ops}
+ATTENTION = {"torch": torch_attention(), "cpu": CPU_KERNELS.attention}
 
 
 @pytest.fixture(params=sorted(OPS))
@@ -161,8 +161,8 @@ def test_paged_attention_mixed_batch_matches_dense(attention, window):
         max_query_len=max(n for _, n in shapes),
         max_context_len=max(ctx_lens),
     )
+    attention.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, inputs.slot_mapping)
     meta = attention.prepare(inputs, block_size, {window})
-    attention.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta)
     out = attention.forward(torch.cat(queries), k_cache, v_cache, meta, 0.3, window)
     expected = torch.cat(
         [
@@ -177,15 +177,6 @@ def test_store_kv_skips_padding_slots(attention):
     k_cache = torch.zeros(2, 4, 1, 3)
     v_cache = torch.zeros_like(k_cache)
     key = torch.ones(3, 1, 3)
-    inputs = AttentionInputs(
-        slot_mapping=torch.tensor([5, -1, 0]),
-        block_tables=torch.tensor([[1, 0]], dtype=torch.int32),
-        context_lens=torch.tensor([6], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
-        max_query_len=3,
-        max_context_len=6,
-    )
-    meta = attention.prepare(inputs, 4, {None})
-    attention.store_kv(key, key * 2, k_cache, v_cache, meta)
+    attention.store_kv(key, key * 2, k_cache, v_cache, torch.tensor([5, -1, 0]))
     assert k_cache.view(-1, 1, 3)[5].eq(1).all() and k_cache.view(-1, 1, 3)[0].eq(1).all()
     assert k_cache.sum() == 6 and v_cache.sum() == 12
