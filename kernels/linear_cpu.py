@@ -57,14 +57,17 @@ class OneDnnLinear:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def bf16_cpu_matrix(weight: torch.Tensor) -> bool:
+    """What both packed forms take: a bf16 weight [out, in] on the CPU."""
+    return weight.is_cpu and weight.dtype == torch.bfloat16 and weight.dim() == 2
+
+
 def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
     """Whether the AVX512-BF16 kernel takes this weight [out, in]."""
     return (
         module is not None
         and module.linear_packed_available()
-        and weight.is_cpu
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
+        and bf16_cpu_matrix(weight)
         and weight.shape[0] % 32 == 0
         and weight.shape[1] % 2 == 0
     )
@@ -77,12 +80,7 @@ def pack_linear(
     any other weight as it is, for torch's F.linear."""
     if kernel_takes(module, weight):
         return KernelLinear(module, weight, bias)
-    if not (
-        weight.is_cpu
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and torch.backends.mkldnn.is_available()
-    ):
+    if not (bf16_cpu_matrix(weight) and torch.backends.mkldnn.is_available()):
         return TorchLinear(weight, bias)
     try:
         linear = OneDnnLinear(weight, bias)
