@@ -4,8 +4,9 @@
 engine starts (kernels/selection.py), and returns ``Kernels``: an attention backend
 (kernels/attention_backend.py: ``prepare`` a step's metadata, ``store_kv``,
 ``forward``) and ``KernelOps`` for everything else (RMSNorm, RoPE, SiLU-and-mul, linear
-layers packed once, the greedy pick). The model is built with them; nothing here
-depends on a per-call context or on the environment.
+layers packed once, the greedy pick). The model is built with them; no call depends
+on a per-call context, and the engine's settings come in as arguments (Triton's own
+TRITON_INTERPRET aside).
 
 Three families: the torch references (kernels/paged_attention.py, rms_norm.py,
 rotary.py, activation.py, greedy.py), the C++ kernels for CPU tensors (kernels/csrc,
