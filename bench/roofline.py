@@ -327,7 +327,7 @@ def matmul_only_seconds(shape: ModelShape, projections: list[dict[str, Any]], ba
 
 
 def blocks_needed(batch: int, context: int, block_size: int) -> int:
-    """KV blocks for ``batch`` sequences of context + 1 tokens (synthetic_inputs puts
+    """KV blocks for ``batch`` sequences of context + 1 tokens (runner.inputs.synthetic puts
     each sequence on its own blocks)."""
     return batch * -(-(context + 1) // block_size)
 
@@ -364,7 +364,7 @@ def time_decode_step(
         )
     model = runner.model
     with torch.inference_mode():
-        inputs = runner.synthetic_inputs([(context, 1)] * batch)
+        inputs = runner.inputs.synthetic([(context, 1)] * batch)
 
         def step() -> None:
             hidden = model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)

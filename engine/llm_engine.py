@@ -8,16 +8,13 @@ it, and each sequence's detokenizer turns new tokens into text.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import torch
 from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
@@ -29,13 +26,12 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest, InputPro
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.model_runner import ModelRunner
-from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
+from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
-from hetero_infer.kernels import Kernels, select_kernels
+from hetero_infer.engine.worker.model_runner import ModelRunner
 from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
@@ -53,11 +49,10 @@ class LLMEngine:
         if overrides:
             config = config.replace(**overrides)
         self.config = config
-        self.device = resolve_device(config.device)
         source = loader.resolve_model(config.model)
         self.model_config = ModelConfig.from_hf(loader.load_config(source))
-        self.dtype = _resolve_dtype(config.dtype, self.device)
-        self.model = self._load_model(source)
+        self.max_model_len = self._resolve_max_model_len()
+        self.runner = ModelRunner(config, self.model_config, source, self.max_model_len)
         if tokenizer is None or isinstance(tokenizer, str):
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
@@ -66,8 +61,6 @@ class LLMEngine:
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
         )
-        self.max_model_len = self._resolve_max_model_len()
-        self.runner = ModelRunner(config, self.model, self.device, self.dtype)
         capacity = self.runner.num_blocks * config.block_size
         if capacity < self.max_model_len:
             raise OutOfMemoryError(
@@ -111,28 +104,6 @@ class LLMEngine:
             capacity / self.max_model_len,
             self.max_model_len,
         )
-
-    def _load_model(self, source: loader.ModelSource) -> CausalLM:
-        started = time.monotonic()
-        kernels = self._select_kernels()
-        # Built without memory, then filled from the checkpoint: no random init.
-        with torch.device("meta"):
-            model = build_model(self.model_config, kernels)
-        model = model.to_empty(device=self.device).to(self.dtype)
-        model.load_weights(loader.load_state_dict(source, self.dtype))
-        model.pack_weights()
-        model.init_rope(self.device)
-        model.eval()
-        logger.info("loaded %s in %.1f s", source.path, time.monotonic() - started)
-        return model
-
-    def _select_kernels(self) -> Kernels:
-        try:
-            return select_kernels(
-                self.config.attention_backend, self.device, cpu_kernels=self.config.cpu_kernels
-            )
-        except ValueError as exc:  # a backend that cannot run here
-            raise ConfigError(str(exc)) from exc
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -324,31 +295,3 @@ class LLMEngine:
                         pending.discard(output.request_id)
                         bar.update(1)
         return [self.output_processor.pop_finished(request_id) for request_id in ids]
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available")
-    return torch.device(device)
-
-
-def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        # bf16 halves the bytes a decode step reads and doubles matmul throughput where
-        # the CPU computes in bf16; elsewhere bf16 is emulated and slower than fp32.
-        if device.type == "cpu" and not cpu_has_bf16():
-            return torch.float32
-        return torch.bfloat16
-    return getattr(torch, dtype)
-
-
-@functools.cache
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: assume not
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags

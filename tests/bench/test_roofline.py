@@ -146,12 +146,12 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory):
 
 def test_shape_matches_the_engine_model(tiny_engine) -> None:
     shape = ModelShape.from_config(tiny_engine.model_config)
-    params = sum(p.numel() for p in tiny_engine.model.parameters())
+    params = sum(p.numel() for p in tiny_engine.runner.model.parameters())
     assert shape.num_params == params
     # Tied embeddings: every parameter is read once by a decode step.
     assert step_cost(shape, 3, 21, 4).weight_bytes == params * 4
     proj = shape.layer_projections()
-    attn = tiny_engine.model.layers[0].self_attn
+    attn = tiny_engine.runner.model.layers[0].self_attn
     assert proj["qkv"] == (attn.qkv_proj.in_features, attn.qkv_proj.out_features)
 
 

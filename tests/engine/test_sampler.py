@@ -7,8 +7,8 @@ import torch
 from hetero_infer.engine.core.scheduler import schedule_entry
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import ScheduledSequence
-from hetero_infer.engine.sampler import Sampler, apply_top_k_top_p, process_logits
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.worker.sampler import Sampler, apply_top_k_top_p, process_logits
 
 
 def _row(

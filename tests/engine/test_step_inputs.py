@@ -1,4 +1,4 @@
-"""ModelRunner packs a step's chunks into tensors: checked token by token against the
+"""The input batcher packs a step's chunks into tensors: checked token by token against the
 definition of each field on random mixed steps."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import random
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine
+from hetero_infer.engine.worker.input_batch import Chunk
 
 from tests.tiny_models import save_tiny_model
 
@@ -28,10 +29,10 @@ def test_inputs_match_their_definition(runner, seed):
         new = rng.choice([1, rng.randint(1, 40)])
         table = rng.sample(range(256), -(-(start + new) // bs) + rng.randint(0, 2))
         ids = [rng.randrange(384) for _ in range(new)]
-        chunks.append((ids, start, table, rng.random() < 0.7))
-    if not any(c[3] for c in chunks):
-        chunks[0] = (*chunks[0][:3], True)
-    inputs = runner._build_inputs(chunks)
+        chunks.append(Chunk(ids, start, table, rng.random() < 0.7))
+    if not any(c.samples for c in chunks):
+        chunks[0] = chunks[0]._replace(samples=True)
+    inputs = runner.inputs.build(chunks)
     meta = inputs.meta
     ids, positions, slots, logits_rows = [], [], [], []
     for new_ids, start, table, samples in chunks:

@@ -73,7 +73,7 @@ def test_engine_without_the_cpu_kernels_gives_the_same_tokens(tmp_path):
             cpu_kernels=cpu_kernels,
         )
         engine = LLMEngine(config)
-        assert engine.model.kernels.attention.name == ("cpu" if cpu_kernels else "torch")
+        assert engine.runner.model.kernels.attention.name == ("cpu" if cpu_kernels else "torch")
         outputs.append([out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)])
     assert outputs[0] == outputs[1]
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hetero_infer import kernels
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.model_runner import DecodeGraphs
+from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.structured_output import allowed_tokens
+from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata, needs_processing
 from hetero_infer.kernels.greedy import greedy_pick_ref
 
 # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
@@ -47,19 +48,17 @@ class Sampler:
         model's raw distribution, which is what vLLM reports by default. The top
         logprobs map the chosen token and the row's ``logprobs`` best to theirs.
         """
-        params = [s.sampling_params for s in seqs]
-        if all(p.greedy and p.logprobs is None for p in params) and not needs_processing(seqs):
+        meta = SamplingMetadata.build(seqs, self.generators, logits.device)
+        if meta.all_plain_greedy:
             # The common case in one pass per row, on the model's own logits.
             tokens, chosen = self.greedy_pick(logits)
             return tokens.tolist(), chosen.tolist(), [None] * len(seqs)
         logits = process_logits(logits.float(), seqs)
         tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
-        if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
-            picked = self._sample(logits[rows], [seqs[i] for i in random_rows])
-            tokens[rows] = picked
-        if any(s.sampling_params.logprobs is not None for s in seqs):
+        if meta.random_rows:
+            rows = torch.tensor(meta.random_rows, device=logits.device)
+            tokens[rows] = self._sample(logits[rows], meta)
+        if any(k is not None for k in meta.num_logprobs):
             logprobs = torch.log_softmax(logits, dim=-1)
             chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
         else:
@@ -68,35 +67,20 @@ class Sampler:
             logprobs = None
             chosen = logits.gather(1, tokens[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
         token_list, chosen_list = tokens.tolist(), chosen.tolist()
-        return token_list, chosen_list, top_logprobs(logprobs, token_list, chosen_list, seqs)
+        tops = top_logprobs(logprobs, token_list, chosen_list, meta.num_logprobs)
+        return token_list, chosen_list, tops
 
-    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
-        device = logits.device
-        params = [s.sampling_params for s in seqs]
-        temperature = torch.tensor([p.temperature for p in params], device=device)
-        logits = logits / temperature[:, None]
-        logits = apply_top_k_top_p(
-            logits,
-            top_k=[p.top_k for p in params],
-            top_p=[p.top_p for p in params],
-        )
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """logits [num_random, vocab] of the random rows -> their picks."""
+        logits = logits / meta.temperature[:, None]
+        logits = apply_top_k_top_p(logits, top_k=meta.top_k, top_p=meta.top_p)
         probs = torch.softmax(logits, dim=-1)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = meta.min_p
         if bool((min_p > 0).any()):
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < threshold, 0.0)
-        generators = [self._generator(s) for s in seqs]
-        noise = self._exponential_noise(probs.shape, generators).to(probs.device)
+        noise = self._exponential_noise(probs.shape, meta.generators).to(probs.device)
         return (probs / noise).argmax(dim=-1)
-
-    def _generator(self, seq: ScheduledSequence) -> torch.Generator | None:
-        seed = seq.sampling_params.seed
-        if seed is None:
-            return None
-        generator = self.generators.get(seq.request_id)
-        if generator is None:
-            generator = self.generators[seq.request_id] = torch.Generator().manual_seed(seed)
-        return generator
 
     def _exponential_noise(
         self, shape: torch.Size, generators: list[torch.Generator | None]
@@ -114,13 +98,13 @@ def top_logprobs(
     logprobs: torch.Tensor | None,
     tokens: list[int],
     chosen: list[float],
-    seqs: list[ScheduledSequence],
+    ks: list[int | None],
 ) -> list[dict[int, float] | None]:
-    """Per row that asked: {chosen token: logprob, then the k most likely: theirs}.
-    ``logprobs`` (the rows' log-softmax) is None when no row asked."""
-    ks = [s.sampling_params.logprobs for s in seqs]
+    """Per row that asked (``ks``: how many top ones, None: not asked): {chosen token:
+    logprob, then the k most likely: theirs}. ``logprobs`` (the rows' log-softmax) is
+    None when no row asked."""
     if all(k is None for k in ks):
-        return [None] * len(seqs)
+        return [None] * len(ks)
     k_max = max(k or 0 for k in ks)
     top_values, top_ids = (
         logprobs.topk(k_max, dim=-1) if k_max else (logprobs[:, :0], logprobs[:, :0].long())
@@ -161,17 +145,6 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     remove[:, 0] = False  # the most likely token always stays
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-
-
-def needs_processing(seqs: list[ScheduledSequence]) -> bool:
-    """Whether any row has something for process_logits to do."""
-    return any(
-        s.grammar_bitmask is not None
-        or s.banned_token_ids
-        or s.sampling_params.logit_bias
-        or s.sampling_params.has_penalties
-        for s in seqs
-    )
 
 
 def process_logits(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:

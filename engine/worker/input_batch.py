@@ -1,0 +1,105 @@
+"""A step's model inputs: the scheduled chunks packed into tensors.
+
+This is the one place where the scheduler's Python lists become tensors: token ids,
+positions, slot mapping, block tables and context lengths, in one pass of numpy over
+all tokens (a Python loop runs per sequence, for its token ids and block table, never
+per token), handed to torch without copies on the CPU; the attention backend then
+makes its own metadata of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from hetero_infer.kernels import AttentionBackend, AttentionInputs
+
+
+class Chunk(NamedTuple):
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # the tokens computed
+    start: int  # the position of the first
+    block_table: list[int]
+    samples: bool  # whether its last token's logits are kept for sampling
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    meta: Any  # the attention backend's metadata for the step
+    logits_indices: torch.Tensor  # [num_sampled]: the last token of each sampling sequence
+
+
+class InputBatcher:
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        attention: AttentionBackend,
+        sliding_windows: set[int | None],
+    ) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.attention = attention
+        self.sliding_windows = sliding_windows
+
+    def build(self, chunks: list[Chunk]) -> ModelInputs:
+        bs = self.block_size
+        num_seqs = len(chunks)
+        query_lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, num_seqs)
+        starts = np.fromiter((c.start for c in chunks), np.int64, num_seqs)
+        query_start_loc = np.zeros(num_seqs + 1, np.int64)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        input_ids = np.fromiter(
+            itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64
+        )
+        # The sequence each token belongs to, and its absolute position there.
+        token_seq = np.repeat(np.arange(num_seqs), query_lens)
+        positions = np.arange(num_tokens) - (query_start_loc[:-1] - starts)[token_seq]
+        context_lens = starts + query_lens
+        max_context_len = int(context_lens.max())
+        max_blocks = -(-max_context_len // bs)
+        block_tables = np.zeros((num_seqs, max_blocks), np.int32)
+        for row, chunk in zip(block_tables, chunks, strict=True):
+            used = chunk.block_table[:max_blocks]
+            row[: len(used)] = used
+        slot_mapping = block_tables[token_seq, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        samples = np.fromiter((c.samples for c in chunks), bool, num_seqs)
+        logits_indices = query_start_loc[1:][samples] - 1
+
+        attention_inputs = AttentionInputs(
+            slot_mapping=self._tensor(slot_mapping),
+            block_tables=self._tensor(block_tables, torch.int32),
+            context_lens=self._tensor(context_lens, torch.int32),
+            query_start_loc=self._tensor(query_start_loc, torch.int32),
+            max_query_len=int(query_lens.max()),
+            max_context_len=max_context_len,
+        )
+        return ModelInputs(
+            input_ids=self._tensor(input_ids),
+            positions=self._tensor(positions),
+            meta=self.attention.prepare(attention_inputs, bs, self.sliding_windows),
+            logits_indices=self._tensor(logits_indices),
+        )
+
+    def synthetic(self, lengths: list[tuple[int, int]]) -> ModelInputs:
+        """Inputs for made-up sequences, one per (cached tokens, new tokens), on blocks
+        0, 1, 2, ... in order (for profiling, warm-up and checks; token ids are 0)."""
+        chunks: list[Chunk] = []
+        next_block = 0
+        for cached, new in lengths:
+            num_blocks = -(-(cached + new) // self.block_size)
+            table = list(range(next_block, next_block + num_blocks))
+            next_block += num_blocks
+            chunks.append(Chunk([0] * new, cached, table, True))
+        return self.build(chunks)
+
+    def _tensor(self, values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.from_numpy(values).to(self.device, dtype, non_blocking=True)

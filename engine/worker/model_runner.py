@@ -1,0 +1,164 @@
+"""ModelRunner: owns the model and the KV cache; runs one scheduled step.
+
+Built the way nano-vllm builds its runner, in order: load the model on its device,
+size and allocate the KV cache, capture decode graphs. A step is block copies, one
+forward pass for every scheduled sequence, prompt logprobs, last-token logits and
+sampling; it reads only the scheduler's plain output and returns a plain
+ModelRunnerOutput, so it never changes a request (and may run in any thread).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from hetero_infer.engine import loader
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.core.step_data import (
+    EMPTY_RUNNER_OUTPUT,
+    ModelRunnerOutput,
+    SampledToken,
+    SchedulerOutput,
+)
+from hetero_infer.engine.exceptions import OutOfMemoryError
+from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
+from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
+from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
+from hetero_infer.engine.worker.model_loader import (
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    select_model_kernels,
+)
+from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
+from hetero_infer.engine.worker.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        source: loader.ModelSource,
+        max_model_len: int,
+    ) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        kernels = select_model_kernels(config, self.device)
+        self.model = load_model(source, model_config, kernels, self.device, self.dtype)
+        self.attention = kernels.attention
+        self.max_model_len = max_model_len
+        self.block_size = config.block_size
+        self.inputs = InputBatcher(
+            config.block_size, self.device, self.attention, self.model.sliding_windows
+        )
+        self.sampler = Sampler(config.seed, kernels.ops.greedy_pick)
+        # (block_size, num_kv_heads, head_dim)
+        self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
+        self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, self.dtype)
+        self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
+        self.kv_cache = KVCache(
+            self.model.num_layers,
+            self.num_blocks,
+            config.num_cpu_blocks,
+            self.block_shape,
+            self.dtype,
+            self.device,
+        )
+        self.kv_caches = self.kv_cache.layers
+        self.graphs: DecodeGraphs | None = None
+        # Graphs are only ever used on CUDA, with a backend whose metadata they can hold.
+        graphs_fit = self.device.type == "cuda" and self.attention.supports_cuda_graphs
+        if not config.enforce_eager and graphs_fit:
+            self.graphs = DecodeGraphs.capture(self)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run a scheduled step: block copies, one forward pass, prompt logprobs and
+        sampling."""
+        self.sampler.forget(out.finished)
+        if out.is_empty:
+            return EMPTY_RUNNER_OUTPUT
+        self.kv_cache.copy_blocks(out)
+        inputs = self.inputs.build(
+            [Chunk(s.token_ids, s.start, s.block_table, s.samples) for s in out.scheduled]
+        )
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        prompt = prompt_logprobs(self.model, out.scheduled, hidden)
+        sampling = [s for s in out.scheduled if s.samples]
+        if not sampling:
+            return ModelRunnerOutput({}, prompt)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        tokens, logprobs, tops = self.sampler(logits, sampling)
+        sampled = {
+            s.request_id: SampledToken(token, logprob, top)
+            for s, token, logprob, top in zip(sampling, tokens, logprobs, tops, strict=True)
+        }
+        return ModelRunnerOutput(sampled, prompt)
+
+    # ---- sizing the KV cache ----
+
+    def _blocks_from_budget(self) -> int:
+        config = self.config
+        if self.device.type == "cuda":
+            # What the largest step needs on top of the weights, measured, then what
+            # the device holds now (weights, CUDA context, other processes).
+            activations = self._profile_step_memory()
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = int(total * config.gpu_memory_utilization) - used - activations
+            logger.info(
+                "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
+                "%.2f GiB for the KV cache",
+                used / 2**30,
+                activations / 2**30,
+                config.max_num_batched_tokens,
+                max(budget, 0) / 2**30,
+                total / 2**30,
+            )
+        else:
+            budget = config.kv_cache_memory
+        num_blocks = budget // self.bytes_per_block
+        if num_blocks < 1:
+            raise OutOfMemoryError(
+                f"no memory left for the KV cache (budget {budget} bytes, one block needs "
+                f"{self.bytes_per_block}); raise kv_cache_memory or gpu_memory_utilization"
+            )
+        return int(num_blocks)
+
+    @torch.inference_mode()
+    def _profile_step_memory(self) -> int:
+        """Peak bytes allocated by the largest step: a forward pass over
+        max_num_batched_tokens prompt tokens, and logits for max_num_seqs of them. The
+        throwaway KV cache it writes to is not counted."""
+        num_tokens = self.config.max_num_batched_tokens
+        seq_len = min(num_tokens, self.max_model_len)
+        lens = [seq_len] * (num_tokens // seq_len)
+        if num_tokens % seq_len:
+            lens.append(num_tokens % seq_len)
+        num_blocks = sum(-(-n // self.block_size) for n in lens)
+        cache = torch.zeros(
+            (self.model.num_layers, 2, num_blocks, *self.block_shape),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        inputs = self.inputs.synthetic([(0, n) for n in lens])
+        hidden = self.model(inputs.input_ids, inputs.positions, layer_caches(cache), inputs.meta)
+        rows = min(self.config.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:rows])
+        logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del cache, inputs, hidden, logits
+        return peak
