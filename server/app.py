@@ -92,7 +92,7 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         async for _ in state.engine.generate(warmup):
             pass
         state.ready = True
-        logger.info("ready to serve %s", state.settings.model_name)
+        logger.info("ready to serve %s", ", ".join(state.settings.model_names))
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
