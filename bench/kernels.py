@@ -9,12 +9,26 @@ Decode attention and RMSNorm are memory-bound: the figure of merit is achieved G
 spec (memory clock x bus width, where torch reports them) and a measured
 device-to-device copy. Times are medians from triton.testing.do_bench (L2 flushed).
 Exits with a message, and status 2, where no CUDA GPU is present.
+
+    python -m bench.kernels --cpu-linear         # the CPU's linear kernels, no GPU needed
+    python -m bench.kernels --cpu-linear --qtypes Q4_1 --rows 1,64 --threads 2
+
+``--cpu-linear`` times the quantized linear kernel (kernels/csrc/quantized_linear_cpu.cpp)
+per GGUF type against the bf16 kernel (``linear_packed``) on SmolLM2-135M's projections
+(merged qkv, o, merged gate_up, down) in all 30 layers, each layer its own copy of the
+weights as in a decode step, so that they stream from memory (tens of MB, past the
+caches). The K-quants (Q4_K, Q6_K) hold only rows of a multiple of 256 values: they
+run the down projections alone ("down"), against bf16 on the same. Per row count: the
+pass's time (fastest of ``--repeats``, which a shared machine disturbs least; and the
+median), GB/s of weight bytes (the figure of merit at 1 row; torch's sum over 1 GiB
+is printed beside) and GFLOP/s (at many rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,6 +170,174 @@ def _row(
     }
 
 
+# ---- the CPU's linear kernels ----
+
+# SmolLM2-135M's projections (out, in), as the engine merges them, and its layers.
+SMOLLM2_PROJECTIONS = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+SMOLLM2_LAYERS = 30
+# Copies of a layer's weights past 30 where 30 are less than this (the K-quants' down
+# projections: 15 MB), so that no pass finds the previous one's in the caches.
+CPU_FLUSH_BYTES = 128 << 20
+
+
+def cpu_read_bandwidth(repeats: int) -> float:
+    """GB/s of the fastest of ``repeats`` sums over 1 GiB of fp32 (far past the caches)."""
+    src = torch.ones(2**28, dtype=torch.float32)  # filled: no page faults while timed
+    return src.numel() * 4 / min(_cpu_times(src.sum, repeats)) / 1e9
+
+
+def _cpu_times(fn: Any, repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` runs of fn() after one untimed one."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def cpu_projections(kind: str) -> tuple[tuple[int, int], ...]:
+    """The SmolLM2 projections a type can hold: the K-quants' 256-value super-blocks
+    need in_features % 256 == 0, which only the down projection (1536) has (a GGUF
+    file of SmolLM2 stores the others in another type)."""
+    if kind in ("Q4_K", "Q6_K"):
+        return tuple((n, k) for n, k in SMOLLM2_PROJECTIONS if k % 256 == 0)
+    return SMOLLM2_PROJECTIONS
+
+
+def gguf_blocks(kind: str, n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """uint8 [n, row bytes] of a GGUF type: random floats quantized by gguf-py, or for
+    the K-quants (which gguf-py does not quantize) random bytes with small fp16 d."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind not in ("Q4_K", "Q6_K"):
+        values = torch.randn(n, k, generator=generator).numpy()
+        return torch.from_numpy(gguf.quants.quantize(values, qtype))
+    block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
+    data = torch.randint(
+        0, 256, (n, k // 256 * block_bytes), dtype=torch.uint8, generator=generator
+    )
+    blocks = data.view(n, k // 256, block_bytes)
+    start = 0 if kind == "Q4_K" else 208  # Q4_K: d, dmin first; Q6_K: d last
+    halves = torch.rand(n, k // 256, 2 if kind == "Q4_K" else 1, generator=generator) * 0.01
+    blocks[..., start : start + halves.shape[-1] * 2] = halves.half().view(torch.uint8)
+    return data
+
+
+def cpu_linear_layers(
+    kind: str, module: Any, projections: tuple[tuple[int, int], ...]
+) -> tuple[list[Any], int]:
+    """(one callable x -> y per projection of every layer, in the order a step runs
+    them; their weights' bytes) for ``kind``: "bf16" (linear_packed) or a GGUF type.
+    Every layer (30, or more: CPU_FLUSH_BYTES) gets its own copy of the packed weights
+    (random values)."""
+    generator = torch.Generator().manual_seed(0)
+    if kind == "bf16":
+        packed = [
+            module.pack_linear_weight(torch.randn(n, k, generator=generator).bfloat16())
+            for n, k in projections
+        ]
+
+        def bind(weight: torch.Tensor) -> Any:
+            return lambda x: module.linear_packed(x, weight, None)
+    else:
+        packed = [
+            module.pack_quantized_weight(gguf_blocks(kind, n, k, generator), kind)
+            for n, k in projections
+        ]
+
+        def bind(weight: torch.Tensor) -> Any:
+            return lambda x: module.quantized_linear(x, weight, kind, None)
+
+    layer_bytes = sum(p.numel() * p.element_size() for p in packed)
+    copies = max(SMOLLM2_LAYERS, -(-CPU_FLUSH_BYTES // layer_bytes))
+    calls = [bind(p.clone()) for _ in range(copies) for p in packed]
+    return calls, copies * layer_bytes
+
+
+def bench_cpu_linear(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+
+    module = load_cpu_kernels()
+    if module is None or not module.linear_packed_available():
+        raise SystemExit("--cpu-linear needs the CPU kernels built with AVX512-BF16")
+    qtypes = args.qtypes if module.quantized_linear_available() else []
+    results = []
+    # bf16 first on each set of projections, the types that hold that set after it.
+    for projections in dict.fromkeys(cpu_projections(kind) for kind in qtypes or ["bf16"]):
+        kinds = ["bf16"] + [kind for kind in qtypes if cpu_projections(kind) == projections]
+        results += bench_cpu_linear_kinds(module, kinds, projections, args)
+    return results
+
+
+def bench_cpu_linear_kinds(
+    module: Any,
+    kinds: list[str],
+    projections: tuple[tuple[int, int], ...],
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    shapes = "all" if projections == SMOLLM2_PROJECTIONS else "down"
+    rows_out, bf16_rate = [], {}  # bf16's GFLOP/s per row count (copies may differ)
+    for kind in kinds:
+        calls, nbytes = cpu_linear_layers(kind, module, projections)
+        layers = len(calls) // len(projections)
+        inputs = [k for _, k in projections] * layers  # each call's in_features
+        flops_per_row = 2 * layers * sum(n * k for n, k in projections)
+        for rows in args.rows:
+            xs = {k: torch.randn(rows, k).bfloat16() for k in set(inputs)}
+
+            def step(
+                calls: list[Any] = calls,
+                xs: dict[int, torch.Tensor] = xs,
+                inputs: list[int] = inputs,
+            ) -> None:
+                for call, k in zip(calls, inputs, strict=True):
+                    call(xs[k])
+
+            times = _cpu_times(step, args.repeats)
+            best, median = min(times), statistics.median(times)
+            rate = flops_per_row * rows / best / 1e9
+            if kind == "bf16":
+                bf16_rate[rows] = rate
+            rows_out.append(
+                {
+                    "kernel": kind,
+                    "projections": shapes,
+                    "rows": rows,
+                    "best_ms": best * 1e3,
+                    "median_ms": median * 1e3,
+                    "weight_bytes": nbytes,
+                    "gb_per_s": nbytes / best / 1e9,
+                    "gb_per_s_median": nbytes / median / 1e9,
+                    "gflop_per_s": rate,
+                    "speedup_vs_bf16": rate / bf16_rate[rows],
+                }
+            )
+        del calls
+    return rows_out
+
+
+def print_cpu_linear(rows: list[dict[str, Any]], read_gbps: float) -> None:
+    # torch's sum is no bandwidth test of its own: the kernels, which ask for the
+    # weights ahead of use, read faster.
+    print(f"torch's sum over 1 GiB of fp32: {read_gbps:.1f} GB/s")
+    print(
+        f"{'kernel':<6} {'shapes':<6} {'rows':>5} {'best ms':>8} {'median ms':>10} "
+        f"{'weight MB':>10} {'GB/s':>6} {'GFLOP/s':>8} {'vs bf16':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['kernel']:<6} {r['projections']:<6} {r['rows']:>5} {r['best_ms']:>8.2f} "
+            f"{r['median_ms']:>10.2f} "
+            f"{r['weight_bytes'] / 1e6:>10.1f} {r['gb_per_s']:>6.1f} {r['gflop_per_s']:>8.0f} "
+            f"{r['speedup_vs_bf16']:>7.2f}x"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -169,7 +351,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--cpu-linear", action="store_true", help="the CPU's linear kernels instead (no GPU)"
+    )
+    parser.add_argument(
+        "--qtypes",
+        type=lambda t: t.split(","),
+        default="Q8_0,Q4_0,Q4_1,Q4_K,Q6_K",
+        help="--cpu-linear: GGUF types",
+    )
+    parser.add_argument(
+        "--rows", type=parse_ints, default="1,16,128,512", help="--cpu-linear: rows of x"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="--cpu-linear: torch threads")
+    parser.add_argument("--repeats", type=int, default=10, help="--cpu-linear: timed passes")
     args = parser.parse_args(argv)
+
+    if args.cpu_linear:
+        torch.set_num_threads(args.threads)
+        read_gbps = cpu_read_bandwidth(args.repeats)
+        rows = bench_cpu_linear(args)
+        print_cpu_linear(rows, read_gbps)
+        if args.json:
+            result = {"read_gb_per_s": read_gbps, "threads": args.threads, "results": rows}
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        return 0
 
     if not torch.cuda.is_available():
         print(

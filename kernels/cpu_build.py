@@ -27,6 +27,7 @@ SOURCES = (
     "prefill_attention_cpu.cpp",
     "elementwise_cpu.cpp",
     "linear_cpu.cpp",
+    "quantized_linear_cpu.cpp",
     "greedy_cpu.cpp",
 )
 # Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so

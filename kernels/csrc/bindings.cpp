@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
@@ -20,6 +21,10 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated);
+bool quantized_linear_available();
+at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype);
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
+                            const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
@@ -47,5 +52,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a merged gate_up weight in linear_packed's gated panels");
   m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false);
+  m.def("quantized_linear_available", &quantized_linear_available,
+        "whether quantized_linear was built (AVX512-VNNI, -BW and -BF16)");
+  m.def("pack_quantized_weight", &pack_quantized_weight,
+        "a GGUF weight's blocks [N, row_bytes] in quantized_linear's panels",
+        py::arg("data"), py::arg("qtype"));
+  m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed GGUF-quantized weight",
+        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"));
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
 }

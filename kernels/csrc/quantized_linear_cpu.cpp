@@ -1,0 +1,643 @@
+// y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), on
+// AVX512-VNNI: a decode step streams 0.56-1.06 bytes per weight instead of bf16's 2.
+//
+// Each call first quantizes x to int8 per block of 32 values (scale amax / 127, as
+// llama.cpp quantizes its activations). The weights' values are small unsigned
+// integers (nibbles, Q6_K's 6 bits, Q8_0's int8 plus 128), so one VPDPBUSD multiplies
+// 64 weight bytes (unsigned) by one broadcast word of 4 activation bytes (signed) and
+// adds into 16 int32 lanes, one output each. Per block (Q6_K: per 16 values) the int
+// sum becomes fp32: times weight scale x activation scale, its start being minus the
+// values' offset (Q4_0 8, Q8_0 128, Q6_K 32) times the activations' int sum; the
+// types with mins (Q4_1, Q4_K) add min x the activations' sum. Against unquantized
+// activations the int8 rounding costs ~0.5% relative error (a step of amax / 127).
+//
+// Why int8 and not tiles of the weight dequantized to bf16 for linear_packed's dot
+// instruction: one VPDPBUSD is 64 multiply-adds where VDPBF16PS is 32, and in cache,
+// at 64-512 rows, one core (Zen 5) ran 750-800 GOP/s on Q8_0 and Q4_0, 700 on Q4_1,
+// 670 on Q4_K and 510 on Q6_K (whose 6-bit unpacking and two scales per block cost
+// more) where the bf16 kernel ran 550 GFLOP/s: a dequantizing kernel, bounded by the
+// bf16 rate, would be slower for every type but maybe Q6_K, and that only by ~10%. At
+// 1 row all are bound by memory; there the per-call costs (the fork of a second
+// thread: ~2.5 us; quantizing x) weigh most on the small 4-bit weights.
+//
+// Layout (pack_quantized_weight): panels of 16 outputs, per block of 32 values their
+// words of 4 values for the 16 lanes, then the blocks' scales, then the super-blocks'.
+// Tiles: up to 8 rows x 1 panel for few rows, else 6 rows x 2 panels (24 of the 32
+// registers hold sums); each weight word is loaded and unpacked once per tile for all
+// its rows. A thread walks its run of panels in memory order and asks for the step
+// after next while it multiplies one.
+//
+// Measured (python -m bench.kernels --cpu-linear: SmolLM2-135M's projections, 2
+// threads, weights streamed from memory, a shared 2-core machine): at 1 row Q8_0 1.9x
+// the bf16 kernel's speed, Q4_0 / Q4_1 2.9x, Q4_K 2.6x, Q6_K 2.4x (42-52 GB/s of
+// weights, bf16 52-56); at 128-512 rows Q8_0 and Q4_0 1.4-1.5x, Q4_1 1.3-1.4x, Q4_K
+// 1.2x, Q6_K 0.9x (1.0-1.5 TFLOP/s, i.e. int8 TOP/s).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define QUANTIZED_LINEAR_BUILT 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kPanel = 16;   // outputs per panel: one int32 lane each
+constexpr int64_t kBlock = 32;   // values per block of activations, and of weights' scales
+constexpr int64_t kSuper = 256;  // values per K-quant super-block
+constexpr int64_t kBlocksPerSuper = kSuper / kBlock;
+constexpr int64_t kQuantizeGrain = 16;  // activation rows per task
+// A thread's least share of a call, in weight bytes x rows: below it, waking the
+// other thread costs more than it saves (at 1 row, a 192 x 576 Q4_1 weight ran
+// alone 5% faster; SmolLM2's merged projections all split).
+constexpr int64_t kMinThreadWork = 128 << 10;
+
+enum class QType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K };
+
+QType parse_qtype(const std::string& name) {
+  if (name == "Q8_0") return QType::Q8_0;
+  if (name == "Q4_0") return QType::Q4_0;
+  if (name == "Q4_1") return QType::Q4_1;
+  if (name == "Q4_K") return QType::Q4_K;
+  if (name == "Q6_K") return QType::Q6_K;
+  TORCH_CHECK(false, "quantized_linear does not take ", name);
+}
+
+constexpr bool is_k_quant(QType t) { return t == QType::Q4_K || t == QType::Q6_K; }
+// One block of one row in the file: its values, its bytes.
+constexpr int64_t file_block_values(QType t) { return is_k_quant(t) ? kSuper : kBlock; }
+constexpr int64_t file_block_bytes(QType t) {
+  switch (t) {
+    case QType::Q8_0: return 34;   // fp16 d, 32 int8
+    case QType::Q4_0: return 18;   // fp16 d, 16 bytes of nibbles
+    case QType::Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles
+    case QType::Q4_K: return 144;  // fp16 d, fp16 dmin, 12 of scales and mins, 128 of nibbles
+    default: return 210;           // Q6_K: 128 of low nibbles, 64 of 2-bit highs, 16 scales, d
+  }
+}
+// Per 32 values of a panel's 16 outputs: the values' bytes (Q8_0 a byte each, Q6_K a
+// nibble plus 2 bits, the others a nibble) and their scales' (see pack_quantized_weight).
+constexpr int64_t value_bytes(QType t) {
+  return t == QType::Q8_0 ? 512 : t == QType::Q6_K ? 384 : 256;
+}
+constexpr int64_t block_factor_bytes(QType t) { return t == QType::Q4_1 ? 64 : 32; }
+// Per 256 values of a panel's 16 outputs (K-quants): the super-block's fp16 scales.
+constexpr int64_t super_factor_bytes(QType t) {
+  return t == QType::Q4_K ? 64 : t == QType::Q6_K ? 32 : 0;
+}
+// value = d q + m: the dot product also needs the activations' sum, times m.
+constexpr bool has_min(QType t) { return t == QType::Q4_1 || t == QType::Q4_K; }
+// Scales per 32 values (Q6_K has one per 16).
+constexpr int groups(QType t) { return t == QType::Q6_K ? 2 : 1; }
+// What the stored unsigned values are offset by: sum (q - c) x = sum q x - c sum x.
+constexpr int32_t value_offset(QType t) {
+  return t == QType::Q8_0 ? 128 : t == QType::Q4_0 ? 8 : t == QType::Q6_K ? 32 : 0;
+}
+
+// Packed bytes per output of k inputs: the file's (Q4_K: 148 per 256 values, not 144).
+int64_t packed_row_bytes(QType t, int64_t k) {
+  return k / kBlock * (value_bytes(t) + block_factor_bytes(t)) / kPanel +
+         k / kSuper * super_factor_bytes(t) / kPanel;
+}
+
+// One file block of one row, decoded: each value as the kernel multiplies it (Q8_0's
+// int8 plus 128, Q6_K's 6 bits, the others' 4 bits) and the fp16 bits / small ints of
+// its scales.
+struct Decoded {
+  uint8_t q[kSuper];
+  uint16_t d, m;       // Q8_0/Q4_0/Q4_1: scale and (Q4_1) min; K-quants: d and (Q4_K) dmin
+  uint8_t scale[16];   // Q4_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16
+  uint8_t min[8];      // Q4_K: 6-bit min per 32 values
+};
+
+void decode(QType t, const uint8_t* block, Decoded& out) {
+  switch (t) {
+    case QType::Q8_0:
+      std::memcpy(&out.d, block, 2);
+      for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[2 + i] ^ 0x80);
+      break;
+    case QType::Q4_0:
+    case QType::Q4_1: {
+      const uint8_t* nibbles = block + (t == QType::Q4_1 ? 4 : 2);
+      std::memcpy(&out.d, block, 2);
+      if (t == QType::Q4_1) std::memcpy(&out.m, block + 2, 2);
+      for (int i = 0; i < 16; ++i) {
+        out.q[i] = nibbles[i] & 0x0F;
+        out.q[i + 16] = nibbles[i] >> 4;
+      }
+      break;
+    }
+    case QType::Q4_K: {  // d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+      std::memcpy(&out.d, block, 2);
+      std::memcpy(&out.m, block + 2, 2);
+      const uint8_t* s = block + 4;
+      for (int j = 0; j < 4; ++j) {
+        out.scale[j] = s[j] & 63;
+        out.min[j] = s[j + 4] & 63;
+        out.scale[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
+        out.min[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+      }
+      const uint8_t* qs = block + 16;  // 32 bytes per 64 values: low nibbles, then high
+      for (int p = 0; p < 4; ++p) {
+        for (int i = 0; i < 32; ++i) {
+          out.q[64 * p + i] = qs[32 * p + i] & 0x0F;
+          out.q[64 * p + 32 + i] = qs[32 * p + i] >> 4;
+        }
+      }
+      break;
+    }
+    case QType::Q6_K: {  // 128 bytes of low nibbles, 64 of 2-bit highs, 16 scales, d
+      const uint8_t *ql = block, *qh = block + 128;
+      std::memcpy(out.scale, block + 192, 16);
+      std::memcpy(&out.d, block + 208, 2);
+      for (int h = 0; h < 2; ++h) {  // halves of 128 values
+        for (int v = 0; v < 128; ++v) {
+          const int low = (ql[64 * h + v % 64] >> (4 * (v / 64))) & 0x0F;
+          const int high = (qh[32 * h + v % 32] >> (2 * (v / 32))) & 0x03;
+          out.q[128 * h + v] = static_cast<uint8_t>(low | high << 4);
+        }
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+bool quantized_linear_available() {
+#if defined(QUANTIZED_LINEAR_BUILT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// data uint8 [N, row_bytes] (each row its file blocks), N % 16 == 0 -> uint8
+// [N / 16, panel bytes]: panel p holds outputs 16p .. 16p + 15 in three parts.
+//
+// Values, per block of 32: [words][16 outputs][4 bytes], so that one 64-byte load
+// gives each of the 16 int32 lanes one output's 4 bytes.
+//   Q8_0: 8 words, word w = values 4w .. 4w + 3 plus 128 (unsigned bytes).
+//   4-bit: 4 words of nibbles, word w = values 4w .. 4w + 3 in the low nibbles and
+//     16 + 4w .. 16 + 4w + 3 in the high ones (Q4_0/Q4_1: the file's bytes 4w .. 4w + 3).
+//   Q6_K: the low 4 bits as the 4-bit types, then two words of the top 2 bits: byte t
+//     of the first holds those of values 4w + t (w = 0..3) at bits 2w, 2w + 1; the
+//     second those of values 16 + 4w + t.
+// Block factors, per block of 32, [16 outputs] each: Q8_0/Q4_0: fp16 scale; Q4_1:
+//   fp16 scale, then fp16 min; Q4_K: 6-bit scale, then 6-bit min, a byte each; Q6_K:
+//   the two int8 scales of its halves.
+// Super-block factors (K-quants), per 256 values: Q4_K: fp16 d, then fp16 dmin;
+//   Q6_K: fp16 d.
+// The same bytes as the file's (Q4_K: 148 per 256 values, not 144: its 6-bit scales
+// take a byte each).
+at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype) {
+  const QType t = parse_qtype(qtype);
+  TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kByte, "data [N, row_bytes] uint8");
+  const int64_t n = data.size(0), row_bytes = data.size(1), fb = file_block_bytes(t);
+  TORCH_CHECK(n % kPanel == 0, "N must be a multiple of 16");
+  TORCH_CHECK(row_bytes % fb == 0, "row_bytes must be whole ", qtype, " blocks");
+  const int64_t k = row_bytes / fb * file_block_values(t), blocks = k / kBlock;
+  auto src_t = data.contiguous();
+  const int64_t panel_bytes = kPanel * packed_row_bytes(t, k);
+  auto packed = at::zeros({n / kPanel, panel_bytes}, data.options());
+  const uint8_t* src = src_t.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const int64_t vb = value_bytes(t), bfb = block_factor_bytes(t), sfb = super_factor_bytes(t);
+  at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
+    Decoded dec;
+    for (int64_t p = begin; p < end; ++p) {
+      uint8_t* values = dst + p * panel_bytes;
+      uint8_t* block_factors = values + blocks * vb;
+      uint8_t* super_factors = block_factors + blocks * bfb;
+      for (int64_t j = 0; j < kPanel; ++j) {
+        const uint8_t* row = src + (p * kPanel + j) * row_bytes;
+        for (int64_t f = 0; f < row_bytes / fb; ++f) {
+          decode(t, row + f * fb, dec);
+          const int64_t first = f * file_block_values(t) / kBlock;  // its first block of 32
+          if (is_k_quant(t)) {
+            uint16_t* s = reinterpret_cast<uint16_t*>(super_factors + f * sfb);
+            s[j] = dec.d;
+            if (t == QType::Q4_K) s[kPanel + j] = dec.m;
+          }
+          for (int64_t i = 0; i < file_block_values(t) / kBlock; ++i) {
+            const uint8_t* q = dec.q + i * kBlock;
+            const int64_t b = first + i;
+            uint8_t* v = values + b * vb;
+            uint8_t* bf = block_factors + b * bfb;
+            if (t == QType::Q8_0) {
+              for (int w = 0; w < 8; ++w) std::memcpy(v + (w * kPanel + j) * 4, q + 4 * w, 4);
+            } else {
+              for (int w = 0; w < 4; ++w) {
+                for (int c = 0; c < 4; ++c) {
+                  const int low = q[4 * w + c] & 0x0F, high = q[16 + 4 * w + c] & 0x0F;
+                  v[(w * kPanel + j) * 4 + c] = static_cast<uint8_t>(low | high << 4);
+                }
+              }
+            }
+            if (t == QType::Q6_K) {
+              for (int g = 0; g < 2; ++g) {
+                for (int c = 0; c < 4; ++c) {
+                  uint8_t highs = 0;
+                  for (int w = 0; w < 4; ++w) highs |= (q[16 * g + 4 * w + c] >> 4) << (2 * w);
+                  v[4 * 64 + g * 64 + j * 4 + c] = highs;
+                }
+                bf[g * kPanel + j] = dec.scale[2 * i + g];
+              }
+            } else if (t == QType::Q4_K) {
+              bf[j] = dec.scale[i];
+              bf[kPanel + j] = dec.min[i];
+            } else {
+              uint16_t* s = reinterpret_cast<uint16_t*>(bf);
+              s[j] = dec.d;
+              if (t == QType::Q4_1) s[kPanel + j] = dec.m;
+            }
+          }
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+#if defined(QUANTIZED_LINEAR_BUILT)
+namespace {
+
+// The activations quantized per block of 32: int8 values and, per row and block, the
+// fp32 scale, per half block the int32 added to a scale group's int sum before
+// scaling (minus the weights' offset times the values' sum: one group per block but
+// Q6_K's two, the second then 0), and for the types with mins, scale times the
+// values' sum.
+struct Activations {
+  const int8_t* values;   // [M, K]
+  const float* scale;     // [M, blocks]
+  const int32_t* offset;  // [M, blocks, 2]
+  const float* sum;       // [M, blocks]
+  int64_t k, blocks;
+};
+
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const at::BFloat16* x) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// One row: q = round-half-even(x * (127 / amax)) per block, scale amax / 127.
+// 127 / amax is one IEEE division (the intrinsic, which -ffast-math does not turn into
+// a reciprocal), so that kernels/linear_quantized.py's reference (quantize_activations)
+// rounds to the same integers.
+template <typename scalar_t>
+void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, float* scale,
+                  int32_t* offset, float* sum) {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const int32_t c = -value_offset(t);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512 lo = load16(x + b * kBlock), hi = load16(x + b * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_and_ps(lo, magnitude), _mm512_and_ps(hi, magnitude)));
+    const float inv =
+        amax > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(127.f), _mm_set_ss(amax))) : 0.f;
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock), _mm512_cvtepi32_epi8(qlo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16), _mm512_cvtepi32_epi8(qhi));
+    const int32_t s_lo = _mm512_reduce_add_epi32(qlo), s_hi = _mm512_reduce_add_epi32(qhi);
+    scale[b] = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(amax), _mm_set_ss(127.f)));
+    offset[2 * b] = groups(t) == 2 ? c * s_lo : c * (s_lo + s_hi);
+    offset[2 * b + 1] = groups(t) == 2 ? c * s_hi : 0;
+    sum[b] = scale[b] * static_cast<float>(s_lo + s_hi);
+  }
+}
+
+inline void store16(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
+inline void store16(at::BFloat16* out, __m512 v) {  // round to nearest even
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+inline __m512 load_fp16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m128i load16_bytes(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+inline __m512 load_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(load16_bytes(p)));
+}
+inline __m512 load_i8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16_bytes(p)));
+}
+
+// The 16 outputs' weight scale of scale group g of block b, in fp32 (K-quants: the
+// super-block's d times the group's small integer scale: exact in fp32).
+template <QType T>
+inline __m512 weight_scale(const uint8_t* block_factors, const uint8_t* super_factors, int64_t b,
+                           int g) {
+  const uint8_t* bf = block_factors + b * block_factor_bytes(T);
+  if constexpr (T == QType::Q4_K || T == QType::Q6_K) {
+    const __m512 d = load_fp16(super_factors + b / kBlocksPerSuper * super_factor_bytes(T));
+    return _mm512_mul_ps(T == QType::Q4_K ? load_u8(bf) : load_i8(bf + g * kPanel), d);
+  } else {
+    return load_fp16(bf);
+  }
+}
+
+// The 16 outputs' min of block b: Q4_1's fp16 m; Q4_K's -dmin times its 6-bit min.
+template <QType T>
+inline __m512 weight_min(const uint8_t* block_factors, const uint8_t* super_factors, int64_t b) {
+  const uint8_t* bf = block_factors + b * block_factor_bytes(T);
+  if constexpr (T == QType::Q4_K) {
+    const __m512 dmin = load_fp16(super_factors + b / kBlocksPerSuper * super_factor_bytes(T) + 32);
+    return _mm512_mul_ps(load_u8(bf + kPanel), _mm512_sub_ps(_mm512_setzero_ps(), dmin));
+  } else {
+    return load_fp16(bf + 32);
+  }
+}
+
+// Q6_K's 6-bit values of word w (of 4): `low` (the low 4 bits, isolated) or'd with
+// the top 2 bits, moved from bits 2w, 2w + 1 of the word of highs to bits 4, 5 (the
+// 16-bit shifts move bits across bytes only outside those two, which the mask drops).
+inline __m512i q6_values(__m512i low, __m512i highs, int w) {
+  const __m512i mask = _mm512_set1_epi8(0x30);
+  const __m512i moved = w == 0 ? _mm512_slli_epi16(highs, 4)
+                        : w == 1 ? _mm512_slli_epi16(highs, 2)
+                        : w == 2 ? highs
+                                 : _mm512_srli_epi16(highs, 2);
+  return _mm512_ternarylogic_epi32(moved, mask, low, 0xEA);  // (moved & mask) | low
+}
+
+// ROWS rows of the activations from row0 times PANELS adjacent panels -> ROWS x
+// (16 x PANELS) outputs. Per scale group: int32 dot products of 4 values per lane
+// (VNNI), then scaled into fp32 sums. `ahead` (or null): panels to ask for meanwhile.
+template <QType T, int ROWS, int PANELS, typename out_t>
+inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* panel,
+                          int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
+                          int64_t out_stride) {
+  const int64_t blocks = a.blocks;
+  const int32_t* x[ROWS];  // rows as words of 4 int8 values
+  const float* x_scale[ROWS];
+  const int32_t* x_offset[ROWS];
+  const float* x_sum[ROWS];
+  __m512 acc[ROWS][PANELS];
+  for (int r = 0; r < ROWS; ++r) {
+    x[r] = reinterpret_cast<const int32_t*>(a.values + (row0 + r) * a.k);
+    x_scale[r] = a.scale + (row0 + r) * blocks;
+    x_offset[r] = a.offset + (row0 + r) * blocks * 2;
+    x_sum[r] = a.sum + (row0 + r) * blocks;
+    for (int j = 0; j < PANELS; ++j) {
+      acc[r][j] = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
+    }
+  }
+  const uint8_t* block_factors[PANELS];
+  const uint8_t* super_factors[PANELS];
+  for (int j = 0; j < PANELS; ++j) {
+    block_factors[j] = panel + j * panel_bytes + blocks * value_bytes(T);
+    super_factors[j] = block_factors[j] + blocks * block_factor_bytes(T);
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // A lone tile row sums each block in two chains of dot instructions (halving their
+  // latency); more rows or panels give the core independent chains enough.
+  constexpr int kChains = ROWS * PANELS <= 2 && groups(T) == 1 ? 2 : 1;
+  // Each block's share of the panels ahead, in memory order.
+  const int64_t ahead_bytes = (panel_bytes + blocks - 1) / blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (ahead) {
+      for (int j = 0; j < PANELS; ++j) {
+        for (int64_t at = b * ahead_bytes & ~int64_t{63}; at < (b + 1) * ahead_bytes; at += 64) {
+          _mm_prefetch(ahead + j * panel_bytes + at, _MM_HINT_T0);
+        }
+      }
+    }
+    const uint8_t* w = panel + b * value_bytes(T);
+    for (int g = 0; g < groups(T); ++g) {
+      __m512i isum[kChains][ROWS][PANELS];
+      for (int r = 0; r < ROWS; ++r) {
+        for (int j = 0; j < PANELS; ++j) {
+          isum[0][r][j] = _mm512_set1_epi32(x_offset[r][2 * b + g]);
+          if constexpr (kChains == 2) isum[1][r][j] = _mm512_setzero_si512();
+        }
+      }
+      if constexpr (T == QType::Q8_0) {
+        for (int i = 0; i < 8; ++i) {  // word i: values 4i .. 4i + 3
+          __m512i wv[PANELS];
+          for (int j = 0; j < PANELS; ++j) wv[j] = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
+          for (int r = 0; r < ROWS; ++r) {
+            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + i]);
+            for (int j = 0; j < PANELS; ++j) {
+              isum[i % kChains][r][j] = _mm512_dpbusd_epi32(isum[i % kChains][r][j], wv[j], xv);
+            }
+          }
+        }
+      } else if constexpr (T == QType::Q6_K) {
+        // Group g: the low (g = 0) or high nibbles of the 4 words, values 16g + 4i ..
+        __m512i highs[PANELS];
+        for (int j = 0; j < PANELS; ++j) {
+          highs[j] = _mm512_loadu_si512(w + j * panel_bytes + 256 + g * 64);
+        }
+        for (int i = 0; i < 4; ++i) {
+          __m512i wv[PANELS];
+          for (int j = 0; j < PANELS; ++j) {
+            const __m512i nibbles = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
+            const __m512i low = g == 0 ? _mm512_and_si512(nibbles, low4)
+                                       : _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low4);
+            wv[j] = q6_values(low, highs[j], i);
+          }
+          for (int r = 0; r < ROWS; ++r) {
+            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + 4 * g + i]);
+            for (int j = 0; j < PANELS; ++j) {
+              isum[0][r][j] = _mm512_dpbusd_epi32(isum[0][r][j], wv[j], xv);
+            }
+          }
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {  // word i: values 4i .. 4i + 3 low, 16 + 4i .. high
+          __m512i lo[PANELS], hi[PANELS];
+          for (int j = 0; j < PANELS; ++j) {
+            const __m512i wv = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
+            lo[j] = _mm512_and_si512(wv, low4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low4);
+          }
+          for (int r = 0; r < ROWS; ++r) {
+            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + i]);
+            for (int j = 0; j < PANELS; ++j) {
+              isum[0][r][j] = _mm512_dpbusd_epi32(isum[0][r][j], lo[j], xv);
+            }
+          }
+          for (int r = 0; r < ROWS; ++r) {
+            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + 4 + i]);
+            for (int j = 0; j < PANELS; ++j) {
+              isum[kChains - 1][r][j] = _mm512_dpbusd_epi32(isum[kChains - 1][r][j], hi[j], xv);
+            }
+          }
+        }
+      }
+      for (int j = 0; j < PANELS; ++j) {
+        const __m512 d = weight_scale<T>(block_factors[j], super_factors[j], b, g);
+        for (int r = 0; r < ROWS; ++r) {
+          __m512i sum = isum[0][r][j];
+          if constexpr (kChains == 2) sum = _mm512_add_epi32(sum, isum[1][r][j]);
+          const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), d);
+          acc[r][j] = _mm512_fmadd_ps(dot, _mm512_set1_ps(x_scale[r][b]), acc[r][j]);
+        }
+      }
+    }
+    if constexpr (has_min(T)) {
+      for (int j = 0; j < PANELS; ++j) {
+        const __m512 m = weight_min<T>(block_factors[j], super_factors[j], b);
+        for (int r = 0; r < ROWS; ++r) {
+          acc[r][j] = _mm512_fmadd_ps(m, _mm512_set1_ps(x_sum[r][b]), acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int j = 0; j < PANELS; ++j) store16(out + r * out_stride + j * kPanel, acc[r][j]);
+  }
+}
+
+// Rows per tile: PANELS x ROWS fp32 sums and as many int32 sums stay in registers
+// (2 x 6: 24 of the 32).
+template <QType T, int PANELS>
+constexpr int kTileRows = PANELS == 1 ? 8 : 6;
+// Up to this many rows a thread walks its panels one at a time (one stream from
+// memory, which a lone row reads faster); past it two at a time, each activation
+// word then feeding two dot instructions.
+constexpr int64_t kFewRows = 8;
+
+template <QType T, int PANELS, typename out_t, int ROWS = kTileRows<T, PANELS>>
+inline void multiply_rows(int64_t rows, const Activations& a, int64_t row0, const uint8_t* panel,
+                          int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
+                          int64_t out_stride) {
+  if constexpr (ROWS > 1) {
+    if (rows < ROWS) {
+      multiply_rows<T, PANELS, out_t, ROWS - 1>(rows, a, row0, panel, panel_bytes, ahead, bias, out,
+                                                out_stride);
+      return;
+    }
+  }
+  multiply_tile<T, ROWS, PANELS>(a, row0, panel, panel_bytes, ahead, bias, out, out_stride);
+}
+
+// PANELS adjacent panels from p for all rows: rows spread evenly over the fewest
+// tiles (17 rows: 6 + 6 + 5, not 8 + 8 + 1).
+template <QType T, int PANELS, typename out_t>
+inline void multiply_panels(const Activations& a, int64_t rows, const uint8_t* packed, int64_t p,
+                            int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
+                            int64_t n) {
+  constexpr int64_t kRows = kTileRows<T, PANELS>;
+  const uint8_t* panel = packed + p * panel_bytes;
+  const int64_t tiles = (rows + kRows - 1) / kRows;
+  for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
+    const int64_t count = rows / tiles + (t < rows % tiles ? 1 : 0);
+    // The first tile asks for what comes next; later ones find it in cache.
+    multiply_rows<T, PANELS>(count, a, r0, panel, panel_bytes, r0 == 0 ? ahead : nullptr,
+                             bias ? bias + p * kPanel : nullptr, out + r0 * n + p * kPanel, n);
+    r0 += count;
+  }
+}
+
+// Panels begin .. end - 1, STEP at a time, each step asking for the step after next
+// (at 1 row 5-8% faster than for the next one; the hardware's prefetch covers the
+// first two).
+template <QType T, int STEP, typename out_t>
+void multiply_range(const Activations& a, int64_t rows, const uint8_t* packed, int64_t begin,
+                    int64_t end, int64_t panel_bytes, const float* bias, out_t* out, int64_t n) {
+  int64_t p = begin;
+  for (; p + STEP <= end; p += STEP) {
+    const uint8_t* ahead = p + 3 * STEP <= end ? packed + (p + 2 * STEP) * panel_bytes : nullptr;
+    multiply_panels<T, STEP>(a, rows, packed, p, panel_bytes, reinterpret_cast<const char*>(ahead),
+                             bias, out, n);
+  }
+  for (; p < end; ++p) {
+    multiply_panels<T, 1>(a, rows, packed, p, panel_bytes, nullptr, bias, out, n);
+  }
+}
+
+template <QType T, typename out_t>
+void multiply(const Activations& a, int64_t rows, const uint8_t* packed, int64_t panels,
+              int64_t panel_bytes, const float* bias, out_t* out) {
+  const int64_t n = panels * kPanel;
+  const int64_t grain = std::max<int64_t>(1, kMinThreadWork / (panel_bytes * rows));
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    if (rows <= kFewRows) {
+      multiply_range<T, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+    } else {
+      multiply_range<T, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+    }
+  });
+}
+
+}  // namespace
+#endif
+
+// x [M, K] bf16 or fp32, packed from pack_quantized_weight(qtype), bias [N] or None
+// -> [M, N] in x's dtype.
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
+                            const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI");
+  const QType t = parse_qtype(qtype);
+  TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              "x [M, K] bf16 or fp32 on the CPU");
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock;
+  TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) == kPanel * packed_row_bytes(t, k),
+              "packed weight does not fit x");
+  const int64_t panels = packed.size(0), n = panels * kPanel;
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == n, "bias [N]");
+  }
+  auto out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+#if defined(QUANTIZED_LINEAR_BUILT)
+  auto xc = x.contiguous();
+  // One buffer for the quantized activations: values [M, K] int8, then per block the
+  // scales, 2 offsets and sums, 4 bytes each.
+  auto buffer = at::empty({rows * k + 4 * 4 * rows * blocks}, x.options().dtype(at::kByte));
+  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
+  float* scale = reinterpret_cast<float*>(q + rows * k);  // K % 32 == 0: aligned
+  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
+  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
+  auto quantize = [&](const auto* xp) {
+    at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        quantize_row(xp + r * k, blocks, t, q + r * k, scale + r * blocks, offsets + 2 * r * blocks,
+                     sums + r * blocks);
+      }
+    });
+  };
+  const Activations a{q, scale, offsets, sums, k, blocks};
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const int64_t panel_bytes = packed.size(1);
+  auto run = [&](auto* op) {
+    using out_t = std::remove_pointer_t<decltype(op)>;
+    auto with = [&](auto type) {
+      multiply<decltype(type)::value, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
+    };
+    switch (t) {
+      case QType::Q8_0: with(std::integral_constant<QType, QType::Q8_0>{}); break;
+      case QType::Q4_0: with(std::integral_constant<QType, QType::Q4_0>{}); break;
+      case QType::Q4_1: with(std::integral_constant<QType, QType::Q4_1>{}); break;
+      case QType::Q4_K: with(std::integral_constant<QType, QType::Q4_K>{}); break;
+      case QType::Q6_K: with(std::integral_constant<QType, QType::Q6_K>{}); break;
+    }
+  };
+  if (x.scalar_type() == at::kFloat) {
+    quantize(xc.data_ptr<float>());
+    run(out.data_ptr<float>());
+  } else {
+    quantize(xc.data_ptr<at::BFloat16>());
+    run(out.data_ptr<at::BFloat16>());
+  }
+#endif
+  return out;
+}

@@ -1,0 +1,225 @@
+"""The quantized linear kernel on GGUF blocks against gguf-py's dequantized weight, and
+the embedding's row lookup."""
+
+from __future__ import annotations
+
+import functools
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.linear_quantized import (
+    DEQUANTIZE_ROWS_TYPES,
+    KERNEL_TYPES,
+    QuantizedLinear,
+    dequantize_rows,
+    quantize_activations,
+    quantized_kernel_takes,
+    quantized_linear_ref,
+)
+from hetero_infer.kernels.quantized import QuantizedWeight, row_bytes
+
+
+def kernel_module():
+    module = load_cpu_kernels()
+    if module is None or not module.quantized_linear_available():
+        return None
+    return module
+
+
+needs_kernel = pytest.mark.skipif(
+    kernel_module() is None, reason="needs a CPU (and compiler) with AVX512-VNNI, -BW and -BF16"
+)
+
+
+@functools.cache
+def quantized(qtype: str, out_features: int, in_features: int, seed: int = 1) -> QuantizedWeight:
+    """Random floats quantized by gguf-py (its reference quantization)."""
+    values = np.random.default_rng(seed).standard_normal((out_features, in_features))
+    data = gguf.quants.quantize(values.astype(np.float32), gguf.GGMLQuantizationType[qtype])
+    return QuantizedWeight(qtype, torch.from_numpy(data), (out_features, in_features))
+
+
+@functools.cache
+def dequantized(qtype: str, out_features: int, in_features: int) -> torch.Tensor:
+    return quantized(qtype, out_features, in_features).dequantize(torch.float64)
+
+
+@functools.cache
+def packed(qtype: str, out_features: int, in_features: int) -> QuantizedLinear:
+    return QuantizedLinear(kernel_module(), quantized(qtype, out_features, in_features))
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_matches_reference(
+    actual: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+) -> None:
+    """Against the same product in fp64 with the activations quantized as the kernel
+    quantizes them: only the kernel's fp32 sums (one rounding per block's scaling and
+    its addition, ~K/32 of them) and the bf16 rounding of the result differ."""
+    expected = quantized_linear_ref(x, weight, bias)
+    values, scales = quantize_activations(x)
+    blocks = values.double().abs().reshape(x.shape[0], -1, 32) * scales.double()[..., None]
+    magnitude = blocks.reshape(x.shape) @ weight.dequantize(torch.float64).abs().T
+    if bias is not None:
+        magnitude = magnitude + bias.double().abs()
+    assert actual.dtype == x.dtype and actual.shape == expected.shape
+    rounding = 2**-8 if x.dtype == torch.bfloat16 else 0.0  # within one bf16 ulp
+    error = (actual.double() - expected).abs()
+    assert (error <= rounding * expected.abs() + 1e-5 * magnitude).all(), error.max()
+
+
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]  # SmolLM2-like
+# gguf-py quantizes these; the K-quants (256-value super-blocks) are made of raw bytes.
+SIMPLE_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+K_TYPES = ("Q4_K", "Q6_K")
+ROWS = [1, 3, 8, 17, 64, 130]  # below, at and past the tiles (8; 6 x 2 panels)
+
+
+def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -> QuantizedWeight:
+    """Random bytes: every value the file may hold (Q8_0's -128, both nibbles' full
+    range, Q4_K's 6-bit scales and mins, Q6_K's int8 scales), not only what a
+    quantizer makes; the fp16 scales (and mins) random but finite."""
+    generator = torch.Generator().manual_seed(seed)
+    size = row_bytes(qtype, in_features)
+    data = torch.randint(0, 256, (out_features, size), dtype=torch.uint8, generator=generator)
+    per_block = row_bytes(qtype, 256 if qtype in K_TYPES else 32)
+    blocks = data.view(out_features, size // per_block, per_block)
+    # The fp16 fields: Q8_0/Q4_0 d; Q4_1 d, m; Q4_K d, dmin; Q6_K d (last).
+    fields = {"Q8_0": (0, 2), "Q4_0": (0, 2), "Q4_1": (0, 4), "Q4_K": (0, 4), "Q6_K": (208, 210)}
+    start, end = fields[qtype]
+    halves = torch.randn(*blocks.shape[:2], (end - start) // 2, generator=generator)
+    scale = 0.05 if qtype in K_TYPES else 1.0  # K-quants multiply d by up to 63 / 127
+    blocks[..., start:end] = (halves * scale).half().view(torch.uint8)
+    return QuantizedWeight(qtype, data, (out_features, in_features))
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", SIMPLE_TYPES)
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_the_dequantized_product(qtype, out_features, in_features, rows, dtype, with_bias):
+    weight = quantized(qtype, out_features, in_features)
+    x = randn(rows, in_features, dtype=dtype)
+    bias = randn(out_features, seed=2, dtype=dtype) if with_bias else None
+    linear = packed(qtype, out_features, in_features)
+    if bias is not None:
+        linear = QuantizedLinear(kernel_module(), weight, bias)
+    assert_matches_reference(linear(x), x, weight, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", K_TYPES)
+@pytest.mark.parametrize(("out_features", "in_features"), [(576, 1536), (64, 256), (2048, 512)])
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_k_quants_match_the_dequantized_product(
+    qtype, out_features, in_features, rows, dtype, with_bias
+):
+    weight = raw_weight(qtype, out_features, in_features)
+    x = randn(rows, in_features, dtype=dtype)
+    bias = randn(out_features, seed=2, dtype=dtype) if with_bias else None
+    linear = QuantizedLinear(kernel_module(), weight, bias)
+    assert_matches_reference(linear(x), x, weight, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", SIMPLE_TYPES)
+def test_activation_quantization_error_is_small(qtype):
+    # Against the product of the unquantized activations: int8 per block of 32 keeps
+    # the relative error near 0.5% (the step is amax / 127; measured 0.50-0.57%).
+    x = randn(64, 576)
+    actual = packed(qtype, 1536, 576)(x).double()
+    exact = x.double() @ dequantized(qtype, 1536, 576).T
+    assert ((actual - exact).norm() / exact.norm()).item() < 1e-2
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+def test_raw_blocks_of_any_values(qtype):
+    weight = raw_weight(qtype, 64, 512)
+    x = randn(5, 512)
+    assert_matches_reference(QuantizedLinear(kernel_module(), weight)(x), x, weight, None)
+
+
+@needs_kernel
+def test_zero_blocks_and_leading_dims():
+    weight = quantized("Q4_1", 64, 128)
+    linear = QuantizedLinear(kernel_module(), weight)
+    x = randn(3, 7, 128)
+    x[0, :, 32:64] = 0  # a block of zeros: scale 0, no division by zero
+    x[1] = 0
+    actual = linear(x)
+    assert actual.shape == (3, 7, 64)
+    assert_matches_reference(actual.reshape(21, 64), x.reshape(21, 128), weight, None)
+    strided = randn(4, 256)[:, ::2]  # not contiguous
+    assert_matches_reference(linear(strided), strided.contiguous(), weight, None)
+    assert linear(randn(0, 128)).shape == (0, 64)
+
+
+@needs_kernel
+def test_fp16_activations_go_through_fp32():
+    weight = quantized("Q8_0", 64, 128)
+    x = randn(5, 128, dtype=torch.float16)
+    actual = QuantizedLinear(kernel_module(), weight)(x)
+    assert actual.dtype == torch.float16
+    expected = QuantizedLinear(kernel_module(), weight)(x.float())
+    assert torch.equal(actual, expected.half())
+
+
+@needs_kernel
+def test_pack_keeps_the_bytes_and_refuses_partial_panels():
+    module = kernel_module()
+    for qtype in KERNEL_TYPES:
+        weight = raw_weight(qtype, 32, 512)
+        size = module.pack_quantized_weight(weight.data, qtype).numel()
+        # Q4_K's 6-bit scales and mins take a byte each: 148 bytes per 256 values, not 144.
+        assert size == weight.data.numel() * (148 / 144 if qtype == "Q4_K" else 1)
+    with pytest.raises(RuntimeError):
+        module.pack_quantized_weight(quantized("Q8_0", 40, 64).data, "Q8_0")
+    with pytest.raises(RuntimeError):
+        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q5_0")
+    x = randn(2, 64)
+    with pytest.raises(RuntimeError):  # the packed weight is for 576 inputs
+        module.quantized_linear(x, packed("Q8_0", 576, 576).packed, "Q8_0", None)
+
+
+class NoKernel:
+    @staticmethod
+    def quantized_linear_available() -> bool:
+        return False
+
+
+def test_predicate():
+    module = kernel_module()
+    q8 = quantized("Q8_0", 64, 64)
+    assert not quantized_kernel_takes(None, q8)
+    assert not quantized_kernel_takes(NoKernel(), q8)
+    assert not quantized_kernel_takes(object(), q8)  # a build from before this kernel
+    if module is None:
+        return
+    for qtype in KERNEL_TYPES:
+        assert quantized_kernel_takes(module, raw_weight(qtype, 64, 256))
+    assert not quantized_kernel_takes(module, quantized("Q8_0", 40, 64))  # not whole panels
+    int8 = QuantizedWeight("I8", torch.zeros(64, 64, dtype=torch.int8), (64, 64), torch.ones(64))
+    assert not quantized_kernel_takes(module, int8)
+
+
+@pytest.mark.parametrize("qtype", DEQUANTIZE_ROWS_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_rows_matches_gguf(qtype, dtype):
+    weight = quantized(qtype, 100, 96)
+    table = weight.dequantize(torch.float32)
+    ids = torch.tensor([3, 0, 99, 3])
+    assert torch.equal(dequantize_rows(weight, ids, dtype), table[ids].to(dtype))
+    grid = torch.tensor([[5, 6], [7, 99]])
+    assert torch.equal(dequantize_rows(weight, grid, dtype), table[grid].to(dtype))
+    assert dequantize_rows(weight, ids[:0], dtype).shape == (0, 96)
