@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+QUANTIZATIONS = ("auto", "none", "gguf")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -37,7 +38,13 @@ class EngineConfig:
     model: str | None = None
     # Tokenizer source; None = the model's own.
     tokenizer: str | None = None
+    # The activations' dtype (and the weights', where they are not kept quantized).
     dtype: str = "auto"
+    # As vLLM's --quantization. "auto": a GGUF file's quantized weights stay quantized
+    # where a kernel takes them (the CPU kernels; dtype float32 dequantizes, so that
+    # fp32 stays exact against transformers). "none": every weight is dequantized to
+    # dtype at load. "gguf": a GGUF file's blocks kept, in any dtype.
+    quantization: str = "auto"
     device: str = "auto"
     seed: int = 0
 
@@ -91,6 +98,7 @@ class EngineConfig:
 
     def _validate(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("device", self.device, DEVICES)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

@@ -18,6 +18,8 @@ from types import ModuleType
 
 import torch
 from hetero_infer.kernels.linear import LinearFn, TorchLinear
+from hetero_infer.kernels.linear_quantized import QuantizedLinear
+from hetero_infer.kernels.quantized import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +76,13 @@ def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
 
 
 def pack_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None, module: ModuleType | None
+    weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None, module: ModuleType | None
 ) -> LinearFn:
-    """A bf16 CPU weight packed for our kernel (``module``, where built) or oneDNN;
-    any other weight as it is, for torch's F.linear."""
+    """A bf16 CPU weight packed for our kernel (``module``, where built) or oneDNN; a
+    quantized weight for the quantized kernels (which the caller checked take it); any
+    other weight as it is, for torch's F.linear."""
+    if isinstance(weight, QuantizedWeight):
+        return QuantizedLinear(module, weight, bias)
     if kernel_takes(module, weight):
         return KernelLinear(module, weight, bias)
     if not (bf16_cpu_matrix(weight) and torch.backends.mkldnn.is_available()):
@@ -97,6 +102,6 @@ def pack_gated_linear(
 ) -> LinearFn | None:
     """silu-and-mul of x @ weight^T in one pass, for a merged gate_up weight our kernel
     takes (and no bias); None otherwise."""
-    if bias is not None or not kernel_takes(module, weight):
+    if isinstance(weight, QuantizedWeight) or bias is not None or not kernel_takes(module, weight):
         return None
     return KernelLinear(module, weight, gated=True)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-from hetero_infer.kernels import linear_cpu
+from hetero_infer.kernels import linear_cpu, linear_quantized
 from hetero_infer.kernels.activation import silu_and_mul_ref
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, TorchLinear
+from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from hetero_infer.kernels.rotary import rotary_ref
 
@@ -32,6 +33,10 @@ Tensor = torch.Tensor
 
 def _no_fused_kernel(weight: Tensor, bias: Tensor | None) -> None:
     return None
+
+
+def _no_quantized_kernel(weight: QuantizedWeight) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,12 @@ class KernelOps:
     silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
     # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
     greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]] = greedy_pick_ref
-    # (weight [out, in], bias) -> x [..., in] -> [..., out]
-    pack_linear: Callable[[Tensor, Tensor | None], LinearFn] = TorchLinear
+    # (weight [out, in], bias) -> x [..., in] -> [..., out]; the weight may be a
+    # QuantizedWeight where takes_quantized says so
+    pack_linear: Callable[[Tensor | QuantizedWeight, Tensor | None], LinearFn] = TorchLinear
+    # Whether pack_linear takes this quantized weight as it is (else the model
+    # dequantizes it at load)
+    takes_quantized: Callable[[QuantizedWeight], bool] = _no_quantized_kernel
     # (merged gate_up weight, bias) -> x -> silu_and_mul(linear(x)) in one pass, or None
     # where no kernel fuses the two
     pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None] = (
@@ -75,7 +84,8 @@ class KernelOps:
 def cpu_ops(module: ModuleType | None) -> KernelOps:
     """CPU tensors: the C++ kernels of ``module`` (kernels/cpu_extension.py) for bf16 and
     fp16, the references for fp32; packed bf16 linear layers (by oneDNN too where
-    ``module`` is None: not built, or turned off)."""
+    ``module`` is None: not built, or turned off), and quantized ones where the kernels
+    take them."""
     packed = KernelOps(
         pack_linear=functools.partial(linear_cpu.pack_linear, module=module),
         pack_fused_silu_and_mul_linear=functools.partial(
@@ -84,6 +94,9 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     )
     if module is None:
         return packed
+    packed = packed.replace(
+        takes_quantized=functools.partial(linear_quantized.quantized_kernel_takes, module)
+    )
 
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         if x.dtype in ELEMENTWISE_DTYPES:

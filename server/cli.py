@@ -2,7 +2,7 @@
 
     hetero-infer serve --port 8000 --api-key secret     (also: hetero-infer --serve)
     hetero-infer --input "Hello" --max-tokens 50
-    hetero-infer --input "What is the capital of France?" --chat
+    hetero-infer --input "Which city is the capital of France?" --chat
 
 Settings come from flags, then HETERO_* environment variables (HETERO_PORT,
 HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then the --config file, then defaults.
@@ -31,6 +31,7 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--model", "model", str),
     ("--tokenizer", "tokenizer", str),
     ("--dtype", "dtype", str),
+    ("--quantization", "quantization", str),
     ("--device", "device", str),
     ("--block-size", "block_size", int),
     ("--max-num-blocks", "max_num_blocks", int),

@@ -1,4 +1,5 @@
-"""GGUF files: their tensors dequantized under Hugging Face names, and their metadata
+"""GGUF files: their tensors under Hugging Face names (dequantized, or kept in their
+quantized blocks), and their metadata
 converted (once, cached under HF_HOME) into a config.json and tokenizer files."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.kernels.quantized import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
 
 logger = logging.getLogger(__name__)
@@ -115,8 +117,13 @@ def _gguf_field(reader: Any, key: str) -> Any:
     return field.contents()
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of a GGUF file, dequantized to `dtype`, q/k rows back in HF's order."""
+def load_gguf(
+    path: Path, dtype: torch.dtype, keep_quantized: bool = False
+) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """Every tensor of a GGUF file, q/k rows back in HF's order: dequantized to `dtype`,
+    or with ``keep_quantized`` the 2-D tensors of a type in GGUF_TYPES as they are
+    stored (QuantizedWeight; their rows are independent, so the q/k rows are reordered
+    as bytes)."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -127,18 +134,30 @@ def load_gguf(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     if permuted and n_head is None:
         raise ConfigError(f"{path}: GGUF file has no {arch}.attention.head_count")
 
-    state_dict: dict[str, torch.Tensor] = {}
+    state_dict: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
         hf_name = gguf_hf_name(tensor.name)
         if hf_name is None:
             continue
         # GGUF lists dims fastest-first; torch wants them slowest-first.
         shape = tuple(int(d) for d in reversed(tensor.shape))
-        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        heads = None
         if permuted and ".attn_q." in tensor.name:
-            weights = unpermute_rows(weights, n_head)
+            heads = n_head
         elif permuted and ".attn_k." in tensor.name:
-            weights = unpermute_rows(weights, n_kv_head)
+            heads = n_kv_head
+        qtype = tensor.tensor_type.name
+        if keep_quantized and qtype in GGUF_TYPES and len(shape) == 2:
+            # A copy: the reader's arrays are views into the read-only memory map.
+            blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+            weight = QuantizedWeight(qtype, blocks, shape)
+            if heads is not None:
+                weight = weight.rows(torch.from_numpy(unpermute_rows(np.arange(shape[0]), heads)))
+            state_dict[hf_name] = weight
+            continue
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        if heads is not None:
+            weights = unpermute_rows(weights, heads)
         if not weights.flags.writeable:
             # F32 tensors are views into the read-only memory map.
             weights = weights.copy()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import time
 
 import torch
@@ -10,15 +12,19 @@ from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf import load_gguf
 from hetero_infer.engine.loader.safetensors import load_safetensors
 from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.kernels.quantized import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
 
-def load_state_dict(source: ModelSource, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """All weights, keyed by HF parameter names, dequantized to `dtype`, on CPU."""
+def load_state_dict(
+    source: ModelSource, dtype: torch.dtype, keep_quantized: bool = False
+) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """All weights, keyed by HF parameter names, on CPU: dequantized to `dtype`, or with
+    ``keep_quantized`` a GGUF file's quantized matrices as they are stored."""
     start = time.perf_counter()
     if source.is_gguf:
-        state_dict = load_gguf(source.path, dtype)
+        state_dict = load_gguf(source.path, dtype, keep_quantized)
     else:
         state_dict = load_safetensors(source.path, dtype)
     if "model.embed_tokens.weight" not in state_dict:
@@ -27,13 +33,34 @@ def load_state_dict(source: ModelSource, dtype: torch.dtype) -> dict[str, torch.
             f"model {str(source.path)!r}: no model.embed_tokens.weight among the weights; "
             "is this a *ForCausalLM checkpoint?"
         )
-    num_params = sum(t.numel() for t in state_dict.values())
+    num_params = sum(math.prod(t.shape) for t in state_dict.values())
+    num_bytes = sum(_nbytes(t) for t in state_dict.values())
     logger.info(
-        "loaded %d tensors (%.1fM params, %s) from %s in %.1f s",
+        "loaded %d tensors (%.1fM params, %.0f MB, %s) from %s in %.1f s",
         len(state_dict),
         num_params / 1e6,
-        dtype,
+        num_bytes / 1e6,
+        _describe_types(state_dict, dtype),
         source.path,
         time.perf_counter() - start,
     )
     return state_dict
+
+
+def _nbytes(tensor: torch.Tensor | QuantizedWeight) -> int:
+    if isinstance(tensor, QuantizedWeight):
+        return tensor.nbytes
+    return tensor.numel() * tensor.element_size()
+
+
+def _describe_types(
+    state_dict: dict[str, torch.Tensor | QuantizedWeight], dtype: torch.dtype
+) -> str:
+    """E.g. "torch.bfloat16, 210 kept quantized (Q4_1: 210)"."""
+    quantized = collections.Counter(
+        t.qtype for t in state_dict.values() if isinstance(t, QuantizedWeight)
+    )
+    if not quantized:
+        return str(dtype)
+    counts = ", ".join(f"{qtype}: {n}" for qtype, n in sorted(quantized.items()))
+    return f"{dtype}, {sum(quantized.values())} kept quantized ({counts})"

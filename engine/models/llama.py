@@ -25,6 +25,8 @@ from hetero_infer.kernels import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
+from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
 
 
@@ -44,7 +46,8 @@ def _not_packed(x: torch.Tensor) -> torch.Tensor:
 
 class Linear(DirectCall, nn.Linear):
     """nn.Linear whose weight ``pack`` prepares once, after loading (``pack_weight``):
-    on the CPU a packed bf16 copy for a faster kernel (kernels/linear_cpu.py)."""
+    on the CPU a packed bf16 copy for a faster kernel (kernels/linear_cpu.py), or the
+    checkpoint's quantized blocks (``quantized``, which then replaces the weight)."""
 
     def __init__(
         self,
@@ -56,9 +59,15 @@ class Linear(DirectCall, nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.pack = pack
         self.packed: LinearFn = _not_packed
+        self.quantized: QuantizedWeight | None = None
+
+    def keep_quantized(self, weight: QuantizedWeight) -> None:
+        self.quantized = weight
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def pack_weight(self) -> None:
-        self.packed = self.pack(self.weight, self.bias)
+        weight = self.weight if self.quantized is None else self.quantized
+        self.packed = self.pack(weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed(x)
@@ -171,6 +180,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_cos = self.rope_sin = None
         self.logits_proj: LinearFn = _not_packed
+        # The embedding's quantized blocks, where the checkpoint's are kept: rows are
+        # dequantized as tokens look them up.
+        self.embed_quantized: QuantizedWeight | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
@@ -187,7 +199,10 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionInputs,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
-        x = self.embed_tokens(input_ids)
+        if self.embed_quantized is None:
+            x = self.embed_tokens(input_ids)
+        else:
+            x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
         residual = None
         rope = (self.rope_cos, self.rope_sin)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -207,16 +222,26 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack_weight()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.lm_head is not None:
+            weight = self.lm_head.weight
+        else:
+            weight = (
+                self.embed_tokens.weight if self.embed_quantized is None else self.embed_quantized
+            )
+            if isinstance(weight, QuantizedWeight) and not self.kernels.ops.takes_quantized(weight):
+                weight = weight.dequantize(self.norm.weight.dtype)  # a lookup table only
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load Hugging Face-named tensors, merging q/k/v and gate/up."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+        """Load Hugging Face-named tensors, merging q/k/v and gate/up. A quantized
+        weight stays quantized where the kernels take it (and the embedding, whose rows
+        are dequantized per lookup), and is dequantized to the model's dtype otherwise."""
         params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
         loaded: set[str] = set()
 
-        def put(name: str, tensor: torch.Tensor) -> None:
+        def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
             if name not in params:
                 raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
             if params[name].shape != tensor.shape:
@@ -224,10 +249,19 @@ class LlamaForCausalLM(nn.Module):
                     f"{name}: checkpoint shape {tuple(tensor.shape)} does not match the "
                     f"model's {tuple(params[name].shape)}"
                 )
-            params[name].copy_(tensor)
             loaded.add(name)
+            if isinstance(tensor, QuantizedWeight):
+                owner = modules[name.removesuffix(".weight")]
+                if isinstance(owner, Linear) and self.kernels.ops.takes_quantized(tensor):
+                    return owner.keep_quantized(tensor)
+                if name == "embed_tokens.weight" and tensor.qtype in DEQUANTIZE_ROWS_TYPES:
+                    self.embed_quantized = tensor
+                    self.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+                    return
+                tensor = tensor.dequantize(params[name].dtype)
+            params[name].copy_(tensor)
 
-        merged: dict[str, dict[str, torch.Tensor]] = {}
+        merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
         for name, tensor in state_dict.items():
             name = name.removeprefix("model.")
             if "rotary_emb" in name:
@@ -248,7 +282,19 @@ class LlamaForCausalLM(nn.Module):
             else:
                 put(name, tensor)
         for name, parts in merged.items():
-            put(name, torch.cat([parts[i] for i in sorted(parts)], dim=0))
+            put(name, merge_rows([parts[i] for i in sorted(parts)], params[name].dtype))
         missing = set(params) - loaded
         if missing:
             raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
+
+
+def merge_rows(
+    parts: list[torch.Tensor | QuantizedWeight], dtype: torch.dtype
+) -> torch.Tensor | QuantizedWeight:
+    """Weights stacked along their output rows: quantized where all parts are of one
+    quantized type, else dequantized to ``dtype``."""
+    if all(isinstance(p, QuantizedWeight) for p in parts):
+        merged = concat_rows(parts)
+        if merged is not None:
+            return merged
+    return torch.cat([p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts])

@@ -63,13 +63,19 @@ def load_model(
     kernels: Kernels,
     device: torch.device,
     dtype: torch.dtype,
+    quantization: str = "auto",
 ) -> CausalLM:
     started = time.monotonic()
+    if quantization == "gguf" and not source.is_gguf:
+        raise ConfigError(f"quantization 'gguf' needs a .gguf model file, not {source.path}")
     # Built without memory, then filled from the checkpoint: no random init.
     with torch.device("meta"):
         model = build_model(model_config, kernels)
     model = model.to_empty(device=device).to(dtype)
-    model.load_weights(loader.load_state_dict(source, dtype))
+    # "auto" in fp32 dequantizes, so that fp32 stays exact against transformers on the
+    # same weights; an explicit "gguf" keeps the blocks in fp32 too.
+    keep_quantized = quantization == "gguf" or (quantization == "auto" and dtype != torch.float32)
+    model.load_weights(loader.load_state_dict(source, dtype, keep_quantized))
     model.pack_weights()
     model.init_rope(device)
     model.eval()

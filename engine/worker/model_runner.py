@@ -49,7 +49,9 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         kernels = select_model_kernels(config, self.device)
-        self.model = load_model(source, model_config, kernels, self.device, self.dtype)
+        self.model = load_model(
+            source, model_config, kernels, self.device, self.dtype, config.quantization
+        )
         self.attention = kernels.attention
         self.max_model_len = max_model_len
         self.block_size = config.block_size

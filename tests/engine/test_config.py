@@ -32,6 +32,7 @@ def test_defaults_and_seed_alias():
         ("memory_threshold", 1.5),
         ("gpu_memory_utilization", True),
         ("dtype", "float64"),
+        ("quantization", "awq"),
         ("device", "tpu"),
         ("enable_prefix_caching", "yes"),
         ("enforce_eager", 1),

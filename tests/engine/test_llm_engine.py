@@ -174,3 +174,8 @@ def test_cli_one_shot_prints_text_and_stats(model_dir, capsys):
 def test_cli_reports_bad_flags_as_errors(model_dir, capsys):
     assert cli.main(["--model", str(model_dir), "--input", "hi", "--max-tokens", "0"]) == 2
     assert "max_tokens" in capsys.readouterr().err
+
+
+def test_gguf_quantization_needs_a_gguf_file(model_dir):
+    with pytest.raises(ValueError, match="quantization 'gguf' needs a .gguf"):
+        LLMEngine(EngineConfig(model=str(model_dir), max_model_len=256, quantization="gguf"))

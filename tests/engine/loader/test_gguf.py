@@ -15,6 +15,7 @@ from hetero_infer.engine.loader import (
     resolve_model,
 )
 from hetero_infer.engine.loader.gguf import gguf_hf_name, unpermute_rows
+from hetero_infer.kernels.quantized import QuantizedWeight
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
@@ -67,6 +68,26 @@ def test_gguf_state_dict_matches_transformers(
         ref = smollm2_reference[name]
         assert tensor.shape == ref.shape, name
         assert torch.equal(tensor, ref), name
+
+
+@pytest.mark.slow
+def test_gguf_kept_quantized_dequantizes_to_the_same_tensors(
+    smollm2: ModelSource, smollm2_ours: dict[str, torch.Tensor]
+) -> None:
+    kept = load_state_dict(smollm2, torch.float32, keep_quantized=True)
+    assert set(kept) == set(smollm2_ours)
+    qtypes = {name: t.qtype for name, t in kept.items() if isinstance(t, QuantizedWeight)}
+    # Every matrix of the file stays in its blocks (the norms are F32 in the file).
+    assert qtypes["model.embed_tokens.weight"] == "Q8_0"
+    assert qtypes["model.layers.0.self_attn.q_proj.weight"] == "Q4_1"
+    assert len(qtypes) == 1 + 30 * 7
+    for name, tensor in kept.items():
+        # Quantized q/k rows were reordered as bytes: their values must be the
+        # un-permuted rows that the dequantizing load gives.
+        values = tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor
+        assert torch.equal(values, smollm2_ours[name]), name
+    bytes_kept = sum(t.nbytes for t in kept.values() if isinstance(t, QuantizedWeight))
+    assert bytes_kept < 0.3 * sum(smollm2_ours[name].nbytes for name in qtypes)
 
 
 @pytest.mark.slow
