@@ -3,6 +3,7 @@
     python -m bench.peers                                   # smollm2, all peers
     python -m bench.peers --peers ours,llama-cpp --concurrency 16 --threads 2
     python -m bench.peers --quick                           # a small run, for a check
+    python -m bench.peers --peers ours,llama-server --gguf-dtype q4_1
 
 For each peer: start its server on 127.0.0.1 on a free port, poll until it is ready,
 run ``bench.serving`` against it (same prompts, same seed), stop it (SIGTERM, then
@@ -13,7 +14,8 @@ written with a JSON and a PNG to ``--out`` (``peers-<model>.*``, plus each peer'
 Peers, all on the same weights (``bench.models``) and the same number of threads
 (``OMP_NUM_THREADS`` for the torch servers, ``n_threads`` for llama.cpp):
 
-- ``ours``: ``hetero-infer serve --dtype bfloat16``.
+- ``ours``: ``hetero-infer serve --dtype bfloat16``, then ``--ours-flags`` (a later
+  flag wins: ``--ours-flags "--dtype float32"``, ``"--model path/to.gguf"``).
 - ``transformers``: ``transformers serve --continuous-batching --dtype bfloat16``. It
   refuses fields it does not know (``ignore_eos`` is a 422), so its requests carry a
   ``generation_config`` with ``eos_token_id: -1`` instead, which turns its eos stop
@@ -29,6 +31,14 @@ Peers, all on the same weights (``bench.models``) and the same number of threads
   ``min_tokens = max_tokens`` keeps eos away (a Python logits processor, a small cost
   per token); its default ``repeat_penalty`` of 1.1 is set to 1 (greedy as the
   others); it sends no usage, so its output tokens are counted from the stream.
+- ``llama-server``: llama.cpp's own C++ server, built by ``bench/setup_llama_server.sh``
+  into ``.venv-peers/llama-server/bin`` (skipped when missing), on the same GGUF as
+  ``llama-cpp`` (``--gguf-dtype``). ``--parallel`` slots as many as the concurrency
+  (continuous batching across them), ``--ctx-size`` that many times the context one
+  request needs (each slot gets its share), ``--threads``; its ``/v1/completions``
+  takes ``ignore_eos`` and sends usage. Ready when ``/health`` answers 200.
+
+A peer that cannot run here is skipped with a line under the table saying why.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -56,8 +67,12 @@ from bench import serving
 from bench.common import REPO_ROOT, RESULTS_DIR, thread_env
 from bench.models import BENCH_MODELS, cache_root, model_folder
 
-PEERS = ("ours", "transformers", "llama-cpp")
+PEERS = ("ours", "transformers", "llama-cpp", "llama-server")
 LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
+LLAMA_SERVER_BIN = REPO_ROOT / ".venv-peers" / "llama-server" / "bin"
+# Tokens of room in a llama.cpp context beyond prompt + output (a BOS, a prompt that
+# re-encodes a few tokens longer than asked for).
+CTX_MARGIN = 64
 READY_TIMEOUT = 900.0  # seconds; a first start converts weights on a busy 2-core machine
 STOP_TIMEOUT = 60.0
 
@@ -166,6 +181,36 @@ def llama_cpp_python() -> Path:
     return python
 
 
+def llama_server_binary(name: str = "llama-server") -> Path:
+    """llama.cpp's ``llama-server`` (or ``llama-bench``) as built by
+    ``bench/setup_llama_server.sh``, if it is there and runs."""
+    path = LLAMA_SERVER_BIN / name
+    if not path.is_file():
+        raise Skip(f"{name} is not built ({path} missing): run `bash bench/setup_llama_server.sh`")
+    check = subprocess.run(
+        [str(path), "--help" if name == "llama-bench" else "--version"],
+        capture_output=True,
+        text=True,
+    )
+    if check.returncode != 0:
+        last = ((check.stderr or check.stdout).strip().splitlines() or ["?"])[-1]
+        raise Skip(f"{path} does not run ({last}): run `bash bench/setup_llama_server.sh`")
+    return path
+
+
+def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
+    """The GGUF that the llama.cpp peers serve (``--gguf-dtype``) and a note on it."""
+    if model != "smollm2":
+        raise Skip(f"no GGUF of {model!r} (only smollm2 ships as one)")
+    from hetero_infer.engine.loader import default_model_path
+
+    source = default_model_path()
+    if gguf_dtype == "q4_1":
+        return source, f"the embedded Q4_1 GGUF as it is ({source.name}): not the others' weights"
+    path = dequantized_gguf(source, gguf_dtype)
+    return path, f"{path.name}: the embedded GGUF dequantized to {gguf_dtype.upper()}"
+
+
 # ---- the peers ----
 
 
@@ -178,7 +223,12 @@ def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
         "--served-model-name", model,
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    return PeerServer("ours", command, "/readyz", model, env=server_env(args.threads))
+    # Appended: argparse keeps a flag's last value, so these override the ones above.
+    extra = shlex.split(getattr(args, "ours_flags", "") or "")
+    notes = [f"ours: extra flags {shlex.join(extra)}"] if extra else []
+    return PeerServer(
+        "ours", command + extra, "/readyz", model, env=server_env(args.threads), notes=notes
+    )
 
 
 def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerServer:
@@ -210,17 +260,9 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
     if model != "smollm2":
         raise Skip(f"llama-cpp: no GGUF of {model!r} (only smollm2 ships as one)")
     python = llama_cpp_python()
-    from hetero_infer.engine.loader import default_model_path
-
-    source = default_model_path()
-    if args.gguf_dtype == "q4_1":
-        gguf_path = source
-        weights = f"the embedded Q4_1 GGUF as it is ({source.name}): not the others' weights"
-    else:
-        gguf_path = dequantized_gguf(source, args.gguf_dtype)
-        weights = f"{gguf_path.name}: the embedded GGUF dequantized to {args.gguf_dtype.upper()}"
+    gguf_path, weights = llama_gguf(model, args.gguf_dtype)
     # One sequence at a time: room for the longest request and a margin.
-    n_ctx = max(2048, args.prompt_len + args.output_len + 64)
+    n_ctx = max(2048, args.prompt_len + args.output_len + CTX_MARGIN)
     command = [
         str(python), "-m", "llama_cpp.server",
         "--model", str(gguf_path),
@@ -249,10 +291,43 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
     )
 
 
+def peer_llama_server(model: str, port: int, args: argparse.Namespace) -> PeerServer:
+    binary = llama_server_binary()
+    gguf_path, weights = llama_gguf(model, args.gguf_dtype)
+    slots = max(1, args.concurrency or 1)
+    # Without a unified KV cache (the default when --parallel is given) every slot gets
+    # ctx-size / slots: room for one request each.
+    per_request = args.prompt_len + args.output_len + CTX_MARGIN
+    command = [
+        str(binary),
+        "--model", str(gguf_path),
+        "--alias", model,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--threads", str(args.threads),
+        "--parallel", str(slots),
+        "--ctx-size", str(slots * per_request),
+    ]  # fmt: skip
+    return PeerServer(
+        "llama-server",
+        command,
+        "/health",
+        model,
+        env=server_env(args.threads),
+        # Greedy with no penalty, whatever its defaults are in this release.
+        extra_body={"repeat_penalty": 1.0},
+        notes=[
+            f"llama-server weights: {weights}",
+            f"llama-server: {slots} slots of {per_request} tokens (continuous batching), "
+            f"{args.threads} threads",
+        ],
+    )
+
+
 PEER_BUILDERS: dict[str, Callable[[str, int, argparse.Namespace], PeerServer]] = {
     "ours": peer_ours,
     "transformers": peer_transformers,
     "llama-cpp": peer_llama_cpp,
+    "llama-server": peer_llama_server,
 }
 
 
@@ -304,14 +379,10 @@ def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
         process.wait(timeout=30)
 
 
-def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
-    """Start peer ``name``, benchmark it, stop it; None when it is skipped."""
+def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Start peer ``name``, benchmark it, stop it; raises Skip when it cannot run here."""
     port = free_port()
-    try:
-        peer = PEER_BUILDERS[name](args.model, port, args)
-    except Skip as exc:
-        print(f"-- skipping {name}: {exc}", flush=True)
-        return None
+    peer = PEER_BUILDERS[name](args.model, port, args)
     log_path = out / "logs" / f"{args.model}-{name}.log"
     print(f"-- {name}: starting on port {port} (log {log_path})", flush=True)
     for note in peer.notes:
@@ -361,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gguf-dtype", default="bf16", choices=("bf16", "f16", "q4_1"), help="llama.cpp's weights"
     )
+    parser.add_argument(
+        "--ours-flags", default="", help='more `hetero-infer serve` flags, e.g. "--dtype float32"'
+    )
     parser.add_argument("--quick", action="store_true", help="8 prompts of 64 tokens -> 16 tokens")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     return parser
@@ -383,25 +457,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     broken = []
+    skipped: dict[str, str] = {}
     for name in names:
         try:
-            result = run_peer(name, args, args.out)
+            results.append(run_peer(name, args, args.out))
+        except Skip as exc:  # not installed here: a line under the table, not a failure
+            print(f"-- skipping {name}: {exc}", flush=True)
+            skipped[name] = str(exc)
         except RuntimeError as exc:  # a peer that failed to start or serve: go on
             print(f"-- {name} failed: {exc}", flush=True)
             broken.append(name)
-            continue
-        if result is not None:
-            results.append(result)
+    skip_lines = [f"note: {name} skipped: {why}" for name, why in skipped.items()]
     if not results:
-        print("no peer ran", file=sys.stderr)
+        print("\n".join([*skip_lines, "no peer ran"]), file=sys.stderr)
         return 1
     baseline = "ours" if any(r["label"] == "ours" for r in results) else None
     table, paths = serving.write_comparison(results, args.out, f"peers-{args.model}", baseline)
+    if skip_lines:  # the table file says so too
+        with paths[1].open("a") as md:
+            md.write("\n".join(skip_lines) + "\n")
     print()
     print(table)
     for result in results:
         for note in result["peer"]["notes"]:
             print(f"note: {note}")
+    for line in skip_lines:
+        print(line)
     for name in broken:
         print(f"note: {name} did not run (see its log)")
     print("wrote " + ", ".join(str(p) for p in paths))
