@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import torch
-from hetero_infer.engine import loader
+from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
@@ -79,5 +79,7 @@ def load_model(
     model.pack_weights()
     model.init_rope(device)
     model.eval()
+    if device.type == "cpu":
+        host_memory.release_freed_memory()
     logger.info("loaded %s in %.1f s", source.path, time.monotonic() - started)
     return model

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetero_infer.engine.host_memory import HUGE_PAGE, keep_freed_memory, zeros_on_huge_pages
+from hetero_infer.engine.host_memory import (
+    HUGE_PAGE,
+    keep_freed_memory,
+    release_freed_memory,
+    zeros_on_huge_pages,
+)
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -68,3 +73,22 @@ def test_freed_activations_are_reused_without_page_faults(monkeypatch):
 def test_keep_freed_memory_leaves_a_users_setting_alone(monkeypatch):
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert not keep_freed_memory()
+
+
+def resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_release_freed_memory_returns_what_malloc_kept(monkeypatch):
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    assert keep_freed_memory()
+    # 200 MB in blocks under the 32 MB mmap threshold: written, then freed but kept.
+    blocks = [torch.empty(4 << 20, dtype=torch.float32).fill_(1.0) for _ in range(12)]
+    held = resident_mb()
+    del blocks
+    release_freed_memory()
+    assert resident_mb() < held - 100
