@@ -82,9 +82,11 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
 
 async def _load(state: ServerState, engine: LLMEngine | None) -> None:
     try:
+        max_pending = state.settings.max_waiting_requests
         if engine is None:
-            engine = await asyncio.to_thread(LLMEngine, state.settings.engine)
-        state.engine = AsyncEngine(engine, max_pending=state.settings.max_waiting_requests)
+            state.engine = await AsyncEngine.load(state.settings.engine, max_pending)
+        else:
+            state.engine = AsyncEngine(engine, max_pending)
         state.engine.start()
         # One real request through the whole path before we call ourselves ready.
         params = SamplingParams(max_tokens=1, temperature=0.0)
