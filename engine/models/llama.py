@@ -225,11 +225,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None:
             weight = self.lm_head.weight
         else:
-            weight = (
-                self.embed_tokens.weight if self.embed_quantized is None else self.embed_quantized
-            )
-            if isinstance(weight, QuantizedWeight) and not self.kernels.ops.takes_quantized(weight):
-                weight = weight.dequantize(self.norm.weight.dtype)  # a lookup table only
+            weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
 
     @torch.no_grad()
@@ -252,9 +248,16 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(name)
             if isinstance(tensor, QuantizedWeight):
                 owner = modules[name.removesuffix(".weight")]
-                if isinstance(owner, Linear) and self.kernels.ops.takes_quantized(tensor):
+                takes = self.kernels.ops.takes_quantized(tensor)
+                if isinstance(owner, Linear) and takes:
                     return owner.keep_quantized(tensor)
-                if name == "embed_tokens.weight" and tensor.qtype in DEQUANTIZE_ROWS_TYPES:
+                # Kept only where the kernels take it too (as the tied lm_head, and on
+                # the device the lookups run on).
+                if (
+                    name == "embed_tokens.weight"
+                    and takes
+                    and tensor.qtype in DEQUANTIZE_ROWS_TYPES
+                ):
                     self.embed_quantized = tensor
                     self.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
                     return
