@@ -19,7 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-QUANTIZATIONS = ("auto", "none", "gguf")
+QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -40,10 +40,12 @@ class EngineConfig:
     tokenizer: str | None = None
     # The activations' dtype (and the weights', where they are not kept quantized).
     dtype: str = "auto"
-    # As vLLM's --quantization. "auto": a GGUF file's quantized weights stay quantized
-    # where a kernel takes them (the CPU kernels; dtype float32 dequantizes, so that
-    # fp32 stays exact against transformers). "none": every weight is dequantized to
-    # dtype at load. "gguf": a GGUF file's blocks kept, in any dtype.
+    # As vLLM's --quantization. "auto": a GGUF file's quantized weights, or a
+    # compressed-tensors checkpoint's int8 ones, stay quantized where a kernel takes
+    # them (dtype float32 dequantizes, so that fp32 stays exact against transformers).
+    # "none": every weight is dequantized to dtype at load. "gguf" / "compressed-tensors":
+    # the file's quantized weights kept, in any dtype. "int8": a float checkpoint's
+    # linear weights quantized to int8 per output row at load.
     quantization: str = "auto"
     device: str = "auto"
     seed: int = 0

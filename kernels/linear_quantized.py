@@ -1,6 +1,7 @@
-"""Linear layers on GGUF-quantized weights kept in their blocks, on the CPU.
+"""Linear layers on quantized weights kept in their blocks, on the CPU.
 
-A weight stays in the file's blocks (kernels/quantized.py), repacked once at load by
+A weight stays in the file's blocks (kernels/quantized.py; weight-only int8 is taken
+as Q8_0 with one fp32 scale per row instead of per block), repacked once at load by
 ``pack_quantized_weight`` (kernels/csrc/quantized_linear_cpu.cpp) into panels of 16
 outputs of the same bytes: a decode step, bound by memory bandwidth, streams 0.625
 bytes per weight for Q4_1 and 1.0625 for Q8_0 instead of bf16's 2 (Q4_0 0.5625, Q4_K
@@ -19,10 +20,10 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
-from hetero_infer.kernels.quantized import QuantizedWeight
+from hetero_infer.kernels.quantized import INT8, QuantizedWeight
 
-# The GGUF types quantized_linear takes (the K-quants: rows of a multiple of 256).
-KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+# The types quantized_linear takes (the K-quants: rows of a multiple of 256).
+KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", INT8)
 # The activations' dtypes the kernel takes; others are computed in fp32.
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 # The GGUF types dequantize_rows takes.
@@ -40,7 +41,9 @@ class QuantizedLinear:
         self, module: ModuleType, weight: QuantizedWeight, bias: torch.Tensor | None = None
     ) -> None:
         self.qtype = weight.qtype
-        self.packed = module.pack_quantized_weight(weight.data, weight.qtype)  # [out / 16, bytes]
+        # [out / 16, bytes]; int8 rows go in as their bytes, with their scales
+        data = weight.data.view(torch.uint8)
+        self.packed = module.pack_quantized_weight(data, weight.qtype, weight.scales)
         self.run = module.quantized_linear
         # The kernel adds the bias in fp32: converted once here, not per call.
         self.bias = None if bias is None else bias.detach().float().contiguous()

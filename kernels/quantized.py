@@ -64,6 +64,18 @@ class QuantizedWeight:
         return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.shape).to(dtype)
 
 
+def quantize_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """A float weight [out, in] as weight-only int8, symmetric per output row (what
+    compressed-tensors' W8A16 scheme stores): scale = the row's largest magnitude / 127,
+    values rounded to the nearest step. The scales are computed in fp32 from the given
+    weight, so quantizing a bf16 checkpoint sees its own values."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1) / 127.0
+    steps = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero row
+    values = torch.round(w / steps[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantizedWeight(INT8, values, tuple(weight.shape), scales)
+
+
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight | None:
     """The parts stacked along the output rows (e.g. q, k, v into one qkv weight), or
     None where their types differ (a Q4_K_M file mixes Q4_K and Q6_K)."""

@@ -1,12 +1,14 @@
 """Weights, config and tokenizer from a model source: a safetensors folder (local or hub)
 or a GGUF file.
 
-Everything leaves here keyed by Hugging Face parameter names, dequantized, in the
-requested dtype, on CPU: the model code never knows where its weights came from.
+Everything leaves here keyed by Hugging Face parameter names, on CPU, in the requested
+dtype or, where asked, kept quantized (kernels/quantized.py's QuantizedWeight): the
+model code never knows where its weights came from.
 
 - source.py: what the user named -> a ModelSource (the embedded default model too)
 - metadata.py: the HF config and tokenizer of a source
-- weights.py: its state dict, from safetensors.py or gguf.py
+- weights.py: its state dict, from safetensors.py (with int8.py: weight-only int8) or
+  gguf.py
 """
 
 from hetero_infer.engine.loader.metadata import load_config, load_tokenizer

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.int8 import is_quantization_parameter
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -24,7 +25,8 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def load_safetensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's checkpoint, converted to `dtype`."""
+    """Every tensor of the folder's checkpoint: floating-point ones converted to `dtype`
+    (quantization scales to fp32), integer ones (int8 weights) as they are stored."""
     from safetensors import safe_open
 
     state_dict: dict[str, torch.Tensor] = {}
@@ -36,5 +38,8 @@ def load_safetensors(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
                     continue
                 if name in state_dict:
                     raise ConfigError(f"{file}: tensor {name!r} also appears in another file")
-                state_dict[name] = f.get_tensor(name).to(dtype)
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point():
+                    tensor = tensor.to(torch.float32 if is_quantization_parameter(name) else dtype)
+                state_dict[name] = tensor
     return state_dict

@@ -9,6 +9,7 @@ import time
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader import int8
 from hetero_infer.engine.loader.gguf import load_gguf
 from hetero_infer.engine.loader.safetensors import load_safetensors
 from hetero_infer.engine.loader.source import ModelSource
@@ -18,15 +19,24 @@ logger = logging.getLogger(__name__)
 
 
 def load_state_dict(
-    source: ModelSource, dtype: torch.dtype, keep_quantized: bool = False
+    source: ModelSource,
+    dtype: torch.dtype,
+    keep_quantized: bool = False,
+    quantize_int8: bool = False,
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """All weights, keyed by HF parameter names, on CPU: dequantized to `dtype`, or with
-    ``keep_quantized`` a GGUF file's quantized matrices as they are stored."""
+    ``keep_quantized`` a GGUF file's quantized matrices and a compressed-tensors
+    checkpoint's int8 ones as they are stored. ``quantize_int8``: a float checkpoint's
+    linear weights quantized to int8 per row."""
     start = time.perf_counter()
     if source.is_gguf:
         state_dict = load_gguf(source.path, dtype, keep_quantized)
     else:
         state_dict = load_safetensors(source.path, dtype)
+        if int8.checkpoint_quantization(source.path) is not None:
+            int8.take_int8_weights(state_dict, dtype, keep_quantized)
+        elif quantize_int8:
+            int8.quantize_linear_weights(state_dict)
     if "model.embed_tokens.weight" not in state_dict:
         # E.g. a bare LlamaModel checkpoint, whose keys lack the "model." prefix.
         raise ConfigError(

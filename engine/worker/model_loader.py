@@ -16,6 +16,7 @@ import torch
 from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS, checkpoint_quantization
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
 from hetero_infer.kernels import Kernels, select_kernels
 
@@ -57,6 +58,27 @@ def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
         raise ConfigError(str(exc)) from exc
 
 
+def keeps_quantized(source: loader.ModelSource, quantization: str, dtype: torch.dtype) -> bool:
+    """Whether the checkpoint's quantized weights are kept as stored (where a kernel
+    takes them), or ConfigError where ``quantization`` does not fit the checkpoint.
+    "auto" in fp32 dequantizes, so that fp32 stays exact against transformers on the
+    same weights; a quantization named explicitly is kept in fp32 too."""
+    quantized_by = "gguf" if source.is_gguf else None
+    if not source.is_gguf and checkpoint_quantization(source.folder) is not None:
+        quantized_by = COMPRESSED_TENSORS
+    if quantization in ("gguf", COMPRESSED_TENSORS) and quantized_by != quantization:
+        raise ConfigError(
+            f"quantization {quantization!r} does not match {source.path}, which is "
+            f"{'quantized by ' + quantized_by if quantized_by else 'not quantized'}"
+        )
+    if quantization == "int8" and source.is_gguf:
+        raise ConfigError(
+            "quantization 'int8' quantizes a safetensors checkpoint at load; a GGUF file "
+            "keeps its own blocks ('auto' or 'gguf')"
+        )
+    return quantization != "none" and (quantization != "auto" or dtype != torch.float32)
+
+
 def load_model(
     source: loader.ModelSource,
     model_config: ModelConfig,
@@ -66,16 +88,15 @@ def load_model(
     quantization: str = "auto",
 ) -> CausalLM:
     started = time.monotonic()
-    if quantization == "gguf" and not source.is_gguf:
-        raise ConfigError(f"quantization 'gguf' needs a .gguf model file, not {source.path}")
+    keep_quantized = keeps_quantized(source, quantization, dtype)
     # Built without memory, then filled from the checkpoint: no random init.
     with torch.device("meta"):
         model = build_model(model_config, kernels)
     model = model.to_empty(device=device).to(dtype)
-    # "auto" in fp32 dequantizes, so that fp32 stays exact against transformers on the
-    # same weights; an explicit "gguf" keeps the blocks in fp32 too.
-    keep_quantized = quantization == "gguf" or (quantization == "auto" and dtype != torch.float32)
-    model.load_weights(loader.load_state_dict(source, dtype, keep_quantized))
+    state_dict = loader.load_state_dict(
+        source, dtype, keep_quantized, quantize_int8=quantization == "int8"
+    )
+    model.load_weights(state_dict)
     model.pack_weights()
     model.init_rope(device)
     model.eval()

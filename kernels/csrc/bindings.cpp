@@ -22,7 +22,8 @@ at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated);
 bool quantized_linear_available();
-at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype);
+at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
+                                 const std::optional<at::Tensor>& scales);
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
                             const std::optional<at::Tensor>& bias);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
@@ -55,9 +56,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear_available", &quantized_linear_available,
         "whether quantized_linear was built (AVX512-VNNI, -BW and -BF16)");
   m.def("pack_quantized_weight", &pack_quantized_weight,
-        "a GGUF weight's blocks [N, row_bytes] in quantized_linear's panels",
-        py::arg("data"), py::arg("qtype"));
-  m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed GGUF-quantized weight",
+        "a GGUF weight's blocks [N, row_bytes] (or int8 rows and their scales) in "
+        "quantized_linear's panels",
+        py::arg("data"), py::arg("qtype"), py::arg("scales") = py::none());
+  m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
         py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"));
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
 }

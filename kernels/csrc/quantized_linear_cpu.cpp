@@ -1,5 +1,6 @@
-// y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), on
-// AVX512-VNNI: a decode step streams 0.56-1.06 bytes per weight instead of bf16's 2.
+// y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as
+// weight-only int8 with one scale per output row (I8), on AVX512-VNNI: a decode step
+// streams 0.56-1.06 bytes per weight instead of bf16's 2.
 //
 // Each call first quantizes x to int8 per block of 32 values (scale amax / 127, as
 // llama.cpp quantizes its activations). The weights' values are small unsigned
@@ -7,7 +8,7 @@
 // 64 weight bytes (unsigned) by one broadcast word of 4 activation bytes (signed) and
 // adds into 16 int32 lanes, one output each. Per block (Q6_K: per 16 values) the int
 // sum becomes fp32: times weight scale x activation scale, its start being minus the
-// values' offset (Q4_0 8, Q8_0 128, Q6_K 32) times the activations' int sum; the
+// values' offset (Q4_0 8, Q8_0 and I8 128, Q6_K 32) times the activations' int sum; the
 // types with mins (Q4_1, Q4_K) add min x the activations' sum. Against unquantized
 // activations the int8 rounding costs ~0.5% relative error (a step of amax / 127).
 //
@@ -59,7 +60,7 @@ constexpr int64_t kQuantizeGrain = 16;  // activation rows per task
 // alone 5% faster; SmolLM2's merged projections all split).
 constexpr int64_t kMinThreadWork = 128 << 10;
 
-enum class QType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K };
+enum class QType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, I8 };
 
 QType parse_qtype(const std::string& name) {
   if (name == "Q8_0") return QType::Q8_0;
@@ -67,10 +68,13 @@ QType parse_qtype(const std::string& name) {
   if (name == "Q4_1") return QType::Q4_1;
   if (name == "Q4_K") return QType::Q4_K;
   if (name == "Q6_K") return QType::Q6_K;
+  if (name == "I8") return QType::I8;
   TORCH_CHECK(false, "quantized_linear does not take ", name);
 }
 
 constexpr bool is_k_quant(QType t) { return t == QType::Q4_K || t == QType::Q6_K; }
+// A byte per value, offset by 128 when packed: the same panels and dot products.
+constexpr bool is_8_bit(QType t) { return t == QType::Q8_0 || t == QType::I8; }
 // One block of one row in the file: its values, its bytes.
 constexpr int64_t file_block_values(QType t) { return is_k_quant(t) ? kSuper : kBlock; }
 constexpr int64_t file_block_bytes(QType t) {
@@ -79,32 +83,38 @@ constexpr int64_t file_block_bytes(QType t) {
     case QType::Q4_0: return 18;   // fp16 d, 16 bytes of nibbles
     case QType::Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles
     case QType::Q4_K: return 144;  // fp16 d, fp16 dmin, 12 of scales and mins, 128 of nibbles
+    case QType::I8: return 32;     // 32 int8; the row's scale comes beside the data
     default: return 210;           // Q6_K: 128 of low nibbles, 64 of 2-bit highs, 16 scales, d
   }
 }
-// Per 32 values of a panel's 16 outputs: the values' bytes (Q8_0 a byte each, Q6_K a
+// Per 32 values of a panel's 16 outputs: the values' bytes (Q8_0, I8 a byte each, Q6_K a
 // nibble plus 2 bits, the others a nibble) and their scales' (see pack_quantized_weight).
 constexpr int64_t value_bytes(QType t) {
-  return t == QType::Q8_0 ? 512 : t == QType::Q6_K ? 384 : 256;
+  return is_8_bit(t) ? 512 : t == QType::Q6_K ? 384 : 256;
 }
-constexpr int64_t block_factor_bytes(QType t) { return t == QType::Q4_1 ? 64 : 32; }
+constexpr int64_t block_factor_bytes(QType t) {
+  return t == QType::Q4_1 ? 64 : t == QType::I8 ? 0 : 32;
+}
 // Per 256 values of a panel's 16 outputs (K-quants): the super-block's fp16 scales.
 constexpr int64_t super_factor_bytes(QType t) {
   return t == QType::Q4_K ? 64 : t == QType::Q6_K ? 32 : 0;
 }
+// Per panel (I8): the 16 rows' fp32 scales.
+constexpr int64_t panel_factor_bytes(QType t) { return t == QType::I8 ? 64 : 0; }
 // value = d q + m: the dot product also needs the activations' sum, times m.
 constexpr bool has_min(QType t) { return t == QType::Q4_1 || t == QType::Q4_K; }
 // Scales per 32 values (Q6_K has one per 16).
 constexpr int groups(QType t) { return t == QType::Q6_K ? 2 : 1; }
 // What the stored unsigned values are offset by: sum (q - c) x = sum q x - c sum x.
 constexpr int32_t value_offset(QType t) {
-  return t == QType::Q8_0 ? 128 : t == QType::Q4_0 ? 8 : t == QType::Q6_K ? 32 : 0;
+  return is_8_bit(t) ? 128 : t == QType::Q4_0 ? 8 : t == QType::Q6_K ? 32 : 0;
 }
 
-// Packed bytes per output of k inputs: the file's (Q4_K: 148 per 256 values, not 144).
+// Packed bytes per output of k inputs: the file's (Q4_K: 148 per 256 values, not 144;
+// I8: k plus its fp32 scale).
 int64_t packed_row_bytes(QType t, int64_t k) {
   return k / kBlock * (value_bytes(t) + block_factor_bytes(t)) / kPanel +
-         k / kSuper * super_factor_bytes(t) / kPanel;
+         k / kSuper * super_factor_bytes(t) / kPanel + panel_factor_bytes(t) / kPanel;
 }
 
 // One file block of one row, decoded: each value as the kernel multiplies it (Q8_0's
@@ -122,6 +132,9 @@ void decode(QType t, const uint8_t* block, Decoded& out) {
     case QType::Q8_0:
       std::memcpy(&out.d, block, 2);
       for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[2 + i] ^ 0x80);
+      break;
+    case QType::I8:
+      for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[i] ^ 0x80);
       break;
     case QType::Q4_0:
     case QType::Q4_1: {
@@ -179,12 +192,13 @@ bool quantized_linear_available() {
 #endif
 }
 
-// data uint8 [N, row_bytes] (each row its file blocks), N % 16 == 0 -> uint8
-// [N / 16, panel bytes]: panel p holds outputs 16p .. 16p + 15 in three parts.
+// data uint8 [N, row_bytes] (each row its file blocks; I8: its int8 values as bytes,
+// with `scales` fp32 [N]), N % 16 == 0 -> uint8 [N / 16, panel bytes]: panel p holds
+// outputs 16p .. 16p + 15 in three parts (I8: values, then the 16 scales).
 //
 // Values, per block of 32: [words][16 outputs][4 bytes], so that one 64-byte load
 // gives each of the 16 int32 lanes one output's 4 bytes.
-//   Q8_0: 8 words, word w = values 4w .. 4w + 3 plus 128 (unsigned bytes).
+//   Q8_0, I8: 8 words, word w = values 4w .. 4w + 3 plus 128 (unsigned bytes).
 //   4-bit: 4 words of nibbles, word w = values 4w .. 4w + 3 in the low nibbles and
 //     16 + 4w .. 16 + 4w + 3 in the high ones (Q4_0/Q4_1: the file's bytes 4w .. 4w + 3).
 //   Q6_K: the low 4 bits as the 4-bit types, then two words of the top 2 bits: byte t
@@ -197,10 +211,18 @@ bool quantized_linear_available() {
 //   Q6_K: fp16 d.
 // The same bytes as the file's (Q4_K: 148 per 256 values, not 144: its 6-bit scales
 // take a byte each).
-at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype) {
+at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
+                                 const std::optional<at::Tensor>& scales) {
   const QType t = parse_qtype(qtype);
   TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kByte, "data [N, row_bytes] uint8");
   const int64_t n = data.size(0), row_bytes = data.size(1), fb = file_block_bytes(t);
+  TORCH_CHECK((t == QType::I8) == (scales.has_value() && scales->defined()),
+              "scales [N] go with I8 weights, and only with them");
+  at::Tensor row_scales;
+  if (t == QType::I8) {
+    row_scales = scales->to(at::kFloat).contiguous();
+    TORCH_CHECK(row_scales.numel() == n, "scales [N]");
+  }
   TORCH_CHECK(n % kPanel == 0, "N must be a multiple of 16");
   TORCH_CHECK(row_bytes % fb == 0, "row_bytes must be whole ", qtype, " blocks");
   const int64_t k = row_bytes / fb * file_block_values(t), blocks = k / kBlock;
@@ -216,6 +238,9 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
       uint8_t* values = dst + p * panel_bytes;
       uint8_t* block_factors = values + blocks * vb;
       uint8_t* super_factors = block_factors + blocks * bfb;
+      if (t == QType::I8) {
+        std::memcpy(super_factors, row_scales.data_ptr<float>() + p * kPanel, 4 * kPanel);
+      }
       for (int64_t j = 0; j < kPanel; ++j) {
         const uint8_t* row = src + (p * kPanel + j) * row_bytes;
         for (int64_t f = 0; f < row_bytes / fb; ++f) {
@@ -231,7 +256,7 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
             const int64_t b = first + i;
             uint8_t* v = values + b * vb;
             uint8_t* bf = block_factors + b * bfb;
-            if (t == QType::Q8_0) {
+            if (is_8_bit(t)) {
               for (int w = 0; w < 8; ++w) std::memcpy(v + (w * kPanel + j) * 4, q + 4 * w, 4);
             } else {
               for (int w = 0; w < 4; ++w) {
@@ -253,7 +278,7 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
             } else if (t == QType::Q4_K) {
               bf[j] = dec.scale[i];
               bf[kPanel + j] = dec.min[i];
-            } else {
+            } else if (t != QType::I8) {
               uint16_t* s = reinterpret_cast<uint16_t*>(bf);
               s[j] = dec.d;
               if (t == QType::Q4_1) s[kPanel + j] = dec.m;
@@ -334,7 +359,8 @@ inline __m512 load_i8(const uint8_t* p) {
 }
 
 // The 16 outputs' weight scale of scale group g of block b, in fp32 (K-quants: the
-// super-block's d times the group's small integer scale: exact in fp32).
+// super-block's d times the group's small integer scale: exact in fp32; I8: the rows'
+// scales, the same for every block, after its 0 bytes of block factors).
 template <QType T>
 inline __m512 weight_scale(const uint8_t* block_factors, const uint8_t* super_factors, int64_t b,
                            int g) {
@@ -342,6 +368,8 @@ inline __m512 weight_scale(const uint8_t* block_factors, const uint8_t* super_fa
   if constexpr (T == QType::Q4_K || T == QType::Q6_K) {
     const __m512 d = load_fp16(super_factors + b / kBlocksPerSuper * super_factor_bytes(T));
     return _mm512_mul_ps(T == QType::Q4_K ? load_u8(bf) : load_i8(bf + g * kPanel), d);
+  } else if constexpr (T == QType::I8) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(block_factors));
   } else {
     return load_fp16(bf);
   }
@@ -422,7 +450,7 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
           if constexpr (kChains == 2) isum[1][r][j] = _mm512_setzero_si512();
         }
       }
-      if constexpr (T == QType::Q8_0) {
+      if constexpr (is_8_bit(T)) {
         for (int i = 0; i < 8; ++i) {  // word i: values 4i .. 4i + 3
           __m512i wv[PANELS];
           for (int j = 0; j < PANELS; ++j) wv[j] = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
@@ -629,6 +657,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
       case QType::Q4_1: with(std::integral_constant<QType, QType::Q4_1>{}); break;
       case QType::Q4_K: with(std::integral_constant<QType, QType::Q4_K>{}); break;
       case QType::Q6_K: with(std::integral_constant<QType, QType::Q6_K>{}); break;
+      case QType::I8: with(std::integral_constant<QType, QType::I8>{}); break;
     }
   };
   if (x.scalar_type() == at::kFloat) {

@@ -1,5 +1,5 @@
-"""The embedded SmolLM2 with its Q4_1 weights kept quantized, against the same engine
-on the dequantized weights in fp32.
+"""The embedded SmolLM2 with its Q4_1 weights kept quantized (and its weights quantized
+to int8 at load), against the same engine on the dequantized weights in fp32.
 
 Teacher-forced on a fixed text (prompt logprobs: every position sees the same
 context in both engines), the quantized model must pick the same next token almost
@@ -13,8 +13,13 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.loader import load_state_dict, resolve_model
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
+from hetero_infer.kernels.quantized import INT8
+from safetensors.torch import save_file
 
 from tests.engine.test_smollm2 import DOCUMENT, QUESTIONS
 
@@ -89,3 +94,33 @@ def test_quantized_fp32_greedy_matches_dequantized_fp32(reference) -> None:
     pairs = zip(outputs, greedy_ref, strict=True)
     same = sum(x == y for a, b in pairs for x, y in zip(a, b, strict=False))
     assert same / sum(len(b) for b in greedy_ref) > 0.5
+
+
+@pytest.fixture(scope="module")
+def safetensors_copy(tmp_path_factory) -> Path:
+    """The GGUF's weights dequantized to fp32 (the reference's weights) as a
+    safetensors checkpoint (transformers will not save a model it loaded from GGUF)."""
+    source = resolve_model(None)
+    folder = tmp_path_factory.mktemp("smollm2")
+    kwargs = dict(gguf_file=source.gguf_file)
+    transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs).save_pretrained(folder)
+    transformers.AutoConfig.from_pretrained(source.folder, **kwargs).save_pretrained(folder)
+    state_dict = load_state_dict(source, torch.float32)
+    save_file(
+        {name: t.contiguous() for name, t in state_dict.items()}, folder / "model.safetensors"
+    )
+    return folder
+
+
+def test_int8_at_load_matches_fp32_teacher_forced(reference, safetensors_copy) -> None:
+    ppl_ref, top_ref, _ = reference
+    engine = build_engine(model=str(safetensors_copy), dtype="bfloat16", quantization="int8")
+    layers = linear_layers(engine)
+    assert all(isinstance(m.packed, QuantizedLinear) and m.packed.qtype == INT8 for m in layers)
+    ppl, top = teacher_forced(engine)
+    # Measured: perplexity -0.07%, top-1 agreement 94.8% (fp32 activations: +0.18%,
+    # 96.1%). Lower than Q4_1 kept as it is, which computes the reference's own
+    # weights: one scale per row of 576+ values re-rounds weights that sit on Q4_1's
+    # per-32 grid (0.85% relative error per matrix).
+    assert abs(ppl / ppl_ref - 1) < 0.005
+    assert agreement(top, top_ref) > 0.93

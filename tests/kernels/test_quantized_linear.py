@@ -19,7 +19,7 @@ from hetero_infer.kernels.linear_quantized import (
     quantized_kernel_takes,
     quantized_linear_ref,
 )
-from hetero_infer.kernels.quantized import QuantizedWeight, row_bytes
+from hetero_infer.kernels.quantized import INT8, QuantizedWeight, quantize_int8, row_bytes
 
 
 def kernel_module():
@@ -82,10 +82,15 @@ ROWS = [1, 3, 8, 17, 64, 130]  # below, at and past the tiles (8; 6 x 2 panels)
 
 
 def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -> QuantizedWeight:
-    """Random bytes: every value the file may hold (Q8_0's -128, both nibbles' full
-    range, Q4_K's 6-bit scales and mins, Q6_K's int8 scales), not only what a
+    """Random bytes: every value the file may hold (Q8_0's and I8's -128, both nibbles'
+    full range, Q4_K's 6-bit scales and mins, Q6_K's int8 scales), not only what a
     quantizer makes; the fp16 scales (and mins) random but finite."""
     generator = torch.Generator().manual_seed(seed)
+    if qtype == INT8:
+        shape = (out_features, in_features)
+        values = torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator)
+        scales = torch.rand(out_features, generator=generator) * 0.02
+        return QuantizedWeight(INT8, values, shape, scales)
     size = row_bytes(qtype, in_features)
     data = torch.randint(0, 256, (out_features, size), dtype=torch.uint8, generator=generator)
     per_block = row_bytes(qtype, 256 if qtype in K_TYPES else 32)
@@ -129,6 +134,32 @@ def test_k_quants_match_the_dequantized_product(
     bias = randn(out_features, seed=2, dtype=dtype) if with_bias else None
     linear = QuantizedLinear(kernel_module(), weight, bias)
     assert_matches_reference(linear(x), x, weight, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out_features", "in_features"), [(576, 576), (1536, 576), (576, 1536)])
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_int8_matches_the_dequantized_product(out_features, in_features, rows, dtype, with_bias):
+    weight = raw_weight(INT8, out_features, in_features)
+    x = randn(rows, in_features, dtype=dtype)
+    bias = randn(out_features, seed=2, dtype=dtype) if with_bias else None
+    assert_matches_reference(QuantizedLinear(kernel_module(), weight, bias)(x), x, weight, bias)
+
+
+def test_quantize_int8_rounds_each_row_to_its_own_step():
+    weight = randn(48, 64)
+    weight[5] = 0.0  # a row of zeros: scale 0, values 0, no division by zero
+    weight[7] *= 1000.0  # one large row does not coarsen the others
+    quantized_weight = quantize_int8(weight.bfloat16())
+    assert quantized_weight.qtype == INT8 and quantized_weight.shape == (48, 64)
+    values, scales = quantized_weight.data, quantized_weight.scales
+    assert values.dtype == torch.int8 and scales.dtype == torch.float32
+    assert values.abs().amax(dim=1)[torch.arange(48) != 5].eq(127).all()  # each row's full range
+    error = (quantized_weight.dequantize() - weight.bfloat16().float()).abs()
+    assert (error <= scales[:, None] / 2 * (1 + 1e-6)).all()
+    assert quantized_weight.dequantize()[5].eq(0).all() and scales[5] == 0
 
 
 @needs_kernel
@@ -180,13 +211,20 @@ def test_pack_keeps_the_bytes_and_refuses_partial_panels():
     module = kernel_module()
     for qtype in KERNEL_TYPES:
         weight = raw_weight(qtype, 32, 512)
-        size = module.pack_quantized_weight(weight.data, qtype).numel()
+        size = QuantizedLinear(module, weight).packed.numel()
         # Q4_K's 6-bit scales and mins take a byte each: 148 bytes per 256 values, not 144.
-        assert size == weight.data.numel() * (148 / 144 if qtype == "Q4_K" else 1)
+        assert size == weight.data.numel() * (148 / 144 if qtype == "Q4_K" else 1) + (
+            4 * 32 if qtype == INT8 else 0  # the rows' fp32 scales
+        )
     with pytest.raises(RuntimeError):
         module.pack_quantized_weight(quantized("Q8_0", 40, 64).data, "Q8_0")
     with pytest.raises(RuntimeError):
         module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q5_0")
+    int8 = raw_weight(INT8, 32, 64)
+    with pytest.raises(RuntimeError):  # I8 without its scales
+        module.pack_quantized_weight(int8.data.view(torch.uint8), INT8)
+    with pytest.raises(RuntimeError):  # scales for a type that has its own
+        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q8_0", int8.scales)
     x = randn(2, 64)
     with pytest.raises(RuntimeError):  # the packed weight is for 576 inputs
         module.quantized_linear(x, packed("Q8_0", 576, 576).packed, "Q8_0", None)
@@ -209,8 +247,7 @@ def test_predicate():
     for qtype in KERNEL_TYPES:
         assert quantized_kernel_takes(module, raw_weight(qtype, 64, 256))
     assert not quantized_kernel_takes(module, quantized("Q8_0", 40, 64))  # not whole panels
-    int8 = QuantizedWeight("I8", torch.zeros(64, 64, dtype=torch.int8), (64, 64), torch.ones(64))
-    assert not quantized_kernel_takes(module, int8)
+    assert not quantized_kernel_takes(module, raw_weight(INT8, 40, 64))
 
 
 @pytest.mark.parametrize("qtype", DEQUANTIZE_ROWS_TYPES)
