@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hetero_infer.kernels.quantized import QuantizedWeight
 
 from bench.roofline import (
     ModelShape,
@@ -17,10 +19,12 @@ from bench.roofline import (
     check_targets,
     matmul_only_seconds,
     measure_projections,
+    quantized_bytes_saved,
     roofline_bound,
     step_cost,
     step_rows,
     time_decode_step,
+    time_engine_steps,
 )
 from tests.tiny_models import save_tiny_model
 
@@ -170,3 +174,28 @@ def test_folder_name_is_kept(tmp_path: Path) -> None:
     from bench.roofline import resolve_model
 
     assert resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+def test_time_engine_steps_leaves_the_engine_empty(tiny_engine) -> None:
+    for batch in (1, 3):
+        times = time_engine_steps(tiny_engine, batch, context=20, repeats=3, warmup=1)
+        assert len(times) == 3 and all(0 < t < 10 for t in times)
+        assert not tiny_engine.has_pending_work()
+        assert tiny_engine.block_manager.num_free_blocks == tiny_engine.runner.num_blocks
+
+
+def test_quantized_bytes_saved() -> None:
+    q4 = QuantizedWeight("Q4_0", torch.zeros(32, 18, dtype=torch.uint8), (32, 32))  # 576 B
+    int8 = QuantizedWeight("I8", torch.zeros(16, 32, dtype=torch.int8), (16, 32), torch.ones(16))
+
+    def model(lm_head: object, embed: QuantizedWeight | None) -> SimpleNamespace:
+        layers = [SimpleNamespace(quantized=q4), SimpleNamespace(quantized=None), SimpleNamespace()]
+        return SimpleNamespace(modules=lambda: layers, lm_head=lm_head, embed_quantized=embed)
+
+    # bf16: 32 x 32 x 2 = 2048 bytes in the dtype, 576 stored.
+    assert quantized_bytes_saved(model(object(), None), 2) == 2048 - 576
+    # A tied quantized embedding is read whole by the lm_head; an untied one is not.
+    assert quantized_bytes_saved(model(None, int8), 2) == 2048 - 576 + 1024 - (512 + 64)
+    assert quantized_bytes_saved(model(object(), int8), 2) == 2048 - 576
+    shape_cost = step_cost(TINY, 1, 10, 2)
+    assert step_cost(TINY, 1, 10, 2, bytes_saved=100).weight_bytes == shape_cost.weight_bytes - 100
