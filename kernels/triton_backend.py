@@ -1,4 +1,5 @@
-"""The Triton kernels as the engine's backend: paged attention, and the elementwise ops.
+"""The Triton kernels as the engine's backend: paged attention, the elementwise ops, and
+the linear layers on quantized weights.
 
 On a GPU, or on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``, for
 tests). This module imports triton, so kernels/selection.py imports it only when the
@@ -7,10 +8,17 @@ Triton backend is chosen: the CPU path works without triton installed.
 
 from __future__ import annotations
 
+import torch
 from hetero_infer.kernels.activation_triton import silu_and_mul_triton
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
+from hetero_infer.kernels.linear import LinearFn
+from hetero_infer.kernels.linear_quantized_triton import (
+    TritonQuantizedLinear,
+    triton_quantized_takes,
+)
 from hetero_infer.kernels.ops import KernelOps
 from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
+from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from hetero_infer.kernels.rotary_triton import rotary_triton
 
@@ -35,12 +43,24 @@ def triton_attention() -> AttentionBackend[AttentionInputs]:
 
 
 def triton_ops(device_ops: KernelOps) -> KernelOps:
-    """``device_ops`` with the elementwise ops as Triton kernels; the linear layers and
-    the greedy pick stay the device's (torch's matmul on a GPU, the packed CPU kernels
-    in the interpreter)."""
+    """``device_ops`` with the elementwise ops as Triton kernels, and the linear layers on
+    quantized weights the Triton kernel takes (kernels/linear_quantized_triton.py); other
+    linear layers and the greedy pick stay the device's (torch's matmul on a GPU, the
+    packed CPU kernels in the interpreter)."""
+
+    def takes_quantized(weight: QuantizedWeight) -> bool:
+        return triton_quantized_takes(weight) or device_ops.takes_quantized(weight)
+
+    def pack_linear(weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> LinearFn:
+        if isinstance(weight, QuantizedWeight) and triton_quantized_takes(weight):
+            return TritonQuantizedLinear(weight, bias)
+        return device_ops.pack_linear(weight, bias)
+
     return device_ops.replace(
         rms_norm=rms_norm_triton,
         fused_add_rms_norm=fused_add_rms_norm_triton,
         rotary=rotary_triton,
         silu_and_mul=silu_and_mul_triton,
+        takes_quantized=takes_quantized,
+        pack_linear=pack_linear,
     )

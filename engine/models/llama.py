@@ -248,9 +248,13 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(name)
             if isinstance(tensor, QuantizedWeight):
                 owner = modules[name.removesuffix(".weight")]
-                takes = self.kernels.ops.takes_quantized(tensor)
+                # The kernels are asked about the blocks on the model's device, where they
+                # would read them (a GPU kernel takes none left on the CPU); a weight
+                # none takes is dequantized from the loader's copy.
+                placed = quantized_on(tensor, params[name].device)
+                takes = self.kernels.ops.takes_quantized(placed)
                 if isinstance(owner, Linear) and takes:
-                    return owner.keep_quantized(tensor)
+                    return owner.keep_quantized(placed)
                 # Kept only where the kernels take it too (as the tied lm_head, and on
                 # the device the lookups run on).
                 if (
@@ -258,7 +262,7 @@ class LlamaForCausalLM(nn.Module):
                     and takes
                     and tensor.qtype in DEQUANTIZE_ROWS_TYPES
                 ):
-                    self.embed_quantized = tensor
+                    self.embed_quantized = placed
                     self.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
                     return
                 tensor = tensor.dequantize(params[name].dtype)
@@ -289,6 +293,14 @@ class LlamaForCausalLM(nn.Module):
         missing = set(params) - loaded
         if missing:
             raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
+
+
+def quantized_on(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    """The weight with its blocks (and scales) on ``device``."""
+    if weight.data.device == device:
+        return weight
+    scales = None if weight.scales is None else weight.scales.to(device)
+    return QuantizedWeight(weight.qtype, weight.data.to(device), weight.shape, scales)
 
 
 def merge_rows(

@@ -73,6 +73,32 @@ def attention_constants(**overrides) -> dict:
     return {**constants, **overrides}
 
 
+def quantized_linear_pointers(activations: str, out: str, weight: str = "u8") -> dict[str, str]:
+    return {
+        "out_ptr": f"*{out}",
+        "x_ptr": f"*{activations}",
+        "w_ptr": f"*{weight}",
+        "scales_ptr": "*fp32",
+        "bias_ptr": "*fp32",
+    }
+
+
+def quantized_linear_constants(qtype: str, block_m: int, block_n: int, **overrides) -> dict:
+    from hetero_infer.kernels.linear_quantized_triton import BLOCK_BYTES
+
+    constants = dict(
+        QTYPE=qtype,
+        BLOCK_BYTES=BLOCK_BYTES[qtype],
+        HAS_BIAS=False,
+        DOT_FP32=False,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+    )
+    return {**constants, **overrides}
+
+
+QUANTIZED_LINEAR = "hetero_infer.kernels.linear_quantized_triton:_quantized_linear_kernel"
+
 # (name, kernel, pointers, constants, launch options)
 VARIANTS = [
     (
@@ -134,6 +160,48 @@ VARIANTS = [
         },
         dict(BLOCK_T=1, HEADS_PAD=32, HALF_PAD=64, IS_NEOX=False),
         dict(num_warps=4),
+    ),
+    (  # decode, split-K: fp32 partial sums
+        "quantized-q4_k-decode-split",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "fp32"),
+        quantized_linear_constants("Q4_K", 16, 32),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q6_k-prefill-fp16-bias",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("fp16", "fp16"),
+        quantized_linear_constants("Q6_K", 64, 64, HAS_BIAS=True),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q8_0-decode-bias",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "bf16"),
+        quantized_linear_constants("Q8_0", 16, 32, HAS_BIAS=True),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q4_0-rows",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "bf16"),
+        quantized_linear_constants("Q4_0", 32, 64),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q4_1-prefill-fp32",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("fp32", "fp32"),
+        quantized_linear_constants("Q4_1", 64, 64, DOT_FP32=True),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-int8-decode",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "bf16", weight="i8"),
+        quantized_linear_constants("I8", 16, 32),
+        dict(num_warps=4, num_stages=2),
     ),
     (
         "silu_and_mul",
