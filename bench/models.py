@@ -95,10 +95,10 @@ def _write_qwen_shape(folder: Path) -> None:
     config = qwen_shape_config()
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(folder)
-    _byte_level_tokenizer(config.vocab_size).save_pretrained(folder)
+    byte_level_tokenizer(config.vocab_size).save_pretrained(folder)
 
 
-def _byte_level_tokenizer(vocab_size: int) -> transformers.PreTrainedTokenizerFast:
+def byte_level_tokenizer(vocab_size: int) -> transformers.PreTrainedTokenizerFast:
     """A byte-level BPE (as Qwen2's): the 256 byte symbols, then filler tokens " w<i>"
     up to the vocab size, so that every token id the model may sample decodes to text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
