@@ -4,6 +4,7 @@
     python -m bench.peers --peers ours,llama-cpp --concurrency 16 --threads 2
     python -m bench.peers --quick                           # a small run, for a check
     python -m bench.peers --peers ours,llama-server --gguf-dtype q4_1
+    python -m bench.peers --model qwen2.5-0.5b-shape --peers ours,llama-server --gguf-dtype q8_0
 
 For each peer: start its server on 127.0.0.1 on a free port, poll until it is ready,
 run ``bench.serving`` against it (same prompts, same seed), stop it (SIGTERM, then
@@ -21,13 +22,17 @@ Peers, all on the same weights (``bench.models``) and the same number of threads
   ``generation_config`` with ``eos_token_id: -1`` instead, which turns its eos stop
   off. It pins the model: requests name the model folder, as it was started with.
 - ``llama-cpp``: llama.cpp through ``llama-cpp-python``'s server, installed in its own
-  virtualenv by ``bench/setup_llama_cpp.sh`` (skipped when missing). Its weights are
-  the embedded SmolLM2 GGUF rewritten with every tensor dequantized to BF16 (the same
-  values ours and transformers compute with, whose folder comes from that GGUF too);
-  ``--gguf-dtype f16`` or ``q4_1`` (the original file) instead. Its server has no
-  parallel slots: one request is computed at a time (``interrupt_requests`` off, as
-  its default would cut a stream short whenever the next request arrives), so at any
-  concurrency it measures sequential serving. It has no ``ignore_eos``;
+  virtualenv by ``bench/setup_llama_cpp.sh`` (skipped when missing). Its weights are a
+  GGUF of the model (``--gguf-dtype``, bench/gguf_files.py, written once next to the
+  benchmark models). smollm2: the embedded Q4_1 file rewritten with every tensor
+  dequantized to BF16 (the default; the same values ours and transformers compute
+  with, whose folder comes from that GGUF too) or F16, requantized to Q8_0, or the
+  Q4_1 file as it is. qwen2.5-0.5b-shape: its folder written as a qwen2 GGUF, linear
+  weights in BF16 (as ours and transformers round the folder's), F16, Q8_0 or Q4_1
+  (its tied embedding then in Q8_0). Its server has no parallel slots: one request is
+  computed at a time (``interrupt_requests`` off, as its default would cut a stream
+  short whenever the next request arrives), so at any concurrency it measures
+  sequential serving. It has no ``ignore_eos``;
   ``min_tokens = max_tokens`` keeps eos away (a Python logits processor, a small cost
   per token); its default ``repeat_penalty`` of 1.1 is set to 1 (greedy as the
   others); it sends no usage, so its output tokens are counted from the stream.
@@ -63,11 +68,13 @@ if __name__ == "__main__" and not __package__:
 
 import httpx
 
-from bench import serving
+from bench import gguf_files, serving
 from bench.common import REPO_ROOT, RESULTS_DIR, thread_env
-from bench.models import BENCH_MODELS, cache_root, model_folder
+from bench.models import BENCH_MODELS, model_folder
 
 PEERS = ("ours", "transformers", "llama-cpp", "llama-server")
+# The GGUFs llama.cpp is given (--gguf-dtype): each benchmark model has all four.
+GGUF_DTYPES = ("bf16", "f16", "q8_0", "q4_1")
 LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
 LLAMA_SERVER_BIN = REPO_ROOT / ".venv-peers" / "llama-server" / "bin"
 # Tokens of room in a llama.cpp context beyond prompt + output (a BOS, a prompt that
@@ -110,55 +117,6 @@ def server_env(threads: int) -> dict[str, str]:
 # ---- the GGUF for llama.cpp ----
 
 
-def dequantized_gguf(source: Path, dtype: str = "bf16", out: Path | None = None) -> Path:
-    """``source`` rewritten with every quantized tensor dequantized to ``dtype`` (bf16 or
-    f16): the same metadata (the file type updated), names, shapes and layout (llama.cpp's
-    q/k row order included), so llama.cpp computes with the values the quantized file
-    stands for. Written once, next to the benchmark models."""
-    import gguf
-    import numpy as np
-
-    target = {"bf16": gguf.GGMLQuantizationType.BF16, "f16": gguf.GGMLQuantizationType.F16}[dtype]
-    file_type = {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "f16": gguf.LlamaFileType.MOSTLY_F16}
-    out = out or cache_root() / f"{source.stem.split('.')[0]}.{dtype.upper()}.gguf"
-    if out.is_file():
-        return out
-    reader = gguf.GGUFReader(source)
-    arch = reader.fields["general.architecture"].contents()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_suffix(".partial")
-    writer = gguf.GGUFWriter(staging, arch)  # writes general.architecture itself
-    for name, fld in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue  # the header's own counts, written anew
-        if name == "general.alignment":
-            writer.add_custom_alignment(int(fld.contents()))
-            continue
-        value = fld.contents()
-        if name == "general.file_type":
-            value = int(file_type[dtype])
-        sub_type = fld.types[-1] if fld.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, fld.types[0], sub_type=sub_type)
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type
-        if kind in (gguf.GGMLQuantizationType.F32, target):
-            # Norms and other small float tensors stay as they are (llama.cpp wants F32).
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=kind)
-            continue
-        values = gguf.quants.dequantize(tensor.data, kind).astype(np.float32)
-        if target == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(tensor.name, values.astype(np.float16))
-        else:
-            packed = gguf.quants.quantize(values, target)
-            writer.add_tensor(tensor.name, packed, raw_shape=packed.shape, raw_dtype=target)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(staging, out)
-    return out
-
-
 def llama_cpp_python() -> Path:
     """The interpreter of the llama-cpp-python virtualenv, if its server imports."""
     python = LLAMA_CPP_VENV / "bin" / "python"
@@ -199,16 +157,31 @@ def llama_server_binary(name: str = "llama-server") -> Path:
 
 
 def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
-    """The GGUF that the llama.cpp peers serve (``--gguf-dtype``) and a note on it."""
-    if model != "smollm2":
-        raise Skip(f"no GGUF of {model!r} (only smollm2 ships as one)")
-    from hetero_infer.engine.loader import default_model_path
+    """The GGUF that the llama.cpp peers serve (``--gguf-dtype``) and a note on it;
+    written on first use (bench/gguf_files.py)."""
+    if model == "smollm2":
+        from hetero_infer.engine.loader import default_model_path
 
-    source = default_model_path()
-    if gguf_dtype == "q4_1":
-        return source, f"the embedded Q4_1 GGUF as it is ({source.name}): not the others' weights"
-    path = dequantized_gguf(source, gguf_dtype)
-    return path, f"{path.name}: the embedded GGUF dequantized to {gguf_dtype.upper()}"
+        source = default_model_path()
+        if gguf_dtype == "q4_1":
+            path, what = source, f"the embedded Q4_1 GGUF as it is ({source.name})"
+        else:
+            path = gguf_files.rewritten_gguf(source, gguf_dtype)
+            how = "requantized" if gguf_dtype == "q8_0" else "dequantized"
+            what = f"{path.name}: the embedded Q4_1 GGUF {how} to {gguf_dtype.upper()}"
+    elif model == "qwen2.5-0.5b-shape":
+        path = gguf_files.qwen2_gguf(model_folder(model), gguf_dtype)
+        embedding = gguf_files.qwen2_tensor_type("token_embd.weight", 2, gguf_dtype).name
+        what = (
+            f"{path.name}: the benchmark folder as a GGUF, its linear weights in "
+            f"{gguf_dtype.upper()}, the tied embedding in {embedding}"
+        )
+    else:
+        raise Skip(f"no GGUF of {model!r}")
+    if gguf_dtype in ("q8_0", "q4_1"):
+        # ours and transformers load the folder's float weights unless told otherwise
+        what += ": not the others' weights"
+    return path, what
 
 
 # ---- the peers ----
@@ -257,8 +230,6 @@ def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerSe
 
 
 def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServer:
-    if model != "smollm2":
-        raise Skip(f"llama-cpp: no GGUF of {model!r} (only smollm2 ships as one)")
     python = llama_cpp_python()
     gguf_path, weights = llama_gguf(model, args.gguf_dtype)
     # One sequence at a time: room for the longest request and a margin.
@@ -430,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
-        "--gguf-dtype", default="bf16", choices=("bf16", "f16", "q4_1"), help="llama.cpp's weights"
+        "--gguf-dtype", default="bf16", choices=GGUF_DTYPES, help="llama.cpp's weights"
     )
     parser.add_argument(
         "--ours-flags", default="", help='more `hetero-infer serve` flags, e.g. "--dtype float32"'

@@ -5,6 +5,8 @@ request at a time, on the same GGUF file; ``llama-bench`` on that file beside th
     python -m bench.single_stream --rounds 5 --ours-flags "--quantization none"
     python -m bench.single_stream --ours-model folder --ours-flags "--dtype float32"
     python -m bench.single_stream --systems ours --no-llama-bench
+    python -m bench.single_stream --gguf-dtype q8_0                # SmolLM2 requantized
+    python -m bench.single_stream --model qwen2.5-0.5b-shape --gguf-dtype q4_1
 
 Each system's server is started as bench/peers.py starts it (same command, thread
 environment, readiness check, stop), on 127.0.0.1, and sent ``--requests`` streamed
@@ -14,13 +16,19 @@ a ``--prompt-len`` (64) token prompt, ``--output-len`` (128) tokens with
 
 - ``ours``: ``hetero-infer serve --dtype bfloat16`` as in bench/peers.py, with
   ``--model`` the same GGUF as llama-server's (``--ours-model gguf``, the default;
-  its quantized weights stay quantized where a kernel takes them) or the benchmark
-  model's folder (``--ours-model folder``, safetensors of the dequantized weights),
-  then ``--ours-flags`` (later flags win: ``"--dtype float32"``, ``"--quantization
-  none"``).
+  whatever ``--gguf-dtype``; its quantized weights stay quantized where a kernel
+  takes them) or the benchmark model's folder (``--ours-model folder``: safetensors of
+  SmolLM2's dequantized weights, or the float weights the Qwen-shape GGUF was written
+  from), then ``--ours-flags`` (later flags win: ``"--dtype float32"``,
+  ``"--quantization none"``).
 - ``llama-server``: bench/peers.py's peer (``bash bench/setup_llama_server.sh``
   builds it; skipped, with a line saying so, when missing): one slot, ``--threads``.
-  Its GGUF is the embedded Q4_1 file (``--gguf-dtype``: or dequantized to bf16/f16).
+
+The GGUF (``--gguf-dtype``, bench/peers.py's ``llama_gguf``, written once by
+bench/gguf_files.py): for ``smollm2`` the embedded Q4_1 file (q4_1, the default),
+requantized to Q8_0 (q8_0) or dequantized to BF16/F16; for ``qwen2.5-0.5b-shape``
+its folder as a qwen2 GGUF with the linear weights in Q4_1 (the tied embedding in
+Q8_0, as llama-quantize would store it), Q8_0, BF16 or F16.
 
 Decode speed of a request: output tokens after the first over the time after the
 first token, from the stream: ``1 / TPOT`` = ``(n - 1) / (e2e - ttft)``. Rounds run
@@ -60,7 +68,7 @@ import numpy as np
 
 from bench import peers, serving
 from bench.common import RESULTS_DIR, align, column_widths
-from bench.models import model_folder
+from bench.models import BENCH_MODELS, model_folder
 from bench.throughput import machine_info
 
 SYSTEMS = ("ours", "llama-server")
@@ -339,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.single_stream", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--model", default="smollm2", choices=("smollm2",), help="(the GGUF one)")
+    parser.add_argument("--model", default="smollm2", choices=BENCH_MODELS)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--requests", type=int, default=5, help="per system and round")
@@ -349,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--gguf-dtype", default="q4_1", choices=("q4_1", "bf16", "f16"), help="the GGUF served"
+        "--gguf-dtype", default="q4_1", choices=peers.GGUF_DTYPES, help="the GGUF served"
     )
     parser.add_argument(
         "--ours-model",
