@@ -232,9 +232,13 @@ def cpu_linear_layers(
     kind: str, module: Any, projections: tuple[tuple[int, int], ...]
 ) -> tuple[list[Any], int]:
     """(one callable x -> y per projection of every layer, in the order a step runs
-    them; their weights' bytes) for ``kind``: "bf16" (linear_packed) or a GGUF type.
+    them; their weights' bytes) for ``kind``: "bf16" (linear_packed), a GGUF type or
+    I8 (int8 rows quantized from random floats).
     Every layer (30, or more: CPU_FLUSH_BYTES) gets its own copy of the packed weights
     (random values)."""
+    from hetero_infer.kernels.linear_quantized import QuantizedLinear
+    from hetero_infer.kernels.quantized import INT8, quantize_int8
+
     generator = torch.Generator().manual_seed(0)
     if kind == "bf16":
         packed = [
@@ -244,6 +248,14 @@ def cpu_linear_layers(
 
         def bind(weight: torch.Tensor) -> Any:
             return lambda x: module.linear_packed(x, weight, None)
+    elif kind == INT8:
+        packed = [
+            QuantizedLinear(module, quantize_int8(torch.randn(n, k, generator=generator))).packed
+            for n, k in projections
+        ]
+
+        def bind(weight: torch.Tensor) -> Any:
+            return lambda x: module.quantized_linear(x, weight, kind, None)
     else:
         packed = [
             module.pack_quantized_weight(gguf_blocks(kind, n, k, generator), kind)
@@ -357,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--qtypes",
         type=lambda t: t.split(","),
-        default="Q8_0,Q4_0,Q4_1,Q4_K,Q6_K",
-        help="--cpu-linear: GGUF types",
+        default="Q8_0,Q4_0,Q4_1,Q4_K,Q6_K,I8",
+        help="--cpu-linear: GGUF types, and I8 (weight-only int8)",
     )
     parser.add_argument(
         "--rows", type=parse_ints, default="1,16,128,512", help="--cpu-linear: rows of x"
