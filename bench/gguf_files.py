@@ -29,6 +29,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 from gguf import LlamaFileType
+from hetero_infer.engine.loader.gguf import GGUF_GLOBAL_NAMES, GGUF_LAYER_PARTS
 
 from bench.models import cache_root
 
@@ -122,23 +123,9 @@ def rewritten_gguf(source: Path, target: str, out: Path | None = None) -> Path:
 
 # ---- a Hugging Face Qwen2 folder as a GGUF ----
 
-# HF parameter name -> llama.cpp's tensor name (its gguf-py TENSOR_MAPPING for qwen2).
-HF_TO_GGUF_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-HF_TO_GGUF_LAYER = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
+# HF parameter name -> llama.cpp's tensor name: the loader's own map, inverted.
+HF_TO_GGUF_GLOBAL = {hf: name for name, hf in GGUF_GLOBAL_NAMES.items()}
+HF_TO_GGUF_LAYER = {hf: part for part, hf in GGUF_LAYER_PARTS.items()}
 _HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 
 

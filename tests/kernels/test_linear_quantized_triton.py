@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 import gguf  # noqa: E402
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from hetero_infer.engine.loader.gguf import GGUF_LAYER_PARTS  # noqa: E402
 from hetero_infer.kernels import linear_quantized_triton  # noqa: E402
 from hetero_infer.kernels.linear_quantized_triton import (  # noqa: E402
     QuantizedTiles,
@@ -166,17 +167,7 @@ PART_TYPES = {
     "ffn_up": "Q8_0",
     "ffn_down": "Q4_1",
 }
-HF_PARTS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
+HF_PARTS = GGUF_LAYER_PARTS  # llama.cpp's part names -> HF's
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
