@@ -177,5 +177,5 @@ def test_cli_reports_bad_flags_as_errors(model_dir, capsys):
 
 
 def test_gguf_quantization_needs_a_gguf_file(model_dir):
-    with pytest.raises(ValueError, match="quantization 'gguf' needs a .gguf"):
+    with pytest.raises(ValueError, match="quantization 'gguf' does not match .* not quantized"):
         LLMEngine(EngineConfig(model=str(model_dir), max_model_len=256, quantization="gguf"))
