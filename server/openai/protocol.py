@@ -274,6 +274,17 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
+    def unsupported(self) -> None:
+        super().unsupported()
+        for name in ("functions", "function_call"):
+            if (self.model_extra or {}).get(name) is not None:
+                raise APIError(
+                    400,
+                    f"'{name}' is OpenAI's deprecated form of tool calling: "
+                    "use 'tools' and 'tool_choice'",
+                    param=name,
+                )
+
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, value: Any) -> Any:

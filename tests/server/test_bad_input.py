@@ -218,6 +218,7 @@ CASES = [
         message="--enable-auto-tool-choice",
     ),
     Case("tool-choice-without-tools", CHAT, chat(tool_choice="required"), param="tool_choice"),
+    Case("functions", CHAT, chat(functions=[{"name": "f"}]), param="functions"),
     Case(
         "tool-choice-unknown-function",
         CHAT,
