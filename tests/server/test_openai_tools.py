@@ -34,14 +34,14 @@ TEMPLATE = (
     "{%- if tools %}tools:{% for tool in tools %} {{ tool.function.name }}"
     "{{ tool.function.parameters | tojson }}{% endfor %}\n{% endif %}"
     "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' and m.tool_calls %}assistant:"
+    "{%- if m.role == 'assistant' and m.tool_calls %}assistant>"
     "{% for call in m.tool_calls %} <tool_call>"
     '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
     "</tool_call>{% endfor %}\n"
     "{%- elif m.role == 'tool' %}tool {{ m.tool_call_id }}: {{ m.content }}\n"
-    "{%- else %}{{ m.role }}: {{ m.content }}\n{% endif %}"
+    "{%- else %}{{ m.role }}> {{ m.content }}\n{% endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}assistant:"
+    "{%- if add_generation_prompt %}assistant>"
     "{%- if enable_thinking is defined and not enable_thinking %} <think></think>{% endif %}"
     "{%- endif %}"
 )
@@ -212,6 +212,14 @@ def test_conversation_with_calls_and_results(tools_client, tools_server):
     assert name == "get_time"
 
 
+def test_tokenize_uses_the_servers_template(tools_server):
+    with tools_server.client() as http:
+        out = http.post("/tokenize", json={"model": MODEL_NAME, "messages": MESSAGES}).json()
+    assert out["tokens"] == prompt_ids(tools_server, MESSAGES)
+    own = tools_server.engine.tokenizer.apply_chat_template(MESSAGES)  # the tokenizer's
+    assert out["tokens"] != own
+
+
 # ---- auto: the server's parser reads what the model wrote ----
 
 # The call as llama3_json writes it, made the model's only way to answer.
@@ -339,7 +347,7 @@ def test_reasoning_content(reasoning_client, reasoning_server):
 def test_chat_template_kwargs_reach_the_template(reasoning_client, reasoning_server):
     off = {"enable_thinking": False}
     ids = prompt_ids(reasoning_server, MESSAGES, template_kwargs=off)
-    assert reasoning_server.engine.tokenizer.decode(ids).endswith("assistant: <think></think>")
+    assert reasoning_server.engine.tokenizer.decode(ids).endswith("assistant> <think></think>")
     out = reasoning_client.chat.completions.create(
         model=MODEL_NAME,
         messages=MESSAGES,
