@@ -54,6 +54,9 @@ def tool_use(body: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
         return ToolUse()
     functions = [tool.function for tool in body.tools]
+    names = [function.name for function in functions]
+    if len(set(names)) < len(names):
+        raise APIError(400, "tools: function names must be unique", param="tools")
     template_tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
     choice = body.tool_choice or "auto"
     if choice == "none":

@@ -219,6 +219,7 @@ CASES = [
     ),
     Case("tool-choice-without-tools", CHAT, chat(tool_choice="required"), param="tool_choice"),
     Case("functions", CHAT, chat(functions=[{"name": "f"}]), param="functions"),
+    Case("tools-same-name", CHAT, chat(tools=TOOLS * 2, tool_choice="none"), param="tools"),
     Case(
         "tool-choice-unknown-function",
         CHAT,
