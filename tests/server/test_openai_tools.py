@@ -262,6 +262,32 @@ def test_auto_without_a_call_is_a_plain_answer(tools_client, tools_server):
         assert out.choices[0].finish_reason == greedy.finish_reason
 
 
+def test_flags_of_the_command_line(server_process_factory, tmp_path):
+    """`hetero-infer serve` with vLLM's flags: the template file, auto tool choice and
+    its parser reach the server."""
+    template = tmp_path / "tools.jinja"
+    template.write_text(TEMPLATE)
+    process = server_process_factory(
+        "--chat-template",
+        str(template),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "llama3_json",
+        "--max-model-len",
+        "1024",
+    )
+    try:
+        process.wait_ready()
+        with openai.OpenAI(
+            base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=60
+        ) as client:
+            out = create(client, response_format=LLAMA3_CALL, temperature=0)
+        [(name, _)] = check_calls(out.choices[0].message)
+        assert name == "get_time"
+    finally:
+        process.kill()
+
+
 # ---- refused ----
 
 
