@@ -77,14 +77,8 @@ class ChatCompletion:
             params = dataclasses.replace(params, json_schema=tools.json_schema)
         if tools.keeps_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
-        try:
-            request = processor.request(new_id("chatcmpl"), prompt, params)
-        except ValidationError as exc:
-            if tools.json_schema is None or exc.param != "response_format":
-                raise
-            # The schema came from the tools: say so.
-            message = str(exc).replace("response_format: the schema", "tools: a parameters schema")
-            raise APIError(400, message, param="tools") from exc
+        schema_param = "tools" if tools.json_schema is not None else "response_format"
+        request = processor.request(new_id("chatcmpl"), prompt, params, schema_param)
         return cls(ctx, body, request, tools)
 
     def output_parser(self) -> ChatOutputParser:
