@@ -47,6 +47,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Constrain the output to JSON matching this schema ({"type": "object"}: any object).
     json_schema: dict[str, Any] | None = None
+    # False keeps special tokens in the text (a tool-call marker may be one); the eos
+    # that ends the request is left out all the same.
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):

@@ -30,17 +30,16 @@ class StructuredOutput:
         self._eos_token_ids = eos_token_ids
         self._lltokenizer: Any = None
 
-    def matcher(self, schema: dict[str, Any]) -> Any:
-        """A fresh llguidance matcher for ``schema``; ValueError if the schema is unusable."""
+    def matcher(self, schema: dict[str, Any], param: str = "response_format") -> Any:
+        """A fresh llguidance matcher for ``schema``; ValueError naming ``param`` (the
+        request field the schema came from) if the schema is unusable."""
         import llguidance
 
         if self._lltokenizer is None:
             import llguidance.hf
 
             if not getattr(self._hf_tokenizer, "is_fast", False):
-                raise ValidationError(
-                    "response_format needs a fast (tokenizers) tokenizer", param="response_format"
-                )
+                raise ValidationError(f"{param} needs a fast (tokenizers) tokenizer", param=param)
             self._lltokenizer = llguidance.hf.from_tokenizer(
                 self._hf_tokenizer,
                 n_vocab=self._vocab_size,
@@ -52,13 +51,12 @@ class StructuredOutput:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (TypeError, ValueError) as exc:
             raise ValidationError(
-                f"response_format: the schema is not usable: {exc}", param="response_format"
+                f"{param}: the schema is not usable: {exc}", param=param
             ) from None
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
         if matcher.is_error():
             raise ValidationError(
-                f"response_format: the schema is not usable: {matcher.get_error()}",
-                param="response_format",
+                f"{param}: the schema is not usable: {matcher.get_error()}", param=param
             )
         return matcher
 

@@ -127,6 +127,9 @@ SERVER_FLAGS: list[tuple[str, str, type]] = [
     ("--max-waiting-requests", "max_waiting_requests", int),
     ("--max-body-bytes", "max_body_bytes", int),
     ("--shutdown-timeout", "shutdown_timeout", float),
+    ("--chat-template", "chat_template", str),
+    ("--tool-call-parser", "tool_call_parser", str),
+    ("--reasoning-parser", "reasoning_parser", str),
 ]
 
 
@@ -142,6 +145,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="names the model answers to in requests; the first is reported (default: the "
         "model's name and hetero-infer)",
     )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=None,
+        help='allow tool_choice "auto": the model\'s calls are read by --tool-call-parser',
+    )
     parser.add_argument("--log-level", default="INFO")
     add_engine_flags(parser)
     return parser
@@ -150,7 +159,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
 def server_settings_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> ServerSettings:
-    flags = [(name, kind) for _, name, kind in SERVER_FLAGS] + [("served_model_name", str)]
+    flags = [(name, kind) for _, name, kind in SERVER_FLAGS]
+    flags += [("served_model_name", str), ("enable_auto_tool_choice", _parse_bool)]
     engine = engine_config_from_args(args, environ)
     values: dict[str, Any] = {}
     if config_file := _config_file(args, environ):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hetero_infer.engine.config import EngineConfig
+from hetero_infer.server.openai.reasoning import REASONING_PARSERS
+from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The name the project's own examples send, answered by default beside the model's.
@@ -26,6 +29,15 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     # Seconds in-flight requests get to finish after SIGTERM.
     shutdown_timeout: float = 30.0
+    # Chat, as vLLM's flags: a Jinja template (a file, or the text itself) in place of
+    # the tokenizer's; tool_choice "auto" (which needs a parser of the model's call
+    # format); the parser of <think> reasoning.
+    chat_template: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    # The template's text, read once from chat_template.
+    chat_template_text: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = self.served_model_name
@@ -39,6 +51,20 @@ class ServerSettings:
                 raise ValueError(f"{name} must be at least 1")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must be >= 0")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs a tool_call_parser")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                f"got {self.reasoning_parser!r}"
+            )
+        if self.chat_template is not None:
+            object.__setattr__(self, "chat_template_text", read_chat_template(self.chat_template))
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -58,6 +84,23 @@ class ServerSettings:
 
     def redacted(self) -> dict:
         """The settings as a dict for the startup log, with secrets hidden."""
-        values = {k: v for k, v in self.__dict__.items() if k != "engine"}
+        values = {
+            k: v for k, v in self.__dict__.items() if k not in ("engine", "chat_template_text")
+        }
         values["api_key"] = "***" if self.api_key else None
         return {"server": values, "engine": self.engine.to_dict()}
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as a file's path, or (as vLLM also takes it) as the Jinja
+    text itself."""
+    path = Path(value)
+    try:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    except OSError as exc:  # a long template's text is no valid path
+        if "{" not in value:
+            raise ValueError(f"chat_template: cannot read {value}: {exc}") from exc
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"chat_template: no such file: {value}")

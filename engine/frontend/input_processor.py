@@ -120,13 +120,18 @@ class InputProcessor:
         return max_tokens or limit - num_prompt_tokens
 
     def request(
-        self, request_id: str, prompt: PromptTokens, params: SamplingParams
+        self,
+        request_id: str,
+        prompt: PromptTokens,
+        params: SamplingParams,
+        schema_param: str = "response_format",
     ) -> EngineRequest:
         """The request for a checked prompt, once its params pass the model's checks:
         token ids the params name must be in the vocabulary, and a JSON schema must
-        compile; its grammar (an llguidance matcher) is built here, once."""
+        compile (an error names ``schema_param``, the field the schema came from); its
+        grammar (an llguidance matcher) is built here, once."""
         params.check_vocab(self.vocab_size)
         grammar = None
         if params.json_schema is not None:
-            grammar = self.structured_output.matcher(params.json_schema)
+            grammar = self.structured_output.matcher(params.json_schema, schema_param)
         return EngineRequest(request_id, prompt.text, prompt.token_ids, params, grammar)

@@ -78,7 +78,9 @@ class OutputProcessor:
                 prompt=prompt,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_token_ids),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids, params.skip_special_tokens
+                ),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output)
                 if params.stop
                 else None,
@@ -149,6 +151,8 @@ class OutputProcessor:
         text_ids = new_ids
         if update.stop_reason is not None and not state.params.include_stop_str_in_output:
             text_ids = new_ids[:-1]
+        elif self._ended_by_eos(state, new_ids, finish_reason):
+            text_ids = new_ids[:-1]  # (decoding drops it anyway where it skips special tokens)
         old_len = len(state.decoded)
         state.decoded += state.detokenizer.step(text_ids) if text_ids else ""
         if finish_reason is not None:
@@ -167,6 +171,17 @@ class OutputProcessor:
         if finish_reason is not None:
             self._finish(state, output)
         return output, stopped
+
+    def _ended_by_eos(
+        self, state: _ChoiceState, new_ids: list[int], finish_reason: str | None
+    ) -> bool:
+        return (
+            not state.params.skip_special_tokens
+            and finish_reason == "stop"
+            and not state.params.ignore_eos
+            and bool(new_ids)
+            and new_ids[-1] in self.tokenizer.eos_token_ids
+        )
 
     def _check_stop_strings(
         self, state: _ChoiceState, old_len: int, num_output_tokens: int

@@ -10,6 +10,8 @@ a stop string is held for longer than it has to be.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class StopStringMatcher:
     def __init__(self, stop: list[str], include_in_output: bool) -> None:
@@ -38,8 +40,15 @@ class StopStringMatcher:
 
     def held_back(self, text: str) -> int:
         """How many trailing chars of ``text`` may be the start of a stop string."""
-        for n in range(min(self._longest - 1, len(text)), 0, -1):
-            tail = text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return n
-        return 0
+        return partial_match_length(text, self.stop)
+
+
+def partial_match_length(text: str, strings: Sequence[str]) -> int:
+    """How many trailing chars of ``text`` are the start (not the whole) of one of
+    ``strings``: the part a stream holds back until the next text settles it."""
+    longest = max((len(s) for s in strings), default=0)
+    for n in range(min(longest - 1, len(text)), 0, -1):
+        tail = text[-n:]
+        if any(s.startswith(tail) for s in strings):
+            return n
+    return 0

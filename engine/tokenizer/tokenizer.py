@@ -6,6 +6,7 @@ and where ids are decoded back (detokenizer.py streams that, one delta at a time
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -87,20 +88,42 @@ class Tokenizer:
         )
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        if not getattr(self._hf, "chat_template", None):  # (None for a plugged-in tokenizer)
+        """The messages through the chat template: the tokenizer's own, or
+        ``chat_template`` (Jinja text) in its place. ``tools`` (OpenAI's function
+        definitions) and ``template_kwargs`` (e.g. ``enable_thinking``) are the
+        template's variables."""
+        if not (chat_template or getattr(self._hf, "chat_template", None)):
             raise ValidationError(
                 "this tokenizer has no chat template; send a plain prompt "
                 "(/v1/completions) or use a model whose tokenizer defines one",
                 param="messages",
             )
+        if self._hf is None:  # a plugged-in tokenizer given a template by the server
+            raise ValidationError("chat templates need a Hugging Face tokenizer", param="messages")
+        template_kwargs = template_kwargs or {}
+        taken = set(template_kwargs) & _own_parameters(self._hf.apply_chat_template)
+        if taken:
+            raise ValidationError(
+                f"chat_template_kwargs: {', '.join(sorted(taken))} cannot be set this way",
+                param="chat_template_kwargs",
+            )
         try:
             out = self._hf.apply_chat_template(
                 messages,
+                tools=tools or None,
+                chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 return_dict=True,
+                **template_kwargs,
             )
         except jinja2.TemplateError as e:
             # Templates reject bad conversations (roles out of order, ...) this way:
@@ -111,6 +134,15 @@ class Tokenizer:
         # transformers 5 returns a BatchEncoding here; older versions a plain list.
         ids = out["input_ids"] if isinstance(out, Mapping) else out
         return [int(i) for i in ids]
+
+
+def _own_parameters(function: Any) -> set[str]:
+    """The named parameters of ``function``, which template variables must not shadow."""
+    return {
+        name
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    } | {"messages"}
 
 
 def _attribute(tokenizer: Any, name: str) -> Any:

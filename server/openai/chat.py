@@ -1,65 +1,107 @@
-"""/v1/chat/completions: the messages through the model's chat template become one
-engine request (n choices), its outputs a chat completion or a stream of chunks.
+"""/v1/chat/completions: the messages (and tools) through the model's chat template
+become one engine request (n choices), its outputs a chat completion or a stream of
+chunks.
 
-A stream opens with one chunk per choice carrying ``delta.role``; choices interleave
-by ``index``.
+Each choice's text goes through a ChatOutputParser (chat_output.py): reasoning, content
+and tool calls, whole or streamed alike. A stream opens with one chunk per choice
+carrying ``delta.role``; choices interleave by ``index``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.chat_output import (
+    ChatOutputParser,
+    MessageDelta,
+    tool_calls_body,
+    tool_calls_delta,
+)
 from hetero_infer.server.openai.logprobs import LogprobsFormatter
 from hetero_infer.server.openai.protocol import ChatCompletionRequest
+from hetero_infer.server.openai.reasoning import reasoning_parser
 from hetero_infer.server.openai.responses import Chunk, completion_body, new_id, usage
 from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 
 
 class ChatCompletion:
     """One /v1/chat/completions request: its engine request, and the answer."""
 
     def __init__(
-        self, ctx: RequestContext, body: ChatCompletionRequest, request: EngineRequest
+        self,
+        ctx: RequestContext,
+        body: ChatCompletionRequest,
+        request: EngineRequest,
+        tools: ToolUse,
     ) -> None:
         self.ctx = ctx
         self.request = request
+        self.tools = tools
         self.n = request.params.n
         self.include_usage = body.include_usage
         self.formatter = LogprobsFormatter(ctx.engine.tokenizer) if body.logprobs else None
         self.top_logprobs = body.top_logprobs or 0
         self.prompt_tokens = len(request.prompt_token_ids)
+        # A grammar makes the output JSON from its first token: no thinking to split off.
+        reasoning = ctx.settings.reasoning_parser
+        self.reasoning = reasoning if request.params.json_schema is None else None
 
     @classmethod
     def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
-        """The messages through the chat template, checked, then the params (max_tokens
-        fits the context)."""
-        messages = body.template_messages()
+        """The messages and tools through the chat template, checked, then the params
+        (max_tokens fits the context; a constrained tool_choice's schema)."""
+        tools = tool_use(body, ctx.settings)
         try:
-            token_ids = ctx.engine.tokenizer.apply_chat_template(messages)
+            token_ids = ctx.engine.tokenizer.apply_chat_template(
+                body.template_messages(),
+                tools=tools.template_tools,
+                chat_template=ctx.settings.chat_template_text,
+                template_kwargs=body.chat_template_kwargs,
+            )
+        except ValidationError as exc:
+            raise APIError.from_exception(exc) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from exc
         processor = ctx.engine.input_processor
         prompt = processor.tokenize(token_ids)
         requested = body.max_completion_tokens or body.max_tokens
         params = body.sampling_params(processor.fit_context(prompt, requested))
-        return cls(ctx, body, processor.request(new_id("chatcmpl"), prompt, params))
+        if tools.json_schema is not None:
+            params = dataclasses.replace(params, json_schema=tools.json_schema)
+        if tools.keeps_special_tokens:
+            params = dataclasses.replace(params, skip_special_tokens=False)
+        schema_param = "tools" if tools.json_schema is not None else "response_format"
+        request = processor.request(new_id("chatcmpl"), prompt, params, schema_param)
+        return cls(ctx, body, request, tools)
+
+    def output_parser(self) -> ChatOutputParser:
+        """A parser of one choice's text."""
+        reasoning = reasoning_parser(self.reasoning) if self.reasoning else None
+        tools = self.tools.new_parser() if self.tools.new_parser else None
+        return ChatOutputParser(reasoning, tools, self.tools.max_calls)
 
     async def whole(self) -> dict[str, Any]:
         [finals] = await self.ctx.run_to_end([self.request])
-        choices = [
-            {
-                "index": final.index,
-                "message": {"role": "assistant", "content": final.text},
-                "logprobs": self._logprobs(final, 0),
-                "finish_reason": final.finish_reason,
-                "stop_reason": final.stop_reason,
-            }
-            for final in finals
-        ]
+        choices = []
+        for final in finals:
+            parser = self.output_parser()
+            message = parser.parse(final.text)
+            choices.append(
+                {
+                    "index": final.index,
+                    "message": self._message(message),
+                    "logprobs": self._logprobs(final, 0),
+                    "finish_reason": _finish_reason(final, parser),
+                    "stop_reason": final.stop_reason,
+                }
+            )
         generated = sum(len(final.token_ids) for final in finals)
         return completion_body(
             "chat.completion",
@@ -75,22 +117,37 @@ class ChatCompletion:
             yield self._chunk([{"index": index, "delta": role, "finish_reason": None}])
         generated = 0
         sent_tokens = [0] * self.n  # per choice: output tokens whose logprobs are out
+        parsers = [self.output_parser() for _ in range(self.n)]
         async for out in self.ctx.outputs(self.request):
             generated += len(out.delta_token_ids)
-            # Logprobs of tokens without text yet ride on a later chunk.
-            if not (out.delta_text or out.finished):
+            parser = parsers[out.index]
+            delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
+            if out.finished:
+                delta.add(parser.finish())
+            # Logprobs of tokens without text yet (or held back) ride on a later chunk.
+            if not (delta or out.finished):
                 continue
             choice = {
                 "index": out.index,
-                "delta": {"content": out.delta_text} if out.delta_text else {},
+                "delta": _delta_body(delta),
                 "logprobs": self._logprobs(out, sent_tokens[out.index]),
-                "finish_reason": out.finish_reason,
+                "finish_reason": _finish_reason(out, parser),
                 "stop_reason": out.stop_reason,
             }
             sent_tokens[out.index] = len(out.token_ids)
             yield self._chunk([choice])
         if self.include_usage:
             yield self._chunk([], usage(self.prompt_tokens, generated))
+
+    def _message(self, message: MessageDelta) -> dict[str, Any]:
+        body: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls or message.reasoning:
+            body["content"] = message.content or None  # (OpenAI's null beside calls)
+        if message.tool_calls:
+            body["tool_calls"] = tool_calls_body(message.tool_calls)
+        if self.reasoning:
+            body["reasoning_content"] = message.reasoning or None
+        return body
 
     def _logprobs(self, out: RequestOutput, start: int) -> dict[str, Any] | None:
         """Chat logprobs of the output's tokens from ``start`` on; None unless asked."""
@@ -109,3 +166,21 @@ class ChatCompletion:
             choices,
             usage_value,
         )
+
+
+def _delta_body(delta: MessageDelta) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if delta.reasoning:
+        body["reasoning_content"] = delta.reasoning
+    if delta.content:
+        body["content"] = delta.content
+    if delta.tool_calls:
+        body["tool_calls"] = tool_calls_delta(delta.tool_calls)
+    return body
+
+
+def _finish_reason(out: RequestOutput, parser: ChatOutputParser) -> str | None:
+    """ "tool_calls" where an answer that ended by itself made calls."""
+    if out.finish_reason == "stop" and parser.made_calls:
+        return "tool_calls"
+    return out.finish_reason

@@ -48,7 +48,8 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
-    return tokenization.tokenize(RequestContext.open(request, body.model).engine, body)
+    ctx = RequestContext.open(request, body.model)
+    return tokenization.tokenize(ctx.engine, body, ctx.settings.chat_template_text)
 
 
 @router.post("/detokenize")

@@ -42,6 +42,7 @@ class RequestContext:
     metrics: ServerMetrics
     model_name: str  # the name responses report
     connection: Request
+    settings: ServerSettings
 
     @classmethod
     def open(cls, request: Request, model: str | None) -> RequestContext:
@@ -50,7 +51,7 @@ class RequestContext:
         state = request.app.state.server
         check_model(state.settings, model)
         engine = state.require_engine()
-        return cls(engine, state.metrics, state.settings.model_name, request)
+        return cls(engine, state.metrics, state.settings.model_name, request, state.settings)
 
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request, observed by the metrics; the engine's

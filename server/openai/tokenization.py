@@ -13,10 +13,15 @@ from hetero_infer.server.openai.protocol import (
 )
 
 
-def tokenize(engine: AsyncEngine, body: TokenizeRequest) -> dict[str, Any]:
-    """The tokens of a prompt, or of messages through the chat template."""
+def tokenize(
+    engine: AsyncEngine, body: TokenizeRequest, chat_template: str | None = None
+) -> dict[str, Any]:
+    """The tokens of a prompt, or of messages through the chat template (the server's
+    --chat-template where it has one)."""
     if body.messages is not None:
-        tokens = engine.tokenizer.apply_chat_template(template_messages(body.messages))
+        tokens = engine.tokenizer.apply_chat_template(
+            template_messages(body.messages), chat_template=chat_template
+        )
     elif body.prompt is not None:
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:

@@ -183,3 +183,21 @@ def test_min_tokens_delays_stop_strings_and_masks_stop_tokens(engine):
     assert out.token_ids[0] != stop_id
     assert stop_id not in out.token_ids[:5]
     assert len(out.token_ids) >= 5 or out.finish_reason == "length"
+
+
+def test_special_tokens_kept_on_request_but_not_the_eos(engine):
+    """skip_special_tokens=False (a tool-call marker may be a special token) shows
+    special tokens in the text; the eos that ends the request still is not text."""
+    bos = {1: 100.0}  # <s>, a special token: the only pick
+    kept = SamplingParams(max_tokens=3, temperature=0, logit_bias=bos, skip_special_tokens=False)
+    [out] = engine.generate(["hello"], kept, use_tqdm=False)
+    assert out.text == "<s><s><s>"
+    [out] = engine.generate(["hello"], SamplingParams(max_tokens=3, temperature=0, logit_bias=bos))
+    assert out.text == ""
+    eos = {2: 100.0}  # </s>
+    for skip in (True, False):
+        params = SamplingParams(
+            max_tokens=3, temperature=0, logit_bias=eos, skip_special_tokens=skip
+        )
+        [out] = engine.generate(["hello"], params, use_tqdm=False)
+        assert (out.finish_reason, out.text, len(out.token_ids)) == ("stop", "", 1)

@@ -16,6 +16,7 @@ from tests.server.conftest import MODEL_NAME, LiveServer
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Hello"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LONG_TEXT = "a " * 600  # about 600 tokens: more than max_model_len (512)
 
 
@@ -208,8 +209,69 @@ CASES = [
         ),
         param="response_format",
     ),
+    # Tools: "auto" (the default with tools) needs --enable-auto-tool-choice.
     Case(
-        "tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), param="tools"
+        "tools-auto-not-enabled",
+        CHAT,
+        chat(tools=TOOLS),
+        param="tool_choice",
+        message="--enable-auto-tool-choice",
+    ),
+    Case("tool-choice-without-tools", CHAT, chat(tool_choice="required"), param="tool_choice"),
+    Case("functions", CHAT, chat(functions=[{"name": "f"}]), param="functions"),
+    Case("tools-same-name", CHAT, chat(tools=TOOLS * 2, tool_choice="none"), param="tools"),
+    Case(
+        "tool-choice-unknown-function",
+        CHAT,
+        chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "g"}}),
+        param="tool_choice",
+        message="'g'",
+    ),
+    Case("tool-choice-bogus", CHAT, chat(tools=TOOLS, tool_choice="always"), param="tool_choice"),
+    Case(
+        "tool-not-function",
+        CHAT,
+        chat(tools=[{"type": "retrieval", "function": {"name": "f"}}], tool_choice="required"),
+        param="tools.0.type",
+    ),
+    Case(
+        "tool-no-name",
+        CHAT,
+        chat(tools=[{"type": "function", "function": {}}], tool_choice="required"),
+        param="tools.0.function.name",
+    ),
+    Case(
+        "tool-parameters-not-object",
+        CHAT,
+        chat(
+            tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+            ],
+            tool_choice="required",
+        ),
+        param="tools.0.function.parameters",
+    ),
+    Case(
+        "tool-message-without-id",
+        CHAT,
+        chat(messages=[*MESSAGES, {"role": "tool", "content": "42"}]),
+        param="messages.1",
+    ),
+    Case(
+        "tool-call-arguments-not-json",
+        CHAT,
+        chat(
+            messages=[
+                *MESSAGES,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}
+                    ],
+                },
+            ]
+        ),
+        param="messages.1.tool_calls",
     ),
     Case(
         "image-part",

@@ -91,3 +91,33 @@ def test_seed_flags_and_config_file(tmp_path):
     config.write_text(json.dumps({"serving": {"workers": 4}}))
     with pytest.raises(ValueError, match="serving takes host, port, model_name"):
         settings_for(["-c", str(config)], {})
+
+
+def test_tool_calling_flags(tmp_path):
+    template = tmp_path / "tools.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    argv = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template"]
+    settings = settings_for([*argv, str(template), "--reasoning-parser", "qwen3"], {})
+    assert settings.enable_auto_tool_choice and settings.tool_call_parser == "hermes"
+    assert settings.reasoning_parser == "qwen3"
+    assert settings.chat_template_text == template.read_text()
+    assert "m.content" not in json.dumps(settings.redacted())  # the path, not the text
+    env = {"HETERO_ENABLE_AUTO_TOOL_CHOICE": "true", "HETERO_TOOL_CALL_PARSER": "pythonic"}
+    assert settings_for([], env).tool_call_parser == "pythonic"
+    # The template's text itself is taken too, as vLLM does.
+    assert settings_for(["--chat-template", "{{ x }}"], {}).chat_template_text == "{{ x }}"
+    assert not settings_for([], {}).enable_auto_tool_choice
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tool-call-parser", "nope"], "tool_call_parser must be one of hermes"),
+        (["--enable-auto-tool-choice"], "needs a tool_call_parser"),
+        (["--reasoning-parser", "nope"], "reasoning_parser must be one of deepseek_r1, qwen3"),
+        (["--chat-template", "/no/such/template.jinja"], "no such file"),
+    ],
+)
+def test_bad_tool_calling_flags(argv, message):
+    with pytest.raises(ValueError, match=message):
+        settings_for(argv, {})

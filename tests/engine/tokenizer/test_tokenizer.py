@@ -113,6 +113,30 @@ def test_chat_template_rejecting_messages_is_a_value_error() -> None:
         Tokenizer(hf).apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+def test_chat_template_in_place_of_the_tokenizers_with_tools_and_variables() -> None:
+    hf = make_byte_fallback_tokenizer()
+    hf.chat_template = None  # the server's --chat-template stands in for a missing one
+    template = (
+        "{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}{% if shout %}!{% endif %}"
+    )
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    ids = Tokenizer(hf).apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        tools=tools,
+        chat_template=template,
+        template_kwargs={"shout": True},
+    )
+    assert Tokenizer(hf).decode(ids) == "[f]hi!"
+
+
+@pytest.mark.parametrize("name", ["tools", "add_generation_prompt", "messages", "tokenize"])
+def test_template_variables_may_not_shadow_the_calls_arguments(bf_tok: Tokenizer, name) -> None:
+    with pytest.raises(ValueError, match=f"chat_template_kwargs: {name}") as error:
+        bf_tok.apply_chat_template([{"role": "user", "content": "hi"}], template_kwargs={name: 1})
+    assert error.value.param == "chat_template_kwargs"
+
+
 def test_eos_token_ids() -> None:
     hf = make_byte_fallback_tokenizer()
     assert Tokenizer(hf).eos_token_ids == frozenset({EOS_TOKEN_ID})

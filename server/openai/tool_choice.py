@@ -1,0 +1,142 @@
+"""What a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` make of
+its answer, decided once per request (ToolUse).
+
+- ``none``: the tools are still shown to the template (as vLLM does); the answer is text.
+- ``auto`` (the default with tools): the model decides; the server's
+  ``--tool-call-parser`` reads its calls out of the text. Needs
+  ``--enable-auto-tool-choice``, as in vLLM.
+- ``required`` and a named function: the output is constrained by a JSON schema (the
+  grammar of response_format), so the arguments always validate against the
+  function's parameters; it becomes tool calls whatever the server's parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.protocol import (
+    ChatCompletionRequest,
+    FunctionDefinition,
+    NamedToolChoice,
+)
+from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS, ToolParser
+from hetero_infer.server.openai.tool_parsers.constrained import (
+    NamedToolCallParser,
+    RequiredToolCallsParser,
+)
+from hetero_infer.server.settings import ServerSettings
+
+# OpenAI: leaving out parameters defines a function that takes none.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """How tools shape one request: what the template sees, the output's schema
+    (constrained choices), and how to read calls out of each choice's text."""
+
+    template_tools: list[dict[str, Any]] | None = None
+    json_schema: dict[str, Any] | None = None
+    new_parser: Callable[[], ToolParser] | None = None
+    # parallel_tool_calls: false keeps a parsed answer's first call only.
+    max_calls: int | None = None
+    # Whether the parser's markers are special tokens, which decoding must then keep.
+    keeps_special_tokens: bool = False
+
+
+def tool_use(body: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
+    """The request's ToolUse; a 400 naming the field for what cannot be honoured."""
+    if not body.tools:
+        if body.tool_choice is not None:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return ToolUse()
+    functions = [tool.function for tool in body.tools]
+    names = [function.name for function in functions]
+    if len(set(names)) < len(names):
+        raise APIError(400, "tools: function names must be unique", param="tools")
+    template_tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    choice = body.tool_choice or "auto"
+    if choice == "none":
+        return ToolUse(template_tools)
+    if choice == "auto":
+        return _auto(body, settings, functions, template_tools)
+    if body.json_schema() is not None:
+        raise APIError(
+            400,
+            "response_format cannot be combined with tool_choice 'required' or a named "
+            "function: both constrain the output",
+            param="response_format",
+        )
+    if choice == "required":
+        schema = required_calls_schema(functions, body.parallel_tool_calls is not False)
+        return ToolUse(template_tools, schema, RequiredToolCallsParser)
+    assert isinstance(choice, NamedToolChoice)
+    named = [f for f in functions if f.name == choice.function.name]
+    if not named:
+        raise APIError(
+            400,
+            f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+            param="tool_choice",
+        )
+    name = named[0].name
+    return ToolUse(template_tools, parameters_schema(named[0]), lambda: NamedToolCallParser(name))
+
+
+def parameters_schema(function: FunctionDefinition) -> dict[str, Any]:
+    return function.parameters if function.parameters is not None else NO_PARAMETERS
+
+
+def required_calls_schema(functions: list[FunctionDefinition], parallel: bool) -> dict[str, Any]:
+    """An array of one or more calls (one at most without parallel calls), each
+    ``{"name": <a function's name>, "parameters": <its arguments>}``: one alternative
+    per function, so each call's arguments follow its own function's schema."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": function.name},
+                "parameters": parameters_schema(function),
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for function in functions
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _auto(
+    body: ChatCompletionRequest,
+    settings: ServerSettings,
+    functions: list[FunctionDefinition],
+    template_tools: list[dict[str, Any]],
+) -> ToolUse:
+    if not settings.enable_auto_tool_choice:
+        raise APIError(
+            400,
+            'tool_choice "auto" needs the server started with --enable-auto-tool-choice '
+            "and --tool-call-parser",
+            param="tool_choice",
+        )
+    strict = [i for i, function in enumerate(functions) if function.strict]
+    if strict:
+        raise APIError(
+            400,
+            "strict function schemas are followed only with tool_choice 'required' or "
+            "a named function (the grammar constrains the arguments then)",
+            param=f"tools.{strict[0]}.function.strict",
+        )
+    assert settings.tool_call_parser is not None  # ServerSettings checks
+    parser = TOOL_PARSERS[settings.tool_call_parser]
+    return ToolUse(
+        template_tools,
+        new_parser=parser,
+        max_calls=1 if body.parallel_tool_calls is False else None,
+        keeps_special_tokens=parser.keeps_special_tokens,
+    )

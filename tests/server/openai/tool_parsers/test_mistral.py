@@ -1,0 +1,29 @@
+"""mistral: [TOOL_CALLS][{...}, ...], whole and streamed."""
+
+from __future__ import annotations
+
+import pytest
+from hetero_infer.server.openai.tool_parsers.mistral import MistralToolParser
+
+from tests.server.openai.tool_parsers.streaming import check_parse
+
+CALLS = '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("No tools needed [TOOL", "No tools needed [TOOL", []),
+        (CALLS, "", [("f", '{"a": 1}'), ("g", "{}")]),
+        ("Sure.\n" + CALLS, "Sure.", [("f", '{"a": 1}'), ("g", "{}")]),
+        ('[TOOL_CALLS] [ {"name": "f", "arguments": {"s": "]"}} ]', "", [("f", '{"s": "]"}')]),
+        ("[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
+    ],
+)
+def test_parse(text: str, content: str, calls: list) -> None:
+    check_parse(MistralToolParser, text, content, calls)
+
+
+def test_keeps_special_tokens() -> None:
+    """[TOOL_CALLS] is a special token in Mistral's tokenizers: decoding must keep it."""
+    assert MistralToolParser.keeps_special_tokens
