@@ -23,6 +23,8 @@ MAX_EMBEDDING_INPUTS = 2048
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -60,6 +62,14 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far (as in vLLM, only
+        together with include_usage)."""
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
     def unsupported(self) -> None:
         """Raise a 400 for any field set to something we cannot honour."""
