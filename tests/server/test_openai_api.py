@@ -358,6 +358,29 @@ def test_models(client, server):
     raw = server.client().get("/v1/models").json()
     assert raw["object"] == "list"
     assert raw["data"][0]["max_model_len"] == server.engine.max_model_len
+    check_model_card(raw["data"][0], MODEL_NAME, server.settings.engine.model)
+
+
+def check_model_card(card: dict, name: str, root: str) -> None:
+    """A card as vLLM gives it, permission included."""
+    assert card["id"] == name and card["object"] == "model"
+    assert isinstance(card["created"], int) and card["owned_by"]
+    assert card["root"] == root and card["parent"] is None
+    [permission] = card["permission"]
+    assert permission["id"].startswith("modelperm-")
+    assert isinstance(permission["created"], int)
+    assert {k: v for k, v in permission.items() if k not in ("id", "created")} == {
+        "object": "model_permission",
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def test_tokenize_and_detokenize(server):
