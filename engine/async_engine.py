@@ -118,6 +118,11 @@ class AsyncEngine:
         return self._engine.model_config.vocab_size
 
     @property
+    def hidden_size(self) -> int:
+        """The size of the model's hidden states, and so of its embeddings."""
+        return self._engine.model_config.hidden_size
+
+    @property
     def input_processor(self) -> InputProcessor:
         """Checks and tokenizes a request into the EngineRequest that generate() takes."""
         return self._engine.input_processor

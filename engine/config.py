@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
+POOLINGS = ("last", "mean")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -81,6 +82,9 @@ class EngineConfig:
     # it gained nothing on the CPU (the model pass keeps every core busy) nor on an
     # H100 (the two threads share Python's lock).
     overlap_steps: bool = False
+    # How /v1/embeddings pools a prompt's final hidden states (engine/worker/pooler.py):
+    # "last" (the last token's, vLLM's default for decoder models) or "mean".
+    pooling: str = "last"
 
     # The seed API's name for max_num_batched_tokens.
     max_total_tokens: InitVar[int | None] = None
@@ -104,6 +108,7 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("pooling", self.pooling, POOLINGS)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
             _check_int(name, getattr(self, name), minimum=1)
         for name in ("max_num_blocks", "max_model_len"):

@@ -84,7 +84,11 @@ class LLMEngine:
         )
         self.metrics = EngineMetrics()
         self.input_processor = InputProcessor(
-            self.tokenizer, self.structured_output, self.model_config.vocab_size, self.max_model_len
+            self.tokenizer,
+            self.structured_output,
+            self.model_config.vocab_size,
+            self.max_model_len,
+            config.pooling,
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
@@ -152,7 +156,9 @@ class LLMEngine:
                 grammar = grammar.deep_copy()  # each choice walks the grammar on its own
             params = parent.choice_params(index)
             eos = self.tokenizer.eos_token_ids
-            seqs.append(Sequence(seq_id, request.prompt_token_ids, params, eos, grammar))
+            seqs.append(
+                Sequence(seq_id, request.prompt_token_ids, params, eos, grammar, request.pooling)
+            )
         # Choice 0 computes the prompt; the others fork from its KV blocks then.
         seqs[0].fork_children = seqs[1:]
         self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)

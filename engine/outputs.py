@@ -57,6 +57,8 @@ class RequestOutput:
     # caller gave); request_id is the choice's own. For n = 1 they are 0 and request_id.
     index: int = 0
     group_id: str = ""
+    # An embedding request's pooled, unit-length vector, on its finished output.
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.group_id:

@@ -45,6 +45,8 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--memory-threshold", "memory_threshold", float),
     ("--kv-cache-memory", "kv_cache_memory", int),
     ("--attention-backend", "attention_backend", str),
+    # /v1/embeddings: "last" or "mean" pooling of the final hidden states.
+    ("--pooling", "pooling", str),
 ]
 
 

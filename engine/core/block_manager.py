@@ -101,8 +101,8 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
-        if seq.needs_prompt_logprobs:
-            return 0  # prompt logprobs need the prompt's logits: compute it all
+        if seq.needs_every_prompt_position:
+            return 0  # prompt logprobs or mean pooling: compute the whole prompt
 
         bs = self.block_size
         for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // bs)):

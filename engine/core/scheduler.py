@@ -180,6 +180,10 @@ class Scheduler:
             if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
             sampled = runner_output.sampled.get(seq.request_id)
+            embedding = runner_output.embeddings.get(seq.request_id)
+            if embedding is not None:
+                # An embedding request ends with its prefill: nothing is generated.
+                self.finish(seq.request_id, SequenceStatus.FINISHED_STOPPED)
             if sampled is not None:
                 if seq.fork_children:
                     self._fork_children(seq)
@@ -187,7 +191,7 @@ class Scheduler:
                 status = check_stop(seq, self.max_model_len)
                 if status is not None:
                     self.finish(seq.request_id, status)
-            updates.append(_update(seq, sampled, prompt_logprobs))
+            updates.append(_update(seq, sampled, prompt_logprobs, embedding))
         return updates
 
     def _fork_children(self, parent: Sequence) -> None:
@@ -234,7 +238,8 @@ def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
     """The plain-data copy of what the runner needs of ``seq`` for this step."""
     start = seq.num_computed_tokens
     params = seq.sampling_params
-    samples = start + num_new == seq.num_tokens
+    reaches_end = start + num_new == seq.num_tokens
+    samples = reaches_end and seq.pooling is None
     wants_history = params.has_penalties or seq.needs_prompt_logprobs
     return ScheduledSequence(
         request_id=seq.request_id,
@@ -250,10 +255,17 @@ def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
             seq.grammar.compute_bitmask() if samples and seq.grammar is not None else None
         ),
         num_prompt_logprobs=seq.num_prompt_logprobs,
+        pooling=seq.pooling,
+        returns_embedding=reaches_end and seq.pooling is not None,
     )
 
 
-def _update(seq: Sequence, sampled: SampledToken | None, prompt_logprobs: list) -> SequenceUpdate:
+def _update(
+    seq: Sequence,
+    sampled: SampledToken | None,
+    prompt_logprobs: list,
+    embedding: list[float] | None = None,
+) -> SequenceUpdate:
     return SequenceUpdate(
         request_id=seq.request_id,
         new_token=sampled,
@@ -264,4 +276,5 @@ def _update(seq: Sequence, sampled: SampledToken | None, prompt_logprobs: list) 
         num_preemptions=seq.num_preemptions,
         first_scheduled_time=seq.first_scheduled_time,
         finished_time=seq.finished_time,
+        embedding=embedding,
     )

@@ -42,6 +42,7 @@ class Sequence:
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
         grammar: Any = None,
+        pooling: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -50,6 +51,9 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         # response_format: an llguidance matcher, fed every output token; its end is a stop.
         self.grammar = grammar
+        # An embedding request: "last" or "mean" pooling of the prompt's final hidden
+        # states, which end it after the prefill (None: a generation request).
+        self.pooling = pooling
         # n > 1: the other choices of the request, forked from this one's KV blocks once
         # its prompt is computed (see Scheduler.update_from_output).
         self.fork_children: list[Sequence] = []
@@ -104,6 +108,13 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def needs_every_prompt_position(self) -> bool:
+        """Whether every prompt position must run through the model here, none taken
+        from the prefix cache: prompt logprobs still to compute, or mean pooling (the
+        cache holds KV, not the hidden states the mean needs)."""
+        return self.needs_prompt_logprobs or self.pooling == "mean"
 
     @property
     def needs_prompt_logprobs(self) -> bool:

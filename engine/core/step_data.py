@@ -26,7 +26,8 @@ class ScheduledSequence:
     token_ids: list[int]
     start: int
     block_table: list[int]
-    # Whether this step reaches the sequence's last token, so a token is sampled.
+    # Whether this step reaches the sequence's last token, so a token is sampled (never
+    # for an embedding request).
     samples: bool
     sampling_params: SamplingParams
     # What the sampler needs beyond the params (only where it applies):
@@ -40,6 +41,11 @@ class ScheduledSequence:
     # Prompt logprobs: the prompt positions that have them already (None: not asked),
     # and the prompt they predict.
     num_prompt_logprobs: int | None = None
+    # Embedding requests: how the prompt's final hidden states are pooled ("last" or
+    # "mean"; None for generation), and whether this step reaches the prompt's last
+    # token, so the pooled vector is returned instead of a sampled token.
+    pooling: str | None = None
+    returns_embedding: bool = False
 
     @property
     def num_new_tokens(self) -> int:
@@ -81,6 +87,9 @@ class ModelRunnerOutput:
     # Per sequence, for the prompt positions this step computed: each one's prediction
     # of the next prompt token (in order, continuing where the last step stopped).
     prompt_logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)
+    # Per embedding request whose prompt this step completed: its pooled, normalized
+    # final hidden state.
+    embeddings: dict[str, list[float]] = field(default_factory=dict)
 
 
 EMPTY_RUNNER_OUTPUT = ModelRunnerOutput()
@@ -101,3 +110,5 @@ class SequenceUpdate:
     num_preemptions: int
     first_scheduled_time: float | None
     finished_time: float | None
+    # An embedding request's pooled vector, on the update that finishes it.
+    embedding: list[float] | None = None

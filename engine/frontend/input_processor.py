@@ -8,7 +8,9 @@ EngineRequest that comes out is queued as it is (LLMEngine.add_processed).
 
 The two callers differ only in the context-length rule. The engine's own requests may
 ask for more tokens than the context has left (they end with "length" there); the
-server follows OpenAI, which refuses such a request up front (``fit_context``).
+server follows OpenAI, which refuses such a request up front (``fit_context``). An
+embedding request (``embedding_request``) generates nothing, so its prompt may fill the
+whole context.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     grammar: Any = None
+    # An embedding request: how its final hidden states are pooled (None: generation).
+    pooling: str | None = None
 
 
 class InputProcessor:
@@ -52,11 +56,13 @@ class InputProcessor:
         structured_output: StructuredOutput,
         vocab_size: int,
         max_model_len: int,
+        pooling: str = "last",
     ) -> None:
         self.tokenizer = tokenizer
         self.structured_output = structured_output
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.pooling = pooling
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
         """The engine's own path (LLMEngine.add_request): the prompt must fit in the
@@ -74,12 +80,12 @@ class InputProcessor:
             )
         return self.request(request_id, checked, params)
 
-    def tokenize(self, prompt: Prompt) -> PromptTokens:
+    def tokenize(self, prompt: Prompt, param: str = "prompt") -> PromptTokens:
         """The prompt's tokens (text is encoded, token ids taken as they are), checked
-        against the model."""
+        against the model; errors name ``param``, the field the prompt came in."""
         if isinstance(prompt, str):
             if not prompt:
-                raise ValidationError("prompt must not be empty", param="prompt")
+                raise ValidationError(f"{param} must not be empty", param=param)
             token_ids = self.tokenizer.encode(prompt)
             text: str | None = prompt
         elif isinstance(prompt, list | tuple) and all(
@@ -87,15 +93,15 @@ class InputProcessor:
         ):
             token_ids, text = list(prompt), None
         else:
-            raise ValidationError("prompt must be a string or a list of token ids", param="prompt")
+            raise ValidationError(f"{param} must be a string or a list of token ids", param=param)
         if not token_ids:
-            raise ValidationError("prompt must not be empty", param="prompt")
+            raise ValidationError(f"{param} must not be empty", param=param)
         # (Encoded text too: a plugged-in tokenizer may not fit the model.)
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValidationError(
-                f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                param="prompt",
+                f"{param}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                param=param,
             )
         return PromptTokens(text, token_ids)
 
@@ -135,3 +141,22 @@ class InputProcessor:
         if params.json_schema is not None:
             grammar = self.structured_output.matcher(params.json_schema, schema_param)
         return EngineRequest(request_id, prompt.text, prompt.token_ids, params, grammar)
+
+    def embedding_request(self, request_id: str, prompt: PromptTokens) -> EngineRequest:
+        """An embedding request (the ``input`` of /v1/embeddings) for a checked prompt:
+        the whole prompt must fit in the context, as nothing follows it. Its final
+        hidden states are pooled as the engine is set to (EngineConfig.pooling), and it
+        ends with its prefill."""
+        num_tokens = len(prompt.token_ids)
+        if num_tokens > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, the input has {num_tokens} tokens. "
+                "Please reduce the length of the input.",
+                param="input",
+            )
+        # Nothing is sampled: the params only give the sequence its defaults.
+        params = SamplingParams(max_tokens=1)
+        return EngineRequest(
+            request_id, prompt.text, prompt.token_ids, params, pooling=self.pooling
+        )

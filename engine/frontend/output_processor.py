@@ -47,6 +47,7 @@ class _ChoiceState:
     first_token_time: float | None = None
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    embedding: list[float] | None = None
 
 
 @dataclass
@@ -147,6 +148,7 @@ class OutputProcessor:
         state.num_preemptions = update.num_preemptions
         finish_reason = update.finish_reason
         state.stop_reason = update.stop_reason
+        state.embedding = update.embedding
         # A stop_token_ids token ends the request without its text, as in vLLM.
         text_ids = new_ids
         if update.stop_reason is not None and not state.params.include_stop_str_in_output:
@@ -229,6 +231,7 @@ class OutputProcessor:
             prompt_logprobs=state.prompt_logprobs,
             index=state.index,
             group_id=state.parent.request_id,
+            embedding=state.embedding,
         )
 
     def _finish(self, state: _ChoiceState, output: RequestOutput) -> None:

@@ -2,9 +2,10 @@
 
 Built the way nano-vllm builds its runner, in order: load the model on its device,
 size and allocate the KV cache, capture decode graphs. A step is block copies, one
-forward pass for every scheduled sequence, prompt logprobs, last-token logits and
-sampling; it reads only the scheduler's plain output and returns a plain
-ModelRunnerOutput, so it never changes a request (and may run in any thread).
+forward pass for every scheduled sequence, prompt logprobs, embeddings (the pooled
+hidden states of embedding requests), last-token logits and sampling; it reads only
+the scheduler's plain output and returns a plain ModelRunnerOutput, so it never
+changes a request (and may run in any thread).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hetero_infer.engine.worker.model_loader import (
     resolve_dtype,
     select_model_kernels,
 )
+from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
 from hetero_infer.engine.worker.sampler import Sampler
 
@@ -59,6 +61,7 @@ class ModelRunner:
             config.block_size, self.device, self.attention, self.model.sliding_windows
         )
         self.sampler = Sampler(config.seed, kernels.ops.greedy_pick)
+        self.pooler = Pooler()
         # (block_size, num_kv_heads, head_dim)
         self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, self.dtype)
@@ -80,9 +83,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run a scheduled step: block copies, one forward pass, prompt logprobs and
-        sampling."""
+        """Run a scheduled step: block copies, one forward pass, prompt logprobs,
+        embeddings and sampling."""
         self.sampler.forget(out.finished)
+        self.pooler.forget(out.finished)
         if out.is_empty:
             return EMPTY_RUNNER_OUTPUT
         self.kv_cache.copy_blocks(out)
@@ -94,16 +98,17 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         prompt = prompt_logprobs(self.model, out.scheduled, hidden)
+        embeddings = self.pooler(out.scheduled, hidden)
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
-            return ModelRunnerOutput({}, prompt)
+            return ModelRunnerOutput({}, prompt, embeddings)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         tokens, logprobs, tops = self.sampler(logits, sampling)
         sampled = {
             s.request_id: SampledToken(token, logprob, top)
             for s, token, logprob, top in zip(sampling, tokens, logprobs, tops, strict=True)
         }
-        return ModelRunnerOutput(sampled, prompt)
+        return ModelRunnerOutput(sampled, prompt, embeddings)
 
     # ---- sizing the KV cache ----
 

@@ -4,7 +4,8 @@ chunks.
 
 Each choice's text goes through a ChatOutputParser (chat_output.py): reasoning, content
 and tool calls, whole or streamed alike. A stream opens with one chunk per choice
-carrying ``delta.role``; choices interleave by ``index``.
+carrying ``delta.role``; choices interleave by ``index``. With continuous usage stats
+every chunk carries the usage so far (all choices' tokens).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ChatCompletion:
         self.tools = tools
         self.n = request.params.n
         self.include_usage = body.include_usage
+        self.continuous_usage = body.continuous_usage
         self.formatter = LogprobsFormatter(ctx.engine.tokenizer) if body.logprobs else None
         self.top_logprobs = body.top_logprobs or 0
         self.prompt_tokens = len(request.prompt_token_ids)
@@ -112,10 +114,11 @@ class ChatCompletion:
         )
 
     async def chunks(self) -> AsyncIterator[Chunk]:
+        generated = 0
         for index in range(self.n):
             role = {"role": "assistant", "content": ""}
-            yield self._chunk([{"index": index, "delta": role, "finish_reason": None}])
-        generated = 0
+            choice = {"index": index, "delta": role, "finish_reason": None}
+            yield self._chunk([choice], self._usage_so_far(generated))
         sent_tokens = [0] * self.n  # per choice: output tokens whose logprobs are out
         parsers = [self.output_parser() for _ in range(self.n)]
         async for out in self.ctx.outputs(self.request):
@@ -135,7 +138,7 @@ class ChatCompletion:
                 "stop_reason": out.stop_reason,
             }
             sent_tokens[out.index] = len(out.token_ids)
-            yield self._chunk([choice])
+            yield self._chunk([choice], self._usage_so_far(generated))
         if self.include_usage:
             yield self._chunk([], usage(self.prompt_tokens, generated))
 
@@ -148,6 +151,10 @@ class ChatCompletion:
         if self.reasoning:
             body["reasoning_content"] = message.reasoning or None
         return body
+
+    def _usage_so_far(self, generated: int) -> dict[str, int] | None:
+        """With continuous usage stats, the usage a content chunk carries."""
+        return usage(self.prompt_tokens, generated) if self.continuous_usage else None
 
     def _logprobs(self, out: RequestOutput, start: int) -> dict[str, Any] | None:
         """Chat logprobs of the output's tokens from ``start`` on; None unless asked."""

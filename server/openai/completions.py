@@ -3,7 +3,9 @@ completion or a stream of chunks.
 
 Choices are numbered ``prompt_index * n + choice``. With echo the prompt comes before
 the completion (token-id prompts as their decode) and, with logprobs, the prompt
-tokens' logprobs first. Streamed prompts run one after another.
+tokens' logprobs first. Streamed prompts run one after another. With continuous usage
+stats every chunk's usage counts all the request's prompts and the tokens generated so
+far, so the last one equals the final usage chunk.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Completion:
         self.n = requests[0].params.n
         self.echo = body.echo
         self.include_usage = body.include_usage
+        self.continuous_usage = body.continuous_usage
         tokenizer = ctx.engine.tokenizer
         self.echoed = [_echo_text(r, tokenizer) if body.echo else "" for r in requests]
         self.formatter = LogprobsFormatter(tokenizer) if body.logprobs is not None else None
@@ -88,15 +91,18 @@ class Completion:
             cursors = [_ChoiceCursor() for _ in range(self.n)]
             async for out in self.ctx.outputs(request):
                 generated += len(out.delta_token_ids)
-                chunk = self._chunk(i, out, cursors[out.index])
+                chunk = self._chunk(i, out, cursors[out.index], generated)
                 if chunk is not None:
                     yield chunk
         if self.include_usage:
             yield self._body([], usage(self.prompt_tokens, generated))
 
-    def _chunk(self, i: int, out: RequestOutput, cursor: _ChoiceCursor) -> Chunk | None:
+    def _chunk(
+        self, i: int, out: RequestOutput, cursor: _ChoiceCursor, generated: int
+    ) -> Chunk | None:
         """The chunk for prompt ``i``'s output, None while it has no text to send (the
-        logprobs of tokens without text yet ride on a later chunk)."""
+        logprobs of tokens without text yet ride on a later chunk). ``generated``:
+        the request's tokens so far, for continuous usage stats."""
         first = not cursor.started
         if not (out.delta_text or out.finished or first and self.echo):
             return None
@@ -109,7 +115,8 @@ class Completion:
             cursor.text_offset += self.formatter.text_length(ids)
             cursor.sent_tokens = len(out.token_ids)
         cursor.started = True
-        return self._body([self._choice(i, out, text, logprobs)])
+        running_usage = usage(self.prompt_tokens, generated) if self.continuous_usage else None
+        return self._body([self._choice(i, out, text, logprobs)], running_usage)
 
     def _choice(
         self, i: int, out: RequestOutput, text: str, logprobs: dict[str, Any] | None

@@ -14,14 +14,25 @@ from typing import Any, Literal
 
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 from hetero_infer.server.errors import APIError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic import ValidationError as PydanticValidationError
 
 INT64_MAX = 2**63 - 1
+# OpenAI's limit on the inputs of one embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -59,6 +70,14 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far (as in vLLM, only
+        together with include_usage)."""
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
     def unsupported(self) -> None:
         """Raise a 400 for any field set to something we cannot honour."""
@@ -123,8 +142,12 @@ class SamplingFields(BaseModel):
         return SamplingParams(**values)
 
 
+# A prompt as OpenAI takes it: a string, strings, token ids, or lists of token ids.
+PromptField = str | list[str] | list[int] | list[list[int]]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: PromptField
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
     suffix: str | None = None
@@ -141,22 +164,12 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _not_empty(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("prompt must not be empty")
-        for text in [value] if isinstance(value, str) else value:
-            if isinstance(text, str):
-                _check_text(text)
-        return value
+    def _valid_prompts(cls, value: PromptField) -> PromptField:
+        return _check_prompts(value, "prompt")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (text or token ids)."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [p]  # type: ignore[list-item]
-        return list(p)  # type: ignore[arg-type]
+        return _prompt_list(self.prompt)
 
 
 class FunctionDefinition(BaseModel):
@@ -325,6 +338,60 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
+
+
+class EmbeddingRequest(BaseModel):
+    """/v1/embeddings. It has no extras to pass over: any other field is refused,
+    naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: PromptField
+    encoding_format: Literal["float", "base64"] = "float"
+    # Accepted only as the model's own size: it has no Matryoshka training, so a
+    # shortened vector would not be a meaningful embedding.
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _valid_inputs(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> PromptField:
+        try:
+            value = handler(value)
+        except PydanticValidationError:
+            # One error naming the field, not one per member of the union it failed.
+            raise ValueError(
+                "input must be a string, a list of strings, a list of token ids or a list "
+                "of lists of token ids"
+            ) from None
+        value = _check_prompts(value, "input")
+        if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input field as a list of prompts (text or token ids)."""
+        return _prompt_list(self.input)
+
+
+def _check_prompts(value: PromptField, name: str) -> PromptField:
+    """A prompt field is not an empty list, and its texts are valid Unicode."""
+    if isinstance(value, list) and not value:
+        raise ValueError(f"{name} must not be empty")
+    for text in [value] if isinstance(value, str) else value:
+        if isinstance(text, str):
+            _check_text(text)
+    return value
+
+
+def _prompt_list(value: PromptField) -> list[str | list[int]]:
+    """A prompt field as a list of prompts (text or token ids)."""
+    if isinstance(value, str):
+        return [value]
+    if all(isinstance(x, int) for x in value):
+        return [value]  # type: ignore[list-item]
+    return list(value)  # type: ignore[arg-type]
 
 
 def _token_bias(logit_bias: dict[str, float]) -> dict[int, float]:

@@ -1,9 +1,10 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models,
-/tokenize and /detokenize.
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/embeddings,
+/v1/models, /tokenize and /detokenize.
 
-Each handler only routes: completions.py and chat.py build the engine requests (through
-the engine's input processor, which checks them) and the answers, whole or streamed as
-SSE. The typed bodies (protocol.py) are what the app's OpenAPI schema describes.
+Each handler only routes: completions.py, chat.py and embeddings.py build the engine
+requests (through the engine's input processor, which checks them) and the answers,
+whole or streamed as SSE. The typed bodies (protocol.py) are what the app's OpenAPI
+schema describes.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.openai import tokenization
 from hetero_infer.server.openai.chat import ChatCompletion
 from hetero_infer.server.openai.completions import Completion
+from hetero_infer.server.openai.embeddings import Embeddings
 from hetero_infer.server.openai.models import model_list
 from hetero_infer.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from hetero_infer.server.openai.responses import respond
@@ -38,6 +41,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     chat = ChatCompletion.build(RequestContext.open(request, body.model), body)
     return await respond(chat, body.stream)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    answer = Embeddings.build(RequestContext.open(request, body.model), body)
+    return JSONResponse(await answer.whole())
 
 
 @router.get("/v1/models")

@@ -294,7 +294,7 @@ CASES = [
         chunked=True,
     ),
     # Routes and methods.
-    Case("no-such-route", "/v1/embeddings", completion(), 404),
+    Case("no-such-route", "/v1/no-such-route", completion(), 404),
 ]
 
 

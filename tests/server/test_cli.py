@@ -53,6 +53,14 @@ def test_overlap_steps_from_flag_and_environment():
     assert not settings_for([], {}).engine.overlap_steps
 
 
+def test_pooling_from_flag_and_environment():
+    assert settings_for([], {}).engine.pooling == "last"  # vLLM's for decoder models
+    assert settings_for(["--pooling", "mean"], {}).engine.pooling == "mean"
+    assert settings_for([], {"HETERO_POOLING": "mean"}).engine.pooling == "mean"
+    with pytest.raises(ValueError, match="pooling must be one of last, mean"):
+        settings_for(["--pooling", "cls"], {})
+
+
 def test_bad_environment_names_the_variable():
     with pytest.raises(ValueError, match="HETERO_MAX_NUM_SEQS"):
         settings_for([], {"HETERO_MAX_NUM_SEQS": "many"})

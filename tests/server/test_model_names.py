@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.server.conftest import start_server
+from tests.server.test_openai_api import check_model_card
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,11 @@ def test_several_served_names(model_dir):
                     "/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 2}
                 )
                 assert response.status_code == 200 and response.json()["model"] == "first"
-            listed = [m["id"] for m in client.get("/v1/models").json()["data"]]
-            assert listed == ["first", "second"]
+            cards = client.get("/v1/models").json()["data"]
+            assert [card["id"] for card in cards] == ["first", "second"]
+            for card in cards:  # every name a card for the one model
+                check_model_card(card, card["id"], str(model_dir))
+                assert card["max_model_len"] == live.engine.max_model_len
             response = client.post("/v1/completions", json={"model": "hetero-infer", "prompt": "x"})
             assert response.status_code == 404
     finally:

@@ -142,6 +142,72 @@ def test_chat_stream_with_usage(client, reference_engine):
     check_usage_chunk(last, len(expected.prompt_token_ids), len(expected.token_ids))
 
 
+# vLLM's continuous usage stats: with include_usage, every chunk carries the usage so far.
+CONTINUOUS_USAGE = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def check_continuous_usage(chunks, prompt_tokens: int, completion_tokens: int) -> None:
+    """Every content chunk carries the usage so far: the prompt tokens throughout, the
+    completion tokens never falling, the last content chunk's equal to the usage chunk's."""
+    *content, last = chunks
+    check_usage_chunk(last, prompt_tokens, completion_tokens)
+    assert content and all(c.choices for c in content)
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[-1] == completion_tokens
+    for chunk in content:
+        assert chunk.usage.prompt_tokens == prompt_tokens
+        assert chunk.usage.total_tokens == prompt_tokens + chunk.usage.completion_tokens
+
+
+def test_completion_stream_with_continuous_usage(client, reference_engine):
+    prompts = [PROMPT, "the world is"]
+    expected = [greedy(reference_engine, prompt) for prompt in prompts]
+    stream = client.completions.create(
+        model=MODEL_NAME,
+        prompt=prompts,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options=CONTINUOUS_USAGE,
+    )
+    chunks = list(stream)
+    for i, out in enumerate(expected):
+        texts = [c.choices[0].text for c in chunks[:-1] if c.choices[0].index == i]
+        assert "".join(texts) == out.text
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in expected)
+    check_continuous_usage(chunks, prompt_tokens, sum(len(out.token_ids) for out in expected))
+
+
+def test_chat_stream_with_continuous_usage(client, reference_engine):
+    expected = greedy_chat(reference_engine, MESSAGES)
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options=CONTINUOUS_USAGE,
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].usage.completion_tokens == 0  # the role chunk
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == expected.text
+    check_continuous_usage(chunks, len(expected.prompt_token_ids), len(expected.token_ids))
+
+
+def test_continuous_usage_needs_include_usage(client):
+    """As in vLLM: continuous_usage_stats alone adds nothing."""
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        max_tokens=4,
+        stream=True,
+        stream_options={"continuous_usage_stats": True},
+    )
+    chunks = list(stream)
+    assert all(c.choices and c.usage is None for c in chunks)
+
+
 def test_chat_max_completion_tokens(client, reference_engine):
     expected = greedy_chat(reference_engine, MESSAGES, max_tokens=7, ignore_eos=True)
     out = client.chat.completions.create(
@@ -292,6 +358,29 @@ def test_models(client, server):
     raw = server.client().get("/v1/models").json()
     assert raw["object"] == "list"
     assert raw["data"][0]["max_model_len"] == server.engine.max_model_len
+    check_model_card(raw["data"][0], MODEL_NAME, server.settings.engine.model)
+
+
+def check_model_card(card: dict, name: str, root: str) -> None:
+    """A card as vLLM gives it, permission included."""
+    assert card["id"] == name and card["object"] == "model"
+    assert isinstance(card["created"], int) and card["owned_by"]
+    assert card["root"] == root and card["parent"] is None
+    [permission] = card["permission"]
+    assert permission["id"].startswith("modelperm-")
+    assert isinstance(permission["created"], int)
+    assert {k: v for k, v in permission.items() if k not in ("id", "created")} == {
+        "object": "model_permission",
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def test_tokenize_and_detokenize(server):

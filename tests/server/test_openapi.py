@@ -11,6 +11,7 @@ from hetero_infer.server.settings import ServerSettings
 BODIES = {
     "/v1/completions": "CompletionRequest",
     "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/embeddings": "EmbeddingRequest",
     "/tokenize": "TokenizeRequest",
     "/detokenize": "DetokenizeRequest",
 }

@@ -1,0 +1,70 @@
+"""/v1/embeddings: each input becomes an embedding request, which goes through the
+engine loop beside generation requests (sharing its steps) and ends with its prefill;
+its pooled vector comes back as a list of floats or, as OpenAI encodes it, base64 of
+little-endian float32 bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any
+
+from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.protocol import EmbeddingRequest
+from hetero_infer.server.openai.responses import new_id
+from hetero_infer.server.openai.serving import RequestContext
+
+
+class Embeddings:
+    """One /v1/embeddings request: an engine request per input, and the answer."""
+
+    def __init__(
+        self, ctx: RequestContext, body: EmbeddingRequest, requests: list[EngineRequest]
+    ) -> None:
+        self.ctx = ctx
+        self.requests = requests
+        self.encoding_format = body.encoding_format
+
+    @classmethod
+    def build(cls, ctx: RequestContext, body: EmbeddingRequest) -> Embeddings:
+        """Tokenize and check every input: each must fit in the context."""
+        size = ctx.engine.hidden_size
+        if body.dimensions is not None and body.dimensions != size:
+            raise APIError(
+                400,
+                f"dimensions: this model's embeddings have {size} dimensions and cannot be "
+                f"shortened (the model has no Matryoshka training); omit dimensions or "
+                f"give {size}",
+                param="dimensions",
+            )
+        processor = ctx.engine.input_processor
+        prompts = [processor.tokenize(prompt, param="input") for prompt in body.inputs()]
+        embedding_id = new_id("embd")
+        requests = [
+            processor.embedding_request(f"{embedding_id}-{i}", prompt)
+            for i, prompt in enumerate(prompts)
+        ]
+        return cls(ctx, body, requests)
+
+    async def whole(self) -> dict[str, Any]:
+        finals = await self.ctx.run_to_end(self.requests)
+        data = []
+        for index, [output] in enumerate(finals):
+            assert output.embedding is not None, "an embedding request ended without one"
+            data.append(
+                {"object": "embedding", "index": index, "embedding": self._encode(output.embedding)}
+            )
+        num_tokens = sum(len(request.prompt_token_ids) for request in self.requests)
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.ctx.model_name,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        }
+
+    def _encode(self, vector: list[float]) -> list[float] | str:
+        if self.encoding_format == "float":
+            return vector
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

@@ -1,0 +1,174 @@
+"""/v1/embeddings through a live server, its real engine (fp32) and the official
+`openai` client: each input's embedding equals transformers' pooled final hidden state on
+the same tiny model, for text and token-id inputs and both poolings; base64 decodes to
+the same floats; embeddings share steps with generation; bad input is a 400 naming the
+field and leaves the server serving with no KV block held."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+
+import openai
+import pytest
+import torch
+import transformers
+
+from tests.reference import transformers_embedding
+from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, make_engine, start_server, wait_until
+
+TEXTS = ["Hello world and the", "is it working? " * 12, "x"]
+# fp32 on both sides; the kernels sum in another order than transformers.
+ATOL = 2e-5
+HIDDEN_SIZE = 72  # the tiny llama's
+
+
+@pytest.fixture(scope="module", params=["last", "mean"])
+def pooling_server(request, model_dir):
+    live = start_server(
+        model_dir, engine=make_engine(model_dir, dtype="float32", pooling=request.param)
+    )
+    yield live, request.param
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def sdk_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def check_embeddings(vectors: list[list[float]], token_lists, hf_model, pooling: str) -> None:
+    assert len(vectors) == len(token_lists)
+    for vector, tokens in zip(vectors, token_lists, strict=True):
+        expected = transformers_embedding(hf_model, tokens, pooling)
+        got = torch.tensor(vector)
+        assert got.shape == (HIDDEN_SIZE,)
+        assert torch.allclose(got, expected, atol=ATOL), (got - expected).abs().max()
+
+
+def test_text_and_token_inputs_match_transformers(pooling_server, hf_model):
+    server, pooling = pooling_server
+    token_lists = [server.engine.tokenizer.encode(text) for text in TEXTS]
+    with sdk_client(server.url) as client:
+        # The SDK asks for base64 unless told otherwise, and decodes it.
+        for encoding in ({}, {"encoding_format": "float"}):
+            out = client.embeddings.create(model=MODEL_NAME, input=TEXTS, user="u-1", **encoding)
+            assert out.object == "list" and out.model == MODEL_NAME
+            assert [d.index for d in out.data] == [0, 1, 2]
+            assert all(d.object == "embedding" for d in out.data)
+            check_embeddings([d.embedding for d in out.data], token_lists, hf_model, pooling)
+            num_tokens = sum(map(len, token_lists))
+            assert out.usage.prompt_tokens == out.usage.total_tokens == num_tokens
+        one = client.embeddings.create(model=MODEL_NAME, input=TEXTS[0], encoding_format="float")
+        check_embeddings([one.data[0].embedding], token_lists[:1], hf_model, pooling)
+        ids = client.embeddings.create(
+            model=MODEL_NAME, input=token_lists[1], dimensions=HIDDEN_SIZE
+        )
+        check_embeddings([ids.data[0].embedding], token_lists[1:2], hf_model, pooling)
+        many = client.embeddings.create(model=MODEL_NAME, input=token_lists)
+        check_embeddings([d.embedding for d in many.data], token_lists, hf_model, pooling)
+    assert server.engine.block_manager.num_used_blocks == 0
+
+
+def test_base64_is_little_endian_float32(pooling_server):
+    server, _ = pooling_server
+    # Shorter than a KV block, so the prefix cache has nothing for the second request and
+    # both compute the very same floats.
+    body = {"model": MODEL_NAME, "input": [[1, 7, 40, 41, 300], [1, 9]]}
+    with server.client() as http:
+        floats = http.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json()
+        packed = http.post("/v1/embeddings", json={**body, "encoding_format": "base64"}).json()
+    for as_floats, as_base64 in zip(floats["data"], packed["data"], strict=True):
+        raw = base64.b64decode(as_base64["embedding"])
+        assert len(raw) == 4 * HIDDEN_SIZE
+        decoded = list(struct.unpack(f"<{HIDDEN_SIZE}f", raw))
+        assert decoded == as_floats["embedding"]
+        assert sum(x * x for x in decoded) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_shares_steps_with_generation(pooling_server, hf_model):
+    """Embedding requests sent while a generation streams join its steps: they finish
+    before it does, exact, and the generation's text is what it is alone."""
+    server, pooling = pooling_server
+    request = dict(
+        model=MODEL_NAME, prompt="Hello world and the", max_tokens=200, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    token_lists = [[1, *range(10, 10 + n)] for n in (3, 30, 90)]
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    async def embeddings():
+        return await asyncio.gather(
+            *(client.embeddings.create(model=MODEL_NAME, input=t) for t in token_lists)
+        )
+
+    async def main():
+        async with client:
+            alone = await client.completions.create(**request)
+            texts, task, done_first = [], None, False
+            async for chunk in await client.completions.create(**request, stream=True):
+                texts.append(chunk.choices[0].text)
+                if task is None:  # the generation runs: send the embeddings now
+                    task = asyncio.ensure_future(embeddings())
+            done_first = task.done()
+            return alone.choices[0].text, "".join(texts), await task, done_first
+
+    alone, streamed, outs, done_first = asyncio.run(main())
+    assert streamed == alone
+    assert done_first
+    check_embeddings([o.data[0].embedding for o in outs], token_lists, hf_model, pooling)
+    wait_until(lambda: server.engine.block_manager.num_used_blocks == 0, 10, "blocks freed")
+
+
+BAD_INPUTS = [
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [[]]}, "input"),
+    ({"input": [[1, 2], []]}, "input"),
+    ({"input": [1, 999999]}, "input"),
+    ({"input": [-1]}, "input"),
+    ({"input": [[1, 2], "text"]}, "input"),
+    ({"input": ["x"] * 2049}, "input"),
+    ({"input": [5] * (MAX_MODEL_LEN + 1)}, "input"),
+    ({"input": "hello " * MAX_MODEL_LEN}, "input"),
+    ({"input": "x", "dimensions": 8}, "dimensions"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({}, "input"),
+]
+
+
+@pytest.mark.parametrize("body, param", BAD_INPUTS)
+def test_bad_input_is_a_400_naming_the_field(pooling_server, body, param):
+    server, _ = pooling_server
+    with server.client() as http:
+        response = http.post("/v1/embeddings", json={"model": MODEL_NAME, **body})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+        assert error["message"]
+        if "maximum context length" in error["message"]:
+            assert error["code"] == "context_length_exceeded"
+        # The server goes on serving, with nothing left behind.
+        assert http.post("/v1/embeddings", json={"input": "ok"}).status_code == 200
+    assert server.engine.block_manager.num_used_blocks == 0
+
+
+def test_unknown_model_is_a_404(pooling_server):
+    server, _ = pooling_server
+    with server.client() as http:
+        response = http.post("/v1/embeddings", json={"model": "other", "input": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_the_sdk_raises_on_a_400(pooling_server):
+    server, _ = pooling_server
+    with sdk_client(server.url) as client, pytest.raises(openai.BadRequestError) as error:
+        client.embeddings.create(model=MODEL_NAME, input="x", dimensions=16)
+    assert error.value.body["param"] == "dimensions"
