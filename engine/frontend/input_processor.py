@@ -13,6 +13,7 @@ server follows OpenAI, which refuses such a request up front (``fit_context``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,17 @@ class PromptTokens:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A checked request, ready for the engine: its tokens, its params, and the grammar
-    of its response_format (None without one), built once."""
+    """A checked request, ready for the engine: its tokens, its params, the grammar
+    of its response_format (None without one), built once, its priority and the
+    time.monotonic() by which it must end (None: no time limit)."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     grammar: Any = None
+    priority: int = 0
+    deadline: float | None = None
 
 
 class InputProcessor:
@@ -52,13 +56,25 @@ class InputProcessor:
         structured_output: StructuredOutput,
         vocab_size: int,
         max_model_len: int,
+        scheduling_policy: str = "fcfs",
+        request_timeout: float | None = None,
     ) -> None:
+        """``request_timeout``: the engine's time limit on every request (seconds)."""
         self.tokenizer = tokenizer
         self.structured_output = structured_output
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.scheduling_policy = scheduling_policy
+        self.request_timeout = request_timeout
 
-    def process(self, request_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
+    def process(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> EngineRequest:
         """The engine's own path (LLMEngine.add_request): the prompt must fit in the
         context; max_tokens may run past it."""
         if not isinstance(params, SamplingParams):
@@ -72,7 +88,7 @@ class InputProcessor:
                 f"({self.max_model_len})",
                 param="prompt",
             )
-        return self.request(request_id, checked, params)
+        return self.request(request_id, checked, params, priority, timeout)
 
     def tokenize(self, prompt: Prompt) -> PromptTokens:
         """The prompt's tokens (text is encoded, token ids taken as they are), checked
@@ -120,13 +136,50 @@ class InputProcessor:
         return max_tokens or limit - num_prompt_tokens
 
     def request(
-        self, request_id: str, prompt: PromptTokens, params: SamplingParams
+        self,
+        request_id: str,
+        prompt: PromptTokens,
+        params: SamplingParams,
+        priority: int = 0,
+        timeout: float | None = None,
     ) -> EngineRequest:
         """The request for a checked prompt, once its params pass the model's checks:
         token ids the params name must be in the vocabulary, and a JSON schema must
-        compile; its grammar (an llguidance matcher) is built here, once."""
+        compile; its grammar (an llguidance matcher) is built here, once.
+
+        ``priority`` needs the priority policy unless it is 0 (as in vLLM). ``timeout``
+        (seconds from now) can shorten the engine's request_timeout, not lengthen it.
+        """
+        self._check_priority(priority)
+        deadline = self._deadline(timeout)
         params.check_vocab(self.vocab_size)
         grammar = None
         if params.json_schema is not None:
             grammar = self.structured_output.matcher(params.json_schema)
-        return EngineRequest(request_id, prompt.text, prompt.token_ids, params, grammar)
+        return EngineRequest(
+            request_id, prompt.text, prompt.token_ids, params, grammar, priority, deadline
+        )
+
+    def _check_priority(self, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValidationError(
+                f"priority must be an integer, got {priority!r}", param="priority"
+            )
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValidationError(
+                f"priority {priority} needs priority scheduling, which is not enabled "
+                "(start the server with --scheduling-policy priority)",
+                param="priority",
+            )
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            raise ValidationError(
+                f"timeout must be a number of seconds > 0, got {timeout!r}", param="timeout"
+            )
+        limits = [t for t in (timeout, self.request_timeout) if t is not None]
+        return time.monotonic() + min(limits) if limits else None
