@@ -45,8 +45,10 @@ class ChatCompletion:
         processor = ctx.engine.input_processor
         prompt = processor.tokenize(token_ids)
         requested = body.max_completion_tokens or body.max_tokens
-        params = body.sampling_params(processor.fit_context(prompt, requested))
-        return cls(ctx, body, processor.request(new_id("chatcmpl"), prompt, params))
+        defaults = ctx.engine.generation_defaults.sampling
+        params = body.sampling_params(ctx.max_tokens(prompt, requested), defaults)
+        request = processor.request(new_id("chatcmpl"), prompt, params, body.priority, body.timeout)
+        return cls(ctx, body, request)
 
     async def whole(self) -> dict[str, Any]:
         [finals] = await self.ctx.run_to_end([self.request])
