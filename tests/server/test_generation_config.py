@@ -13,8 +13,14 @@ from hetero_infer.server.openai.protocol import ChatCompletionRequest, Completio
 
 from tests.server.conftest import MAX_MODEL_LEN, LiveServer, make_engine, start_server
 
-# temperature 0, so that the defaults' answers can be compared with greedy ones.
-GENERATION_CONFIG = {"do_sample": True, "temperature": 0.0, "top_k": 3, "max_new_tokens": 5}
+# Greedy, so that answers compare exactly, with a repetition penalty strong enough to
+# change them.
+GENERATION_CONFIG = {
+    "do_sample": True,
+    "temperature": 0.0,
+    "repetition_penalty": 100.0,
+    "max_new_tokens": 5,
+}
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -45,15 +51,20 @@ def test_a_request_without_max_tokens_gets_the_models(defaults_server: LiveServe
         assert answer["usage"]["completion_tokens"] == 7
 
 
-def test_the_models_temperature_applies_where_the_request_gives_none(
+def test_the_models_sampling_values_apply_where_the_request_gives_none(
     defaults_server: LiveServer,
 ):
-    greedy = {"prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0}
-    with defaults_server.client() as http:
-        expected = http.post("/v1/completions", json=greedy).json()["choices"][0]["text"]
-        for _ in range(3):
-            body = {"prompt": [5, 6, 7], "max_tokens": 5}
-            assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
+    body = {"prompt": [5, 6, 7, 5, 6, 7], "max_tokens": 5}
+
+    def text(**fields) -> str:
+        with defaults_server.client() as http:
+            answer = http.post("/v1/completions", json={**body, **fields}).json()
+        return answer["choices"][0]["text"]
+
+    penalized, unpenalized = text(repetition_penalty=100.0), text(repetition_penalty=1.0)
+    assert penalized != unpenalized  # the penalty shows in the answer
+    assert text() == penalized  # the model's default applies
+    assert text(temperature=0) == penalized  # greedy: the model's temperature 0 applies too
 
 
 def test_the_override_goes_over_the_file_and_the_context_caps_it(folder, tmp_path):
