@@ -24,6 +24,7 @@ from typing import Any
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ExecutionError, SchedulerError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor
+from hetero_infer.engine.generation_defaults import GenerationDefaults
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.outputs import RequestOutput
@@ -126,6 +127,11 @@ class AsyncEngine:
     def input_processor(self) -> InputProcessor:
         """Checks and tokenizes a request into the EngineRequest that generate() takes."""
         return self._engine.input_processor
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The sampling values for the fields a request leaves out (generation_config)."""
+        return self._engine.generation_defaults
 
     @property
     def metrics(self) -> EngineMetrics:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import InitVar, dataclass, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.generation_defaults import GENERATION_MODES, check_override
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -21,6 +22,7 @@ PREEMPTION_MODES = ("auto", "recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
 POOLINGS = ("last", "mean")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -70,6 +72,20 @@ class EngineConfig:
     memory_threshold: float = 0.9
     # "auto" swaps when CPU blocks exist and recomputes otherwise.
     preemption_mode: str = "auto"
+    # As vLLM's --scheduling-policy: "fcfs", or "priority" (a request's priority, lower
+    # first; running requests of a lower priority are preempted for it). The priority
+    # policy preempts by recompute, so it takes no swap.
+    scheduling_policy: str = "fcfs"
+    # Seconds a request may take from its arrival, queueing included; a request may ask
+    # for less. None: no limit.
+    request_timeout: float | None = None
+
+    # As vLLM's --generation-config: where requests' default sampling values come from.
+    # "auto": the model's generation_config.json (when it has one); "vllm": the built-in
+    # defaults; otherwise a folder holding a generation_config.json.
+    generation_config: str = "auto"
+    # Values over those, in generation_config.json's names (e.g. {"temperature": 0.5}).
+    override_generation_config: dict[str, Any] | None = field(default=None, hash=False)
 
     attention_backend: str = "auto"
     # The C++ CPU kernels (kernels/csrc); false runs the torch code instead, with the
@@ -129,6 +145,28 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a non-empty string or null, got {value!r}")
         if self.preemption_mode == "swap" and self.num_cpu_blocks == 0:
             raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
+        self._validate_scheduling()
+        self._validate_generation_config()
+
+    def _validate_scheduling(self) -> None:
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.scheduling_policy == "priority" and self.use_swap:
+            raise ConfigError(
+                "scheduling_policy 'priority' preempts by recompute, not swap: set "
+                "preemption_mode 'recompute' (or num_cpu_blocks 0)"
+            )
+        timeout = self.request_timeout
+        if timeout is not None and (not _is_number(timeout) or not 0 < timeout < float("inf")):
+            raise ConfigError(f"request_timeout must be a number of seconds > 0, got {timeout!r}")
+
+    def _validate_generation_config(self) -> None:
+        mode = self.generation_config
+        if not isinstance(mode, str) or not mode:
+            raise ConfigError(
+                f"generation_config must be {', '.join(GENERATION_MODES)} or a folder, got {mode!r}"
+            )
+        if self.override_generation_config is not None:
+            check_override(self.override_generation_config)
 
     @property
     def use_swap(self) -> bool:
@@ -210,6 +248,10 @@ def _seed_tokenizer(spec: dict[str, Any], source: str) -> str | None:
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -8,6 +8,7 @@ it, and each sequence's detokenizer turns new tokens into text.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import logging
 import time
@@ -25,6 +26,7 @@ from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError, Valida
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
+from hetero_infer.engine.generation_defaults import load_generation_defaults
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
@@ -51,6 +53,12 @@ class LLMEngine:
         self.config = config
         source = loader.resolve_model(config.model)
         self.model_config = ModelConfig.from_hf(loader.load_config(source))
+        # The sampling values a request that leaves them out gets (the server's routes
+        # apply them; default_sampling_params() gives them to the offline API).
+        self.generation_defaults = load_generation_defaults(
+            config.generation_config, config.override_generation_config, source.folder
+        )
+        logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = self._resolve_max_model_len()
         self.runner = ModelRunner(config, self.model_config, source, self.max_model_len)
         if tokenizer is None or isinstance(tokenizer, str):
@@ -81,6 +89,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             memory_threshold=config.memory_threshold,
             use_swap=config.use_swap,
+            policy=config.scheduling_policy,
         )
         self.metrics = EngineMetrics()
         self.input_processor = InputProcessor(
@@ -89,6 +98,8 @@ class LLMEngine:
             self.model_config.vocab_size,
             self.max_model_len,
             config.pooling,
+            scheduling_policy=config.scheduling_policy,
+            request_timeout=config.request_timeout,
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
@@ -100,6 +111,9 @@ class LLMEngine:
             else None
         )
         self._unsent: list[SequenceUpdate] = []
+        # (deadline, request id) of the requests with a time limit, soonest first; an
+        # entry stays until its deadline even if its request ends earlier.
+        self._deadlines: list[tuple[float, str]] = []
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
             self.runner.num_blocks,
@@ -129,17 +143,22 @@ class LLMEngine:
         request_id: str | None = None,
         *,
         max_tokens: int | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
     ) -> str:
         """Queue a request; returns its id. Bad input raises ValidationError (a
         ValueError) naming the field. ``max_tokens`` overrides the params' own (the
         mini-infer form: ``add_request(prompt=..., max_tokens=..., sampling_params=...)``).
+        ``priority`` (lower first) needs scheduling_policy "priority"; ``timeout``
+        (seconds) ends the request early, as request_timeout does.
         """
         params = sampling_params or SamplingParams()
         if max_tokens is not None and isinstance(params, SamplingParams):
             params = dataclasses.replace(params, max_tokens=max_tokens)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        return self.add_processed(self.input_processor.process(request_id, prompt, params))
+        request = self.input_processor.process(request_id, prompt, params, priority, timeout)
+        return self.add_processed(request)
 
     def add_processed(self, request: EngineRequest) -> str:
         """Queue a request the input processor has checked (the server's routes check
@@ -157,12 +176,23 @@ class LLMEngine:
             params = parent.choice_params(index)
             eos = self.tokenizer.eos_token_ids
             seqs.append(
-                Sequence(seq_id, request.prompt_token_ids, params, eos, grammar, request.pooling)
+                Sequence(
+                    seq_id,
+                    request.prompt_token_ids,
+                    params,
+                    eos,
+                    grammar,
+                    request.pooling,
+                    priority=request.priority,
+                    deadline=request.deadline,
+                )
             )
         # Choice 0 computes the prompt; the others fork from its KV blocks then.
         seqs[0].fork_children = seqs[1:]
         self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)
         self.scheduler.add(seqs[0])
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, request.request_id))
         self.metrics.prompt_tokens += len(request.prompt_token_ids)
         return request.request_id
 
@@ -178,6 +208,11 @@ class LLMEngine:
         # overlap_steps: an aborted request's last tokens are never sent.
         self._unsent = [u for u in self._unsent if u.request_id not in seq_ids]
         return aborted
+
+    def default_sampling_params(self, **fields: Any) -> SamplingParams:
+        """SamplingParams with the generation config's defaults (see
+        generation_config), ``fields`` over them; as vLLM's get_default_sampling_params."""
+        return SamplingParams(**{**self.generation_defaults.values, **fields})
 
     def has_pending_work(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._unsent)
@@ -215,19 +250,39 @@ class LLMEngine:
         are the previous step's (the last ones come from a step with nothing scheduled).
         """
         started = time.perf_counter()
+        timed_out = self._time_out_requests()
         scheduled = self.scheduler.schedule()
         if self._overlap is None:
-            outputs = self._process(self._update(scheduled, self.runner.execute(scheduled)))
+            updates = self._update(scheduled, self.runner.execute(scheduled))
+            outputs = self._process(timed_out + updates)
         else:
             # A stop string found here finishes its sequence while the model computes one
             # more token for it, which the scheduler then drops.
             running = self._overlap.submit(self.runner.execute, scheduled)
             unsent, self._unsent = self._unsent, []
-            outputs = self._process(unsent)
+            outputs = self._process(unsent + timed_out)  # a sequence's last token first
             self._unsent = self._update(scheduled, running.result())
         if not scheduled.is_empty:
             self.metrics.busy_time += time.perf_counter() - started
         return outputs
+
+    def _time_out_requests(self) -> list[SequenceUpdate]:
+        """End the requests whose deadline has passed (every choice; see
+        Scheduler.time_out). Checked between steps, so a request ends at most a step
+        late, and the check costs a heap peek when none is due."""
+        now = time.monotonic()
+        updates: list[SequenceUpdate] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(self._deadlines)
+            ended = [
+                update
+                for seq_id in self.output_processor.choice_ids(request_id)
+                if (update := self.scheduler.time_out(seq_id, now)) is not None
+            ]
+            if ended:
+                self.metrics.num_timeouts += 1
+                updates += ended
+        return updates
 
     def _update(self, scheduled: SchedulerOutput, runner_output: Any) -> list[SequenceUpdate]:
         updates = self.scheduler.update_from_output(scheduled, runner_output)

@@ -14,6 +14,7 @@ class EngineMetrics:
     tokens_generated: int = 0
     num_steps: int = 0
     num_preemptions: int = 0
+    num_timeouts: int = 0  # requests ended by their time limit
     total_latency: float = 0.0
     busy_time: float = 0.0  # seconds spent inside step()
     max_batch_size: int = 0  # most sequences in one forward pass
@@ -44,6 +45,7 @@ class EngineMetrics:
             "tokens_generated": self.tokens_generated,
             "num_steps": self.num_steps,
             "num_preemptions": self.num_preemptions,
+            "num_timeouts": self.num_timeouts,
             "average_latency": self.average_latency,
             "throughput": self.throughput,
             "max_batch_size": self.max_batch_size,

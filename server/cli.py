@@ -1,6 +1,7 @@
 """`hetero-infer`: the server, and one-shot generation from the command line.
 
     hetero-infer serve --port 8000 --api-key secret     (also: hetero-infer --serve)
+    hetero-infer serve ./my-model-folder                (the model, as `vllm serve MODEL`)
     hetero-infer --input "Hello" --max-tokens 50
     hetero-infer --input "Which city is the capital of France?" --chat
 
@@ -16,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hetero_infer.engine.config import EngineConfig, read_section
@@ -50,6 +51,45 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
 ]
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object (e.g. --override-generation-config '{"temperature": 0.5}')."""
+    value = json.loads(text)  # a JSONDecodeError is a ValueError
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+# Engine flags of the server only: they shape how requests are served.
+SERVE_ENGINE_FLAGS: list[tuple[str, str, Callable[[str], Any], str]] = [
+    (
+        "--scheduling-policy",
+        "scheduling_policy",
+        str,
+        "fcfs (arrival order, the default) or priority (requests' priority field, lower "
+        "first; lower-priority running requests are preempted for higher ones)",
+    ),
+    (
+        "--request-timeout",
+        "request_timeout",
+        float,
+        "seconds a request may take, queueing included (a request's timeout can shorten it)",
+    ),
+    (
+        "--generation-config",
+        "generation_config",
+        str,
+        "default sampling values: auto (the model's generation_config.json, the default), "
+        "vllm (the built-in ones), or a folder holding a generation_config.json",
+    ),
+    (
+        "--override-generation-config",
+        "override_generation_config",
+        json_object,
+        "JSON over the generation config's values, e.g. '{\"temperature\": 0.5}'",
+    ),
+]
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="JSON file of engine settings (e.g. config.json)")
     parser.add_argument(
@@ -78,6 +118,7 @@ def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
     flags = [(name, kind) for _, name, kind in ENGINE_FLAGS]
+    flags += [(name, kind) for _, name, kind, _ in SERVE_ENGINE_FLAGS]
     flags += [
         ("seed", int),
         ("enforce_eager", _parse_bool),
@@ -85,7 +126,15 @@ def engine_config_from_args(
         ("cpu_kernels", _parse_bool),
     ]
     overrides = _from_env(flags, environ)
-    overrides.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
+    given = {n: getattr(args, n, None) for n, _ in flags}  # serve's flags: not in one-shot
+    overrides.update({n: v for n, v in given.items() if v is not None})
+    if (positional := getattr(args, "model_tag", None)) is not None:
+        if args.model is not None and args.model != positional:
+            raise ValueError(
+                f"the model is given twice, as {positional!r} and as --model {args.model!r}: "
+                "give it once"
+            )
+        overrides["model"] = positional
     config_file = _config_file(args, environ)
     if config_file:
         return EngineConfig.from_file(config_file, **overrides)
@@ -139,6 +188,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetero-infer serve", description="Serve the OpenAI-compatible API."
     )
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` (or --model): a folder, a .gguf file or a "
+        "hub id; none: the embedded SmolLM2",
+    )
+    for flag, name, kind, help_text in SERVE_ENGINE_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind, help=help_text)
     for flag, name, kind in SERVER_FLAGS:
         parser.add_argument(flag, dest=name, type=kind)
     parser.add_argument(

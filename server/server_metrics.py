@@ -54,6 +54,8 @@ class _EngineCollector(Collector):
             ("prompt_tokens", "Prompt tokens processed.", metrics.prompt_tokens),
             ("generation_tokens", "Tokens generated.", metrics.tokens_generated),
             ("num_preemptions", "Preemptions of running requests.", metrics.num_preemptions),
+            # Not one of vLLM's (it has no time limit): requests ended by theirs.
+            ("request_timeouts", "Requests ended by their time limit.", metrics.num_timeouts),
             ("prefix_cache_queries", "Prompt tokens looked up.", stats["prefix_cache_queries"]),
             ("prefix_cache_hits", "Prompt tokens found cached.", stats["prefix_cache_hits"]),
         ):

@@ -7,13 +7,21 @@ admitted while blocks, the budget, ``max_num_seqs`` and the ``memory_threshold``
 watermark allow. When a running sequence cannot get a block, the newest running
 sequence is preempted: its KV is dropped and recomputed later, or swapped to CPU
 blocks when there is swap space. No torch here.
+
+Two policies order the work, as vLLM's ``--scheduling-policy``: "fcfs" (arrival order)
+and "priority" (lower ``priority`` values first, ties by arrival). Under "priority" the
+running sequences are kept best first, so the one preempted when blocks run out is the
+lowest-priority one, and a waiting sequence that cannot start for want of blocks or of
+a ``max_num_seqs`` slot preempts running ones of a lower priority (a higher value).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 
+from hetero_infer.engine.config import SCHEDULING_POLICIES
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import (
@@ -26,6 +34,11 @@ from hetero_infer.engine.core.step_data import (
 from hetero_infer.engine.core.stop import banned_token_ids, check_stop
 
 
+def priority_key(seq: Sequence) -> tuple[int, float]:
+    """The priority policy's order: lower value first, then earlier arrival."""
+    return (seq.priority, seq.arrival_time)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -35,13 +48,20 @@ class Scheduler:
         max_model_len: int,
         memory_threshold: float = 1.0,
         use_swap: bool = False,
+        policy: str = "fcfs",
     ) -> None:
+        assert policy in SCHEDULING_POLICIES, policy
+        # A sequence preempted for a higher-priority one may have been scheduled in the
+        # same step, after swap-ins: swapping it out then would overwrite their CPU
+        # blocks before they are read, so the priority policy preempts by recompute.
+        assert not (policy == "priority" and use_swap), "the priority policy recomputes"
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.memory_threshold = memory_threshold
         self.use_swap = use_swap
+        self.policy = policy
         # Every unfinished sequence by id (n > 1 choices waiting to fork included).
         self.sequences: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
@@ -54,7 +74,18 @@ class Scheduler:
         """Queue a sequence; its fork_children (n > 1) join once its prompt is computed."""
         for s in (seq, *seq.fork_children):
             self.sequences[s.request_id] = s
-        self.waiting.append(seq)
+        self._to_waiting(seq, preempted=False)
+
+    def _to_waiting(self, seq: Sequence, preempted: bool) -> None:
+        """Queue a new or preempted sequence: by arrival (a preempted one goes first,
+        it arrived before the waiting ones), or in the priority policy's order."""
+        if self.policy == "priority":
+            index = bisect.bisect_right(self.waiting, priority_key(seq), key=priority_key)
+            self.waiting.insert(index, seq)
+        elif preempted:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -70,6 +101,9 @@ class Scheduler:
         self._finished_ids = []
         steps: list[tuple[Sequence, int]] = []  # (sequence, tokens it computes)
         budget = self.max_num_batched_tokens
+        if self.policy == "priority":
+            # Best first: they get the budget first, and running[-1] is the lowest.
+            self.running.sort(key=priority_key)
         budget = self._schedule_running(out, steps, budget)
         if not out.preempted:  # memory is short: admit nothing new this step
             budget = self._schedule_swapped(out, steps, budget)
@@ -118,24 +152,67 @@ class Scheduler:
     def _schedule_waiting(
         self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
     ) -> None:
-        bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
-            num_hit = bm.allocate_cached_prefix(seq)
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._can_admit(seq, num_new):
-                bm.free(seq)
-                seq.num_computed_tokens = 0
-                break
+            if seq.request_id in out.preempted:
+                break  # preempted this step for the ones ahead of it: it waits a step
+            num_new = self._try_admit(seq, budget)
+            if num_new is None:
+                victim = self._outranked_by(seq)
+                if victim is None:
+                    break
+                budget += self._preempt_for_waiting(victim, out, steps)
+                continue
             self.waiting.popleft()
-            bm.record_prefix_lookup(seq.num_tokens, num_hit)
-            out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
+            out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             steps.append((seq, num_new))
             budget -= num_new
+
+    def _try_admit(self, seq: Sequence, budget: int) -> int | None:
+        """The tokens a waiting sequence computes if it starts now (its cached prefix
+        taken); None, with nothing taken, if there is no room for it."""
+        if len(self.running) >= self.max_num_seqs:
+            return None
+        bm = self.block_manager
+        num_hit = bm.allocate_cached_prefix(seq)
+        num_new = min(seq.num_uncomputed_tokens, budget)
+        if not self._can_admit(seq, num_new):
+            bm.free(seq)
+            seq.num_computed_tokens = 0
+            return None
+        bm.record_prefix_lookup(seq.num_tokens, num_hit)
+        return num_new
+
+    def _outranked_by(self, seq: Sequence) -> Sequence | None:
+        """Under the priority policy, the running sequence to preempt so that ``seq``
+        can start: the lowest-priority one, if its value is higher than ``seq``'s (equal
+        priorities never preempt each other, which would only trade places)."""
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=priority_key)
+        return victim if victim.priority > seq.priority else None
+
+    def _preempt_for_waiting(
+        self, victim: Sequence, out: SchedulerOutput, steps: list[tuple[Sequence, int]]
+    ) -> int:
+        """Preempt a running sequence for a waiting one of higher priority. If it was
+        scheduled this step it leaves the step: returns the tokens it gives back."""
+        given_back = 0
+        for i, (seq, num_new) in enumerate(steps):
+            if seq is victim:
+                del steps[i]
+                given_back = num_new
+                # Its copy-on-write copy this step went to a block of its own, which is
+                # freed now and may be handed out again in this step.
+                own = set(victim.block_table)
+                out.blocks_to_copy[:] = [c for c in out.blocks_to_copy if c[1] not in own]
+                break
+        self._preempt(victim, out)
+        return given_back
 
     def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         bm = self.block_manager
@@ -159,7 +236,7 @@ class Scheduler:
             self.block_manager.free(seq)
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
-            self.waiting.appendleft(seq)
+            self._to_waiting(seq, preempted=True)
 
     # ---- after the model step ----
 
@@ -211,6 +288,20 @@ class Scheduler:
             child.first_scheduled_time = parent.first_scheduled_time
             self.running.append(child)
         parent.fork_children = []
+
+    def time_out(self, request_id: str, now: float) -> SequenceUpdate | None:
+        """End a sequence whose deadline has passed: "length" once it has output tokens
+        (what it has is the answer, cut short as by max_tokens), "abort" before its
+        first. Returns its update for the front end; None if the sequence is not
+        unfinished or its deadline is still ahead."""
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.deadline is None or seq.deadline > now:
+            return None
+        if seq.num_output_tokens:
+            self.finish(request_id, SequenceStatus.FINISHED_LENGTH)
+        else:
+            self.finish(request_id, SequenceStatus.FINISHED_ABORTED)
+        return _update(seq, None, [])
 
     def finish(self, request_id: str, status: SequenceStatus) -> bool:
         """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.

@@ -43,6 +43,8 @@ class Sequence:
         eos_token_ids: frozenset[int] = frozenset(),
         grammar: Any = None,
         pooling: str | None = None,
+        priority: int = 0,
+        deadline: float | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -76,6 +78,10 @@ class Sequence:
         # or while running; a stop string is found by the front end).
         self.stop_reason: int | None = None
         self.arrival_time = time.monotonic()
+        # The priority policy schedules lower values first (ties by arrival_time).
+        self.priority = priority
+        # time.monotonic() past which the request is ended (its time limit); None: none.
+        self.deadline = deadline
         self.first_scheduled_time: float | None = None
         self.finished_time: float | None = None
 

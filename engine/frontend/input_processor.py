@@ -15,6 +15,7 @@ whole context.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,9 @@ class PromptTokens:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A checked request, ready for the engine: its tokens, its params, and the grammar
-    of its response_format (None without one), built once."""
+    """A checked request, ready for the engine: its tokens, its params, the grammar
+    of its response_format (None without one), built once, its priority and the
+    time.monotonic() by which it must end (None: no time limit)."""
 
     request_id: str
     prompt: str | None
@@ -47,6 +49,8 @@ class EngineRequest:
     grammar: Any = None
     # An embedding request: how its final hidden states are pooled (None: generation).
     pooling: str | None = None
+    priority: int = 0
+    deadline: float | None = None
 
 
 class InputProcessor:
@@ -57,14 +61,26 @@ class InputProcessor:
         vocab_size: int,
         max_model_len: int,
         pooling: str = "last",
+        scheduling_policy: str = "fcfs",
+        request_timeout: float | None = None,
     ) -> None:
+        """``request_timeout``: the engine's time limit on every request (seconds)."""
         self.tokenizer = tokenizer
         self.structured_output = structured_output
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.pooling = pooling
+        self.scheduling_policy = scheduling_policy
+        self.request_timeout = request_timeout
 
-    def process(self, request_id: str, prompt: Prompt, params: SamplingParams) -> EngineRequest:
+    def process(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> EngineRequest:
         """The engine's own path (LLMEngine.add_request): the prompt must fit in the
         context; max_tokens may run past it."""
         if not isinstance(params, SamplingParams):
@@ -78,7 +94,7 @@ class InputProcessor:
                 f"({self.max_model_len})",
                 param="prompt",
             )
-        return self.request(request_id, checked, params)
+        return self.request(request_id, checked, params, priority, timeout)
 
     def tokenize(self, prompt: Prompt, param: str = "prompt") -> PromptTokens:
         """The prompt's tokens (text is encoded, token ids taken as they are), checked
@@ -130,17 +146,33 @@ class InputProcessor:
         request_id: str,
         prompt: PromptTokens,
         params: SamplingParams,
+        priority: int = 0,
+        timeout: float | None = None,
         schema_param: str = "response_format",
     ) -> EngineRequest:
         """The request for a checked prompt, once its params pass the model's checks:
         token ids the params name must be in the vocabulary, and a JSON schema must
         compile (an error names ``schema_param``, the field the schema came from); its
-        grammar (an llguidance matcher) is built here, once."""
+        grammar (an llguidance matcher) is built here, once.
+
+        ``priority`` needs the priority policy unless it is 0 (as in vLLM). ``timeout``
+        (seconds from now) can shorten the engine's request_timeout, not lengthen it.
+        """
+        self._check_priority(priority)
+        deadline = self._deadline(timeout)
         params.check_vocab(self.vocab_size)
         grammar = None
         if params.json_schema is not None:
             grammar = self.structured_output.matcher(params.json_schema, schema_param)
-        return EngineRequest(request_id, prompt.text, prompt.token_ids, params, grammar)
+        return EngineRequest(
+            request_id,
+            prompt.text,
+            prompt.token_ids,
+            params,
+            grammar,
+            priority=priority,
+            deadline=deadline,
+        )
 
     def embedding_request(self, request_id: str, prompt: PromptTokens) -> EngineRequest:
         """An embedding request (the ``input`` of /v1/embeddings) for a checked prompt:
@@ -160,3 +192,27 @@ class InputProcessor:
         return EngineRequest(
             request_id, prompt.text, prompt.token_ids, params, pooling=self.pooling
         )
+
+    def _check_priority(self, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValidationError(
+                f"priority must be an integer, got {priority!r}", param="priority"
+            )
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValidationError(
+                f"priority {priority} needs priority scheduling, which is not enabled "
+                "(start the server with --scheduling-policy priority)",
+                param="priority",
+            )
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            raise ValidationError(
+                f"timeout must be a number of seconds > 0, got {timeout!r}", param="timeout"
+            )
+        limits = [t for t in (timeout, self.request_timeout) if t is not None]
+        return time.monotonic() + min(limits) if limits else None

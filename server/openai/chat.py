@@ -74,13 +74,16 @@ class ChatCompletion:
         processor = ctx.engine.input_processor
         prompt = processor.tokenize(token_ids)
         requested = body.max_completion_tokens or body.max_tokens
-        params = body.sampling_params(processor.fit_context(prompt, requested))
+        defaults = ctx.engine.generation_defaults.sampling
+        params = body.sampling_params(ctx.max_tokens(prompt, requested), defaults)
         if tools.json_schema is not None:
             params = dataclasses.replace(params, json_schema=tools.json_schema)
         if tools.keeps_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
         schema_param = "tools" if tools.json_schema is not None else "response_format"
-        request = processor.request(new_id("chatcmpl"), prompt, params, schema_param)
+        request = processor.request(
+            new_id("chatcmpl"), prompt, params, body.priority, body.timeout, schema_param
+        )
         return cls(ctx, body, request, tools)
 
     def output_parser(self) -> ChatOutputParser:

@@ -62,12 +62,16 @@ class Completion:
         if body.suffix:
             raise APIError(400, "'suffix' is not supported", param="suffix")
         processor = ctx.engine.input_processor
+        defaults = ctx.engine.generation_defaults
         prompts = [processor.tokenize(prompt) for prompt in body.prompts()]
-        max_tokens = min([processor.fit_context(prompt, body.max_tokens) for prompt in prompts])
-        params = body.sampling_params(max_tokens)
+        requested = body.max_tokens
+        if "max_tokens" not in body.model_fields_set and defaults.max_tokens is not None:
+            requested = None  # OpenAI's default of 16 gives way to the model's own
+        max_tokens = min([ctx.max_tokens(prompt, requested) for prompt in prompts])
+        params = body.sampling_params(max_tokens, defaults.sampling)
         completion_id = new_id("cmpl")
         requests = [
-            processor.request(f"{completion_id}-{i}", prompt, params)
+            processor.request(f"{completion_id}-{i}", prompt, params, body.priority, body.timeout)
             for i, prompt in enumerate(prompts)
         ]
         return cls(ctx, body, completion_id, requests)

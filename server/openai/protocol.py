@@ -2,7 +2,8 @@
 their mapping to SamplingParams.
 
 Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
-stop_token_ids, include_stop_str_in_output, repetition_penalty).
+stop_token_ids, include_stop_str_in_output, repetition_penalty, priority), and this
+server's own time limit (timeout).
 A field we do not implement yet is refused with a 400 naming it rather than
 ignored: a client must never get silently different behaviour.
 """
@@ -10,6 +11,7 @@ ignored: a client must never get silently different behaviour.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
@@ -65,6 +67,12 @@ class SamplingFields(BaseModel):
     best_of: int | None = None
     # Accepted at their neutral values only, until they are implemented.
     response_format: dict[str, Any] | None = None
+    # vLLM's: with --scheduling-policy priority, lower values are served first (and
+    # preempt running requests of higher values); any other value needs that policy.
+    priority: int = 0
+    # This server's own (vLLM, TGI and OpenAI have no such field): seconds the request
+    # may take from its arrival, queueing included; it can shorten --request-timeout.
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @property
     def include_usage(self) -> bool:
@@ -116,11 +124,15 @@ class SamplingFields(BaseModel):
         """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
         return {}
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, defaults: Mapping[str, Any] | None = None
+    ) -> SamplingParams:
         """The body's SamplingParams (which check their own ranges); what needs the
-        model (token ids, the schema) the engine's input processor checks."""
+        model (token ids, the schema) the engine's input processor checks. ``defaults``
+        (the model's generation config) fill the sampling fields the body leaves out."""
         self.unsupported()
-        values: dict[str, Any] = {
+        values: dict[str, Any] = dict(defaults or {})
+        values |= {
             "n": self.n,
             "max_tokens": max_tokens,
             "ignore_eos": self.ignore_eos,

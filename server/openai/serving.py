@@ -15,7 +15,7 @@ from typing import TypeVar
 from fastapi import Request
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.exceptions import EngineError
-from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.server_metrics import ServerMetrics
@@ -64,12 +64,35 @@ class RequestContext:
         except (EngineError, ValueError) as exc:
             raise APIError.from_exception(exc) from exc
 
+    def max_tokens(self, prompt: PromptTokens, requested: int | None) -> int:
+        """A request's max_tokens for ``prompt``: its own, which must fit the context with
+        the prompt (OpenAI's rule); without one, the model's default (its generation
+        config's max_new_tokens) cut to what the context has left; without that, all
+        the context has left."""
+        processor = self.engine.input_processor
+        default = self.engine.generation_defaults.max_tokens
+        if requested is not None or default is None:
+            return processor.fit_context(prompt, requested)
+        return min(default, processor.fit_context(prompt, None))
+
     async def run_to_end(self, requests: list[EngineRequest]) -> list[list[RequestOutput]]:
         """Run the requests concurrently; each one's finished outputs, one per choice in
-        choice order. A client that goes away aborts them all."""
+        choice order. A client that goes away aborts them all. If they ran out of time
+        before any token, there is no answer to give: a 408."""
         runs = asyncio.gather(*(_collect(self.outputs(request)) for request in requests))
         results = await _until_disconnect(self.connection, runs)
-        return [_finals(outputs) for outputs in results]
+        finals = [_finals(outputs) for outputs in results]
+        # A client that stays to read its answer sees "abort" only from a time limit.
+        choices = [out for outs in finals for out in outs]
+        if choices and all(o.finish_reason == "abort" and not o.token_ids for o in choices):
+            raise APIError(
+                408,
+                "the request ran past its time limit (its timeout, or the server's "
+                "--request-timeout) before its first token",
+                "timeout_error",
+                code="request_timeout",
+            )
+        return finals
 
 
 async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:

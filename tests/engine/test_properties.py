@@ -1,6 +1,7 @@
 """Property tests: hypothesis drives a BlockManager + Scheduler through random
 add / step / abort / fork sequences on a tiny KV cache, so prefix hits, chunked
-prefill, copy-on-write and preemption (recompute and swap) all happen.
+prefill, copy-on-write and preemption (recompute and swap) all happen, under both
+scheduling policies.
 
 A fake model runner keeps the "KV" of every GPU and CPU block slot and applies the
 scheduler's swap and copy lists the way the real runner must (swap out, swap in,
@@ -11,7 +12,7 @@ it, so a sequence that reads a stale, stolen or wrongly shared block is caught.
 from __future__ import annotations
 
 from hetero_infer.engine.core.block_manager import BlockManager
-from hetero_infer.engine.core.scheduler import Scheduler
+from hetero_infer.engine.core.scheduler import Scheduler, priority_key
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken, SchedulerOutput
 from hetero_infer.engine.sampling_params import SamplingParams
@@ -116,6 +117,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len: int,
         memory_threshold: float,
         enable_prefix_caching: bool,
+        policy: str = "fcfs",
     ) -> None:
         # The engine never lets one sequence outgrow the whole cache.
         self.max_model_len = min(max_model_len, num_blocks * block_size)
@@ -129,6 +131,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_model_len=self.max_model_len,
             memory_threshold=memory_threshold,
             use_swap=use_swap,
+            policy=policy,
         )
         self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size)
         self.seqs: dict[str, Sequence] = {}
@@ -143,6 +146,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         suffixes=st.lists(st.lists(st.integers(1, VOCAB - 1), max_size=8), min_size=1, max_size=3),
         max_tokens=st.integers(1, 12),
         ignore_eos=st.booleans(),
+        priority=st.integers(0, 3),
     )
     def add(
         self,
@@ -151,12 +155,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         suffixes: list[list[int]],
         max_tokens: int,
         ignore_eos: bool,
+        priority: int,
     ) -> None:
-        """One to three requests that share a prompt prefix."""
+        """One to three requests that share a prompt prefix (and a priority, which only
+        the priority policy reads)."""
         for suffix in suffixes:
             prompt = (PREFIXES[prefix][:prefix_len] + suffix)[: self.max_model_len] or [1]
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-            seq = Sequence(self._new_id(), prompt, params, eos_token_ids=frozenset({EOS}))
+            seq = Sequence(
+                self._new_id(), prompt, params, eos_token_ids=frozenset({EOS}), priority=priority
+            )
             self.seqs[seq.request_id] = seq
             self.sched.add(seq)
 
@@ -218,6 +226,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             parent.prompt_token_ids,
             parent.sampling_params,
             eos_token_ids=parent.eos_token_ids,
+            priority=parent.priority,
         )
         child.token_ids = list(parent.token_ids)
         self.bm.fork(parent, child)
@@ -282,13 +291,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         waiting_before: list[Sequence],
         swapped_before: list[Sequence],
     ) -> None:
-        sched, bm, bs = self.sched, self.bm, self.bm.block_size
+        sched = self.sched
         assert out.num_batched_tokens <= sched.max_num_batched_tokens
         assert len(out.scheduled) <= sched.max_num_seqs
         assert len(sched.running) <= sched.max_num_seqs
         seqs = [self.seqs[s.request_id] for s in out.scheduled]
         assert len({id(s) for s in seqs}) == len(seqs)
+        self._check_order(out, seqs, running_before, waiting_before, swapped_before)
+        self._check_blocks(out, seqs)
 
+    def _check_order(
+        self,
+        out: SchedulerOutput,
+        seqs: list[Sequence],
+        running_before: list[Sequence],
+        waiting_before: list[Sequence],
+        swapped_before: list[Sequence],
+    ) -> None:
+        """FCFS: who runs, who is preempted, who is admitted, in what order."""
+        sched = self.sched
         # Preemption takes the newest running sequences, newest first.
         preempted = [self.seqs[request_id] for request_id in out.preempted]
         assert preempted == running_before[::-1][: len(out.preempted)]
@@ -307,6 +328,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if admitted:
             assert not sched.swapped
 
+    def _check_blocks(self, out: SchedulerOutput, seqs: list[Sequence]) -> None:
+        """What each scheduled sequence writes is its own, and copies land there."""
+        sched, bm, bs = self.sched, self.bm, self.bm.block_size
         written: set[int] = set()
         for item, seq in zip(out.scheduled, seqs, strict=True):
             assert seq in sched.running and seq.status == SequenceStatus.RUNNING
@@ -464,6 +488,69 @@ class PressureMachine(SchedulerMachine):
         )
 
 
+class PriorityMachine(SchedulerMachine):
+    """The priority policy on a small cache (by recompute: the policy takes no swap).
+    Requests come with random priorities, so running ones are preempted for waiting
+    ones of a higher priority, often in the step that had already scheduled them."""
+
+    @initialize(
+        block_size=st.sampled_from([2, 4]),
+        num_blocks=st.integers(3, 8),
+        max_num_seqs=st.integers(1, 4),
+        max_num_batched_tokens=st.integers(2, 16),
+        memory_threshold=st.sampled_from([1.0, 0.75]),
+        enable_prefix_caching=st.booleans(),
+    )
+    def setup(  # the priority policy's own configurations
+        self,
+        block_size: int,
+        num_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        memory_threshold: float,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self._build(
+            block_size,
+            num_blocks,
+            use_swap=False,
+            num_cpu_blocks=0,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=num_blocks * block_size,
+            memory_threshold=memory_threshold,
+            enable_prefix_caching=enable_prefix_caching,
+            policy="priority",
+        )
+
+    def _check_order(
+        self,
+        out: SchedulerOutput,
+        seqs: list[Sequence],
+        running_before: list[Sequence],
+        waiting_before: list[Sequence],
+        swapped_before: list[Sequence],
+    ) -> None:
+        sched = self.sched
+        assert not sched.swapped and not out.blocks_to_swap_out
+        # The waiting queue is in priority order, a preempted sequence included.
+        waiting = list(sched.waiting)
+        assert waiting == sorted(waiting, key=priority_key)
+        preempted = [self.seqs[request_id] for request_id in out.preempted]
+        for seq in preempted:
+            assert seq not in seqs and seq.status == SequenceStatus.WAITING
+        # The victims are the lowest: everything that runs ranks at least as high.
+        if preempted and seqs:
+            assert max(map(priority_key, seqs)) <= min(map(priority_key, preempted))
+        # Running ones go first, best first; then waiting ones, in the queue's order.
+        ran = [s for s in seqs if s in running_before]
+        assert seqs[: len(ran)] == ran == sorted(ran, key=priority_key)
+        admitted = seqs[len(ran) :]
+        assert admitted == waiting_before[: len(admitted)]
+        if any(p in running_before for p in preempted) and admitted:
+            event("preempted for a waiting sequence")
+
+
 _SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -472,5 +559,7 @@ _SETTINGS = settings(
 )
 SchedulerMachine.TestCase.settings = _SETTINGS
 PressureMachine.TestCase.settings = _SETTINGS
+PriorityMachine.TestCase.settings = _SETTINGS
 test_scheduler_machine = SchedulerMachine.TestCase
 test_scheduler_machine_under_memory_pressure = PressureMachine.TestCase
+test_scheduler_machine_with_priorities = PriorityMachine.TestCase
