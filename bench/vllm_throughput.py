@@ -26,11 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__" and not __package__:
-    # Run as a file, from vLLM's virtualenv: import the repository's bench package.
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+if not __package__:
+    # Run as a file, from vLLM's virtualenv (and so re-imported by the processes vLLM
+    # spawns, as __mp_main__): import the repository's bench package.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.throughput_systems import load_workload, measurement, scheduler_setting
+
+# Then the repository leaves the path again: its top-level folders would shadow
+# packages of vLLM's environment (transformers probes for a package named "kernels",
+# and would import this repository's kernels/ folder, which needs hetero_infer).
+_REPO_ROOT = str(Path(__file__).resolve().parents[1])
+sys.path[:] = [p for p in sys.path if p not in (_REPO_ROOT, "")]
 
 
 def main(job_path: str) -> None:
