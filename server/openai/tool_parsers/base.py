@@ -14,9 +14,12 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hetero_infer.engine.frontend.stop_strings import partial_match_length
+
+if TYPE_CHECKING:
+    from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
 
 
 @dataclass
@@ -124,3 +127,38 @@ class ToolParser(ABC):
         """The next part of the latest call's arguments."""
         assert self.num_calls > 0, "arguments before any call"
         return ToolCallDelta(self.num_calls - 1, arguments=arguments)
+
+
+class StateMachineToolParser(ToolParser):
+    """A parser that keeps the text it has not decided on in ``_buffer`` and moves a
+    state machine over it (``_advance``) until it needs more text."""
+
+    def __init__(self, first_state: str) -> None:
+        super().__init__()
+        self._buffer = ""
+        self._state = first_state
+        self._call: JsonCall | None = None
+
+    def feed(self, text: str) -> ParsedText:
+        self._buffer += text
+        out = ParsedText()
+        while self._advance(out):
+            pass
+        return out
+
+    @abstractmethod
+    def _advance(self, out: ParsedText) -> bool:
+        """One move of the state machine over the buffer; False when it needs more text."""
+
+    def _feed_call(self, out: ParsedText, next_state: str) -> bool:
+        """The buffer into the JSON call being read; once it is complete, on to
+        ``next_state`` with what follows it."""
+        assert self._call is not None
+        deltas, rest = self._call.feed(self._buffer)
+        out.tool_calls += deltas
+        self._buffer = rest or ""
+        if rest is None:
+            return False
+        self.content.call_ends()
+        self._state = next_state
+        return True

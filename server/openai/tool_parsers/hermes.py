@@ -3,28 +3,22 @@ number of them, with text around them (Hermes, Qwen2.5, Qwen3 and their template
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, ToolParser, split_at_marker
+from hetero_infer.server.openai.tool_parsers.base import (
+    ParsedText,
+    StateMachineToolParser,
+    split_at_marker,
+)
 from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
 
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 
 
-class HermesToolParser(ToolParser):
+class HermesToolParser(StateMachineToolParser):
     name = "hermes"
 
     def __init__(self) -> None:
-        super().__init__()
-        self._buffer = ""
-        self._state = "content"  # content -> opened -> call -> closing -> content
-        self._call: JsonCall | None = None
-
-    def feed(self, text: str) -> ParsedText:
-        self._buffer += text
-        out = ParsedText()
-        while self._advance(out):
-            pass
-        return out
+        super().__init__("content")  # content -> opened -> call -> closing -> content
 
     def finish(self) -> ParsedText:
         out = ParsedText()
@@ -35,7 +29,6 @@ class HermesToolParser(ToolParser):
         return out
 
     def _advance(self, out: ParsedText) -> bool:
-        """One move of the state machine over the buffer; False when it needs more text."""
         if self._state == "content":
             before, found, self._buffer = split_at_marker(self._buffer, CALL_START)
             out.content += self.content.add(before)
@@ -57,15 +50,7 @@ class HermesToolParser(ToolParser):
             self._state = "call"
             return True
         if self._state == "call":
-            assert self._call is not None
-            deltas, rest = self._call.feed(self._buffer)
-            out.tool_calls += deltas
-            self._buffer = rest or ""
-            if rest is None:
-                return False
-            self.content.call_ends()
-            self._state = "closing"
-            return True
+            return self._feed_call(out, "closing")
         # closing: the end marker is optional (a model may leave it out).
         stripped = self._buffer.lstrip()
         if len(stripped) < len(CALL_END) and CALL_END.startswith(stripped):

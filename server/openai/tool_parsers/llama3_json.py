@@ -8,7 +8,7 @@ decoding usually drops it; the text is read the same with or without it.
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, ToolParser
+from hetero_infer.server.openai.tool_parsers.base import ParsedText, StateMachineToolParser
 from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
 
 PYTHON_TAG = "<|python_tag|>"
@@ -28,22 +28,12 @@ def opens_call(text: str) -> bool | None:
     return rest.startswith(_NAME_KEY)
 
 
-class Llama3JsonToolParser(ToolParser):
+class Llama3JsonToolParser(StateMachineToolParser):
     name = "llama3_json"
 
     def __init__(self) -> None:
-        super().__init__()
-        self._buffer = ""
         # start -> call -> between -> (";") next -> call ...; any of them -> content
-        self._state = "start"
-        self._call: JsonCall | None = None
-
-    def feed(self, text: str) -> ParsedText:
-        self._buffer += text
-        out = ParsedText()
-        while self._advance(out):
-            pass
-        return out
+        super().__init__("start")
 
     def finish(self) -> ParsedText:
         out = ParsedText()
@@ -59,15 +49,7 @@ class Llama3JsonToolParser(ToolParser):
             self._buffer = ""
             return False
         if self._state == "call":
-            assert self._call is not None
-            deltas, rest = self._call.feed(self._buffer)
-            out.tool_calls += deltas
-            self._buffer = rest or ""
-            if rest is None:
-                return False
-            self.content.call_ends()
-            self._state = "between"
-            return True
+            return self._feed_call(out, "between")
         stripped = self._buffer.lstrip()
         if self._state == "start":
             if len(stripped) < len(PYTHON_TAG) and PYTHON_TAG.startswith(stripped):

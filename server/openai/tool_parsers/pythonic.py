@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, ToolParser
+from hetero_infer.server.openai.tool_parsers.base import ParsedText, StateMachineToolParser
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
@@ -83,23 +83,17 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
     return node.func.id, arguments
 
 
-class PythonicToolParser(ToolParser):
+class PythonicToolParser(StateMachineToolParser):
     name = "pythonic"
 
     def __init__(self) -> None:
-        super().__init__()
-        self._buffer = ""
+        super().__init__("start")  # start -> call -> next -> call ... -> content
         self._unsent = ""  # all the text so far, while none of it has gone out
-        self._state = "start"  # start -> call -> next -> call ... -> content
 
     def feed(self, text: str) -> ParsedText:
-        self._buffer += text
         if self.num_calls == 0 and self._state != "content":
             self._unsent += text
-        out = ParsedText()
-        while self._advance(out):
-            pass
-        return out
+        return super().feed(text)
 
     def finish(self) -> ParsedText:
         out = ParsedText()
