@@ -24,12 +24,18 @@ from hetero_infer.server.settings import ServerSettings
 T = TypeVar("T")
 
 
+# An unknown model name is echoed in the 404 up to this many characters: a body may
+# send megabytes of name.
+MAX_ECHOED_NAME = 256
+
+
 def check_model(settings: ServerSettings, model: str | None) -> None:
     """404 for a model name the server does not answer to (None: any)."""
     if model is not None and model not in settings.model_names:
+        shown = model if len(model) <= MAX_ECHOED_NAME else model[:MAX_ECHOED_NAME] + "..."
         raise APIError(
             404,
-            f"The model `{model}` does not exist.",
+            f"The model `{shown}` does not exist.",
             "not_found_error",
             param="model",
             code="model_not_found",
