@@ -66,7 +66,11 @@ class StructuredOutput:
         # fails at its first mask: here, rather than as a request that ends in "error".
         matcher.compute_bitmask()
         if matcher.is_error():
-            raise ValidationError(f"{param}: no JSON value satisfies the schema", param=param)
+            raise ValidationError(
+                f"{param}: no JSON value can be generated for the schema "
+                f"({_first_line(matcher.get_error())})",
+                param=param,
+            )
         return matcher
 
 

@@ -292,6 +292,20 @@ CASES = [
         400,
     ),
     Case(
+        "schema-not-keyword",
+        CHAT,
+        chat(response_format=json_format({"not": {"type": "string"}}), **SHORT),
+        400,
+        message="not",
+    ),
+    Case(
+        "schema-empty-enum",
+        CHAT,
+        chat(response_format=json_format({"enum": []}), **SHORT),
+        400,
+        message="Unsatisfiable",
+    ),
+    Case(
         "tool-schema-ref-loop",
         CHAT,
         chat(tools=[tool({"type": "object", "$ref": "#"})], tool_choice="required", **SHORT),
