@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class AsyncEngine:
         self._executor = executor or engine_thread()
         self._task: asyncio.Task | None = None
         self.dead_error: BaseException | None = None
+        # Requests refused with SchedulerError, by reason: "queue_full" (max_pending),
+        # "queue_time" (the engine's max_queue_time).
+        self.rejections: Counter[str] = Counter(queue_full=0, queue_time=0)
 
     @classmethod
     async def load(cls, config: EngineConfig, max_pending: int | None = None) -> AsyncEngine:
@@ -148,14 +152,19 @@ class AsyncEngine:
         The request comes checked from ``input_processor``; the loop queues it as it
         is. With n > 1 the outputs of the n choices interleave (``output.index`` says
         which); the iteration ends after the last choice's finished output.
-        SchedulerError for a full queue (or ValidationError for a request id in use)
-        is raised before the first output. Leaving the iteration early (a client that
-        went away) aborts the request.
+        SchedulerError for a full queue, or for a request that waited longer than
+        max_queue_time to start (or ValidationError for a request id in use), is raised
+        before the first output. Leaving the iteration early (a client that went away)
+        aborts the request.
         """
         if self.dead_error is not None:
             raise EngineDeadError("the engine loop has stopped") from self.dead_error
         if self.max_pending is not None and len(self._queues) >= self.max_pending:
-            raise SchedulerError("too many requests are waiting; retry later")
+            self.rejections["queue_full"] += 1
+            raise SchedulerError(
+                f"the server has {self.max_pending} requests in hand, its limit "
+                "(max_waiting_requests); retry later"
+            )
         request_id = request.request_id
         new = _NewRequest(request)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
@@ -170,6 +179,12 @@ class AsyncEngine:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                if item.finish_reason == "rejected":
+                    self.rejections["queue_time"] += 1
+                    raise SchedulerError(
+                        f"the request waited longer than max_queue_time "
+                        f"({self._engine.config.max_queue_time:g} s) to start; retry later"
+                    )
                 num_finished += item.finished
                 finished = num_finished == request.params.n
                 yield item

@@ -79,6 +79,10 @@ class EngineConfig:
     # Seconds a request may take from its arrival, queueing included; a request may ask
     # for less. None: no limit.
     request_timeout: float | None = None
+    # Seconds a request may wait in the queue before it is first scheduled; past that it
+    # is refused (the server answers 503 with Retry-After, which a load balancer can send
+    # elsewhere) rather than served late. None: it waits as long as it takes.
+    max_queue_time: float | None = None
 
     # As vLLM's --generation-config: where requests' default sampling values come from.
     # "auto": the model's generation_config.json (when it has one); "vllm": the built-in
@@ -155,9 +159,10 @@ class EngineConfig:
                 "scheduling_policy 'priority' preempts by recompute, not swap: set "
                 "preemption_mode 'recompute' (or num_cpu_blocks 0)"
             )
-        timeout = self.request_timeout
-        if timeout is not None and (not _is_number(timeout) or not 0 < timeout < float("inf")):
-            raise ConfigError(f"request_timeout must be a number of seconds > 0, got {timeout!r}")
+        for name in ("request_timeout", "max_queue_time"):
+            seconds = getattr(self, name)
+            if seconds is not None and (not _is_number(seconds) or not 0 < seconds < float("inf")):
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
 
     def _validate_generation_config(self) -> None:
         mode = self.generation_config

@@ -114,6 +114,8 @@ class LLMEngine:
         # (deadline, request id) of the requests with a time limit, soonest first; an
         # entry stays until its deadline even if its request ends earlier.
         self._deadlines: list[tuple[float, str]] = []
+        # The same for max_queue_time: (when the request must have started, request id).
+        self._start_deadlines: list[tuple[float, str]] = []
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
             self.runner.num_blocks,
@@ -193,6 +195,9 @@ class LLMEngine:
         self.scheduler.add(seqs[0])
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.request_id))
+        if self.config.max_queue_time is not None:
+            start_by = seqs[0].arrival_time + self.config.max_queue_time
+            heapq.heappush(self._start_deadlines, (start_by, request.request_id))
         self.metrics.prompt_tokens += len(request.prompt_token_ids)
         return request.request_id
 
@@ -250,7 +255,7 @@ class LLMEngine:
         are the previous step's (the last ones come from a step with nothing scheduled).
         """
         started = time.perf_counter()
-        timed_out = self._time_out_requests()
+        timed_out = self._time_out_requests() + self._reject_unstarted_requests()
         scheduled = self.scheduler.schedule()
         if self._overlap is None:
             updates = self._update(scheduled, self.runner.execute(scheduled))
@@ -282,6 +287,20 @@ class LLMEngine:
             if ended:
                 self.metrics.num_timeouts += 1
                 updates += ended
+        return updates
+
+    def _reject_unstarted_requests(self) -> list[SequenceUpdate]:
+        """max_queue_time: refuse the requests that have waited that long without being
+        scheduled once; served that late, their answer would come too late to be of use,
+        and refused (a 503) they can be retried on a less busy replica."""
+        now = time.monotonic()
+        updates: list[SequenceUpdate] = []
+        while self._start_deadlines and self._start_deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(self._start_deadlines)
+            rejected = self.scheduler.reject_unstarted(self.output_processor.choice_ids(request_id))
+            if rejected:
+                self.metrics.num_rejected += 1
+                updates += rejected
         return updates
 
     def _update(self, scheduled: SchedulerOutput, runner_output: Any) -> list[SequenceUpdate]:

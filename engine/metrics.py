@@ -15,6 +15,7 @@ class EngineMetrics:
     num_steps: int = 0
     num_preemptions: int = 0
     num_timeouts: int = 0  # requests ended by their time limit
+    num_rejected: int = 0  # requests refused after max_queue_time in the queue
     total_latency: float = 0.0
     busy_time: float = 0.0  # seconds spent inside step()
     max_batch_size: int = 0  # most sequences in one forward pass
@@ -46,6 +47,7 @@ class EngineMetrics:
             "num_steps": self.num_steps,
             "num_preemptions": self.num_preemptions,
             "num_timeouts": self.num_timeouts,
+            "num_rejected": self.num_rejected,
             "average_latency": self.average_latency,
             "throughput": self.throughput,
             "max_batch_size": self.max_batch_size,

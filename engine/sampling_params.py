@@ -18,6 +18,10 @@ MAX_LOGIT_BIAS = 100.0
 # vLLM's default max_logprobs; OpenAI allows 20 top_logprobs in chat, 5 in completions.
 MAX_LOGPROBS = 20
 MAX_N = 128
+# Entries of logit_bias and of stop_token_ids: each step the sampler walks them in
+# Python for every choice, so a request with a whole vocabulary of them would slow
+# every other request's steps.
+MAX_TOKEN_ID_ENTRIES = 300
 
 
 @dataclass
@@ -107,6 +111,11 @@ class SamplingParams:
             raise ValidationError("json_schema must be a JSON schema object", param="json_schema")
         if not isinstance(self.logit_bias, dict):
             raise ValidationError("logit_bias must map token ids to biases", param="logit_bias")
+        if len(self.logit_bias) > MAX_TOKEN_ID_ENTRIES:
+            raise ValidationError(
+                f"logit_bias: at most {MAX_TOKEN_ID_ENTRIES} tokens, got {len(self.logit_bias)}",
+                param="logit_bias",
+            )
         for token_id, bias in self.logit_bias.items():
             if not _is_int(token_id) or token_id < 0:
                 raise ValidationError(
@@ -136,6 +145,12 @@ class SamplingParams:
         ):
             raise ValidationError(
                 "stop_token_ids must be a list of token ids", param="stop_token_ids"
+            )
+        if len(self.stop_token_ids) > MAX_TOKEN_ID_ENTRIES:
+            raise ValidationError(
+                f"stop_token_ids: at most {MAX_TOKEN_ID_ENTRIES} token ids, "
+                f"got {len(self.stop_token_ids)}",
+                param="stop_token_ids",
             )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValidationError(

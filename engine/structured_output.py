@@ -53,12 +53,30 @@ class StructuredOutput:
             raise ValidationError(
                 f"{param}: the schema is not usable: {exc}", param=param
             ) from None
+        # llguidance's default limits bound the work: a grammar too big for them (an enum
+        # of 100,000 strings) is an error after ~0.2 s, and each token mask stops at its
+        # fuel (~15 ms); catastrophic regexes cost nothing, as it matches by derivatives.
         matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
         if matcher.is_error():
             raise ValidationError(
-                f"{param}: the schema is not usable: {matcher.get_error()}", param=param
+                f"{param}: the schema is not usable: {_first_line(matcher.get_error())}",
+                param=param,
+            )
+        # A schema that no value satisfies ($ref loops, an empty enum) compiles, and
+        # fails at its first mask: here, rather than as a request that ends in "error".
+        matcher.compute_bitmask()
+        if matcher.is_error():
+            raise ValidationError(
+                f"{param}: no JSON value can be generated for the schema "
+                f"({_first_line(matcher.get_error())})",
+                param=param,
             )
         return matcher
+
+
+def _first_line(error: str) -> str:
+    """llguidance's message without the parser state it may append."""
+    return error.split("\n", 1)[0]
 
 
 def allowed_tokens(bitmasks: list[bytes], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -75,6 +75,13 @@ SERVE_ENGINE_FLAGS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "seconds a request may take, queueing included (a request's timeout can shorten it)",
     ),
     (
+        "--max-queue-time",
+        "max_queue_time",
+        float,
+        "seconds a request may wait in the queue before it starts; past that it is refused "
+        "with 503 and Retry-After (for a load balancer to retry elsewhere), not served late",
+    ),
+    (
         "--generation-config",
         "generation_config",
         str,

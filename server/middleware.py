@@ -1,4 +1,4 @@
-"""Request middleware: request ids, body-size cap, API key, CORS.
+"""Request middleware: request ids, header and body-size caps, API key, CORS.
 
 Plain ASGI-level checks run before any route parses a body, so a 10 MB body or a
 bad key costs nothing beyond reading the headers.
@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 # Probes and scrapes stay open when an API key is set, as in vLLM; so does the chat
 # page (server/routes/ui.py), whose own API calls send the key the user types.
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/", "/static/chat.css", "/static/chat.js")
+# Request heads beyond what any client sends get a 431. uvicorn's h11 parser limits
+# only a head that arrives in pieces (16 KiB); one read (up to 256 KiB) passes whole.
+MAX_HEADERS = 256
+MAX_HEADER_BYTES = 64 * 1024
 
 
 def install(app: FastAPI, settings: ServerSettings) -> None:
@@ -59,6 +63,13 @@ def install(app: FastAPI, settings: ServerSettings) -> None:
 
 
 def _check(request: Request, settings: ServerSettings, expected_auth: bytes | None):
+    headers = request.scope["headers"]
+    if len(headers) > MAX_HEADERS or sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
+        return APIError(
+            431,
+            f"request headers: at most {MAX_HEADERS}, of at most {MAX_HEADER_BYTES} bytes in all",
+            code="request_header_fields_too_large",
+        )
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
         return APIError(

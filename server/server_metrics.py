@@ -62,6 +62,17 @@ class _EngineCollector(Collector):
             counter = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
             counter.add_metric([self.model_name], value)
             yield counter
+        # The name vLLM's proposal for admission control gives it (not in a release
+        # yet): 503s for a full queue ("queue_full") or a start later than
+        # --max-queue-time ("queue_time").
+        rejections = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Requests refused with 503 by admission control, by reason.",
+            labels=[*labels, "reason"],
+        )
+        for reason, count in sorted(engine.rejections.items()):
+            rejections.add_metric([self.model_name, reason], count)
+        yield rejections
 
 
 class ServerMetrics:

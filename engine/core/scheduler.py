@@ -303,6 +303,17 @@ class Scheduler:
             self.finish(request_id, SequenceStatus.FINISHED_ABORTED)
         return _update(seq, None, [])
 
+    def reject_unstarted(self, seq_ids: list[str]) -> list[SequenceUpdate]:
+        """End a request's sequences (its choices) as rejected if none of them has been
+        scheduled yet (max_queue_time). Returns their updates; none if the request has
+        started or ended."""
+        seqs = [self.sequences.get(seq_id) for seq_id in seq_ids]
+        if not seqs or any(s is None or s.first_scheduled_time is not None for s in seqs):
+            return []
+        for seq in seqs:
+            self.finish(seq.request_id, SequenceStatus.FINISHED_REJECTED)
+        return [_update(seq, None, []) for seq in seqs]
+
     def finish(self, request_id: str, status: SequenceStatus) -> bool:
         """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
         False if there is no such unfinished sequence."""

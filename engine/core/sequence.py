@@ -3,7 +3,8 @@ machine, as the scheduler keeps it.
 
 waiting -> running (prefill, possibly in chunks, then decode) -> finished
 (stopped, length, aborted, failed); running -> waiting on recompute preemption,
-running -> swapped -> running on swap preemption.
+running -> swapped -> running on swap preemption; waiting -> rejected when it waited
+longer than max_queue_time before it was first scheduled.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
     FINISHED_FAILED = "error"
+    # Refused before it started (max_queue_time): the server answers 503, not a choice.
+    FINISHED_REJECTED = "rejected"
 
     @property
     def is_finished(self) -> bool:
@@ -30,7 +33,8 @@ class SequenceStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """OpenAI's finish_reason for a finished status ("stop", "length", "abort", "error")."""
+        """OpenAI's finish_reason for a finished status ("stop", "length", "abort", "error"),
+        or "rejected", which the server turns into a 503."""
         return self.value if self.is_finished else None
 
 

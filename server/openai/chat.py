@@ -27,7 +27,13 @@ from hetero_infer.server.openai.chat_output import (
 from hetero_infer.server.openai.logprobs import LogprobsFormatter
 from hetero_infer.server.openai.protocol import ChatCompletionRequest
 from hetero_infer.server.openai.reasoning import reasoning_parser
-from hetero_infer.server.openai.responses import Chunk, completion_body, new_id, usage
+from hetero_infer.server.openai.responses import (
+    Chunk,
+    completion_body,
+    new_id,
+    prepend,
+    usage,
+)
 from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 
@@ -117,6 +123,10 @@ class ChatCompletion:
         )
 
     async def chunks(self) -> AsyncIterator[Chunk]:
+        outputs = self.ctx.outputs(self.request)
+        # The role chunks wait for the engine's first output (as vLLM's do): until
+        # then the request may still be refused, and respond() holds the status line.
+        first = await anext(outputs)
         generated = 0
         for index in range(self.n):
             role = {"role": "assistant", "content": ""}
@@ -124,7 +134,7 @@ class ChatCompletion:
             yield self._chunk([choice], self._usage_so_far(generated))
         sent_tokens = [0] * self.n  # per choice: output tokens whose logprobs are out
         parsers = [self.output_parser() for _ in range(self.n)]
-        async for out in self.ctx.outputs(self.request):
+        async for out in prepend(first, outputs):
             generated += len(out.delta_token_ids)
             parser = parsers[out.index]
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()

@@ -29,6 +29,20 @@ from pydantic import ValidationError as PydanticValidationError
 INT64_MAX = 2**63 - 1
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
+# Bodies nest at most this deep (a JSON schema of 60 nested objects fits): deeper, the
+# code that recurses into a part of a body (copying a schema, rendering a template)
+# would run out of Python's stack, a 500 instead of a 400.
+MAX_JSON_DEPTH = 128
+
+
+class RequestBody(BaseModel):
+    """What every request body checks before its fields: how deep it nests."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        check_depth(data, MAX_JSON_DEPTH)
+        return data
 
 
 class StreamOptions(BaseModel):
@@ -37,7 +51,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestBody):
     """Fields both completion routes share."""
 
     model_config = ConfigDict(extra="allow")
@@ -215,6 +229,12 @@ class FunctionDefinition(BaseModel):
             raise ValueError("'required' must be a list of property names")
         return value
 
+    @model_validator(mode="after")
+    def _valid_texts(self) -> FunctionDefinition:
+        # The chat template writes all of it into the prompt.
+        _check_texts([self.name, self.description, self.parameters])
+        return self
+
 
 class ToolDefinition(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -268,8 +288,14 @@ class ChatMessage(BaseModel):
     def _tool_fields(self) -> ChatMessage:
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only assistant messages have tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            # As OpenAI: only an assistant's message that makes tool calls may go without.
+            raise ValueError(f"a {self.role} message needs content")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
+        # What else a chat template may write into the prompt (content is checked above).
+        calls = [call.model_dump() for call in self.tool_calls or []]
+        _check_texts([self.name, self.tool_call_id, calls])
         return self
 
     def text(self) -> str:
@@ -324,6 +350,12 @@ class ChatCompletionRequest(SamplingFields):
                 '{"type": "function", "function": {"name": ...}}'
             ) from None
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        _check_texts(value)
+        return value
+
     def logprobs_params(self) -> dict[str, int]:
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(
@@ -335,7 +367,7 @@ class ChatCompletionRequest(SamplingFields):
         return template_messages(self.messages)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -347,12 +379,12 @@ class TokenizeRequest(BaseModel):
         return value if value is None else _check_text(value)
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(RequestBody):
     """/v1/embeddings. It has no extras to pass over: any other field is refused,
     naming it."""
 
@@ -387,6 +419,19 @@ class EmbeddingRequest(BaseModel):
         return _prompt_list(self.input)
 
 
+def check_depth(value: Any, limit: int) -> None:
+    """ValueError if ``value`` (parsed JSON) nests more than ``limit`` levels deep.
+    Iterative, so a deep value cannot exhaust the stack here either."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    raise ValueError(f"the body nests more than {limit} levels deep")
+                stack.append((child, depth + 1))
+
+
 def _check_prompts(value: PromptField, name: str) -> PromptField:
     """A prompt field is not an empty list, and its texts are valid Unicode."""
     if isinstance(value, list) and not value:
@@ -413,8 +458,9 @@ def _token_bias(logit_bias: dict[str, float]) -> dict[int, float]:
         try:
             token_id = int(key)
         except ValueError:
+            shown = key if len(key) <= 32 else key[:32] + "..."  # it may be megabytes long
             raise APIError(
-                400, f"logit_bias: key {key!r} is not a token id", param="logit_bias"
+                400, f"logit_bias: key {shown!r} is not a token id", param="logit_bias"
             ) from None
         bias[token_id] = value
     return bias
@@ -427,6 +473,19 @@ def _check_text(text: str) -> str:
     except UnicodeEncodeError:
         raise ValueError("text must be valid Unicode (it has a lone surrogate)") from None
     return text
+
+
+def _check_texts(value: Any) -> None:
+    """Every string in ``value``, at any depth and dict keys too, is valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

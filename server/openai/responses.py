@@ -1,9 +1,10 @@
 """The shapes both completion routes answer in: the completion body (whole or one
 chunk), usage, ids, and the SSE stream of chunks.
 
-A stream is ``data: {chunk}`` per chunk and ``data: [DONE]`` at the end. An error
-after the status line has gone out comes in-band, as an ``error`` event before
-``[DONE]``.
+A stream is ``data: {chunk}`` per chunk and ``data: [DONE]`` at the end. Its status
+line waits for the first chunk, so a request refused before its first output still
+gets its status code; an error after the status line has gone out comes in-band, as an
+``error`` event before ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -12,17 +13,23 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fastapi.responses import JSONResponse, Response
-from hetero_infer.server.errors import APIError
+from hetero_infer.server.errors import APIError, error_response
 from sse_starlette.sse import EventSourceResponse
 
+if TYPE_CHECKING:
+    from hetero_infer.server.openai.serving import RequestContext
+
 Chunk = dict[str, Any]
+T = TypeVar("T")
 
 
 class Answer(Protocol):
     """A checked request's answer, whole or as chunks (completions.py, chat.py)."""
+
+    ctx: RequestContext
 
     async def whole(self) -> dict[str, Any]: ...
 
@@ -31,10 +38,25 @@ class Answer(Protocol):
 
 async def respond(answer: Answer, stream: bool) -> Response:
     """The answer as JSON, or streamed as SSE. The request was checked when the answer
-    was built, so a bad one is a 400 even when it asked for a stream."""
-    if stream:
-        return sse_response(answer.chunks())
-    return JSONResponse(await answer.whole())
+    was built, so a bad one is a 400 even when it asked for a stream. A stream's status
+    line waits for its first chunk, which waits for the engine's first output: a request
+    refused until then (a full queue, too long in it) gets its 503 with Retry-After,
+    which a load balancer acts on, not a 200 and an error event."""
+    if not stream:
+        return JSONResponse(await answer.whole())
+    chunks = answer.chunks()
+    try:
+        first = await answer.ctx.until_disconnect(anext(chunks, None))
+    except APIError as error:
+        return error_response(error)
+    return sse_response(chunks if first is None else prepend(first, chunks))
+
+
+async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``first``, then the items of ``rest``."""
+    yield first
+    async for item in rest:
+        yield item
 
 
 def completion_body(

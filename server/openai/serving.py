@@ -24,12 +24,18 @@ from hetero_infer.server.settings import ServerSettings
 T = TypeVar("T")
 
 
+# An unknown model name is echoed in the 404 up to this many characters: a body may
+# send megabytes of name.
+MAX_ECHOED_NAME = 256
+
+
 def check_model(settings: ServerSettings, model: str | None) -> None:
     """404 for a model name the server does not answer to (None: any)."""
     if model is not None and model not in settings.model_names:
+        shown = model if len(model) <= MAX_ECHOED_NAME else model[:MAX_ECHOED_NAME] + "..."
         raise APIError(
             404,
-            f"The model `{model}` does not exist.",
+            f"The model `{shown}` does not exist.",
             "not_found_error",
             param="model",
             code="model_not_found",
@@ -75,12 +81,23 @@ class RequestContext:
             return processor.fit_context(prompt, requested)
         return min(default, processor.fit_context(prompt, None))
 
+    async def until_disconnect(self, work: Awaitable[T]) -> T:
+        """Await ``work``; if the client goes away first, cancel it (which aborts its
+        requests) and raise a 499."""
+        return await _until_disconnect(self.connection, work)
+
     async def run_to_end(self, requests: list[EngineRequest]) -> list[list[RequestOutput]]:
         """Run the requests concurrently; each one's finished outputs, one per choice in
-        choice order. A client that goes away aborts them all. If they ran out of time
-        before any token, there is no answer to give: a 408."""
-        runs = asyncio.gather(*(_collect(self.outputs(request)) for request in requests))
-        results = await _until_disconnect(self.connection, runs)
+        choice order. A client that goes away aborts them all, and so does one of them
+        failing (a 503 for the third prompt leaves no use for the first two). If they ran
+        out of time before any token, there is no answer to give: a 408."""
+        runs = [asyncio.ensure_future(_collect(self.outputs(r))) for r in requests]
+        try:
+            results = await self.until_disconnect(asyncio.gather(*runs))
+        except BaseException:
+            for run in runs:
+                run.cancel()  # unwinds into AsyncEngine.generate, which aborts the request
+            raise
         finals = [_finals(outputs) for outputs in results]
         # A client that stays to read its answer sees "abort" only from a time limit.
         choices = [out for outs in finals for out in outs]

@@ -6,6 +6,10 @@ Pure Python. "Computing" tokens is simulated the way the scheduler does it:
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
@@ -147,8 +151,8 @@ def test_full_computed_blocks_are_registered_with_chained_hashes() -> None:
     prefill(bm, seq)
     assert seq.num_registered_blocks == 2  # the partial third block is not hashed
     b0, b1, b2 = (bm.blocks[i] for i in seq.block_table)
-    assert b0.block_hash == hash((None, (0, 1, 2, 3)))
-    assert b1.block_hash == hash((b0.block_hash, (4, 5, 6, 7)))
+    assert b0.block_hash == bm.hash_block(None, (0, 1, 2, 3))
+    assert b1.block_hash == bm.hash_block(b0.block_hash, (4, 5, 6, 7))
     assert b2.block_hash is None
     assert b0.token_ids == (0, 1, 2, 3)
     assert bm.cached_blocks == {b0.block_hash: b0.block_id, b1.block_hash: b1.block_id}
@@ -236,6 +240,44 @@ def test_hash_collision_is_not_a_hit() -> None:
     assert bm.allocate_cached_prefix(b) == 0
     assert b.block_table == []
     assert bm.blocks[a.block_table[0]].ref_count == 1
+
+
+# Prints the hashes of two blocks of one prompt, as a fresh process computes them.
+HASHES_IN_A_PROCESS = """
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.sampling_params import SamplingParams
+
+bm = BlockManager(num_blocks=4, block_size=4)
+print(bm.block_hashes(Sequence("a", list(range(9)), SamplingParams()), 2))
+"""
+
+
+def test_block_hashes_differ_between_processes() -> None:
+    """Keyed per process: the same blocks hash differently in another process (or
+    replica), so a block's hash cannot be worked out, or crafted to collide, outside."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", HASHES_IN_A_PROCESS], capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    ]
+    first, second = (ast.literal_eval(out) for out in runs)
+    assert len(first) == len(second) == 2
+    assert not set(first) & set(second)
+
+
+def test_block_hashes_are_stable_within_a_process() -> None:
+    """... and the same within one: a later prompt with the same blocks hits them."""
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
+    a = make_seq("a", list(range(9)))
+    b = make_seq("b", [*range(8), 42])
+    assert bm.block_hashes(a, 2) == bm.block_hashes(b, 2)
+    prefill(bm, a)
+    assert bm.allocate_cached_prefix(b) == 8
+    assert b.block_table == a.block_table[:2]
+    other = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)  # another engine's cache
+    assert other.block_hashes(make_seq("c", list(range(9))), 2) != bm.block_hashes(a, 2)
 
 
 def test_prefix_caching_disabled() -> None:
@@ -458,7 +500,7 @@ def test_swap_in_brings_blocks_back() -> None:
     assert seq.num_registered_blocks == 0
     compute(bm, seq, 1)
     assert seq.num_registered_blocks == 2
-    assert bm.blocks[gpu_table[0]].block_hash == hash((None, (0, 1, 2, 3)))
+    assert bm.blocks[gpu_table[0]].block_hash == bm.hash_block(None, (0, 1, 2, 3))
 
 
 def test_can_swap_in_counts_the_new_tokens() -> None:

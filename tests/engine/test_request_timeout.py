@@ -126,3 +126,29 @@ def test_config_refuses_priority_with_swap_and_bad_limits():
     for bad in (0, -1, float("inf"), "10"):
         with pytest.raises(ValueError, match="request_timeout"):
             EngineConfig(request_timeout=bad)
+    for bad in (0, -1, float("inf"), "10"):
+        with pytest.raises(ValueError, match="max_queue_time"):
+            EngineConfig(max_queue_time=bad)
+
+
+def test_a_request_that_waits_past_max_queue_time_is_rejected(model_dir):
+    """max_queue_time: a request that could not start in time ends "rejected", never
+    scheduled and holding no block (the server answers 503); the running one goes on,
+    and a later one starts normally."""
+    engine = make_engine(model_dir, max_num_seqs=1, max_queue_time=0.2)
+    running = engine.add_request([9, 8, 7], LONG)
+    engine.step()  # running is scheduled: it has started, it is never rejected
+    waiting = engine.add_request([5, 6, 7], GREEDY, request_id="waiting")
+    choices = engine.add_request([4, 5], SamplingParams(n=3, max_tokens=4), request_id="n")
+    time.sleep(0.25)
+    outputs = engine.step()
+    rejected = {out.request_id: out for out in outputs if out.finish_reason == "rejected"}
+    assert set(rejected) == {"waiting", "n", "n#1", "n#2"}  # every choice of a request
+    assert all(out.finished and out.token_ids == [] for out in rejected.values())
+    assert engine.metrics.num_rejected == 2
+    rest = run_to_end(engine)
+    assert rest[running][-1].finish_reason == "length"
+    assert waiting not in rest and choices not in rest
+    assert engine.memory_stats()["used_blocks"] == 0
+    later = engine.add_request([5, 6, 7], GREEDY)
+    assert run_to_end(engine)[later][-1].finish_reason == "length"
