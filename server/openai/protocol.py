@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from hetero_infer.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_N,
+    SamplingParams,
+)
 from hetero_infer.server.errors import APIError
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -29,6 +35,58 @@ from pydantic import ValidationError as PydanticValidationError
 INT64_MAX = 2**63 - 1
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
+
+# Some fields are validated as loose dicts and checked by hand (for messages naming the
+# field), so their schemas are written here, saying what those checks accept.
+# A fuzzer or client generator reads these from the app's OpenAPI schema.
+_NULL = {"type": "null"}
+# json_schema() takes these three; any other keys are ignored.
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"enum": ["text", "json_object"]}},
+            "required": ["type"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {"schema": {"type": "object"}},
+                    "required": ["schema"],
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+        _NULL,
+    ]
+}
+# ChatMessage.text() takes text parts only.
+TEXT_PART_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+CONTENT_SCHEMA = {
+    "anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART_SCHEMA}, _NULL]
+}
+# Token ids (as JSON object keys) -> biases, which SamplingParams bounds.
+LOGIT_BIAS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+        _NULL,
+    ]
+}
 
 
 class StreamOptions(BaseModel):
@@ -58,15 +116,16 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, le=100)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     # vLLM's v1 engine has no best_of either: only 1 is accepted.
     best_of: int | None = None
-    # Accepted at their neutral values only, until they are implemented.
-    response_format: dict[str, Any] | None = None
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    # {"schema": {...}}}, checked by json_schema() (for its messages).
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
     # vLLM's: with --scheduling-policy priority, lower values are served first (and
     # preempt running requests of higher values); any other value needs that policy.
     priority: int = 0
@@ -249,7 +308,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
     # An assistant's earlier calls, and the tool messages answering them (tool_call_id).
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
