@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
@@ -33,6 +34,8 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 INT64_MAX = 2**63 - 1
+# Token ids are JSON integers only: pydantic would take false, 1.0 or "1" for 0 and 1.
+TokenId = StrictInt
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
 
@@ -110,7 +113,7 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     min_tokens: int = Field(default=0, ge=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -214,7 +217,7 @@ class SamplingFields(BaseModel):
 
 
 # A prompt as OpenAI takes it: a string, strings, token ids, or lists of token ids.
-PromptField = str | list[str] | list[int] | list[list[int]]
+PromptField = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
 class CompletionRequest(SamplingFields):
@@ -408,7 +411,7 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class EmbeddingRequest(BaseModel):
