@@ -23,9 +23,9 @@ from hetero_infer.engine.sampling_params import (
 from hetero_infer.server.errors import APIError
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
-    StrictInt,
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
@@ -34,8 +34,19 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 INT64_MAX = 2**63 - 1
-# Token ids are JSON integers only: pydantic would take false, 1.0 or "1" for 0 and 1.
-TokenId = StrictInt
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a token id is an integer, not true or false")
+    return value
+
+
+# Token ids: integers (5.0 too, as JSON Schema counts it), never booleans, which
+# pydantic's lax ints would take for 0 and 1. (The schema says >= 0 as well, which the
+# engine checks against the vocabulary.)
+_TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0}
+TokenId = Annotated[int, BeforeValidator(_not_a_bool), WithJsonSchema(_TOKEN_ID_SCHEMA)]
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
 
@@ -125,7 +136,7 @@ class SamplingFields(BaseModel):
     user: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     # vLLM's v1 engine has no best_of either: only 1 is accepted.
-    best_of: int | None = None
+    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = None
     # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
     # {"schema": {...}}}, checked by json_schema() (for its messages).
     response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
@@ -217,14 +228,29 @@ class SamplingFields(BaseModel):
 
 
 # A prompt as OpenAI takes it: a string, strings, token ids, or lists of token ids.
-PromptField = str | list[str] | list[TokenId] | list[list[TokenId]]
+# None of them empty, which the schema says (the checks are _check_prompts' and the
+# engine's input processor's).
+_TEXT_SCHEMA = {"type": "string", "minLength": 1}
+_IDS_SCHEMA = {"type": "array", "items": _TOKEN_ID_SCHEMA, "minItems": 1}
+PROMPT_SCHEMA = {
+    "anyOf": [
+        _TEXT_SCHEMA,
+        {"type": "array", "items": _TEXT_SCHEMA, "minItems": 1},
+        _IDS_SCHEMA,
+        {"type": "array", "items": _IDS_SCHEMA, "minItems": 1},
+    ]
+}
+PromptField = Annotated[
+    str | list[str] | list[TokenId] | list[list[TokenId]], WithJsonSchema(PROMPT_SCHEMA)
+]
 
 
 class CompletionRequest(SamplingFields):
     prompt: PromptField
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
-    suffix: str | None = None
+    # Not supported: only an empty one is accepted.
+    suffix: Annotated[str | None, WithJsonSchema({"enum": ["", None]})] = None
     # OpenAI caps this at 5; vLLM's default max_logprobs is 20.
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
