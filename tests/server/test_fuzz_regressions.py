@@ -44,3 +44,19 @@ def test_token_ids_are_never_booleans(http: httpx.Client, path: str, body: dict[
     """Pydantic took false and true for token ids 0 and 1 (and embedded them), though
     the engine counts no bool as a token id."""
     refused(http, path, body)
+
+
+def test_logprobs_stay_json_when_the_logits_overflow(http: httpx.Client):
+    """A repetition penalty of 5e-324 divides logits into infinities, their softmax into
+    NaN; the logprobs then made JSONResponse fail, a 500. JSON has no NaN: they show as
+    the lowest logprob, as -inf does."""
+    body = {
+        "prompt": "#\uc66b\u008a",
+        "max_tokens": 8,
+        "logprobs": 0,
+        "repetition_penalty": 5e-324,
+    }
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    logprobs = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert logprobs and all(isinstance(value, float) for value in logprobs)
