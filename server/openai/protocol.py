@@ -86,6 +86,21 @@ TEXT_PART_SCHEMA = {
 CONTENT_SCHEMA = {
     "anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART_SCHEMA}, _NULL]
 }
+# What ChatMessage._tool_fields checks: only an assistant's message has tool_calls, and
+# a tool message names the call it answers.
+_NO_CALLS = {"type": "null"}
+ROLE_RULES = [
+    {"properties": {"role": {"enum": ["system", "user", "developer"]}, "tool_calls": _NO_CALLS}},
+    {"properties": {"role": {"const": "assistant"}}},
+    {
+        "properties": {
+            "role": {"const": "tool"},
+            "tool_calls": _NO_CALLS,
+            "tool_call_id": {"type": "string", "minLength": 1},
+        },
+        "required": ["tool_call_id"],
+    },
+]
 # Token ids (as JSON object keys) -> biases, which SamplingParams bounds.
 LOGIT_BIAS_SCHEMA = {
     "anyOf": [
@@ -334,7 +349,7 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": ROLE_RULES})
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
