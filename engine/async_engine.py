@@ -234,7 +234,9 @@ class AsyncEngine:
     def _apply_requests(self) -> None:
         for new in self._new:
             request_id = new.request.request_id
-            if request_id in self._aborts:
+            # A cancelled future: its caller was cancelled while waiting for it (a client
+            # that left); the abort its generate() sends may not have come yet.
+            if request_id in self._aborts or new.accepted.cancelled():
                 self._aborts.discard(request_id)
                 new.accepted.cancel()
                 continue

@@ -14,10 +14,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_output import (
     ChatOutputParser,
     MessageDelta,
@@ -34,7 +32,7 @@ from hetero_infer.server.openai.responses import (
     prepend,
     usage,
 )
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.openai.serving import RequestContext, chat_prompt
 from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 
 
@@ -66,17 +64,13 @@ class ChatCompletion:
         """The messages and tools through the chat template, checked, then the params
         (max_tokens fits the context; a constrained tool_choice's schema)."""
         tools = tool_use(body, ctx.settings)
-        try:
-            token_ids = ctx.engine.tokenizer.apply_chat_template(
-                body.template_messages(),
-                tools=tools.template_tools,
-                chat_template=ctx.settings.chat_template_text,
-                template_kwargs=body.chat_template_kwargs,
-            )
-        except ValidationError as exc:
-            raise APIError.from_exception(exc) from exc
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
+        token_ids = chat_prompt(
+            ctx.engine,
+            body.template_messages(),
+            tools=tools.template_tools,
+            chat_template=ctx.settings.chat_template_text,
+            template_kwargs=body.chat_template_kwargs,
+        )
         processor = ctx.engine.input_processor
         prompt = processor.tokenize(token_ids)
         requested = body.max_completion_tokens or body.max_tokens

@@ -14,11 +14,14 @@ from typing import Any
 from hetero_infer.engine.tokenizer import Tokenizer
 
 Entry = dict[int, float]
-# JSON has no -Infinity: a masked-out alternative shows this instead, as in vLLM.
+# JSON has no -Infinity: a masked-out alternative shows this instead, as in vLLM. Nor
+# NaN, which logits that overflowed give (a repetition penalty near 0): the same.
 MIN_LOGPROB = -9999.0
 
 
 def _finite(logprob: float) -> float:
+    if logprob != logprob:  # NaN
+        return MIN_LOGPROB
     return max(logprob, MIN_LOGPROB)
 
 

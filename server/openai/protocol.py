@@ -12,21 +12,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from hetero_infer.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_N,
+    SamplingParams,
+)
 from hetero_infer.server.errors import APIError
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic import ValidationError as PydanticValidationError
 
 INT64_MAX = 2**63 - 1
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a token id is an integer, not true or false")
+    return value
+
+
+# Token ids: integers (5.0 too, as JSON Schema counts it), never booleans, which
+# pydantic's lax ints would take for 0 and 1. (The schema says >= 0 as well, which the
+# engine checks against the vocabulary.)
+_TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0}
+TokenId = Annotated[int, BeforeValidator(_not_a_bool), WithJsonSchema(_TOKEN_ID_SCHEMA)]
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
 # Bodies nest at most this deep (a JSON schema of 60 nested objects fits): deeper, the
@@ -43,6 +63,74 @@ class RequestBody(BaseModel):
     def _not_too_deep(cls, data: Any) -> Any:
         check_depth(data, MAX_JSON_DEPTH)
         return data
+
+
+# Some fields are validated as loose dicts and checked by hand (for messages naming the
+# field), so their schemas are written here, saying what those checks accept.
+# A fuzzer or client generator reads these from the app's OpenAPI schema.
+_NULL = {"type": "null"}
+# json_schema() takes these three; any other keys are ignored.
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"enum": ["text", "json_object"]}},
+            "required": ["type"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {"schema": {"type": "object"}},
+                    "required": ["schema"],
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+        _NULL,
+    ]
+}
+# ChatMessage.text() takes text parts only.
+TEXT_PART_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+CONTENT_SCHEMA = {
+    "anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART_SCHEMA}, _NULL]
+}
+# What ChatMessage._tool_fields checks: only an assistant's message has tool_calls, and
+# a tool message names the call it answers.
+_NO_CALLS = {"type": "null"}
+ROLE_RULES = [
+    {"properties": {"role": {"enum": ["system", "user", "developer"]}, "tool_calls": _NO_CALLS}},
+    {"properties": {"role": {"const": "assistant"}}},
+    {
+        "properties": {
+            "role": {"const": "tool"},
+            "tool_calls": _NO_CALLS,
+            "tool_call_id": {"type": "string", "minLength": 1},
+        },
+        "required": ["tool_call_id"],
+    },
+]
+# Token ids (as JSON object keys) -> biases, which SamplingParams bounds.
+LOGIT_BIAS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+        _NULL,
+    ]
+}
 
 
 class StreamOptions(BaseModel):
@@ -66,21 +154,22 @@ class SamplingFields(RequestBody):
     seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ignore_eos: bool = False
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     min_tokens: int = Field(default=0, ge=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, le=100)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     # vLLM's v1 engine has no best_of either: only 1 is accepted.
-    best_of: int | None = None
-    # Accepted at their neutral values only, until they are implemented.
-    response_format: dict[str, Any] | None = None
+    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = None
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    # {"schema": {...}}}, checked by json_schema() (for its messages).
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
     # vLLM's: with --scheduling-policy priority, lower values are served first (and
     # preempt running requests of higher values); any other value needs that policy.
     priority: int = 0
@@ -169,14 +258,29 @@ class SamplingFields(RequestBody):
 
 
 # A prompt as OpenAI takes it: a string, strings, token ids, or lists of token ids.
-PromptField = str | list[str] | list[int] | list[list[int]]
+# None of them empty, which the schema says (the checks are _check_prompts' and the
+# engine's input processor's).
+_TEXT_SCHEMA = {"type": "string", "minLength": 1}
+_IDS_SCHEMA = {"type": "array", "items": _TOKEN_ID_SCHEMA, "minItems": 1}
+PROMPT_SCHEMA = {
+    "anyOf": [
+        _TEXT_SCHEMA,
+        {"type": "array", "items": _TEXT_SCHEMA, "minItems": 1},
+        _IDS_SCHEMA,
+        {"type": "array", "items": _IDS_SCHEMA, "minItems": 1},
+    ]
+}
+PromptField = Annotated[
+    str | list[str] | list[TokenId] | list[list[TokenId]], WithJsonSchema(PROMPT_SCHEMA)
+]
 
 
 class CompletionRequest(SamplingFields):
     prompt: PromptField
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
-    suffix: str | None = None
+    # Not supported: only an empty one is accepted.
+    suffix: Annotated[str | None, WithJsonSchema({"enum": ["", None]})] = None
     # OpenAI caps this at 5; vLLM's default max_logprobs is 20.
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
@@ -266,10 +370,10 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": ROLE_RULES})
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
     # An assistant's earlier calls, and the tool messages answering them (tool_call_id).
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -381,7 +485,7 @@ class TokenizeRequest(RequestBody):
 
 class DetokenizeRequest(RequestBody):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class EmbeddingRequest(RequestBody):

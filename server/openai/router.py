@@ -3,8 +3,8 @@
 
 Each handler only routes: completions.py, chat.py and embeddings.py build the engine
 requests (through the engine's input processor, which checks them) and the answers,
-whole or streamed as SSE. The typed bodies (protocol.py) are what the app's OpenAPI
-schema describes.
+whole or streamed as SSE. The typed bodies (protocol.py) and answers (answers.py) are
+what the app's OpenAPI schema describes.
 """
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.openai import tokenization
+from hetero_infer.server.openai.answers import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    DetokenizeResponse,
+    EmbeddingResponse,
+    ModelList,
+    TokenizeResponse,
+    route_responses,
+)
 from hetero_infer.server.openai.chat import ChatCompletion
 from hetero_infer.server.openai.completions import Completion
 from hetero_infer.server.openai.embeddings import Embeddings
@@ -31,36 +40,38 @@ from hetero_infer.server.openai.serving import RequestContext
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=route_responses(CompletionResponse, streams=True))
 async def completions(body: CompletionRequest, request: Request) -> Response:
     completion = Completion.build(RequestContext.open(request, body.model), body)
     return await respond(completion, body.stream)
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions", responses=route_responses(ChatCompletionResponse, streams=True)
+)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     chat = ChatCompletion.build(RequestContext.open(request, body.model), body)
     return await respond(chat, body.stream)
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse))
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     answer = Embeddings.build(RequestContext.open(request, body.model), body)
     return JSONResponse(await answer.whole())
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=route_responses(ModelList))
 async def models(request: Request) -> dict[str, Any]:
     state = request.app.state.server
     return model_list(state.settings, state.engine.max_model_len if state.engine else None)
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", responses=route_responses(TokenizeResponse))
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     ctx = RequestContext.open(request, body.model)
     return tokenization.tokenize(ctx.engine, body, ctx.settings.chat_template_text)
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", responses=route_responses(DetokenizeResponse))
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
     return tokenization.detokenize(RequestContext.open(request, body.model).engine, body)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from hetero_infer.engine.async_engine import AsyncEngine
-from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.engine.exceptions import EngineError, ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
@@ -40,6 +40,26 @@ def check_model(settings: ServerSettings, model: str | None) -> None:
             param="model",
             code="model_not_found",
         )
+
+
+def chat_prompt(
+    engine: AsyncEngine,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The token ids of ``messages`` through the chat template. What the template (or
+    transformers around it) refuses is the caller's input: a 400 naming messages."""
+    try:
+        return engine.tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=chat_template, template_kwargs=template_kwargs
+        )
+    except ValidationError as exc:
+        raise APIError.from_exception(exc) from exc
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="messages") from exc
 
 
 @dataclass(frozen=True)

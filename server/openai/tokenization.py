@@ -11,6 +11,7 @@ from hetero_infer.server.openai.protocol import (
     TokenizeRequest,
     template_messages,
 )
+from hetero_infer.server.openai.serving import chat_prompt
 
 
 def tokenize(
@@ -19,9 +20,7 @@ def tokenize(
     """The tokens of a prompt, or of messages through the chat template (the server's
     --chat-template where it has one)."""
     if body.messages is not None:
-        tokens = engine.tokenizer.apply_chat_template(
-            template_messages(body.messages), chat_template=chat_template
-        )
+        tokens = chat_prompt(engine, template_messages(body.messages), chat_template=chat_template)
     elif body.prompt is not None:
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:

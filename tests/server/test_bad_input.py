@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import MODEL_NAME, LiveServer
+from tests.server.openai_shapes import check_error_body
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -309,15 +310,7 @@ def send(http: httpx.Client, case: Case) -> httpx.Response:
 
 def check_error_shape(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
-    assert isinstance(error["code"], str) and error["code"]
-    assert error["param"] is None or isinstance(error["param"], str)
-    return error
+    return check_error_body(response.json())
 
 
 @pytest.fixture(scope="module")

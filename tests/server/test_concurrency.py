@@ -12,23 +12,12 @@ from hetero_infer.engine.sampling_params import SamplingParams
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL_NAME, LiveServer, wait_until
+from tests.server.gauges import is_idle
+from tests.server.stable_prompts import STABLE_PROMPTS
 
 NUM_STREAMS = 16
-# Prompts whose 48 greedy tokens have no near-tie (top-2 logit gap > 0.01 on the seed-0
-# tiny Llama): batches of other sizes round differently, and a near-tie could flip.
-STREAM_PROMPT_NUMBERS = [3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 17, 18, 19, 20, 21]
 NUM_DISCONNECTS = 50
 LONG_MAX_TOKENS = 400
-
-
-def gauges(http: httpx.Client) -> dict[str, float]:
-    """The vllm: gauges of /metrics, by name without the prefix."""
-    text = http.get("/metrics").text
-    return {
-        family.name.removeprefix("vllm:"): family.samples[0].value
-        for family in text_string_to_metric_families(text)
-        if family.type == "gauge" and family.samples
-    }
 
 
 def successes(http: httpx.Client) -> float:
@@ -44,7 +33,7 @@ def successes(http: httpx.Client) -> float:
 
 
 def test_concurrent_streams_share_batches(server: LiveServer, reference_engine):
-    prompts = [f"Hello world number {i} and the" for i in STREAM_PROMPT_NUMBERS]
+    prompts = STABLE_PROMPTS
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     expected = [out.text for out in reference_engine.generate(prompts, params, use_tqdm=False)]
     server.engine.metrics.max_batch_size = 0  # the engine is idle: count this test's batches
@@ -128,17 +117,8 @@ def test_disconnects_free_everything(server: LiveServer, reference_engine):
 
     asyncio.run(main())
     with server.client() as http:
-
-        def all_freed() -> bool:
-            g = gauges(http)
-            return (
-                g["kv_cache_usage_perc"] == 0
-                and g["num_requests_running"] == 0
-                and g["num_requests_waiting"] == 0
-            )
-
         # About a second is the target; the deadline is generous for a loaded CI machine.
-        wait_until(all_freed, 10, "the aborted requests' blocks to be freed")
+        wait_until(lambda: is_idle(http), 10, "the aborted requests' blocks to be freed")
         assert async_engine.num_pending == 0
         # Aborted, not run to the end: none counted as a success, and nothing runs on.
         assert successes(http) == successes_before

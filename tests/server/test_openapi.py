@@ -1,5 +1,6 @@
-"""The OpenAPI schema the app serves describes the OpenAI routes' request bodies (a
-fuzzer builds its requests from it)."""
+"""The OpenAPI schema the app serves describes the OpenAI routes' request bodies, their
+answers and their errors (a fuzzer builds its requests from it and checks the answers
+against it: test_fuzz_openapi.py)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,53 @@ def test_body_fields_and_bounds(schema: dict):
     assert chat["properties"]["messages"]["items"] == {"$ref": "#/components/schemas/ChatMessage"}
     assert bodies["ChatMessage"]["properties"]["role"]["enum"]
     assert "/v1/models" in schema["paths"]
+
+
+ANSWERS = {
+    ("/v1/completions", "post"): "CompletionResponse",
+    ("/v1/chat/completions", "post"): "ChatCompletionResponse",
+    ("/v1/embeddings", "post"): "EmbeddingResponse",
+    ("/v1/models", "get"): "ModelList",
+    ("/tokenize", "post"): "TokenizeResponse",
+    ("/detokenize", "post"): "DetokenizeResponse",
+}
+STREAMING = {"/v1/completions", "/v1/chat/completions"}
+
+
+def json_ref(response: dict) -> str:
+    return response["content"]["application/json"]["schema"]["$ref"]
+
+
+@pytest.mark.parametrize(("route", "answer"), ANSWERS.items(), ids=lambda v: str(v))
+def test_routes_document_their_answers_and_errors(schema: dict, route: tuple, answer: str):
+    path, method = route
+    responses = schema["paths"][path][method]["responses"]
+    assert json_ref(responses["200"]) == f"#/components/schemas/{answer}"
+    assert ("text/event-stream" in responses["200"]["content"]) == (path in STREAMING)
+    for status in ("4XX", "503"):
+        assert json_ref(responses[status]) == "#/components/schemas/ErrorResponse"
+    # errors.py answers FastAPI's validation errors with a 400, never a 422.
+    assert "422" not in responses
+
+
+def test_error_shape_is_openai_s(schema: dict):
+    bodies = schema["components"]["schemas"]
+    assert bodies["ErrorResponse"]["required"] == ["error"]
+    assert bodies["ErrorResponse"]["additionalProperties"] is False
+    info = bodies["ErrorInfo"]
+    assert sorted(info["required"]) == ["code", "message", "param", "type"]
+    assert info["additionalProperties"] is False
+
+
+def test_loose_fields_have_useful_schemas(schema: dict):
+    """Fields validated as dicts and checked by hand still say what they take."""
+    bodies = schema["components"]["schemas"]
+    response_format = bodies["CompletionRequest"]["properties"]["response_format"]
+    kinds = [branch.get("properties", {}).get("type") for branch in response_format["anyOf"]]
+    assert {"enum": ["text", "json_object"]} in kinds
+    assert {"const": "json_schema"} in kinds
+    content = bodies["ChatMessage"]["properties"]["content"]
+    [parts] = [branch for branch in content["anyOf"] if branch.get("type") == "array"]
+    assert parts["items"]["properties"]["type"] == {"const": "text"}
+    bias = bodies["CompletionRequest"]["properties"]["logit_bias"]["anyOf"][0]
+    assert bias["additionalProperties"]["maximum"] == 100

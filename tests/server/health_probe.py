@@ -1,0 +1,64 @@
+"""HealthProbe: polls a server's /healthz from a process of its own and keeps the
+slowest answer.
+
+A process, not a thread of the test: the test's own clients keep its interpreter busy
+(a soak's 24 streams), and a thread there would wait for Python's lock, which would
+count against the server. This module imports nothing heavy, as the probe process
+imports it anew.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass
+class ProbeResult:
+    probes: int
+    max_latency: float  # seconds
+    failures: list[str]  # answers other than 200
+
+
+def _poll(url: str, period: float, started, stop, results) -> None:
+    probes, max_latency, failures = 0, 0.0, []
+    with httpx.Client(base_url=url, timeout=10) as http:
+        http.get("/healthz")  # connects, so that no probe counts the connection's set-up
+        started.set()
+        while not stop.is_set():
+            started = time.perf_counter()
+            response = http.get("/healthz")
+            max_latency = max(max_latency, time.perf_counter() - started)
+            probes += 1
+            if response.status_code != 200:
+                failures.append(f"{response.status_code} {response.text}")
+            stop.wait(period)
+    results.put(ProbeResult(probes, max_latency, failures))
+
+
+class HealthProbe:
+    """``with HealthProbe(url, period) as probe: ...``; then ``probe.result``."""
+
+    def __init__(self, url: str, period: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._started = context.Event()
+        self._stop = context.Event()
+        self._results = context.Queue()
+        args = (url, period, self._started, self._stop, self._results)
+        self._process = context.Process(target=_poll, args=args, daemon=True)
+        self.result: ProbeResult | None = None
+
+    def __enter__(self) -> HealthProbe:
+        """Returns once the probe polls."""
+        self._process.start()
+        if not self._started.wait(timeout=60):
+            raise AssertionError("the /healthz probe did not start")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self.result = self._results.get(timeout=60)
+        self._process.join(timeout=10)
