@@ -15,6 +15,7 @@ from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.generation_defaults import GENERATION_MODES, check_override
+from hetero_infer.engine.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -102,6 +103,10 @@ class EngineConfig:
     # it gained nothing on the CPU (the model pass keeps every core busy) nor on an
     # H100 (the two threads share Python's lock).
     overlap_steps: bool = False
+    # As vLLM's --speculative-config: speculative decoding, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    # (engine/spec_decode/config.py). None: off.
+    speculative_config: dict[str, Any] | None = field(default=None, hash=False)
     # How /v1/embeddings pools a prompt's final hidden states (engine/worker/pooler.py):
     # "last" (the last token's, vLLM's default for decoder models) or "mean".
     pooling: str = "last"
@@ -151,6 +156,7 @@ class EngineConfig:
             raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
         self._validate_scheduling()
         self._validate_generation_config()
+        _ = self.speculative  # a ConfigError here, at start-up, not at the first request
 
     def _validate_scheduling(self) -> None:
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
@@ -172,6 +178,13 @@ class EngineConfig:
             )
         if self.override_generation_config is not None:
             check_override(self.override_generation_config)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """speculative_config, checked; None when speculative decoding is off."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
     @property
     def use_swap(self) -> bool:

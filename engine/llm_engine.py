@@ -31,6 +31,7 @@ from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.spec_decode.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.engine.worker.model_runner import ModelRunner
@@ -90,8 +91,13 @@ class LLMEngine:
             memory_threshold=config.memory_threshold,
             use_swap=config.use_swap,
             policy=config.scheduling_policy,
+            speculator=self._speculator(),
         )
         self.metrics = EngineMetrics()
+        if config.speculative is not None:
+            self.metrics.spec_decode.num_speculative_tokens = (
+                config.speculative.num_speculative_tokens
+            )
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -124,6 +130,13 @@ class LLMEngine:
             capacity / self.max_model_len,
             self.max_model_len,
         )
+
+    def _speculator(self) -> Speculator | None:
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        logger.info("%s; not speculated: %s", spec.describe(), NOT_SPECULATED)
+        return Speculator(spec)
 
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
@@ -308,7 +321,11 @@ class LLMEngine:
         self.metrics.num_preemptions += len(scheduled.preempted)
         if not scheduled.is_empty:
             self.metrics.num_steps += 1
-            self.metrics.tokens_generated += len(runner_output.sampled)
+            self.metrics.tokens_generated += sum(map(len, runner_output.sampled.values()))
+            for item in scheduled.scheduled:
+                tokens = runner_output.sampled.get(item.request_id)
+                if item.num_draft_tokens and tokens:
+                    self.metrics.spec_decode.record(item.num_draft_tokens, len(tokens) - 1)
             batch_size = len(scheduled.scheduled)
             self.metrics.max_batch_size = max(self.metrics.max_batch_size, batch_size)
         return updates

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
+
 
 @dataclass
 class EngineMetrics:
@@ -19,6 +21,7 @@ class EngineMetrics:
     total_latency: float = 0.0
     busy_time: float = 0.0  # seconds spent inside step()
     max_batch_size: int = 0  # most sequences in one forward pass
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
 
     @property
     def average_latency(self) -> float:
@@ -51,4 +54,8 @@ class EngineMetrics:
             "average_latency": self.average_latency,
             "throughput": self.throughput,
             "max_batch_size": self.max_batch_size,
+            "spec_decode_num_drafts": self.spec_decode.num_drafts,
+            "spec_decode_num_draft_tokens": self.spec_decode.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.spec_decode.num_accepted_tokens,
+            "spec_decode_acceptance_rate": self.spec_decode.acceptance_rate,
         }

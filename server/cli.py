@@ -117,6 +117,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="false: the torch code instead of the C++ CPU kernels (same results, slower)",
     )
     parser.add_argument("--seed", type=int, help="engine seed (also the request seed here)")
+    parser.add_argument(
+        "--speculative-config",
+        dest="speculative_config",
+        type=json_object,
+        help='speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'',
+    )
     for flag, field_name, kind in ENGINE_FLAGS:
         parser.add_argument(flag, dest=field_name, type=kind)
 
@@ -131,6 +138,7 @@ def engine_config_from_args(
         ("enforce_eager", _parse_bool),
         ("overlap_steps", _parse_bool),
         ("cpu_kernels", _parse_bool),
+        ("speculative_config", json_object),
     ]
     overrides = _from_env(flags, environ)
     given = {n: getattr(args, n, None) for n, _ in flags}  # serve's flags: not in one-shot

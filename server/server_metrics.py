@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -73,6 +74,35 @@ class _EngineCollector(Collector):
         for reason, count in sorted(engine.rejections.items()):
             rejections.add_metric([self.model_name, reason], count)
         yield rejections
+        yield from self._spec_decode(metrics.spec_decode)
+
+    def _spec_decode(self, stats: SpecDecodeStats) -> Iterator:
+        """Speculative decoding's counters, when it is on."""
+        if not stats.num_speculative_tokens:
+            return
+        labels = ["model_name"]
+        for name, doc, value in (
+            ("spec_decode_num_drafts", "Drafts verified.", stats.num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", stats.num_draft_tokens),
+            (
+                "spec_decode_num_accepted_tokens",
+                "Draft tokens accepted.",
+                stats.num_accepted_tokens,
+            ),
+        ):
+            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
+            counter.add_metric([self.model_name], value)
+            yield counter
+        per_position = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position in the draft.",
+            labels=labels + ["position"],
+        )
+        accepted = stats.accepted_per_position
+        for position in range(stats.num_speculative_tokens):
+            value = accepted[position] if position < len(accepted) else 0
+            per_position.add_metric([self.model_name, str(position)], value)
+        yield per_position
 
 
 class ServerMetrics:

@@ -189,6 +189,14 @@ class BlockManager:
             seq.block_table.append(self._pop_free_block())
         return copies
 
+    def free_uncomputed_blocks(self, seq: Sequence) -> None:
+        """Give back the blocks past the sequence's computed tokens: the slots a step took
+        for draft tokens that were rejected. They were taken fresh for this sequence and
+        never registered, so they go back as blocks that hold nothing."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
     def _needs_copy_on_write(self, seq: Sequence) -> bool:
         if not seq.block_table or seq.num_computed_tokens % self.block_size == 0:
             return False

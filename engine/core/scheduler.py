@@ -13,6 +13,13 @@ and "priority" (lower ``priority`` values first, ties by arrival). Under "priori
 running sequences are kept best first, so the one preempted when blocks run out is the
 lowest-priority one, and a waiting sequence that cannot start for want of blocks or of
 a ``max_num_seqs`` slot preempts running ones of a lower priority (a higher value).
+
+With a speculator (speculative decoding), decoding sequences get draft tokens from what
+the step has left once everything else is scheduled: they ride in their sequence's
+step as extra query tokens, within the budget, in free blocks only, so they never
+displace another sequence's tokens nor preempt anyone (nor come in a step that had to
+preempt). After the step, the slots of rejected drafts are given back
+(``update_from_output``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from hetero_infer.engine.core.step_data import (
     SequenceUpdate,
 )
 from hetero_infer.engine.core.stop import banned_token_ids, check_stop
+from hetero_infer.engine.spec_decode.speculator import Speculator
 
 
 def priority_key(seq: Sequence) -> tuple[int, float]:
@@ -49,6 +57,7 @@ class Scheduler:
         memory_threshold: float = 1.0,
         use_swap: bool = False,
         policy: str = "fcfs",
+        speculator: Speculator | None = None,
     ) -> None:
         assert policy in SCHEDULING_POLICIES, policy
         # A sequence preempted for a higher-priority one may have been scheduled in the
@@ -62,6 +71,7 @@ class Scheduler:
         self.memory_threshold = memory_threshold
         self.use_swap = use_swap
         self.policy = policy
+        self.speculator = speculator
         # Every unfinished sequence by id (n > 1 choices waiting to fork included).
         self.sequences: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
@@ -105,11 +115,16 @@ class Scheduler:
             # Best first: they get the budget first, and running[-1] is the lowest.
             self.running.sort(key=priority_key)
         budget = self._schedule_running(out, steps, budget)
+        drafts: dict[str, list[int]] = {}
         if not out.preempted:  # memory is short: admit nothing new this step
             budget = self._schedule_swapped(out, steps, budget)
             if not self.swapped:
-                self._schedule_waiting(out, steps, budget)
-        out.scheduled.extend(schedule_entry(seq, num_new) for seq, num_new in steps)
+                budget = self._schedule_waiting(out, steps, budget)
+            if self.speculator is not None:
+                drafts = self._schedule_drafts(out, steps, budget)
+        out.scheduled.extend(
+            schedule_entry(seq, num_new, drafts.get(seq.request_id)) for seq, num_new in steps
+        )
         return out
 
     def _schedule_running(
@@ -151,7 +166,7 @@ class Scheduler:
 
     def _schedule_waiting(
         self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
-    ) -> None:
+    ) -> int:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.request_id in out.preempted:
@@ -171,6 +186,28 @@ class Scheduler:
             self.running.append(seq)
             steps.append((seq, num_new))
             budget -= num_new
+        return budget
+
+    def _schedule_drafts(
+        self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
+    ) -> dict[str, list[int]]:
+        """Draft tokens for the step's decoding sequences, by request id, from the budget
+        and free blocks left, cut to fit."""
+        assert self.speculator is not None
+        bm = self.block_manager
+        drafts: dict[str, list[int]] = {}
+        for seq, num_new in steps:
+            if budget <= 0:
+                break
+            found = self.speculator.draft(seq, budget, self.max_model_len)
+            while found and not bm.can_allocate_slots(seq, num_new + len(found)):
+                found.pop()
+            if found:
+                # Its own token's slot (and copy-on-write) is taken: this only grows it.
+                out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new + len(found)))
+                drafts[seq.request_id] = found
+                budget -= len(found)
+        return drafts
 
     def _try_admit(self, seq: Sequence, budget: int) -> int | None:
         """The tokens a waiting sequence computes if it starts now (its cached prefix
@@ -251,24 +288,30 @@ class Scheduler:
             seq = self.sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
                 continue
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_full_blocks(seq)
+            seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
             prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
             if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
-            sampled = runner_output.sampled.get(seq.request_id)
+            sampled = runner_output.sampled.get(seq.request_id, [])
             embedding = runner_output.embeddings.get(seq.request_id)
-            if embedding is not None:
-                # An embedding request ends with its prefill: nothing is generated.
-                self.finish(seq.request_id, SequenceStatus.FINISHED_STOPPED)
-            if sampled is not None:
+            # An embedding request ends with its prefill: nothing is generated.
+            status = SequenceStatus.FINISHED_STOPPED if embedding is not None else None
+            new_tokens = []
+            if sampled:
                 if seq.fork_children:
                     self._fork_children(seq)
-                seq.token_ids.append(sampled.token_id)
-                status = check_stop(seq, self.max_model_len)
-                if status is not None:
-                    self.finish(seq.request_id, status)
-            updates.append(_update(seq, sampled, prompt_logprobs, embedding))
+                new_tokens, status = _append_tokens(seq, sampled, self.max_model_len)
+            if item.num_draft_tokens and sampled:
+                # Each token kept before the last confirmed a draft, whose KV this step
+                # computed; the slots of the rest go back.
+                seq.num_computed_tokens += len(new_tokens) - 1
+                self.block_manager.free_uncomputed_blocks(seq)
+                if self.speculator is not None:
+                    self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
+            self.block_manager.register_full_blocks(seq)
+            if status is not None:
+                self.finish(seq.request_id, status)
+            updates.append(_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
 
     def _fork_children(self, parent: Sequence) -> None:
@@ -301,7 +344,7 @@ class Scheduler:
             self.finish(request_id, SequenceStatus.FINISHED_LENGTH)
         else:
             self.finish(request_id, SequenceStatus.FINISHED_ABORTED)
-        return _update(seq, None, [])
+        return _update(seq, [], [])
 
     def reject_unstarted(self, seq_ids: list[str]) -> list[SequenceUpdate]:
         """End a request's sequences (its choices) as rejected if none of them has been
@@ -336,8 +379,12 @@ class Scheduler:
         return True
 
 
-def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
-    """The plain-data copy of what the runner needs of ``seq`` for this step."""
+def schedule_entry(
+    seq: Sequence, num_new: int, draft_token_ids: list[int] | None = None
+) -> ScheduledSequence:
+    """The plain-data copy of what the runner needs of ``seq`` for this step: its next
+    ``num_new`` tokens, then the draft tokens the step verifies."""
+    drafts = tuple(draft_token_ids or ())
     start = seq.num_computed_tokens
     params = seq.sampling_params
     reaches_end = start + num_new == seq.num_tokens
@@ -345,11 +392,12 @@ def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
     wants_history = params.has_penalties or seq.needs_prompt_logprobs
     return ScheduledSequence(
         request_id=seq.request_id,
-        token_ids=seq.token_ids[start : start + num_new],
+        token_ids=seq.token_ids[start : start + num_new] + list(drafts),
         start=start,
         block_table=list(seq.block_table),
         samples=samples,
         sampling_params=params,
+        draft_token_ids=drafts,
         banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
         prompt_token_ids=seq.prompt_token_ids if wants_history else None,
         output_token_ids=seq.output_token_ids if params.has_penalties else None,
@@ -362,15 +410,28 @@ def schedule_entry(seq: Sequence, num_new: int) -> ScheduledSequence:
     )
 
 
+def _append_tokens(
+    seq: Sequence, sampled: list[SampledToken], max_model_len: int
+) -> tuple[list[SampledToken], SequenceStatus | None]:
+    """Append a step's tokens one by one, up to the first that ends the sequence (a stop
+    token, eos, max_tokens...): the tokens kept, and the status that ends it, if any."""
+    for i, token in enumerate(sampled):
+        seq.token_ids.append(token.token_id)
+        status = check_stop(seq, max_model_len)
+        if status is not None:
+            return sampled[: i + 1], status
+    return sampled, None
+
+
 def _update(
     seq: Sequence,
-    sampled: SampledToken | None,
+    new_tokens: list[SampledToken],
     prompt_logprobs: list,
     embedding: list[float] | None = None,
 ) -> SequenceUpdate:
     return SequenceUpdate(
         request_id=seq.request_id,
-        new_token=sampled,
+        new_tokens=new_tokens,
         new_prompt_logprobs=prompt_logprobs,
         finish_reason=seq.status.finish_reason,
         stop_reason=seq.stop_reason,

@@ -22,7 +22,8 @@ class ScheduledSequence:
     """One sequence's share of a step: what the runner computes and samples for it."""
 
     request_id: str
-    # The tokens whose KV this step computes, and the position of the first.
+    # The tokens whose KV this step computes (draft tokens last), and the position of
+    # the first.
     token_ids: list[int]
     start: int
     block_table: list[int]
@@ -30,6 +31,9 @@ class ScheduledSequence:
     # for an embedding request).
     samples: bool
     sampling_params: SamplingParams
+    # Speculative decoding: the guessed tokens at the end of token_ids, which the model
+    # verifies in this step (engine/spec_decode/verifier.py).
+    draft_token_ids: tuple[int, ...] = ()
     # What the sampler needs beyond the params (only where it applies):
     # tokens masked out because the sequence may not stop yet (min_tokens);
     banned_token_ids: frozenset[int] = frozenset()
@@ -50,6 +54,15 @@ class ScheduledSequence:
     @property
     def num_new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
+
+    @property
+    def sample_position(self) -> int:
+        """The position of the token this step samples (the first, with drafts)."""
+        return self.start + self.num_new_tokens - self.num_draft_tokens
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,9 @@ class SampledToken:
 
 @dataclass(frozen=True)
 class ModelRunnerOutput:
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Per sampling sequence, its new tokens in order: one, or with draft tokens, the
+    # accepted drafts and then the model's own next token.
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     # Per sequence, for the prompt positions this step computed: each one's prediction
     # of the next prompt token (in order, continuing where the last step stopped).
     prompt_logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)
@@ -100,7 +115,9 @@ class SequenceUpdate:
     """What one step did to a sequence, for the front end to turn into an output."""
 
     request_id: str
-    new_token: SampledToken | None
+    # The tokens it got (several where draft tokens were accepted; none for a prompt
+    # chunk).
+    new_tokens: list[SampledToken]
     new_prompt_logprobs: list[Logprobs]
     # "stop", "length", "abort", "error" once finished; None while it runs.
     finish_reason: str | None

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from hetero_infer.engine.core.step_data import Logprobs, SequenceUpdate
+from hetero_infer.engine.core.step_data import Logprobs, SampledToken, SequenceUpdate
 from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
 from hetero_infer.engine.metrics import EngineMetrics
@@ -111,7 +111,7 @@ class OutputProcessor:
             state = self._choices.get(update.request_id)
             if state is None:  # aborted since its step
                 continue
-            if update.new_token is None and update.finish_reason is None:
+            if not update.new_tokens and update.finish_reason is None:
                 # A prompt chunk: nothing to show, but its prompt logprobs are kept.
                 if state.prompt_logprobs is not None:
                     state.prompt_logprobs.extend(update.new_prompt_logprobs)
@@ -131,35 +131,37 @@ class OutputProcessor:
         return True
 
     def _advance(self, state: _ChoiceState, update: SequenceUpdate) -> tuple[RequestOutput, bool]:
-        """Apply one update to a choice; (its output, whether a stop string ended it)."""
+        """Apply one update to a choice; (its output, whether a stop string ended it).
+
+        An update may bring several tokens (accepted draft tokens): they are decoded and
+        searched for stop strings one at a time, so a stop string ends the output at the
+        token that completes it, as it would have one token per step."""
         if state.prompt_logprobs is not None:
             state.prompt_logprobs.extend(update.new_prompt_logprobs)
-        new_ids = []
-        if update.new_token is not None:
-            token = update.new_token
-            new_ids = [token.token_id]
-            state.token_ids.append(token.token_id)
-            state.cumulative_logprob += token.logprob
-            if state.logprobs is not None:
-                state.logprobs.append(token.top_logprobs or {token.token_id: token.logprob})
-            if state.first_token_time is None:
-                state.first_token_time = time.monotonic()
         state.first_scheduled_time = update.first_scheduled_time
         state.num_preemptions = update.num_preemptions
-        finish_reason = update.finish_reason
         state.stop_reason = update.stop_reason
         state.embedding = update.embedding
-        # A stop_token_ids token ends the request without its text, as in vLLM.
-        text_ids = new_ids
-        if update.stop_reason is not None and not state.params.include_stop_str_in_output:
-            text_ids = new_ids[:-1]
-        elif self._ended_by_eos(state, new_ids, finish_reason):
-            text_ids = new_ids[:-1]  # (decoding drops it anyway where it skips special tokens)
-        old_len = len(state.decoded)
-        state.decoded += state.detokenizer.step(text_ids) if text_ids else ""
-        if finish_reason is not None:
-            state.decoded += state.detokenizer.flush()
-        send_to, stopped = self._check_stop_strings(state, old_len, update.num_output_tokens)
+        finish_reason = update.finish_reason
+        new_ids: list[int] = []
+        sent_before = len(state.decoded)
+        send_to, stopped = len(state.decoded), False
+        first_output = update.num_output_tokens - len(update.new_tokens)
+        for i, token in enumerate(update.new_tokens):
+            self._add_token(state, token)
+            new_ids.append(token.token_id)
+            last = i == len(update.new_tokens) - 1
+            old_len = len(state.decoded)
+            self._decode(state, token.token_id, finish_reason if last else None)
+            send_to, stopped = self._check_stop_strings(state, old_len, first_output + i + 1)
+            if stopped:
+                break
+        if not update.new_tokens:
+            if finish_reason is not None:
+                state.decoded += state.detokenizer.flush()
+            send_to, stopped = self._check_stop_strings(
+                state, sent_before, update.num_output_tokens
+            )
         if stopped:
             finish_reason = "stop"
         elif finish_reason is None and state.stops is not None:
@@ -173,6 +175,31 @@ class OutputProcessor:
         if finish_reason is not None:
             self._finish(state, output)
         return output, stopped
+
+    def _add_token(self, state: _ChoiceState, token: SampledToken) -> None:
+        state.token_ids.append(token.token_id)
+        state.cumulative_logprob += token.logprob
+        if state.logprobs is not None:
+            state.logprobs.append(token.top_logprobs or {token.token_id: token.logprob})
+        if state.first_token_time is None:
+            state.first_token_time = time.monotonic()
+
+    def _decode(self, state: _ChoiceState, token_id: int, finish_reason: str | None) -> None:
+        """Add a token's text; ``finish_reason``: the update's, for its last token."""
+        if not self._drops_text(state, token_id, finish_reason):
+            state.decoded += state.detokenizer.step([token_id])
+        if finish_reason is not None:
+            state.decoded += state.detokenizer.flush()
+
+    def _drops_text(self, state: _ChoiceState, token_id: int, finish_reason: str | None) -> bool:
+        """Whether the token that ends a request leaves its text out: a stop_token_ids
+        token does, as in vLLM (unless include_stop_str_in_output), and so does eos
+        (decoding drops it anyway where it skips special tokens)."""
+        if finish_reason is None:
+            return False
+        if state.stop_reason is not None and not state.params.include_stop_str_in_output:
+            return True
+        return self._ended_by_eos(state, [token_id], finish_reason)
 
     def _ended_by_eos(
         self, state: _ChoiceState, new_ids: list[int], finish_reason: str | None

@@ -25,6 +25,9 @@ class Chunk(NamedTuple):
     start: int  # the position of the first
     block_table: list[int]
     samples: bool  # whether its last token's logits are kept for sampling
+    # Draft tokens at the end of token_ids: their logits are kept too (speculative
+    # decoding verifies them), the last 1 + num_draft_tokens positions' in all.
+    num_draft_tokens: int = 0
 
 
 @dataclass
@@ -32,7 +35,9 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     meta: Any  # the attention backend's metadata for the step
-    logits_indices: torch.Tensor  # [num_sampled]: the last token of each sampling sequence
+    # [num_logit_rows]: the last token of each sampling sequence (its last 1 + drafts
+    # tokens where it has draft tokens), in order
+    logits_indices: torch.Tensor
 
 
 class InputBatcher:
@@ -71,8 +76,14 @@ class InputBatcher:
             row[: len(used)] = used
         slot_mapping = block_tables[token_seq, positions // bs].astype(np.int64) * bs
         slot_mapping += positions % bs
-        samples = np.fromiter((c.samples for c in chunks), bool, num_seqs)
-        logits_indices = query_start_loc[1:][samples] - 1
+        num_rows = np.fromiter(
+            (1 + c.num_draft_tokens if c.samples else 0 for c in chunks), np.int64, num_seqs
+        )
+        # Row r belongs to sequence row_seq[r]; its rows are that sequence's last tokens.
+        row_seq = np.repeat(np.arange(num_seqs), num_rows)
+        first_row = np.cumsum(num_rows) - num_rows
+        row_in_seq = np.arange(int(num_rows.sum())) - first_row[row_seq]
+        logits_indices = query_start_loc[1:][row_seq] - num_rows[row_seq] + row_in_seq
 
         attention_inputs = AttentionInputs(
             slot_mapping=self._tensor(slot_mapping),

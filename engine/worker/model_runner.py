@@ -3,7 +3,8 @@
 Built the way nano-vllm builds its runner, in order: load the model on its device,
 size and allocate the KV cache, capture decode graphs. A step is block copies, one
 forward pass for every scheduled sequence, prompt logprobs, embeddings (the pooled
-hidden states of embedding requests), last-token logits and sampling; it reads only
+hidden states of embedding requests), last-token logits and sampling (at every drafted
+position too, where speculative decoding verifies draft tokens); it reads only
 the scheduler's plain output and returns a plain ModelRunnerOutput, so it never
 changes a request (and may run in any thread).
 """
@@ -23,6 +24,7 @@ from hetero_infer.engine.core.step_data import (
 )
 from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
@@ -85,13 +87,15 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run a scheduled step: block copies, one forward pass, prompt logprobs,
         embeddings and sampling."""
-        self.sampler.forget(out.finished)
         self.pooler.forget(out.finished)
         if out.is_empty:
             return EMPTY_RUNNER_OUTPUT
         self.kv_cache.copy_blocks(out)
         inputs = self.inputs.build(
-            [Chunk(s.token_ids, s.start, s.block_table, s.samples) for s in out.scheduled]
+            [
+                Chunk(s.token_ids, s.start, s.block_table, s.samples, s.num_draft_tokens)
+                for s in out.scheduled
+            ]
         )
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
@@ -102,12 +106,17 @@ class ModelRunner:
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             return ModelRunnerOutput({}, prompt, embeddings)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        tokens, logprobs, tops = self.sampler(logits, sampling)
-        sampled = {
-            s.request_id: SampledToken(token, logprob, top)
-            for s, token, logprob, top in zip(sampling, tokens, logprobs, tops, strict=True)
-        }
+        rows = [row for s in sampling for row in verification_rows(s)]
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
+        tokens, logprobs, tops = self.sampler(logits, rows)
+        sampled: dict[str, list[SampledToken]] = {}
+        first = 0
+        for s in sampling:
+            keep = num_kept(s.draft_token_ids, tokens[first : first + 1 + s.num_draft_tokens])
+            sampled[s.request_id] = [
+                SampledToken(tokens[r], logprobs[r], tops[r]) for r in range(first, first + keep)
+            ]
+            first += 1 + s.num_draft_tokens
         return ModelRunnerOutput(sampled, prompt, embeddings)
 
     # ---- sizing the KV cache ----

@@ -2,9 +2,11 @@
 with top-k, top-p, min-p, and per-request seeds.
 
 All rows are processed together; only the random draw is per row for seeded
-requests, so a seeded request gets the same tokens whatever else is in the batch.
-Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks token i
-with probability p_i, and lets each row draw its noise from its own generator.
+requests. Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks token
+i with probability p_i, and lets each row draw its noise from its own generator. A
+seeded request's row draws from a generator seeded by (seed, position of the token
+sampled), so its tokens depend neither on what else is in the batch nor on how its
+tokens were spread over steps (speculative decoding verifies several in one).
 """
 
 from __future__ import annotations
@@ -28,13 +30,6 @@ class Sampler:
         # Unseeded requests share one generator, seeded once per engine so runs repeat.
         self.generator = torch.Generator().manual_seed(seed)
         self.greedy_pick = greedy_pick
-        # Seeded requests draw from their own, so their tokens do not depend on what else
-        # shares the batch; kept until forget() is told the request finished.
-        self.generators: dict[str, torch.Generator] = {}
-
-    def forget(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            self.generators.pop(request_id, None)
 
     @torch.no_grad()
     def __call__(
@@ -48,7 +43,7 @@ class Sampler:
         model's raw distribution, which is what vLLM reports by default. The top
         logprobs map the chosen token and the row's ``logprobs`` best to theirs.
         """
-        meta = SamplingMetadata.build(seqs, self.generators, logits.device)
+        meta = SamplingMetadata.build(seqs, logits.device)
         if meta.all_plain_greedy:
             # The common case in one pass per row, on the model's own logits.
             tokens, chosen = self.greedy_pick(logits)

@@ -16,7 +16,8 @@ class SamplingMetadata:
     # Every row greedy, with no logprobs and nothing for process_logits: the one-pass path.
     all_plain_greedy: bool
     # Rows that sample at random, and for them: [num_random] temperatures, top-k (-1:
-    # off), top-p and min-p, and each one's generator (None: the engine's shared one).
+    # off), top-p and min-p, and each one's generator (None: the engine's shared one;
+    # a seeded row's is seeded by its seed and sample position, see position_seed).
     random_rows: list[int]
     temperature: torch.Tensor | None
     top_k: list[int]
@@ -27,23 +28,19 @@ class SamplingMetadata:
     num_logprobs: list[int | None]
 
     @classmethod
-    def build(
-        cls,
-        rows: list[ScheduledSequence],
-        generators: dict[str, torch.Generator],
-        device: torch.device,
-    ) -> SamplingMetadata:
-        """``generators``: the seeded requests' own (created here for new ones)."""
+    def build(cls, rows: list[ScheduledSequence], device: torch.device) -> SamplingMetadata:
         params = [r.sampling_params for r in rows]
         num_logprobs = [p.logprobs for p in params]
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         chosen = [params[i] for i in random_rows]
-        row_generators = []
-        for i in random_rows:
-            seed, request_id = params[i].seed, rows[i].request_id
-            if seed is not None and request_id not in generators:
-                generators[request_id] = torch.Generator().manual_seed(seed)
-            row_generators.append(generators.get(request_id) if seed is not None else None)
+        row_generators = [
+            None
+            if params[i].seed is None
+            else torch.Generator().manual_seed(
+                position_seed(params[i].seed, rows[i].sample_position)
+            )
+            for i in random_rows
+        ]
         return cls(
             rows=rows,
             all_plain_greedy=not random_rows
@@ -59,6 +56,12 @@ class SamplingMetadata:
             generators=row_generators,
             num_logprobs=num_logprobs,
         )
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's draw at ``position``: a hash of both (Python
+    hashes ints and tuples of ints the same in every process)."""
+    return hash((seed, position)) & (2**63 - 1)
 
 
 def needs_processing(rows: list[ScheduledSequence]) -> bool:

@@ -1,7 +1,8 @@
 """Property tests: hypothesis drives a BlockManager + Scheduler through random
 add / step / abort / fork sequences on a tiny KV cache, so prefix hits, chunked
 prefill, copy-on-write and preemption (recompute and swap) all happen, under both
-scheduling policies.
+scheduling policies, and with speculative decoding (n-gram drafts, of which the fake
+model accepts a random number).
 
 A fake model runner keeps the "KV" of every GPU and CPU block slot and applies the
 scheduler's swap and copy lists the way the real runner must (swap out, swap in,
@@ -16,6 +17,8 @@ from hetero_infer.engine.core.scheduler import Scheduler, priority_key
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken, SchedulerOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+from hetero_infer.engine.spec_decode.speculator import Speculator
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -59,12 +62,16 @@ class FakeRunner:
             self.gpu[dst] = list(self.gpu[src])
         for item in out.scheduled:
             seq, bs, table = seqs[item.request_id], self.block_size, item.block_table
-            end = item.start + item.num_new_tokens
-            assert item.token_ids == seq.token_ids[item.start : end]
+            own_end = item.start + item.num_new_tokens - item.num_draft_tokens
+            assert item.token_ids[: own_end - item.start] == seq.token_ids[item.start : own_end]
             for pos in range(item.start):  # the context this step attends to
                 assert self.gpu[table[pos // bs]][pos % bs] == self.kv(seq, pos), (seq, pos)
-            for pos in range(item.start, end):
-                self.gpu[table[pos // bs]][pos % bs] = self.kv(seq, pos)
+            # Draft tokens' KV chains on from the sequence's as a real model's would: it
+            # is the sequence's own once the drafts are accepted.
+            kv = self.kv(seq, item.start - 1) if item.start else None
+            for pos, token in enumerate(item.token_ids, start=item.start):
+                kv = hash((kv, token))
+                self.gpu[table[pos // bs]][pos % bs] = kv
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -118,6 +125,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         memory_threshold: float,
         enable_prefix_caching: bool,
         policy: str = "fcfs",
+        speculator: Speculator | None = None,
     ) -> None:
         # The engine never lets one sequence outgrow the whole cache.
         self.max_model_len = min(max_model_len, num_blocks * block_size)
@@ -132,6 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             memory_threshold=memory_threshold,
             use_swap=use_swap,
             policy=policy,
+            speculator=speculator,
         )
         self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size)
         self.seqs: dict[str, Sequence] = {}
@@ -174,6 +183,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         abort_mid=st.none() | st.integers(0, 7),
         abort_after=st.sampled_from([None, "swapped", "waiting"]),
         fork_after=st.none() | st.integers(0, 63),
+        accepts=st.lists(st.integers(0, 4), max_size=8),
     )
     def step(
         self,
@@ -182,8 +192,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         abort_mid: int | None,
         abort_after: str | None,
         fork_after: int | None,
+        accepts: list[int],
     ) -> None:
-        """A few engine steps; sampled tokens come from ``tokens``, then 1s.
+        """A few engine steps; sampled tokens come from ``tokens``, then 1s; a sequence
+        with draft tokens keeps as many of them as ``accepts`` says (none if it is empty).
 
         ``abort_mid`` aborts a scheduled sequence while the first step "runs";
         ``abort_after`` aborts the first sequence that lands in that queue, e.g. one
@@ -191,7 +203,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ``fork_after`` forks a running sequence after the first step, mid-generation.
         """
         for i in range(num_steps):
-            self._step(tokens[i::num_steps], abort_mid if i == 0 else None)
+            self._step(tokens[i::num_steps], abort_mid if i == 0 else None, accepts[i::num_steps])
             if i == 0 and fork_after is not None:
                 self.fork(fork_after)
             queue = getattr(self.sched, abort_after) if abort_after else None
@@ -238,7 +250,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ---- one engine step, checked ----
 
-    def _step(self, tokens: list[int], abort_mid: int | None) -> SchedulerOutput:
+    def _step(
+        self, tokens: list[int], abort_mid: int | None, accepts: list[int]
+    ) -> SchedulerOutput:
         sched = self.sched
         running_before = list(sched.running)
         waiting_before = list(sched.waiting)
@@ -256,13 +270,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         if any(s.start > 0 for s in out.scheduled):
             event("chunk or decode with context")
 
-        samplers = [self.seqs[s.request_id] for s in out.scheduled if s.samples]
+        samplers = [s for s in out.scheduled if s.samples]
         if abort_mid is not None and out.scheduled:
             self._abort(scheduled[abort_mid % len(scheduled)])
-        sampled = {
-            seq.request_id: SampledToken(tokens[k] if k < len(tokens) else 1, -1.0)
-            for k, seq in enumerate(samplers)
-        }
+        sampled = {}
+        for k, item in enumerate(samplers):
+            # The drafts the "model" confirms, then its own token.
+            kept = accepts[k % len(accepts)] if accepts else 0
+            new = [*item.draft_token_ids[:kept], tokens[k] if k < len(tokens) else 1]
+            sampled[item.request_id] = [SampledToken(t, -1.0) for t in new]
+            if item.num_draft_tokens:
+                event(f"{min(kept, item.num_draft_tokens)} of {item.num_draft_tokens} accepted")
         before = {id(seq): (seq.num_computed_tokens, seq.num_tokens) for seq in scheduled}
         sched.update_from_output(out, ModelRunnerOutput(sampled))
         for item, seq in zip(out.scheduled, scheduled, strict=True):
@@ -270,8 +288,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             if seq.status == SequenceStatus.FINISHED_ABORTED:
                 continue
             self._remember_registered_kv(seq, item.block_table)
-            assert seq.num_computed_tokens == computed + item.num_new_tokens
-            assert seq.num_tokens == num_tokens + (seq.request_id in sampled)
+            new = sampled.get(seq.request_id, [])
+            if seq.is_finished:  # a stop may cut the step's tokens short
+                assert num_tokens < seq.num_tokens <= num_tokens + len(new)
+            elif new:
+                assert seq.num_tokens == num_tokens + len(new)
+                assert seq.num_computed_tokens == seq.num_tokens - 1
+            else:
+                assert seq.num_tokens == num_tokens
+                assert seq.num_computed_tokens == computed + item.num_new_tokens
+            appended = seq.token_ids[num_tokens:]
+            assert appended == [t.token_id for t in new][: len(appended)]
             if seq.is_finished:
                 assert seq.block_table == [] and seq not in sched.running
                 last = seq.token_ids[-1]
@@ -336,7 +363,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert seq in sched.running and seq.status == SequenceStatus.RUNNING
             assert item.block_table == seq.block_table
             assert item.num_new_tokens >= 1
-            assert item.start + item.num_new_tokens <= seq.num_tokens
+            assert item.start + item.num_new_tokens - item.num_draft_tokens <= seq.num_tokens
+            if item.num_draft_tokens:  # a decode step, never past max_tokens or the model
+                assert item.start == seq.num_tokens - 1 and seq.num_output_tokens > 0
+                room = seq.sampling_params.max_tokens - seq.num_output_tokens
+                assert item.num_draft_tokens < min(room, self.max_model_len - seq.num_tokens)
             assert len(seq.block_table) * bs >= item.start + item.num_new_tokens
             first, last = item.start // bs, (item.start + item.num_new_tokens - 1) // bs
             for block_id in seq.block_table[first : last + 1]:
@@ -444,7 +475,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         steps = 0
         while sched.has_unfinished():
             assert steps < cap, f"no progress after {steps} steps: {sched.running} {sched.waiting}"
-            self._step([], None)
+            self._step([], None, [])
             self.accounting()
             steps += 1
         assert all(seq.is_finished for seq in self.seqs.values())
@@ -551,6 +582,49 @@ class PriorityMachine(SchedulerMachine):
             event("preempted for a waiting sequence")
 
 
+class SpeculativeMachine(SchedulerMachine):
+    """Speculative decoding on a small cache: n-gram drafts of up to 3 tokens (the tiny
+    vocabulary makes matches common), of which the fake model keeps a random number; the
+    rejected drafts' slots must go back, and nothing they held may be cached."""
+
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(3, 12),
+        use_swap=st.booleans(),
+        num_cpu_blocks=st.integers(2, 12),
+        max_num_seqs=st.integers(1, 4),
+        max_num_batched_tokens=st.integers(2, 16),
+        max_model_len=st.integers(8, 40),
+        enable_prefix_caching=st.booleans(),
+        num_speculative_tokens=st.integers(1, 4),
+    )
+    def setup(  # the speculative machine's own configurations
+        self,
+        block_size: int,
+        num_blocks: int,
+        use_swap: bool,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool,
+        num_speculative_tokens: int,
+    ) -> None:
+        config = SpeculativeConfig(num_speculative_tokens, prompt_lookup_min=1, prompt_lookup_max=2)
+        self._build(
+            block_size,
+            num_blocks,
+            use_swap,
+            num_cpu_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            memory_threshold=1.0,
+            enable_prefix_caching=enable_prefix_caching,
+            speculator=Speculator(config),
+        )
+
+
 _SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -560,6 +634,8 @@ _SETTINGS = settings(
 SchedulerMachine.TestCase.settings = _SETTINGS
 PressureMachine.TestCase.settings = _SETTINGS
 PriorityMachine.TestCase.settings = _SETTINGS
+SpeculativeMachine.TestCase.settings = _SETTINGS
 test_scheduler_machine = SchedulerMachine.TestCase
 test_scheduler_machine_under_memory_pressure = PressureMachine.TestCase
 test_scheduler_machine_with_priorities = PriorityMachine.TestCase
+test_scheduler_machine_with_speculation = SpeculativeMachine.TestCase

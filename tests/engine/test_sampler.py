@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hetero_infer.engine.core.scheduler import schedule_entry
@@ -96,12 +98,14 @@ def test_seeded_rows_do_not_depend_on_the_batch():
 def test_sampled_frequencies_follow_temperature_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     params = SamplingParams(temperature=0.7, seed=0)
-    seq = _seqs(params)
+    (row,) = _seqs(params)
     sampler = Sampler()
     counts = torch.zeros(4)
     n = 4000
-    for _ in range(n):
-        counts[sampler(logits, seq)[0][0]] += 1
+    for position in range(n):
+        # A seeded request draws each position's noise from (seed, position).
+        at_position = dataclasses.replace(row, start=position)
+        counts[sampler(logits, [at_position])[0][0]] += 1
     expected = torch.softmax(logits[0] / 0.7, -1)
     assert torch.allclose(counts / n, expected, atol=0.03)
 

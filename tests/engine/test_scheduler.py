@@ -68,7 +68,7 @@ def feed(
     """Hand-made model output: every sequence whose step reaches its end samples a token."""
     tokens = tokens or {}
     sampled = {
-        s.request_id: SampledToken(tokens.get(s.request_id, TOKEN), -0.5)
+        s.request_id: [SampledToken(tokens.get(s.request_id, TOKEN), -0.5)]
         for s in out.scheduled
         if s.samples
     }
@@ -106,7 +106,7 @@ def test_prefill_then_decode() -> None:
     assert a.status == SequenceStatus.RUNNING
     assert a.num_computed_tokens == 10
     assert a.output_token_ids == [TOKEN]
-    assert update.new_token == SampledToken(TOKEN, -0.5) and update.num_output_tokens == 1
+    assert update.new_tokens == [SampledToken(TOKEN, -0.5)] and update.num_output_tokens == 1
     assert a.first_scheduled_time is not None
     assert update.first_scheduled_time == a.first_scheduled_time
     out = run_step(sched)
@@ -525,7 +525,7 @@ def test_abort_between_schedule_and_update() -> None:
     sched.add(b)
     out = sched.schedule()
     sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
-    sampled = {"a": SampledToken(TOKEN, 0.0), "b": SampledToken(TOKEN, 0.0)}
+    sampled = {"a": [SampledToken(TOKEN, 0.0)], "b": [SampledToken(TOKEN, 0.0)]}
     progressed = sched.update_from_output(out, ModelRunnerOutput(sampled))
     assert [u.request_id for u in progressed] == ["b"]
     assert a.output_token_ids == []

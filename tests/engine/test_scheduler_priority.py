@@ -216,7 +216,7 @@ def test_time_out_before_the_first_token_is_an_abort() -> None:
     assert sched.time_out("b", now=9.0) is None  # not yet
     update = sched.time_out("b", now=10.0)
     assert update is not None and update.finish_reason == "abort"
-    assert update.num_output_tokens == 0 and update.new_token is None
+    assert update.num_output_tokens == 0 and update.new_tokens == []
     assert ids(sched.waiting) == [] and "b" not in sched.sequences
 
 

@@ -1,0 +1,82 @@
+"""Speculator: which decoding sequences get draft tokens this step, and how many.
+
+The scheduler asks it for each sequence it schedules for a decode; the drafts ride in
+that step as extra query tokens with KV slots of their own, and the scheduler reports
+back how many the model accepted. Pure Python, like the scheduler.
+
+A sequence is only drafted for where the verifier reproduces what plain decoding
+would give, token for token or in distribution (NOT_SPECULATED says where it is not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+from hetero_infer.engine.spec_decode.draft_length import DraftLength
+from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
+
+# Said at start-up: the requests (or steps) that decode one token at a time.
+NOT_SPECULATED = (
+    "requests with a JSON schema (response_format, tool calls): the grammar takes one "
+    "token at a time; steps before a request's min_tokens is reached (eos and stop "
+    "tokens are masked there); a request's first token (its prompt's step)"
+)
+
+
+@dataclass
+class DraftState:
+    """What the speculator keeps per sequence (on the Sequence, so it ends with it)."""
+
+    text: TokenText = field(default_factory=TokenText)
+    length: DraftLength | None = None
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+
+    def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
+        """Draft tokens for ``seq``'s decode step: at most ``budget`` (the step's token
+        budget left after its own token), never so many that the step could give it
+        more tokens than max_tokens or max_model_len allow. [] when it is not drafted
+        for."""
+        if not self.may_draft(seq):
+            return []
+        params = seq.sampling_params
+        # The step gives back up to one token more than it drafts.
+        room = min(
+            budget,
+            params.max_tokens - seq.num_output_tokens - 1,
+            max_model_len - seq.num_tokens - 1,
+        )
+        if room <= 0:
+            return []
+        state = self._state(seq)
+        want = min(room, state.length.next())
+        if want <= 0:
+            return []
+        return self.proposer.propose(state.text.sync(seq.token_ids), want)
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """How many of the drafts the model accepted (before any stop cut them)."""
+        self._state(seq).length.record(num_drafted, num_accepted)
+
+    @staticmethod
+    def may_draft(seq: Sequence) -> bool:
+        """A decode step (only the newest token is uncomputed) of a sequence whose
+        sampling the verifier reproduces exactly."""
+        return (
+            seq.num_uncomputed_tokens == 1
+            and seq.num_output_tokens > 0
+            and seq.grammar is None
+            and seq.pooling is None
+            and seq.sampling_params.allows_stop(seq.num_output_tokens)
+        )
+
+    def _state(self, seq: Sequence) -> DraftState:
+        if seq.draft_state is None:
+            seq.draft_state = DraftState(length=DraftLength(self.config.num_speculative_tokens))
+        return seq.draft_state

@@ -1,0 +1,287 @@
+"""Speculative decoding's parts on their own: the config, the n-gram proposer, the
+draft length's back-off, the verifier's rows, and the scheduler's drafts and rollback."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.scheduler import Scheduler, schedule_entry
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+from hetero_infer.engine.spec_decode.draft_length import MAX_PAUSE, DraftLength
+from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
+from hetero_infer.engine.spec_decode.speculator import Speculator
+from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
+from hetero_infer.server import cli
+
+# ---- config ----
+
+
+def test_config_from_vllm_json():
+    config = EngineConfig(
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 5,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    )
+    assert config.speculative == SpeculativeConfig(5, prompt_lookup_min=2, prompt_lookup_max=4)
+    assert EngineConfig().speculative is None
+    # One bound given: the other follows it.
+    only_max = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_max": 1})
+    assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (1, 1)
+    only_min = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_min": 6})
+    assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (6, 6)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([1], "must be a JSON object"),
+        ({"method": "ngram"}, "num_speculative_tokens is required"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of ngram"),
+        ({"model": "small-draft", "num_speculative_tokens": 2}, "draft-model"),
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer"),
+        ({"num_speculative_tokens": 2.5}, "num_speculative_tokens must be an integer"),
+        ({"num_speculative_tokens": True}, "num_speculative_tokens must be an integer"),
+        ({"num_speculative_tokens": 2, "prompt_lookup_min": 0}, "prompt_lookup_min"),
+        (
+            {"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 3},
+            "must not exceed",
+        ),
+        ({"num_speculative_tokens": 2, "lookahead": 3}, "unknown key 'lookahead'"),
+    ],
+)
+def test_invalid_configs_are_refused_at_start_up(values, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(speculative_config=values)
+
+
+def test_the_cli_flag_and_environment_take_the_json():
+    parser = cli.build_serve_parser()
+    text = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
+    config = cli.engine_config_from_args(parser.parse_args(["--speculative-config", text]), {})
+    assert config.speculative == SpeculativeConfig(3, prompt_lookup_min=2, prompt_lookup_max=2)
+    empty = parser.parse_args([])
+    from_env = cli.engine_config_from_args(empty, {"HETERO_SPECULATIVE_CONFIG": text})
+    assert from_env.speculative == config.speculative
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        cli.engine_config_from_args(
+            parser.parse_args(["--speculative-config", '{"method": "ngram"}']), {}
+        )
+    with pytest.raises(SystemExit):  # not JSON: argparse says so
+        parser.parse_args(["--speculative-config", "ngram"])
+    assert isinstance(parser, argparse.ArgumentParser)
+
+
+# ---- the n-gram proposer ----
+
+
+def _text(tokens: list[int]) -> str:
+    return TokenText().sync(tokens)
+
+
+def test_proposer_continues_the_most_recent_earlier_occurrence():
+    proposer = NgramProposer(min_n=1, max_n=3)
+    # "5 6" occurs twice before the end; the later one is followed by 9.
+    tokens = [5, 6, 7, 1, 5, 6, 9, 8, 2, 5, 6]
+    assert proposer.propose(_text(tokens), 3) == [9, 8, 2]
+    assert proposer.propose(_text(tokens), 1) == [9]
+
+
+def test_proposer_prefers_the_longest_match():
+    proposer = NgramProposer(min_n=1, max_n=3)
+    # The 1-gram "3" last occurred before 4; the 3-gram "1 2 3" before 7.
+    tokens = [1, 2, 3, 7, 7, 3, 4, 1, 2, 3]
+    assert proposer.propose(_text(tokens), 2) == [7, 7]
+    assert NgramProposer(min_n=1, max_n=1).propose(_text(tokens), 2) == [4, 1]
+
+
+def test_proposer_repeats_a_pattern_and_finds_nothing_without_a_match():
+    proposer = NgramProposer(min_n=2, max_n=4)
+    # Past the end of what followed, the pattern repeats at the same distance.
+    assert proposer.propose(_text([1, 2, 3, 1, 2]), 5) == [3, 1, 2, 3, 1]
+    assert proposer.propose(_text([7, 7, 7, 7]), 3) == [7, 7, 7]
+    assert proposer.propose(_text([1, 2, 3, 4, 5]), 5) == []
+    assert proposer.propose(_text([1, 2, 1]), 5) == []  # only 1-grams would match
+
+
+def test_token_text_grows_with_the_tokens_and_takes_any_vocabulary_id():
+    text = TokenText()
+    tokens = [0, 151_935, 0xD800, 5]
+    assert [ord(c) for c in text.sync(tokens[:2])] == tokens[:2]
+    assert [ord(c) for c in text.sync(tokens)] == tokens
+
+
+# ---- the draft length ----
+
+
+def test_draft_length_backs_off_on_misses_and_recovers_on_hits():
+    length = DraftLength(max_tokens=4)
+    assert length.next() == 4
+    length.record(4, 0)
+    assert length.next() == 2
+    length.record(2, 0)
+    assert length.next() == 1
+    length.record(1, 0)  # at zero: a pause of 1 step, then one token
+    assert [length.next(), length.next()] == [0, 1]
+    length.record(1, 0)  # the pause doubles with each further miss
+    assert [length.next() for _ in range(3)] == [0, 0, 1]
+    length.record(1, 1)  # a hit: doubles, pauses reset
+    assert length.next() == 2
+    length.record(2, 2)
+    assert length.next() == 4
+    length.record(4, 4)
+    assert length.next() == 4  # never past the configured length
+    length.record(4, 1)
+    assert length.next() == 2  # what was accepted, plus one
+
+
+def test_a_sequence_that_always_misses_drafts_rarely():
+    length = DraftLength(max_tokens=5)
+    drafted = 0
+    for _ in range(1000):
+        k = length.next()
+        if k:
+            drafted += k
+            length.record(k, 0)
+    assert drafted < 1000 / MAX_PAUSE * 2 + 20
+
+
+# ---- verification ----
+
+
+def _decoding_seq(params: SamplingParams, prompt: list[int], output: list[int]) -> Sequence:
+    seq = Sequence("r", prompt, params, eos_token_ids=frozenset({0}))
+    seq.token_ids += output
+    seq.num_computed_tokens = seq.num_tokens - 1
+    return seq
+
+
+def test_verification_rows_are_the_steps_plain_decoding_would_have_had():
+    params = SamplingParams(presence_penalty=0.5, temperature=0.5, seed=1)
+    seq = _decoding_seq(params, [1, 2, 3], [4, 5])
+    item = schedule_entry(seq, 1, [6, 7])
+    assert item.token_ids == [5, 6, 7] and item.sample_position == 5
+    rows = verification_rows(item)
+    assert len(rows) == 3
+    for j, row in enumerate(rows):
+        seq_then = _decoding_seq(params, [1, 2, 3], [4, 5, 6, 7][: 2 + j])
+        plain = schedule_entry(seq_then, 1)
+        assert row.sample_position == plain.sample_position == 5 + j
+        assert row.output_token_ids == plain.output_token_ids
+        assert row.prompt_token_ids == plain.prompt_token_ids
+        assert row.draft_token_ids == ()
+    assert verification_rows(schedule_entry(seq, 1)) == [schedule_entry(seq, 1)]
+
+
+def test_num_kept_keeps_confirmed_drafts_and_one_more():
+    assert num_kept([], [9]) == 1
+    assert num_kept([1, 2, 3], [1, 2, 3, 4]) == 4
+    assert num_kept([1, 2, 3], [1, 5, 3, 4]) == 2
+    assert num_kept([1, 2, 3], [7, 2, 3, 4]) == 1
+
+
+# ---- the scheduler: drafts within limits, rollback of rejected ones ----
+
+
+def _scheduler(num_blocks: int = 16, budget: int = 64, k: int = 4) -> Scheduler:
+    return Scheduler(
+        BlockManager(num_blocks, block_size=4),
+        max_num_seqs=8,
+        max_num_batched_tokens=budget,
+        max_model_len=64,
+        speculator=Speculator(SpeculativeConfig(k, prompt_lookup_min=1, prompt_lookup_max=2)),
+    )
+
+
+def _step(sched: Scheduler, keep: int, token: int = 3):
+    """Schedule and apply a step whose model keeps ``keep`` drafts, then says ``token``."""
+    out = sched.schedule()
+    sampled = {
+        s.request_id: [SampledToken(t, -1.0) for t in [*s.draft_token_ids[:keep], token]]
+        for s in out.scheduled
+        if s.samples
+    }
+    return out, sched.update_from_output(out, ModelRunnerOutput(sampled))
+
+
+def _start(sched: Scheduler, seq: Sequence, first_token: int) -> None:
+    """Add a sequence and run its prefill (in chunks, if the budget says so)."""
+    sched.add(seq)
+    while seq.num_output_tokens == 0:
+        _step(sched, keep=0, token=first_token)
+
+
+def test_rejected_drafts_give_their_blocks_back_and_are_never_cached():
+    sched = _scheduler()
+    bm = sched.block_manager
+    seq = Sequence("a", [1, 2, 3, 1, 2, 3, 1], SamplingParams(max_tokens=20))
+    _start(sched, seq, first_token=2)
+    out, _ = _step(sched, keep=0)  # drafts [3, 1, 2, 3], none kept; the model says 3
+    (item,) = out.scheduled
+    assert item.draft_token_ids == (3, 1, 2, 3) and item.num_new_tokens == 5
+    assert seq.token_ids[7:] == [2, 3]
+    assert seq.num_computed_tokens == seq.num_tokens - 1 == 8
+    # 12 slots were taken for the step; the third block held only rejected drafts.
+    assert len(seq.block_table) == 2 and bm.num_used_blocks == 2
+    # Only full blocks of computed tokens are in the prefix cache.
+    cached = {bm.blocks[b].token_ids for b in bm.cached_blocks.values()}
+    assert cached == {(1, 2, 3, 1), (2, 3, 1, 2)}
+    out, _ = _step(sched, keep=2)  # a partial acceptance moves the KV on by 1 + 2
+    assert seq.num_computed_tokens == seq.num_tokens - 1 == 11
+    assert len(seq.block_table) == 3
+
+
+def test_drafts_stay_within_the_budget_max_tokens_and_the_free_blocks():
+    sched = _scheduler(budget=3)
+    seq = Sequence("a", [1, 2, 1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=20))
+    _start(sched, seq, first_token=1)
+    out, _ = _step(sched, keep=0)
+    assert out.scheduled[0].num_draft_tokens == 2  # budget 3: its own token and 2 drafts
+
+    sched = _scheduler()
+    seq = Sequence("a", [1, 2, 1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=3))
+    _start(sched, seq, first_token=1)
+    out, _ = _step(sched, keep=5)
+    assert out.scheduled[0].num_draft_tokens == 1  # 2 outputs left: one draft at most
+    assert seq.is_finished and seq.num_output_tokens == 3
+
+    sched = _scheduler(num_blocks=3)  # 12 slots: 8 computed, the newest token and 3 more
+    seq = Sequence("a", [1, 2, 1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=20))
+    _start(sched, seq, first_token=1)
+    out, _ = _step(sched, keep=5)
+    assert out.scheduled[0].num_draft_tokens == 3
+    assert not out.preempted
+
+
+def test_a_stop_token_among_accepted_drafts_ends_the_sequence_there():
+    sched = _scheduler()
+    params = SamplingParams(max_tokens=20, stop_token_ids=[1])
+    seq = Sequence("a", [1, 2, 3, 1, 2, 3, 1], params)
+    _start(sched, seq, first_token=2)
+    out, (update,) = _step(sched, keep=4)  # drafts [3, 1, 2, 3], all confirmed
+    assert seq.output_token_ids == [2, 3, 1]
+    assert update.finish_reason == "stop" and update.stop_reason == 1
+    assert [t.token_id for t in update.new_tokens] == [3, 1]
+    assert sched.block_manager.num_used_blocks == 0
+
+
+def test_no_drafts_before_min_tokens_or_with_a_grammar():
+    sched = _scheduler()
+    seq = Sequence("a", [1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=20, min_tokens=3))
+    _start(sched, seq, first_token=1)
+    drafts = [_step(sched, keep=5)[0].scheduled[0].num_draft_tokens for _ in range(3)]
+    assert drafts[:2] == [0, 0] and drafts[2] > 0  # from 3 outputs on
+    for grammar, drafted in ((None, True), (object(), False)):
+        seq = Sequence("b", [1, 2, 1, 2], SamplingParams(max_tokens=20), grammar=grammar)
+        seq.token_ids.append(1)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        assert Speculator.may_draft(seq) is drafted
