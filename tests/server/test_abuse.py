@@ -33,6 +33,7 @@ from tests.server.conftest import (
     start_server,
     wait_until,
 )
+from tests.server.gauges import gauges
 from tests.server.test_bad_input import (
     CHAT,
     COMPLETIONS,
@@ -43,7 +44,6 @@ from tests.server.test_bad_input import (
     completion,
     send,
 )
-from tests.server.test_concurrency import gauges
 
 # Every answer within this: generous for a shared 2-core machine, far below a hang.
 MAX_SECONDS = 5.0

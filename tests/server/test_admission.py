@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import LiveServer, make_engine, start_server, wait_until
+from tests.server.gauges import gauges
 from tests.server.test_bad_input import COMPLETIONS, check_error_shape, completion
 from tests.server.test_cli import settings_for
-from tests.server.test_concurrency import gauges
 
 MAX_QUEUE_TIME = 0.5
 MAX_WAITING_REQUESTS = 3
