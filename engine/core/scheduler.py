@@ -355,7 +355,7 @@ class Scheduler:
             return []
         for seq in seqs:
             self.finish(seq.request_id, SequenceStatus.FINISHED_REJECTED)
-        return [_update(seq, None, []) for seq in seqs]
+        return [_update(seq, [], []) for seq in seqs]
 
     def finish(self, request_id: str, status: SequenceStatus) -> bool:
         """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.

@@ -15,7 +15,7 @@ STATS = dict.fromkeys(
 
 
 def _scrape(metrics: EngineMetrics) -> dict[str, list]:
-    engine = SimpleNamespace(metrics=metrics, memory_stats=lambda: STATS)
+    engine = SimpleNamespace(metrics=metrics, memory_stats=lambda: STATS, rejections={})
     server = ServerMetrics()
     server.bind(lambda: engine, "tiny")
     text = generate_latest(server.registry).decode()
