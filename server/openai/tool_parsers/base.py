@@ -150,6 +150,20 @@ class StateMachineToolParser(ToolParser):
     def _advance(self, out: ParsedText) -> bool:
         """One move of the state machine over the buffer; False when it needs more text."""
 
+    def _pass_content(self, out: ParsedText) -> bool:
+        """Once the text is known to be plain content: all of the buffer goes out."""
+        out.content += self.content.add(self._buffer)
+        self._buffer = ""
+        return False
+
+    def _finished(self, held: str) -> ParsedText:
+        """The end of the text: ``held`` (held-back text that turned out to be content,
+        or "") and the content's own held whitespace."""
+        out = ParsedText(content=self.content.add(held) if held else "")
+        self._buffer = ""
+        out.content += self.content.finish()
+        return out
+
     def _feed_call(self, out: ParsedText, next_state: str) -> bool:
         """The buffer into the JSON call being read; once it is complete, on to
         ``next_state`` with what follows it."""

@@ -21,12 +21,8 @@ class HermesToolParser(StateMachineToolParser):
         super().__init__("content")  # content -> opened -> call -> closing -> content
 
     def finish(self) -> ParsedText:
-        out = ParsedText()
-        if self._state == "content":  # a held-back marker start that never completed
-            out.content += self.content.add(self._buffer)
-        self._buffer = ""
-        out.content += self.content.finish()
-        return out
+        # In content: a held-back marker start that never completed.
+        return self._finished(self._buffer if self._state == "content" else "")
 
     def _advance(self, out: ParsedText) -> bool:
         if self._state == "content":

@@ -36,18 +36,11 @@ class Llama3JsonToolParser(StateMachineToolParser):
         super().__init__("start")
 
     def finish(self) -> ParsedText:
-        out = ParsedText()
-        if self._state in ("start", "content"):
-            out.content += self.content.add(self._buffer)
-        self._buffer = ""
-        out.content += self.content.finish()
-        return out
+        return self._finished(self._buffer if self._state in ("start", "content") else "")
 
     def _advance(self, out: ParsedText) -> bool:
         if self._state == "content":
-            out.content += self.content.add(self._buffer)
-            self._buffer = ""
-            return False
+            return self._pass_content(out)
         if self._state == "call":
             return self._feed_call(out, "between")
         stripped = self._buffer.lstrip()

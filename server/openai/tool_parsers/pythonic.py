@@ -96,21 +96,18 @@ class PythonicToolParser(StateMachineToolParser):
         return super().feed(text)
 
     def finish(self) -> ParsedText:
-        out = ParsedText()
+        held = ""
         if self._state == "content":
-            out.content += self.content.add(self._buffer)
+            held = self._buffer
         elif self.num_calls == 0:
-            out.content += self.content.add(self._unsent)
+            held = self._unsent
         # (An unfinished call after complete ones is cut off: the output was.)
-        self._buffer = self._unsent = ""
-        out.content += self.content.finish()
-        return out
+        self._unsent = ""
+        return self._finished(held)
 
     def _advance(self, out: ParsedText) -> bool:
         if self._state == "content":
-            out.content += self.content.add(self._buffer)
-            self._buffer = ""
-            return False
+            return self._pass_content(out)
         stripped = self._buffer.lstrip()
         if self._state == "start":
             opens = opens_call_list(stripped)
