@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-from hetero_infer.kernels import linear_cpu, linear_quantized
+from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized
 from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, TorchLinear
 from hetero_infer.kernels.quantized import QuantizedWeight
@@ -68,6 +69,9 @@ class KernelOps:
     pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None] = (
         _no_fused_kernel
     )
+    # The model's layers, packed, -> one call for the steps it serves, or None
+    # (kernels/decoder_stack.py)
+    pack_decoder_stack: Callable[[DecoderStackSpec], DecoderStackFn | None] = no_decoder_stack
 
     def pack_silu_and_mul_linear(self, weight: Tensor, bias: Tensor | None = None) -> LinearFn:
         """x [..., in] -> silu_and_mul(linear(x)) [..., d] for a merged gate_up weight
@@ -95,7 +99,8 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     if module is None:
         return packed
     packed = packed.replace(
-        takes_quantized=functools.partial(linear_quantized.quantized_kernel_takes, module)
+        takes_quantized=functools.partial(linear_quantized.quantized_kernel_takes, module),
+        pack_decoder_stack=functools.partial(decoder_stack_cpu.pack_decoder_stack, module),
     )
 
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

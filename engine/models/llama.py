@@ -25,6 +25,7 @@ from hetero_infer.kernels import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
@@ -183,6 +184,9 @@ class LlamaForCausalLM(nn.Module):
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
         self.embed_quantized: QuantizedWeight | None = None
+        # All layers in one kernel call, for the steps it serves (set by pack_weights
+        # where the kernels have it)
+        self.decoder_stack: DecoderStackFn | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
@@ -203,10 +207,13 @@ class LlamaForCausalLM(nn.Module):
             x = self.embed_tokens(input_ids)
         else:
             x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
-        residual = None
         rope = (self.rope_cos, self.rope_sin)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, rope, kv_cache, meta)
+        if self.decoder_stack is not None and self.decoder_stack.serves(meta):
+            x, residual = self.decoder_stack(x, positions, rope, kv_caches, meta)
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         x, _ = self.norm(x, residual)
         return x
 
@@ -227,6 +234,31 @@ class LlamaForCausalLM(nn.Module):
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
+        self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
+
+    def decoder_stack_spec(self) -> DecoderStackSpec:
+        """The layers' packed weights, as the kernels' one-call stack takes them."""
+        attention = self.layers[0].self_attn
+        layers = tuple(
+            DecoderLayerSpec(
+                input_norm=layer.input_layernorm.weight,
+                post_attention_norm=layer.post_attention_layernorm.weight,
+                qkv=layer.self_attn.qkv_proj.packed,
+                o=layer.self_attn.o_proj.packed,
+                gate_up=layer.mlp.gate_up_proj.packed,
+                down=layer.mlp.down_proj.packed,
+                sliding_window=layer.self_attn.sliding_window,
+            )
+            for layer in self.layers
+        )
+        return DecoderStackSpec(
+            num_heads=attention.num_heads,
+            num_kv_heads=attention.num_kv_heads,
+            head_dim=attention.head_dim,
+            rms_norm_eps=self.config.rms_norm_eps,
+            scale=attention.scale,
+            layers=layers,
+        )
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:

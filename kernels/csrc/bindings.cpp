@@ -2,39 +2,8 @@
 
 #include <torch/extension.h>
 
-#include <optional>
-#include <string>
-#include <tuple>
-
-at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
-                            const at::Tensor& v_cache, const at::Tensor& block_tables,
-                            const at::Tensor& context_lens, double scale, int64_t window);
-void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
-              at::Tensor& v_cache, const at::Tensor& slot_mapping);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
-                                                      const at::Tensor& residual,
-                                                      const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul(const at::Tensor& x);
-bool linear_packed_available();
-at::Tensor pack_linear_weight(const at::Tensor& weight);
-at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
-at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
-                         const std::optional<at::Tensor>& bias, bool gated);
-bool quantized_linear_available();
-at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
-                                 const std::optional<at::Tensor>& scales);
-at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
-                            const std::optional<at::Tensor>& bias);
-std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
-                                          const at::Tensor& k, const at::Tensor& cos,
-                                          const at::Tensor& sin, bool is_neox);
-std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
-bool prefill_attention_available();
-void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& block_tables,
-                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
-                       const at::Tensor& chunk_lens, double scale, at::Tensor& out);
+#include "cpu_kernels.h"
+#include "decoder_stack_cpu.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention");
@@ -62,4 +31,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
         py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"));
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
+  py::class_<PackedLinear>(m, "PackedLinear")
+      .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool, bool>(),
+           py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),
+           py::arg("then_silu"));
+  py::class_<DecoderStack>(m, "DecoderStack")
+      .def(py::init<int64_t, int64_t, int64_t, double, double>(), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
+      .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order")
+      .def("forward", &DecoderStack::forward,
+           "a decode step's layers: (hidden, residual) before the final norm");
 }

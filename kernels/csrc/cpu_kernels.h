@@ -1,0 +1,39 @@
+// The CPU kernels' entry points, for the bindings and for kernels that call others
+// (decoder_stack_cpu.cpp runs a whole decode step's layers through them).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale, int64_t window);
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+              at::Tensor& v_cache, const at::Tensor& slot_mapping);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
+                                                      const at::Tensor& residual,
+                                                      const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+bool linear_packed_available();
+at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias, bool gated);
+bool quantized_linear_available();
+at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
+                                 const std::optional<at::Tensor>& scales);
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
+                            const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
+                                          const at::Tensor& k, const at::Tensor& cos,
+                                          const at::Tensor& sin, bool is_neox);
+std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
+bool prefill_attention_available();
+void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& block_tables,
+                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
+                       const at::Tensor& chunk_lens, double scale, at::Tensor& out);

@@ -1,0 +1,69 @@
+// A decode step's decoder layers in one call from Python (kernels/decoder_stack_cpu.py
+// says why): the same kernels, in the same order, on the same tensors as the model's
+// layers call them one by one, so the results are the same to the bit.
+
+#include "decoder_stack_cpu.h"
+
+#include <tuple>
+#include <utility>
+
+#include "cpu_kernels.h"
+
+at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
+  at::Tensor out = qtype.empty() ? linear_packed(x, packed, bias, gated)
+                                 : quantized_linear(x, packed, qtype, bias);
+  return then_silu ? silu_and_mul(out) : out;
+}
+
+DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                           double eps, double scale)
+    : num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      eps_(eps),
+      scale_(scale) {}
+
+void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
+                             PackedLinear qkv, PackedLinear o, PackedLinear gate_up,
+                             PackedLinear down, int64_t window) {
+  layers_.push_back(DecoderLayerWeights{std::move(input_norm), std::move(post_attention_norm),
+                                        std::move(qkv), std::move(o), std::move(gate_up),
+                                        std::move(down), window});
+}
+
+std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
+    const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
+    const at::Tensor& sin, const std::vector<at::Tensor>& k_caches,
+    const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
+    const at::Tensor& context_lens, const at::Tensor& slot_mapping) const {
+  TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
+              "one key and one value cache per layer");
+  TORCH_CHECK(x.dim() == 2, "x [tokens, hidden]");
+  const int64_t tokens = x.size(0);
+  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  at::Tensor hidden = x, residual, normed;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DecoderLayerWeights& layer = layers_[i];
+    if (i == 0) {  // the embedded tokens start the residual stream
+      normed = rms_norm(hidden, layer.input_norm, eps_);
+      residual = hidden;
+    } else {
+      std::tie(normed, residual) = fused_add_rms_norm(hidden, residual, layer.input_norm, eps_);
+    }
+    const at::Tensor qkv = layer.qkv(normed);
+    at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
+    at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size)
+                             .view({tokens, num_kv_heads_, head_dim_});
+    std::tie(q, k) = rotary(positions, q, k, cos, sin, /*is_neox=*/true);
+    at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
+    store_kv(k, v, k_cache, v_cache, slot_mapping);
+    const at::Tensor attention =
+        decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_, layer.window);
+    const at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
+    std::tie(normed, residual) =
+        fused_add_rms_norm(projected, residual, layer.post_attention_norm, eps_);
+    hidden = layer.down(layer.gate_up(normed));
+  }
+  return {hidden, residual};
+}

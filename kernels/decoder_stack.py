@@ -1,0 +1,64 @@
+"""A model's decoder layers handed to the kernels whole, for steps they can run in one call.
+
+At batch 1 on a 2-core CPU the layers' kernels take about two thirds of a decode step;
+the rest went to Python calling them, ~10 calls a layer. ``KernelOps.pack_decoder_stack``
+takes the layers' packed weights once (``DecoderStackSpec``, built by the model after
+packing) and gives a ``DecoderStackFn`` where the device's kernels have one (the CPU's:
+kernels/decoder_stack_cpu.py), or None. The model runs a step through it where it
+``serves`` the step's metadata, and layer by layer otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from hetero_infer.kernels.attention_backend import AttentionInputs
+from hetero_infer.kernels.linear import LinearFn
+
+
+@dataclass(frozen=True)
+class DecoderLayerSpec:
+    """One Llama-family layer: pre-norm attention (merged qkv, RoPE, paged KV), then a
+    pre-norm gated MLP, each added to the residual stream."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    qkv: LinearFn  # -> [tokens, q + 2 * kv]
+    o: LinearFn
+    gate_up: LinearFn  # -> silu(gate) * up
+    down: LinearFn
+    sliding_window: int | None
+
+
+@dataclass(frozen=True)
+class DecoderStackSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    scale: float  # attention's softmax scale
+    layers: tuple[DecoderLayerSpec, ...]
+
+
+class DecoderStackFn(Protocol):
+    def serves(self, meta: AttentionInputs) -> bool:
+        """Whether this step can run through the stack."""
+        ...
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionInputs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [tokens, hidden] embedded -> (last layer's output, residual stream), what
+        the layers one by one give."""
+        ...
+
+
+def no_decoder_stack(spec: DecoderStackSpec) -> DecoderStackFn | None:
+    return None

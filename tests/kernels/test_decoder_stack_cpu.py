@@ -1,0 +1,98 @@
+"""The C++ decoder stack (kernels/decoder_stack_cpu.py) gives the layers' results to
+the bit: on decode steps it serves, against the same model run layer by layer, with
+quantized (int8) and bf16-panel projections; and greedy generation through the engine,
+whose steps mix prefills (layer by layer) and decodes (the stack), is unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+
+from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
+from tests.helpers import make_byte_fallback_tokenizer
+
+pytestmark = pytest.mark.skipif(
+    (module := load_cpu_kernels()) is None
+    or not module.quantized_linear_available()
+    or not module.linear_packed_available(),
+    reason="needs the CPU kernels with AVX512-VNNI and -BF16",
+)
+
+QUANTIZATIONS = ["int8", "none"]  # quantized panels; bf16 panels
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    config = kernel_sized_llama()
+    config.tie_word_embeddings = False
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(folder)
+    make_byte_fallback_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def engine_for(folder: Path, quantization: str) -> LLMEngine:
+    config = EngineConfig(
+        model=str(folder), dtype="bfloat16", quantization=quantization, max_num_blocks=256
+    )
+    return LLMEngine(config)
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization) -> None:
+    runner = engine_for(model_dir, quantization).runner
+    model = runner.model
+    stack = model.decoder_stack
+    assert stack is not None
+    with torch.inference_mode():
+        # 3 sequences decoding at different context lengths (after their cached tokens)
+        inputs = runner.inputs.synthetic([(40, 1), (7, 1), (100, 1)])
+        torch.manual_seed(1)  # tokens and cached keys/values that are not all zeros
+        inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
+        for k_cache, v_cache in runner.kv_caches:
+            k_cache.normal_()
+            v_cache.normal_()
+        assert stack.serves(inputs.meta)
+        outputs = []
+        for decoder_stack in (stack, None):
+            model.decoder_stack = decoder_stack
+            hidden = model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
+            outputs.append(hidden)
+        assert torch.equal(outputs[0], outputs[1])
+        assert outputs[0].abs().sum() > 0
+        # A prefill chunk of 2+ tokens goes layer by layer.
+        assert not stack.serves(runner.inputs.synthetic([(0, 5), (3, 1)]).meta)
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
+    prompts = random_prompts(4)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    with_stack = engine_for(model_dir, quantization)
+    served = 0
+    serves = with_stack.runner.model.decoder_stack.serves
+
+    def counting(meta) -> bool:
+        nonlocal served
+        served += serves(meta)
+        return serves(meta)
+
+    with_stack.runner.model.decoder_stack.serves = counting
+    layer_by_layer = engine_for(model_dir, quantization)
+    layer_by_layer.runner.model.decoder_stack = None
+    expected = layer_by_layer.generate(prompts, params, use_tqdm=False)
+    got = with_stack.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert served >= 11  # the decode steps
+
+
+def test_fp32_runs_layer_by_layer(model_dir) -> None:
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_num_blocks=64))
+    assert engine.runner.model.decoder_stack is None
