@@ -22,7 +22,15 @@ logger = logging.getLogger(__name__)
 
 # Probes and scrapes stay open when an API key is set, as in vLLM; so does the chat
 # page (server/routes/ui.py), whose own API calls send the key the user types.
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/", "/static/chat.css", "/static/chat.js")
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/health",
+    "/metrics",
+    "/",
+    "/static/chat.css",
+    "/static/chat.js",
+)
 # Request heads beyond what any client sends get a 431. uvicorn's h11 parser limits
 # only a head that arrives in pieces (16 KiB); one read (up to 256 KiB) passes whole.
 MAX_HEADERS = 256
