@@ -113,6 +113,13 @@ def seed(router: RouterProcess) -> None:
         assert response.status_code == 200, response.text
 
 
+def test_the_router_lists_the_served_model(fleet: Fleet) -> None:
+    """The router answers /v1/models itself, with the model each replica's
+    /server_info names (without it, "unknown")."""
+    models = httpx.get(f"{fleet.router.url}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+
+
 def test_requests_sharing_a_prefix_land_on_the_replica_that_holds_it(fleet: Fleet) -> None:
     seed(fleet.router)
     holders: list[int] = []
