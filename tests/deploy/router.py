@@ -1,9 +1,10 @@
 """The cache-aware router (PyPI's sglang-router, a Rust binary in a wheel) as a process
 on loopback, in front of servers that the test started.
 
-The flags are the ones README's "Replicas behind a router" gives, with health checks
-every second so that a test sees a dead replica dropped within seconds rather than
-the default minute.
+The flags are the ones README's "Replicas behind a router" and docker-compose.yml
+give: a health check every second, one failure to leave a replica out, and retries
+spread over more than a second, so that the retries of a request sent to a replica
+that just died go to a live one.
 """
 
 from __future__ import annotations
@@ -61,13 +62,20 @@ def router_args(worker_urls: list[str], host: str, port: int, metrics_port: int)
         "--prometheus-port",
         str(metrics_port),
         # vLLM's /health (which the server answers as its readiness), probed every
-        # second; one failure drops a replica until it passes again.
+        # second; one failure leaves a replica out until it passes again.
         "--health-check-endpoint",
         "/health",
         "--health-check-interval-secs",
         "1",
         "--health-failure-threshold",
         "1",
+        # Retries 100 ms, then 200, 400, 800 and 1600 ms apart: longer together than
+        # a health check period, so a request sent to a replica that just died is
+        # retried until the check has left it out, and then lands on a live one.
+        "--retry-initial-backoff-ms",
+        "100",
+        "--retry-backoff-multiplier",
+        "2",
     ]
 
 

@@ -16,6 +16,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from sglang_router.launch_router import parse_router_args
 
+from tests.deploy.router import router_args
 from tests.deploy.tools import (
     REPO_ROOT,
     VARIANTS,
@@ -196,7 +197,16 @@ def test_compose_replicas_profile() -> None:
     port = int(re.search(r"HETERO_PORT=(\d+)", " ".join(values(stages()["runtime"], "ENV")))[1])
     assert args.worker_urls == [f"http://server:{port}", f"http://replica:{port}"]
     assert args.policy == "cache_aware"
-    assert args.health_check_endpoint == "/health"
+    # The health checks the router test runs with (tests/deploy/router.py).
+    tested = parse_router_args(router_args([], "127.0.0.1", 30000, 29000))
+    for name in (
+        "health_check_endpoint",
+        "health_check_interval_secs",
+        "health_failure_threshold",
+        "retry_initial_backoff_ms",
+        "retry_backoff_multiplier",
+    ):
+        assert getattr(args, name) == getattr(tested, name), name
     assert f"{args.port}:{args.port}" in router["ports"]
     assert set(router["depends_on"]) == {"server", "replica"}
 
