@@ -119,6 +119,11 @@ class AsyncEngine:
         return self._engine.max_model_len
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block (and so per prefix-cache entry)."""
+        return self._engine.config.block_size
+
+    @property
     def vocab_size(self) -> int:
         return self._engine.model_config.vocab_size
 

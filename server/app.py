@@ -21,7 +21,7 @@ from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server import middleware
 from hetero_infer.server.errors import install_error_handlers, service_unavailable
 from hetero_infer.server.openai.router import router as openai_router
-from hetero_infer.server.routes import health, metrics, ui
+from hetero_infer.server.routes import health, metrics, server_info, ui
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
 
@@ -75,6 +75,7 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
     app.include_router(openai_router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(server_info.router)
     app.include_router(ui.router)
     middleware.install(app, settings)
     install_error_handlers(app)

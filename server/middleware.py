@@ -20,9 +20,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
-# Probes and scrapes stay open when an API key is set, as in vLLM; so does the chat
-# page (server/routes/ui.py), whose own API calls send the key the user types.
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/", "/static/chat.css", "/static/chat.js")
+# Probes and scrapes stay open when an API key is set, as in vLLM; so does what a
+# router reads when it registers a replica (/health, /server_info), and the chat page
+# (server/routes/ui.py), whose own API calls send the key the user types.
+OPEN_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/health",
+    "/server_info",
+    "/metrics",
+    "/",
+    "/static/chat.css",
+    "/static/chat.js",
+)
 # Request heads beyond what any client sends get a 431. uvicorn's h11 parser limits
 # only a head that arrives in pieces (16 KiB); one read (up to 256 KiB) passes whole.
 MAX_HEADERS = 256

@@ -31,6 +31,7 @@ class _EngineCollector(Collector):
     def __init__(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.get_engine = get_engine
         self.model_name = model_name
+        self.started = time.time()
 
     def collect(self) -> Iterator:
         engine = self.get_engine()
@@ -51,6 +52,7 @@ class _EngineCollector(Collector):
             gauge = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
             gauge.add_metric([self.model_name], value)
             yield gauge
+        yield from self._endpoint_picker_info(engine, stats)
         for name, doc, value in (
             ("prompt_tokens", "Prompt tokens processed.", metrics.prompt_tokens),
             ("generation_tokens", "Tokens generated.", metrics.tokens_generated),
@@ -75,6 +77,40 @@ class _EngineCollector(Collector):
             rejections.add_metric([self.model_name, reason], count)
         yield rejections
         yield from self._spec_decode(metrics.spec_decode)
+
+    def _endpoint_picker_info(self, engine: AsyncEngine, stats: dict) -> Iterator:
+        """The two info gauges, as vLLM writes them, that the Gateway API Inference
+        Extension's endpoint picker reads beside the three gauges above.
+
+        vllm:cache_config_info (value 1) carries the KV block size and count in its
+        labels: the picker's prefix-cache scorer sizes its model of each replica's
+        cache from them. vllm:lora_requests_info says which LoRA adapters are loaded
+        (none here: this server serves no adapters, so max_lora is 0 and both lists
+        are empty); its value is when that last changed, the engine's start. Newer
+        pickers count a replica whose scrape lacks it as failing, which would leave
+        them no replica to pick."""
+        cache = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "The KV cache's configuration, in the labels.",
+            labels=["model_name", "block_size", "num_gpu_blocks", "num_cpu_blocks"],
+        )
+        cache.add_metric(
+            [
+                self.model_name,
+                str(engine.block_size),
+                str(stats["total_blocks"]),
+                str(stats["cpu_total_blocks"]),
+            ],
+            1,
+        )
+        yield cache
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "LoRA adapters loaded and waiting (none: no adapters are served).",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        lora.add_metric(["0", "", ""], self.started)
+        yield lora
 
     def _spec_decode(self, stats: SpecDecodeStats) -> Iterator:
         """Speculative decoding's counters, when it is on."""

@@ -14,7 +14,9 @@ import subprocess
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+from sglang_router.launch_router import parse_router_args
 
+from tests.deploy.router import router_args
 from tests.deploy.tools import (
     REPO_ROOT,
     VARIANTS,
@@ -27,10 +29,12 @@ from tests.deploy.tools import (
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
+ROUTER_DOCKERFILE = REPO_ROOT / "deploy" / "router" / "Dockerfile"
 
 
 def test_hadolint() -> None:
-    run_tool(require_tool("hadolint"), "--failure-threshold", "info", str(DOCKERFILE))
+    for dockerfile in (DOCKERFILE, ROUTER_DOCKERFILE):
+        run_tool(require_tool("hadolint"), "--failure-threshold", "info", str(dockerfile))
 
 
 def stages() -> dict[str, list[dict]]:
@@ -152,9 +156,9 @@ def test_docker_compose_config() -> None:
         pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
     tool = require_tool("docker-compose")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_")}
-    for variant in ("cpu", "cuda"):
+    for variant, profile in (("cpu", []), ("cuda", []), ("cpu", ["--profile", "replicas"])):
         proc = subprocess.run(
-            [tool, "-f", str(COMPOSE), "config"],
+            [tool, "-f", str(COMPOSE), *profile, "config"],
             cwd=REPO_ROOT,
             env={**env, "HETERO_VARIANT": variant},
             capture_output=True,
@@ -175,3 +179,50 @@ def test_image_user_is_the_pods_user() -> None:
             "securityContext"
         ]
         assert (security["runAsUser"], security["runAsGroup"]) == (uid, gid)
+
+
+def test_compose_replicas_profile() -> None:
+    """The "replicas" profile: a second server like the first, and the router in front
+    of both with the flags its own parser accepts, on the servers' port."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    server, replica, router = services["server"], services["replica"], services["router"]
+    assert replica["profiles"] == router["profiles"] == ["replicas"]
+    assert "profiles" not in server, "plain `docker compose up` still starts the server"
+    for key in ("build", "image", "command", "environment", "stop_grace_period"):
+        assert replica[key] == server[key], key
+    assert "ports" not in replica, "clients reach the second replica through the router"
+    assert replica["volumes"] != server["volumes"], "each replica keeps its own cache"
+
+    args = parse_router_args(router["command"])
+    port = int(re.search(r"HETERO_PORT=(\d+)", " ".join(values(stages()["runtime"], "ENV")))[1])
+    assert args.worker_urls == [f"http://server:{port}", f"http://replica:{port}"]
+    assert args.policy == "cache_aware"
+    # The health checks the router test runs with (tests/deploy/router.py).
+    tested = parse_router_args(router_args([], "127.0.0.1", 30000, 29000))
+    for name in (
+        "health_check_endpoint",
+        "health_check_interval_secs",
+        "health_failure_threshold",
+        "retry_initial_backoff_ms",
+        "retry_backoff_multiplier",
+    ):
+        assert getattr(args, name) == getattr(tested, name), name
+    assert f"{args.port}:{args.port}" in router["ports"]
+    assert set(router["depends_on"]) == {"server", "replica"}
+
+    # The image installs the router version the tests run against.
+    pin = re.search(r'"sglang-router==([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text())[1]
+    assert f"ARG SGLANG_ROUTER_VERSION={pin}" in ROUTER_DOCKERFILE.read_text()
+    assert router["image"].endswith(f":{pin}")
+    assert router["build"]["context"] == str(ROUTER_DOCKERFILE.parent.relative_to(REPO_ROOT))
+
+    # Prometheus scrapes each replica under the alert rules' job, and the router.
+    scrape = yaml.safe_load((REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    servers = jobs["hetero-infer"]
+    assert servers["static_configs"] == [{"targets": [f"server:{port}"]}]
+    assert servers["dns_sd_configs"] == [
+        {"names": ["replica"], "type": "A", "port": port, "refresh_interval": "15s"}
+    ]
+    (router_sd,) = jobs["router"]["dns_sd_configs"]
+    assert (router_sd["names"], router_sd["port"]) == (["router"], args.prometheus_port)

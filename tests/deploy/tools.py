@@ -68,13 +68,19 @@ def run_tool(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[s
 _RENDERED: dict[str, list[dict]] = {}
 
 
+def render(kustomization: Path) -> list[dict]:
+    """`kubectl kustomize <folder>`, parsed (cached per run)."""
+    key = str(kustomization)
+    if key not in _RENDERED:
+        kubectl = require_tool("kubectl")
+        out = run_tool(kubectl, "kustomize", key).stdout
+        _RENDERED[key] = [doc for doc in yaml.safe_load_all(out) if doc]
+    return _RENDERED[key]
+
+
 def render_overlay(variant: str) -> list[dict]:
     """`kubectl kustomize deploy/k8s/overlays/<variant>`, parsed (cached per run)."""
-    if variant not in _RENDERED:
-        kubectl = require_tool("kubectl")
-        out = run_tool(kubectl, "kustomize", str(K8S / "overlays" / variant)).stdout
-        _RENDERED[variant] = [doc for doc in yaml.safe_load_all(out) if doc]
-    return _RENDERED[variant]
+    return render(K8S / "overlays" / variant)
 
 
 def only(docs: list[dict], kind: str) -> dict:

@@ -70,6 +70,8 @@ def test_probes_and_metrics_stay_open(secured: LiveServer):
     with secured.client() as http:
         assert http.get("/healthz").status_code == 200
         assert http.get("/readyz").status_code == 200
+        assert http.get("/health").status_code == 200
+        assert http.get("/server_info").json() == {"served_model_name": MODEL_NAME}
         metrics = http.get("/metrics")
         assert metrics.status_code == 200 and "vllm:num_requests_running" in metrics.text
 

@@ -92,6 +92,7 @@ def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
     with doomed.client() as http:
         assert http.get("/healthz").status_code == 503
         assert http.get("/readyz").status_code == 503
+        assert http.get("/health").json() == {"status": "dead"}
         for path, body in (
             ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2}),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),

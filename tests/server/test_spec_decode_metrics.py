@@ -11,11 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 STATS = dict.fromkeys(
     ("num_running", "num_waiting", "num_swapped", "usage", "prefix_cache_queries"), 0
-) | {"prefix_cache_hits": 0}
+) | {"prefix_cache_hits": 0, "total_blocks": 64, "cpu_total_blocks": 0}
 
 
 def _scrape(metrics: EngineMetrics) -> dict[str, list]:
-    engine = SimpleNamespace(metrics=metrics, memory_stats=lambda: STATS, rejections={})
+    engine = SimpleNamespace(
+        metrics=metrics, memory_stats=lambda: STATS, rejections={}, block_size=16
+    )
     server = ServerMetrics()
     server.bind(lambda: engine, "tiny")
     text = generate_latest(server.registry).decode()
