@@ -37,15 +37,16 @@ inline const scalar_t* row_at(const scalar_t* cache, const int32_t* table, int64
 
 // Scores of every query head against the keys at positions first .. first + n - 1:
 // scores[h * n + t] = q[h] . k[first + t] (q already scaled), rows read from the blocks.
+// The helpers here take a run of num_heads query heads (groups of `group` sharing a KV
+// head) whose KV heads start at k_ptr's (or v_ptr's) offset into a cache row of
+// token_stride values.
 template <typename scalar_t>
 void score_keys(const float* q, const scalar_t* k_ptr, const int32_t* table, int64_t first,
-                int64_t n, int64_t block_size, int64_t num_heads, int64_t num_kv_heads,
-                int64_t head_dim, float* scores, float* row) {
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t token_stride = num_kv_heads * head_dim;
+                int64_t n, int64_t block_size, int64_t num_heads, int64_t group,
+                int64_t token_stride, int64_t head_dim, float* scores, float* row) {
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first + t;
-    load_row(row_at(k_ptr, table, pos, block_size, token_stride), row, token_stride);
+    load_row(row_at(k_ptr, table, pos, block_size, token_stride), row, num_heads / group * head_dim);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
       const float* kh = row + (h / group) * head_dim;
@@ -158,9 +159,7 @@ struct TileRows {
 template <typename scalar_t>
 void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* table,
                        int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
-                       int64_t num_kv_heads, int64_t head_dim, float* scores) {
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t token_stride = num_kv_heads * head_dim;
+                       int64_t group, int64_t token_stride, int64_t head_dim, float* scores) {
   TileRows<scalar_t> tiles(k_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
   __m512 acc[16];
@@ -186,10 +185,8 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
 // The scale is applied to the sums (the query stays exact in bf16).
 inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::BFloat16* k_ptr,
                             const int32_t* table, int64_t first, int64_t n, int64_t block_size,
-                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                            int64_t num_heads, int64_t group, int64_t token_stride, int64_t head_dim,
                             float* scores) {
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t token_stride = num_kv_heads * head_dim;
   TileRows<c10::BFloat16> tiles(k_ptr, table, first, n, block_size, token_stride);
   const c10::BFloat16* const* rows = tiles.rows;
   __m512 acc[16];
@@ -284,9 +281,7 @@ inline void weigh_row_pairs_all_dims(const uint32_t* pairs, int64_t pairs_stride
 inline void weigh_values_bf16(const uint32_t* pairs, int64_t pairs_stride,
                               const c10::BFloat16* v_ptr, const int32_t* table, int64_t first,
                               int64_t n, int64_t block_size, int64_t num_heads,
-                              int64_t num_kv_heads, int64_t head_dim, float* acc) {
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t token_stride = num_kv_heads * head_dim;
+                              int64_t group, int64_t token_stride, int64_t head_dim, float* acc) {
   TileRows<c10::BFloat16> tiles(v_ptr, table, first, n, block_size, token_stride);
   const c10::BFloat16* const* rows = tiles.rows;
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
@@ -356,9 +351,7 @@ inline void weigh_rows_all_dims(const float* probs, int64_t n, const scalar_t* c
 template <typename scalar_t>
 void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_t* table,
                          int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
-                         int64_t num_kv_heads, int64_t head_dim, float* acc) {
-  const int64_t group = num_heads / num_kv_heads;
-  const int64_t token_stride = num_kv_heads * head_dim;
+                         int64_t group, int64_t token_stride, int64_t head_dim, float* acc) {
   TileRows<scalar_t> tiles(v_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
@@ -397,33 +390,51 @@ void decode_attention_kernel(
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
 
-  // Each thread takes a run of rows with an equal share of the keys to read (plus a
-  // fixed cost per row).
+  // The work items: each sequence's query heads, in runs of whole KV groups. With fewer
+  // sequences than threads (one user's decode) a sequence's heads are split among the
+  // threads, which would otherwise leave all but one idle; a head's result is the same
+  // whichever run computes it.
+  const int64_t threads = at::get_num_threads();
+  const int64_t split =
+      num_seqs >= threads ? 1 : std::min(num_kv_heads, (threads + num_seqs - 1) / num_seqs);
+  const int64_t kv_per_run = (num_kv_heads + split - 1) / split;
+  const int64_t runs = (num_kv_heads + kv_per_run - 1) / kv_per_run;  // per sequence
   auto keys_of = [&](int64_t seq) -> int64_t {
     return window > 0 ? std::min<int64_t>(lens[seq], window) : lens[seq];
   };
-  std::vector<int64_t> work(num_seqs);
-  for (int64_t seq = 0; seq < num_seqs; ++seq) work[seq] = keys_of(seq) + 32;
+  // Each thread takes consecutive items with an equal share of the keys to read (plus a
+  // fixed cost per item).
+  std::vector<int64_t> work(num_seqs * runs);
+  for (int64_t item = 0; item < num_seqs * runs; ++item) {
+    const int64_t kv0 = item % runs * kv_per_run;
+    work[item] = (keys_of(item / runs) + 32) * std::min(kv_per_run, num_kv_heads - kv0);
+  }
   parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
     std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim), row(token_stride);
     std::vector<float> scores, maxes(num_heads), sums(num_heads);
     std::vector<uint32_t> pairs;
-    for (int64_t seq = begin; seq < end; ++seq) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / runs;
+      const int64_t kv0 = item % runs * kv_per_run;
+      const int64_t heads = std::min(kv_per_run, num_kv_heads - kv0) * group;
       const int64_t len = lens[seq];
       const int64_t n = keys_of(seq);
       const int64_t first = len - n;
       const int32_t* table = tables + seq * max_blocks;
-      load_row(q_ptr + seq * num_heads * head_dim, q.data(), num_heads * head_dim);
-      for (int64_t i = 0; i < num_heads * head_dim; ++i) q[i] *= scale;
+      const scalar_t* q_run = q_ptr + (seq * num_heads + kv0 * group) * head_dim;
+      const scalar_t* k_run = k_ptr + kv0 * head_dim;
+      const scalar_t* v_run = v_ptr + kv0 * head_dim;
+      load_row(q_run, q.data(), heads * head_dim);
+      for (int64_t i = 0; i < heads * head_dim; ++i) q[i] *= scale;
 
       // Pass 1: every head's score against each key row, read once.
-      scores.resize(num_heads * n);
+      scores.resize(heads * n);
       bool scored = false;
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         if (head_dim % 32 == 0) {
-          score_keys_bf16(q_ptr + seq * num_heads * head_dim, scale, k_ptr, table, first, n,
-                          block_size, num_heads, num_kv_heads, head_dim, scores.data());
+          score_keys_bf16(q_run, scale, k_run, table, first, n, block_size, heads, group,
+                          token_stride, head_dim, scores.data());
           scored = true;
         }
       }
@@ -431,20 +442,20 @@ void decode_attention_kernel(
 #if defined(__AVX512F__)
       if constexpr (!std::is_same_v<scalar_t, double>) {
         if (!scored && head_dim % 16 == 0) {
-          score_keys_avx512(q.data(), k_ptr, table, first, n, block_size, num_heads,
-                            num_kv_heads, head_dim, scores.data());
+          score_keys_avx512(q.data(), k_run, table, first, n, block_size, heads, group,
+                            token_stride, head_dim, scores.data());
           scored = true;
         }
       }
 #endif
       if (!scored) {
-        score_keys(q.data(), k_ptr, table, first, n, block_size, num_heads, num_kv_heads,
+        score_keys(q.data(), k_run, table, first, n, block_size, heads, group, token_stride,
                    head_dim, scores.data(), row.data());
       }
-      for (int64_t h = 0; h < num_heads; ++h) {
+      for (int64_t h = 0; h < heads; ++h) {
         maxes[h] = *std::max_element(scores.begin() + h * n, scores.begin() + (h + 1) * n);
       }
-      for (int64_t h = 0; h < num_heads; ++h) {
+      for (int64_t h = 0; h < heads; ++h) {
         float sum = 0.f;
         float* s = scores.data() + h * n;
         for (int64_t t = 0; t < n; ++t) {
@@ -461,14 +472,14 @@ void decode_attention_kernel(
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         if (head_dim % 32 == 0) {
           const int64_t stride = (n + 1) / 2;
-          pairs.assign(num_heads * stride, 0u);  // a zero after an odd last key
-          for (int64_t h = 0; h < num_heads; ++h) {
+          pairs.assign(heads * stride, 0u);  // a zero after an odd last key
+          for (int64_t h = 0; h < heads; ++h) {
             // bf16 in order are the pairs: keys t and t + 1 in the low and high halves.
             store_row(scores.data() + h * n, reinterpret_cast<c10::BFloat16*>(pairs.data() + h * stride), n);
           }
-          weigh_values_bf16(pairs.data(), stride, v_ptr, table, first, n, block_size, num_heads,
-                            num_kv_heads, head_dim, acc.data());
-          for (int64_t h = 0; h < num_heads; ++h) unpermute_dims(acc.data() + h * head_dim, head_dim);
+          weigh_values_bf16(pairs.data(), stride, v_run, table, first, n, block_size, heads, group,
+                            token_stride, head_dim, acc.data());
+          for (int64_t h = 0; h < heads; ++h) unpermute_dims(acc.data() + h * head_dim, head_dim);
           weighed = true;
         }
       }
@@ -476,24 +487,24 @@ void decode_attention_kernel(
 #if defined(__AVX512F__)
       if constexpr (!std::is_same_v<scalar_t, double>) {
         if (!weighed && head_dim % 16 == 0) {
-          weigh_values_avx512(scores.data(), v_ptr, table, first, n, block_size, num_heads,
-                              num_kv_heads, head_dim, acc.data());
+          weigh_values_avx512(scores.data(), v_run, table, first, n, block_size, heads, group,
+                              token_stride, head_dim, acc.data());
           weighed = true;
         }
       }
 #endif
       for (int64_t t = 0; t < n && !weighed; ++t) {
         const int64_t pos = first + t;
-        load_row(row_at(v_ptr, table, pos, block_size, token_stride), row.data(), token_stride);
-        for (int64_t h = 0; h < num_heads; ++h) {
+        load_row(row_at(v_run, table, pos, block_size, token_stride), row.data(), heads / group * head_dim);
+        for (int64_t h = 0; h < heads; ++h) {
           const float p = scores[h * n + t];
           const float* vh = row.data() + (h / group) * head_dim;
           float* a = acc.data() + h * head_dim;
           for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
         }
       }
-      scalar_t* o = out_ptr + seq * num_heads * head_dim;
-      for (int64_t h = 0; h < num_heads; ++h) {
+      scalar_t* o = out_ptr + (seq * num_heads + kv0 * group) * head_dim;
+      for (int64_t h = 0; h < heads; ++h) {
         const float inv = 1.f / sums[h];
         for (int64_t d = 0; d < head_dim; ++d) {
           o[h * head_dim + d] = static_cast<scalar_t>(acc[h * head_dim + d] * inv);

@@ -92,6 +92,39 @@ def test_decode_kernel_matches_references(module, dtype, block_size, num_kv_head
     assert_close(decode_attention_ref(batch.query, *args), expected, dtype, "decode ref")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("num_kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 7, 48), (4, 1, 20)]
+)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_one_sequence_split_by_heads_equals_the_batched_rows(
+    module, dtype, num_kv_heads, group, head_dim, threads
+):
+    # With fewer sequences than threads, a sequence's KV groups are split among the
+    # threads: each row must come out as it does when its sequence is one of many.
+    batch = decode_batch(dtype, 16, num_kv_heads, group, head_dim)
+    inputs = batch.inputs
+    caches = (batch.k_cache, batch.v_cache)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = decode_attention_cpu(
+            module, batch.query, *caches, inputs.block_tables, inputs.context_lens, SCALE
+        )
+        for row in range(batch.query.shape[0]):
+            alone = decode_attention_cpu(
+                module,
+                batch.query[row : row + 1],
+                *caches,
+                inputs.block_tables[row : row + 1],
+                inputs.context_lens[row : row + 1],
+                SCALE,
+            )
+            assert torch.equal(alone[0], together[row]), row
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("window", [1, 5, 16, 40])
 def test_decode_kernel_sliding_window(module, window):
     batch = decode_batch(torch.float32, 16, 2, 3, 24)
