@@ -5,11 +5,16 @@
 #include "cpu_kernels.h"
 #include "decoder_stack_cpu.h"
 
+// The kernels that take long run without the GIL, as torch's own operators do: the
+// server's event loop (streaming the last step's tokens) goes on beside them.
+using without_gil = py::call_guard<py::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "paged decode attention");
+  m.def("decode_attention", &decode_attention, "paged decode attention", without_gil());
   m.def("prefill_attention_available", &prefill_attention_available,
         "whether prefill_attention was built (AVX512-BF16)");
-  m.def("prefill_attention", &prefill_attention, "tiled causal attention of prefill chunks");
+  m.def("prefill_attention", &prefill_attention, "tiled causal attention of prefill chunks",
+        without_gil());
   m.def("store_kv", &store_kv, "write keys/values into their cache slots (-1: skipped)");
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
@@ -21,7 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_gated_linear_weight", &pack_gated_linear_weight,
         "a merged gate_up weight in linear_packed's gated panels");
   m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight",
-        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false);
+        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false, without_gil());
   m.def("quantized_linear_available", &quantized_linear_available,
         "whether quantized_linear was built (AVX512-VNNI, -BW and -BF16)");
   m.def("pack_quantized_weight", &pack_quantized_weight,
@@ -29,7 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quantized_linear's panels",
         py::arg("data"), py::arg("qtype"), py::arg("scales") = py::none());
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
-        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"));
+        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"), without_gil());
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool, bool>(),
@@ -40,5 +45,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
       .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order")
       .def("forward", &DecoderStack::forward,
-           "a decode step's layers: (hidden, residual) before the final norm");
+           "a decode step's layers: (hidden, residual) before the final norm", without_gil());
 }
