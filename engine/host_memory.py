@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import sys
+from typing import Any
 
 import torch
 
@@ -41,6 +42,31 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
             if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), MADV_HUGEPAGE):
                 logger.debug("madvise(MADV_HUGEPAGE) refused: errno %d", ctypes.get_errno())
     return tensor.zero_()
+
+
+def gather_on_huge_pages(holders: list[Any]) -> None:
+    """Moves each holder's ``packed`` weight (a CPU tensor) into one buffer on huge
+    pages, in the order given, and points the holder at its part.
+
+    A decode step streams every weight once: on 2 MB pages the quantized kernel read
+    5-10% faster than on 4 KB pages (fewer TLB misses), and most of a small model's
+    weights are below 2 MB each, so only a shared buffer gets them huge pages. Laid out
+    in the order the step reads them, one weight's end runs into the next one's start.
+    """
+    align = 64  # a cache line: each weight starts on one, as the kernels' loads like
+    offsets, total = [], 0
+    for holder in holders:
+        offsets.append(total)
+        total += -(-holder.packed.numel() * holder.packed.element_size() // align) * align
+    if total == 0:
+        return
+    buffer = zeros_on_huge_pages((total,), torch.uint8)
+    for holder, offset in zip(holders, offsets, strict=True):
+        packed = holder.packed
+        part = buffer[offset : offset + packed.numel() * packed.element_size()]
+        part = part.view(packed.dtype).view(packed.shape)
+        part.copy_(packed)
+        holder.packed = part
 
 
 def keep_freed_memory() -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from hetero_infer.engine import host_memory
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.kernels import (
@@ -26,6 +27,7 @@ from hetero_infer.kernels import (
     rope_inv_freq,
 )
 from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
+from hetero_infer.kernels.linear import SiluAndMulLinear
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
@@ -234,7 +236,31 @@ class LlamaForCausalLM(nn.Module):
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
+        if self.norm.weight.is_cpu:
+            host_memory.gather_on_huge_pages(self.packed_in_step_order())
         self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
+
+    def packed_in_step_order(self) -> list[Any]:
+        """The projections whose packed weight is a plain tensor, in the order a step
+        reads them."""
+        projections = [
+            linear.packed
+            for layer in self.layers
+            for linear in (
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+        ]
+        holders = []
+        for projection in [*projections, self.logits_proj]:
+            if isinstance(projection, SiluAndMulLinear):
+                projection = projection.linear
+            packed = getattr(projection, "packed", None)
+            if isinstance(packed, torch.Tensor) and packed.layout == torch.strided:
+                holders.append(projection)
+        return holders
 
     def decoder_stack_spec(self) -> DecoderStackSpec:
         """The layers' packed weights, as the kernels' one-call stack takes them."""

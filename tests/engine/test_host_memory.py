@@ -12,6 +12,7 @@ import pytest
 import torch
 from hetero_infer.engine.host_memory import (
     HUGE_PAGE,
+    gather_on_huge_pages,
     keep_freed_memory,
     release_freed_memory,
     zeros_on_huge_pages,
@@ -94,3 +95,26 @@ def test_release_freed_memory_returns_what_malloc_kept(monkeypatch):
     del blocks
     release_freed_memory()
     assert resident_mb() < held - 100
+
+
+class _Holder:
+    def __init__(self, packed: torch.Tensor) -> None:
+        self.packed = packed
+
+
+def test_gathered_weights_keep_their_values_in_one_buffer_in_order():
+    weights = [
+        torch.arange(100, dtype=torch.uint8).reshape(10, 10),
+        torch.randint(-(2**31), 2**31 - 1, (33, 7), dtype=torch.int32),
+        torch.arange(3, dtype=torch.uint8),
+        torch.empty(0, 16, dtype=torch.uint8),
+    ]
+    holders = [_Holder(w.clone()) for w in weights]
+    gather_on_huge_pages(holders)
+    for holder, weight in zip(holders, weights, strict=True):
+        assert holder.packed.dtype == weight.dtype and torch.equal(holder.packed, weight)
+        assert holder.packed.is_contiguous()
+    starts = [h.packed.data_ptr() for h in holders[:3]]
+    assert starts == sorted(starts) and all(s % 64 == 0 for s in starts)
+    storage = holders[0].packed.untyped_storage().data_ptr()
+    assert all(h.packed.untyped_storage().data_ptr() == storage for h in holders[:3])
