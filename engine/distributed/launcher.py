@@ -63,17 +63,19 @@ def start_tensor_parallel(config: EngineConfig) -> tuple[TensorParallelGroup, Lo
         if device.type == "cuda":
             torch.cuda.set_device(rendezvous.local_rank)
         return TensorParallelGroup(rendezvous, connect_store(rendezvous), device), None
-    threads = 0
+    threads = previous_threads = 0  # on CUDA, torch's defaults
     if device.type == "cpu":
         # The ranks share this machine's cores: each one's threads get their share (too
         # many threads spinning on a core make every collective wait on one that is
-        # descheduled). This thread does the engine's parallel work (async_engine.py).
-        threads = max(1, torch.get_num_threads() // world_size)
+        # descheduled). This thread does the engine's parallel work (async_engine.py);
+        # stop() gives the process its threads back.
+        previous_threads = torch.get_num_threads()
+        threads = max(1, previous_threads // world_size)
         torch.set_num_threads(threads)
     listening = listen_on_loopback()
     rendezvous = Rendezvous(rank=0, world_size=world_size, port=listening.getsockname()[1])
     store = connect_store(rendezvous, listening)
-    workers = LocalWorkers.start(config, rendezvous, threads)
+    workers = LocalWorkers.start(config, rendezvous, threads, previous_threads)
     try:
         workers.wait_joined(store)
         tp = TensorParallelGroup(rendezvous, store, device)
@@ -88,15 +90,23 @@ def start_tensor_parallel(config: EngineConfig) -> tuple[TensorParallelGroup, Lo
 class LocalWorkers:
     """Ranks 1 .. N-1 as child processes of this one."""
 
-    def __init__(self, processes: list[subprocess.Popen]) -> None:
+    def __init__(self, processes: list[subprocess.Popen], restore_threads: int = 0) -> None:
         self.processes = processes
+        self.restore_threads = restore_threads
         # Whatever way the engine goes (an error, garbage collection, the interpreter
         # exiting), no rank outlives it.
         self._finalizer = weakref.finalize(self, _kill, list(processes))
 
     @classmethod
-    def start(cls, config: EngineConfig, rendezvous: Rendezvous, threads: int = 0) -> LocalWorkers:
-        """``threads``: torch's CPU threads for each worker (0: torch's default)."""
+    def start(
+        cls,
+        config: EngineConfig,
+        rendezvous: Rendezvous,
+        threads: int = 0,
+        restore_threads: int = 0,
+    ) -> LocalWorkers:
+        """``threads``: torch's CPU threads for each worker (0: torch's default);
+        ``restore_threads``: this process's, to set again once they stop."""
         settings = json.dumps(config.to_dict())
         processes = []
         for rank in range(1, rendezvous.world_size):
@@ -118,7 +128,7 @@ class LocalWorkers:
             rendezvous.world_size - 1,
             ", ".join(str(p.pid) for p in processes),
         )
-        return cls(processes)
+        return cls(processes, restore_threads)
 
     def wait_joined(self, store) -> None:
         """Wait for every worker to reach the rendezvous, failing at once if one exits
@@ -162,6 +172,8 @@ class LocalWorkers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
         self._finalizer()
+        if self.restore_threads:
+            torch.set_num_threads(self.restore_threads)
 
 
 def _kill(processes: list[subprocess.Popen]) -> None:
