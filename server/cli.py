@@ -284,7 +284,11 @@ def run_torchrun_worker(config: EngineConfig, environ: Mapping[str, str] = os.en
     rendezvous = Rendezvous.from_torchrun_env(environ)
     assert rendezvous is not None
     apply_process_settings(config)
-    run_worker(config, rendezvous)
+    try:
+        run_worker(config, rendezvous)
+    except RuntimeError as exc:  # rank 0 went away without stopping the group
+        print(f"error: tensor-parallel rank {rendezvous.rank}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -354,9 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         engine = LLMEngine(config)
         load_time = time.monotonic() - started
         prompt: str | list[int] = args.input
-        if args.chat:
-            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.input}])
-        output = engine.generate(prompt, params, use_tqdm=False)[0]
+        try:
+            if args.chat:
+                messages = [{"role": "user", "content": args.input}]
+                prompt = engine.tokenizer.apply_chat_template(messages)
+            output = engine.generate(prompt, params, use_tqdm=False)[0]
+        finally:
+            engine.shutdown()  # the other tensor-parallel ranks, if any, leave too
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
