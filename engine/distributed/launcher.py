@@ -3,8 +3,8 @@ the ranks torchrun started), and watching that they stay alive.
 
 A local rank is a fresh Python process running engine/distributed/worker.py. It is
 given its rank, the group's size and the rendezvous port on its command line and the
-engine's settings as JSON on its standard input: no pickled object crosses, and
-nothing but the rendezvous (bound to loopback) is listened on.
+engine's settings as JSON on its standard input: no pickled object crosses, and the
+rendezvous and gloo's connections listen on loopback only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from hetero_infer.engine.distributed.process_group import (
 )
 from hetero_infer.engine.exceptions import ExecutionError
 from hetero_infer.engine.worker.model_loader import resolve_device
+from torch._C._distributed_c10d import Store
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class LocalWorkers:
         )
         return cls(processes, restore_threads)
 
-    def wait_joined(self, store) -> None:
+    def wait_joined(self, store: Store) -> None:
         """Wait for every worker to reach the rendezvous, failing at once if one exits
         first (joining the groups would wait out their timeout)."""
         keys = [joined_key(rank) for rank in range(1, len(self.processes) + 1)]

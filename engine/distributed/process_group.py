@@ -24,6 +24,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
@@ -122,29 +123,26 @@ class TensorParallelGroup:
         self.device = device
         bind = _gloo_device(rendezvous.host)
         self.command_group = _gloo_group(
-            PrefixStore("command", store), rendezvous, bind, IDLE_TIMEOUT
+            PrefixStore("hetero_infer/command", store), rendezvous, bind, IDLE_TIMEOUT
         )
         if device.type == "cuda":
-            self.device_group = _nccl_group(PrefixStore("device", store), rendezvous)
+            self.device_group = _nccl_group(PrefixStore("hetero_infer/device", store), rendezvous)
         else:
             self.device_group = _gloo_group(
-                PrefixStore("device", store), rendezvous, bind, STEP_TIMEOUT
+                PrefixStore("hetero_infer/device", store), rendezvous, bind, STEP_TIMEOUT
             )
         self._store = store  # the groups keep using it
+        self._sum = _reduce_options(ReduceOp.SUM)  # made once: all_reduce runs 2 per layer
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; every rank gets the same sum."""
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.SUM
-        self.device_group.allreduce([x], opts).wait()
+        self.device_group.allreduce([x], self._sum).wait()
         return x
 
     def all_reduce_min(self, value: int) -> int:
         """The smallest of every rank's ``value`` (e.g. KV blocks each rank has room for)."""
         tensor = torch.tensor([value], dtype=torch.long)
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.MIN
-        self.command_group.allreduce([tensor], opts).wait()
+        self.command_group.allreduce([tensor], _reduce_options(ReduceOp.MIN)).wait()
         return int(tensor.item())
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,6 +167,12 @@ class TensorParallelGroup:
         otherwise; gloo notices the closed connection by itself)."""
         if self.device.type == "cuda":
             self.device_group.abort()
+
+
+def _reduce_options(op: ReduceOp) -> AllreduceOptions:
+    opts = AllreduceOptions()
+    opts.reduceOp = op
+    return opts
 
 
 def _from_rank_0() -> BroadcastOptions:
@@ -200,7 +204,8 @@ def _gloo_group(
     return ProcessGroupGloo(store, rendezvous.rank, rendezvous.world_size, options)
 
 
-def _nccl_group(store: Store, rendezvous: Rendezvous):  # -> ProcessGroupNCCL
+def _nccl_group(store: Store, rendezvous: Rendezvous) -> Any:
+    """NCCL's group (a ProcessGroupNCCL: only CUDA builds of torch have the class)."""
     from torch._C._distributed_c10d import ProcessGroupNCCL
 
     options = ProcessGroupNCCL.Options()

@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig.from_dict(json.loads(sys.stdin.read()), "rank 0's settings")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rendezvous = Rendezvous(rank=args.rank, world_size=args.world_size, port=args.port)
+    # All ranks on this machine: rank r takes GPU r, where there are GPUs.
+    rendezvous = Rendezvous(
+        rank=args.rank, world_size=args.world_size, port=args.port, local_rank=args.rank
+    )
     try:
         run_worker(config, rendezvous)
     except RuntimeError as exc:  # rank 0 went away: its sockets closed
