@@ -1,6 +1,7 @@
 """Tensor parallelism on the CPU with gloo: 2 ranks (this process and one it starts)
 give the same greedy fp32 tokens as one process, on tiny models whose heads split
-evenly (Mistral's 6 heads over 2 KV heads, Qwen2's 4 over 4 with q/k/v biases), under
+evenly (Mistral's 6 heads over 2 KV heads, Qwen2's 4 over 4 with q/k/v biases, a tied
+lm_head and a vocabulary padded to split), under
 preemption (a KV cache too small for the batch), by swap and by recompute, chunked
 prefill, prefix-cache hits (a second pass), choices forked from one prompt (n) and
 logprobs of sampled and prompt tokens. A model whose heads do not split is refused
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.exceptions import ConfigError
 
@@ -27,6 +29,9 @@ REGIMES = {
     "mistral": dict(SMALL_CACHE, num_cpu_blocks=200, max_num_batched_tokens=64),
     "qwen2": dict(SMALL_CACHE, preemption_mode="recompute"),
 }
+# Qwen2's lm_head tied to its embedding, and a vocabulary that 2 ranks split only with a
+# padding row (385 = 193 + 192): the padding's logit must never show.
+CHECKPOINTS = {"mistral": {}, "qwen2": dict(tie_word_embeddings=True, vocab_size=385)}
 
 
 def requests(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -53,10 +58,11 @@ def close_logprobs(a: list[dict[int, float] | None] | None, b: list | None) -> b
 
 @pytest.mark.parametrize("name", sorted(REGIMES))
 def test_two_ranks_give_one_process_tokens(name: str, tmp_path: Path):
-    folder = save_tiny_model(name, tmp_path / name)
+    folder = save_tiny_model(name, tmp_path / name, **CHECKPOINTS[name])
     prompts, params = requests(TINY_MODELS[name]().vocab_size)
     config = EngineConfig(model=str(folder), dtype="float32", **REGIMES[name])
-    expected = LLMEngine(config).generate(prompts, params, use_tqdm=False)
+    reference = LLMEngine(config)
+    expected = reference.generate(prompts, params, use_tqdm=False)
 
     engine = LLMEngine(config.replace(tensor_parallel_size=2))
     try:
@@ -77,6 +83,13 @@ def test_two_ranks_give_one_process_tokens(name: str, tmp_path: Path):
         if config.use_swap:
             assert memory["swapped_out_blocks"] > 0
         assert memory["used_blocks"] == 0 and memory["num_sequences"] == 0
+        # The logits themselves, gathered from both ranks' vocabularies (the padding
+        # row cut off): those of one process.
+        hidden = torch.randn(3, reference.model_config.hidden_size)
+        with torch.inference_mode():
+            logits = engine.runner.compute_logits(hidden)
+            assert logits.shape == (3, reference.model_config.vocab_size)
+            torch.testing.assert_close(logits, reference.runner.compute_logits(hidden))
     finally:
         engine.shutdown()
     # The worker left on STOP, by itself.
