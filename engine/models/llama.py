@@ -290,7 +290,9 @@ class LlamaForCausalLM(nn.Module):
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
-        self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
+        # Not with tensor parallelism: the one-call stack has no all-reduce between layers.
+        if self.tp is None:
+            self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
 
     def decoder_stack_spec(self) -> DecoderStackSpec:
         """The layers' packed weights, as the kernels' one-call stack takes them."""

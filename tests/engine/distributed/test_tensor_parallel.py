@@ -105,3 +105,42 @@ def test_heads_that_do_not_split_are_refused_before_any_rank_starts(tmp_path: Pa
     assert "tensor_parallel_size 2" in str(refused.value)
     assert "attention heads (3), KV heads (1)" in str(refused.value)
     assert time.monotonic() - started < 10  # no rank was started and waited for
+
+
+def test_bf16_one_token_steps_stay_as_close_to_fp32_as_one_process(tmp_path: Path):
+    """In bf16 the CPU runs one-token steps through its one-call decoder stack, where the
+    shapes suit its kernels (multiples of 32, as here); with tensor parallelism the layers
+    must run one by one, all-reducing between them. bf16 rounds, so the check is on the
+    prompt logprobs' distance from fp32's: two ranks no further than one process."""
+    folder = save_tiny_model(
+        "mistral",
+        tmp_path / "mistral",
+        hidden_size=128,
+        head_dim=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    )
+    prompt = random_prompts(3, TINY_MODELS["mistral"]().vocab_size)[8]  # 33 tokens
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    # One prompt token a step: each step a decode-shaped one.
+    config = EngineConfig(model=str(folder), max_num_batched_tokens=1)
+
+    def prompt_logprobs(engine: LLMEngine) -> list[float]:
+        try:
+            out = engine.generate([prompt], params, use_tqdm=False)[0]
+        finally:
+            engine.shutdown()
+        return [next(iter(entry.values())) for entry in out.prompt_logprobs[1:]]
+
+    one_process = LLMEngine(config.replace(dtype="bfloat16"))
+    if one_process.runner.model.decoder_stack is None:
+        pytest.skip("the CPU kernels' decoder stack does not run here (no bf16 kernels)")
+    exact = prompt_logprobs(LLMEngine(config.replace(dtype="float32")))
+    single = prompt_logprobs(one_process)
+    split = prompt_logprobs(LLMEngine(config.replace(dtype="bfloat16", tensor_parallel_size=2)))
+
+    def distance(values: list[float]) -> float:
+        return sum(abs(a - b) for a, b in zip(values, exact, strict=True)) / len(exact)
+
+    assert distance(split) < 2 * distance(single), (distance(split), distance(single))
