@@ -124,7 +124,9 @@ def test_bf16_one_token_steps_stay_as_close_to_fp32_as_one_process(tmp_path: Pat
     prompt = random_prompts(3, TINY_MODELS["mistral"]().vocab_size)[8]  # 33 tokens
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     # One prompt token a step: each step a decode-shaped one.
-    config = EngineConfig(model=str(folder), max_num_batched_tokens=1)
+    config = EngineConfig(
+        model=str(folder), max_num_batched_tokens=1, max_num_blocks=8, max_model_len=64
+    )
 
     def prompt_logprobs(engine: LLMEngine) -> list[float]:
         try:

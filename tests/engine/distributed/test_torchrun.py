@@ -21,7 +21,8 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0)  # the command line's de
 
 def test_torchrun_ranks_give_one_process_text(tmp_path: Path):
     folder = save_tiny_model("qwen2", tmp_path / "qwen2")
-    config = EngineConfig(model=str(folder), dtype="float32")
+    # A small KV cache: the default budget (2 GiB) takes seconds to allocate on each rank.
+    config = EngineConfig(model=str(folder), dtype="float32", max_num_blocks=16, max_model_len=64)
     expected = LLMEngine(config).generate(PROMPT, GREEDY, use_tqdm=False)
     command = [
         sys.executable,
@@ -36,6 +37,8 @@ def test_torchrun_ranks_give_one_process_text(tmp_path: Path):
         f"--input={PROMPT}",
         "--max-tokens=12",
         "--dtype=float32",
+        "--max-num-blocks=16",
+        "--max-model-len=64",
         "--tensor-parallel-size=2",
         "--json",
     ]
