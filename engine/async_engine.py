@@ -33,6 +33,10 @@ from hetero_infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
+# How often an idle engine with tensor-parallel ranks checks that they are alive, so a
+# dead rank shows in /healthz without waiting for a request.
+HEALTH_CHECK_INTERVAL = 1.0
+
 
 class EngineDeadError(ExecutionError):
     """The engine loop has stopped on an error; no request can be served."""
@@ -98,6 +102,7 @@ class AsyncEngine:
                 await self._task
             self._task = None
         self._executor.shutdown(wait=True)
+        self._engine.shutdown()
 
     @property
     def is_running(self) -> bool:
@@ -212,7 +217,8 @@ class AsyncEngine:
             while True:
                 if not self._new and not self._aborts and not self._engine.has_pending_work():
                     self._wake.clear()
-                    await self._wake.wait()
+                    await self._wait_for_work()
+                self._engine.check_health()
                 self._apply_requests()
                 if not self._engine.has_pending_work():
                     continue
@@ -232,6 +238,19 @@ class AsyncEngine:
                     new.accepted.set_exception(error)
             for queue in self._queues.values():
                 queue.put_nowait(error)
+
+    async def _wait_for_work(self) -> None:
+        """Until woken; with tensor-parallel ranks to watch, checking them meanwhile
+        (check_health raises when one has died)."""
+        if self._engine.workers is None:
+            await self._wake.wait()
+            return
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), HEALTH_CHECK_INTERVAL)
+                return
+            except TimeoutError:
+                self._engine.check_health()
 
     def _step(self) -> list[RequestOutput]:
         return self._engine.step()

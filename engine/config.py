@@ -24,6 +24,11 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
 POOLINGS = ("last", "mean")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# vLLM's names: "mp", the engine starts the other ranks as local processes;
+# "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+# Quantizations whose blocks are kept as stored: tensor parallelism does not split them.
+KEPT_QUANTIZED = ("gguf", "int8", "compressed-tensors")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -111,6 +116,14 @@ class EngineConfig:
     # "last" (the last token's, vLLM's default for decoder models) or "mean".
     pooling: str = "last"
 
+    # As vLLM's --tensor-parallel-size: the model's heads, MLP columns and vocabulary
+    # split over this many ranks (processes), each holding its share of the KV cache
+    # (engine/distributed/). 1: one process, as without it.
+    tensor_parallel_size: int = 1
+    # Who starts the other ranks: "mp" (the engine, as local processes) or
+    # "external_launcher" (torchrun).
+    distributed_executor_backend: str = "mp"
+
     # The seed API's name for max_num_batched_tokens.
     max_total_tokens: InitVar[int | None] = None
     # The seed API's most sequences in one step. Here every running sequence takes
@@ -156,6 +169,7 @@ class EngineConfig:
             raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
         self._validate_scheduling()
         self._validate_generation_config()
+        self._validate_parallel()
         _ = self.speculative  # a ConfigError here, at start-up, not at the first request
 
     def _validate_scheduling(self) -> None:
@@ -169,6 +183,20 @@ class EngineConfig:
             seconds = getattr(self, name)
             if seconds is not None and (not _is_number(seconds) or not 0 < seconds < float("inf")):
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+
+    def _validate_parallel(self) -> None:
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, minimum=1)
+        _check_choice(
+            "distributed_executor_backend",
+            self.distributed_executor_backend,
+            DISTRIBUTED_EXECUTOR_BACKENDS,
+        )
+        if self.tensor_parallel_size > 1 and self.quantization in KEPT_QUANTIZED:
+            raise ConfigError(
+                f"quantization {self.quantization!r} keeps quantized blocks, which tensor "
+                "parallelism does not split: use 'auto' or 'none' (weights dequantized at "
+                "load) with tensor_parallel_size > 1"
+            )
 
     def _validate_generation_config(self) -> None:
         mode = self.generation_config

@@ -22,7 +22,9 @@ from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import SchedulerOutput, SequenceUpdate
-from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError, ValidationError
+from hetero_infer.engine.distributed.launcher import LocalWorkers, start_tensor_parallel
+from hetero_infer.engine.distributed.sharding import check_divisible
+from hetero_infer.engine.exceptions import OutOfMemoryError, ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
@@ -60,8 +62,20 @@ class LLMEngine:
             config.generation_config, config.override_generation_config, source.folder
         )
         logger.info("%s", self.generation_defaults.describe())
-        self.max_model_len = self._resolve_max_model_len()
-        self.runner = ModelRunner(config, self.model_config, source, self.max_model_len)
+        self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
+        # With tensor parallelism, the other ranks (started here, or by torchrun) load
+        # their shares of the model beside this one's.
+        self.workers: LocalWorkers | None = None
+        tp = None
+        if config.tensor_parallel_size > 1:
+            check_divisible(self.model_config, config.tensor_parallel_size)
+            tp, self.workers = start_tensor_parallel(config)
+        try:
+            self.runner = ModelRunner(config, self.model_config, source, self.max_model_len, tp)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.stop(timeout=0)
+            raise
         if tokenizer is None or isinstance(tokenizer, str):
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
@@ -137,17 +151,6 @@ class LLMEngine:
             return None
         logger.info("%s; not speculated: %s", spec.describe(), NOT_SPECULATED)
         return Speculator(spec)
-
-    def _resolve_max_model_len(self) -> int:
-        limit = self.model_config.max_position_embeddings
-        if self.config.max_model_len is None:
-            return limit
-        if self.config.max_model_len > limit:
-            raise ConfigError(
-                f"max_model_len ({self.config.max_model_len}) is larger than the model's "
-                f"max_position_embeddings ({limit})"
-            )
-        return self.config.max_model_len
 
     # ---- requests ----
 
@@ -231,6 +234,19 @@ class LLMEngine:
         """SamplingParams with the generation config's defaults (see
         generation_config), ``fields`` over them; as vLLM's get_default_sampling_params."""
         return SamplingParams(**{**self.generation_defaults.values, **fields})
+
+    def check_health(self) -> None:
+        """ExecutionError when a tensor-parallel rank has died (the engine cannot step
+        any more); nothing to check in one process."""
+        if self.workers is not None:
+            self.workers.check_alive()
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks, if any; the engine cannot step after."""
+        self.runner.stop_workers()
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None
 
     def has_pending_work(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._unsent)

@@ -12,6 +12,7 @@ HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then the --config file, then defaults
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ ENGINE_FLAGS: list[tuple[str, str, type]] = [
     ("--attention-backend", "attention_backend", str),
     # /v1/embeddings: "last" or "mean" pooling of the final hidden states.
     ("--pooling", "pooling", str),
+    # Ranks the model is split over (engine/distributed/); under torchrun, its WORLD_SIZE.
+    ("--tensor-parallel-size", "tensor_parallel_size", int),
 ]
 
 
@@ -254,14 +257,53 @@ def server_settings_from_args(
     return ServerSettings(engine=engine, **values)
 
 
+def under_torchrun(
+    config: EngineConfig, environ: Mapping[str, str] = os.environ
+) -> tuple[EngineConfig, int]:
+    """Under torchrun (its RANK and WORLD_SIZE set, more than one rank), the config for
+    ranks it started, and this process's rank; otherwise the config as it is and 0.
+    Rank 0 runs the engine (and the server); the others only their share of the model."""
+    from hetero_infer.engine.distributed.process_group import Rendezvous
+
+    rendezvous = Rendezvous.from_torchrun_env(environ)
+    if rendezvous is None or rendezvous.world_size == 1:
+        return config, 0
+    if config.tensor_parallel_size != rendezvous.world_size:
+        raise ValueError(
+            f"torchrun started {rendezvous.world_size} ranks: give --tensor-parallel-size "
+            f"{rendezvous.world_size}"
+        )
+    return config.replace(distributed_executor_backend="external_launcher"), rendezvous.rank
+
+
+def run_torchrun_worker(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> int:
+    """A rank other than 0 under torchrun: its share of the model until rank 0 stops."""
+    from hetero_infer.engine.distributed.process_group import Rendezvous
+    from hetero_infer.engine.distributed.worker import run_worker
+
+    rendezvous = Rendezvous.from_torchrun_env(environ)
+    assert rendezvous is not None
+    apply_process_settings(config)
+    try:
+        run_worker(config, rendezvous)
+    except RuntimeError as exc:  # rank 0 went away without stopping the group
+        print(f"error: tensor-parallel rank {rendezvous.rank}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def serve_main(argv: list[str]) -> int:
     args = build_serve_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = server_settings_from_args(args)
+        engine_config, rank = under_torchrun(settings.engine)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if rank > 0:
+        return run_torchrun_worker(engine_config)
+    settings = dataclasses.replace(settings, engine=engine_config)
     apply_process_settings(settings.engine)
     from hetero_infer.server.serve import serve  # uvicorn (and torch) are only needed here
 
@@ -298,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        config = engine_config_from_args(args)
+        config, rank = under_torchrun(engine_config_from_args(args))
+        if rank > 0:
+            return run_torchrun_worker(config)
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -314,9 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         engine = LLMEngine(config)
         load_time = time.monotonic() - started
         prompt: str | list[int] = args.input
-        if args.chat:
-            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": args.input}])
-        output = engine.generate(prompt, params, use_tqdm=False)[0]
+        try:
+            if args.chat:
+                messages = [{"role": "user", "content": args.input}]
+                prompt = engine.tokenizer.apply_chat_template(messages)
+            output = engine.generate(prompt, params, use_tqdm=False)[0]
+        finally:
+            engine.shutdown()  # the other tensor-parallel ranks, if any, leave too
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -66,10 +66,13 @@ TINY_MODELS = {
 }
 
 
-def save_tiny_model(name: str, folder: Path, seed: int = 0) -> Path:
-    """Write a random-weight checkpoint with a tokenizer into ``folder``."""
+def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object) -> Path:
+    """Write a random-weight checkpoint with a tokenizer into ``folder``; ``overrides``
+    change the config's fields (e.g. ``tie_word_embeddings=True``)."""
     torch.manual_seed(seed)
     config = TINY_MODELS[name]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # random biases too, so a missing bias would show
         for param_name, param in model.named_parameters():

@@ -3,6 +3,8 @@ ModelConfig (config.py) into a CausalLM (protocol.py)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hetero_infer.engine.models.config import (
     SUPPORTED_ARCHITECTURES,
     ModelConfig,
@@ -12,6 +14,9 @@ from hetero_infer.engine.models.llama import LlamaForCausalLM
 from hetero_infer.engine.models.protocol import CausalLM
 from hetero_infer.kernels import Kernels
 
+if TYPE_CHECKING:
+    from hetero_infer.engine.distributed.process_group import TensorParallelGroup
+
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
@@ -20,11 +25,15 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
 assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES), "config.py and the registry differ"
 
 
-def build_model(config: ModelConfig, kernels: Kernels) -> CausalLM:
-    """The model for `config`, calling `kernels` (chosen once: kernels.select_kernels).
-    Build it under torch.device("meta"), then load_weights and pack_weights: its own
-    initialization would only be overwritten."""
-    return MODEL_REGISTRY[config.architecture](config, kernels)
+def build_model(
+    config: ModelConfig, kernels: Kernels, tp: TensorParallelGroup | None = None
+) -> CausalLM:
+    """The model for `config`, calling `kernels` (chosen once: kernels.select_kernels);
+    with `tp`, this rank's share of it. Build it under torch.device("meta"), then
+    load_weights and pack_weights: its own initialization would only be overwritten."""
+    if tp is None:
+        return MODEL_REGISTRY[config.architecture](config, kernels)
+    return MODEL_REGISTRY[config.architecture](config, kernels, tp)
 
 
 __all__ = [

@@ -87,6 +87,19 @@ class ModelConfig:
             eos_token_ids=_eos_token_ids(config),
         )
 
+    def resolve_max_model_len(self, requested: int | None) -> int:
+        """The context length to serve: ``requested`` (the engine's max_model_len), which
+        may not exceed the model's max_position_embeddings; None: the model's own."""
+        limit = self.max_position_embeddings
+        if requested is None:
+            return limit
+        if requested > limit:
+            raise ConfigError(
+                f"max_model_len ({requested}) is larger than the model's "
+                f"max_position_embeddings ({limit})"
+            )
+        return requested
+
 
 def architecture_of(config: Any) -> str:
     """The HF config's architecture name, or ConfigError (a ValueError) naming what is

@@ -7,15 +7,21 @@ into one matmul each. Parameter names follow Hugging Face's, so checkpoints load
 by name; ``load_weights`` does the merging, and ``pack_weights`` then prepares each
 linear layer's weight for its kernel. The kernels are chosen before the model is built
 (kernels.select_kernels) and bound by each layer at construction.
+
+With tensor parallelism each rank builds its share of the layers (engine/distributed/
+sharding.py says which) from a checkpoint cut the same way, and sums the partial
+outputs of o_proj and down_proj over the ranks; the embedding and the logits are split
+by vocabulary. Without it (``tp`` None) none of that runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from hetero_infer.engine import host_memory
+from hetero_infer.engine.distributed.sharding import shard_config
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.kernels import (
@@ -31,6 +37,9 @@ from hetero_infer.kernels.linear import SiluAndMulLinear
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 
 
 class DirectCall:
@@ -77,8 +86,16 @@ class Linear(DirectCall, nn.Linear):
 
 
 class Attention(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig, sliding_window: int | None, kernels: Kernels) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        sliding_window: int | None,
+        kernels: Kernels,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
+        # Tensor parallel: o_proj's output is this rank's partial sum.
+        self.all_reduce = all_reduce
         self.backend = kernels.attention
         self.rotary = kernels.ops.rotary
         self.num_heads = config.num_heads
@@ -110,12 +127,19 @@ class Attention(DirectCall, nn.Module):
         k_cache, v_cache = kv_cache
         self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return out if self.all_reduce is None else self.all_reduce(out)
 
 
 class MLP(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelOps,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
+        self.all_reduce = all_reduce  # as Attention's, for down_proj
         bias = config.mlp_bias
         hidden, intermediate = config.hidden_size, config.intermediate_size
         # Gives silu(gate) * up [num_tokens, intermediate]: SiLU-and-mul is part of the
@@ -126,7 +150,8 @@ class MLP(DirectCall, nn.Module):
             raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x))
+        out = self.down_proj(self.gate_up_proj(x))
+        return out if self.all_reduce is None else self.all_reduce(out)
 
 
 class RMSNorm(DirectCall, nn.Module):
@@ -146,13 +171,19 @@ class RMSNorm(DirectCall, nn.Module):
 
 
 class DecoderLayer(DirectCall, nn.Module):
-    def __init__(self, config: ModelConfig, sliding_window: int | None, kernels: Kernels) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        sliding_window: int | None,
+        kernels: Kernels,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         ops = kernels.ops
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, sliding_window, kernels)
+        self.self_attn = Attention(config, sliding_window, kernels, all_reduce)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config, ops)
+        self.mlp = MLP(config, ops, all_reduce)
 
     def forward(self, x, residual, positions, rope, kv_cache, meta):
         x, residual = self.input_layernorm(x, residual)
@@ -162,25 +193,32 @@ class DecoderLayer(DirectCall, nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """A CausalLM (models/protocol.py)."""
+    """A CausalLM (models/protocol.py); with ``tp``, one rank's share of it."""
 
-    def __init__(self, config: ModelConfig, kernels: Kernels) -> None:
+    def __init__(
+        self, config: ModelConfig, kernels: Kernels, tp: TensorParallelGroup | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         self.kernels = kernels
+        self.tp = tp
+        self.vocab_size = config.vocab_size
+        # This rank's shapes: its heads, MLP columns and vocabulary rows.
+        local = config if tp is None else shard_config(config, tp.world_size)
+        all_reduce = None if tp is None else tp.all_reduce
         self.num_layers = config.num_layers
-        self.num_kv_heads = config.num_kv_heads
+        self.num_kv_heads = local.num_kv_heads
         self.head_dim = config.head_dim
         self.sliding_windows = set(config.sliding_windows)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(local.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, w, kernels) for w in config.sliding_windows
+            DecoderLayer(local, w, kernels, all_reduce) for w in config.sliding_windows
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels.ops)
         self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = None
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, local.vocab_size, bias=False)
         self.rope_cos = self.rope_sin = None
         self.logits_proj: LinearFn = _not_packed
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
@@ -205,7 +243,9 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionInputs,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
-        if self.embed_quantized is None:
+        if self.tp is not None:
+            x = self._embed_vocab_shard(input_ids, self.tp)
+        elif self.embed_quantized is None:
             x = self.embed_tokens(input_ids)
         else:
             x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
@@ -219,10 +259,26 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
+    def _embed_vocab_shard(self, input_ids: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+        """The embedding of tokens in this rank's vocabulary rows, zeros for the others,
+        summed over the ranks: each token's row, exactly."""
+        rows = self.embed_tokens.weight.shape[0]
+        local_ids = input_ids - tp.rank * rows
+        outside = (local_ids < 0) | (local_ids >= rows)
+        x = self.embed_tokens(local_ids.masked_fill(outside, 0))  # [num_tokens, hidden]
+        return tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] in the model's dtype (the sampler
-        converts to fp32 where it needs to: the greedy pick reads them as they are)."""
-        return self.logits_proj(hidden)
+        converts to fp32 where it needs to: the greedy pick reads them as they are).
+        With tensor parallelism every rank calls it together and gets them all."""
+        logits = self.logits_proj(hidden)
+        if self.tp is None:
+            return logits
+        logits = self.tp.all_gather(logits)  # [n, padded vocab]
+        if logits.shape[-1] != self.vocab_size:
+            logits = logits[:, : self.vocab_size].contiguous()  # the padding rows' zeros
+        return logits
 
     @torch.no_grad()
     def pack_weights(self) -> None:
@@ -238,7 +294,9 @@ class LlamaForCausalLM(nn.Module):
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
         if self.norm.weight.is_cpu:
             host_memory.gather_on_huge_pages(self.packed_in_step_order())
-        self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
+        # Not with tensor parallelism: the one-call stack has no all-reduce between layers.
+        if self.tp is None:
+            self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
 
     def packed_in_step_order(self) -> list[Any]:
         """The projections whose packed weight is a plain tensor, in the order a step

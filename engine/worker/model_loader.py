@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.distributed.process_group import TensorParallelGroup
+from hetero_infer.engine.distributed.sharding import shard_state_dict
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS, checkpoint_quantization
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
@@ -58,11 +60,15 @@ def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
         raise ConfigError(str(exc)) from exc
 
 
-def keeps_quantized(source: loader.ModelSource, quantization: str, dtype: torch.dtype) -> bool:
+def keeps_quantized(
+    source: loader.ModelSource, quantization: str, dtype: torch.dtype, tensor_parallel: bool = False
+) -> bool:
     """Whether the checkpoint's quantized weights are kept as stored (where a kernel
     takes them), or ConfigError where ``quantization`` does not fit the checkpoint.
     "auto" in fp32 dequantizes, so that fp32 stays exact against transformers on the
-    same weights; a quantization named explicitly is kept in fp32 too."""
+    same weights; a quantization named explicitly is kept in fp32 too. With tensor
+    parallelism "auto" dequantizes (the ranks split float weights; EngineConfig refuses
+    a quantization named explicitly)."""
     quantized_by = "gguf" if source.is_gguf else None
     if not source.is_gguf and checkpoint_quantization(source.folder) is not None:
         quantized_by = COMPRESSED_TENSORS
@@ -76,6 +82,8 @@ def keeps_quantized(source: loader.ModelSource, quantization: str, dtype: torch.
             "quantization 'int8' quantizes a safetensors checkpoint at load; a GGUF file "
             "keeps its own blocks ('auto' or 'gguf')"
         )
+    if tensor_parallel:
+        return False
     return quantization != "none" and (quantization != "auto" or dtype != torch.float32)
 
 
@@ -86,16 +94,21 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     quantization: str = "auto",
+    tp: TensorParallelGroup | None = None,
 ) -> CausalLM:
+    """The model on ``device``, its weights from ``source``; with ``tp``, this rank's
+    share of it."""
     started = time.monotonic()
-    keep_quantized = keeps_quantized(source, quantization, dtype)
+    keep_quantized = keeps_quantized(source, quantization, dtype, tensor_parallel=tp is not None)
     # Built without memory, then filled from the checkpoint: no random init.
     with torch.device("meta"):
-        model = build_model(model_config, kernels)
+        model = build_model(model_config, kernels, tp)
     model = model.to_empty(device=device).to(dtype)
     state_dict = loader.load_state_dict(
         source, dtype, keep_quantized, quantize_int8=quantization == "int8"
     )
+    if tp is not None:
+        state_dict = shard_state_dict(state_dict, tp.rank, tp.world_size)
     model.load_weights(state_dict)
     model.pack_weights()
     model.init_rope(device)

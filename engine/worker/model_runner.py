@@ -7,6 +7,10 @@ hidden states of embedding requests), last-token logits and sampling (at every d
 position too, where speculative decoding verifies draft tokens); it reads only
 the scheduler's plain output and returns a plain ModelRunnerOutput, so it never
 changes a request (and may run in any thread).
+
+With tensor parallelism the runner of rank 0 sends each step's inputs, and each batch
+of hidden states it wants logits for, to the other ranks (engine/distributed/
+step_broadcast.py), whose runners hold the rest of the model and its KV cache.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from hetero_infer.engine.core.step_data import (
     SampledToken,
     SchedulerOutput,
 )
+from hetero_infer.engine.distributed.process_group import TensorParallelGroup
+from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
@@ -48,14 +54,18 @@ class ModelRunner:
         model_config: ModelConfig,
         source: loader.ModelSource,
         max_model_len: int,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
+        """``tp``: this rank's tensor-parallel group (None: the whole model here)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         kernels = select_model_kernels(config, self.device)
         self.model = load_model(
-            source, model_config, kernels, self.device, self.dtype, config.quantization
+            source, model_config, kernels, self.device, self.dtype, config.quantization, tp
         )
+        # Rank 0 of a tensor-parallel group tells the other ranks what to compute.
+        self.sender = StepSender(tp) if tp is not None and tp.rank == 0 else None
         self.attention = kernels.attention
         self.max_model_len = max_model_len
         self.block_size = config.block_size
@@ -68,6 +78,9 @@ class ModelRunner:
         self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, self.dtype)
         self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
+        if tp is not None:
+            # One block table addresses every rank's cache: all hold the same blocks.
+            self.num_blocks = tp.all_reduce_min(self.num_blocks)
         self.kv_cache = KVCache(
             self.model.num_layers,
             self.num_blocks,
@@ -79,7 +92,9 @@ class ModelRunner:
         self.kv_caches = self.kv_cache.layers
         self.graphs: DecodeGraphs | None = None
         # Graphs are only ever used on CUDA, with a backend whose metadata they can hold.
+        # Not with tensor parallelism: every rank would have to replay in step.
         graphs_fit = self.device.type == "cuda" and self.attention.supports_cuda_graphs
+        graphs_fit = graphs_fit and tp is None
         if not config.enforce_eager and graphs_fit:
             self.graphs = DecodeGraphs.capture(self)
 
@@ -90,24 +105,26 @@ class ModelRunner:
         self.pooler.forget(out.finished)
         if out.is_empty:
             return EMPTY_RUNNER_OUTPUT
-        self.kv_cache.copy_blocks(out)
         inputs = self.inputs.build(
             [
                 Chunk(s.token_ids, s.start, s.block_table, s.samples, s.num_draft_tokens)
                 for s in out.scheduled
             ]
         )
+        if self.sender is not None:
+            self.sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
+        self.kv_cache.copy_blocks(out)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        prompt = prompt_logprobs(self.model, out.scheduled, hidden)
+        prompt = prompt_logprobs(self.compute_logits, out.scheduled, hidden)
         embeddings = self.pooler(out.scheduled, hidden)
         sampling = [s for s in out.scheduled if s.samples]
         if not sampling:
             return ModelRunnerOutput({}, prompt, embeddings)
         rows = [row for s in sampling for row in verification_rows(s)]
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
+        logits = self.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
         tokens, logprobs, tops = self.sampler(logits, rows)
         sampled: dict[str, list[SampledToken]] = {}
         first = 0
@@ -118,6 +135,23 @@ class ModelRunner:
             ]
             first += 1 + s.num_draft_tokens
         return ModelRunnerOutput(sampled, prompt, embeddings)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> logits [n, vocab], the other ranks computing their
+        share where there are any."""
+        if self.sender is not None:
+            self.sender.send_logits(hidden)
+        return self.model.compute_logits(hidden)
+
+    def stop_workers(self) -> None:
+        """Tell the other ranks to leave their loops (rank 0; once)."""
+        sender, self.sender = self.sender, None
+        if sender is None:
+            return
+        try:
+            sender.send_stop()
+        except RuntimeError as exc:  # a rank that is gone already
+            logger.warning("could not tell the other ranks to stop: %s", exc)
 
     # ---- sizing the KV cache ----
 

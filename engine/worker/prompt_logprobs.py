@@ -3,19 +3,23 @@ the next prompt token (vLLM's ``prompt_logprobs``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from hetero_infer.engine.core.step_data import Logprobs, ScheduledSequence
-from hetero_infer.engine.models import CausalLM
 
 
 def prompt_logprobs(
-    model: CausalLM, scheduled: list[ScheduledSequence], hidden: torch.Tensor
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    scheduled: list[ScheduledSequence],
+    hidden: torch.Tensor,
 ) -> dict[str, list[Logprobs]]:
     """Each sequence's logprobs for the prompt positions this step computed.
 
     Position p's logits predict prompt token p + 1. Only positions past those the
     sequence has (a recomputed prompt would repeat them). These are the model's raw
-    logprobs, as vLLM gives prompt logprobs. ``hidden``: [num_tokens, hidden].
+    logprobs, as vLLM gives prompt logprobs. ``hidden``: [num_tokens, hidden];
+    ``compute_logits``: the runner's (hidden rows -> logits).
     """
     rows: list[int] = []
     targets: list[tuple[ScheduledSequence, int]] = []  # (sequence, prompt token predicted)
@@ -33,7 +37,7 @@ def prompt_logprobs(
     if not rows:
         return {}
     # [len(rows), vocab]
-    logprobs = torch.log_softmax(model.compute_logits(hidden[rows]).float(), dim=-1).cpu()
+    logprobs = torch.log_softmax(compute_logits(hidden[rows]).float(), dim=-1).cpu()
     token_ids = torch.tensor([item.prompt_token_ids[i] for item, i in targets])
     chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
     k_max = max(item.sampling_params.prompt_logprobs or 0 for item, _ in targets)

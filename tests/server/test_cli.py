@@ -129,3 +129,18 @@ def test_tool_calling_flags(tmp_path):
 def test_bad_tool_calling_flags(argv, message):
     with pytest.raises(ValueError, match=message):
         settings_for(argv, {})
+
+
+def test_tensor_parallel_size_from_flag_environment_and_torchrun():
+    from hetero_infer.server.cli import under_torchrun
+
+    assert settings_for(["--tensor-parallel-size", "2"], {}).engine.tensor_parallel_size == 2
+    engine = settings_for([], {"HETERO_TENSOR_PARALLEL_SIZE": "4"}).engine
+    assert engine.tensor_parallel_size == 4 and engine.distributed_executor_backend == "mp"
+    # torchrun's variables make the engine join its ranks instead of starting its own.
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    config, rank = under_torchrun(engine.replace(tensor_parallel_size=2), torchrun)
+    assert rank == 1 and config.distributed_executor_backend == "external_launcher"
+    assert under_torchrun(engine, {}) == (engine, 0)  # not under torchrun
+    with pytest.raises(ValueError, match="torchrun started 2 ranks: give --tensor-parallel-size 2"):
+        under_torchrun(engine, torchrun)

@@ -1,0 +1,102 @@
+"""A tensor-parallel rank other than 0: its share of the model and of the KV cache, and
+a loop that runs what rank 0 sends.
+
+It builds the same ModelRunner as rank 0 (so load, KV sizing and the CUDA memory
+profile run in step with it, collectives included), then waits for commands
+(step_broadcast.py): a step's forward pass, a batch of logits, or stop. The scheduler,
+the sampler and the front end live on rank 0 only.
+
+Started by rank 0 as ``python -m hetero_infer.engine.distributed.worker --rank R
+--world-size N --port P`` with the engine's settings as JSON on standard input, or by
+torchrun through the command line (server/cli.py), which calls ``run_worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+import torch
+from hetero_infer.engine import loader
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.distributed.launcher import joined_key
+from hetero_infer.engine.distributed.process_group import (
+    Rendezvous,
+    TensorParallelGroup,
+    connect_store,
+)
+from hetero_infer.engine.distributed.step_broadcast import Command, Step, StepReceiver
+from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.worker.model_loader import resolve_device
+from hetero_infer.engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def run_worker(config: EngineConfig, rendezvous: Rendezvous) -> None:
+    """Join the group, load this rank's share, and serve rank 0's commands until STOP
+    (or until rank 0 is gone, which ends the wait with an error)."""
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(rendezvous.local_rank)
+    store = connect_store(rendezvous)
+    store.set(joined_key(rendezvous.rank), "1")
+    tp = TensorParallelGroup(rendezvous, store, device)
+    source = loader.resolve_model(config.model)
+    model_config = ModelConfig.from_hf(loader.load_config(source))
+    max_model_len = model_config.resolve_max_model_len(config.max_model_len)
+    runner = ModelRunner(config, model_config, source, max_model_len, tp)
+    serve_commands(runner, StepReceiver(tp, runner.dtype))
+
+
+@torch.inference_mode()
+def serve_commands(runner: ModelRunner, receiver: StepReceiver) -> None:
+    while True:
+        command, payload = receiver.receive()
+        if command == Command.STOP:
+            return
+        if command == Command.STEP:
+            assert isinstance(payload, Step)
+            run_step(runner, payload)
+        elif command == Command.LOGITS:
+            assert isinstance(payload, torch.Tensor)
+            runner.model.compute_logits(payload)  # only rank 0 reads the gathered logits
+
+
+def run_step(runner: ModelRunner, step: Step) -> None:
+    """The step's block copies and forward pass over this rank's heads (its hidden
+    states equal rank 0's after each all-reduce; rank 0 sends the rows it needs)."""
+    runner.kv_cache.copy_blocks(step.copies)
+    meta = runner.attention.prepare(
+        step.attention_inputs, runner.block_size, runner.model.sliding_windows
+    )
+    runner.model(step.input_ids, step.positions, runner.kv_caches, meta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A tensor-parallel rank started by rank 0.")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--threads", type=int, help="torch's CPU threads for this rank")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    config = EngineConfig.from_dict(json.loads(sys.stdin.read()), "rank 0's settings")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # All ranks on this machine: rank r takes GPU r, where there are GPUs.
+    rendezvous = Rendezvous(
+        rank=args.rank, world_size=args.world_size, port=args.port, local_rank=args.rank
+    )
+    try:
+        run_worker(config, rendezvous)
+    except RuntimeError as exc:  # rank 0 went away: its sockets closed
+        logger.error("tensor-parallel rank %d stops: %s", args.rank, exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
