@@ -31,6 +31,7 @@ from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.spec_decode.draft_source import resolve_draft
 from hetero_infer.engine.spec_decode.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
@@ -61,11 +62,16 @@ class LLMEngine:
         )
         logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = self._resolve_max_model_len()
-        self.runner = ModelRunner(config, self.model_config, source, self.max_model_len)
         if tokenizer is None or isinstance(tokenizer, str):
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
             )
+        draft = None
+        spec = config.speculative
+        if spec is not None and spec.uses_draft_model:
+            # Checked before either model's weights are read.
+            draft = resolve_draft(spec, source, self.model_config, self.max_model_len, tokenizer)
+        self.runner = ModelRunner(config, self.model_config, source, self.max_model_len, draft)
         self.tokenizer = Tokenizer(tokenizer, self.model_config.eos_token_ids)
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
