@@ -262,3 +262,44 @@ def test_a_draft_model_that_does_not_fit_the_target_is_refused(llama_pair, tmp_p
         speculative_config=spec(tmp_path / "short"),
     )
     assert engine.runner.drafter is not None
+
+
+# ---- SmolLM2 with its own Q4_1 file as the draft ----
+
+SMOLLM2_QUESTIONS = [
+    "Rewrite this sentence with its spelling fixed: The wether was fine and the see was calm.",
+    "List the days of the week.",
+    "What is the capital of France?",
+]
+# Plain, and a small cache with a small step budget: chunked prompts and preemption.
+SMOLLM2_REGIMES = [
+    {},
+    dict(block_size=8, max_num_blocks=16, max_model_len=128, max_num_batched_tokens=48),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", SMOLLM2_REGIMES, ids=["plain", "chunked-preempted"])
+def test_smollm2_greedy_with_its_quantized_self_as_the_draft(settings):
+    """The target dequantized to fp32, the draft the same GGUF kept in Q4_1 ("default",
+    the embedded model): the tokens are the target's alone, and the draft, close to it,
+    is accepted most of the time."""
+    config = EngineConfig(dtype="float32", quantization="none", **settings)
+    plain = LLMEngine(config)
+    prompts = [
+        plain.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        for question in SMOLLM2_QUESTIONS * 2
+    ]
+    # Past eos too: every answer is as long, which the small cache cannot hold at once.
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = plain.generate(prompts, params, use_tqdm=False)
+    draft = {"model": "default", "num_speculative_tokens": K, "quantization": "gguf"}
+    speculative = LLMEngine(config.replace(speculative_config=draft))
+    got = speculative.generate(prompts, params, use_tqdm=False)
+    for out, ref in zip(got, expected, strict=True):
+        assert out.token_ids == ref.token_ids
+    stats = speculative.metrics.spec_decode
+    assert stats.acceptance_rate > 0.5, stats
+    if settings:
+        assert speculative.metrics.num_preemptions > 0
+    assert speculative.memory_stats()["used_blocks"] == 0
