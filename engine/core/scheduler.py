@@ -411,11 +411,12 @@ def schedule_entry(
     reaches_end = start + num_new == seq.num_tokens
     samples = reaches_end and seq.pooling is None
     draft_lag = None
-    # A decode step without drafts leaves the draft model behind by a token: running it
-    # in every step would cost a draft pass even where nothing is drafted.
-    lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
-    if draft_model and seq.pooling is None and (drafts or not lone_decode):
-        draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
+    if draft_model and seq.pooling is None:
+        # A decode step without drafts leaves the draft model behind by a token: running
+        # it in every step would cost a draft pass even where nothing is drafted.
+        lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
+        if drafts or not lone_decode:
+            draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
     wants_history = params.has_penalties or seq.needs_prompt_logprobs
     return ScheduledSequence(
         request_id=seq.request_id,
