@@ -291,6 +291,10 @@ class Scheduler:
             if seq is None:  # finished (aborted) while the step ran
                 continue
             seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+            draft_model = self.speculator is not None and self.speculator.uses_draft_model
+            if draft_model:
+                # Before any fork below: n > 1 choices share the prompt's draft KV too.
+                self._advance_draft(seq, item)
             prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
             if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
@@ -310,9 +314,8 @@ class Scheduler:
                 self.block_manager.free_uncomputed_blocks(seq)
                 if self.speculator is not None:
                     self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
-            registered = None
-            if self.speculator is not None and self.speculator.uses_draft_model:
-                registered = self._advance_draft(seq, item)
+            # Again, now that accepted drafts count as computed.
+            registered = self._advance_draft(seq, item) if draft_model else None
             self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
                 self.finish(seq.request_id, status)

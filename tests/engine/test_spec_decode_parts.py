@@ -371,6 +371,19 @@ def test_a_draft_model_prefills_alongside_and_catches_up_on_what_it_lags_by():
     assert seq.num_draft_computed_tokens == seq.num_computed_tokens
 
 
+def test_n_choices_fork_with_the_draft_model_level_with_the_target():
+    sched = _draft_scheduler(k=3)
+    parent = Sequence("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30, n=2))
+    child = Sequence("b", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30))
+    parent.fork_children = [child]
+    sched.add(parent)
+    _draft_step(sched, keep=0)
+    # The child shares the prompt's blocks but its last token, and both models' KV.
+    assert child.num_computed_tokens == child.num_draft_computed_tokens == 5
+    items = {s.request_id: s for s in _draft_step(sched, keep=0).scheduled}
+    assert items["b"].start == 5 and items["b"].draft_lag_token_ids == ()
+
+
 def test_blocks_enter_the_prefix_cache_once_the_draft_model_has_them_too():
     sched = _draft_scheduler(k=3)
     bm = sched.block_manager
