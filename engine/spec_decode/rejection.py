@@ -14,6 +14,8 @@ argmax (verifier.num_kept).
 Randomness: a seeded request draws each position's accept test and residual from
 generators seeded by (seed, position, stream), so it repeats its tokens run after run
 (the draft's own draws use a third stream); unseeded ones use the engine's generator.
+Unlike n-gram drafts, the tokens are not plain decoding's, and they depend on how many
+drafts each step had (which a full step's budget or free blocks can cut).
 """
 
 from __future__ import annotations
