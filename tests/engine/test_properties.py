@@ -67,7 +67,9 @@ class FakeRunner:
     def read(self, cache: list[list[int | None]], seq: Sequence, pos: int) -> int | None:
         return cache[seq.block_table[pos // self.block_size]][pos % self.block_size]
 
-    def execute(self, out: SchedulerOutput, seqs: dict[str, Sequence]) -> SchedulerOutput:
+    def execute(
+        self, out: SchedulerOutput, seqs: dict[str, Sequence], bm: BlockManager
+    ) -> SchedulerOutput:
         """Apply a step the way the real runner does, from the scheduler's plain data
         alone (``seqs`` only supplies the token history the fake KV hashes). Returns the
         step with a draft model's drafts filled in."""
@@ -83,7 +85,7 @@ class FakeRunner:
             for src, dst in out.blocks_to_copy:
                 gpu_cache[dst] = list(gpu_cache[src])
         if self.draft_gpu is not None:
-            self._draft_writes(out, seqs)
+            self._draft_writes(out, seqs, bm)
         for item in out.scheduled:
             seq, bs, table = seqs[item.request_id], self.block_size, item.block_table
             own_end = item.start + item.num_new_tokens - item.num_draft_tokens
@@ -115,10 +117,15 @@ class FakeRunner:
             scheduled.append(item)
         return dataclasses.replace(out, scheduled=scheduled)
 
-    def _draft_writes(self, out: SchedulerOutput, seqs: dict[str, Sequence]) -> None:
+    def _draft_writes(
+        self, out: SchedulerOutput, seqs: dict[str, Sequence], bm: BlockManager
+    ) -> None:
         """The draft model's passes: it reads its KV of everything before what it
         computes, then writes the tokens it lags by, the step's own, and every draft but
-        the last."""
+        the last. They never change draft KV that another sequence counts as computed,
+        nor a block the prefix cache holds (this machine's mid-generation forks can leave
+        a sequence catching up in a shared block: only where the other sharers have no
+        draft KV yet, or with the KV that is there already)."""
         assert self.draft_gpu is not None
         bs = self.block_size
         for item in out.scheduled:
@@ -138,7 +145,16 @@ class FakeRunner:
             )
             for pos, token in enumerate(tokens, start=begin):
                 kv = hash((kv, token))
-                self.draft_gpu[table[pos // bs]][pos % bs] = kv
+                block_id = table[pos // bs]
+                if self.draft_gpu[block_id][pos % bs] != kv:
+                    assert bm.blocks[block_id].block_hash is None, (seq, pos)
+                    for other in seqs.values():
+                        if other is seq or other.status != SequenceStatus.RUNNING:
+                            continue
+                        if block_id in other.block_table:
+                            other_pos = other.block_table.index(block_id) * bs + pos % bs
+                            assert other_pos >= other.num_draft_computed_tokens, (seq, other)
+                self.draft_gpu[block_id][pos % bs] = kv
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -327,7 +343,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         swapped_before = list(sched.swapped)
         out = sched.schedule()
         self._check_output(out, running_before, waiting_before, swapped_before)
-        out = self.runner.execute(out, self.seqs)
+        out = self.runner.execute(out, self.seqs, self.bm)
         for request_id in out.preempted:
             event(f"preempt to {self.seqs[request_id].status.value}")
         if out.blocks_to_swap_in:
