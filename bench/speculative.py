@@ -1,29 +1,37 @@
-"""Single-stream decode speed with and without n-gram speculative decoding.
+"""Decode speed with and without speculative decoding: n-gram and a draft model.
 
     python -m bench.speculative                          # SmolLM2, 3 rounds
     python -m bench.speculative --rounds 5 --output-len 200
     python -m bench.speculative --spec '{"method": "ngram", "num_speculative_tokens": 3}'
+    python -m bench.speculative --draft-spec '{"model": "default", "num_speculative_tokens": 3}'
+    python -m bench.speculative --modes off,draft --workloads batch
 
-Two engines in one process, the same model and settings, one of them with
-``--spec`` as its speculative_config. Requests run one at a time (concurrency 1) on
-two workloads:
+One engine per mode in one process, the same target model and settings: ``off`` (no
+speculation), ``ngram`` (``--spec`` as its speculative_config) and ``draft``
+(``--draft-spec``: by default the embedded SmolLM2's own Q4_1 file, kept quantized,
+drafting for the target, which by default is the same model dequantized to bf16
+(``--quantization none``): the same tokenizer, nearly the same distribution, and a
+draft that reads about a third of the target's bytes per token). Workloads:
 
 - ``grounded``: the chat model is asked to rewrite a given paragraph with its spelling
   mistakes corrected, greedy, so the answer copies long spans of the prompt (where
-  n-gram proposals are accepted);
+  n-gram proposals are accepted); one request at a time;
 - ``random``: a prompt of random tokens to continue (``ignore_eos``), sampled at
-  temperature 1 with a seed (a seeded request gives the same tokens with and without
-  speculation, so both engines decode the same text; greedy, a small model falls into
-  a loop on such a prompt, which the proposer would catch): proposals are rare and
-  mostly rejected, and what is measured is what speculation costs when it does not
-  help.
+  temperature 1 with a seed, one request at a time (greedy, a small model falls into
+  a loop on such a prompt, which the n-gram proposer would catch): n-gram proposals
+  are rare and mostly rejected, and what is measured is what speculation costs when
+  it does not help; a draft model is sampled too, and rejection-sampled;
+- ``batch``: ``--batch-size`` grounded requests at once (continuous batching), greedy:
+  output tokens per second of the whole batch, from the first request in to the last
+  token out.
 
-Rounds interleave the engines (off, on, on, off...), each round with the same prompts
-for both, so that a shared machine whose speed drifts slows them alike. A request's
-decode speed is its output tokens after the first over the time after the first:
-``(n - 1) / (finished - first token)``. Reported per workload and engine: the median
-over all requests, each round's median, on/off per round and overall, and the
-acceptance (accepted / drafted tokens, and tokens per verifying step).
+Rounds interleave the modes (rotating which goes first), each round with the same
+prompts for all, so that a shared machine whose speed drifts slows them alike. A
+single-stream request's decode speed is its output tokens after the first over the
+time after the first: ``(n - 1) / (finished - first token)``. Reported per workload
+and mode: the median over all requests (the batch's tokens/s), each round's, the
+ratio to ``off`` per round and overall, and the acceptance (accepted / drafted tokens,
+and tokens per verifying step).
 
 Written to ``--out``: ``speculative-<model>.json`` (every request, the settings).
 """
@@ -50,7 +58,10 @@ DEFAULT_SPEC = {
     "prompt_lookup_max": 4,
     "prompt_lookup_min": 2,
 }
-WORKLOADS = ("grounded", "random")
+# The embedded model's Q4_1 file, kept quantized, for the target dequantized.
+DEFAULT_DRAFT_SPEC = {"model": "default", "num_speculative_tokens": 4}
+MODES = ("off", "ngram", "draft")
+WORKLOADS = ("grounded", "random", "batch")
 
 # Paragraphs to rewrite, each with a few misspellings for the model to fix.
 PARAGRAPHS = [
@@ -126,6 +137,29 @@ def run_requests(engine: Any, prompts: list[Any], params: Any) -> list[dict[str,
     return records
 
 
+def run_batch(engine: Any, prompts: list[Any], params: Any) -> list[dict[str, Any]]:
+    """Every prompt at once: one record for the whole batch (its output tokens per
+    second from start to end)."""
+    before = spec_counts(engine)
+    started = time.perf_counter()
+    outputs = engine.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    after = spec_counts(engine)
+    tokens = sum(len(output.token_ids) for output in outputs)
+    return [
+        {
+            "requests": len(outputs),
+            "prompt_tokens": sum(len(output.prompt_token_ids) for output in outputs),
+            "output_tokens": tokens,
+            "seconds": elapsed,
+            "decode_tok_s": tokens / elapsed,
+            "draft_tokens": after[0] - before[0],
+            "accepted_tokens": after[1] - before[1],
+            "drafts": after[2] - before[2],
+        }
+    ]
+
+
 def spec_counts(engine: Any) -> tuple[int, int, int]:
     stats = engine.metrics.spec_decode
     return stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_drafts
@@ -151,11 +185,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a folder or .gguf (default: SmolLM2)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--spec", type=json.loads, default=DEFAULT_SPEC, help="JSON config")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        help="the target's (default none: a GGUF target is dequantized, as a draft model "
+        "made from the same file is only cheaper than a target that is not quantized)",
+    )
+    parser.add_argument("--spec", type=json.loads, default=DEFAULT_SPEC, help="n-gram JSON")
+    parser.add_argument(
+        "--draft-spec", type=json.loads, default=DEFAULT_DRAFT_SPEC, help="draft-model JSON"
+    )
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=4, help="per workload and round")
     parser.add_argument("--output-len", type=int, default=160)
     parser.add_argument("--random-prompt-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -163,21 +208,28 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     if set(workloads) - set(WORKLOADS):
         parser.error(f"--workloads: choose from {', '.join(WORKLOADS)}")
+    modes = [m for m in args.modes.split(",") if m]
+    if set(modes) - set(MODES) or "off" not in modes:
+        parser.error(f"--modes: choose from {', '.join(MODES)}, off included")
 
     apply_engine_thread_settings()
     from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-    base = EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1)
-    engines = {
-        "off": LLMEngine(base),
-        "on": LLMEngine(base.replace(speculative_config=args.spec)),
-    }
+    base = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_num_seqs=max(args.batch_size, 1),
+    )
+    specs = {"off": None, "ngram": args.spec, "draft": args.draft_spec}
+    engines = {mode: LLMEngine(base.replace(speculative_config=specs[mode])) for mode in modes}
     vocab = engines["off"].model_config.vocab_size
     params = {
         "grounded": SamplingParams(temperature=0.0, max_tokens=args.output_len),
         "random": SamplingParams(
             temperature=1.0, seed=args.seed, max_tokens=args.output_len, ignore_eos=True
         ),
+        "batch": SamplingParams(temperature=0.0, max_tokens=args.output_len),
     }
     records: dict[str, dict[str, list[list[dict[str, Any]]]]] = {
         w: {mode: [] for mode in engines} for w in workloads
@@ -187,23 +239,27 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             if workload == "grounded":
                 prompts = grounded_prompts(engines["off"], args.requests, seed)
+            elif workload == "batch":
+                prompts = grounded_prompts(engines["off"], args.batch_size, seed)
             else:
                 prompts = random_prompts(vocab, args.requests, args.random_prompt_len, seed)
-            # Alternate which engine goes first, so neither always meets a warmer machine.
-            order = ["off", "on"] if round_index % 2 == 0 else ["on", "off"]
-            for mode in order:
+            # Rotate which mode goes first, so none always meets a warmer machine.
+            shift = round_index % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
                 started = time.monotonic()
-                found = run_requests(engines[mode], prompts, params[workload])
+                run = run_batch if workload == "batch" else run_requests
+                found = run(engines[mode], prompts, params[workload])
                 records[workload][mode].append(found)
                 median = summarize(found)["median_decode_tok_s"]
                 print(
-                    f"round {round_index + 1} {workload:8s} {mode:3s}: median "
-                    f"{median or 0:.1f} decode tok/s ({time.monotonic() - started:.0f} s)",
+                    f"round {round_index + 1} {workload:8s} {mode:5s}: "
+                    f"{'batch' if workload == 'batch' else 'median'} "
+                    f"{median or 0:.1f} tok/s ({time.monotonic() - started:.0f} s)",
                     flush=True,
                 )
 
     report = {"settings": {**vars(args), "out": str(args.out)}, "workloads": {}}
-    rows = [["workload", "speculation", "median tok/s", "round medians", "on/off", "acceptance"]]
+    rows = [["workload", "speculation", "median tok/s", "round medians", "/off", "acceptance"]]
     for workload in workloads:
         entry: dict[str, Any] = {}
         for mode in engines:
@@ -213,14 +269,17 @@ def main(argv: list[str] | None = None) -> int:
                 "round_medians": [summarize(found)["median_decode_tok_s"] for found in rounds],
                 "rounds": rounds,
             }
-        off, on = entry["off"]["median_decode_tok_s"], entry["on"]["median_decode_tok_s"]
-        entry["on_over_off"] = on / off if on and off else None
-        entry["on_over_off_per_round"] = [
-            a / b if a and b else None
-            for a, b in zip(
-                entry["on"]["round_medians"], entry["off"]["round_medians"], strict=True
-            )
-        ]
+        off = entry["off"]
+        for mode in engines:
+            if mode == "off":
+                continue
+            mine = entry[mode]
+            a, b = mine["median_decode_tok_s"], off["median_decode_tok_s"]
+            mine["over_off"] = a / b if a and b else None
+            mine["over_off_per_round"] = [
+                x / y if x and y else None
+                for x, y in zip(mine["round_medians"], off["round_medians"], strict=True)
+            ]
         report["workloads"][workload] = entry
         for mode in engines:
             e = entry[mode]
@@ -231,13 +290,14 @@ def main(argv: list[str] | None = None) -> int:
                 if rate is not None
                 else "-"
             )
+            ratio = e.get("over_off")
             rows.append(
                 [
                     workload,
                     mode,
                     f"{e['median_decode_tok_s'] or 0:.1f}",
                     ", ".join(f"{m or 0:.1f}" for m in e["round_medians"]),
-                    f"{entry['on_over_off']:.2f}x" if mode == "on" and entry["on_over_off"] else "",
+                    f"{ratio:.2f}x" if ratio else "",
                     acceptance,
                 ]
             )

@@ -109,8 +109,9 @@ class EngineConfig:
     # H100 (the two threads share Python's lock).
     overlap_steps: bool = False
     # As vLLM's --speculative-config: speculative decoding, e.g. {"method": "ngram",
-    # "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    # (engine/spec_decode/config.py). None: off.
+    # "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, or a
+    # draft model: {"model": PATH, "num_speculative_tokens": 4} (engine/spec_decode/
+    # config.py). None: off.
     speculative_config: dict[str, Any] | None = field(default=None, hash=False)
     # How /v1/embeddings pools a prompt's final hidden states (engine/worker/pooler.py):
     # "last" (the last token's, vLLM's default for decoder models) or "mean".

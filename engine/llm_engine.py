@@ -33,6 +33,7 @@ from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.spec_decode.draft_source import resolve_draft
 from hetero_infer.engine.spec_decode.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
@@ -63,6 +64,15 @@ class LLMEngine:
         )
         logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
+        if tokenizer is None or isinstance(tokenizer, str):
+            tokenizer = loader.load_tokenizer(
+                loader.resolve_model(config.tokenizer) if config.tokenizer else source
+            )
+        draft = None
+        spec = config.speculative
+        if spec is not None and spec.uses_draft_model:
+            # Checked before either model's weights are read.
+            draft = resolve_draft(spec, source, self.model_config, self.max_model_len, tokenizer)
         # With tensor parallelism, the other ranks (started here, or by torchrun) load
         # their shares of the model beside this one's.
         self.workers: LocalWorkers | None = None
@@ -71,15 +81,13 @@ class LLMEngine:
             check_divisible(self.model_config, config.tensor_parallel_size)
             tp, self.workers = start_tensor_parallel(config)
         try:
-            self.runner = ModelRunner(config, self.model_config, source, self.max_model_len, tp)
+            self.runner = ModelRunner(
+                config, self.model_config, source, self.max_model_len, tp, draft
+            )
         except BaseException:
             if self.workers is not None:
                 self.workers.stop(timeout=0)
             raise
-        if tokenizer is None or isinstance(tokenizer, str):
-            tokenizer = loader.load_tokenizer(
-                loader.resolve_model(config.tokenizer) if config.tokenizer else source
-            )
         self.tokenizer = Tokenizer(tokenizer, self.model_config.eos_token_ids)
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)

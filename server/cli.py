@@ -125,7 +125,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         dest="speculative_config",
         type=json_object,
         help='speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '
-        '"num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'',
+        '"num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or, '
+        'with a draft model of the same tokenizer, \'{"model": "PATH", '
+        '"num_speculative_tokens": 4}\' ("default": the embedded model)',
     )
     for flag, field_name, kind in ENGINE_FLAGS:
         parser.add_argument(flag, dest=field_name, type=kind)

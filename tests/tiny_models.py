@@ -81,3 +81,17 @@ def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object)
     model.save_pretrained(folder)
     make_byte_fallback_tokenizer().save_pretrained(folder)
     return folder
+
+
+def save_perturbed_copy(folder: Path, out: Path, scale: float, seed: int = 1) -> Path:
+    """A copy of the checkpoint in ``folder`` with every weight moved by Gaussian noise
+    of ``scale`` times its own spread: a model that agrees with the original often but
+    not always (a speculative decoding draft whose drafts are partly accepted)."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * scale * param.std())
+    model.save_pretrained(out)
+    make_byte_fallback_tokenizer().save_pretrained(out)
+    return out

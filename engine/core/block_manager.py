@@ -120,6 +120,7 @@ class BlockManager:
         token is always left to compute, since its logits are needed.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
+        seq.num_draft_computed_tokens = 0  # a preempted sequence's KV is gone
         if not self.enable_prefix_caching:
             return 0
         if seq.needs_every_prompt_position:
@@ -136,18 +137,25 @@ class BlockManager:
             self._take(block_id)
             seq.block_table.append(block_id)
         seq.num_computed_tokens = len(seq.block_table) * bs
+        # A cached block holds a draft model's KV too (see register_full_blocks).
+        seq.num_draft_computed_tokens = seq.num_computed_tokens
         return seq.num_computed_tokens
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens
 
-    def register_full_blocks(self, seq: Sequence) -> None:
-        """Make the sequence's computed full blocks findable by later sequences."""
+    def register_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Make the sequence's computed full blocks findable by later sequences: those of
+        its first ``num_tokens`` tokens (default: every computed one). With a draft
+        model, only the blocks whose draft KV is complete too, so that a sequence that
+        finds a block in the cache finds both models' KV there."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        if num_tokens is None:
+            num_tokens = seq.num_computed_tokens
+        num_full = min(min(num_tokens, seq.num_computed_tokens) // bs, len(seq.block_table))
         hashes = self.block_hashes(seq, num_full)
         for i in range(seq.num_registered_blocks, num_full):
             block = self.blocks[seq.block_table[i]]
@@ -215,6 +223,7 @@ class BlockManager:
             self.blocks[block_id].ref_count += 1
         child.block_table = list(shared)
         child.num_computed_tokens = num_tokens
+        child.num_draft_computed_tokens = min(parent.num_draft_computed_tokens, num_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's GPU blocks. Its last blocks are evicted first."""

@@ -122,8 +122,10 @@ class Scheduler:
                 budget = self._schedule_waiting(out, steps, budget)
             if self.speculator is not None:
                 drafts = self._schedule_drafts(out, steps, budget)
+        draft_model = self.speculator is not None and self.speculator.uses_draft_model
         out.scheduled.extend(
-            schedule_entry(seq, num_new, drafts.get(seq.request_id)) for seq, num_new in steps
+            schedule_entry(seq, num_new, drafts.get(seq.request_id), draft_model)
+            for seq, num_new in steps
         )
         return out
 
@@ -289,6 +291,10 @@ class Scheduler:
             if seq is None:  # finished (aborted) while the step ran
                 continue
             seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+            draft_model = self.speculator is not None and self.speculator.uses_draft_model
+            if draft_model:
+                # Before any fork below: n > 1 choices share the prompt's draft KV too.
+                self._advance_draft(seq, item)
             prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
             if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
@@ -308,11 +314,24 @@ class Scheduler:
                 self.block_manager.free_uncomputed_blocks(seq)
                 if self.speculator is not None:
                     self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
-            self.block_manager.register_full_blocks(seq)
+            # Again, now that accepted drafts count as computed.
+            registered = self._advance_draft(seq, item) if draft_model else None
+            self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
                 self.finish(seq.request_id, status)
             updates.append(_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
+
+    @staticmethod
+    def _advance_draft(seq: Sequence, item: ScheduledSequence) -> int:
+        """With a draft model: how far the draft model's KV reaches after this step (it
+        ran on the step's own tokens and on every draft but the last, whose KV is never
+        needed unless all are accepted); the tokens whose blocks may enter the prefix
+        cache."""
+        if item.draft_lag_token_ids is not None:
+            reached = item.start + item.num_new_tokens - (1 if item.num_draft_tokens else 0)
+            seq.num_draft_computed_tokens = min(reached, seq.num_computed_tokens)
+        return seq.num_draft_computed_tokens
 
     def _fork_children(self, parent: Sequence) -> None:
         """n > 1: the other choices start from the parent's computed prompt.
@@ -380,15 +399,27 @@ class Scheduler:
 
 
 def schedule_entry(
-    seq: Sequence, num_new: int, draft_token_ids: list[int] | None = None
+    seq: Sequence,
+    num_new: int,
+    draft_token_ids: list[int] | None = None,
+    draft_model: bool = False,
 ) -> ScheduledSequence:
     """The plain-data copy of what the runner needs of ``seq`` for this step: its next
-    ``num_new`` tokens, then the draft tokens the step verifies."""
+    ``num_new`` tokens, then the draft tokens the step verifies. ``draft_model``: the
+    runner has a draft model, which runs for this sequence where it drafts or computes
+    more than its newest token (a prompt chunk), catching up on the tokens it lags by."""
     drafts = tuple(draft_token_ids or ())
     start = seq.num_computed_tokens
     params = seq.sampling_params
     reaches_end = start + num_new == seq.num_tokens
     samples = reaches_end and seq.pooling is None
+    draft_lag = None
+    if draft_model and seq.pooling is None:
+        # A decode step without drafts leaves the draft model behind by a token: running
+        # it in every step would cost a draft pass even where nothing is drafted.
+        lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
+        if drafts or not lone_decode:
+            draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
     wants_history = params.has_penalties or seq.needs_prompt_logprobs
     return ScheduledSequence(
         request_id=seq.request_id,
@@ -398,6 +429,7 @@ def schedule_entry(
         samples=samples,
         sampling_params=params,
         draft_token_ids=drafts,
+        draft_lag_token_ids=draft_lag,
         banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
         prompt_token_ids=seq.prompt_token_ids if wants_history else None,
         output_token_ids=seq.output_token_ids if params.has_penalties else None,

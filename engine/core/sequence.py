@@ -66,6 +66,10 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # Tokens whose KV is in the cache (or is being written this step).
         self.num_computed_tokens = 0
+        # Speculative decoding with a draft model: the first tokens whose KV the draft
+        # model has in its own cache (at most num_computed_tokens; it lags behind where
+        # decode steps went without drafts, and catches up when it next drafts).
+        self.num_draft_computed_tokens = 0
         # Physical KV block ids, in logical order (GPU blocks, or CPU blocks while swapped).
         self.block_table: list[int] = []
         # Prefix-cache bookkeeping: chained hashes of full token blocks, and how

@@ -15,6 +15,9 @@ from hetero_infer.engine.sampling_params import SamplingParams
 
 # Per token: {token id: logprob} of the token itself, then of its top alternatives.
 Logprobs = dict[int, float]
+# A draft token the draft model has yet to propose: no vocabulary has it, so a slot the
+# runner forgot to fill fails at the embedding instead of verifying a made-up token.
+DRAFT_PLACEHOLDER = -1
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,15 @@ class ScheduledSequence:
     samples: bool
     sampling_params: SamplingParams
     # Speculative decoding: the guessed tokens at the end of token_ids, which the model
-    # verifies in this step (engine/spec_decode/verifier.py).
+    # verifies in this step (engine/spec_decode/verifier.py). With a draft model the
+    # scheduler only reserves their slots (DRAFT_PLACEHOLDER each) and the runner's
+    # draft model fills them in before the target's pass.
     draft_token_ids: tuple[int, ...] = ()
+    # With a draft model: None where the draft model does not run for this sequence this
+    # step (a decode step without drafts); else the tokens before ``start`` whose KV the
+    # draft model has not computed yet, which it computes first (empty when it is level
+    # with the target).
+    draft_lag_token_ids: tuple[int, ...] | None = None
     # What the sampler needs beyond the params (only where it applies):
     # tokens masked out because the sequence may not stop yet (min_tokens);
     banned_token_ids: frozenset[int] = frozenset()

@@ -2,9 +2,12 @@
 
     {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
      "prompt_lookup_min": 2}
+    {"model": "path/to/small-model", "num_speculative_tokens": 4}
 
-Only n-gram (prompt lookup) speculation is implemented; a draft model (``"model"``) is
-refused with a message that says so, as is any other key or value it cannot use.
+Two methods: n-gram (prompt lookup) guesses from earlier text; a draft model (``"model"``,
+``"method": "draft_model"`` or no method) is a small model with the target's vocabulary
+that guesses autoregressively. Any other key or value is refused with a message that
+names it.
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
 
-METHODS = ("ngram",)
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+NGRAM = "ngram"
+DRAFT_MODEL = "draft_model"
+METHODS = (NGRAM, DRAFT_MODEL)
+NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
+DRAFT_KEYS = ("model", "quantization")
+KEYS = ("method", "num_speculative_tokens", *NGRAM_KEYS, *DRAFT_KEYS)
 # More drafts than this cost more to verify than they could save at any acceptance.
 MAX_SPECULATIVE_TOKENS = 16
 # The n-gram lengths used when the config gives neither bound.
 DEFAULT_LOOKUP_MIN = 2
 DEFAULT_LOOKUP_MAX = 4
+# The draft's weights as the engine's "quantization" setting takes them (a GGUF draft
+# stays quantized by default: it is meant to read few bytes per token).
+DRAFT_QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors", "int8")
 NAME = "speculative_config"
 
 
@@ -29,28 +39,37 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = DEFAULT_LOOKUP_MIN
     prompt_lookup_max: int = DEFAULT_LOOKUP_MAX
-    method: str = "ngram"
+    method: str = NGRAM
+    # The draft model (a folder, a .gguf file, a hub id, or "default" for the embedded
+    # model) and how its weights are kept; only for method "draft_model".
+    model: str | None = None
+    quantization: str = "auto"
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == DRAFT_MODEL
 
     @classmethod
     def from_dict(cls, values: Any) -> SpeculativeConfig:
         """The checked config from its JSON object; a ConfigError names what is wrong."""
         if not isinstance(values, dict):
             raise ConfigError(f"{NAME} must be a JSON object, got {values!r}")
-        if "model" in values:
-            raise ConfigError(
-                f"{NAME}: draft-model speculation ('model') is not supported yet; use "
-                '{"method": "ngram", ...}'
-            )
         for key in values:
             if key not in KEYS:
                 raise ConfigError(f"{NAME}: unknown key {key!r} (known: {', '.join(KEYS)})")
-        method = values.get("method", "ngram")
+        # vLLM's form: a "model" with no method means a draft model.
+        method = values.get("method", DRAFT_MODEL if "model" in values else NGRAM)
         if method not in METHODS:
             raise ConfigError(f"{NAME}: method must be one of {', '.join(METHODS)}, got {method!r}")
         if "num_speculative_tokens" not in values:
             raise ConfigError(f"{NAME}: num_speculative_tokens is required")
         k = values["num_speculative_tokens"]
         _check_int("num_speculative_tokens", k, 1, MAX_SPECULATIVE_TOKENS)
+        if method == DRAFT_MODEL:
+            return cls._draft_model(values, k)
+        for key in DRAFT_KEYS:
+            if key in values:
+                raise ConfigError(f"{NAME}: {key!r} is for method {DRAFT_MODEL!r}, not {method!r}")
         low, high = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
         for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
             if value is not None:
@@ -66,7 +85,31 @@ class SpeculativeConfig:
             )
         return cls(k, low, high, method)
 
+    @classmethod
+    def _draft_model(cls, values: dict[str, Any], k: int) -> SpeculativeConfig:
+        model = values.get("model")
+        if not isinstance(model, str) or not model:
+            raise ConfigError(
+                f"{NAME}: method {DRAFT_MODEL!r} needs 'model', the draft model's folder, "
+                f'.gguf file or hub id ("default": the embedded model), got {model!r}'
+            )
+        for key in NGRAM_KEYS:
+            if key in values:
+                raise ConfigError(f"{NAME}: {key!r} is for method {NGRAM!r}, not {DRAFT_MODEL!r}")
+        quantization = values.get("quantization", "auto")
+        if quantization not in DRAFT_QUANTIZATIONS:
+            raise ConfigError(
+                f"{NAME}: quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "
+                f"got {quantization!r}"
+            )
+        return cls(k, method=DRAFT_MODEL, model=model, quantization=quantization)
+
     def describe(self) -> str:
+        if self.uses_draft_model:
+            return (
+                f"speculative decoding: up to {self.num_speculative_tokens} draft tokens "
+                f"from the draft model {self.model}"
+            )
         return (
             f"speculative decoding: {self.method}, up to {self.num_speculative_tokens} draft "
             f"tokens from {self.prompt_lookup_max}- down to {self.prompt_lookup_min}-grams"

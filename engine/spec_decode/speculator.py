@@ -2,7 +2,9 @@
 
 The scheduler asks it for each sequence it schedules for a decode; the drafts ride in
 that step as extra query tokens with KV slots of their own, and the scheduler reports
-back how many the model accepted. Pure Python, like the scheduler.
+back how many the model accepted. Pure Python, like the scheduler: n-gram drafts are
+found here; a draft model's are proposed by the model runner, so here they are only
+placeholders that reserve the step's slots and budget.
 
 A sequence is only drafted for where the verifier reproduces what plain decoding
 would give, token for token or in distribution (NOT_SPECULATED says where it is not).
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER
 from hetero_infer.engine.spec_decode.config import SpeculativeConfig
 from hetero_infer.engine.spec_decode.draft_length import DraftLength
 from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
@@ -36,6 +39,7 @@ class DraftState:
 class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self.uses_draft_model = config.uses_draft_model
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 
     def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
@@ -58,6 +62,8 @@ class Speculator:
         want = min(room, state.length.next())
         if want <= 0:
             return []
+        if self.uses_draft_model:
+            return [DRAFT_PLACEHOLDER] * want
         return self.proposer.propose(state.text.sync(seq.token_ids), want)
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

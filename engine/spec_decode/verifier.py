@@ -33,17 +33,22 @@ def verification_rows(item: ScheduledSequence) -> list[ScheduledSequence]:
     drafts = item.draft_token_ids
     if not drafts:
         return [item]
-    num_own = item.num_new_tokens - len(drafts)
+    return [drafted_row(item, drafts[:j]) for j in range(len(drafts) + 1)]
+
+
+def drafted_row(item: ScheduledSequence, drafts: Sequence[int]) -> ScheduledSequence:
+    """The sampler's row for the position after ``drafts`` (the first drafts of
+    ``item``): the step plain decoding would have had with them generated. A draft
+    model proposes its tokens one row at a time with it."""
+    num_own = item.num_new_tokens - item.num_draft_tokens
     output = item.output_token_ids
-    return [
-        dataclasses.replace(
-            item,
-            token_ids=item.token_ids[: num_own + j],
-            draft_token_ids=(),
-            output_token_ids=None if output is None else output + list(drafts[:j]),
-        )
-        for j in range(len(drafts) + 1)
-    ]
+    return dataclasses.replace(
+        item,
+        token_ids=item.token_ids[:num_own] + list(drafts),
+        draft_token_ids=(),
+        draft_lag_token_ids=None,
+        output_token_ids=None if output is None else output + list(drafts),
+    )
 
 
 def num_kept(drafts: Sequence[int], picks: Sequence[int]) -> int:

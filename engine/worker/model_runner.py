@@ -24,14 +24,18 @@ from hetero_infer.engine.core.step_data import (
     EMPTY_RUNNER_OUTPUT,
     ModelRunnerOutput,
     SampledToken,
+    ScheduledSequence,
     SchedulerOutput,
 )
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.spec_decode.draft_source import DraftSource
+from hetero_infer.engine.spec_decode.rejection import rejection_sample
 from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
+from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
 from hetero_infer.engine.worker.model_loader import (
@@ -55,8 +59,11 @@ class ModelRunner:
         source: loader.ModelSource,
         max_model_len: int,
         tp: TensorParallelGroup | None = None,
+        draft: DraftSource | None = None,
     ) -> None:
-        """``tp``: this rank's tensor-parallel group (None: the whole model here)."""
+        """``tp``: this rank's tensor-parallel group (None: the whole model here).
+        ``draft``: speculative decoding's draft model, whose KV cache is allocated
+        beside the target's (worker/draft_runner.py; on rank 0 only, whole)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -77,6 +84,11 @@ class ModelRunner:
         # (block_size, num_kv_heads, head_dim)
         self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
         self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, self.dtype)
+        self.drafter: DraftRunner | None = None
+        if draft is not None:
+            self.drafter = DraftRunner(draft, kernels, self.device, self.dtype, config.block_size)
+            # A block id holds the target's and the draft's KV of the same tokens.
+            self.bytes_per_block += self.drafter.bytes_per_block
         self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
         if tp is not None:
             # One block table addresses every rank's cache: all hold the same blocks.
@@ -90,6 +102,8 @@ class ModelRunner:
             self.device,
         )
         self.kv_caches = self.kv_cache.layers
+        if self.drafter is not None:
+            self.drafter.allocate(self.num_blocks, config.num_cpu_blocks)
         self.graphs: DecodeGraphs | None = None
         # Graphs are only ever used on CUDA, with a backend whose metadata they can hold.
         # Not with tensor parallelism: every rank would have to replay in step.
@@ -105,22 +119,27 @@ class ModelRunner:
         self.pooler.forget(out.finished)
         if out.is_empty:
             return EMPTY_RUNNER_OUTPUT
+        # Copies first: the draft writes its KV into the blocks they give.
+        self.kv_cache.copy_blocks(out)
+        scheduled = out.scheduled
+        draft_probs: dict[str, torch.Tensor] = {}
+        if self.drafter is not None:
+            scheduled, draft_probs = self.drafter.propose(out, self.sampler)
         inputs = self.inputs.build(
             [
                 Chunk(s.token_ids, s.start, s.block_table, s.samples, s.num_draft_tokens)
-                for s in out.scheduled
+                for s in scheduled
             ]
         )
         if self.sender is not None:
             self.sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
-        self.kv_cache.copy_blocks(out)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        prompt = prompt_logprobs(self.compute_logits, out.scheduled, hidden)
-        embeddings = self.pooler(out.scheduled, hidden)
-        sampling = [s for s in out.scheduled if s.samples]
+        prompt = prompt_logprobs(self.compute_logits, scheduled, hidden)
+        embeddings = self.pooler(scheduled, hidden)
+        sampling = [s for s in scheduled if s.samples]
         if not sampling:
             return ModelRunnerOutput({}, prompt, embeddings)
         rows = [row for s in sampling for row in verification_rows(s)]
@@ -129,11 +148,19 @@ class ModelRunner:
         sampled: dict[str, list[SampledToken]] = {}
         first = 0
         for s in sampling:
-            keep = num_kept(s.draft_token_ids, tokens[first : first + 1 + s.num_draft_tokens])
-            sampled[s.request_id] = [
-                SampledToken(tokens[r], logprobs[r], tops[r]) for r in range(first, first + keep)
-            ]
-            first += 1 + s.num_draft_tokens
+            end = first + 1 + s.num_draft_tokens
+            q = draft_probs.get(s.request_id)
+            if q is None:
+                keep = num_kept(s.draft_token_ids, tokens[first:end])
+                sampled[s.request_id] = [
+                    SampledToken(tokens[r], logprobs[r], tops[r])
+                    for r in range(first, first + keep)
+                ]
+            else:
+                sampled[s.request_id] = self._rejection_sample(
+                    s, q, logits[first:end], rows[first:end], tokens[end - 1]
+                )
+            first = end
         return ModelRunnerOutput(sampled, prompt, embeddings)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -152,6 +179,29 @@ class ModelRunner:
             sender.send_stop()
         except RuntimeError as exc:  # a rank that is gone already
             logger.warning("could not tell the other ranks to stop: %s", exc)
+
+    def _rejection_sample(
+        self,
+        item: ScheduledSequence,
+        draft_probs: torch.Tensor,
+        logits: torch.Tensor,
+        rows: list[ScheduledSequence],
+        bonus: int,
+    ) -> list[SampledToken]:
+        """A sampling sequence's tokens from a draft model's drafts (spec_decode/
+        rejection.py), with the logprobs the sampler reports for them."""
+        kept = rejection_sample(
+            self.sampler.probabilities(logits, rows),  # [k + 1, vocab]
+            draft_probs,
+            list(item.draft_token_ids),
+            bonus,
+            item.sampling_params.seed,
+            rows[0].sample_position,
+            self.sampler.generator,
+        )
+        n = len(kept)
+        chosen, tops = self.sampler.logprobs_of(logits[:n], rows[:n], kept)
+        return [SampledToken(t, c, top) for t, c, top in zip(kept, chosen, tops, strict=True)]
 
     # ---- sizing the KV cache ----
 

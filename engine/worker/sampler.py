@@ -53,27 +53,33 @@ class Sampler:
         if meta.random_rows:
             rows = torch.tensor(meta.random_rows, device=logits.device)
             tokens[rows] = self._sample(logits[rows], meta)
-        if any(k is not None for k in meta.num_logprobs):
-            logprobs = torch.log_softmax(logits, dim=-1)
-            chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-        else:
-            # Only the chosen tokens' logprobs: one reduction per row instead of a
-            # whole [rows, vocab] log-softmax (15 ms a step at 128 rows of SmolLM2).
-            logprobs = None
-            chosen = logits.gather(1, tokens[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
-        token_list, chosen_list = tokens.tolist(), chosen.tolist()
-        tops = top_logprobs(logprobs, token_list, chosen_list, meta.num_logprobs)
+        token_list = tokens.tolist()
+        chosen_list, tops = _logprobs(logits, tokens, token_list, meta.num_logprobs)
         return token_list, chosen_list, tops
+
+    @torch.no_grad()
+    def logprobs_of(
+        self, logits: torch.Tensor, seqs: list[ScheduledSequence], tokens: list[int]
+    ) -> tuple[list[float], list[dict[int, float] | None]]:
+        """The logprobs (and top logprobs, where asked) that __call__ would report had it
+        picked ``tokens``: for tokens chosen elsewhere (speculative decoding's rejection
+        sampling)."""
+        logits = process_logits(logits.float(), seqs)
+        index = torch.tensor(tokens, device=logits.device)
+        return _logprobs(logits, index, tokens, [s.sampling_params.logprobs for s in seqs])
+
+    @torch.no_grad()
+    def probabilities(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
+        """logits [rows, vocab] of rows that sample at random -> the distribution __call__
+        draws each row's token from, normalised [rows, vocab] fp32."""
+        meta = SamplingMetadata.build(seqs, logits.device)
+        assert len(meta.random_rows) == len(seqs), "greedy rows have no distribution"
+        probs = sampling_probs(process_logits(logits.float(), seqs), meta)
+        return probs / probs.sum(dim=-1, keepdim=True)
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """logits [num_random, vocab] of the random rows -> their picks."""
-        logits = logits / meta.temperature[:, None]
-        logits = apply_top_k_top_p(logits, top_k=meta.top_k, top_p=meta.top_p)
-        probs = torch.softmax(logits, dim=-1)
-        min_p = meta.min_p
-        if bool((min_p > 0).any()):
-            threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
-            probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = sampling_probs(logits, meta)
         noise = self._exponential_noise(probs.shape, meta.generators).to(probs.device)
         return (probs / noise).argmax(dim=-1)
 
@@ -87,6 +93,39 @@ class Sampler:
             if generator is not None:
                 noise[i].exponential_(generator=generator)
         return noise
+
+
+def sampling_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """logits [num_random, vocab] of the random rows (processed) -> the probabilities
+    each draws from, after temperature, top-k, top-p and min-p; the rows are not
+    renormalised after min-p (a draw by argmax(p / noise) needs no normalising)."""
+    logits = logits / meta.temperature[:, None]
+    logits = apply_top_k_top_p(logits, top_k=meta.top_k, top_p=meta.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    min_p = meta.min_p
+    if bool((min_p > 0).any()):
+        threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
+def _logprobs(
+    logits: torch.Tensor, chosen_ids: torch.Tensor, tokens: list[int], ks: list[int | None]
+) -> tuple[list[float], list[dict[int, float] | None]]:
+    """The chosen tokens' (``chosen_ids`` [rows], the same as ``tokens``) logprobs under
+    the processed ``logits`` [rows, vocab], and the top logprobs of the rows that asked
+    (``ks``)."""
+    index = chosen_ids[:, None]
+    if any(k is not None for k in ks):
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, index).squeeze(1)
+    else:
+        # Only the chosen tokens' logprobs: one reduction per row instead of a
+        # whole [rows, vocab] log-softmax (15 ms a step at 128 rows of SmolLM2).
+        logprobs = None
+        chosen = logits.gather(1, index).squeeze(1) - logits.logsumexp(dim=-1)
+    chosen_list = chosen.tolist()
+    return chosen_list, top_logprobs(logprobs, tokens, chosen_list, ks)
 
 
 def top_logprobs(

@@ -58,10 +58,13 @@ class SamplingMetadata:
         )
 
 
-def position_seed(seed: int, position: int) -> int:
+def position_seed(seed: int, position: int, stream: int = 0) -> int:
     """The seed of a seeded request's draw at ``position``: a hash of both (Python
-    hashes ints and tuples of ints the same in every process)."""
-    return hash((seed, position)) & (2**63 - 1)
+    hashes ints and tuples of ints the same in every process). ``stream`` > 0 names
+    another draw at the same position, independent of the sampler's own (speculative
+    decoding's draft and accept/reject draws)."""
+    key = (seed, position, stream) if stream else (seed, position)
+    return hash(key) & (2**63 - 1)
 
 
 def needs_processing(rows: list[ScheduledSequence]) -> bool:

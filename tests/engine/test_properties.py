@@ -1,21 +1,29 @@
 """Property tests: hypothesis drives a BlockManager + Scheduler through random
 add / step / abort / fork sequences on a tiny KV cache, so prefix hits, chunked
 prefill, copy-on-write and preemption (recompute and swap) all happen, under both
-scheduling policies, and with speculative decoding (n-gram drafts, of which the fake
-model accepts a random number).
+scheduling policies, and with speculative decoding (n-gram drafts, or a draft model's,
+of which the fake model accepts a random number).
 
 A fake model runner keeps the "KV" of every GPU and CPU block slot and applies the
 scheduler's swap and copy lists the way the real runner must (swap out, swap in,
 copy, then the forward pass). The KV of a position is a hash of every token up to
-it, so a sequence that reads a stale, stolen or wrongly shared block is caught.
+it, so a sequence that reads a stale, stolen or wrongly shared block is caught. With
+a draft model it keeps the draft's KV beside the target's, in blocks of the same ids.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler, priority_key
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken, SchedulerOutput
+from hetero_infer.engine.core.step_data import (
+    DRAFT_PLACEHOLDER,
+    ModelRunnerOutput,
+    SampledToken,
+    SchedulerOutput,
+)
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.spec_decode.config import SpeculativeConfig
 from hetero_infer.engine.spec_decode.speculator import Speculator
@@ -35,10 +43,18 @@ PREFIXES = [[1, 2, 3] * 16, [3, 1] * 24, [2] * 48]
 
 
 class FakeRunner:
-    def __init__(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, num_cpu_blocks: int, block_size: int, draft_model: bool = False
+    ) -> None:
         self.block_size = block_size
         self.gpu: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
         self.cpu: list[list[int | None]] = [[None] * block_size for _ in range(num_cpu_blocks)]
+        # A draft model's KV: the same block ids in tensors of its own.
+        self.draft_gpu: list[list[int | None]] | None = None
+        self.draft_cpu: list[list[int | None]] | None = None
+        if draft_model:
+            self.draft_gpu = [[None] * block_size for _ in range(num_blocks)]
+            self.draft_cpu = [[None] * block_size for _ in range(num_cpu_blocks)]
         self._prefix_hashes: dict[str, list[int]] = {}
 
     def kv(self, seq: Sequence, pos: int) -> int:
@@ -51,15 +67,25 @@ class FakeRunner:
     def read(self, cache: list[list[int | None]], seq: Sequence, pos: int) -> int | None:
         return cache[seq.block_table[pos // self.block_size]][pos % self.block_size]
 
-    def execute(self, out: SchedulerOutput, seqs: dict[str, Sequence]) -> None:
+    def execute(
+        self, out: SchedulerOutput, seqs: dict[str, Sequence], bm: BlockManager
+    ) -> SchedulerOutput:
         """Apply a step the way the real runner does, from the scheduler's plain data
-        alone (``seqs`` only supplies the token history the fake KV hashes)."""
-        for gpu, cpu in out.blocks_to_swap_out:
-            self.cpu[cpu] = list(self.gpu[gpu])
-        for cpu, gpu in out.blocks_to_swap_in:
-            self.gpu[gpu] = list(self.cpu[cpu])
-        for src, dst in out.blocks_to_copy:
-            self.gpu[dst] = list(self.gpu[src])
+        alone (``seqs`` only supplies the token history the fake KV hashes). Returns the
+        step with a draft model's drafts filled in."""
+        caches = [(self.gpu, self.cpu)]
+        if self.draft_gpu is not None and self.draft_cpu is not None:
+            caches.append((self.draft_gpu, self.draft_cpu))
+            out = self._draft(out, seqs)
+        for gpu_cache, cpu_cache in caches:
+            for gpu, cpu in out.blocks_to_swap_out:
+                cpu_cache[cpu] = list(gpu_cache[gpu])
+            for cpu, gpu in out.blocks_to_swap_in:
+                gpu_cache[gpu] = list(cpu_cache[cpu])
+            for src, dst in out.blocks_to_copy:
+                gpu_cache[dst] = list(gpu_cache[src])
+        if self.draft_gpu is not None:
+            self._draft_writes(out, seqs, bm)
         for item in out.scheduled:
             seq, bs, table = seqs[item.request_id], self.block_size, item.block_table
             own_end = item.start + item.num_new_tokens - item.num_draft_tokens
@@ -72,6 +98,63 @@ class FakeRunner:
             for pos, token in enumerate(item.token_ids, start=item.start):
                 kv = hash((kv, token))
                 self.gpu[table[pos // bs]][pos % bs] = kv
+        return out
+
+    @staticmethod
+    def _draft(out: SchedulerOutput, seqs: dict[str, Sequence]) -> SchedulerOutput:
+        """The draft model's proposals in place of the scheduler's placeholders."""
+        scheduled = []
+        for item in out.scheduled:
+            drafts = item.draft_token_ids
+            if drafts:
+                assert set(drafts) == {DRAFT_PLACEHOLDER}
+                assert item.draft_lag_token_ids is not None  # the draft runs where it drafts
+                proposed = tuple(1 + (item.start + j) % (VOCAB - 1) for j in range(len(drafts)))
+                own = item.token_ids[: item.num_new_tokens - len(drafts)]
+                item = dataclasses.replace(
+                    item, token_ids=own + list(proposed), draft_token_ids=proposed
+                )
+            scheduled.append(item)
+        return dataclasses.replace(out, scheduled=scheduled)
+
+    def _draft_writes(
+        self, out: SchedulerOutput, seqs: dict[str, Sequence], bm: BlockManager
+    ) -> None:
+        """The draft model's passes: it reads its KV of everything before what it
+        computes, then writes the tokens it lags by, the step's own, and every draft but
+        the last. They never change draft KV that another sequence counts as computed,
+        nor a block the prefix cache holds (this machine's mid-generation forks can leave
+        a sequence catching up in a shared block: only where the other sharers have no
+        draft KV yet, or with the KV that is there already)."""
+        assert self.draft_gpu is not None
+        bs = self.block_size
+        for item in out.scheduled:
+            lag = item.draft_lag_token_ids
+            if lag is None:
+                continue
+            seq, table = seqs[item.request_id], item.block_table
+            begin = item.start - len(lag)
+            assert begin == seq.num_draft_computed_tokens
+            assert list(lag) == seq.token_ids[begin : item.start]
+            for pos in range(begin):
+                assert self.draft_gpu[table[pos // bs]][pos % bs] == self.kv(seq, pos), (seq, pos)
+            kv = self.kv(seq, begin - 1) if begin else None
+            tokens = (
+                list(lag)
+                + item.token_ids[: len(item.token_ids) - 1 if item.num_draft_tokens else None]
+            )
+            for pos, token in enumerate(tokens, start=begin):
+                kv = hash((kv, token))
+                block_id = table[pos // bs]
+                if self.draft_gpu[block_id][pos % bs] != kv:
+                    assert bm.blocks[block_id].block_hash is None, (seq, pos)
+                    for other in seqs.values():
+                        if other is seq or other.status != SequenceStatus.RUNNING:
+                            continue
+                        if block_id in other.block_table:
+                            other_pos = other.block_table.index(block_id) * bs + pos % bs
+                            assert other_pos >= other.num_draft_computed_tokens, (seq, other)
+                self.draft_gpu[block_id][pos % bs] = kv
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -142,7 +225,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             policy=policy,
             speculator=speculator,
         )
-        self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size)
+        draft_model = speculator is not None and speculator.uses_draft_model
+        self.runner = FakeRunner(num_blocks, num_cpu_blocks, block_size, draft_model)
         self.seqs: dict[str, Sequence] = {}
         self.next_id = 0
         self.registered_kv: dict[int, list[int]] = {}  # block hash -> the KV it stands for
@@ -259,7 +343,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         swapped_before = list(sched.swapped)
         out = sched.schedule()
         self._check_output(out, running_before, waiting_before, swapped_before)
-        self.runner.execute(out, self.seqs)
+        out = self.runner.execute(out, self.seqs, self.bm)
         for request_id in out.preempted:
             event(f"preempt to {self.seqs[request_id].status.value}")
         if out.blocks_to_swap_in:
@@ -392,7 +476,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         bm, bs = self.bm, self.bm.block_size
         if not bm.enable_prefix_caching:
             return
-        for i, block_id in enumerate(table[: seq.num_computed_tokens // bs]):
+        computed = seq.num_computed_tokens
+        if self.runner.draft_gpu is not None:  # only blocks the draft has too
+            computed = min(computed, seq.num_draft_computed_tokens)
+        for i, block_id in enumerate(table[: computed // bs]):
             block_hash = bm.blocks[block_id].block_hash
             assert block_hash is not None, (seq, i)  # every computed full block is registered
             kv = [self.runner.kv(seq, i * bs + j) for j in range(bs)]
@@ -462,6 +549,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         for block_hash, block_id in bm.cached_blocks.items():
             assert len(bm.blocks[block_id].token_ids) == bs
             assert runner.gpu[block_id] == self.registered_kv[block_hash]
+        if runner.draft_gpu is None or runner.draft_cpu is None:
+            return
+        # The draft model's KV: it never runs ahead of the target, what it has computed
+        # is where the block table says, and a cached block holds it whole.
+        for cache, seqs in ((runner.draft_gpu, running), (runner.draft_cpu, swapped)):
+            for seq in seqs:
+                assert seq.num_draft_computed_tokens <= seq.num_computed_tokens
+                for pos in range(seq.num_draft_computed_tokens):
+                    assert runner.read(cache, seq, pos) == runner.kv(seq, pos), (seq, pos)
+        for block_hash, block_id in bm.cached_blocks.items():
+            assert runner.draft_gpu[block_id] == self.registered_kv[block_hash]
 
     # ---- at the end: everything drains, nothing leaks ----
 
@@ -625,6 +723,50 @@ class SpeculativeMachine(SchedulerMachine):
         )
 
 
+class DraftModelMachine(SpeculativeMachine):
+    """Speculative decoding with a draft model: the scheduler reserves slots that the
+    (fake) draft model fills, and the draft's own KV, in the same blocks, must stay
+    complete wherever it is read or cached while it lags behind the target in decode
+    steps without drafts."""
+
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(3, 12),
+        use_swap=st.booleans(),
+        num_cpu_blocks=st.integers(2, 12),
+        max_num_seqs=st.integers(1, 4),
+        max_num_batched_tokens=st.integers(2, 16),
+        max_model_len=st.integers(8, 40),
+        enable_prefix_caching=st.booleans(),
+        num_speculative_tokens=st.integers(1, 4),
+    )
+    def setup(  # the speculative machine's configurations, with a draft model
+        self,
+        block_size: int,
+        num_blocks: int,
+        use_swap: bool,
+        num_cpu_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool,
+        num_speculative_tokens: int,
+    ) -> None:
+        config = SpeculativeConfig(num_speculative_tokens, method="draft_model", model="draft")
+        self._build(
+            block_size,
+            num_blocks,
+            use_swap,
+            num_cpu_blocks,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            memory_threshold=1.0,
+            enable_prefix_caching=enable_prefix_caching,
+            speculator=Speculator(config),
+        )
+
+
 _SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
@@ -635,7 +777,9 @@ SchedulerMachine.TestCase.settings = _SETTINGS
 PressureMachine.TestCase.settings = _SETTINGS
 PriorityMachine.TestCase.settings = _SETTINGS
 SpeculativeMachine.TestCase.settings = _SETTINGS
+DraftModelMachine.TestCase.settings = _SETTINGS
 test_scheduler_machine = SchedulerMachine.TestCase
 test_scheduler_machine_under_memory_pressure = PressureMachine.TestCase
 test_scheduler_machine_with_priorities = PriorityMachine.TestCase
 test_scheduler_machine_with_speculation = SpeculativeMachine.TestCase
+test_scheduler_machine_with_a_draft_model = DraftModelMachine.TestCase

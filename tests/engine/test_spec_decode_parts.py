@@ -4,18 +4,26 @@ draft length's back-off, the verifier's rows, and the scheduler's drafts and rol
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 import pytest
+import torch
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler, schedule_entry
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken
+from hetero_infer.engine.core.step_data import (
+    DRAFT_PLACEHOLDER,
+    ModelRunnerOutput,
+    SampledToken,
+    SchedulerOutput,
+)
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.spec_decode.config import SpeculativeConfig
 from hetero_infer.engine.spec_decode.draft_length import MAX_PAUSE, DraftLength
 from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
+from hetero_infer.engine.spec_decode.rejection import rejection_sample
 from hetero_infer.engine.spec_decode.speculator import Speculator
 from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
 from hetero_infer.server import cli
@@ -39,6 +47,14 @@ def test_config_from_vllm_json():
     assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (1, 1)
     only_min = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_min": 6})
     assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (6, 6)
+    # vLLM's draft form: a "model" with no method, or method "draft_model".
+    draft = SpeculativeConfig(3, method="draft_model", model="small")
+    assert SpeculativeConfig.from_dict({"model": "small", "num_speculative_tokens": 3}) == draft
+    explicit = {"method": "draft_model", "model": "small", "num_speculative_tokens": 3}
+    assert SpeculativeConfig.from_dict(explicit) == draft
+    assert draft.uses_draft_model and not config.speculative.uses_draft_model
+    quantized = SpeculativeConfig.from_dict({**explicit, "quantization": "none"})
+    assert quantized.quantization == "none"
 
 
 @pytest.mark.parametrize(
@@ -46,8 +62,19 @@ def test_config_from_vllm_json():
     [
         ([1], "must be a JSON object"),
         ({"method": "ngram"}, "num_speculative_tokens is required"),
-        ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of ngram"),
-        ({"model": "small-draft", "num_speculative_tokens": 2}, "draft-model"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of ngram, draft"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
+        ({"model": "", "num_speculative_tokens": 2}, "needs 'model'"),
+        (
+            {"model": "d", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            "is for method 'ngram'",
+        ),
+        (
+            {"method": "ngram", "model": "d", "num_speculative_tokens": 2},
+            "'model' is for method 'draft_model'",
+        ),
+        ({"model": "d", "num_speculative_tokens": 2, "quantization": "fp4"}, "quantization must"),
+        ({"model": "d"}, "num_speculative_tokens is required"),
         ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer"),
         ({"num_speculative_tokens": 2.5}, "num_speculative_tokens must be an integer"),
         ({"num_speculative_tokens": True}, "num_speculative_tokens must be an integer"),
@@ -285,3 +312,119 @@ def test_no_drafts_before_min_tokens_or_with_a_grammar():
         seq.token_ids.append(1)
         seq.num_computed_tokens = seq.num_tokens - 1
         assert Speculator.may_draft(seq) is drafted
+
+
+# ---- the scheduler with a draft model ----
+
+
+def _draft_scheduler(k: int = 3) -> Scheduler:
+    config = SpeculativeConfig(k, method="draft_model", model="draft")
+    return Scheduler(
+        BlockManager(16, block_size=4),
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        speculator=Speculator(config),
+    )
+
+
+def _draft_step(sched: Scheduler, keep: int, token: int = 3):
+    """A step whose draft model proposes 5, 6, 7... and whose target keeps ``keep``."""
+    out = sched.schedule()
+    sampled = {}
+    for s in out.scheduled:
+        proposed = [5 + j for j in range(s.num_draft_tokens)]
+        if s.samples:
+            sampled[s.request_id] = [SampledToken(t, -1.0) for t in [*proposed[:keep], token]]
+    sched.update_from_output(out, ModelRunnerOutput(sampled))
+    return out
+
+
+def test_a_draft_model_prefills_alongside_and_catches_up_on_what_it_lags_by():
+    sched = _draft_scheduler(k=3)
+    seq = Sequence("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30))
+    sched.add(seq)
+    (item,) = _draft_step(sched, keep=0).scheduled  # the prompt: the draft runs it too
+    assert item.draft_lag_token_ids == () and item.draft_token_ids == ()
+    assert seq.num_draft_computed_tokens == seq.num_computed_tokens == 6
+    (item,) = _draft_step(sched, keep=3).scheduled  # 3 slots, every draft accepted
+    assert item.draft_token_ids == (DRAFT_PLACEHOLDER,) * 3 and item.draft_lag_token_ids == ()
+    # The draft ran on the newest token and the drafts but the last: one behind.
+    assert seq.num_computed_tokens == 10 and seq.num_draft_computed_tokens == 9
+    (item,) = _draft_step(sched, keep=0).scheduled
+    assert item.draft_lag_token_ids == (7,)  # the last accepted draft, computed first now
+    assert seq.num_computed_tokens == seq.num_draft_computed_tokens == 11
+    # Nothing accepted: the draft length halves, then pauses; steps without drafts
+    # leave the draft model out, and it falls behind by a token each.
+    lags = []
+    for _ in range(4):
+        item = _draft_step(sched, keep=0).scheduled[0]
+        lags.append(None if item.draft_lag_token_ids is None else len(item.draft_lag_token_ids))
+    assert None in lags
+    assert seq.num_draft_computed_tokens < seq.num_computed_tokens
+    # Preempted (by recompute), it comes back with its cached blocks, which hold both
+    # models' KV, and the draft model recomputes the rest alongside the target.
+    sched._preempt(seq, SchedulerOutput())
+    assert seq.num_computed_tokens == 0 and sched.block_manager.num_used_blocks == 0
+    (item,) = _draft_step(sched, keep=0).scheduled
+    assert item.start > 0 and item.start % 4 == 0 and item.draft_lag_token_ids == ()
+    assert seq.num_draft_computed_tokens == seq.num_computed_tokens
+
+
+def test_n_choices_fork_with_the_draft_model_level_with_the_target():
+    sched = _draft_scheduler(k=3)
+    parent = Sequence("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30, n=2))
+    child = Sequence("b", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30))
+    parent.fork_children = [child]
+    sched.add(parent)
+    _draft_step(sched, keep=0)
+    # The child shares the prompt's blocks but its last token, and both models' KV.
+    assert child.num_computed_tokens == child.num_draft_computed_tokens == 5
+    items = {s.request_id: s for s in _draft_step(sched, keep=0).scheduled}
+    assert items["b"].start == 5 and items["b"].draft_lag_token_ids == ()
+
+
+def test_blocks_enter_the_prefix_cache_once_the_draft_model_has_them_too():
+    sched = _draft_scheduler(k=3)
+    bm = sched.block_manager
+    seq = Sequence("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=30))
+    sched.add(seq)
+    _draft_step(sched, keep=0)  # prompt [1..5] + 3: one full block
+    assert len(bm.cached_blocks) == 1
+    _draft_step(sched, keep=3)  # [.. 3, 5, 6, 7] + 3: tokens 0-8 computed, the draft's 0-7
+    assert seq.num_computed_tokens == 9 and seq.num_draft_computed_tokens == 8
+    assert len(bm.cached_blocks) == 2  # blocks 0-3 and 4-7, both models complete
+    _draft_step(sched, keep=3)
+    assert seq.num_computed_tokens == 13 and seq.num_draft_computed_tokens == 12
+    assert len(bm.cached_blocks) == 3
+
+
+# ---- rejection sampling against a draft model's probabilities ----
+
+
+def test_rejection_sampling_gives_the_target_distribution_whatever_the_draft():
+    target = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])  # a draft position, then the next
+    draft = torch.tensor([[0.1, 0.1, 0.8]])  # proposes token 2 far too often
+    generator = torch.Generator().manual_seed(0)
+    n = 20_000
+    first, accepted = Counter(), 0
+    for _ in range(n):
+        proposed = int(torch.multinomial(draft[0], 1, generator=generator))
+        kept = rejection_sample(target, draft, [proposed], 9, None, 10, generator)
+        first[kept[0]] += 1
+        accepted += len(kept) == 2
+        assert kept[1:] in ([], [9])  # the target's own next token only after an accept
+    assert [round(first[t] / n, 2) for t in range(3)] == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
+    # Accepted with probability sum(min(p, q)) = 0.1 + 0.1 + 0.2.
+    assert accepted / n == pytest.approx(0.4, abs=0.015)
+
+
+def test_seeded_rejection_sampling_repeats_itself():
+    target = torch.tensor([[0.5, 0.3, 0.2], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
+    draft = torch.tensor([[0.1, 0.1, 0.8], [0.1, 0.1, 0.8]])
+    shared = torch.Generator().manual_seed(0)
+
+    def run(seed: int) -> list[list[int]]:
+        return [rejection_sample(target, draft, [2, 2], 0, seed, p, shared) for p in range(50)]
+
+    assert run(1) == run(1) != run(2)

@@ -1,0 +1,305 @@
+"""Speculative decoding with a draft model, on the tiny models in fp32.
+
+Greedy output equals transformers' token for token under every scheduling regime of
+test_exactness (chunked prefill, preemption by recompute and by swap, prefix-cache
+hits on the second pass), with the target itself as the draft (nearly every draft
+accepted) and with a perturbed copy of it (drafts partly accepted). With sampling
+features the greedy tokens are plain decoding's, seeded sampling repeats itself, and
+the logprobs of rejection-sampled tokens are the target's. Sampling keeps the
+target's distribution with a draft whose distribution differs (a chi-square test that
+a verifier accepting every draft fails). A draft model with another vocabulary,
+tokenizer or length is refused at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.worker import model_runner
+
+from tests.engine.test_exactness import EOS, REGIMES
+from tests.engine.test_spec_decode import (
+    BIASED,
+    CANDIDATES,
+    LOOPING_BIAS,
+    _worst_position,
+    repeated_span_prompts,
+)
+from tests.helpers import make_byte_fallback_tokenizer
+from tests.reference import transformers_greedy
+from tests.tiny_models import TINY_MODELS, save_perturbed_copy, save_tiny_model
+
+K = 4
+MAX_NEW_TOKENS = 32
+# Noise on the draft's weights, relative to each weight's spread: at 0.1 the tiny
+# models' drafts are accepted about half the time (with LOOPING_BIAS or few candidates).
+PERTURBATION = 0.1
+DRAFTS = ("itself", "perturbed")
+
+
+def spec(draft) -> dict:
+    return {"model": str(draft), "num_speculative_tokens": K}
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_MODELS))
+def tiny(request, tmp_path_factory):
+    """(target folder, {draft kind: folder}, prompts, params, transformers' greedy
+    outputs) per architecture: every prompt plain and with LOOPING_BIAS."""
+    folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    perturbed = save_perturbed_copy(folder, tmp_path_factory.mktemp("draft"), PERTURBATION)
+    prompts = repeated_span_prompts(3, TINY_MODELS[request.param]().vocab_size)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    expected = []
+    for bias in ({}, LOOPING_BIAS):
+        sequence_bias = [[[t], b] for t, b in bias.items()] or None
+        expected += transformers_greedy(
+            model.eval(),
+            prompts,
+            MAX_NEW_TOKENS,
+            eos_token_id=EOS,
+            pad_token_id=0,
+            sequence_bias=sequence_bias,
+        )
+    params = [
+        SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, logit_bias=bias)
+        for bias in ({}, LOOPING_BIAS)
+        for _ in prompts
+    ]
+    drafts = {"itself": folder, "perturbed": perturbed}
+    return folder, drafts, prompts * 2, params, expected
+
+
+@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+def test_greedy_with_a_draft_model_matches_transformers(tiny, regime, draft):
+    folder, drafts, prompts, params, expected = tiny
+    settings, must_happen = REGIMES[regime]
+    config = EngineConfig(
+        model=str(folder), dtype="float32", speculative_config=spec(drafts[draft]), **settings
+    )
+    engine = LLMEngine(config)
+    # The second pass finds the first pass's blocks (both models' KV) in the prefix cache.
+    for _ in range(2):
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
+            assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
+            assert out.finish_reason == ("stop" if ref[-1] == EOS else "length")
+    stats = engine.metrics.spec_decode
+    assert sum(stats.accepted_per_position) == stats.num_accepted_tokens
+    if draft == "itself":
+        assert stats.acceptance_rate > 0.95, stats
+    else:
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+    assert stats.accepted_per_position[-1] > 0  # whole drafts were accepted too
+    if must_happen:
+        assert engine.metrics.as_dict()[must_happen] > 0
+    memory = engine.memory_stats()
+    assert memory["prefix_cache_hits"] > 0
+    assert memory["used_blocks"] == 0 and memory["num_sequences"] == 0
+
+
+# ---- sampling features ----
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory):
+    """(target folder, perturbed draft folder) of the tiny Llama."""
+    folder = save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+    return folder, save_perturbed_copy(folder, tmp_path_factory.mktemp("draft"), PERTURBATION)
+
+
+def _feature_cases(prompts, greedy_outputs) -> list[tuple[list[int], SamplingParams]]:
+    """Per prompt: greedy rows with a stop token and a stop string from its plain
+    output, penalties, min_tokens and n = 2, then seeded sampling rows."""
+    cases = []
+    for i, (prompt, out) in enumerate(zip(prompts, greedy_outputs, strict=True)):
+        base = SamplingParams(max_tokens=MAX_NEW_TOKENS, logprobs=2, temperature=0.0)
+        stop_token = out.token_ids[min(9, len(out.token_ids) - 1)]
+        params = [
+            dataclasses.replace(base, stop_token_ids=[stop_token]),
+            dataclasses.replace(base, repetition_penalty=1.3, presence_penalty=0.4),
+            dataclasses.replace(base, min_tokens=6, max_tokens=13, logit_bias=LOOPING_BIAS),
+            dataclasses.replace(base, n=2, logit_bias=LOOPING_BIAS),
+            dataclasses.replace(base, temperature=0.8, top_k=40, seed=i, n=2),
+            dataclasses.replace(base, temperature=1.0, seed=100 + i, logit_bias=BIASED),
+            dataclasses.replace(base, temperature=1.0, top_p=0.9, seed=200 + i, logprobs=None),
+        ]
+        if len(out.text) > 12:
+            params.append(dataclasses.replace(base, stop=[out.text[8:11]]))
+        cases += [(prompt, p) for p in params]
+    return cases
+
+
+def test_sampling_features_with_a_draft_model(llama_pair):
+    folder, draft = llama_pair
+    config = EngineConfig(model=str(folder), dtype="float32")
+    plain = LLMEngine(config)
+    prompts = repeated_span_prompts(5, TINY_MODELS["llama"]().vocab_size)
+    greedy = plain.generate(prompts, SamplingParams(max_tokens=MAX_NEW_TOKENS), use_tqdm=False)
+    cases = _feature_cases(prompts, greedy)
+    case_prompts = [prompt for prompt, _ in cases]
+    case_params = [params for _, params in cases]
+    expected = plain.generate(case_prompts, case_params, use_tqdm=False)
+    runs = []
+    for _ in range(2):  # two engines: seeded sampling must repeat itself
+        speculative = LLMEngine(config.replace(speculative_config=spec(draft)))
+        runs.append(speculative.generate(case_prompts, case_params, use_tqdm=False))
+        assert speculative.metrics.spec_decode.num_accepted_tokens > 0
+        assert speculative.memory_stats()["used_blocks"] == 0
+    got, again = runs
+    # n = 2 gives two outputs side by side.
+    output_params = [params for params in case_params for _ in range(params.n)]
+    assert len(got) == len(again) == len(expected) == len(output_params)
+    for out, repeat, ref, params in zip(got, again, expected, output_params, strict=True):
+        assert out.token_ids == repeat.token_ids and out.text == repeat.text
+        if params.temperature == 0.0:  # greedy: plain decoding's tokens
+            assert out.token_ids == ref.token_ids, ref.request_id
+            assert out.text == ref.text
+            assert (out.finish_reason, out.stop_reason) == (ref.finish_reason, ref.stop_reason)
+        if out.logprobs is not None and not params.has_penalties and not params.logit_bias:
+            _check_logprobs(plain, out)
+
+
+def _check_logprobs(plain: LLMEngine, out) -> None:
+    """Each reported logprob is the target's for that token: the plain engine's prompt
+    logprobs of the prompt followed by the output agree (requests without penalties
+    or bias, whose logprobs are the model's raw distribution)."""
+    assert len(out.logprobs) == len(out.token_ids)
+    for token, logprobs in zip(out.token_ids, out.logprobs, strict=True):
+        assert token in logprobs and len(logprobs) >= 2
+    prompt = list(out.prompt_token_ids) + list(out.token_ids)
+    (scored,) = plain.generate(
+        [prompt], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )
+    reference = scored.prompt_logprobs[len(out.prompt_token_ids) :]
+    for token, mine, theirs in zip(out.token_ids, out.logprobs, reference, strict=True):
+        assert abs(mine[token] - theirs[token]) < 1e-4
+
+
+# ---- the sampled distribution ----
+
+NUM_SAMPLES = 1000
+
+
+def _first_tokens(engine: LLMEngine) -> list[tuple[int, ...]]:
+    prompt = CANDIDATES * 6
+    params = SamplingParams(max_tokens=4, temperature=2.0, logit_bias=BIASED)
+    outputs = engine.generate([prompt] * NUM_SAMPLES, params, use_tqdm=False)
+    return [tuple(o.token_ids) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def sampled(llama_pair):
+    folder, draft = llama_pair
+    config = EngineConfig(model=str(folder), dtype="float32")
+    speculative = LLMEngine(config.replace(speculative_config=spec(draft)))
+    return speculative, _first_tokens(LLMEngine(config))
+
+
+def test_sampling_with_a_draft_model_keeps_the_distribution(sampled):
+    speculative, plain_tokens = sampled
+    drafted = _first_tokens(speculative)
+    stats = speculative.metrics.spec_decode
+    # Only meaningful where the draft's distribution differs from the target's: drafts
+    # both accepted and rejected often.
+    assert 0.1 < stats.acceptance_rate < 0.9, stats
+    assert _worst_position(plain_tokens, drafted) < 1.0
+
+
+def test_the_distribution_check_catches_accepting_every_draft(sampled, monkeypatch):
+    """A verifier that keeps every draft gives the draft's distribution, not the
+    target's."""
+    speculative, plain_tokens = sampled
+
+    def accept_all(target_probs, draft_probs, drafts, bonus, *args):
+        return [*drafts, bonus]
+
+    monkeypatch.setattr(model_runner, "rejection_sample", accept_all)
+    assert _worst_position(plain_tokens, _first_tokens(speculative)) > 1.0
+
+
+# ---- refusals ----
+
+
+def test_a_draft_model_that_does_not_fit_the_target_is_refused(llama_pair, tmp_path):
+    folder, _ = llama_pair
+    # Another vocabulary size.
+    config = TINY_MODELS["llama"]()
+    config.vocab_size = 400
+    other = transformers.AutoModelForCausalLM.from_config(config)
+    other.save_pretrained(tmp_path / "vocab")
+    make_byte_fallback_tokenizer().save_pretrained(tmp_path / "vocab")
+    with pytest.raises(ConfigError, match="vocabulary of 400 tokens, the target 384"):
+        LLMEngine(model=str(folder), dtype="float32", speculative_config=spec(tmp_path / "vocab"))
+    # The same size, but two tokens trade ids.
+    swapped = tmp_path / "tokenizer"
+    save_perturbed_copy(folder, swapped, 0.0)
+    tokenizer = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    vocab["<0x41>"], vocab["<0x42>"] = vocab["<0x42>"], vocab["<0x41>"]
+    (swapped / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(ConfigError, match="another tokenizer than the target .2 tokens differ"):
+        LLMEngine(model=str(folder), dtype="float32", speculative_config=spec(swapped))
+    # Shorter than max_model_len.
+    config = TINY_MODELS["llama"]()
+    config.max_position_embeddings = 256
+    short = transformers.AutoModelForCausalLM.from_config(config)
+    short.save_pretrained(tmp_path / "short")
+    make_byte_fallback_tokenizer().save_pretrained(tmp_path / "short")
+    with pytest.raises(ConfigError, match="reaches 256 positions, fewer than max_model_len"):
+        LLMEngine(model=str(folder), dtype="float32", speculative_config=spec(tmp_path / "short"))
+    # Fits once max_model_len does.
+    engine = LLMEngine(
+        model=str(folder),
+        dtype="float32",
+        max_model_len=256,
+        speculative_config=spec(tmp_path / "short"),
+    )
+    assert engine.runner.drafter is not None
+
+
+# ---- SmolLM2 with its own Q4_1 file as the draft ----
+
+SMOLLM2_QUESTIONS = [
+    "Rewrite this sentence with its spelling fixed: The wether was fine and the see was calm.",
+    "List the days of the week.",
+    "What is the capital of France?",
+]
+# Plain, and a small cache with a small step budget: chunked prompts and preemption.
+SMOLLM2_REGIMES = [
+    {},
+    dict(block_size=8, max_num_blocks=16, max_model_len=128, max_num_batched_tokens=48),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", SMOLLM2_REGIMES, ids=["plain", "chunked-preempted"])
+def test_smollm2_greedy_with_its_quantized_self_as_the_draft(settings):
+    """The target dequantized to fp32, the draft the same GGUF kept in Q4_1 ("default",
+    the embedded model): the tokens are the target's alone, and the draft, close to it,
+    is accepted most of the time."""
+    config = EngineConfig(dtype="float32", quantization="none", **settings)
+    plain = LLMEngine(config)
+    prompts = [
+        plain.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        for question in SMOLLM2_QUESTIONS * 2
+    ]
+    # Past eos too: every answer is as long, which the small cache cannot hold at once.
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = plain.generate(prompts, params, use_tqdm=False)
+    draft = {"model": "default", "num_speculative_tokens": K, "quantization": "gguf"}
+    speculative = LLMEngine(config.replace(speculative_config=draft))
+    got = speculative.generate(prompts, params, use_tqdm=False)
+    for out, ref in zip(got, expected, strict=True):
+        assert out.token_ids == ref.token_ids
+    stats = speculative.metrics.spec_decode
+    assert stats.acceptance_rate > 0.5, stats
+    if settings:
+        assert speculative.metrics.num_preemptions > 0
+    assert speculative.memory_stats()["used_blocks"] == 0
