@@ -59,6 +59,15 @@ def tiny(request, tmp_path_factory):
     architecture: every prompt plain and with LOOPING_BIAS."""
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
     prompts = repeated_span_prompts(3, TINY_MODELS[request.param]().vocab_size)
+    params, expected = greedy_with_and_without_loops(folder, prompts)
+    return folder, prompts * 2, params, expected
+
+
+def greedy_with_and_without_loops(
+    folder, prompts: list[list[int]]
+) -> tuple[list[SamplingParams], list[list[int]]]:
+    """Greedy params for every prompt plain, then with LOOPING_BIAS, and transformers'
+    outputs for them."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     expected = []
     for bias in ({}, LOOPING_BIAS):
@@ -76,7 +85,7 @@ def tiny(request, tmp_path_factory):
         for bias in ({}, LOOPING_BIAS)
         for _ in prompts
     ]
-    return folder, prompts * 2, params, expected
+    return params, expected
 
 
 @pytest.mark.parametrize("regime", sorted(REGIMES))

@@ -17,7 +17,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.exceptions import ConfigError
@@ -29,10 +28,10 @@ from tests.engine.test_spec_decode import (
     CANDIDATES,
     LOOPING_BIAS,
     _worst_position,
+    greedy_with_and_without_loops,
     repeated_span_prompts,
 )
 from tests.helpers import make_byte_fallback_tokenizer
-from tests.reference import transformers_greedy
 from tests.tiny_models import TINY_MODELS, save_perturbed_copy, save_tiny_model
 
 K = 4
@@ -54,23 +53,7 @@ def tiny(request, tmp_path_factory):
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
     perturbed = save_perturbed_copy(folder, tmp_path_factory.mktemp("draft"), PERTURBATION)
     prompts = repeated_span_prompts(3, TINY_MODELS[request.param]().vocab_size)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    expected = []
-    for bias in ({}, LOOPING_BIAS):
-        sequence_bias = [[[t], b] for t, b in bias.items()] or None
-        expected += transformers_greedy(
-            model.eval(),
-            prompts,
-            MAX_NEW_TOKENS,
-            eos_token_id=EOS,
-            pad_token_id=0,
-            sequence_bias=sequence_bias,
-        )
-    params = [
-        SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, logit_bias=bias)
-        for bias in ({}, LOOPING_BIAS)
-        for _ in prompts
-    ]
+    params, expected = greedy_with_and_without_loops(folder, prompts)
     drafts = {"itself": folder, "perturbed": perturbed}
     return folder, drafts, prompts * 2, params, expected
 
