@@ -198,6 +198,8 @@ class Scheduler:
         assert self.speculator is not None
         bm = self.block_manager
         drafts: dict[str, list[int]] = {}
+        if not self.speculator.drafts_at(len(self.running)):
+            return drafts
         for seq, num_new in steps:
             if budget <= 0:
                 break

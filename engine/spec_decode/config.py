@@ -3,15 +3,19 @@
     {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
      "prompt_lookup_min": 2}
     {"model": "path/to/small-model", "num_speculative_tokens": 4}
+    {"method": "ngram", "num_speculative_tokens": 5, "disable_by_batch_size": 8}
 
 Two methods: n-gram (prompt lookup) guesses from earlier text; a draft model (``"model"``,
 ``"method": "draft_model"`` or no method) is a small model with the target's vocabulary
-that guesses autoregressively. Any other key or value is refused with a message that
-names it.
+that guesses autoregressively. ``disable_by_batch_size`` (either method, as in vLLM)
+turns drafting off in steps with more running requests than that: a big batch's step
+already does all the work the cores can, and drafts would only add to it. Any other
+key or value is refused with a message that names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +26,7 @@ DRAFT_MODEL = "draft_model"
 METHODS = (NGRAM, DRAFT_MODEL)
 NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
 DRAFT_KEYS = ("model", "quantization")
-KEYS = ("method", "num_speculative_tokens", *NGRAM_KEYS, *DRAFT_KEYS)
+KEYS = ("method", "num_speculative_tokens", "disable_by_batch_size", *NGRAM_KEYS, *DRAFT_KEYS)
 # More drafts than this cost more to verify than they could save at any acceptance.
 MAX_SPECULATIVE_TOKENS = 16
 # The n-gram lengths used when the config gives neither bound.
@@ -44,6 +48,8 @@ class SpeculativeConfig:
     # model) and how its weights are kept; only for method "draft_model".
     model: str | None = None
     quantization: str = "auto"
+    # More running requests than this: no drafts (None: drafts at any batch size).
+    disable_by_batch_size: int | None = None
 
     @property
     def uses_draft_model(self) -> bool:
@@ -65,6 +71,13 @@ class SpeculativeConfig:
             raise ConfigError(f"{NAME}: num_speculative_tokens is required")
         k = values["num_speculative_tokens"]
         _check_int("num_speculative_tokens", k, 1, MAX_SPECULATIVE_TOKENS)
+        limit = values.get("disable_by_batch_size")
+        if limit is not None:
+            _check_int("disable_by_batch_size", limit, 1, None)
+        return dataclasses.replace(cls._method(values, method, k), disable_by_batch_size=limit)
+
+    @classmethod
+    def _method(cls, values: dict[str, Any], method: str, k: int) -> SpeculativeConfig:
         if method == DRAFT_MODEL:
             return cls._draft_model(values, k)
         for key in DRAFT_KEYS:
@@ -106,14 +119,19 @@ class SpeculativeConfig:
 
     def describe(self) -> str:
         if self.uses_draft_model:
-            return (
+            text = (
                 f"speculative decoding: up to {self.num_speculative_tokens} draft tokens "
                 f"from the draft model {self.model}"
             )
-        return (
-            f"speculative decoding: {self.method}, up to {self.num_speculative_tokens} draft "
-            f"tokens from {self.prompt_lookup_max}- down to {self.prompt_lookup_min}-grams"
-        )
+        else:
+            text = (
+                f"speculative decoding: {self.method}, up to {self.num_speculative_tokens} "
+                f"draft tokens from {self.prompt_lookup_max}- down to "
+                f"{self.prompt_lookup_min}-grams"
+            )
+        if self.disable_by_batch_size is not None:
+            text += f", off above {self.disable_by_batch_size} running requests"
+        return text
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None) -> None:

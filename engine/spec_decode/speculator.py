@@ -66,6 +66,11 @@ class Speculator:
             return [DRAFT_PLACEHOLDER] * want
         return self.proposer.propose(state.text.sync(seq.token_ids), want)
 
+    def drafts_at(self, batch_size: int) -> bool:
+        """Whether a step with ``batch_size`` running requests drafts at all."""
+        limit = self.config.disable_by_batch_size
+        return limit is None or batch_size <= limit
+
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """How many of the drafts the model accepted (before any stop cut them)."""
         self._state(seq).length.record(num_drafted, num_accepted)

@@ -84,6 +84,8 @@ def test_config_from_vllm_json():
             "must not exceed",
         ),
         ({"num_speculative_tokens": 2, "lookahead": 3}, "unknown key 'lookahead'"),
+        ({"num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
+        ({"model": "d", "num_speculative_tokens": 2, "disable_by_batch_size": "8"}, "disable_by"),
     ],
 )
 def test_invalid_configs_are_refused_at_start_up(values, message):
@@ -245,6 +247,31 @@ def _start(sched: Scheduler, seq: Sequence, first_token: int) -> None:
     sched.add(seq)
     while seq.num_output_tokens == 0:
         _step(sched, keep=0, token=first_token)
+
+
+def test_disable_by_batch_size_is_taken_by_both_methods():
+    ngram = {"num_speculative_tokens": 3, "disable_by_batch_size": 4}
+    assert SpeculativeConfig.from_dict(ngram) == SpeculativeConfig(3, disable_by_batch_size=4)
+    draft = SpeculativeConfig.from_dict({**ngram, "model": "small"})
+    assert draft.uses_draft_model and draft.disable_by_batch_size == 4
+    assert "off above 4 running requests" in draft.describe()
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 3}).disable_by_batch_size is None
+
+
+def test_no_drafts_while_more_requests_run_than_disable_by_batch_size():
+    config = SpeculativeConfig(4, prompt_lookup_min=1, prompt_lookup_max=2, disable_by_batch_size=1)
+    sched = _scheduler()
+    sched.speculator = Speculator(config)
+    first = Sequence("a", [1, 2, 3, 1, 2, 3, 1], SamplingParams(max_tokens=20))
+    _start(sched, first, first_token=2)
+    out, _ = _step(sched, keep=0)  # one running request: it drafts
+    assert out.scheduled[0].draft_token_ids
+    second = Sequence("b", [1, 2, 3, 1, 2, 3, 1], SamplingParams(max_tokens=20))
+    _start(sched, second, first_token=2)
+    for _ in range(3):  # two running: none drafts
+        out, _ = _step(sched, keep=0)
+        assert len(out.scheduled) == 2
+        assert all(not item.draft_token_ids for item in out.scheduled)
 
 
 def test_rejected_drafts_give_their_blocks_back_and_are_never_cached():
