@@ -5,10 +5,11 @@ Measured on SmolLM2 Q4_1 at batch 1, one thread: of a 12 ms step the kernels too
 8.4 ms and Python 3.8 ms, calling them ~10 times a layer through wrappers (views,
 dtype checks, argument conversion). The C++ stack calls the same kernels in the same
 order on the same tensors, so its results are the layers' to the bit; only the calls
-from Python are gone. It takes steps whose query tokens all go through
-decode_attention (no prefill chunk of 2+ tokens: decodes, and prompts of one token), in
-bf16, where every projection is one of our kernels (quantized, or bf16 panels); other
-steps and models run layer by layer.
+from Python are gone. It runs every query token through decode_attention, as the layers
+do for decodes: so it takes steps of decodes and of short chunks (up to SHORT_CHUNK
+tokens: a speculative step's drafts to verify, a draft model's catch-up), where the
+tiled prefill kernel would save little; longer prompt chunks run layer by layer. In
+bf16 only, where every projection is one of our kernels (quantized, or bf16 panels).
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from hetero_infer.kernels.linear_cpu import KernelLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.paged_attention_cpu import CpuAttentionMetadata
 
+# The longest chunk the stack takes: its tokens' attention reads their context once
+# each, where the tiled kernel reads it once per 16 tokens.
+SHORT_CHUNK = 8
+
 
 class CpuDecoderStack:
     def __init__(self, stack: object) -> None:
         self.stack = stack
 
     def serves(self, meta: AttentionInputs) -> bool:
-        return isinstance(meta, CpuAttentionMetadata) and meta.prefill_chunks is None
+        return isinstance(meta, CpuAttentionMetadata) and meta.max_query_len <= SHORT_CHUNK
 
     def __call__(
         self,

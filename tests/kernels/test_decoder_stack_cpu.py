@@ -1,5 +1,6 @@
 """The C++ decoder stack (kernels/decoder_stack_cpu.py) gives the layers' results to
-the bit: on decode steps it serves, against the same model run layer by layer, with
+the bit: on the steps it serves (decodes, short chunks), against the same model run
+layer by layer, with
 quantized (int8) and bf16-panel projections; and greedy generation through the engine,
 whose steps mix prefills (layer by layer) and decodes (the stack), is unchanged."""
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.kernels import paged_attention_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
 
 from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
 from tests.helpers import make_byte_fallback_tokenizer
@@ -45,30 +48,54 @@ def engine_for(folder: Path, quantization: str) -> LLMEngine:
     return LLMEngine(config)
 
 
+def run_both_ways(runner, lengths: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's output on a step of (cached, new) tokens per sequence: through the
+    stack, then layer by layer. Random tokens and cached keys/values (not all zeros)."""
+    model = runner.model
+    stack = model.decoder_stack
+    inputs = runner.inputs.synthetic(lengths)
+    assert stack.serves(inputs.meta)
+    torch.manual_seed(1)
+    inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
+    for k_cache, v_cache in runner.kv_caches:
+        k_cache.normal_()
+        v_cache.normal_()
+    outputs = []
+    try:
+        for decoder_stack in (stack, None):
+            model.decoder_stack = decoder_stack
+            outputs.append(model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta))
+    finally:
+        model.decoder_stack = stack
+    assert outputs[0].abs().sum() > 0
+    return outputs[0], outputs[1]
+
+
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
 def test_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization) -> None:
     runner = engine_for(model_dir, quantization).runner
-    model = runner.model
-    stack = model.decoder_stack
-    assert stack is not None
     with torch.inference_mode():
         # 3 sequences decoding at different context lengths (after their cached tokens)
-        inputs = runner.inputs.synthetic([(40, 1), (7, 1), (100, 1)])
-        torch.manual_seed(1)  # tokens and cached keys/values that are not all zeros
-        inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
-        for k_cache, v_cache in runner.kv_caches:
-            k_cache.normal_()
-            v_cache.normal_()
-        assert stack.serves(inputs.meta)
-        outputs = []
-        for decoder_stack in (stack, None):
-            model.decoder_stack = decoder_stack
-            hidden = model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
-            outputs.append(hidden)
-        assert torch.equal(outputs[0], outputs[1])
-        assert outputs[0].abs().sum() > 0
-        # A prefill chunk of 2+ tokens goes layer by layer.
-        assert not stack.serves(runner.inputs.synthetic([(0, 5), (3, 1)]).meta)
+        stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1)])
+    assert torch.equal(stacked, layered)
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_short_chunks_equal_the_layers_on_per_token_attention(
+    model_dir, quantization, monkeypatch
+) -> None:
+    runner = engine_for(model_dir, quantization).runner
+    lengths = [(40, 5), (7, 1), (0, SHORT_CHUNK)]  # drafts to verify, a decode, a prompt
+    with torch.inference_mode():
+        # The layers give bf16 chunks to the tiled kernel, which sums in another order...
+        stacked, tiled = run_both_ways(runner, lengths)
+        torch.testing.assert_close(stacked, tiled, atol=0.1, rtol=0.05)
+        # ...and the stack's results where they run every token as its own row, as it does.
+        monkeypatch.setattr(paged_attention_cpu, "tiled_kernel_serves", lambda *args: False)
+        stacked, layered = run_both_ways(runner, lengths)
+    assert torch.equal(stacked, layered)
+    longer = runner.inputs.synthetic([(0, SHORT_CHUNK + 1), (3, 1)])
+    assert not runner.model.decoder_stack.serves(longer.meta)  # goes layer by layer
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
