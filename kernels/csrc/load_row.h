@@ -13,11 +13,19 @@ inline void load_row(const scalar_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// The fp32 values are written as floats (their bits moved by memcpy, which compiles to
+// nothing): written through a uint32_t pointer, -O3 may keep a float read of the same
+// buffer from before the write (strict aliasing), and greedy_pick then took a row's
+// maximum from the row before it on one thread.
 template <>
 inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
+    float value;
+    __builtin_memcpy(&value, &widened, sizeof(value));
+    dst[i] = value;
+  }
 }
 
 // fp32 -> bf16 bits, rounding to nearest even as c10::BFloat16 does (finite values).

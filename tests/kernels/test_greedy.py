@@ -28,10 +28,18 @@ def test_kernel_matches_reference(dtype, rows, vocab):
     torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5)
 
 
-def test_ties_go_to_the_first_index_as_in_torch_argmax():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ties_go_to_the_first_index_as_in_torch_argmax(threads):
+    # On one thread the rows follow each other through the same buffer: a row's values
+    # must not be read from the row before (a strict-aliasing bug once did that).
     logits = torch.zeros(3, 40, dtype=torch.bfloat16)
     logits[0, [5, 17, 39]] = 2.0
     logits[1, [0, 1]] = 1.0
-    tokens, logprobs = greedy_pick(logits)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokens, logprobs = greedy_pick(logits)
+    finally:
+        torch.set_num_threads(previous)
     assert tokens.tolist() == [5, 0, 0]
     torch.testing.assert_close(logprobs[2], torch.tensor(-torch.log(torch.tensor(40.0)).item()))
