@@ -37,9 +37,7 @@ EXTENSION_NAME = "hetero_cpu_kernels"
 BUILD_INFO_FILE = f"{EXTENSION_NAME}.json"
 # at::parallel_for is OpenMP in torch's headers: without -fopenmp every kernel runs on
 # one thread (it links the libgomp torch has already loaded).
-# -fno-strict-aliasing: the kernels move bf16 bits through integer pointers into buffers
-# read as other types; with strict aliasing -O3 may reorder those reads past the writes.
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fno-strict-aliasing"]
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 # /proc/cpuinfo flags that name instruction sets the compiler may use.
 _ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "bmi", "sse", "ssse", "popcnt", "gfni", "vaes")
