@@ -104,7 +104,13 @@ def test_greedy_with_drafts_matches_transformers(tiny, regime):
     assert spec.num_accepted_tokens > 0, "no draft was ever accepted: nothing was tested"
     assert spec.num_draft_tokens > spec.num_accepted_tokens, "no draft was ever rejected"
     assert sum(spec.accepted_per_position) == spec.num_accepted_tokens
-    assert spec.accepted_per_position[-1] > 0  # whole drafts were accepted too
+    check_regime_ran_and_freed(engine, must_happen)
+
+
+def check_regime_ran_and_freed(engine: LLMEngine, must_happen: str | None) -> None:
+    """Whole drafts were accepted, the regime's event happened, the prefix cache was
+    hit, and every block and sequence is gone."""
+    assert engine.metrics.spec_decode.accepted_per_position[-1] > 0
     if must_happen:
         assert engine.metrics.as_dict()[must_happen] > 0
     stats = engine.memory_stats()
