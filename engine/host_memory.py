@@ -57,16 +57,14 @@ def gather_on_huge_pages(holders: list[Any]) -> None:
     offsets, total = [], 0
     for holder in holders:
         offsets.append(total)
-        total += -(-holder.packed.numel() * holder.packed.element_size() // align) * align
+        total += -(-holder.packed.nbytes // align) * align
     if total == 0:
         return
     buffer = zeros_on_huge_pages((total,), torch.uint8)
     for holder, offset in zip(holders, offsets, strict=True):
         packed = holder.packed
-        part = buffer[offset : offset + packed.numel() * packed.element_size()]
-        part = part.view(packed.dtype).view(packed.shape)
-        part.copy_(packed)
-        holder.packed = part
+        part = buffer[offset : offset + packed.nbytes].view(packed.dtype).view(packed.shape)
+        holder.packed = part.copy_(packed)
 
 
 def keep_freed_memory() -> bool:

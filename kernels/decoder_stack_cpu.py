@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from hetero_infer.kernels.attention_backend import AttentionInputs
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec
-from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear
+from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, unfused
 from hetero_infer.kernels.linear_cpu import KernelLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.paged_attention_cpu import CpuAttentionMetadata
@@ -59,8 +59,7 @@ class CpuDecoderStack:
 def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
     """The C++ form of a packed projection, or None where it is not one of our kernels'."""
     then_silu = isinstance(linear, SiluAndMulLinear)
-    if then_silu:
-        linear = linear.linear
+    linear = unfused(linear)
     if isinstance(linear, QuantizedLinear):
         return module.PackedLinear(linear.packed, linear.qtype, linear.bias, False, then_silu)
     if isinstance(linear, KernelLinear):

@@ -39,3 +39,8 @@ class SiluAndMulLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.silu_and_mul(self.linear(x))
+
+
+def unfused(linear: LinearFn) -> LinearFn:
+    """The linear layer inside a SiluAndMulLinear (whose weight it packs), else itself."""
+    return linear.linear if isinstance(linear, SiluAndMulLinear) else linear

@@ -33,7 +33,7 @@ from hetero_infer.kernels import (
     rope_inv_freq,
 )
 from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
-from hetero_infer.kernels.linear import SiluAndMulLinear
+from hetero_infer.kernels.linear import unfused
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
@@ -302,7 +302,7 @@ class LlamaForCausalLM(nn.Module):
         """The projections whose packed weight is a plain tensor, in the order a step
         reads them."""
         projections = [
-            linear.packed
+            unfused(linear.packed)
             for layer in self.layers
             for linear in (
                 layer.self_attn.qkv_proj,
@@ -311,14 +311,12 @@ class LlamaForCausalLM(nn.Module):
                 layer.mlp.down_proj,
             )
         ]
-        holders = []
-        for projection in [*projections, self.logits_proj]:
-            if isinstance(projection, SiluAndMulLinear):
-                projection = projection.linear
-            packed = getattr(projection, "packed", None)
-            if isinstance(packed, torch.Tensor) and packed.layout == torch.strided:
-                holders.append(projection)
-        return holders
+        return [
+            projection
+            for projection in [*projections, self.logits_proj]
+            if isinstance(packed := getattr(projection, "packed", None), torch.Tensor)
+            and packed.layout == torch.strided
+        ]
 
     def decoder_stack_spec(self) -> DecoderStackSpec:
         """The layers' packed weights, as the kernels' one-call stack takes them."""
