@@ -29,6 +29,7 @@ SOURCES = (
     "linear_cpu.cpp",
     "quantized_linear_cpu.cpp",
     "greedy_cpu.cpp",
+    "sampler_cpu.cpp",
     "decoder_stack_cpu.cpp",
 )
 # Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so

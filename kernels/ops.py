@@ -21,9 +21,11 @@ from hetero_infer.kernels.activation import silu_and_mul_ref
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, TorchLinear
+from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from hetero_infer.kernels.rotary import rotary_ref
+from hetero_infer.kernels.sampling import SamplingTensors, sample_ref
 
 # The C++ elementwise kernels serve the reduced-precision dtypes only: fp32 runs the
 # torch references, whose rounding matches transformers' exactly.
@@ -58,6 +60,12 @@ class KernelOps:
     silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
     # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
     greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]] = greedy_pick_ref
+    # (logits [rows, vocab], SamplingTensors on their device) -> (tokens [rows], the
+    # chosen tokens' logprobs [rows], NaN where not asked): kernels/sampling.py
+    sample: Callable[[Tensor, SamplingTensors], tuple[Tensor, Tensor]] = sample_ref
+    # (keys [n] int64, counters [n, 2] int64) -> [n] float64 uniforms (kernels/philox.py),
+    # on the CPU whatever the device
+    uniforms: Callable[[Tensor, Tensor], Tensor] = uniforms_ref
     # (weight [out, in], bias) -> x [..., in] -> [..., out]; the weight may be a
     # QuantizedWeight where takes_quantized says so
     pack_linear: Callable[[Tensor | QuantizedWeight, Tensor | None], LinearFn] = TorchLinear
@@ -130,10 +138,18 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
         return module.greedy_pick(logits.contiguous())  # any dtype, in one pass per row
 
+    def sample(logits: Tensor, tensors: SamplingTensors) -> tuple[Tensor, Tensor]:
+        return module.sample(logits.contiguous(), *tensors.fields())
+
+    def uniforms(keys: Tensor, counters: Tensor) -> Tensor:
+        return module.philox_uniform(keys, counters)
+
     return packed.replace(
         rms_norm=rms_norm,
         fused_add_rms_norm=fused_add_rms_norm,
         rotary=rotary,
         silu_and_mul=silu_and_mul,
         greedy_pick=greedy_pick,
+        sample=sample,
+        uniforms=uniforms,
     )

@@ -21,6 +21,7 @@ from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, 
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from hetero_infer.kernels.rotary_triton import rotary_triton
+from hetero_infer.kernels.sampling_triton import sample_triton
 
 
 def prepare_triton_attention(
@@ -43,10 +44,10 @@ def triton_attention() -> AttentionBackend[AttentionInputs]:
 
 
 def triton_ops(device_ops: KernelOps) -> KernelOps:
-    """``device_ops`` with the elementwise ops as Triton kernels, and the linear layers on
-    quantized weights the Triton kernel takes (kernels/linear_quantized_triton.py); other
-    linear layers and the greedy pick stay the device's (torch's matmul on a GPU, the
-    packed CPU kernels in the interpreter)."""
+    """``device_ops`` with the elementwise ops and the sampler as Triton kernels, and the
+    linear layers on quantized weights the Triton kernel takes (kernels/
+    linear_quantized_triton.py); other linear layers and the greedy pick stay the
+    device's (torch's matmul on a GPU, the packed CPU kernels in the interpreter)."""
 
     def takes_quantized(weight: QuantizedWeight) -> bool:
         return triton_quantized_takes(weight) or device_ops.takes_quantized(weight)
@@ -61,6 +62,7 @@ def triton_ops(device_ops: KernelOps) -> KernelOps:
         fused_add_rms_norm=fused_add_rms_norm_triton,
         rotary=rotary_triton,
         silu_and_mul=silu_and_mul_triton,
+        sample=sample_triton,
         takes_quantized=takes_quantized,
         pack_linear=pack_linear,
     )

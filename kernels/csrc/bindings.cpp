@@ -36,6 +36,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
         py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"), without_gil());
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
+  m.def("philox_uniform", &philox_uniform,
+        "Philox4x32-10 uniforms in [0, 1) for keys [n] and counters [n, 2]");
+  m.def("sample", &sample,
+        "a step's sampling: processing, greedy or truncated draws, chosen logprobs "
+        "(kernels/sampling.py's definition)",
+        without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool, bool>(),
            py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),

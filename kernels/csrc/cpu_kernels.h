@@ -32,6 +32,15 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
 std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
+at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters);
+std::tuple<at::Tensor, at::Tensor> sample(
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& uniforms,
+    const at::Tensor& wants_logprob, const at::Tensor& presence, const at::Tensor& frequency,
+    const at::Tensor& repetition, const at::Tensor& prompt_offsets, const at::Tensor& prompt_ids,
+    const at::Tensor& output_offsets, const at::Tensor& output_ids,
+    const at::Tensor& bias_offsets, const at::Tensor& bias_ids, const at::Tensor& bias_values,
+    const at::Tensor& banned_offsets, const at::Tensor& banned_ids, const at::Tensor& allowed);
 bool prefill_attention_available();
 void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& block_tables,

@@ -1,0 +1,442 @@
+// A step's sampling in one call: for each row of logits, bias, penalties, banned and
+// disallowed tokens, then greedy or temperature with top-k, top-p and min-p, and the
+// draw. The definition (and the order) is kernels/sampling.py's; this follows it.
+//
+// Each row is one thread's, start to end, so a row's result does not depend on the
+// batch or the thread count. A row is a handful of vectorised passes over its fp32 copy
+// (max, exp and sum, the final sum and the walk), plus selection where it truncates:
+//   - top-k's k-th largest logit: the logits within a margin of the maximum (widened
+//     until there are k of them), then nth_element over those few;
+//   - top-p's threshold: the weights above a floor (lowered until they hold the mass
+//     asked for: every token below it is then dropped), then a quickselect that
+//     partitions by weight and keeps count of the mass above;
+// never a sort of the vocabulary. The draw is one uniform per row (philox_uniform).
+//
+// Built with -ffast-math, which assumes no infinities: excluded tokens get a finite
+// sentinel far below any logit, whose weight exp() takes to exactly 0.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "load_row.h"
+
+namespace {
+
+constexpr float kExcluded = -1e30f;
+// Tokens per block of the draw's walk.
+constexpr int64_t kDrawBlock = 256;
+
+// ---- Philox4x32-10 (kernels/philox.py is the reference) ----
+
+inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t product = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(product >> 32);
+  lo = static_cast<uint32_t>(product);
+}
+
+double philox_uniform_one(uint64_t key, uint64_t position, uint64_t lane) {
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  uint32_t c0 = static_cast<uint32_t>(position), c1 = static_cast<uint32_t>(position >> 32);
+  uint32_t c2 = static_cast<uint32_t>(lane), c3 = static_cast<uint32_t>(lane >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(0xD2511F53u, c0, hi0, lo0);
+    mulhilo(0xCD9E8D57u, c2, hi1, lo1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return static_cast<double>((static_cast<uint64_t>(c0 >> 5) << 26) + (c1 >> 6)) /
+         9007199254740992.0;  // 2^53
+}
+
+// ---- one row ----
+
+// The sampling parameters and sparse lists, as raw pointers (CSR offsets per row).
+struct Batch {
+  int64_t vocab;
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const double* uniforms;
+  const bool* wants_logprob;
+  const float* presence;  // null: no row is penalized
+  const float* frequency;
+  const float* repetition;
+  const int64_t *prompt_offsets, *prompt_ids, *output_offsets, *output_ids;
+  const int64_t *bias_offsets, *bias_ids;
+  const float* bias_values;
+  const int64_t *banned_offsets, *banned_ids;
+  const int32_t* allowed;  // null: no row has a grammar
+  int64_t allowed_words;
+};
+
+// Per-thread buffers, reused row after row.
+struct Scratch {
+  std::vector<float> logits, weights, candidates;
+  std::vector<double> block_sums;
+  std::vector<int64_t> kept_index;  // top-k's tokens, and their logits
+  std::vector<float> kept_logits;
+  std::vector<int32_t> counts;  // output counts of the row being penalized (then zeroed)
+  std::vector<uint8_t> seen;    // whether the prompt has a token (then cleared)
+};
+
+bool has_entries(const int64_t* offsets, int64_t row) {
+  return offsets != nullptr && offsets[row + 1] > offsets[row];
+}
+
+// Repetition on every token seen in prompt or output, then frequency and presence on
+// the output's counts, each distinct token once.
+void apply_penalties(const Batch& b, int64_t r, float* row, Scratch& s) {
+  const float rep = b.repetition[r], freq = b.frequency[r], pres = b.presence[r];
+  if (rep == 1.f && freq == 0.f && pres == 0.f) return;
+  if (s.counts.empty()) {
+    s.counts.assign(b.vocab, 0);
+    s.seen.assign(b.vocab, 0);
+  }
+  const int64_t *out = nullptr, *out_end = nullptr, *prompt = nullptr, *prompt_end = nullptr;
+  if (has_entries(b.output_offsets, r)) {
+    out = b.output_ids + b.output_offsets[r];
+    out_end = b.output_ids + b.output_offsets[r + 1];
+  }
+  if (has_entries(b.prompt_offsets, r)) {
+    prompt = b.prompt_ids + b.prompt_offsets[r];
+    prompt_end = b.prompt_ids + b.prompt_offsets[r + 1];
+  }
+  for (const int64_t* t = out; t != out_end; ++t) ++s.counts[*t];
+  for (const int64_t* t = prompt; t != prompt_end; ++t) s.seen[*t] = 1;
+  auto repeated = [rep](float x) { return x > 0.f ? x / rep : x * rep; };
+  for (const int64_t* t = out; t != out_end; ++t) {
+    const int32_t count = s.counts[*t];
+    if (count == 0) continue;  // done at an earlier occurrence
+    row[*t] = repeated(row[*t]) - freq * static_cast<float>(count) - pres;
+    s.counts[*t] = 0;
+    s.seen[*t] = 0;
+  }
+  for (const int64_t* t = prompt; t != prompt_end; ++t) {
+    if (!s.seen[*t]) continue;
+    row[*t] = repeated(row[*t]);
+    s.seen[*t] = 0;
+  }
+}
+
+void process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
+  if (has_entries(b.bias_offsets, r)) {
+    for (int64_t j = b.bias_offsets[r]; j < b.bias_offsets[r + 1]; ++j)
+      row[b.bias_ids[j]] += b.bias_values[j];
+  }
+  if (b.presence != nullptr) apply_penalties(b, r, row, s);
+  if (has_entries(b.banned_offsets, r)) {
+    for (int64_t j = b.banned_offsets[r]; j < b.banned_offsets[r + 1]; ++j)
+      row[b.banned_ids[j]] = kExcluded;
+  }
+  if (b.allowed != nullptr) {
+    const int32_t* words = b.allowed + r * b.allowed_words;
+    for (int64_t w = 0; w < b.allowed_words; ++w) {
+      const uint32_t bits = static_cast<uint32_t>(words[w]);
+      if (bits == 0xFFFFFFFFu) continue;
+      const int64_t end = std::min<int64_t>(32, b.vocab - 32 * w);
+      for (int64_t i = 0; i < end; ++i) {
+        if (!((bits >> i) & 1u)) row[32 * w + i] = kExcluded;
+      }
+    }
+  }
+}
+
+float row_max(const float* row, int64_t n) {
+  float best = row[0];
+  for (int64_t i = 1; i < n; ++i) best = std::max(best, row[i]);  // vectorises
+  return best;
+}
+
+int64_t first_index_of(const float* row, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] == value) return i;
+  }
+  return 0;
+}
+
+// log(sum exp(row - top)): the row's log-softmax is row - top - this.
+float log_sum_exp_shifted(const float* row, int64_t n, float top) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(row[i] - top);  // vectorised exp
+  return std::log(sum);
+}
+
+// The k-th largest value of the row (1 <= k < n), whose maximum is top.
+float kth_largest(const float* row, int64_t n, int64_t k, float top, std::vector<float>& cand) {
+  // The values within a margin of the top, widened until there are k of them: counted
+  // first (a vectorised pass), then gathered once.
+  float margin = 2.f;
+  while (true) {
+    const float floor = top - margin;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) count += row[i] >= floor;
+    if (count >= k) break;
+    margin *= margin < 64.f ? 2.f : 1024.f;  // reaches the sentinel's distance in the end
+  }
+  const float floor = top - margin;
+  cand.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] >= floor) cand.push_back(row[i]);
+  }
+  std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<float>());
+  return cand[k - 1];
+}
+
+// The lightest weight top-p keeps: the least w among the weights whose strictly
+// heavier ones weigh less than `mass` (> 0) in all.
+float top_p_threshold(const float* weights, int64_t n, double mass, std::vector<float>& cand) {
+  // Weights at or above a floor that together reach `mass` hold every kept one: any
+  // token below the floor has at least that much strictly heavier than it.
+  float floor = 1.f / 1024;
+  while (true) {
+    cand.clear();
+    double held = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (weights[i] >= floor && weights[i] > 0.f) {
+        cand.push_back(weights[i]);
+        held += weights[i];
+      }
+    }
+    if (held >= mass || floor == 0.f) break;
+    floor = floor > 1e-30f ? floor / 1024 : 0.f;
+  }
+  // Quickselect: [lo, hi) holds the candidates still undecided; `above` is the mass of
+  // those known to be heavier than all of them.
+  double above = 0;
+  float kept = cand.empty() ? 0.f : *std::max_element(cand.begin(), cand.end());
+  float* lo = cand.data();
+  float* hi = cand.data() + cand.size();
+  while (lo < hi) {
+    const float pivot = lo[(hi - lo) / 2];
+    // Three ways: [lo, gt) heavier than the pivot, [gt, eq) equal, [eq, hi) lighter.
+    float* gt = std::partition(lo, hi, [pivot](float w) { return w > pivot; });
+    float* eq = std::partition(gt, hi, [pivot](float w) { return w == pivot; });
+    double heavier = above;
+    for (const float* w = lo; w < gt; ++w) heavier += *w;
+    if (heavier < mass) {  // the pivot is kept; are lighter ones?
+      kept = pivot;
+      double with_ties = heavier;
+      for (const float* w = gt; w < eq; ++w) with_ties += *w;
+      if (with_ties >= mass) break;
+      above = with_ties;
+      lo = eq;
+    } else {  // the pivot is dropped: the answer is heavier
+      hi = gt;
+    }
+  }
+  return kept;
+}
+
+// The position in weights[0, n) of the draw: the first at which the running sum of the
+// weights at or above threshold exceeds u times their total (kernels/sampling.py).
+int64_t walk(const float* weights, int64_t n, float threshold, double u, Scratch& s) {
+  // The kept weights' sums by block, so that the walk skips whole blocks.
+  const int64_t num_blocks = (n + kDrawBlock - 1) / kDrawBlock;
+  s.block_sums.resize(num_blocks);
+  double total = 0;
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    double sum = 0;
+    for (int64_t i = j * kDrawBlock, e = std::min(n, i + kDrawBlock); i < e; ++i) {
+      sum += weights[i] >= threshold ? weights[i] : 0.f;  // vectorises
+    }
+    s.block_sums[j] = sum;
+    total += sum;
+  }
+  const double target = u * total;
+  double running = 0;
+  int64_t last = 0;
+  for (int64_t j = 0; j < num_blocks; ++j) {
+    if (s.block_sums[j] == 0) continue;
+    if (running + s.block_sums[j] <= target && j + 1 < num_blocks) {
+      running += s.block_sums[j];
+      continue;
+    }
+    // The draw falls in this block, as far as the sums' rounding tells: walk it.
+    for (int64_t i = j * kDrawBlock, e = std::min(n, i + kDrawBlock); i < e; ++i) {
+      if (weights[i] < threshold || weights[i] == 0.f) continue;
+      running += weights[i];
+      last = i;
+      if (running > target) return i;
+    }
+  }
+  return last;  // u * total rounded up to the total
+}
+
+// A random row: temperature, truncation, the draw. Returns the token.
+int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch& s) {
+  const int64_t n = b.vocab;
+  const int64_t k = b.top_k[r];
+  // With top-k, only the tokens at or above the k-th largest logit (in vocabulary order)
+  // are weighed at all; without, the whole row.
+  const float* logits = row;
+  int64_t count = n;
+  if (k > 0 && k < n) {
+    const float kth = kth_largest(row, n, k, top, s.candidates);
+    s.kept_index.clear();
+    s.kept_logits.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      if (row[i] >= kth) {
+        s.kept_index.push_back(i);
+        s.kept_logits.push_back(row[i]);
+      }
+    }
+    logits = s.kept_logits.data();
+    count = static_cast<int64_t>(s.kept_logits.size());
+  }
+  float* weights = s.weights.data();
+  const float temperature = b.temperature[r];
+  double total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    weights[i] = std::exp((logits[i] - top) / temperature);  // vectorised exp
+    total += weights[i];
+  }
+  float threshold = 0.f;
+  if (b.top_p[r] < 1.f) {
+    const double mass = total * static_cast<double>(b.top_p[r]);
+    threshold = top_p_threshold(weights, count, mass, s.candidates);
+  }
+  // min-p against the heaviest weight, exp(0) = 1 (the top logit is never dropped).
+  if (b.min_p[r] > 0.f) threshold = std::max(threshold, b.min_p[r] * row_max(weights, count));
+  const int64_t at = walk(weights, count, threshold, b.uniforms[r], s);
+  return logits == row ? at : s.kept_index[at];
+}
+
+void sample_row(const Batch& b, int64_t r, float* row, int64_t* token, float* logprob,
+                Scratch& s) {
+  process_row(b, r, row, s);
+  const float top = row_max(row, b.vocab);
+  *token = b.temperature[r] > 0.f ? draw_row(b, r, row, top, s)
+                                  : first_index_of(row, b.vocab, top);
+  *logprob = b.wants_logprob[r] ? row[*token] - top - log_sum_exp_shifted(row, b.vocab, top)
+                                : std::numeric_limits<float>::quiet_NaN();
+}
+
+template <typename T>
+const T* data_or_null(const at::Tensor& t) {
+  return t.numel() > 0 ? t.data_ptr<T>() : nullptr;
+}
+
+void check_rows(const at::Tensor& t, at::ScalarType dtype, int64_t rows, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.dim() == 1 && t.size(0) == rows,
+              name, ": expected a contiguous [rows] tensor of ", dtype);
+}
+
+void check_csr(const at::Tensor& offsets, const at::Tensor& ids, int64_t rows, int64_t vocab,
+               const char* name) {
+  if (offsets.numel() == 0) return;
+  check_rows(offsets, at::kLong, rows + 1, name);
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous(), name, ": int64 ids");
+  TORCH_CHECK(offsets[rows].item<int64_t>() == ids.numel(), name, ": offsets do not end at ids");
+  if (ids.numel()) {
+    TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab, name,
+                ": a token id is outside the vocabulary");
+  }
+}
+
+}  // namespace
+
+at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters) {
+  TORCH_CHECK(keys.scalar_type() == at::kLong && keys.dim() == 1 && keys.is_contiguous(),
+              "keys: a contiguous [n] int64 tensor");
+  const int64_t n = keys.size(0);
+  TORCH_CHECK(counters.scalar_type() == at::kLong && counters.is_contiguous() &&
+                  counters.dim() == 2 && counters.size(0) == n && counters.size(1) == 2,
+              "counters: a contiguous [n, 2] int64 tensor");
+  auto out = at::empty({n}, keys.options().dtype(at::kDouble));
+  const auto* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
+  const auto* c = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
+  double* u = out.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) u[i] = philox_uniform_one(k[i], c[2 * i], c[2 * i + 1]);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> sample(
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& uniforms,
+    const at::Tensor& wants_logprob, const at::Tensor& presence, const at::Tensor& frequency,
+    const at::Tensor& repetition, const at::Tensor& prompt_offsets, const at::Tensor& prompt_ids,
+    const at::Tensor& output_offsets, const at::Tensor& output_ids,
+    const at::Tensor& bias_offsets, const at::Tensor& bias_ids, const at::Tensor& bias_values,
+    const at::Tensor& banned_offsets, const at::Tensor& banned_ids, const at::Tensor& allowed) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
+              "logits must be a contiguous [rows, vocab]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  check_rows(temperature, at::kFloat, rows, "temperature");
+  check_rows(top_k, at::kLong, rows, "top_k");
+  check_rows(top_p, at::kFloat, rows, "top_p");
+  check_rows(min_p, at::kFloat, rows, "min_p");
+  check_rows(uniforms, at::kDouble, rows, "uniforms");
+  check_rows(wants_logprob, at::kBool, rows, "wants_logprob");
+  if (presence.numel()) {
+    check_rows(presence, at::kFloat, rows, "presence");
+    check_rows(frequency, at::kFloat, rows, "frequency");
+    check_rows(repetition, at::kFloat, rows, "repetition");
+  }
+  check_csr(prompt_offsets, prompt_ids, rows, vocab, "prompt_ids");
+  check_csr(output_offsets, output_ids, rows, vocab, "output_ids");
+  check_csr(bias_offsets, bias_ids, rows, vocab, "bias_ids");
+  check_csr(banned_offsets, banned_ids, rows, vocab, "banned_ids");
+  if (bias_offsets.numel()) {
+    TORCH_CHECK(bias_values.scalar_type() == at::kFloat && bias_values.numel() == bias_ids.numel(),
+                "bias_values: one fp32 value per id");
+  }
+  if (allowed.numel()) {
+    TORCH_CHECK(allowed.scalar_type() == at::kInt && allowed.is_contiguous() &&
+                    allowed.dim() == 2 && allowed.size(0) == rows &&
+                    allowed.size(1) * 32 >= vocab,
+                "allowed: a contiguous [rows, ceil(vocab / 32)] int32 bit mask");
+  }
+  const Batch batch{
+      vocab,
+      temperature.data_ptr<float>(),
+      top_k.data_ptr<int64_t>(),
+      top_p.data_ptr<float>(),
+      min_p.data_ptr<float>(),
+      uniforms.data_ptr<double>(),
+      wants_logprob.data_ptr<bool>(),
+      data_or_null<float>(presence),
+      data_or_null<float>(frequency),
+      data_or_null<float>(repetition),
+      data_or_null<int64_t>(prompt_offsets),
+      data_or_null<int64_t>(prompt_ids),
+      data_or_null<int64_t>(output_offsets),
+      data_or_null<int64_t>(output_ids),
+      data_or_null<int64_t>(bias_offsets),
+      data_or_null<int64_t>(bias_ids),
+      data_or_null<float>(bias_values),
+      data_or_null<int64_t>(banned_offsets),
+      data_or_null<int64_t>(banned_ids),
+      data_or_null<int32_t>(allowed),
+      allowed.numel() ? allowed.size(1) : 0,
+  };
+  auto tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  auto logprobs = at::empty({rows}, logits.options().dtype(at::kFloat));
+  int64_t* token_out = tokens.data_ptr<int64_t>();
+  float* logprob_out = logprobs.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample", [&] {
+    const scalar_t* data = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      Scratch scratch;
+      scratch.logits.resize(vocab);
+      scratch.weights.resize(vocab);
+      for (int64_t r = begin; r < end; ++r) {
+        load_row(data + r * vocab, scratch.logits.data(), vocab);
+        sample_row(batch, r, scratch.logits.data(), token_out + r, logprob_out + r, scratch);
+      }
+    });
+  });
+  return {tokens, logprobs};
+}

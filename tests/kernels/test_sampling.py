@@ -1,0 +1,221 @@
+"""The batched sampler: its definition on hand-made rows, Philox against its published
+answers, and the C++ kernel (as the engine selects it on the CPU) against the torch
+reference on random batches with every feature, at 1, 2 and 4 threads."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hetero_infer.kernels import select_kernels
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.philox import philox4x32, uniforms_ref
+from hetero_infer.kernels.sampling import (
+    SamplingTensors,
+    draw_ref,
+    process_logits_ref,
+    sample_ref,
+    truncated_weights_ref,
+)
+
+OPS = select_kernels("auto", torch.device("cpu")).ops
+
+
+def chi_square_p(observed: list[float], expected: list[float]) -> float:
+    """Pearson's chi-square test's p-value (the survival function of chi2 with
+    len - 1 degrees of freedom is the regularised upper incomplete gamma)."""
+    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
+    dof = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(statistic / 2)))
+
+
+def one_row(top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, temperature: float = 1.0):
+    """[1] tensors of one row's truncation parameters."""
+    return (
+        torch.tensor([temperature]),
+        torch.tensor([top_k]),
+        torch.tensor([top_p]),
+        torch.tensor([min_p]),
+    )
+
+
+# ---- the definition ----
+
+
+def test_philox_gives_random123s_known_answers():
+    # Random123's kat_vectors for philox4x32_10.
+    assert philox4x32(0, (0, 0, 0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    assert philox4x32(2**64 - 1, (2**32 - 1,) * 4) == (
+        0x408F276D,
+        0x41C83B0E,
+        0xA20BC7C6,
+        0x6D5451FD,
+    )
+    counter = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+    assert philox4x32(0x299F31D0A4093822, counter) == (
+        0xD16CFE09,
+        0x94FDCCEB,
+        0x5001E420,
+        0x24126EA1,
+    )
+
+
+def test_the_kernels_philox_is_the_reference():
+    assert load_cpu_kernels() is not None
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(-(2**63), 2**63 - 1, (500,), generator=g)
+    counters = torch.randint(-(2**63), 2**63 - 1, (500, 2), generator=g)
+    uniforms = OPS.uniforms(keys, counters)
+    assert torch.equal(uniforms, uniforms_ref(keys, counters))
+    assert bool(((uniforms >= 0) & (uniforms < 1)).all()) and uniforms.std() > 0.25
+
+
+def test_top_k_keeps_ties_at_the_kth_logit():
+    logits = torch.tensor([[4.0, 3.0, 3.0, 1.0]])
+    weights = truncated_weights_ref(logits, *one_row(top_k=2))
+    assert (weights > 0).tolist() == [[True, True, True, False]]
+
+
+def test_top_p_keeps_a_token_while_the_heavier_ones_weigh_less_than_p():
+    # weights 1, e^-1, e^-1, e^-3: normalised 0.56, 0.21, 0.21, 0.03
+    logits = torch.tensor([[0.0, -1.0, -1.0, -3.0]])
+    kept = lambda p: (truncated_weights_ref(logits, *one_row(top_p=p)) > 0)[0].tolist()  # noqa: E731
+    assert kept(0.5) == [True, False, False, False]
+    # ties are kept or dropped together: 0.56 < 0.6 keeps both e^-1 tokens
+    assert kept(0.6) == [True, True, True, False]
+    assert kept(0.985) == [True, True, True, True]
+
+
+def test_min_p_keeps_tokens_at_least_that_fraction_of_the_heaviest():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.2, 0.05]]))
+    weights = truncated_weights_ref(logits, *one_row(min_p=0.35))
+    assert (weights > 0).tolist() == [[True, True, True, False]]
+
+
+def test_the_draw_is_the_inverse_of_the_running_sum():
+    weights = torch.tensor([[0.0, 1.0, 0.0, 2.0, 1.0]] * 5)
+    uniforms = torch.tensor([0.0, 0.2499, 0.25, 0.7499, 0.9999], dtype=torch.float64)
+    assert draw_ref(weights, uniforms).tolist() == [1, 1, 3, 3, 4]
+
+
+def test_excluded_tokens_stay_out_whatever_the_bias():
+    logits = torch.zeros(1, 8)
+    tensors = SamplingTensors.build(
+        [1.0], [0], [1.0], [0.0], torch.zeros(1, dtype=torch.float64), [False],
+        bias=[{3: 100.0}], banned=[{3}],
+    )  # fmt: skip
+    assert process_logits_ref(logits, tensors)[0, 3] == float("-inf")
+
+
+# ---- the C++ kernel against the reference ----
+
+
+def random_batch(rows: int, vocab: int, seed: int, features: bool = True) -> SamplingTensors:
+    """Rows that mix greedy and random, every truncation, and (with ``features``)
+    penalties, bias, banned tokens and grammar masks."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(0, 2**62, (rows,), generator=g)
+    uniforms = uniforms_ref(keys, torch.randint(0, 2**40, (rows, 2), generator=g))
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(rng.randrange(n))]
+
+    allowed = torch.randint(-(2**31), 2**31 - 1, (rows, -(-vocab // 32)), dtype=torch.int32)
+    allowed[::2] = -1  # half the rows unconstrained
+    return SamplingTensors.build(
+        temperature=[rng.choice([0.0, 0.3, 0.7, 1.0, 1.5]) for _ in range(rows)],
+        top_k=[rng.choice([0, 0, 1, 5, 40, 10 * vocab]) for _ in range(rows)],
+        top_p=[rng.choice([1.0, 1.0, 0.95, 0.9, 0.5, 0.01]) for _ in range(rows)],
+        min_p=[rng.choice([0.0, 0.0, 0.05, 0.5]) for _ in range(rows)],
+        uniforms=uniforms,
+        wants_logprob=[rng.random() < 0.5 for _ in range(rows)],
+        penalties=[
+            (rng.choice([0.0, 1.5]), rng.choice([0.0, -1.0, 0.5]), rng.choice([1.0, 1.3, 0.8]))
+            for _ in range(rows)
+        ]
+        if features
+        else None,
+        prompt_ids=[ids(6) for _ in range(rows)],
+        output_ids=[ids(12) for _ in range(rows)],
+        bias=[{t: rng.uniform(-100, 100) for t in ids(4)} for _ in range(rows)]
+        if features
+        else None,
+        banned=[set(ids(3)) for _ in range(rows)] if features else None,
+        allowed=allowed.masked_fill_(allowed == 0, 1) if features else None,
+    )
+
+
+def check_same(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]):
+    tokens, logprobs = got
+    ref_tokens, ref_logprobs = ref
+    # Each side has its own exp: a draw may differ where u falls within rounding of a
+    # boundary, which is rare enough that none of these batches has one.
+    assert torch.equal(tokens, ref_tokens)
+    assert torch.equal(torch.isnan(logprobs), torch.isnan(ref_logprobs))
+    torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    ("rows", "vocab", "scale"), [(64, 3000, 3.0), (8, 49152, 5.0), (33, 517, 0.3)]
+)
+@pytest.mark.parametrize("features", [False, True])
+def test_kernel_matches_reference(dtype, rows, vocab, scale, features):
+    seed = rows * vocab
+    logits = scale * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
+    tensors = random_batch(rows, vocab, seed, features)
+    check_same(OPS.sample(logits.to(dtype), tensors), sample_ref(logits.to(dtype), tensors))
+
+
+def test_kernel_rows_are_the_same_on_any_thread_count():
+    logits = 3 * torch.randn(40, 5000, generator=torch.Generator().manual_seed(7))
+    tensors = random_batch(40, 5000, 7)
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            results.append(OPS.sample(logits, tensors))
+    finally:
+        torch.set_num_threads(previous)
+    for tokens, logprobs in results[1:]:
+        assert torch.equal(tokens, results[0][0])
+        assert torch.equal(logprobs.nan_to_num(), results[0][1].nan_to_num())
+
+
+def test_a_row_alone_samples_as_in_a_batch():
+    logits = 3 * torch.randn(9, 2000, generator=torch.Generator().manual_seed(8))
+    tensors = random_batch(9, 2000, 8)
+    whole = OPS.sample(logits, tensors)
+    for row in range(9):
+        alone = OPS.sample(logits[row : row + 1], tensors.select([row]))
+        assert alone[0].item() == whole[0][row].item()
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"), [(0, 1.0, 0.0), (3, 1.0, 0.0), (0, 0.8, 0.0), (4, 0.9, 0.1)]
+)
+def test_kernel_draws_follow_the_truncated_distribution(top_k, top_p, min_p):
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])
+    n = 20_000
+    params = one_row(top_k, top_p, min_p, temperature=0.8)
+    weights = truncated_weights_ref(logits, *params)[0]
+    expected = (weights / weights.sum()).double()
+    positions = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)], 1)
+    uniforms = OPS.uniforms(torch.full((n,), 12345), positions)
+    tensors = SamplingTensors.build(
+        [0.8] * n, [top_k] * n, [top_p] * n, [min_p] * n, uniforms, [False] * n
+    )
+    counts = Counter(OPS.sample(logits.expand(n, -1).contiguous(), tensors)[0].tolist())
+    kept = [t for t in range(8) if expected[t] > 0]
+    assert set(counts) == set(kept)
+    observed = [counts[t] for t in kept]
+    assert chi_square_p(observed, [float(expected[t]) * n for t in kept]) > 1e-3
+    # The negative control: the untruncated softmax is told apart from these draws.
+    if len(kept) < 8:
+        full = torch.softmax(logits[0] / 0.8, -1).double()
+        with_all = [counts[t] + 0.5 for t in range(8)]  # no zero cells
+        assert chi_square_p(with_all, (full * sum(with_all)).tolist()) < 1e-6
