@@ -18,6 +18,9 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    # FINAL_ONLY outputs, which the server sees only at the end: (seconds since the
+    # previous token-bearing step, tokens it brought) for each step after the first.
+    token_gaps: tuple[tuple[float, int], ...] = ()
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -34,6 +37,9 @@ class RequestMetrics:
 
 @dataclass(frozen=True)
 class RequestOutput:
+    """With RequestOutputKind.DELTA, ``text``, ``token_ids`` and ``logprobs`` are the
+    step's only (as ``delta_text`` and ``delta_token_ids``)."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -42,7 +48,9 @@ class RequestOutput:
     finished: bool
     # "stop" (eos), "length" (max_tokens or max_model_len), "abort", "error"; None while running.
     finish_reason: str | None
-    cumulative_logprob: float
+    # The sum of the output tokens' logprobs; None unless the request asked for logprobs
+    # (as in vLLM: they are computed only for the rows that ask).
+    cumulative_logprob: float | None
     metrics: RequestMetrics
     # What this step added, for streaming.
     delta_text: str = ""

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import enum
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.exceptions import ValidationError
+
+if TYPE_CHECKING:
+    import torch
 
 # Below this a temperature means greedy: dividing logits by it would overflow.
 GREEDY_EPSILON = 1e-5
@@ -18,10 +23,26 @@ MAX_LOGIT_BIAS = 100.0
 # vLLM's default max_logprobs; OpenAI allows 20 top_logprobs in chat, 5 in completions.
 MAX_LOGPROBS = 20
 MAX_N = 128
-# Entries of logit_bias and of stop_token_ids: each step the sampler walks them in
-# Python for every choice, so a request with a whole vocabulary of them would slow
-# every other request's steps.
-MAX_TOKEN_ID_ENTRIES = 300
+# Entries of logit_bias and of stop_token_ids. vLLM sets no bound, OpenAI takes 300
+# logit_bias entries. Each entry names a vocabulary token (checked against the model's
+# in check_vocab), so a vocabulary bounds what is useful; this bound, the largest
+# vocabularies served (Gemma's 262,144), refuses a longer list before that check. It is
+# cheap to take them all: the sampler reads a request's bias as tensors made once per
+# request and stop ids as a set made once, so each step costs a copy, not Python work
+# per entry; the request body limit (--max-body-bytes) bounds them too.
+MAX_TOKEN_ID_ENTRIES = 262_144
+
+
+class RequestOutputKind(enum.Enum):
+    """Which outputs a request gets, and what each holds (vLLM's names)."""
+
+    # After every step that adds a token: everything so far (the offline API's default).
+    CUMULATIVE = 0
+    # After every step that adds text or tokens: only what it added (token_ids, text
+    # and logprobs are the step's; prompt logprobs come with the first). For streams.
+    DELTA = 1
+    # Once, when finished: everything. For answers sent whole.
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -54,6 +75,9 @@ class SamplingParams:
     # False keeps special tokens in the text (a tool-call marker may be one); the eos
     # that ends the request is left out all the same.
     skip_special_tokens: bool = True
+    # What each output holds: everything so far, the step's delta (streams), or only
+    # the final output (answers sent whole); see engine/outputs.py.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -125,6 +149,21 @@ class SamplingParams:
                 raise ValidationError(
                     f"logit_bias: bias {bias!r} must be in [-100, 100]", param="logit_bias"
                 )
+
+    @functools.cached_property
+    def stop_token_set(self) -> frozenset[int]:
+        """stop_token_ids as a set: looked up at every token."""
+        return frozenset(self.stop_token_ids)
+
+    @functools.cached_property
+    def logit_bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """logit_bias as (token ids int64, biases fp32): the sampler's, made once."""
+        import torch  # here: the command line imports this module before torch may load
+
+        return (
+            torch.tensor(list(self.logit_bias), dtype=torch.int64),
+            torch.tensor(list(self.logit_bias.values()), dtype=torch.float32),
+        )
 
     def _check_stops(self) -> None:
         if isinstance(self.stop, str):

@@ -79,12 +79,8 @@ def _first_line(error: str) -> str:
     return error.split("\n", 1)[0]
 
 
-def allowed_tokens(bitmasks: list[bytes], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[len(bitmasks), vocab] bool: the tokens each grammar bit mask (a matcher's
-    compute_bitmask()) allows next."""
+def bitmask_words(bitmask: bytes, vocab_size: int) -> torch.Tensor:
+    """A matcher's compute_bitmask() -> [ceil(vocab / 32)] int32: bit b of word w allows
+    token 32 w + b (the sampler's ``allowed`` rows)."""
     words = -(-vocab_size // 32)
-    masks = b"".join(m[: 4 * words] for m in bitmasks)
-    bitmask = torch.frombuffer(bytearray(masks), dtype=torch.int32).view(len(bitmasks), words)
-    # bit b of word w is token 32 w + b: [rows, words] -> [rows, words, 32] -> [rows, vocab]
-    bits = (bitmask.to(device)[:, :, None] >> torch.arange(32, device=device)) & 1
-    return bits.view(len(bitmasks), -1)[:, :vocab_size].bool()
+    return torch.frombuffer(bytearray(bitmask[: 4 * words]), dtype=torch.int32)

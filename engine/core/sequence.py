@@ -10,6 +10,7 @@ longer than max_queue_time before it was first scheduled.
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from typing import Any
 
@@ -95,6 +96,11 @@ class Sequence:
         self.deadline = deadline
         self.first_scheduled_time: float | None = None
         self.finished_time: float | None = None
+
+    @functools.cached_property
+    def stop_and_eos_token_ids(self) -> frozenset[int]:
+        """The tokens masked out until min_tokens (with eos): made once, not per step."""
+        return self.sampling_params.stop_token_set | self.eos_token_ids
 
     def __repr__(self) -> str:
         return (

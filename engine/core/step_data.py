@@ -99,6 +99,7 @@ class SchedulerOutput:
 @dataclass(frozen=True)
 class SampledToken:
     token_id: int
+    # NaN unless the request asked for logprobs (they are computed only where asked).
     logprob: float
     # The token's and its top alternatives' logprobs, when the request asked.
     top_logprobs: Logprobs | None = None

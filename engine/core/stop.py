@@ -23,7 +23,7 @@ def check_stop(seq: Sequence, max_model_len: int) -> SequenceStatus | None:
     status = None
     if may_stop and not params.ignore_eos and token_id in seq.eos_token_ids:
         status = SequenceStatus.FINISHED_STOPPED
-    elif may_stop and token_id in params.stop_token_ids:
+    elif may_stop and token_id in params.stop_token_set:
         status = SequenceStatus.FINISHED_STOPPED
         seq.stop_reason = token_id
     elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
@@ -44,5 +44,6 @@ def banned_token_ids(seq: Sequence) -> frozenset[int]:
     params = seq.sampling_params
     if params.allows_stop(seq.num_output_tokens):
         return frozenset()
-    banned = frozenset(params.stop_token_ids)
-    return banned if params.ignore_eos else banned | seq.eos_token_ids
+    if params.ignore_eos:
+        return params.stop_token_set
+    return seq.stop_and_eos_token_ids

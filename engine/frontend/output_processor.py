@@ -1,7 +1,10 @@
 """OutputProcessor: the scheduler's sequence updates -> RequestOutputs.
 
 Per choice it keeps the detokenizer, the text so far, the logprobs and the timing, and
-makes an immutable RequestOutput for each step that added a token or finished. Stop
+makes an immutable RequestOutput as the request's output kind says: after each step
+that added a token or finished, holding everything so far (CUMULATIVE) or the step's
+part only (DELTA: a stream's cost per token does not grow with its length), or once at
+the end (FINAL_ONLY: an answer sent whole costs no output per step). Stop
 strings are found here (they need text): the sequence that completes one is reported
 back, for the scheduler to finish as stopped, as vLLM's output processor turns them
 into aborts. Finished outputs are kept a while for ``get_output``.
@@ -18,7 +21,7 @@ from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Finished requests kept for get_output() after they end.
@@ -48,6 +51,12 @@ class _ChoiceState:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     embedding: list[float] | None = None
+    # DELTA: the logprob entries already sent, and whether the prompt's went out.
+    logprobs_sent: int = 0
+    prompt_logprobs_sent: bool = False
+    # FINAL_ONLY: when the last token-bearing step ended, and (gap, tokens) since.
+    last_token_time: float | None = None
+    token_gaps: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,7 +126,8 @@ class OutputProcessor:
                     state.prompt_logprobs.extend(update.new_prompt_logprobs)
                 continue
             output, stopped_here = self._advance(state, update)
-            outputs.append(output)
+            if output is not None:
+                outputs.append(output)
             if stopped_here:
                 stopped.append(update.request_id)
         return ProcessedOutputs(outputs, stopped)
@@ -130,8 +140,11 @@ class OutputProcessor:
         self._finish(state, self._snapshot(state, "", [], "abort", time.monotonic()))
         return True
 
-    def _advance(self, state: _ChoiceState, update: SequenceUpdate) -> tuple[RequestOutput, bool]:
-        """Apply one update to a choice; (its output, whether a stop string ended it).
+    def _advance(
+        self, state: _ChoiceState, update: SequenceUpdate
+    ) -> tuple[RequestOutput | None, bool]:
+        """Apply one update to a choice; (its output, None where its kind wants none yet;
+        whether a stop string ended it).
 
         An update may bring several tokens (accepted draft tokens): they are decoded and
         searched for stop strings one at a time, so a stop string ends the output at the
@@ -169,6 +182,11 @@ class OutputProcessor:
         send_to = max(send_to, state.sent)  # the hold-back never lets a sent char become a stop
         delta = state.decoded[state.sent : send_to]
         state.sent = send_to
+        kind = state.params.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and new_ids:
+            self._note_token_time(state, len(new_ids))
+        if kind is RequestOutputKind.FINAL_ONLY and finish_reason is None:
+            return None, stopped
         # A stop string ends the request now; the scheduler's own finish came with the update.
         finished_time = time.monotonic() if stopped else update.finished_time
         output = self._snapshot(state, delta, new_ids, finish_reason, finished_time)
@@ -176,10 +194,19 @@ class OutputProcessor:
             self._finish(state, output)
         return output, stopped
 
+    def _note_token_time(self, state: _ChoiceState, num_tokens: int) -> None:
+        """FINAL_ONLY: the gap since the last token-bearing step, for the latency metrics
+        that a stream's outputs give as they come."""
+        now = time.monotonic()
+        if state.last_token_time is not None:
+            state.token_gaps.append((now - state.last_token_time, num_tokens))
+        state.last_token_time = now
+
     def _add_token(self, state: _ChoiceState, token: SampledToken) -> None:
         state.token_ids.append(token.token_id)
-        state.cumulative_logprob += token.logprob
+        # Logprobs are computed only where asked (else the token's is NaN).
         if state.logprobs is not None:
+            state.cumulative_logprob += token.logprob
             state.logprobs.append(token.top_logprobs or {token.token_id: token.logprob})
         if state.first_token_time is None:
             state.first_token_time = time.monotonic()
@@ -235,27 +262,46 @@ class OutputProcessor:
         finished_time: float | None,
     ) -> RequestOutput:
         finished = finish_reason is not None
+        kind = state.params.output_kind
+        if kind is RequestOutputKind.DELTA:
+            text, token_ids = delta_text, new_ids
+            logprobs = None
+            if state.logprobs is not None:
+                logprobs = state.logprobs[state.logprobs_sent :]
+                state.logprobs_sent = len(state.logprobs)
+            prompt_logprobs = None if state.prompt_logprobs_sent else state.prompt_logprobs
+            state.prompt_logprobs_sent = True
+        else:
+            # FINAL_ONLY hands over the choice's own lists: nothing changes them after.
+            final = kind is RequestOutputKind.FINAL_ONLY
+            text = state.decoded[: state.sent]
+            token_ids = state.token_ids if final else list(state.token_ids)
+            logprobs = state.logprobs
+            if logprobs is not None and not final:
+                logprobs = list(logprobs)
+            prompt_logprobs = state.prompt_logprobs
         return RequestOutput(
             request_id=state.request_id,
             prompt=state.prompt,
             prompt_token_ids=state.prompt_token_ids,
-            text=state.decoded[: state.sent],
-            token_ids=list(state.token_ids),
+            text=text,
+            token_ids=token_ids,
             finished=finished,
             finish_reason=finish_reason,
-            cumulative_logprob=state.cumulative_logprob,
+            cumulative_logprob=state.cumulative_logprob if state.logprobs is not None else None,
             metrics=RequestMetrics(
                 arrival_time=state.arrival_time,
                 first_scheduled_time=state.first_scheduled_time,
                 first_token_time=state.first_token_time,
                 finished_time=finished_time,
                 num_preemptions=state.num_preemptions,
+                token_gaps=tuple(state.token_gaps),
             ),
             delta_text=delta_text,
             delta_token_ids=new_ids,
             stop_reason=state.stop_reason if finished else None,
-            logprobs=list(state.logprobs) if state.logprobs is not None else None,
-            prompt_logprobs=state.prompt_logprobs,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             index=state.index,
             group_id=state.parent.request_id,
             embedding=state.embedding,

@@ -11,32 +11,19 @@ is the target's distribution; the closer q is to p, the more drafts are accepted
 Greedy requests never come here: there a draft is accepted while it is the target's
 argmax (verifier.num_kept).
 
-Randomness: a seeded request draws each position's accept test and residual from
-generators seeded by (seed, position, stream), so it repeats its tokens run after run
-(the draft's own draws use a third stream); unseeded ones use the engine's generator.
-Unlike n-gram drafts, the tokens are not plain decoding's, and they depend on how many
-drafts each step had (which a full step's budget or free blocks can cut).
+Randomness (engine/worker/randomness.py): a seeded request draws each position's
+accept test and residual with its seed under their own streams, so it repeats its
+tokens run after run (the draft's own draws use a third stream); unseeded ones draw
+under the engine's key. Unlike n-gram drafts, the tokens are not plain decoding's, and
+they depend on how many drafts each step had (which a full step's budget or free
+blocks can cut).
 """
 
 from __future__ import annotations
 
 import torch
-from hetero_infer.engine.worker.sampling_metadata import position_seed
-
-# position_seed streams: the draft model's draw, the accept test, the residual draw.
-DRAFT_STREAM = 1
-ACCEPT_STREAM = 2
-RESIDUAL_STREAM = 3
-
-
-def generator_at(
-    seed: int | None, position: int, stream: int, shared: torch.Generator
-) -> torch.Generator:
-    """The generator of one draw: the request's own at ``position`` when it is seeded,
-    else the engine's shared one."""
-    if seed is None:
-        return shared
-    return torch.Generator().manual_seed(position_seed(seed, position, stream))
+from hetero_infer.engine.worker.randomness import ACCEPT_STREAM, RESIDUAL_STREAM, Randomness
+from hetero_infer.kernels.sampling import draw_ref
 
 
 def rejection_sample(
@@ -46,7 +33,7 @@ def rejection_sample(
     bonus: int,
     seed: int | None,
     first_position: int,
-    shared: torch.Generator,
+    randomness: Randomness,
 ) -> list[int]:
     """The tokens a sequence keeps from its ``drafts`` (k of them).
 
@@ -60,8 +47,7 @@ def rejection_sample(
     p = target_probs[index, chosen].float().cpu()
     q = draft_probs[index, chosen].float().cpu()
     for j in range(k):
-        generator = generator_at(seed, first_position + j, ACCEPT_STREAM, shared)
-        u = torch.rand((), generator=generator)
+        u = randomness.uniform(seed, first_position + j, ACCEPT_STREAM)
         # u < p / q without the division (q(t) > 0: t was drawn from q).
         if u * q[j] < p[j]:
             continue
@@ -70,7 +56,6 @@ def rejection_sample(
             # p <= q everywhere means p == q, where nothing is ever rejected; rounding
             # can still get here, and p is then the residual's limit.
             residual = target_probs[j].float().cpu()
-        generator = generator_at(seed, first_position + j, RESIDUAL_STREAM, shared)
-        noise = torch.empty_like(residual).exponential_(generator=generator)
-        return drafts[:j] + [int((residual / noise).argmax())]
+        u = randomness.uniforms([seed], [first_position + j], RESIDUAL_STREAM)
+        return drafts[:j] + [int(draw_ref(residual[None], u)[0])]
     return drafts + [bonus]

@@ -27,14 +27,15 @@ import logging
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence, SchedulerOutput
 from hetero_infer.engine.spec_decode.draft_source import DraftSource
-from hetero_infer.engine.spec_decode.rejection import DRAFT_STREAM, generator_at
 from hetero_infer.engine.spec_decode.verifier import drafted_row
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
 from hetero_infer.engine.worker.model_loader import load_model
-from hetero_infer.engine.worker.sampler import Sampler, process_logits
-from hetero_infer.engine.worker.sampling_metadata import needs_processing
+from hetero_infer.engine.worker.randomness import DRAFT_STREAM, Randomness
+from hetero_infer.engine.worker.sampler import Sampler
+from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.kernels import Kernels
+from hetero_infer.kernels.sampling import draw_ref, process_logits_ref
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class DraftRunner:
 
     @torch.inference_mode()
     def propose(
-        self, out: SchedulerOutput, sampler: Sampler
+        self, out: SchedulerOutput, sampler: Sampler, randomness: Randomness
     ) -> tuple[list[ScheduledSequence], dict[str, torch.Tensor]]:
         """Run the draft model for the step: the scheduled sequences with their draft
         tokens filled in, and for the sampling ones among them the draft's probabilities
@@ -105,7 +106,9 @@ class DraftRunner:
                 break  # prompt chunks only: their KV was all that was needed
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
             rows = [drafted_row(s, proposed[s.request_id]) for s in active]
-            for s, token in zip(active, self._pick(logits, rows, sampler, probs), strict=True):
+            for s, token in zip(
+                active, self._pick(logits, rows, sampler, randomness, probs), strict=True
+            ):
                 proposed[s.request_id].append(token)
             active = [s for s in active if len(proposed[s.request_id]) < s.num_draft_tokens]
             if not active:
@@ -139,30 +142,29 @@ class DraftRunner:
         logits: torch.Tensor,
         rows: list[ScheduledSequence],
         sampler: Sampler,
+        randomness: Randomness,
         probs: dict[str, list[torch.Tensor]],
     ) -> list[int]:
         """One draft token per row: the argmax of the draft's (processed) logits for
         greedy rows; for sampling rows a draw from q, which is kept in ``probs``."""
+        vocab = logits.shape[-1]
         greedy = [i for i, r in enumerate(rows) if r.sampling_params.greedy]
         tokens = [0] * len(rows)
         if greedy:
-            chosen = logits[greedy]
             picked = [rows[i] for i in greedy]
-            if needs_processing(picked):
-                chosen = process_logits(chosen.float(), picked)
+            meta = SamplingMetadata.build(picked, vocab, self.device, None)
+            chosen = logits[greedy]
+            if meta.tensors is not None:
+                chosen = process_logits_ref(chosen, meta.tensors)
             for i, token in zip(greedy, chosen.argmax(dim=-1).tolist(), strict=True):
                 tokens[i] = token
         sampling = [i for i, r in enumerate(rows) if not r.sampling_params.greedy]
         if sampling:
             picked = [rows[i] for i in sampling]
-            q = sampler.probabilities(logits[sampling], picked)  # [rows, vocab]
-            noise = torch.empty(q.shape)
-            for n, row in enumerate(picked):
-                generator = generator_at(
-                    row.sampling_params.seed, row.sample_position, DRAFT_STREAM, sampler.generator
-                )
-                noise[n].exponential_(generator=generator)
-            draws = (q / noise.to(q.device)).argmax(dim=-1).tolist()
+            meta = SamplingMetadata.build(picked, vocab, self.device, randomness, DRAFT_STREAM)
+            q = sampler.probabilities(logits[sampling], meta)  # [rows, vocab]
+            assert meta.tensors is not None
+            draws = draw_ref(q, meta.tensors.uniforms).tolist()
             for n, i in enumerate(sampling):
                 tokens[i] = draws[n]
                 probs[rows[i].request_id].append(q[n])

@@ -46,7 +46,9 @@ from hetero_infer.engine.worker.model_loader import (
 )
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
+from hetero_infer.engine.worker.randomness import Randomness
 from hetero_infer.engine.worker.sampler import Sampler
+from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,8 @@ class ModelRunner:
         self.inputs = InputBatcher(
             config.block_size, self.device, self.attention, self.model.sliding_windows
         )
-        self.sampler = Sampler(config.seed, kernels.ops.greedy_pick)
+        self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
+        self.randomness = Randomness(config.seed, kernels.ops.uniforms)
         self.pooler = Pooler()
         # (block_size, num_kv_heads, head_dim)
         self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
@@ -124,7 +127,7 @@ class ModelRunner:
         scheduled = out.scheduled
         draft_probs: dict[str, torch.Tensor] = {}
         if self.drafter is not None:
-            scheduled, draft_probs = self.drafter.propose(out, self.sampler)
+            scheduled, draft_probs = self.drafter.propose(out, self.sampler, self.randomness)
         inputs = self.inputs.build(
             [
                 Chunk(s.token_ids, s.start, s.block_table, s.samples, s.num_draft_tokens)
@@ -144,7 +147,8 @@ class ModelRunner:
             return ModelRunnerOutput({}, prompt, embeddings)
         rows = [row for s in sampling for row in verification_rows(s)]
         logits = self.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
-        tokens, logprobs, tops = self.sampler(logits, rows)
+        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, self.randomness)
+        tokens, logprobs, tops = self.sampler(logits, meta)
         sampled: dict[str, list[SampledToken]] = {}
         first = 0
         for s in sampling:
@@ -190,17 +194,19 @@ class ModelRunner:
     ) -> list[SampledToken]:
         """A sampling sequence's tokens from a draft model's drafts (spec_decode/
         rejection.py), with the logprobs the sampler reports for them."""
+        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, None)
         kept = rejection_sample(
-            self.sampler.probabilities(logits, rows),  # [k + 1, vocab]
+            self.sampler.probabilities(logits, meta),  # [k + 1, vocab]
             draft_probs,
             list(item.draft_token_ids),
             bonus,
             item.sampling_params.seed,
             rows[0].sample_position,
-            self.sampler.generator,
+            self.randomness,
         )
         n = len(kept)
-        chosen, tops = self.sampler.logprobs_of(logits[:n], rows[:n], kept)
+        meta = SamplingMetadata.build(rows[:n], logits.shape[-1], self.device, None)
+        chosen, tops = self.sampler.logprobs_of(logits[:n], meta, kept)
         return [SampledToken(t, c, top) for t, c, top in zip(kept, chosen, tops, strict=True)]
 
     # ---- sizing the KV cache ----

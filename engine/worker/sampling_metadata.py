@@ -1,6 +1,8 @@
-"""SamplingMetadata: a step's sampling parameters as batched values, built once per step
-from the scheduled rows (cf. vLLM's SamplingMetadata), so the sampler works on whole
-batches instead of walking each request's params."""
+"""SamplingMetadata: a step's sampling as batched data, built once per step from the
+scheduled rows (cf. vLLM's SamplingMetadata): the kernel's tensors (kernels/sampling.py's
+SamplingTensors: per-row parameters, the tokens penalties count, bias and banned ids,
+the grammar's bit masks, each random row's uniform) and what stays on the Python side
+(who asked for how many top logprobs). Nothing after it walks a request's params."""
 
 from __future__ import annotations
 
@@ -8,67 +10,79 @@ from dataclasses import dataclass
 
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence
+from hetero_infer.engine.structured_output import bitmask_words
+from hetero_infer.engine.worker.randomness import SAMPLE_STREAM, Randomness
+from hetero_infer.kernels.sampling import SamplingTensors
 
 
 @dataclass(frozen=True)
 class SamplingMetadata:
-    rows: list[ScheduledSequence]
-    # Every row greedy, with no logprobs and nothing for process_logits: the one-pass path.
-    all_plain_greedy: bool
-    # Rows that sample at random, and for them: [num_random] temperatures, top-k (-1:
-    # off), top-p and min-p, and each one's generator (None: the engine's shared one;
-    # a seeded row's is seeded by its seed and sample position, see position_seed).
-    random_rows: list[int]
-    temperature: torch.Tensor | None
-    top_k: list[int]
-    top_p: list[float]
-    min_p: torch.Tensor | None
-    generators: list[torch.Generator | None]
-    # Per row: how many top logprobs it asked for (None: not asked).
+    # None for a batch of plain greedy rows (no logprobs, nothing to process): the
+    # one-pass greedy kernel needs no parameters.
+    tensors: SamplingTensors | None
+    # Per row: how many top logprobs it asked for (None: no logprobs at all).
     num_logprobs: list[int | None]
 
+    @property
+    def all_plain_greedy(self) -> bool:
+        return self.tensors is None
+
     @classmethod
-    def build(cls, rows: list[ScheduledSequence], device: torch.device) -> SamplingMetadata:
+    def build(
+        cls,
+        rows: list[ScheduledSequence],
+        vocab_size: int,
+        device: torch.device,
+        randomness: Randomness | None,
+        stream: int = SAMPLE_STREAM,
+    ) -> SamplingMetadata:
+        """``randomness``: where the random rows' uniforms come from (``stream``'s);
+        None where nothing is drawn (their probabilities only)."""
         params = [r.sampling_params for r in rows]
         num_logprobs = [p.logprobs for p in params]
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        chosen = [params[i] for i in random_rows]
-        row_generators = [
-            None
-            if params[i].seed is None
-            else torch.Generator().manual_seed(
-                position_seed(params[i].seed, rows[i].sample_position)
+        greedy = [p.greedy for p in params]
+        if all(greedy) and not needs_processing(rows) and all(k is None for k in num_logprobs):
+            return cls(None, num_logprobs)
+        random = [i for i, g in enumerate(greedy) if not g]
+        uniforms = torch.zeros(len(rows), dtype=torch.float64)
+        if random and randomness is not None:
+            drawn = randomness.uniforms(
+                [params[i].seed for i in random], [rows[i].sample_position for i in random], stream
             )
-            for i in random_rows
-        ]
-        return cls(
-            rows=rows,
-            all_plain_greedy=not random_rows
-            and all(k is None for k in num_logprobs)
-            and not needs_processing(rows),
-            random_rows=random_rows,
-            temperature=torch.tensor([p.temperature for p in chosen], device=device)
-            if chosen
+            if len(random) == len(rows):
+                uniforms = drawn
+            else:
+                uniforms[random] = drawn
+        penalized = any(p.has_penalties for p in params)
+        tensors = SamplingTensors.build(
+            temperature=[0.0 if g else p.temperature for g, p in zip(greedy, params, strict=True)],
+            top_k=[max(p.top_k, 0) for p in params],
+            top_p=[p.top_p for p in params],
+            min_p=[p.min_p for p in params],
+            uniforms=uniforms,
+            wants_logprob=[k is not None for k in num_logprobs],
+            penalties=[
+                (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) for p in params
+            ]
+            if penalized
             else None,
-            top_k=[p.top_k for p in chosen],
-            top_p=[p.top_p for p in chosen],
-            min_p=torch.tensor([p.min_p for p in chosen], device=device) if chosen else None,
-            generators=row_generators,
-            num_logprobs=num_logprobs,
+            prompt_ids=[_seen(r, r.prompt_token_ids) for r in rows] if penalized else None,
+            output_ids=[_seen(r, r.output_token_ids) for r in rows] if penalized else None,
+            bias=[p.logit_bias_tensors for p in params]
+            if any(p.logit_bias for p in params)
+            else None,
+            banned=[r.banned_token_ids for r in rows]
+            if any(r.banned_token_ids for r in rows)
+            else None,
+            allowed=_allowed(rows, vocab_size),
         )
-
-
-def position_seed(seed: int, position: int, stream: int = 0) -> int:
-    """The seed of a seeded request's draw at ``position``: a hash of both (Python
-    hashes ints and tuples of ints the same in every process). ``stream`` > 0 names
-    another draw at the same position, independent of the sampler's own (speculative
-    decoding's draft and accept/reject draws)."""
-    key = (seed, position, stream) if stream else (seed, position)
-    return hash(key) & (2**63 - 1)
+        if device.type != "cpu":
+            tensors = tensors.to(device)
+        return cls(tensors, num_logprobs)
 
 
 def needs_processing(rows: list[ScheduledSequence]) -> bool:
-    """Whether any row has something for process_logits to do."""
+    """Whether any row has bias, penalties, banned tokens or a grammar."""
     return any(
         r.grammar_bitmask is not None
         or r.banned_token_ids
@@ -76,3 +90,22 @@ def needs_processing(rows: list[ScheduledSequence]) -> bool:
         or r.sampling_params.has_penalties
         for r in rows
     )
+
+
+def _seen(row: ScheduledSequence, ids: list[int] | None) -> list[int]:
+    """The tokens a row's penalties count (none for a row without penalties)."""
+    return ids or [] if row.sampling_params.has_penalties else []
+
+
+def _allowed(rows: list[ScheduledSequence], vocab_size: int) -> torch.Tensor | None:
+    """The grammar bit masks [rows, ceil(vocab / 32)] int32 (all ones for rows without
+    a grammar), or None where no row has one."""
+    constrained = [i for i, r in enumerate(rows) if r.grammar_bitmask is not None]
+    if not constrained:
+        return None
+    words = -(-vocab_size // 32)
+    allowed = torch.full((len(rows), words), -1, dtype=torch.int32)
+    for i in constrained:
+        mask = bitmask_words(rows[i].grammar_bitmask, vocab_size)
+        allowed[i, : mask.numel()] = mask
+    return allowed

@@ -1,8 +1,11 @@
-"""The sampler on known logits: greedy, truncation, seeds, and the sampled distribution."""
+"""The sampler on known logits, through the metadata the runner builds: greedy,
+truncation, seeds, logprobs only where asked, penalties and bias, and the sampled
+distribution. Each test runs with the torch reference and with the C++ kernel."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -10,7 +13,23 @@ from hetero_infer.engine.core.scheduler import schedule_entry
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.worker.sampler import Sampler, apply_top_k_top_p, process_logits
+from hetero_infer.engine.worker.randomness import Randomness
+from hetero_infer.engine.worker.sampler import Sampler
+from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
+from hetero_infer.kernels import select_kernels
+from hetero_infer.kernels.greedy import greedy_pick_ref
+from hetero_infer.kernels.philox import uniforms_ref
+from hetero_infer.kernels.sampling import process_logits_ref, sample_ref
+
+CPU = torch.device("cpu")
+_OPS = select_kernels("auto", CPU).ops
+
+
+@pytest.fixture(params=["reference", "kernel"])
+def sampler(request) -> Sampler:
+    if request.param == "reference":
+        return Sampler(sample_ref, greedy_pick_ref)
+    return Sampler(_OPS.sample, _OPS.greedy_pick)
 
 
 def _row(
@@ -27,48 +46,47 @@ def _seqs(*params: SamplingParams) -> list[ScheduledSequence]:
     return [_row(str(i), p, [1], []) for i, p in enumerate(params)]
 
 
-def test_greedy_picks_argmax_and_reports_raw_logprob():
+def _sample(
+    sampler: Sampler,
+    logits: torch.Tensor,
+    rows: list[ScheduledSequence],
+    randomness: Randomness | None = None,
+):
+    randomness = randomness or Randomness(0, uniforms_ref)
+    meta = SamplingMetadata.build(rows, logits.shape[-1], CPU, randomness)
+    return sampler(logits, meta)
+
+
+def test_greedy_picks_argmax_and_reports_logprobs_only_where_asked(sampler):
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, -1.0]])
-    tokens, logprobs, _ = Sampler()(
-        logits, _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
-    )
+    plain = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
+    tokens, _, tops = _sample(sampler, logits, plain)
+    assert tokens == [1, 0] and tops == [None, None]
+    asked = _seqs(SamplingParams(temperature=0, logprobs=0), SamplingParams(temperature=0))
+    tokens, logprobs, tops = _sample(sampler, logits, asked)
     assert tokens == [1, 0]
-    expected = torch.log_softmax(logits, -1)[[0, 1], [1, 0]]
-    torch.testing.assert_close(torch.tensor(logprobs), expected)
+    expected = torch.log_softmax(logits, -1)[0, 1].item()
+    assert logprobs[0] == pytest.approx(expected) and math.isnan(logprobs[1])
+    assert tops == [{1: logprobs[0]}, None]
 
 
-def test_chosen_logprob_is_the_same_whether_or_not_top_logprobs_are_asked():
-    # Without logprobs the sampler computes only the chosen tokens' (via logsumexp).
+def test_chosen_logprob_is_the_same_whether_or_not_top_logprobs_are_asked(sampler):
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
-    plain = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=3)] * 2
-    asked = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0.8, seed=3)] * 2
-    tokens, logprobs, tops = Sampler()(logits, _seqs(*plain))
-    tokens_asked, logprobs_asked, tops_asked = Sampler()(logits, _seqs(*asked))
-    assert tokens == tokens_asked and tops == [None] * 4
-    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(logprobs_asked))
+    some = [SamplingParams(temperature=0, logprobs=0), SamplingParams(temperature=0.8, seed=3)]
+    more = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0.8, seed=3)]
+    tokens, logprobs, tops = _sample(sampler, logits, _seqs(*some * 2))
+    tokens_more, logprobs_more, tops_more = _sample(sampler, logits, _seqs(*more * 2))
+    assert tokens == tokens_more
     expected = torch.log_softmax(logits, -1)[range(4), tokens]
-    torch.testing.assert_close(torch.tensor(logprobs), expected)
-    assert tops_asked[0] is not None and tops_asked[1] is None
+    for i in (0, 2):
+        assert logprobs[i] == pytest.approx(expected[i].item(), abs=1e-5)
+        assert logprobs_more[i] == logprobs[i]
+        # greedy: the chosen token is the best of the two
+        assert len(tops_more[i]) == 2 and tops[i] == {tokens[i]: logprobs[i]}
+    assert math.isnan(logprobs[1]) and tops[1] is None and tops_more[1] is None
 
 
-def test_top_k_top_p_mask_matches_reference():
-    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0, 0.0]] * 3)
-    masked = apply_top_k_top_p(logits, top_k=[2, -1, -1], top_p=[1.0, 0.7, 1.0])
-    kept = torch.isfinite(masked)
-    # top_k=2 keeps the two largest; top_p=0.7 keeps the smallest prefix whose mass reaches 0.7
-    probs = torch.softmax(logits[1], -1).sort(descending=True).values
-    n_keep = int((probs.cumsum(0) - probs < 0.7).sum())
-    assert kept[0].tolist() == [False, True, True, False, False]
-    assert int(kept[1].sum()) == n_keep
-    assert kept[2].all()
-
-
-def test_top_k_beyond_the_vocab_keeps_everything():
-    logits = torch.randn(1, 10)
-    assert torch.equal(apply_top_k_top_p(logits, top_k=[2**70], top_p=[1.0]), logits)
-
-
-def test_truncation_to_one_token_is_greedy():
+def test_truncation_to_one_token_is_greedy(sampler):
     logits = torch.randn(4, 50)
     seqs = _seqs(
         SamplingParams(top_k=1),
@@ -76,45 +94,64 @@ def test_truncation_to_one_token_is_greedy():
         SamplingParams(min_p=1.0),
         SamplingParams(temperature=1e-7),
     )
-    tokens, _, _ = Sampler()(logits, seqs)
+    tokens, _, _ = _sample(sampler, logits, seqs)
     assert tokens == logits.argmax(-1).tolist()
 
 
-def test_seeded_rows_do_not_depend_on_the_batch():
+def test_top_k_beyond_the_vocab_keeps_everything(sampler):
+    logits = torch.zeros(1, 10)
+    seen = set()
+    randomness = Randomness(0, uniforms_ref)
+    for _ in range(200):
+        seen |= set(_sample(sampler, logits, _seqs(SamplingParams(top_k=2**40)), randomness)[0])
+    assert seen == set(range(10))
+
+
+def test_seeded_rows_do_not_depend_on_the_batch(sampler):
     torch.manual_seed(0)
     logits = torch.randn(3, 100)
     seeded = SamplingParams(temperature=1.0, seed=42)
 
-    def draws(batch_logits, params_list):
-        seqs = _seqs(*params_list)
-        sampler = Sampler(seed=123)
-        return [sampler(batch_logits, seqs)[0] for _ in range(20)]
+    def draws(batch_logits, params_list, column):
+        randomness = Randomness(123, uniforms_ref)
+        out = []
+        for position in range(20):
+            rows = [dataclasses.replace(r, start=position) for r in _seqs(*params_list)]
+            out.append(_sample(sampler, batch_logits, rows, randomness)[0][column])
+        return out
 
-    alone = [t[0] for t in draws(logits[:1], [seeded])]
-    crowded = [t[1] for t in draws(logits[[1, 0, 2]], [SamplingParams(), seeded, SamplingParams()])]
-    assert alone == crowded
+    alone = draws(logits[:1], [seeded], 0)
+    crowded = draws(logits[[1, 0, 2]], [SamplingParams(), seeded, SamplingParams()], 1)
+    assert alone == crowded and len(set(alone)) > 1
 
 
-def test_sampled_frequencies_follow_temperature_softmax():
+def test_unseeded_rows_repeat_with_the_engine_seed_and_differ_without(sampler):
+    logits = torch.zeros(4, 1000)
+    rows = _seqs(*[SamplingParams()] * 4)
+
+    def run(seed: int) -> list[list[int]]:
+        randomness = Randomness(seed, uniforms_ref)
+        return [_sample(sampler, logits, rows, randomness)[0] for _ in range(3)]
+
+    assert run(7) == run(7) != run(8)
+    assert len({t for step in run(7) for t in step}) > 8
+
+
+def test_sampled_frequencies_follow_temperature_softmax(sampler):
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    params = SamplingParams(temperature=0.7, seed=0)
-    (row,) = _seqs(params)
-    sampler = Sampler()
+    (row,) = _seqs(SamplingParams(temperature=0.7, seed=0))
     counts = torch.zeros(4)
     n = 4000
+    randomness = Randomness(0, uniforms_ref)
     for position in range(n):
-        # A seeded request draws each position's noise from (seed, position).
+        # A seeded request draws each position's uniform from (seed, position).
         at_position = dataclasses.replace(row, start=position)
-        counts[sampler(logits, [at_position])[0][0]] += 1
+        counts[_sample(sampler, logits, [at_position], randomness)[0][0]] += 1
     expected = torch.softmax(logits[0] / 0.7, -1)
     assert torch.allclose(counts / n, expected, atol=0.03)
 
 
 # ---- logit bias, min_tokens, penalties: against a plain per-token reference ----
-
-
-def _seq_with(params: SamplingParams, prompt: list[int], output: list[int]) -> ScheduledSequence:
-    return _row("r", params, prompt, output)
 
 
 def _reference(logits: list[float], params: SamplingParams, prompt, output) -> list[float]:
@@ -132,92 +169,133 @@ def _reference(logits: list[float], params: SamplingParams, prompt, output) -> l
     return out
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(presence_penalty=1.5),
-        SamplingParams(frequency_penalty=0.7),
-        SamplingParams(presence_penalty=-0.5, frequency_penalty=-2.0),
-        SamplingParams(repetition_penalty=1.3),
-        SamplingParams(repetition_penalty=0.8, frequency_penalty=0.3, presence_penalty=0.4),
-        SamplingParams(logit_bias={3: 5.0, 7: -100.0}),
-        SamplingParams(logit_bias={1: -2.5}, repetition_penalty=1.5, presence_penalty=2.0),
-    ],
-)
+PENALTY_CASES = [
+    SamplingParams(presence_penalty=1.5),
+    SamplingParams(frequency_penalty=0.7),
+    SamplingParams(presence_penalty=-0.5, frequency_penalty=-2.0),
+    SamplingParams(repetition_penalty=1.3),
+    SamplingParams(repetition_penalty=0.8, frequency_penalty=0.3, presence_penalty=0.4),
+    SamplingParams(logit_bias={3: 5.0, 7: -100.0}),
+    SamplingParams(logit_bias={1: -2.5}, repetition_penalty=1.5, presence_penalty=2.0),
+]
+HISTORIES = [([1, 2, 3], [4, 4, 5, 1]), ([9], []), ([0, 0], [7, 7, 7, 8, 3])]
+
+
+@pytest.mark.parametrize("params", PENALTY_CASES)
 def test_penalties_and_bias_match_the_reference(params):
     torch.manual_seed(0)
     logits = torch.randn(3, 10) * 3
-    histories = [([1, 2, 3], [4, 4, 5, 1]), ([9], []), ([0, 0], [7, 7, 7, 8, 3])]
-    seqs = [_seq_with(params, p, o) for p, o in histories]
-    got = process_logits(logits, seqs)
-    for row, (prompt, output) in enumerate(histories):
+    seqs = [_row("r", params, p, o) for p, o in HISTORIES]
+    meta = SamplingMetadata.build(seqs, 10, CPU, None)
+    got = process_logits_ref(logits, meta.tensors)
+    for row, (prompt, output) in enumerate(HISTORIES):
         expected = _reference(logits[row].tolist(), params, prompt, output)
         torch.testing.assert_close(got[row], torch.tensor(expected))
+
+
+@pytest.mark.parametrize("params", PENALTY_CASES)
+def test_the_kernel_picks_what_the_processed_logits_say(params):
+    # Greedy with logprobs: the pick and its logprob are the processed logits' argmax
+    # and log-softmax, whatever was applied to get them.
+    logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(1)) * 3
+    greedy = dataclasses.replace(params, temperature=0.0, logprobs=0)
+    seqs = [_row("r", greedy, p, o) for p, o in HISTORIES]
+    meta = SamplingMetadata.build(seqs, 10, CPU, None)
+    processed = process_logits_ref(logits, meta.tensors)
+    tokens, logprobs, _ = Sampler(_OPS.sample)(logits, meta)
+    assert tokens == processed.argmax(-1).tolist()
+    expected = torch.log_softmax(processed, -1)[range(3), tokens]
+    torch.testing.assert_close(torch.tensor(logprobs), expected)
 
 
 def test_rows_without_penalties_are_untouched_beside_penalized_ones():
     logits = torch.randn(2, 10)
     seqs = [
-        _seq_with(SamplingParams(frequency_penalty=1.0), [1], [2, 2]),
-        _seq_with(SamplingParams(), [1], [2, 2]),
+        _row("a", SamplingParams(frequency_penalty=1.0), [1], [2, 2]),
+        _row("b", SamplingParams(), [1], [2, 2]),
     ]
-    got = process_logits(logits, seqs)
+    got = process_logits_ref(logits, SamplingMetadata.build(seqs, 10, CPU, None).tensors)
     assert torch.equal(got[1], logits[1]) and not torch.equal(got[0], logits[0])
 
 
-def test_logit_bias_steers_greedy_and_logprobs_follow_it():
+def test_logit_bias_steers_greedy_and_logprobs_follow_it(sampler):
     logits = torch.zeros(1, 8)
     logits[0, 2] = 5.0
-    params = SamplingParams(temperature=0, logit_bias={6: 100.0})
-    tokens, logprobs, _ = Sampler()(logits, [_seq_with(params, [1], [])])
+    params = SamplingParams(temperature=0, logit_bias={6: 100.0}, logprobs=0)
+    tokens, logprobs, _ = _sample(sampler, logits, [_row("r", params, [1], [])])
     assert tokens == [6]
     biased = logits.clone()
     biased[0, 6] += 100
     assert logprobs[0] == pytest.approx(torch.log_softmax(biased, -1)[0, 6].item())
 
 
-def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached(sampler):
     logits = torch.zeros(2, 8)
     logits[:, 0] = 10.0  # eos
     logits[:, 5] = 9.0  # a stop token id
     params = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5])
-    early = _seq_with(params, [1], [3])
-    late = _seq_with(params, [1], [3, 3])
-    tokens, _, _ = Sampler()(logits, [early, late])
+    early = _row("a", params, [1], [3])
+    late = _row("b", params, [1], [3, 3])
+    tokens, _, _ = _sample(sampler, logits, [early, late])
     assert tokens[0] not in (0, 5) and tokens[1] == 0
 
 
-def _greedy_seqs(n: int, **params) -> list[ScheduledSequence]:
-    return _seqs(*[SamplingParams(temperature=0, **params)] * n)
+def test_banned_tokens_are_never_drawn(sampler):
+    logits = torch.zeros(1, 4)
+    logits[0, 0] = 3.0  # eos: the likeliest
+    params = SamplingParams(temperature=1.0, min_tokens=5)
+    randomness = Randomness(0, uniforms_ref)
+    drawn = {_sample(sampler, logits, [_row("a", params, [1], [])], randomness)[0][0]}
+    for _ in range(300):
+        drawn |= set(_sample(sampler, logits, [_row("a", params, [1], [])], randomness)[0])
+    assert drawn == {1, 2, 3}
 
 
-def test_sampler_gives_the_same_greedy_result_on_either_path():
+def test_sampler_gives_the_same_greedy_result_on_either_path(sampler):
     # bf16 logits, as the model returns them: plain greedy rows take the one-pass kernel;
-    # asking for top logprobs takes the general fp32 path.
+    # asking for top logprobs takes the general path.
     logits = (4 * torch.randn(6, 3000, generator=torch.Generator().manual_seed(3))).bfloat16()
-    fast = Sampler()(logits, _greedy_seqs(6))
-    general = Sampler()(logits, _greedy_seqs(6, logprobs=1))
+    greedy = SamplingParams(temperature=0)
+    fast = _sample(sampler, logits, _seqs(*[greedy] * 6))
+    general = _sample(sampler, logits, _seqs(*[dataclasses.replace(greedy, logprobs=1)] * 6))
     assert fast[0] == general[0] and fast[2] == [None] * 6
     torch.testing.assert_close(torch.tensor(fast[1]), torch.tensor(general[1]))
-    assert all(top is not None for top in general[2])
+    assert all(top is not None and len(top) <= 2 for top in general[2])
 
 
-def test_sampler_applies_logit_bias_before_a_greedy_pick():
+def test_sampler_applies_logit_bias_before_a_greedy_pick(sampler):
     logits = (4 * torch.randn(2, 100, generator=torch.Generator().manual_seed(4))).bfloat16()
     low = int(logits[0].float().argmin())
-    seqs = _seqs(SamplingParams(temperature=0, logit_bias={low: 100.0}))
-    seqs += _greedy_seqs(1)
-    tokens, _, _ = Sampler()(logits, seqs)
+    seqs = _seqs(
+        SamplingParams(temperature=0, logit_bias={low: 100.0}), SamplingParams(temperature=0)
+    )
+    tokens, _, _ = _sample(sampler, logits, seqs)
     assert tokens == [low, int(logits[1].float().argmax())]
+
+
+def test_probabilities_are_the_truncated_distribution():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    rows = _seqs(SamplingParams(temperature=0.5, top_k=3, top_p=0.95))
+    meta = SamplingMetadata.build(rows, 5, CPU, None)
+    probs = Sampler().probabilities(logits, meta)[0]
+    # top-k keeps [6, 4, 2] / 1 (after temperature): 0.867, 0.117, 0.016; the third has
+    # 0.984 > 0.95 above it, so top-p drops it.
+    expected = torch.softmax(torch.tensor([6.0, 4.0]), -1)
+    torch.testing.assert_close(probs, torch.cat([expected, torch.zeros(3)]))
 
 
 @pytest.mark.cuda
 def test_random_and_greedy_rows_sample_on_the_gpu():
-    # The noise comes from CPU generators; it must meet the logits on their device.
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(5)).cuda()
     params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.7)]
     params.append(SamplingParams(temperature=0))
-    tokens, logprobs, _ = Sampler()(logits, _seqs(*params))
+    rows = _seqs(*params)
+    ops = select_kernels("auto", torch.device("cuda")).ops
+
+    def run():
+        meta = SamplingMetadata.build(rows, 50, logits.device, Randomness(0, ops.uniforms))
+        return Sampler(ops.sample, ops.greedy_pick)(logits, meta)[0]
+
+    tokens = run()
     assert all(0 <= t < 50 for t in tokens) and tokens[2] == int(logits[2].argmax())
-    again, _, _ = Sampler()(logits, _seqs(*params))
-    assert again[0] == tokens[0]  # seeded
+    assert run() == tokens

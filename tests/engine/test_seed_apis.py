@@ -193,7 +193,10 @@ def test_mini_infer_generate_keyword_form(model_dir):
     assert isinstance(output, GenerateOutput)
     assert isinstance(output.text, str) and output.token_ids
     assert output.finish_reason in ("stop", "length")
-    assert output.cumulative_logprob < 0
+    # Logprobs are computed only where asked, as in vLLM: the sum too.
+    assert output.cumulative_logprob is None
+    (asked,) = engine.generate(["Hello"], max_tokens=5, temperature=0.8, logprobs=0)
+    assert asked.cumulative_logprob < 0
     # Greedy keyword form == the SamplingParams form.
     greedy = engine.generate(["a prompt"], max_tokens=10, temperature=0.0, use_tqdm=False)
     same = engine.generate(["a prompt"], SamplingParams(max_tokens=10, temperature=0.0))

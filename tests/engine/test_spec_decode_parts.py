@@ -26,6 +26,8 @@ from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenT
 from hetero_infer.engine.spec_decode.rejection import rejection_sample
 from hetero_infer.engine.spec_decode.speculator import Speculator
 from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
+from hetero_infer.engine.worker.randomness import Randomness
+from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.server import cli
 
 # ---- config ----
@@ -433,11 +435,12 @@ def test_rejection_sampling_gives_the_target_distribution_whatever_the_draft():
     target = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])  # a draft position, then the next
     draft = torch.tensor([[0.1, 0.1, 0.8]])  # proposes token 2 far too often
     generator = torch.Generator().manual_seed(0)
+    randomness = Randomness(0, uniforms_ref)
     n = 20_000
     first, accepted = Counter(), 0
     for _ in range(n):
         proposed = int(torch.multinomial(draft[0], 1, generator=generator))
-        kept = rejection_sample(target, draft, [proposed], 9, None, 10, generator)
+        kept = rejection_sample(target, draft, [proposed], 9, None, 10, randomness)
         first[kept[0]] += 1
         accepted += len(kept) == 2
         assert kept[1:] in ([], [9])  # the target's own next token only after an accept
@@ -449,7 +452,7 @@ def test_rejection_sampling_gives_the_target_distribution_whatever_the_draft():
 def test_seeded_rejection_sampling_repeats_itself():
     target = torch.tensor([[0.5, 0.3, 0.2], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
     draft = torch.tensor([[0.1, 0.1, 0.8], [0.1, 0.1, 0.8]])
-    shared = torch.Generator().manual_seed(0)
+    shared = Randomness(0, uniforms_ref)
 
     def run(seed: int) -> list[list[int]]:
         return [rejection_sample(target, draft, [2, 2], 0, seed, p, shared) for p in range(50)]

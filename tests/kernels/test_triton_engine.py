@@ -1,9 +1,9 @@
 """The Triton path end to end.
 
 The engine test runs the tiny Llama (head_dim 24, GQA 3) through LLMEngine with every
-kernel forced to Triton (in the interpreter) and checks its greedy tokens against the
-torch path, over a mixed batch with chunked prefill and prefix-cache hits. (How the
-backend is chosen: tests/kernels/test_selection.py.)
+kernel forced to Triton (in the interpreter), the sampler included, and checks its
+greedy tokens against the torch path, over a mixed batch with chunked prefill and
+prefix-cache hits. (How the backend is chosen: tests/kernels/test_selection.py.)
 """
 
 from __future__ import annotations
@@ -61,7 +61,12 @@ def make_engine(folder, backend: str) -> LLMEngine:
 
 
 def run_engine(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list, dict]:
-    params = SamplingParams(max_tokens=4, temperature=0.0)
+    # Greedy; half of them asking for logprobs, which takes the batch to the sampler
+    # kernel rather than the plain greedy pick.
+    params = [
+        SamplingParams(max_tokens=4, temperature=0.0, logprobs=0 if i % 2 else None)
+        for i in range(len(prompts))
+    ]
     # The second pass finds the first pass's full blocks in the prefix cache.
     outputs = [
         [out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
