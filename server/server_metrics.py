@@ -185,21 +185,32 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry.register(_EngineCollector(get_engine, model_name))
 
-    def tracker(self) -> RequestTracker:
-        return RequestTracker(self)
+    def tracker(self, final_only: bool = False) -> RequestTracker:
+        """A tracker of one request's outputs; ``final_only``: it gets only its finished
+        ones (RequestOutputKind.FINAL_ONLY)."""
+        return RequestTracker(self, final_only)
 
 
 class RequestTracker:
     """Observes one request's outputs as they arrive."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, final_only: bool = False) -> None:
         self.metrics = metrics
+        self.final_only = final_only
         self.last_token_time: float | None = None
 
     def observe(self, output: RequestOutput) -> None:
         m, name = self.metrics, self.metrics.model_name
         now = time.monotonic()
-        if output.delta_token_ids:
+        if self.final_only:
+            # The engine timed the steps that a stream's outputs would have shown.
+            timing = output.metrics
+            if timing.first_token_time is not None:
+                m.ttft.labels(name).observe(timing.first_token_time - timing.arrival_time)
+            for gap, num_tokens in timing.token_gaps:
+                for _ in range(num_tokens):
+                    m.itl.labels(name).observe(gap / num_tokens)
+        elif output.delta_token_ids:
             if self.last_token_time is None:
                 m.ttft.labels(name).observe(now - output.metrics.arrival_time)
             else:

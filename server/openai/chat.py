@@ -102,7 +102,7 @@ class ChatCompletion:
                 {
                     "index": final.index,
                     "message": self._message(message),
-                    "logprobs": self._logprobs(final, 0),
+                    "logprobs": self._logprobs(final.token_ids, final.logprobs),
                     "finish_reason": _finish_reason(final, parser),
                     "stop_reason": final.stop_reason,
                 }
@@ -126,11 +126,15 @@ class ChatCompletion:
             role = {"role": "assistant", "content": ""}
             choice = {"index": index, "delta": role, "finish_reason": None}
             yield self._chunk([choice], self._usage_so_far(generated))
-        sent_tokens = [0] * self.n  # per choice: output tokens whose logprobs are out
+        # Per choice: output tokens (and logprob entries) whose chunk is still to come.
+        pending: list[tuple[list[int], list[dict[int, float]]]] = [([], []) for _ in range(self.n)]
         parsers = [self.output_parser() for _ in range(self.n)]
-        async for out in prepend(first, outputs):
+        async for out in prepend(first, outputs):  # deltas
             generated += len(out.delta_token_ids)
             parser = parsers[out.index]
+            if self.formatter is not None:
+                pending[out.index][0].extend(out.token_ids)
+                pending[out.index][1].extend(out.logprobs or [])
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
             if out.finished:
                 delta.add(parser.finish())
@@ -140,11 +144,11 @@ class ChatCompletion:
             choice = {
                 "index": out.index,
                 "delta": _delta_body(delta),
-                "logprobs": self._logprobs(out, sent_tokens[out.index]),
+                "logprobs": self._logprobs(*pending[out.index]),
                 "finish_reason": _finish_reason(out, parser),
                 "stop_reason": out.stop_reason,
             }
-            sent_tokens[out.index] = len(out.token_ids)
+            pending[out.index] = ([], [])
             yield self._chunk([choice], self._usage_so_far(generated))
         if self.include_usage:
             yield self._chunk([], usage(self.prompt_tokens, generated))
@@ -163,12 +167,14 @@ class ChatCompletion:
         """With continuous usage stats, the usage a content chunk carries."""
         return usage(self.prompt_tokens, generated) if self.continuous_usage else None
 
-    def _logprobs(self, out: RequestOutput, start: int) -> dict[str, Any] | None:
-        """Chat logprobs of the output's tokens from ``start`` on; None unless asked."""
+    def _logprobs(
+        self, token_ids: list[int], entries: list[dict[int, float]] | None
+    ) -> dict[str, Any] | None:
+        """Chat logprobs of these output tokens; None unless asked."""
         if self.formatter is None:
             return None
-        assert out.logprobs is not None
-        return self.formatter.chat(out.token_ids[start:], out.logprobs[start:], self.top_logprobs)
+        assert entries is not None
+        return self.formatter.chat(token_ids, entries, self.top_logprobs)
 
     def _chunk(
         self, choices: list[dict[str, Any]], usage_value: dict[str, int] | None = None

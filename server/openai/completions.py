@@ -11,7 +11,7 @@ far, so the last one equals the final usage chunk.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hetero_infer.engine.frontend.input_processor import EngineRequest
@@ -29,8 +29,12 @@ class _ChoiceCursor:
     """How far a streamed choice has got."""
 
     started: bool = False  # its first chunk (with the echo) is out
-    sent_tokens: int = 0  # output tokens whose logprobs are out
     text_offset: int = 0  # text_offset of the next logprobs entry
+    # Output tokens (and their logprob entries) whose chunk is still to come: a token
+    # without text yet rides on a later chunk. The stream's outputs are deltas.
+    pending_ids: list[int] = field(default_factory=list)
+    pending_entries: list[Entry] = field(default_factory=list)
+    prompt_logprobs: list[Entry | None] | None = None  # from the first output
 
 
 class Completion:
@@ -83,7 +87,10 @@ class Completion:
             for out in outs:
                 logprobs = None
                 if self.formatter is not None:
-                    ids, entries = _logprob_tokens(self.requests[i], out, 0, self.echo)
+                    assert out.logprobs is not None
+                    ids, entries = list(out.token_ids), list(out.logprobs)
+                    if self.echo:
+                        ids, entries = self._with_prompt(i, out.prompt_logprobs, ids, entries)
                     logprobs = self.formatter.completion(ids, entries, 0)
                 choices.append(self._choice(i, out, self.echoed[i] + out.text, logprobs))
         generated = sum(len(out.token_ids) for outs in finals for out in outs)
@@ -104,23 +111,41 @@ class Completion:
     def _chunk(
         self, i: int, out: RequestOutput, cursor: _ChoiceCursor, generated: int
     ) -> Chunk | None:
-        """The chunk for prompt ``i``'s output, None while it has no text to send (the
-        logprobs of tokens without text yet ride on a later chunk). ``generated``:
-        the request's tokens so far, for continuous usage stats."""
+        """The chunk for prompt ``i``'s output (a delta), None while it has no text to
+        send (the logprobs of tokens without text yet ride on a later chunk).
+        ``generated``: the request's tokens so far, for continuous usage stats."""
         first = not cursor.started
+        if first and out.prompt_logprobs is not None:
+            cursor.prompt_logprobs = out.prompt_logprobs
+        if self.formatter is not None:
+            assert out.logprobs is not None
+            cursor.pending_ids += out.token_ids
+            cursor.pending_entries += out.logprobs
         if not (out.delta_text or out.finished or first and self.echo):
             return None
         text = (self.echoed[i] if first else "") + out.delta_text
         logprobs = None
         if self.formatter is not None:
-            with_prompt = first and self.echo
-            ids, entries = _logprob_tokens(self.requests[i], out, cursor.sent_tokens, with_prompt)
+            ids, entries = cursor.pending_ids, cursor.pending_entries
+            if first and self.echo:
+                ids, entries = self._with_prompt(i, cursor.prompt_logprobs, ids, entries)
             logprobs = self.formatter.completion(ids, entries, cursor.text_offset)
             cursor.text_offset += self.formatter.text_length(ids)
-            cursor.sent_tokens = len(out.token_ids)
+            cursor.pending_ids, cursor.pending_entries = [], []
         cursor.started = True
         running_usage = usage(self.prompt_tokens, generated) if self.continuous_usage else None
         return self._body([self._choice(i, out, text, logprobs)], running_usage)
+
+    def _with_prompt(
+        self,
+        i: int,
+        prompt_logprobs: list[Entry | None] | None,
+        ids: list[int],
+        entries: list[Entry],
+    ) -> tuple[list[int], list[Entry | None]]:
+        """Echo with logprobs: prompt ``i``'s tokens and their logprobs first."""
+        assert prompt_logprobs is not None
+        return self.requests[i].prompt_token_ids + ids, [*prompt_logprobs, *entries]
 
     def _choice(
         self, i: int, out: RequestOutput, text: str, logprobs: dict[str, Any] | None
@@ -146,19 +171,3 @@ def _echo_text(request: EngineRequest, tokenizer: Tokenizer) -> str:
     if request.prompt is not None:
         return request.prompt
     return tokenizer.decode(request.prompt_token_ids)
-
-
-def _logprob_tokens(
-    request: EngineRequest, out: RequestOutput, start: int, with_prompt: bool
-) -> tuple[list[int], list[Entry | None]]:
-    """Token ids and logprob entries from output token ``start`` on (prompt first)."""
-    ids: list[int] = []
-    entries: list[Entry | None] = []
-    if with_prompt:
-        assert out.prompt_logprobs is not None
-        ids += request.prompt_token_ids
-        entries += out.prompt_logprobs
-    assert out.logprobs is not None
-    ids += out.token_ids[start:]
-    entries += out.logprobs[start:]
-    return ids, entries

@@ -18,6 +18,7 @@ from hetero_infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_N,
+    RequestOutputKind,
     SamplingParams,
 )
 from hetero_infer.server.errors import APIError
@@ -254,6 +255,10 @@ class SamplingFields(RequestBody):
             values["logit_bias"] = _token_bias(self.logit_bias)
         values.update(self.logprobs_params())
         values["json_schema"] = self.json_schema()
+        # A stream sends each step's part; an answer sent whole needs only the end.
+        values["output_kind"] = (
+            RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        )
         return SamplingParams(**values)
 
 

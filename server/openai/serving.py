@@ -17,6 +17,7 @@ from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.exceptions import EngineError, ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.sampling_params import RequestOutputKind
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
@@ -82,7 +83,7 @@ class RequestContext:
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request, observed by the metrics; the engine's
         errors as APIErrors (which a stream reports in-band)."""
-        tracker = self.metrics.tracker()
+        tracker = self.metrics.tracker(request.params.output_kind is RequestOutputKind.FINAL_ONLY)
         try:
             async for output in self.engine.generate(request):
                 tracker.observe(output)
