@@ -1,10 +1,13 @@
-"""AsyncEngine: the LLMEngine driven by an asyncio task, one queue per request.
+"""AsyncEngine: the LLMEngine stepped by its own thread, one asyncio queue per request.
 
-The engine's state is touched by one party at a time: requests to add or abort
-are queued and applied by the loop task between steps, and the model step itself
-runs in a dedicated worker thread so the event loop keeps serving HTTP and
-flushing streams while the model computes. New requests join the running batch
-at the next step.
+The engine's state is touched by one thread only, the engine thread: it takes the
+requests to add or abort (handed over under a lock) between steps, runs the steps
+back to back while there is work, and hands each step's outputs to the event loop in
+one call, which puts them in the requests' queues. So the event loop keeps serving
+HTTP and flushing streams while the model computes, and the engine never waits for
+the event loop to start its next step (a step started by the loop waited for it to
+finish writing the last step's chunks: 7% of the engine thread's time at 16 streams).
+New requests join the running batch at the next step.
 
 It is also the server's one view of the engine (vLLM's EngineClient): the tokenizer,
 the context length, the input processor that turns a prompt into an EngineRequest,
@@ -14,8 +17,8 @@ generate and abort, and what /metrics reads. The LLMEngine itself stays private.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +48,7 @@ class EngineDeadError(ExecutionError):
 @dataclass
 class _NewRequest:
     request: EngineRequest
+    # Settled on the event loop once the engine thread has taken the request.
     accepted: asyncio.Future = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -62,10 +66,14 @@ class AsyncEngine:
         that runs the steps (``load`` passes the one that built the engine)."""
         self._engine = engine
         self.max_pending = max_pending
+        # The requests' queues: the event loop's only.
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        # Handed to the engine thread under the lock: requests to add, ids to abort.
+        self._lock = threading.Lock()
         self._new: list[_NewRequest] = []
         self._aborts: set[str] = set()
-        self._wake = asyncio.Event()
+        self._work = threading.Event()  # set when there is something to take
+        self._stopping = False
         self._executor = executor or engine_thread()
         self._task: asyncio.Task | None = None
         self.dead_error: BaseException | None = None
@@ -96,10 +104,11 @@ class AsyncEngine:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
+        """The engine thread leaves after the step it is in, if any."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._work.set()
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         self._executor.shutdown(wait=True)
         self._engine.shutdown()
@@ -179,8 +188,9 @@ class AsyncEngine:
         new = _NewRequest(request)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
-        self._new.append(new)
-        self._wake.set()
+        with self._lock:
+            self._new.append(new)
+        self._work.set()
         finished = False
         num_finished = 0
         try:
@@ -206,74 +216,78 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self._aborts.add(request_id)
-        self._wake.set()
+        with self._lock:
+            self._aborts.add(request_id)
+        self._work.set()
 
     # ---- the loop ----
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while True:
-                if not self._new and not self._aborts and not self._engine.has_pending_work():
-                    self._wake.clear()
-                    await self._wait_for_work()
-                self._engine.check_health()
-                self._apply_requests()
-                if not self._engine.has_pending_work():
-                    continue
-                outputs = await loop.run_in_executor(self._executor, self._step)
-                for output in outputs:
-                    queue = self._queues.get(output.group_id)
-                    if queue is not None:
-                        queue.put_nowait(output)
+            await loop.run_in_executor(self._executor, self._serve, loop)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug or a device error: fail loudly, not silently
             logger.exception("engine loop died")
             self.dead_error = exc
             error = EngineDeadError(f"the engine loop has stopped: {exc}")
-            for new in self._new:
-                if not new.accepted.done():
-                    new.accepted.set_exception(error)
+            with self._lock:
+                new, self._new = self._new, []
+            for item in new:
+                _settle(item.accepted, error)
             for queue in self._queues.values():
                 queue.put_nowait(error)
 
-    async def _wait_for_work(self) -> None:
-        """Until woken; with tensor-parallel ranks to watch, checking them meanwhile
-        (check_health raises when one has died)."""
-        if self._engine.workers is None:
-            await self._wake.wait()
-            return
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), HEALTH_CHECK_INTERVAL)
-                return
-            except TimeoutError:
-                self._engine.check_health()
-
-    def _step(self) -> list[RequestOutput]:
-        return self._engine.step()
-
-    def _apply_requests(self) -> None:
-        for new in self._new:
-            request_id = new.request.request_id
-            # A cancelled future: its caller was cancelled while waiting for it (a client
-            # that left); the abort its generate() sends may not have come yet.
-            if request_id in self._aborts or new.accepted.cancelled():
-                self._aborts.discard(request_id)
-                new.accepted.cancel()
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine thread: take requests, step while there is work, hand the outputs
+        over; wait when there is none (checking tensor-parallel ranks meanwhile, so that
+        a dead one shows in /healthz without a request)."""
+        engine = self._engine
+        idle_timeout = HEALTH_CHECK_INTERVAL if engine.workers is not None else None
+        while not self._stopping:
+            self._work.clear()  # before taking: a request handed over later wakes the wait
+            self._take_requests(loop)
+            engine.check_health()
+            if not engine.has_pending_work():
+                self._work.wait(idle_timeout)
                 continue
+            outputs = engine.step()
+            if outputs:
+                loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _take_requests(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the engine thread: add the new requests, then apply the aborts (a client
+        that left before its request was taken aborts it right after)."""
+        with self._lock:
+            new, self._new = self._new, []
+            aborts, self._aborts = self._aborts, set()
+        for item in new:
             try:
-                self._engine.add_processed(new.request)
+                self._engine.add_processed(item.request)
             except ValueError as exc:
-                new.accepted.set_exception(exc)
+                loop.call_soon_threadsafe(_settle, item.accepted, exc)
             else:
-                new.accepted.set_result(None)
-        self._new.clear()
-        for request_id in self._aborts:
+                loop.call_soon_threadsafe(_settle, item.accepted, None)
+        for request_id in aborts:
             self._engine.abort(request_id)
-        self._aborts.clear()
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """On the event loop: a step's outputs into their requests' queues."""
+        for output in outputs:
+            queue = self._queues.get(output.group_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    """Accept a request (or refuse it with ``error``), unless its caller has gone."""
+    if future.done():  # cancelled: the client left while it waited; its abort follows
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def engine_thread() -> ThreadPoolExecutor:
