@@ -99,11 +99,18 @@ def sse_response(chunks: AsyncIterator[Chunk]) -> EventSourceResponse:
     return EventSourceResponse(_events(chunks), ping=0, sep="\n")
 
 
-async def _events(chunks: AsyncIterator[Chunk]) -> AsyncIterator[dict[str, str]]:
+async def _events(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
+    """The chunks as SSE events, encoded here: compact JSON has no line breaks, so each
+    is one ``data:`` line (sse-starlette passes bytes through as they are, where a dict
+    would become an event object to encode, for every token of every stream)."""
     try:
         async for chunk in chunks:
-            yield {"data": json.dumps(chunk, ensure_ascii=False)}
+            yield _event(chunk)
     except APIError as exc:
         # The status line has gone out already: report in-band, then end.
-        yield {"event": "error", "data": json.dumps(exc.body())}
-    yield {"data": "[DONE]"}
+        yield b"event: error\n" + _event(exc.body())
+    yield b"data: [DONE]\n\n"
+
+
+def _event(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
