@@ -52,6 +52,20 @@ def resolve_model_folder(name: str) -> Path:
     return folder.resolve()
 
 
+def portable(value: Any) -> Any:
+    """A result (JSON-like) with this machine's paths in its strings made relative: the
+    repository as ".", the home folder as "~" (result files are committed)."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        return value.replace(str(REPO_ROOT), ".").replace(str(Path.home()), "~")
+    return value
+
+
 # ---- threads ----
 
 

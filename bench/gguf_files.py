@@ -2,9 +2,10 @@
 bench/single_stream.py), written once next to the benchmark models.
 
 - ``rewritten_gguf(source, target)``: a GGUF with every tensor that is not F32
-  re-encoded as ``target`` (bf16, f16 or q8_0), all else as it was: the embedded
-  SmolLM2 Q4_1 file dequantized to BF16/F16 (the values the Q4_1 file stands for) or
-  requantized to Q8_0.
+  re-encoded as ``target`` (bf16, f16, q8_0 or q4_0), all else as it was: the
+  embedded SmolLM2 Q4_1 file dequantized to BF16/F16 (the values the Q4_1 file stands
+  for), or requantized to Q8_0 or Q4_0 (llama.cpp's fastest CPU format: it repacks
+  Q4_0 weights for its own kernels as it loads them).
 - ``qwen2_gguf(folder, target)``: a Hugging Face Qwen2 folder (the
   ``qwen2.5-0.5b-shape`` benchmark model) as llama.cpp's converter lays it out: arch
   ``qwen2``, llama.cpp's tensor names, q/k rows in HF's order (the converter permutes
@@ -40,8 +41,10 @@ GGUF_TYPES: dict[str, tuple[QType, LlamaFileType]] = {
     "f16": (QType.F16, LlamaFileType.MOSTLY_F16),
     "q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
     "q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+    "q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
 }
-REWRITE_TYPES = ("bf16", "f16", "q8_0")  # what rewritten_gguf makes of the SmolLM2 file
+# What rewritten_gguf makes of the SmolLM2 file.
+REWRITE_TYPES = ("bf16", "f16", "q8_0", "q4_0")
 QWEN2_TYPES = ("q4_1", "q8_0", "bf16", "f16", "f32")
 
 
@@ -85,12 +88,19 @@ def _finish(writer: gguf.GGUFWriter, staging: Path, out: Path) -> Path:
 # ---- the SmolLM2 file in another type ----
 
 
+def kept_types(target: str) -> tuple[QType, ...]:
+    """The tensor types rewritten_gguf copies as they are into a ``target`` file."""
+    qtype = GGUF_TYPES[target][0]
+    return (QType.F32, qtype, QType.Q8_0) if target == "q4_0" else (QType.F32, qtype)
+
+
 def rewritten_gguf(source: Path, target: str, out: Path | None = None) -> Path:
     """``source`` with every tensor that is neither F32 nor ``target`` already
     dequantized and encoded as ``target`` (one of REWRITE_TYPES): the same metadata
     (general.file_type updated), names, shapes and layout (llama.cpp's q/k row order
     included). F32 tensors (norms) stay F32, as llama.cpp wants them. A tensor already
-    in ``target`` (SmolLM2's Q8_0 embedding, for q8_0) is copied as it is."""
+    in ``target`` (SmolLM2's Q8_0 embedding, for q8_0) is copied as it is, and so is a
+    Q8_0 one for a 4-bit target (the tied embedding stays as the Q4_1 file has it)."""
     if target not in REWRITE_TYPES:
         raise ValueError(f"cannot rewrite a GGUF as {target!r}; choose from {REWRITE_TYPES}")
     qtype, file_type = GGUF_TYPES[target]
@@ -113,7 +123,7 @@ def rewritten_gguf(source: Path, target: str, out: Path | None = None) -> Path:
         writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
     for tensor in reader.tensors:
         kind = tensor.tensor_type
-        if kind in (QType.F32, qtype):
+        if kind in kept_types(target):
             writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=kind)
             continue
         values = gguf.quants.dequantize(tensor.data, kind)

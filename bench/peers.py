@@ -55,6 +55,7 @@ import os
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -68,13 +69,13 @@ if __name__ == "__main__" and not __package__:
 
 import httpx
 
-from bench import gguf_files, serving
-from bench.common import REPO_ROOT, RESULTS_DIR, thread_env
+from bench import gguf_files, llama_bench, serving
+from bench.common import REPO_ROOT, RESULTS_DIR, portable, thread_env
 from bench.models import BENCH_MODELS, model_folder
 
 PEERS = ("ours", "transformers", "llama-cpp", "llama-server")
 # The GGUFs llama.cpp is given (--gguf-dtype): each benchmark model has all four.
-GGUF_DTYPES = ("bf16", "f16", "q8_0", "q4_1")
+GGUF_DTYPES = ("bf16", "f16", "q8_0", "q4_1", "q4_0")
 LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
 LLAMA_SERVER_BIN = REPO_ROOT / ".venv-peers" / "llama-server" / "bin"
 # Tokens of room in a llama.cpp context beyond prompt + output (a BOS, a prompt that
@@ -167,7 +168,7 @@ def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
             path, what = source, f"the embedded Q4_1 GGUF as it is ({source.name})"
         else:
             path = gguf_files.rewritten_gguf(source, gguf_dtype)
-            how = "requantized" if gguf_dtype == "q8_0" else "dequantized"
+            how = "requantized" if gguf_dtype in ("q8_0", "q4_0") else "dequantized"
             what = f"{path.name}: the embedded Q4_1 GGUF {how} to {gguf_dtype.upper()}"
     elif model == "qwen2.5-0.5b-shape":
         path = gguf_files.qwen2_gguf(model_folder(model), gguf_dtype)
@@ -178,7 +179,7 @@ def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
         )
     else:
         raise Skip(f"no GGUF of {model!r}")
-    if gguf_dtype in ("q8_0", "q4_1"):
+    if gguf_dtype in ("q8_0", "q4_1", "q4_0"):
         # ours and transformers load the folder's float weights unless told otherwise
         what += ": not the others' weights"
     return path, what
@@ -188,10 +189,13 @@ def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
 
 
 def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
-    folder = model_folder(model)
+    if getattr(args, "ours_model", "folder") == "gguf":
+        weights = llama_gguf(model, args.gguf_dtype)[0]  # llama.cpp's file
+    else:
+        weights = model_folder(model)
     command = [
         str(Path(sys.executable).parent / "hetero-infer"), "serve",
-        "--model", str(folder),
+        "--model", str(weights),
         "--dtype", "bfloat16",
         "--served-model-name", model,
         "--host", "127.0.0.1", "--port", str(port),
@@ -350,11 +354,12 @@ def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
         process.wait(timeout=30)
 
 
-def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Start peer ``name``, benchmark it, stop it; raises Skip when it cannot run here."""
+def run_peer(name: str, args: argparse.Namespace, out: Path, tag: str = "") -> dict[str, Any]:
+    """Start peer ``name``, benchmark it, stop it; raises Skip when it cannot run here.
+    ``tag`` names the round in its files."""
     port = free_port()
     peer = PEER_BUILDERS[name](args.model, port, args)
-    log_path = out / "logs" / f"{args.model}-{name}.log"
+    log_path = out / "logs" / f"{args.model}-{name}{tag}.log"
     print(f"-- {name}: starting on port {port} (log {log_path})", flush=True)
     for note in peer.notes:
         print(f"   {note}", flush=True)
@@ -382,8 +387,68 @@ def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "ready_s": took,
     }
     print(serving.format_summary(result), flush=True)
-    serving.write_result(result, out / "runs", f"{args.model}-{name}")
+    serving.write_result(result, out / "runs", f"{args.model}-{name}{tag}")
     return result
+
+
+def rounds_summary(rounds: list[dict[str, Any]], baseline: str = "ours") -> dict[str, Any]:
+    """Per peer: output tok/s in each round and their median; ours / each peer per
+    round and of the medians (pure: tested on made-up rounds)."""
+    names = list(dict.fromkeys(name for r in rounds for name in r["results"]))
+    rates = {
+        name: [r["results"][name]["output_throughput"] for r in rounds if name in r["results"]]
+        for name in names
+    }
+    summary: dict[str, Any] = {
+        name: {"output_tok_s": values, "median_output_tok_s": statistics.median(values)}
+        for name, values in rates.items()
+        if values
+    }
+    if baseline in summary:
+        for name in summary:
+            if name == baseline:
+                continue
+            per_round = [
+                r["results"][baseline]["output_throughput"]
+                / r["results"][name]["output_throughput"]
+                for r in rounds
+                if baseline in r["results"] and name in r["results"]
+            ]
+            summary[name]["ours_ratio_by_round"] = per_round
+            summary[name]["ours_ratio_of_medians"] = (
+                summary[baseline]["median_output_tok_s"] / summary[name]["median_output_tok_s"]
+            )
+    return summary
+
+
+def write_rounds(
+    args: argparse.Namespace, argv: list[str] | None, rounds: list[dict[str, Any]]
+) -> Path:
+    """The rounds and their summary as JSON: the command, the machine, the load average
+    and llama-bench's tg of each round, every peer's summary."""
+    from bench.throughput import machine_info
+
+    summary = rounds_summary(rounds)
+    name = f"peers-{args.model}-{args.workload}-{args.gguf_dtype}-c{args.concurrency}"
+    path = args.out / f"{name}.json"
+    argv = argv if argv is not None else sys.argv[1:]
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {
+        "benchmark": "peers",
+        "command": "python -m bench.peers " + shlex.join(argv),
+        "settings": settings,
+        "machine": machine_info(),
+        "rounds": rounds,
+        "summary": summary,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(portable(result), indent=1, default=str) + "\n")
+    for peer, record in summary.items():
+        ratios = record.get("ours_ratio_by_round")
+        spread = f", ours / it by round {', '.join(f'{x:.2f}' for x in ratios)}" if ratios else ""
+        print(f"{peer}: median {record['median_output_tok_s']:.1f} output tok/s{spread}")
+    print(f"wrote {path}")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,6 +464,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-rate", type=serving._rate, default=float("inf"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--workload", choices=serving.WORKLOADS, default="greedy")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="interleaved rounds (peer order rotates)"
+    )
+    parser.add_argument(
+        "--ours-model",
+        choices=("folder", "gguf"),
+        default="folder",
+        help="ours serves the benchmark folder, or llama.cpp's GGUF (--gguf-dtype)",
+    )
+    parser.add_argument(
+        "--llama-bench", action="store_true", help="llama-bench tg on the GGUF once a round"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--gguf-dtype", default="bf16", choices=GGUF_DTYPES, help="llama.cpp's weights"
@@ -426,18 +504,38 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.output_len} tokens, concurrency {args.concurrency}, {args.threads} threads",
         flush=True,
     )
-    results = []
-    broken = []
+    broken: list[str] = []
     skipped: dict[str, str] = {}
-    for name in names:
-        try:
-            results.append(run_peer(name, args, args.out))
-        except Skip as exc:  # not installed here: a line under the table, not a failure
-            print(f"-- skipping {name}: {exc}", flush=True)
-            skipped[name] = str(exc)
-        except RuntimeError as exc:  # a peer that failed to start or serve: go on
-            print(f"-- {name} failed: {exc}", flush=True)
-            broken.append(name)
+    rounds: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []  # the last round's, for the detailed comparison
+    for number in range(1, args.rounds + 1):
+        # New prompts each round, the same for every peer; the order rotates, so that
+        # none always meets a warmer (or busier) machine.
+        round_args = argparse.Namespace(**{**vars(args), "seed": args.seed + number - 1})
+        shift = (number - 1) % len(names)
+        record: dict[str, Any] = {"round": number, "load_average": os.getloadavg()[0]}
+        results = []
+        for name in names[shift:] + names[:shift]:
+            if name in skipped or name in broken:
+                continue
+            tag = f"-r{number}" if args.rounds > 1 else ""
+            try:
+                results.append(run_peer(name, round_args, args.out, tag))
+            except Skip as exc:  # not installed here: a line under the table, not a failure
+                print(f"-- skipping {name}: {exc}", flush=True)
+                skipped[name] = str(exc)
+            except RuntimeError as exc:  # a peer that failed to start or serve: go on
+                print(f"-- {name} failed: {exc}", flush=True)
+                broken.append(name)
+        record["results"] = {r["label"]: r["summary"] for r in results}
+        if args.llama_bench:
+            gguf, _ = llama_gguf(args.model, args.gguf_dtype)
+            bench = llama_bench.run(gguf, args.threads, args.prompt_len, args.output_len)
+            record["llama_bench"] = bench
+            print(f"-- llama-bench: {llama_bench.tg(bench, args.output_len)} tok/s tg", flush=True)
+        rounds.append(record)
+    if rounds and any(r["results"] for r in rounds):
+        write_rounds(args, argv, rounds)
     skip_lines = [f"note: {name} skipped: {why}" for name, why in skipped.items()]
     if not results:
         print("\n".join([*skip_lines, "no peer ran"]), file=sys.stderr)

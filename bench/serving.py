@@ -11,9 +11,14 @@ a benchmark model's name (``bench.models``: smollm2, ...) means its folder.
 Prompts are seeded random ordinary token ids of the model's tokenizer, decoded to
 text (and re-encoded to about ``--prompt-len`` tokens). Requests arrive as a Poisson
 process at ``--request-rate`` per second (``inf``: all at once), at most
-``--concurrency`` in flight. Each is a streaming completion with ``temperature=0``,
-``ignore_eos`` (a vLLM extension; servers that do not honour it may stop early, so
-the tokens actually received are counted) and ``stream_options.include_usage``.
+``--concurrency`` in flight. Each is a streaming request with ``ignore_eos`` (a vLLM
+extension; servers that do not honour it may stop early, so the tokens actually
+received are counted) and ``stream_options.include_usage``; ``--workload`` says which:
+
+- ``greedy``: ``/v1/completions`` with ``temperature=0``;
+- ``chat``: what chat clients send: ``/v1/chat/completions`` with the prompt as the
+  user's message, ``temperature=0.7``, ``top_p=0.95`` and a seed per request (the
+  run's seed times 100,000 plus the request's index).
 
 Per request: TTFT (until the first chunk with text), inter-token latencies (the gap
 before each later chunk, split evenly over the tokens that chunk carries), TPOT
@@ -66,7 +71,11 @@ RUN_FLAGS = (
     "concurrency",
     "seed",
     "warmup",
+    "workload",
 )
+WORKLOADS = ("greedy", "chat")
+# The chat workload's sampling (a seed per request is added).
+CHAT_SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 
 
 # ---- settings and records ----
@@ -87,6 +96,7 @@ class BenchConfig:
     # Fields merged into every request body (a peer's own switches).
     extra_body: dict[str, Any] = field(default_factory=dict)
     warmup: int = 1
+    workload: str = "greedy"  # WORKLOADS
     timeout: float = 3600.0
     api_key: str | None = None
     label: str = "run"
@@ -287,15 +297,25 @@ def random_prompts(
 # ---- the client ----
 
 
-def _request_body(config: BenchConfig, prompt: str, max_tokens: int) -> dict[str, Any]:
+def request_route(config: BenchConfig) -> str:
+    return "/chat/completions" if config.workload == "chat" else "/completions"
+
+
+def _request_body(
+    config: BenchConfig, prompt: str, max_tokens: int, index: int = 0
+) -> dict[str, Any]:
+    """A request's body; ``index`` (the request's) seeds a chat request's sampling."""
     body: dict[str, Any] = {
         "model": config.model,
-        "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if config.workload == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        body |= CHAT_SAMPLING | {"seed": config.seed * 100_000 + index}
+    else:
+        body |= {"prompt": prompt, "temperature": 0.0}
     if config.ignore_eos:
         body["ignore_eos"] = True
     body.update(config.extra_body)
@@ -312,14 +332,14 @@ async def send_request(
 ) -> RequestRecord:
     """Stream one completion and fill ``record`` in (never raises: a failure is
     recorded with its error)."""
-    body = _request_body(config, prompt, record.max_tokens)
+    body = _request_body(config, prompt, record.max_tokens, record.index)
     texts: list[str] = []
     times: list[float] = []
     usage: dict[str, Any] | None = None
     sent = time.perf_counter()
     record.start = sent - t0
     try:
-        async with client.stream("POST", "/completions", json=body) as response:
+        async with client.stream("POST", request_route(config), json=body) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:300]
                 raise RuntimeError(f"HTTP {response.status_code}: {detail}")
@@ -342,7 +362,7 @@ async def send_request(
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
-                    text = choice.get("text") or ""
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
                     if text:
                         # Stamp on arrival: the decode of later lines must not count.
                         times.append(time.perf_counter() - sent)
@@ -682,6 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--extra-body", default="{}", help="JSON merged into each request")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
+    parser.add_argument("--workload", choices=WORKLOADS, default="greedy")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per request, seconds")
     parser.add_argument("--api-key")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)

@@ -44,8 +44,12 @@ Two threads on a 2-core machine that other work shares are fragile: llama.cpp's
 threads meet at a barrier after every graph node, so a core taken away stalls each
 token (compare ``--threads 1``).
 
-Written to ``--out``: ``single-stream-<model>.json`` (everything: commands, every
-request, llama-bench's output, machine and load) and the server logs under ``logs/``.
+``--workload chat`` sends bench/serving.py's sampled chat requests instead of greedy
+completions (temperature 0.7, top_p 0.95, a seed per request).
+
+Written to ``--out``: ``single-stream-<model>-<gguf dtype>-<workload>.json``
+(everything: commands, every request, llama-bench's output, machine and load) and the
+server logs under ``logs/``.
 """
 
 from __future__ import annotations
@@ -53,9 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,13 +68,12 @@ if __name__ == "__main__" and not __package__:
 
 import numpy as np
 
-from bench import peers, serving
-from bench.common import RESULTS_DIR, align, column_widths
+from bench import llama_bench, peers, serving
+from bench.common import RESULTS_DIR, align, column_widths, portable
 from bench.models import BENCH_MODELS, model_folder
 from bench.throughput import machine_info
 
 SYSTEMS = ("ours", "llama-server")
-LLAMA_BENCH_TIMEOUT = 900.0
 
 
 # ---- numbers (pure functions, tested on made-up records) ----
@@ -174,20 +175,6 @@ def llama_bench_record(runs: list[dict[str, Any]], output_len: int) -> dict[str,
     }
 
 
-# llama-bench's markdown rows: | model | size | params | backend | threads | test | t/s |
-_BENCH_ROW = re.compile(r"^\|.*\|\s*((?:pp|tg)\d+)\s*\|\s*([\d.]+)\s*±\s*([\d.]+)\s*\|\s*$")
-
-
-def parse_llama_bench(text: str) -> dict[str, dict[str, float]]:
-    """{"pp64": {"tok_s": ..., "std": ...}, "tg128": {...}} from llama-bench's table."""
-    tests = {}
-    for line in text.splitlines():
-        match = _BENCH_ROW.match(line.strip())
-        if match:
-            tests[match[1]] = {"tok_s": float(match[2]), "std": float(match[3])}
-    return tests
-
-
 # ---- running ----
 
 
@@ -217,6 +204,7 @@ def run_round(system: str, number: int, args: argparse.Namespace, tokenizer: Any
             ignore_eos=peer.ignore_eos,
             extra_body=peer.extra_body,
             warmup=args.warmup,
+            workload=args.workload,
             label=system,
         )
         result = serving.benchmark(config, tokenizer)
@@ -228,30 +216,8 @@ def run_round(system: str, number: int, args: argparse.Namespace, tokenizer: Any
 
 
 def run_llama_bench(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
-    """``llama-bench -m FILE -t THREADS -p PROMPT_LEN -n OUTPUT_LEN``, as it printed."""
-    try:
-        binary = peers.llama_server_binary("llama-bench")
-    except peers.Skip as exc:
-        return {"skipped": f"skipped: {exc}"}
-    command = [
-        str(binary), "-m", str(gguf), "-t", str(args.threads),
-        "-p", str(args.prompt_len), "-n", str(args.output_len),
-    ]  # fmt: skip
-    try:
-        proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=LLAMA_BENCH_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return {"command": command, "error": f"timed out after {LLAMA_BENCH_TIMEOUT:.0f} s"}
-    record: dict[str, Any] = {
-        "command": command,
-        "returncode": proc.returncode,
-        "output": proc.stdout,
-        "tests": parse_llama_bench(proc.stdout),
-    }
-    if proc.returncode != 0:
-        record["error"] = f"exit status {proc.returncode}: {proc.stderr.strip()[-500:]}"
-    return record
+    """llama-bench on ``gguf`` with the run's threads and lengths (bench/llama_bench.py)."""
+    return llama_bench.run(gguf, args.threads, args.prompt_len, args.output_len)
 
 
 # ---- the report ----
@@ -356,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=serving.WORKLOADS, default="greedy")
     parser.add_argument(
         "--gguf-dtype", default="q4_1", choices=peers.GGUF_DTYPES, help="the GGUF served"
     )
@@ -463,8 +430,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": {**machine_info(), "load_before": load_before, "load_after": os.getloadavg()},
         "settings": {
             "model": args.model,
-            "gguf": str(gguf),
+            "gguf": gguf.name,
             "gguf_dtype": args.gguf_dtype,
+            "workload": args.workload,
             "rounds": args.rounds,
             "requests": args.requests,
             "warmup": args.warmup,
@@ -483,8 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["table"] = format_table(result)
     print()
     print(result["table"])
-    path = args.out / f"single-stream-{args.model}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    path = args.out / f"single-stream-{args.model}-{args.gguf_dtype}-{args.workload}.json"
+    path.write_text(json.dumps(portable(result), indent=1) + "\n")
     print(f"\nwritten: {path}")
     return result
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from hetero_infer.engine.loader import default_model_path
 
-from bench import peers, serving, single_stream
+from bench import llama_bench, peers, serving, single_stream
 from bench.serving import RequestRecord
 
 BUILT = peers.LLAMA_SERVER_BIN / "llama-server"
@@ -115,9 +115,9 @@ def test_peers_run_goes_on_without_llama_server_and_says_so(
     monkeypatch.setattr(peers, "LLAMA_SERVER_BIN", tmp_path / "no-build")
     real_run_peer = peers.run_peer
 
-    def run_peer(name: str, args: argparse.Namespace, out: Path) -> dict:
+    def run_peer(name: str, args: argparse.Namespace, out: Path, tag: str = "") -> dict:
         # ours as if it had run; llama-server through the real code, which skips it
-        return _result(name) if name == "ours" else real_run_peer(name, args, out)
+        return _result(name) if name == "ours" else real_run_peer(name, args, out, tag)
 
     monkeypatch.setattr(peers, "run_peer", run_peer)
     rc = peers.main(["--peers", "ours,llama-server", "--quick", "--out", str(tmp_path / "out")])
@@ -235,7 +235,7 @@ def test_llama_bench_table_is_parsed() -> None:
 
 build: 20183f2 (11434)
 """
-    assert single_stream.parse_llama_bench(output) == {
+    assert llama_bench.parse(output) == {
         "pp64": {"tok_s": pytest.approx(1234.56), "std": pytest.approx(12.34)},
         "tg128": {"tok_s": pytest.approx(156.78), "std": pytest.approx(3.21)},
     }

@@ -183,6 +183,32 @@ def test_a_run_against_our_server(live: LiveServer, tiny_dir: Path, tmp_path: Pa
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_the_chat_workload_samples_with_a_seed_per_request(
+    live: LiveServer, tiny_dir: Path
+) -> None:
+    config = serving.BenchConfig(
+        base_url=live.url + "/v1",
+        model="tiny-llama",
+        tokenizer=str(tiny_dir),
+        num_prompts=4,
+        prompt_len=16,
+        output_len=6,
+        concurrency=4,
+        warmup=0,
+        workload="chat",
+    )
+    body = serving._request_body(config, "hi", 6, index=3)
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in body
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.95, 3)
+    assert serving.request_route(config) == "/chat/completions"
+    result = serving.benchmark(config)
+    assert result["summary"]["completed"] == 4, result["summary"]["errors"]
+    assert result["summary"]["total_output_tokens"] == 4 * 6
+    # A seed per request: the same run gives the same texts.
+    again = serving.benchmark(config)
+    assert [r["text"] for r in again["requests"]] == [r["text"] for r in result["requests"]]
+
+
 def test_a_failing_request_is_recorded_not_raised(live: LiveServer, tiny_dir: Path) -> None:
     config = serving.BenchConfig(
         base_url=live.url + "/v1",
