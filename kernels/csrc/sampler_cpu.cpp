@@ -199,19 +199,33 @@ float kth_largest(const float* row, int64_t n, int64_t k, float top, std::vector
 // heavier ones weigh less than `mass` (> 0) in all.
 float top_p_threshold(const float* weights, int64_t n, double mass, std::vector<float>& cand) {
   // Weights at or above a floor that together reach `mass` hold every kept one: any
-  // token below the floor has at least that much strictly heavier than it.
+  // token below the floor has at least that much strictly heavier than it. Most rows
+  // have their mass in a few heavy tokens: gathered in one pass at a floor of 1/1024.
   float floor = 1.f / 1024;
-  while (true) {
-    cand.clear();
-    double held = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (weights[i] >= floor && weights[i] > 0.f) {
-        cand.push_back(weights[i]);
-        held += weights[i];
-      }
+  cand.clear();
+  double held = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (weights[i] >= floor) {  // a branch the predictor mostly gets right
+      cand.push_back(weights[i]);
+      held += weights[i];
     }
-    if (held >= mass || floor == 0.f) break;
-    floor = floor > 1e-30f ? floor / 1024 : 0.f;
+  }
+  if (held < mass) {
+    // A flat row: lower the floor 16-fold at a time by vectorised sums (the fewer
+    // weights gathered, the less to select from), then gather
+    // its (many) weights without a branch.
+    do {
+      floor = floor > 1e-30f ? floor / 16 : 0.f;
+      held = 0;
+      for (int64_t i = 0; i < n; ++i) held += weights[i] >= floor ? weights[i] : 0.f;
+    } while (held < mass && floor > 0.f);
+    cand.resize(n);
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      cand[count] = weights[i];
+      count += weights[i] >= floor && weights[i] > 0.f;
+    }
+    cand.resize(count);
   }
   // Quickselect: [lo, hi) holds the candidates still undecided; `above` is the mass of
   // those known to be heavier than all of them.
