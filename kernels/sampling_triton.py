@@ -45,6 +45,15 @@ def _mass_above(x_ptr, vocab, top, temperature, kth, floor, BLOCK: tl.constexpr)
 
 
 @triton.jit
+def _kept_weights(x_ptr, col, vocab, top, temperature, kth, threshold):
+    """The weights of the block ``col`` of the row: w where kept, else 0, and the mask."""
+    x = tl.load(x_ptr + col, mask=col < vocab, other=float("-inf"))
+    w = tl.exp((x - top) / temperature)
+    keep = (x >= kth) & (w >= threshold) & (w > 0) & (col < vocab)
+    return tl.where(keep, w, 0.0), keep
+
+
+@triton.jit
 def _sample_kernel(
     tokens_ptr,
     logprobs_ptr,
@@ -115,20 +124,16 @@ def _sample_kernel(
         total = tl.zeros((), dtype=tl.float64)
         for start in range(0, vocab, BLOCK):
             col = start + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + col, mask=col < vocab, other=float("-inf"))
-            w = tl.exp((x - top) / temperature)
-            keep = (x >= kth) & (w >= threshold) & (w > 0) & (col < vocab)
-            total += tl.sum(tl.where(keep, w, 0.0).to(tl.float64), 0)
+            w, _ = _kept_weights(x_ptr, col, vocab, top, temperature, kth, threshold)
+            total += tl.sum(w.to(tl.float64), 0)
         target = u * total
         running = tl.zeros((), dtype=tl.float64)
         token = tl.full((), 2147483647, tl.int32)  # none yet
         last = tl.zeros((), dtype=tl.int32)
         for start in range(0, vocab, BLOCK):
             col = start + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + col, mask=col < vocab, other=float("-inf"))
-            w = tl.exp((x - top) / temperature)
-            keep = (x >= kth) & (w >= threshold) & (w > 0) & (col < vocab)
-            kept = tl.where(keep, w, 0.0).to(tl.float64)
+            w, keep = _kept_weights(x_ptr, col, vocab, top, temperature, kth, threshold)
+            kept = w.to(tl.float64)
             passed = (running + tl.cumsum(kept, 0) > target) & keep
             token = tl.minimum(token, tl.min(tl.where(passed, col, 2147483647), 0))
             last = tl.maximum(last, tl.max(tl.where(keep, col, 0), 0))

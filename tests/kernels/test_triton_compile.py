@@ -204,6 +204,21 @@ VARIANTS = [
         dict(num_warps=4, num_stages=2),
     ),
     (
+        "sample",
+        "hetero_infer.kernels.sampling_triton:_sample_kernel",
+        {
+            "tokens_ptr": "*i64",
+            "logprobs_ptr": "*fp32",
+            "x_ptr": "*fp32",
+            **{n: "*fp32" for n in ("temperature_ptr", "top_p_ptr", "min_p_ptr")},
+            "top_k_ptr": "*i64",
+            "uniforms_ptr": "*fp64",
+            "wants_logprob_ptr": "*i8",
+        },
+        dict(BLOCK=1024),
+        dict(num_warps=4),
+    ),
+    (
         "silu_and_mul",
         "hetero_infer.kernels.activation_triton:_silu_and_mul_kernel",
         {"out_ptr": "*bf16", "x_ptr": "*bf16"},
