@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workload", choices=("greedy", "chat"), default="chat")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=96)
-    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -50,7 +52,13 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import RESULTS_DIR, align, apply_engine_thread_settings, column_widths
+from bench.common import (
+    RESULTS_DIR,
+    align,
+    apply_engine_thread_settings,
+    column_widths,
+    portable,
+)
 
 DEFAULT_SPEC = {
     "method": "ngram",
@@ -235,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     records: dict[str, dict[str, list[list[dict[str, Any]]]]] = {
         w: {mode: [] for mode in engines} for w in workloads
     }
+    loads = []
     for round_index in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         seed = args.seed + round_index
         for workload in workloads:
             if workload == "grounded":
@@ -259,7 +269,17 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
 
-    report = {"settings": {**vars(args), "out": str(args.out)}, "workloads": {}}
+    from bench.throughput import machine_info
+
+    report = {
+        "benchmark": "speculative",
+        "command": "python -m bench.speculative "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine_info(),
+        "load_average_per_round": loads,
+        "workloads": {},
+    }
     rows = [["workload", "speculation", "median tok/s", "round medians", "/off", "acceptance"]]
     for workload in workloads:
         entry: dict[str, Any] = {}
@@ -308,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     name = Path(args.model).stem if args.model else "smollm2"
     path = args.out / f"speculative-{name}.json"
-    path.write_text(json.dumps(report, indent=1))
+    path.write_text(json.dumps(portable(report), indent=1) + "\n")
     print(f"written: {path}")
     return 0
 

