@@ -130,10 +130,6 @@ class SamplingTensors:
         )
 
     @property
-    def num_rows(self) -> int:
-        return self.temperature.shape[0]
-
-    @property
     def has_penalties(self) -> bool:
         return self.presence.numel() > 0
 
