@@ -103,11 +103,6 @@ class EngineConfig:
     cpu_kernels: bool = True
     # Run every decode step eagerly instead of replaying captured CUDA graphs.
     enforce_eager: bool = False
-    # Overlap each step's model pass with the CPU work around it: step N-1's outputs
-    # are detokenized while step N runs (in a second thread). Off by default: measured,
-    # it gained nothing on the CPU (the model pass keeps every core busy) nor on an
-    # H100 (the two threads share Python's lock).
-    overlap_steps: bool = False
     # As vLLM's --speculative-config: speculative decoding, e.g. {"method": "ngram",
     # "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, or a
     # draft model: {"model": PATH, "num_speculative_tokens": 4} (engine/spec_decode/
@@ -159,7 +154,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                 raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
-        for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager", "overlap_steps"):
+        for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("model", "tokenizer"):

@@ -13,7 +13,6 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hetero_infer.engine import loader
@@ -105,6 +104,7 @@ class LLMEngine:
             num_cpu_blocks=config.num_cpu_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
         )
+        speculator = self._speculator()
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -113,13 +113,12 @@ class LLMEngine:
             memory_threshold=config.memory_threshold,
             use_swap=config.use_swap,
             policy=config.scheduling_policy,
-            speculator=self._speculator(),
+            speculator=speculator,
         )
+        # The speculator counts the drafts it hears back about (vllm:spec_decode_*).
         self.metrics = EngineMetrics()
-        if config.speculative is not None:
-            self.metrics.spec_decode.num_speculative_tokens = (
-                config.speculative.num_speculative_tokens
-            )
+        if speculator is not None:
+            self.metrics.spec_decode = speculator.stats
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -131,14 +130,6 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
-        # overlap_steps: the model pass's thread, and the last step's updates that are not
-        # yet in outputs.
-        self._overlap = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-pass")
-            if config.overlap_steps
-            else None
-        )
-        self._unsent: list[SequenceUpdate] = []
         # (deadline, request id) of the requests with a time limit, soonest first; an
         # entry stays until its deadline even if its request ends earlier.
         self._deadlines: list[tuple[float, str]] = []
@@ -234,8 +225,6 @@ class LLMEngine:
         for seq_id in seq_ids:
             self.scheduler.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
             aborted |= self.output_processor.abort(seq_id)
-        # overlap_steps: an aborted request's last tokens are never sent.
-        self._unsent = [u for u in self._unsent if u.request_id not in seq_ids]
         return aborted
 
     def default_sampling_params(self, **fields: Any) -> SamplingParams:
@@ -257,7 +246,7 @@ class LLMEngine:
             self.workers = None
 
     def has_pending_work(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._unsent)
+        return self.scheduler.has_unfinished()
 
     def get_output(self, request_id: str) -> RequestOutput | None:
         """A finished request's output; None while it runs (or once forgotten)."""
@@ -287,23 +276,15 @@ class LLMEngine:
         """Run one step: schedule, run the model, update the sequences, make outputs.
         Returns the outputs of the requests that got tokens or finished.
 
-        With overlap_steps, the model pass of this step runs in a worker thread while
-        this thread turns the previous step's tokens into outputs: the outputs returned
-        are the previous step's (the last ones come from a step with nothing scheduled).
+        (Overlapping a step's model pass with the last step's outputs, in a second
+        thread, was tried and removed: on the CPU the model pass keeps every core busy,
+        and on a GPU both threads wait for Python's lock; it gained nothing on either.)
         """
         started = time.perf_counter()
         timed_out = self._time_out_requests() + self._reject_unstarted_requests()
         scheduled = self.scheduler.schedule()
-        if self._overlap is None:
-            updates = self._update(scheduled, self.runner.execute(scheduled))
-            outputs = self._process(timed_out + updates)
-        else:
-            # A stop string found here finishes its sequence while the model computes one
-            # more token for it, which the scheduler then drops.
-            running = self._overlap.submit(self.runner.execute, scheduled)
-            unsent, self._unsent = self._unsent, []
-            outputs = self._process(unsent + timed_out)  # a sequence's last token first
-            self._unsent = self._update(scheduled, running.result())
+        updates = self._update(scheduled, self.runner.execute(scheduled))
+        outputs = self._process(timed_out + updates)
         if not scheduled.is_empty:
             self.metrics.busy_time += time.perf_counter() - started
         return outputs
@@ -346,10 +327,6 @@ class LLMEngine:
         if not scheduled.is_empty:
             self.metrics.num_steps += 1
             self.metrics.tokens_generated += sum(map(len, runner_output.sampled.values()))
-            for item in scheduled.scheduled:
-                tokens = runner_output.sampled.get(item.request_id)
-                if item.num_draft_tokens and tokens:
-                    self.metrics.spec_decode.record(item.num_draft_tokens, len(tokens) - 1)
             batch_size = len(scheduled.scheduled)
             self.metrics.max_batch_size = max(self.metrics.max_batch_size, batch_size)
         return updates

@@ -71,7 +71,7 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
     """The stack where the extension has it, the model runs in bf16 (the dtype whose
     elementwise ops are the C++ ones: fp32 runs the torch references) and every
     projection is ours; else None."""
-    if module is None or not hasattr(module, "DecoderStack"):
+    if module is None:
         return None
     if any(layer.input_norm.dtype != torch.bfloat16 for layer in spec.layers):
         return None

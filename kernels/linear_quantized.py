@@ -67,7 +67,6 @@ def quantized_kernel_takes(module: ModuleType | None, weight: QuantizedWeight) -
     multiple of 16 (whole panels)."""
     return (
         module is not None
-        and hasattr(module, "quantized_linear_available")
         and module.quantized_linear_available()
         and weight.qtype in KERNEL_TYPES
         and weight.data.is_cpu

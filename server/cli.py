@@ -109,12 +109,6 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="no CUDA graphs: run every decode step eagerly",
     )
     parser.add_argument(
-        "--overlap-steps",
-        action="store_true",
-        default=None,
-        help="detokenize each step's tokens while the next step's model pass runs",
-    )
-    parser.add_argument(
         "--cpu-kernels",
         type=_parse_bool,
         help="false: the torch code instead of the C++ CPU kernels (same results, slower)",
@@ -141,7 +135,6 @@ def engine_config_from_args(
     flags += [
         ("seed", int),
         ("enforce_eager", _parse_bool),
-        ("overlap_steps", _parse_bool),
         ("cpu_kernels", _parse_bool),
         ("speculative_config", json_object),
     ]

@@ -19,6 +19,7 @@ from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER
 from hetero_infer.engine.spec_decode.config import SpeculativeConfig
 from hetero_infer.engine.spec_decode.draft_length import DraftLength
 from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
+from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
 
 # Said at start-up: the requests (or steps) that decode one token at a time.
 NOT_SPECULATED = (
@@ -41,6 +42,8 @@ class Speculator:
         self.config = config
         self.uses_draft_model = config.uses_draft_model
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        # The engine's counters of verified drafts (its metrics' spec_decode).
+        self.stats = SpecDecodeStats(num_speculative_tokens=config.num_speculative_tokens)
 
     def draft(self, seq: Sequence, budget: int, max_model_len: int) -> list[int]:
         """Draft tokens for ``seq``'s decode step: at most ``budget`` (the step's token
@@ -72,8 +75,10 @@ class Speculator:
         return limit is None or batch_size <= limit
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """How many of the drafts the model accepted (before any stop cut them)."""
+        """How many of the drafts the model accepted (before any stop cut them): the
+        sequence's draft length backs off or grows by it, and the counters take it."""
         self._state(seq).length.record(num_drafted, num_accepted)
+        self.stats.record(num_drafted, num_accepted)
 
     @staticmethod
     def may_draft(seq: Sequence) -> bool:

@@ -27,8 +27,3 @@ class SpecDecodeStats:
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens a verifying step gives its sequence on average (accepted drafts + 1)."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

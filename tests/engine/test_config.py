@@ -37,7 +37,6 @@ def test_defaults_and_seed_alias():
         ("enable_prefix_caching", "yes"),
         ("enforce_eager", 1),
         ("attention_backend", "cuda"),
-        ("overlap_steps", "on"),
         ("model", ""),
         ("seed", -1),
         ("preemption_mode", "swap"),  # without CPU blocks

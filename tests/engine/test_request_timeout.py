@@ -47,9 +47,8 @@ def test_a_request_out_of_time_before_its_first_token_is_aborted(model_dir):
     assert engine.memory_stats()["used_blocks"] == 0
 
 
-@pytest.mark.parametrize("overlap_steps", [False, True])
-def test_a_request_out_of_time_ends_with_its_tokens_so_far(model_dir, overlap_steps):
-    engine = make_engine(model_dir, overlap_steps=overlap_steps)
+def test_a_request_out_of_time_ends_with_its_tokens_so_far(model_dir):
+    engine = make_engine(model_dir)
     expected = make_engine(model_dir).generate([[9, 8, 7]], GREEDY, use_tqdm=False)[0]
     other = engine.add_request([9, 8, 7], GREEDY)
     timed = engine.add_request([5, 6, 7], LONG, timeout=0.2)

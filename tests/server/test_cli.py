@@ -47,10 +47,6 @@ def test_cpu_kernels_from_flag_and_environment():
     assert not settings_for([], {}).engine.enforce_eager
 
 
-def test_overlap_steps_from_flag_and_environment():
-    assert settings_for(["--overlap-steps"], {}).engine.overlap_steps
-    assert settings_for([], {"HETERO_OVERLAP_STEPS": "true"}).engine.overlap_steps
-    assert not settings_for([], {}).engine.overlap_steps
 
 
 def test_pooling_from_flag_and_environment():

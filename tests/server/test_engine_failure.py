@@ -39,7 +39,7 @@ def check_error(error: dict, codes: tuple[str, ...]) -> None:
 def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
     runner = doomed.engine.runner
 
-    def broken_forward(*args, **kwargs):  # the model pass, with or without overlap_steps
+    def broken_forward(*args, **kwargs):  # the model pass
         raise RuntimeError("injected device failure")
 
     async def streaming(http: httpx.AsyncClient, got_tokens: asyncio.Event) -> list[tuple]:
