@@ -18,7 +18,9 @@ import logging
 import os
 import sys
 import time
+import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.engine.config import EngineConfig, read_section
@@ -27,31 +29,6 @@ from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server.settings import ServerSettings
 
 ENV_PREFIX = "HETERO_"
-
-# Engine flags: (flag, EngineConfig field, type). Shared by every mode of the CLI.
-ENGINE_FLAGS: list[tuple[str, str, type]] = [
-    ("--model", "model", str),
-    ("--tokenizer", "tokenizer", str),
-    ("--dtype", "dtype", str),
-    ("--quantization", "quantization", str),
-    ("--device", "device", str),
-    ("--block-size", "block_size", int),
-    ("--max-num-blocks", "max_num_blocks", int),
-    ("--num-cpu-blocks", "num_cpu_blocks", int),
-    ("--max-num-seqs", "max_num_seqs", int),
-    ("--max-model-len", "max_model_len", int),
-    ("--max-num-batched-tokens", "max_num_batched_tokens", int),
-    # The seed's names for the same limits (see EngineConfig).
-    ("--max-total-tokens", "max_total_tokens", int),
-    ("--max-batch-size", "max_batch_size", int),
-    ("--memory-threshold", "memory_threshold", float),
-    ("--kv-cache-memory", "kv_cache_memory", int),
-    ("--attention-backend", "attention_backend", str),
-    # /v1/embeddings: "last" or "mean" pooling of the final hidden states.
-    ("--pooling", "pooling", str),
-    # Ranks the model is split over (engine/distributed/); under torchrun, its WORLD_SIZE.
-    ("--tensor-parallel-size", "tensor_parallel_size", int),
-]
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -62,84 +39,76 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-# Engine flags of the server only: they shape how requests are served.
-SERVE_ENGINE_FLAGS: list[tuple[str, str, Callable[[str], Any], str]] = [
-    (
-        "--scheduling-policy",
-        "scheduling_policy",
-        str,
-        "fcfs (arrival order, the default) or priority (requests' priority field, lower "
-        "first; lower-priority running requests are preempted for higher ones)",
-    ),
-    (
-        "--request-timeout",
-        "request_timeout",
-        float,
-        "seconds a request may take, queueing included (a request's timeout can shorten it)",
-    ),
-    (
-        "--max-queue-time",
-        "max_queue_time",
-        float,
-        "seconds a request may wait in the queue before it starts; past that it is refused "
-        "with 503 and Retry-After (for a load balancer to retry elsewhere), not served late",
-    ),
-    (
-        "--generation-config",
-        "generation_config",
-        str,
-        "default sampling values: auto (the model's generation_config.json, the default), "
-        "vllm (the built-in ones), or a folder holding a generation_config.json",
-    ),
-    (
-        "--override-generation-config",
-        "override_generation_config",
-        json_object,
-        "JSON over the generation config's values, e.g. '{\"temperature\": 0.5}'",
-    ),
-]
+@dataclass(frozen=True)
+class EngineSetting:
+    """One EngineConfig field on the command line: ``--name-with-dashes`` and
+    HETERO_NAME, parsed by ``parse``, documented by the field's help text."""
+
+    name: str
+    parse: Callable[[str], Any]
+    help: str
+    serving: bool = False  # the server's only (see engine.config.setting)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+# The seed's names for two limits (EngineConfig's InitVars), kept as flags too.
+SEED_ALIAS_SETTINGS = (
+    EngineSetting("max_total_tokens", int, "the seed's name for max_num_batched_tokens"),
+    EngineSetting("max_batch_size", int, "the seed's cap on max_num_seqs"),
+)
+
+
+def engine_settings() -> list[EngineSetting]:
+    """Every EngineConfig field as a flag and a variable, in the fields' order, typed
+    by the field's annotation (a field's allowed values are listed in its help)."""
+    hints = typing.get_type_hints(EngineConfig)
+    settings = []
+    for f in dataclasses.fields(EngineConfig):
+        help_text = f.metadata["help"]
+        if "choices" in f.metadata:
+            help_text += f" ({', '.join(f.metadata['choices'])})"
+        parse = _parser_for(hints[f.name])
+        settings.append(EngineSetting(f.name, parse, help_text, f.metadata["serving"]))
+    return settings + list(SEED_ALIAS_SETTINGS)
+
+
+def _parser_for(annotation: Any) -> Callable[[str], Any]:
+    """The text parser for a field of this type (``X | None``: X's)."""
+    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
+    kind = typing.get_origin(kinds[0]) or kinds[0]
+    return {bool: _parse_bool, int: int, float: float, str: str, dict: json_object}[kind]
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, serving: bool) -> None:
+    """The engine's flags; ``serving``: those of how requests are served too."""
     parser.add_argument("--config", "-c", help="JSON file of engine settings (e.g. config.json)")
-    parser.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        default=None,
-        help="no CUDA graphs: run every decode step eagerly",
-    )
-    parser.add_argument(
-        "--cpu-kernels",
-        type=_parse_bool,
-        help="false: the torch code instead of the C++ CPU kernels (same results, slower)",
-    )
-    parser.add_argument("--seed", type=int, help="engine seed (also the request seed here)")
-    parser.add_argument(
-        "--speculative-config",
-        dest="speculative_config",
-        type=json_object,
-        help='speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '
-        '"num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or, '
-        'with a draft model of the same tokenizer, \'{"model": "PATH", '
-        '"num_speculative_tokens": 4}\' ("default": the embedded model)',
-    )
-    for flag, field_name, kind in ENGINE_FLAGS:
-        parser.add_argument(flag, dest=field_name, type=kind)
+    for setting in engine_settings():
+        if setting.serving and not serving:
+            continue
+        if setting.parse is _parse_bool:  # --enforce-eager, or --enforce-eager false
+            parser.add_argument(
+                setting.flag, dest=setting.name, type=_parse_bool, nargs="?", const=True,
+                help=setting.help,
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                setting.flag, dest=setting.name, type=setting.parse, help=setting.help
+            )
 
 
 def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
-    flags = [(name, kind) for _, name, kind in ENGINE_FLAGS]
-    flags += [(name, kind) for _, name, kind, _ in SERVE_ENGINE_FLAGS]
-    flags += [
-        ("seed", int),
-        ("enforce_eager", _parse_bool),
-        ("cpu_kernels", _parse_bool),
-        ("speculative_config", json_object),
-    ]
+    flags = [(s.name, s.parse) for s in engine_settings()]
     overrides = _from_env(flags, environ)
-    given = {n: getattr(args, n, None) for n, _ in flags}  # serve's flags: not in one-shot
+    given = {n: getattr(args, n, None) for n, _ in flags}
     overrides.update({n: v for n, v in given.items() if v is not None})
     if (positional := getattr(args, "model_tag", None)) is not None:
         if args.model is not None and args.model != positional:
@@ -208,8 +177,6 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="the model, as `vllm serve MODEL` (or --model): a folder, a .gguf file or a "
         "hub id; none: the embedded SmolLM2",
     )
-    for flag, name, kind, help_text in SERVE_ENGINE_FLAGS:
-        parser.add_argument(flag, dest=name, type=kind, help=help_text)
     for flag, name, kind in SERVER_FLAGS:
         parser.add_argument(flag, dest=name, type=kind)
     parser.add_argument(
@@ -225,7 +192,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help='allow tool_choice "auto": the model\'s calls are read by --tool-call-parser',
     )
     parser.add_argument("--log-level", default="INFO")
-    add_engine_flags(parser)
+    add_engine_flags(parser, serving=True)
     return parser
 
 
@@ -321,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--log-level", default="WARNING")
-    add_engine_flags(parser)
+    add_engine_flags(parser, serving=False)
     return parser
 
 

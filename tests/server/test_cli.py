@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.server import cli
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 
 
@@ -45,8 +48,6 @@ def test_cpu_kernels_from_flag_and_environment():
     assert not settings_for([], {"HETERO_CPU_KERNELS": "0"}).engine.cpu_kernels
     assert settings_for(["--cpu-kernels", "true"], {"HETERO_CPU_KERNELS": "0"}).engine.cpu_kernels
     assert not settings_for([], {}).engine.enforce_eager
-
-
 
 
 def test_pooling_from_flag_and_environment():
@@ -140,3 +141,25 @@ def test_tensor_parallel_size_from_flag_environment_and_torchrun():
     assert under_torchrun(engine, {}) == (engine, 0)  # not under torchrun
     with pytest.raises(ValueError, match="torchrun started 2 ranks: give --tensor-parallel-size 2"):
         under_torchrun(engine, torchrun)
+
+
+def test_every_engine_setting_has_a_flag_and_a_variable():
+    """The flags and HETERO_* variables are made from EngineConfig's fields: each has
+    both, with its help text, in `serve` (and, but for the serving ones, in one-shot)."""
+    serve_flags = {a.dest: a for a in cli.build_serve_parser()._actions}
+    one_shot_flags = {a.dest: a for a in cli.build_parser()._actions}
+    fields = dataclasses.fields(EngineConfig)
+    assert {f.name for f in fields} <= set(serve_flags)
+    for f in fields:
+        assert serve_flags[f.name].help.startswith(f.metadata["help"]), f.name
+        assert (f.name in one_shot_flags) != f.metadata["serving"], f.name
+    values = {
+        "gpu_memory_utilization": ("0.5", 0.5),
+        "enable_prefix_caching": ("false", False),
+        "preemption_mode": ("recompute", "recompute"),
+        "distributed_executor_backend": ("external_launcher", "external_launcher"),
+    }
+    for name, (text, value) in values.items():  # had neither before they were generated
+        flag = "--" + name.replace("_", "-")
+        assert getattr(settings_for([flag, text], {}).engine, name) == value
+        assert getattr(settings_for([], {f"HETERO_{name.upper()}": text}).engine, name) == value

@@ -1,0 +1,93 @@
+"""The rules an EngineConfig follows, checked once as it is made: a ConfigError that
+names the field (and what it takes) otherwise."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.generation_defaults import GENERATION_MODES, check_override
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.config import EngineConfig
+
+# Quantizations whose blocks are kept as stored: tensor parallelism does not split them.
+KEPT_QUANTIZED = ("gguf", "int8", "compressed-tensors")
+
+
+def check_config(config: EngineConfig) -> None:
+    """Every rule a config must follow; a ConfigError naming the field otherwise."""
+    for f in fields(config):
+        if "choices" in f.metadata:
+            check_choice(f.name, getattr(config, f.name), f.metadata["choices"])
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+        check_int(name, getattr(config, name), minimum=1)
+    for name in ("max_num_blocks", "max_model_len"):
+        if getattr(config, name) is not None:
+            check_int(name, getattr(config, name), minimum=1)
+    check_int("num_cpu_blocks", config.num_cpu_blocks, minimum=0)
+    check_int("seed", config.seed, minimum=0)
+    for name in ("memory_threshold", "gpu_memory_utilization"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
+    for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
+    for name in ("model", "tokenizer"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name} must be a non-empty string or null, got {value!r}")
+    if config.preemption_mode == "swap" and config.num_cpu_blocks == 0:
+        raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
+    _check_scheduling(config)
+    _check_generation_config(config)
+    _check_parallel(config)
+    _ = config.speculative  # a ConfigError here, at start-up, not at the first request
+
+
+def _check_scheduling(config: EngineConfig) -> None:
+    if config.scheduling_policy == "priority" and config.use_swap:
+        raise ConfigError(
+            "scheduling_policy 'priority' preempts by recompute, not swap: set "
+            "preemption_mode 'recompute' (or num_cpu_blocks 0)"
+        )
+    for name in ("request_timeout", "max_queue_time"):
+        seconds = getattr(config, name)
+        if seconds is not None and (not _is_number(seconds) or not 0 < seconds < float("inf")):
+            raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+
+
+def _check_parallel(config: EngineConfig) -> None:
+    check_int("tensor_parallel_size", config.tensor_parallel_size, minimum=1)
+    if config.tensor_parallel_size > 1 and config.quantization in KEPT_QUANTIZED:
+        raise ConfigError(
+            f"quantization {config.quantization!r} keeps quantized blocks, which tensor "
+            "parallelism does not split: use 'auto' or 'none' (weights dequantized at "
+            "load) with tensor_parallel_size > 1"
+        )
+
+
+def _check_generation_config(config: EngineConfig) -> None:
+    mode = config.generation_config
+    if not isinstance(mode, str) or not mode:
+        raise ConfigError(
+            f"generation_config must be {', '.join(GENERATION_MODES)} or a folder, got {mode!r}"
+        )
+    if config.override_generation_config is not None:
+        check_override(config.override_generation_config)
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
