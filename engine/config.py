@@ -8,25 +8,25 @@ deeper in the engine reads the environment.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hetero_infer.engine.choices import (
+    ATTENTION_BACKENDS,
+    DEVICES,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
+    DTYPES,
+    POOLINGS,
+    PREEMPTION_MODES,
+    QUANTIZATIONS,
+    SCHEDULING_POLICIES,
+)
 from hetero_infer.engine.config_checks import check_config, check_int
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.spec_decode.config import SpeculativeConfig
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-PREEMPTION_MODES = ("auto", "recompute", "swap")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
-POOLINGS = ("last", "mean")
-SCHEDULING_POLICIES = ("fcfs", "priority")
-# vLLM's names: "mp", the engine starts the other ranks as local processes;
-# "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
@@ -181,9 +181,10 @@ class EngineConfig:
             object.__setattr__(self, "max_num_seqs", min(self.max_num_seqs, max_batch_size))
         check_config(self)
 
-    @property
+    @functools.cached_property
     def speculative(self) -> SpeculativeConfig | None:
-        """speculative_config, checked; None when speculative decoding is off."""
+        """speculative_config, checked (once: the config is frozen); None when
+        speculative decoding is off."""
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_dict(self.speculative_config)

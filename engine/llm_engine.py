@@ -29,9 +29,9 @@ from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.generation_defaults import load_generation_defaults
 from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.setup import resolve_setup
 from hetero_infer.engine.spec_decode.draft_source import resolve_draft
 from hetero_infer.engine.spec_decode.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.structured_output import StructuredOutput
@@ -54,21 +54,24 @@ class LLMEngine:
         if overrides:
             config = config.replace(**overrides)
         self.config = config
-        source = loader.resolve_model(config.model)
-        self.model_config = ModelConfig.from_hf(loader.load_config(source))
+        # Every setting resolved once (engine/setup.py): the model's source and config,
+        # the context length, the device, the dtype, the speculative config.
+        self.setup = setup = resolve_setup(config)
+        source = setup.source
+        self.model_config = setup.model_config
         # The sampling values a request that leaves them out gets (the server's routes
         # apply them; default_sampling_params() gives them to the offline API).
         self.generation_defaults = load_generation_defaults(
             config.generation_config, config.override_generation_config, source.folder
         )
         logger.info("%s", self.generation_defaults.describe())
-        self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
+        self.max_model_len = setup.max_model_len
         if tokenizer is None or isinstance(tokenizer, str):
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
             )
         draft = None
-        spec = config.speculative
+        spec = setup.speculative
         if spec is not None and spec.uses_draft_model:
             # Checked before either model's weights are read.
             draft = resolve_draft(spec, source, self.model_config, self.max_model_len, tokenizer)
@@ -78,11 +81,9 @@ class LLMEngine:
         tp = None
         if config.tensor_parallel_size > 1:
             check_divisible(self.model_config, config.tensor_parallel_size)
-            tp, self.workers = start_tensor_parallel(config)
+            tp, self.workers = start_tensor_parallel(setup)
         try:
-            self.runner = ModelRunner(
-                config, self.model_config, source, self.max_model_len, tp, draft
-            )
+            self.runner = ModelRunner(setup, tp, draft)
         except BaseException:
             if self.workers is not None:
                 self.workers.stop(timeout=0)
@@ -145,7 +146,7 @@ class LLMEngine:
         )
 
     def _speculator(self) -> Speculator | None:
-        spec = self.config.speculative
+        spec = self.setup.speculative
         if spec is None:
             return None
         logger.info("%s; not speculated: %s", spec.describe(), NOT_SPECULATED)

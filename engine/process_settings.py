@@ -38,7 +38,7 @@ def apply_process_settings(config: EngineConfig) -> None:
     """What the engine on ``config``'s device wants of the process: on the CPU, malloc
     keeps freed activations for the next step (engine/host_memory.py)."""
     from hetero_infer.engine import host_memory
-    from hetero_infer.engine.worker.model_loader import resolve_device
+    from hetero_infer.engine.setup import resolve_device
 
     if resolve_device(config.device).type == "cpu" and host_memory.keep_freed_memory():
         logger.debug("malloc keeps freed blocks up to 32 MB for reuse")

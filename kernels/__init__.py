@@ -18,22 +18,31 @@ so the CPU path works without it.
 
 from __future__ import annotations
 
-from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
-from hetero_infer.kernels.linear import LinearFn
-from hetero_infer.kernels.ops import KernelOps, cpu_ops
-from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq
-from hetero_infer.kernels.selection import BACKENDS, Kernels, select_kernels, triton_available
+import importlib
+from typing import Any
 
-__all__ = [
-    "BACKENDS",
-    "AttentionBackend",
-    "AttentionInputs",
-    "KernelOps",
-    "Kernels",
-    "LinearFn",
-    "cpu_ops",
-    "rope_cos_sin",
-    "rope_inv_freq",
-    "select_kernels",
-    "triton_available",
-]
+from hetero_infer.kernels.backends import BACKENDS
+
+# Names the package exports -> the module that has them, imported on first use: the
+# engine's config reads BACKENDS before torch may load (see process_settings.py), and
+# importing this package must not load torch for it.
+_EXPORTS = {
+    "AttentionBackend": "attention_backend",
+    "AttentionInputs": "attention_backend",
+    "LinearFn": "linear",
+    "KernelOps": "ops",
+    "cpu_ops": "ops",
+    "rope_cos_sin": "rotary",
+    "rope_inv_freq": "rotary",
+    "Kernels": "selection",
+    "select_kernels": "selection",
+    "triton_available": "selection",
+}
+
+__all__ = ["BACKENDS", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

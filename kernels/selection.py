@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend
+from hetero_infer.kernels.backends import BACKENDS
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.ops import KernelOps, cpu_ops
 from hetero_infer.kernels.paged_attention import torch_attention
 from hetero_infer.kernels.paged_attention_cpu import cpu_attention
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import bisect
 import time
 from collections import deque
 
-from hetero_infer.engine.config import SCHEDULING_POLICIES
+from hetero_infer.engine.choices import SCHEDULING_POLICIES
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import (

@@ -30,7 +30,7 @@ from hetero_infer.engine.distributed.process_group import (
     listen_on_loopback,
 )
 from hetero_infer.engine.exceptions import ExecutionError
-from hetero_infer.engine.worker.model_loader import resolve_device
+from hetero_infer.engine.setup import EngineSetup
 from torch._C._distributed_c10d import Store
 
 logger = logging.getLogger(__name__)
@@ -44,10 +44,10 @@ def joined_key(rank: int) -> str:
     return f"hetero_infer/joined/{rank}"
 
 
-def start_tensor_parallel(config: EngineConfig) -> tuple[TensorParallelGroup, LocalWorkers | None]:
+def start_tensor_parallel(setup: EngineSetup) -> tuple[TensorParallelGroup, LocalWorkers | None]:
     """Rank 0's group, the other ranks started here ("mp") or by torchrun
     ("external_launcher"; then None for the workers)."""
-    device = resolve_device(config.device)
+    config, device = setup.config, setup.device
     world_size = config.tensor_parallel_size
     if config.distributed_executor_backend == "external_launcher":
         rendezvous = Rendezvous.from_torchrun_env(os.environ)

@@ -19,7 +19,6 @@ import logging
 import sys
 
 import torch
-from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.launcher import joined_key
 from hetero_infer.engine.distributed.process_group import (
@@ -28,8 +27,7 @@ from hetero_infer.engine.distributed.process_group import (
     connect_store,
 )
 from hetero_infer.engine.distributed.step_broadcast import Command, Step, StepReceiver
-from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.worker.model_loader import resolve_device
+from hetero_infer.engine.setup import resolve_setup
 from hetero_infer.engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -38,16 +36,13 @@ logger = logging.getLogger(__name__)
 def run_worker(config: EngineConfig, rendezvous: Rendezvous) -> None:
     """Join the group, load this rank's share, and serve rank 0's commands until STOP
     (or until rank 0 is gone, which ends the wait with an error)."""
-    device = resolve_device(config.device)
-    if device.type == "cuda":
+    setup = resolve_setup(config)  # as rank 0 resolves it: the same config, the same result
+    if setup.device.type == "cuda":
         torch.cuda.set_device(rendezvous.local_rank)
     store = connect_store(rendezvous)
     store.set(joined_key(rendezvous.rank), "1")
-    tp = TensorParallelGroup(rendezvous, store, device)
-    source = loader.resolve_model(config.model)
-    model_config = ModelConfig.from_hf(loader.load_config(source))
-    max_model_len = model_config.resolve_max_model_len(config.max_model_len)
-    runner = ModelRunner(config, model_config, source, max_model_len, tp)
+    tp = TensorParallelGroup(rendezvous, store, setup.device)
+    runner = ModelRunner(setup, tp)
     serve_commands(runner, StepReceiver(tp, runner.dtype))
 
 

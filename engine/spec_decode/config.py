@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from hetero_infer.engine.choices import QUANTIZATIONS
 from hetero_infer.engine.exceptions import ConfigError
 
 NGRAM = "ngram"
@@ -32,9 +33,6 @@ MAX_SPECULATIVE_TOKENS = 16
 # The n-gram lengths used when the config gives neither bound.
 DEFAULT_LOOKUP_MIN = 2
 DEFAULT_LOOKUP_MAX = 4
-# The draft's weights as the engine's "quantization" setting takes them (a GGUF draft
-# stays quantized by default: it is meant to read few bytes per token).
-DRAFT_QUANTIZATIONS = ("auto", "none", "gguf", "compressed-tensors", "int8")
 NAME = "speculative_config"
 
 
@@ -110,9 +108,9 @@ class SpeculativeConfig:
             if key in values:
                 raise ConfigError(f"{NAME}: {key!r} is for method {NGRAM!r}, not {DRAFT_MODEL!r}")
         quantization = values.get("quantization", "auto")
-        if quantization not in DRAFT_QUANTIZATIONS:
+        if quantization not in QUANTIZATIONS:
             raise ConfigError(
-                f"{NAME}: quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "
+                f"{NAME}: quantization must be one of {', '.join(QUANTIZATIONS)}, "
                 f"got {quantization!r}"
             )
         return cls(k, method=DRAFT_MODEL, model=model, quantization=quantization)

@@ -1,16 +1,12 @@
-"""Where the model runs and in what precision, and loading it there.
-
-The device and dtype are resolved once from the config ("auto" picks by what the
-machine has), the kernels are chosen once for them (kernels.select_kernels), and the
-model is built on that device straight from the checkpoint.
+"""Loading the model where the engine's setup says (engine/setup.py: its device and
+dtype): the kernels are chosen once for them (kernels.select_kernels), and the model is
+built on that device straight from the checkpoint.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from pathlib import Path
 
 import torch
 from hetero_infer.engine import host_memory, loader
@@ -23,34 +19,6 @@ from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
 from hetero_infer.kernels import Kernels, select_kernels
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        # bf16 halves the bytes a decode step reads and doubles matmul throughput where
-        # the CPU computes in bf16; elsewhere bf16 is emulated and slower than fp32.
-        if device.type == "cpu" and not cpu_has_bf16():
-            return torch.float32
-        return torch.bfloat16
-    return getattr(torch, dtype)
-
-
-@functools.cache
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: assume not
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 
 import torch
-from hetero_infer.engine import loader
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.step_data import (
     EMPTY_RUNNER_OUTPUT,
     ModelRunnerOutput,
@@ -30,7 +28,7 @@ from hetero_infer.engine.core.step_data import (
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.exceptions import OutOfMemoryError
-from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.spec_decode.draft_source import DraftSource
 from hetero_infer.engine.spec_decode.rejection import rejection_sample
 from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
@@ -38,12 +36,7 @@ from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
-from hetero_infer.engine.worker.model_loader import (
-    load_model,
-    resolve_device,
-    resolve_dtype,
-    select_model_kernels,
-)
+from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
 from hetero_infer.engine.worker.randomness import Randomness
@@ -56,27 +49,30 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(
         self,
-        config: EngineConfig,
-        model_config: ModelConfig,
-        source: loader.ModelSource,
-        max_model_len: int,
+        setup: EngineSetup,
         tp: TensorParallelGroup | None = None,
         draft: DraftSource | None = None,
     ) -> None:
         """``tp``: this rank's tensor-parallel group (None: the whole model here).
         ``draft``: speculative decoding's draft model, whose KV cache is allocated
         beside the target's (worker/draft_runner.py; on rank 0 only, whole)."""
-        self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.config = config = setup.config
+        self.device = setup.device
+        self.dtype = setup.dtype
         kernels = select_model_kernels(config, self.device)
         self.model = load_model(
-            source, model_config, kernels, self.device, self.dtype, config.quantization, tp
+            setup.source,
+            setup.model_config,
+            kernels,
+            self.device,
+            self.dtype,
+            config.quantization,
+            tp,
         )
         # Rank 0 of a tensor-parallel group tells the other ranks what to compute.
         self.sender = StepSender(tp) if tp is not None and tp.rank == 0 else None
         self.attention = kernels.attention
-        self.max_model_len = max_model_len
+        self.max_model_len = setup.max_model_len
         self.block_size = config.block_size
         self.inputs = InputBatcher(
             config.block_size, self.device, self.attention, self.model.sliding_windows

@@ -1,0 +1,26 @@
+"""The values each engine setting with a fixed set of them may take: EngineConfig's
+fields list them, and the speculative config reads the quantizations from here too.
+A leaf module (nothing of the engine, no torch), so anything may import it."""
+
+from hetero_infer.kernels.backends import BACKENDS as ATTENTION_BACKENDS
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+PREEMPTION_MODES = ("auto", "recompute", "swap")
+QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
+POOLINGS = ("last", "mean")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# vLLM's names: "mp", the engine starts the other ranks as local processes;
+# "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "DEVICES",
+    "DISTRIBUTED_EXECUTOR_BACKENDS",
+    "DTYPES",
+    "POOLINGS",
+    "PREEMPTION_MODES",
+    "QUANTIZATIONS",
+    "SCHEDULING_POLICIES",
+]

@@ -1,0 +1,76 @@
+"""EngineSetup: what an EngineConfig comes to on this machine, worked out once.
+
+The config is what users write: flat, with "auto" where they leave a choice to us. The
+setup is what the engine runs with: the model's source and its ModelConfig, the
+context length, the device and the dtype, and the speculative config, each resolved
+once, here. LLMEngine and every tensor-parallel rank build from it, so no part of the
+engine resolves a setting again.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from hetero_infer.engine import loader
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    config: EngineConfig
+    source: loader.ModelSource
+    model_config: ModelConfig
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    speculative: SpeculativeConfig | None
+
+
+def resolve_setup(config: EngineConfig) -> EngineSetup:
+    """The setup for ``config`` (the model's config is read, not its weights)."""
+    source = loader.resolve_model(config.model)
+    model_config = ModelConfig.from_hf(loader.load_config(source))
+    device = resolve_device(config.device)
+    return EngineSetup(
+        config=config,
+        source=source,
+        model_config=model_config,
+        max_model_len=model_config.resolve_max_model_len(config.max_model_len),
+        device=device,
+        dtype=resolve_dtype(config.dtype, device),
+        speculative=config.speculative,
+    )
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        # bf16 halves the bytes a decode step reads and doubles matmul throughput where
+        # the CPU computes in bf16; elsewhere bf16 is emulated and slower than fp32.
+        if device.type == "cpu" and not cpu_has_bf16():
+            return torch.float32
+        return torch.bfloat16
+    return getattr(torch, dtype)
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: assume not
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
