@@ -26,7 +26,7 @@ from hetero_infer.engine.choices import (
 )
 from hetero_infer.engine.config_checks import check_config, check_int
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+from hetero_infer.engine.speculative_config import SpeculativeConfig
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}

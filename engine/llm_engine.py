@@ -20,22 +20,22 @@ from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.core.step_data import SchedulerOutput, SequenceUpdate
-from hetero_infer.engine.distributed.launcher import LocalWorkers, start_tensor_parallel
-from hetero_infer.engine.distributed.sharding import check_divisible
 from hetero_infer.engine.exceptions import OutOfMemoryError, ValidationError
+from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.generation_defaults import load_generation_defaults
 from hetero_infer.engine.metrics import EngineMetrics
+from hetero_infer.engine.models.sharding import check_divisible
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.setup import resolve_setup
-from hetero_infer.engine.spec_decode.draft_source import resolve_draft
-from hetero_infer.engine.spec_decode.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
+from hetero_infer.engine.worker.draft_source import resolve_draft
 from hetero_infer.engine.worker.model_runner import ModelRunner
 from tqdm.auto import tqdm
 

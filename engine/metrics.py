@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
+from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 
 
 @dataclass

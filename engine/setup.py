@@ -18,7 +18,7 @@ from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.spec_decode.config import SpeculativeConfig
+from hetero_infer.engine.speculative_config import SpeculativeConfig
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from collections import deque
 from hetero_infer.engine.choices import SCHEDULING_POLICIES
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.speculator import Speculator
 from hetero_infer.engine.core.step_data import (
     ModelRunnerOutput,
     SampledToken,
@@ -39,7 +40,6 @@ from hetero_infer.engine.core.step_data import (
     SequenceUpdate,
 )
 from hetero_infer.engine.core.stop import banned_token_ids, check_stop
-from hetero_infer.engine.spec_decode.speculator import Speculator
 
 
 def priority_key(seq: Sequence) -> tuple[int, float]:

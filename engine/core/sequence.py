@@ -83,7 +83,7 @@ class Sequence:
             1 if sampling_params.prompt_logprobs is not None else None
         )
         self.num_preemptions = 0
-        # Speculative decoding's per-sequence state (engine/spec_decode/speculator.py's
+        # Speculative decoding's per-sequence state (engine/speculator.py's
         # DraftState: its token text and draft length); None until it first drafts.
         self.draft_state: Any = None
         # What stopped it, as vLLM reports: a stop_token_ids entry (None for eos, length,

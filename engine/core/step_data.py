@@ -35,7 +35,7 @@ class ScheduledSequence:
     samples: bool
     sampling_params: SamplingParams
     # Speculative decoding: the guessed tokens at the end of token_ids, which the model
-    # verifies in this step (engine/spec_decode/verifier.py). With a draft model the
+    # verifies in this step (engine/verifier.py). With a draft model the
     # scheduler only reserves their slots (DRAFT_PLACEHOLDER each) and the runner's
     # draft model fills them in before the target's pass.
     draft_token_ids: tuple[int, ...] = ()

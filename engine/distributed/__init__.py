@@ -1,4 +1,4 @@
-"""Tensor parallelism over torch.distributed: the model's heads, MLP columns and
-vocabulary split over ranks, each rank holding its share of the KV cache. Rank 0 runs
-the engine (scheduler, sampler, front end); the other ranks run only the model, on
-the step inputs rank 0 broadcasts (worker.py)."""
+"""Tensor parallelism's communication over torch.distributed: the ranks' process group
+and collectives (process_group.py) and rank 0's step commands as tensors
+(step_broadcast.py). The runner (worker/) uses them; the ranks are started by
+engine/executor/, and the checkpoint's split is the model's (models/sharding.py)."""

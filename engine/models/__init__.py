@@ -3,19 +3,14 @@ ModelConfig (config.py) into a CausalLM (protocol.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hetero_infer.engine.models.config import (
     SUPPORTED_ARCHITECTURES,
     ModelConfig,
     architecture_of,
 )
 from hetero_infer.engine.models.llama import LlamaForCausalLM
-from hetero_infer.engine.models.protocol import CausalLM
+from hetero_infer.engine.models.protocol import CausalLM, TensorParallel
 from hetero_infer.kernels import Kernels
-
-if TYPE_CHECKING:
-    from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -26,7 +21,7 @@ assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES), "config.py and the r
 
 
 def build_model(
-    config: ModelConfig, kernels: Kernels, tp: TensorParallelGroup | None = None
+    config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
 ) -> CausalLM:
     """The model for `config`, calling `kernels` (chosen once: kernels.select_kernels);
     with `tp`, this rank's share of it. Build it under torch.device("meta"), then

@@ -8,8 +8,8 @@ by name; ``load_weights`` does the merging, and ``pack_weights`` then prepares e
 linear layer's weight for its kernel. The kernels are chosen before the model is built
 (kernels.select_kernels) and bound by each layer at construction.
 
-With tensor parallelism each rank builds its share of the layers (engine/distributed/
-sharding.py says which) from a checkpoint cut the same way, and sums the partial
+With tensor parallelism each rank builds its share of the layers (models/sharding.py
+says which) from a checkpoint cut the same way, and sums the partial
 outputs of o_proj and down_proj over the ranks; the embedding and the logits are split
 by vocabulary. Without it (``tp`` None) none of that runs.
 """
@@ -17,13 +17,13 @@ by vocabulary. Without it (``tp`` None) none of that runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from hetero_infer.engine import host_memory
-from hetero_infer.engine.distributed.sharding import shard_config
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.models.protocol import TensorParallel
+from hetero_infer.engine.models.sharding import shard_config
 from hetero_infer.kernels import (
     AttentionInputs,
     KernelOps,
@@ -37,9 +37,6 @@ from hetero_infer.kernels.linear import unfused
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
 from torch import nn
-
-if TYPE_CHECKING:
-    from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 
 
 class DirectCall:
@@ -196,7 +193,7 @@ class LlamaForCausalLM(nn.Module):
     """A CausalLM (models/protocol.py); with ``tp``, one rank's share of it."""
 
     def __init__(
-        self, config: ModelConfig, kernels: Kernels, tp: TensorParallelGroup | None = None
+        self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
         super().__init__()
         self.config = config
@@ -259,7 +256,7 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def _embed_vocab_shard(self, input_ids: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+    def _embed_vocab_shard(self, input_ids: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         """The embedding of tokens in this rank's vocabulary rows, zeros for the others,
         summed over the ranks: each token's row, exactly."""
         rows = self.embed_tokens.weight.shape[0]
@@ -281,9 +278,12 @@ class LlamaForCausalLM(nn.Module):
         return logits
 
     @torch.no_grad()
-    def pack_weights(self) -> None:
+    def pack_weights(self, place: Callable[[list[Any]], None] | None = None) -> None:
         """Prepare every linear layer's weight for its kernel, once, after load_weights
-        (on the CPU: packed bf16 copies). A weight changed afterwards needs this again."""
+        (on the CPU: packed bf16 copies). A weight changed afterwards needs this again.
+        ``place``: the loader's placement of the packed weights in the order a step
+        reads them (on the CPU, one buffer on huge pages), before the decoder stack
+        takes them."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack_weight()
@@ -292,8 +292,8 @@ class LlamaForCausalLM(nn.Module):
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
-        if self.norm.weight.is_cpu:
-            host_memory.gather_on_huge_pages(self.packed_in_step_order())
+        if place is not None:
+            place(self.packed_in_step_order())
         # Not with tensor parallelism: the one-call stack has no all-reduce between layers.
         if self.tp is None:
             self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())

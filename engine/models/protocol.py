@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from hetero_infer.engine.models.config import ModelConfig
@@ -10,6 +11,19 @@ from hetero_infer.kernels import AttentionInputs, Kernels
 
 # One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class TensorParallel(Protocol):
+    """What a model needs of its tensor-parallel group (engine/distributed/
+    process_group.py's TensorParallelGroup is one): its place in the group, and the
+    collectives between its layers."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -51,9 +65,10 @@ class CausalLM(Protocol):
         missing, unknown or misshapen one."""
         ...
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, place: Callable[[list[Any]], None] | None = None) -> None:
         """Prepare the linear layers' weights for their kernels, once, after
-        load_weights (on the CPU: packed bf16 copies)."""
+        load_weights (on the CPU: packed bf16 copies); ``place`` puts the packed
+        tensors where the loader wants them, in the order a step reads them."""
         ...
 
     def init_rope(self, device: torch.device) -> None:

@@ -15,8 +15,8 @@ draft, for the tokens it lags by and the newest token, whose logits propose the 
 draft; then one single-token pass per further draft position, batched over the
 sequences still drafting. Greedy requests propose the draft's argmax; sampling ones draw
 from the draft's distribution q (the target's sampling settings applied to the draft's
-logits), and q is kept for rejection sampling (spec_decode/rejection.py). CUDA graphs are
-not used for the draft's passes.
+logits), and q is kept for rejection sampling (rejection.py). CUDA graphs are not used
+for the draft's passes.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import logging
 
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence, SchedulerOutput
-from hetero_infer.engine.spec_decode.draft_source import DraftSource
-from hetero_infer.engine.spec_decode.verifier import drafted_row
+from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
 from hetero_infer.engine.worker.model_loader import load_model
 from hetero_infer.engine.worker.randomness import DRAFT_STREAM, Randomness
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
+from hetero_infer.engine.worker.verifier import drafted_row
 from hetero_infer.kernels import Kernels
 from hetero_infer.kernels.sampling import draw_ref, process_logits_ref
 

@@ -12,10 +12,10 @@ import torch
 from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
-from hetero_infer.engine.distributed.sharding import shard_state_dict
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS, checkpoint_quantization
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
+from hetero_infer.engine.models.sharding import shard_state_dict
 from hetero_infer.kernels import Kernels, select_kernels
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ def load_model(
     if tp is not None:
         state_dict = shard_state_dict(state_dict, tp.rank, tp.world_size)
     model.load_weights(state_dict)
-    model.pack_weights()
+    # On the CPU the packed weights share one buffer on huge pages, in step order.
+    model.pack_weights(host_memory.gather_on_huge_pages if device.type == "cpu" else None)
     model.init_rope(device)
     model.eval()
     if device.type == "cpu":

@@ -29,19 +29,19 @@ from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.setup import EngineSetup
-from hetero_infer.engine.spec_decode.draft_source import DraftSource
-from hetero_infer.engine.spec_decode.rejection import rejection_sample
-from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
+from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
 from hetero_infer.engine.worker.randomness import Randomness
+from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
+from hetero_infer.engine.worker.verifier import num_kept, verification_rows
 
 logger = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ class ModelRunner:
         rows: list[ScheduledSequence],
         bonus: int,
     ) -> list[SampledToken]:
-        """A sampling sequence's tokens from a draft model's drafts (spec_decode/
-        rejection.py), with the logprobs the sampler reports for them."""
+        """A sampling sequence's tokens from a draft model's drafts (rejection.py),
+        with the logprobs the sampler reports for them."""
         meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, None)
         kept = rejection_sample(
             self.sampler.probabilities(logits, meta),  # [k + 1, vocab]

@@ -18,6 +18,7 @@ import dataclasses
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler, priority_key
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.speculator import Speculator
 from hetero_infer.engine.core.step_data import (
     DRAFT_PLACEHOLDER,
     ModelRunnerOutput,
@@ -25,8 +26,7 @@ from hetero_infer.engine.core.step_data import (
     SchedulerOutput,
 )
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.spec_decode.config import SpeculativeConfig
-from hetero_infer.engine.spec_decode.speculator import Speculator
+from hetero_infer.engine.speculative_config import SpeculativeConfig
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

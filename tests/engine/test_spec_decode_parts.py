@@ -10,8 +10,11 @@ import pytest
 import torch
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.draft_length import MAX_PAUSE, DraftLength
+from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
 from hetero_infer.engine.core.scheduler import Scheduler, schedule_entry
 from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.speculator import Speculator
 from hetero_infer.engine.core.step_data import (
     DRAFT_PLACEHOLDER,
     ModelRunnerOutput,
@@ -20,13 +23,10 @@ from hetero_infer.engine.core.step_data import (
 )
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.spec_decode.config import SpeculativeConfig
-from hetero_infer.engine.spec_decode.draft_length import MAX_PAUSE, DraftLength
-from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
-from hetero_infer.engine.spec_decode.rejection import rejection_sample
-from hetero_infer.engine.spec_decode.speculator import Speculator
-from hetero_infer.engine.spec_decode.verifier import num_kept, verification_rows
+from hetero_infer.engine.speculative_config import SpeculativeConfig
 from hetero_infer.engine.worker.randomness import Randomness
+from hetero_infer.engine.worker.rejection import rejection_sample
+from hetero_infer.engine.worker.verifier import num_kept, verification_rows
 from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.server import cli
 

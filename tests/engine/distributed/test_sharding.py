@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.distributed.sharding import (
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.models import ModelConfig
+from hetero_infer.engine.models.sharding import (
     check_divisible,
     padded_vocab_shard,
     shard_config,
     shard_state_dict,
 )
-from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.models import ModelConfig
 
 from tests.tiny_models import TINY_MODELS
 

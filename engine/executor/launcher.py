@@ -1,7 +1,7 @@
 """Rank 0's side of starting the group: the other ranks as local processes (or joining
 the ranks torchrun started), and watching that they stay alive.
 
-A local rank is a fresh Python process running engine/distributed/worker.py. It is
+A local rank is a fresh Python process running engine/executor/rank_worker.py. It is
 given its rank, the group's size and the rendezvous port on its command line and the
 engine's settings as JSON on its standard input: no pickled object crosses, and the
 rendezvous and gloo's connections listen on loopback only.
@@ -114,7 +114,7 @@ class LocalWorkers:
             command = [
                 sys.executable,
                 "-m",
-                "hetero_infer.engine.distributed.worker",
+                "hetero_infer.engine.executor.rank_worker",
                 f"--rank={rank}",
                 f"--world-size={rendezvous.world_size}",
                 f"--port={rendezvous.port}",

@@ -16,7 +16,7 @@ from typing import Any
 from hetero_infer.engine import loader
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.spec_decode.config import NAME, SpeculativeConfig
+from hetero_infer.engine.speculative_config import NAME, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 

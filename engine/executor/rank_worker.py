@@ -6,7 +6,7 @@ profile run in step with it, collectives included), then waits for commands
 (step_broadcast.py): a step's forward pass, a batch of logits, or stop. The scheduler,
 the sampler and the front end live on rank 0 only.
 
-Started by rank 0 as ``python -m hetero_infer.engine.distributed.worker --rank R
+Started by rank 0 as ``python -m hetero_infer.engine.executor.rank_worker --rank R
 --world-size N --port P`` with the engine's settings as JSON on standard input, or by
 torchrun through the command line (server/cli.py), which calls ``run_worker``.
 """
@@ -20,13 +20,13 @@ import sys
 
 import torch
 from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.distributed.launcher import joined_key
 from hetero_infer.engine.distributed.process_group import (
     Rendezvous,
     TensorParallelGroup,
     connect_store,
 )
 from hetero_infer.engine.distributed.step_broadcast import Command, Step, StepReceiver
+from hetero_infer.engine.executor.launcher import joined_key
 from hetero_infer.engine.setup import resolve_setup
 from hetero_infer.engine.worker.model_runner import ModelRunner
 

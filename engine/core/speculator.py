@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.core.draft_length import DraftLength
+from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
 from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER
-from hetero_infer.engine.spec_decode.config import SpeculativeConfig
-from hetero_infer.engine.spec_decode.draft_length import DraftLength
-from hetero_infer.engine.spec_decode.ngram_proposer import NgramProposer, TokenText
-from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
+from hetero_infer.engine.speculative_config import SpeculativeConfig
 
 # Said at start-up: the requests (or steps) that decode one token at a time.
 NOT_SPECULATED = (
