@@ -12,7 +12,7 @@ from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.sampling_params import SamplingParams
 
-from tests.engine.test_scheduler import EOS, feed, run_step, scheduled, used_blocks
+from tests.engine.core.test_scheduler import EOS, feed, run_step, scheduled, used_blocks
 
 # Arrival times set by hand: ties in priority are broken by them, and two sequences
 # made in a row could read the same clock.
