@@ -8,20 +8,18 @@ it, and each sequence's detokenizer turns new tokens into text.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import logging
-import time
 from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.engine_core import EngineCore
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
-from hetero_infer.engine.core.step_data import SchedulerOutput, SequenceUpdate
 from hetero_infer.engine.exceptions import OutOfMemoryError, ValidationError
 from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
@@ -99,15 +97,15 @@ class LLMEngine:
                 f"({self.runner.num_blocks} blocks of {config.block_size}), fewer than "
                 f"max_model_len ({self.max_model_len}); add blocks or lower max_model_len"
             )
-        self.block_manager = BlockManager(
+        block_manager = BlockManager(
             self.runner.num_blocks,
             config.block_size,
             num_cpu_blocks=config.num_cpu_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
         )
         speculator = self._speculator()
-        self.scheduler = Scheduler(
-            self.block_manager,
+        scheduler = Scheduler(
+            block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
@@ -120,6 +118,7 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         if speculator is not None:
             self.metrics.spec_decode = speculator.stats
+        self.core = EngineCore(scheduler, self.runner, self.metrics, config.max_queue_time)
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -131,11 +130,6 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
-        # (deadline, request id) of the requests with a time limit, soonest first; an
-        # entry stays until its deadline even if its request ends earlier.
-        self._deadlines: list[tuple[float, str]] = []
-        # The same for max_queue_time: (when the request must have started, request id).
-        self._start_deadlines: list[tuple[float, str]] = []
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
             self.runner.num_blocks,
@@ -205,15 +199,8 @@ class LLMEngine:
                     deadline=request.deadline,
                 )
             )
-        # Choice 0 computes the prompt; the others fork from its KV blocks then.
-        seqs[0].fork_children = seqs[1:]
         self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)
-        self.scheduler.add(seqs[0])
-        if request.deadline is not None:
-            heapq.heappush(self._deadlines, (request.deadline, request.request_id))
-        if self.config.max_queue_time is not None:
-            start_by = seqs[0].arrival_time + self.config.max_queue_time
-            heapq.heappush(self._start_deadlines, (start_by, request.request_id))
+        self.core.add(seqs, request.deadline)
         self.metrics.prompt_tokens += len(request.prompt_token_ids)
         return request.request_id
 
@@ -221,12 +208,9 @@ class LLMEngine:
         """Stop a request (all its choices) and free its blocks at once.
 
         False if it is not running."""
-        aborted = False
         seq_ids = self.output_processor.choice_ids(request_id)
-        for seq_id in seq_ids:
-            self.scheduler.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
-            aborted |= self.output_processor.abort(seq_id)
-        return aborted
+        self.core.finish(seq_ids, SequenceStatus.FINISHED_ABORTED)
+        return any([self.output_processor.abort(seq_id) for seq_id in seq_ids])
 
     def default_sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams with the generation config's defaults (see
@@ -247,7 +231,7 @@ class LLMEngine:
             self.workers = None
 
     def has_pending_work(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.core.has_unfinished()
 
     def get_output(self, request_id: str) -> RequestOutput | None:
         """A finished request's output; None while it runs (or once forgotten)."""
@@ -274,69 +258,25 @@ class LLMEngine:
     # ---- stepping ----
 
     def step(self) -> list[RequestOutput]:
-        """Run one step: schedule, run the model, update the sequences, make outputs.
-        Returns the outputs of the requests that got tokens or finished.
+        """Run one step (EngineCore.step: schedule, run the model, update the sequences)
+        and make outputs: those of the requests that got tokens or finished.
 
         (Overlapping a step's model pass with the last step's outputs, in a second
         thread, was tried and removed: on the CPU the model pass keeps every core busy,
         and on a GPU both threads wait for Python's lock; it gained nothing on either.)
         """
-        started = time.perf_counter()
-        timed_out = self._time_out_requests() + self._reject_unstarted_requests()
-        scheduled = self.scheduler.schedule()
-        updates = self._update(scheduled, self.runner.execute(scheduled))
-        outputs = self._process(timed_out + updates)
-        if not scheduled.is_empty:
-            self.metrics.busy_time += time.perf_counter() - started
-        return outputs
-
-    def _time_out_requests(self) -> list[SequenceUpdate]:
-        """End the requests whose deadline has passed (every choice; see
-        Scheduler.time_out). Checked between steps, so a request ends at most a step
-        late, and the check costs a heap peek when none is due."""
-        now = time.monotonic()
-        updates: list[SequenceUpdate] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(self._deadlines)
-            ended = [
-                update
-                for seq_id in self.output_processor.choice_ids(request_id)
-                if (update := self.scheduler.time_out(seq_id, now)) is not None
-            ]
-            if ended:
-                self.metrics.num_timeouts += 1
-                updates += ended
-        return updates
-
-    def _reject_unstarted_requests(self) -> list[SequenceUpdate]:
-        """max_queue_time: refuse the requests that have waited that long without being
-        scheduled once; served that late, their answer would come too late to be of use,
-        and refused (a 503) they can be retried on a less busy replica."""
-        now = time.monotonic()
-        updates: list[SequenceUpdate] = []
-        while self._start_deadlines and self._start_deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(self._start_deadlines)
-            rejected = self.scheduler.reject_unstarted(self.output_processor.choice_ids(request_id))
-            if rejected:
-                self.metrics.num_rejected += 1
-                updates += rejected
-        return updates
-
-    def _update(self, scheduled: SchedulerOutput, runner_output: Any) -> list[SequenceUpdate]:
-        updates = self.scheduler.update_from_output(scheduled, runner_output)
-        self.metrics.num_preemptions += len(scheduled.preempted)
-        if not scheduled.is_empty:
-            self.metrics.num_steps += 1
-            self.metrics.tokens_generated += sum(map(len, runner_output.sampled.values()))
-            batch_size = len(scheduled.scheduled)
-            self.metrics.max_batch_size = max(self.metrics.max_batch_size, batch_size)
-        return updates
-
-    def _process(self, updates: list[SequenceUpdate]) -> list[RequestOutput]:
-        processed = self.output_processor.process(updates)
-        for seq_id in processed.stopped:  # by a stop string
-            self.scheduler.finish(seq_id, SequenceStatus.FINISHED_STOPPED)
+        processed = self.output_processor.process(self.core.step())
+        # A stop string the output processor found ends its sequence.
+        self.core.finish(processed.stopped, SequenceStatus.FINISHED_STOPPED)
         return processed.outputs
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.core.scheduler.block_manager
 
     # ---- offline batch API ----
 

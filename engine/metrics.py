@@ -5,22 +5,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.core.engine_core import CoreCounters
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 
 
 @dataclass
-class EngineMetrics:
+class EngineMetrics(CoreCounters):
+    """The core's counters (steps, tokens, preemptions, time limits), and the front
+    end's."""
+
     started: float = field(default_factory=time.monotonic)
     requests_processed: int = 0  # finished, whatever the reason
     prompt_tokens: int = 0
-    tokens_generated: int = 0
-    num_steps: int = 0
-    num_preemptions: int = 0
-    num_timeouts: int = 0  # requests ended by their time limit
-    num_rejected: int = 0  # requests refused after max_queue_time in the queue
     total_latency: float = 0.0
-    busy_time: float = 0.0  # seconds spent inside step()
-    max_batch_size: int = 0  # most sequences in one forward pass
     spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
 
     @property

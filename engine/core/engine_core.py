@@ -1,0 +1,129 @@
+"""EngineCore: the engine reduced to add, abort and step.
+
+A step first ends the requests past their time limits, then schedules, runs the model
+and applies its output (schedule -> execute -> update), and returns a SequenceUpdate
+per sequence it touched. The front ends around it (LLMEngine, and through it
+AsyncEngine and InferenceEngine) check and fan out requests before, and turn updates
+into outputs after. The core knows no tokenizer, text or output kind, and its runner
+is any object with ``execute``: a test drives it with a fake one and no weights.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from hetero_infer.engine.core.scheduler import Scheduler
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import ModelRunnerOutput, SchedulerOutput, SequenceUpdate
+
+
+class StepRunner(Protocol):
+    """What the core needs of the model runner (worker/model_runner.py)."""
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+@dataclass
+class CoreCounters:
+    """What the core counts (the engine's metrics extend these)."""
+
+    tokens_generated: int = 0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_timeouts: int = 0  # requests ended by their time limit
+    num_rejected: int = 0  # requests refused after max_queue_time in the queue
+    busy_time: float = 0.0  # seconds spent in steps that ran the model
+    max_batch_size: int = 0  # most sequences in one forward pass
+
+
+class EngineCore:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: StepRunner,
+        counters: CoreCounters,
+        max_queue_time: float | None = None,
+    ) -> None:
+        """``max_queue_time``: seconds a request may wait before it is first scheduled."""
+        self.scheduler = scheduler
+        self.runner = runner
+        self.counters = counters
+        self.max_queue_time = max_queue_time
+        # (when, a request's choices' sequence ids), soonest first: the requests with a
+        # time limit, and (max_queue_time) the time each must have started by. An entry
+        # stays until its time even if its request ends earlier: a check between steps
+        # costs a heap peek when none is due.
+        self._deadlines: list[tuple[float, tuple[str, ...]]] = []
+        self._start_deadlines: list[tuple[float, tuple[str, ...]]] = []
+
+    def add(self, choices: list[Sequence], deadline: float | None) -> None:
+        """Queue a request's choices: the first computes the prompt, the others fork from
+        its KV blocks then."""
+        first = choices[0]
+        first.fork_children = choices[1:]
+        self.scheduler.add(first)
+        seq_ids = tuple(seq.request_id for seq in choices)
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, seq_ids))
+        if self.max_queue_time is not None:
+            start_by = first.arrival_time + self.max_queue_time
+            heapq.heappush(self._start_deadlines, (start_by, seq_ids))
+
+    def finish(self, seq_ids: list[str], status: SequenceStatus) -> None:
+        """End sequences wherever they are (an abort; a stop string the front end found)
+        and free their blocks."""
+        for seq_id in seq_ids:
+            self.scheduler.finish(seq_id, status)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[SequenceUpdate]:
+        """One step: the due time limits, then schedule -> execute -> update."""
+        started = time.perf_counter()
+        ended = self._time_out() + self._reject_unstarted()
+        scheduled = self.scheduler.schedule()
+        output = self.runner.execute(scheduled)
+        updates = self.scheduler.update_from_output(scheduled, output)
+        counters = self.counters
+        counters.num_preemptions += len(scheduled.preempted)
+        if not scheduled.is_empty:
+            counters.num_steps += 1
+            counters.tokens_generated += sum(map(len, output.sampled.values()))
+            counters.max_batch_size = max(counters.max_batch_size, len(scheduled.scheduled))
+            counters.busy_time += time.perf_counter() - started
+        return ended + updates
+
+    def _time_out(self) -> list[SequenceUpdate]:
+        """End the requests whose deadline has passed, every choice (Scheduler.time_out).
+        Checked between steps, so a request ends at most a step late."""
+        now = time.monotonic()
+        updates: list[SequenceUpdate] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, seq_ids = heapq.heappop(self._deadlines)
+            ended = [
+                update
+                for seq_id in seq_ids
+                if (update := self.scheduler.time_out(seq_id, now)) is not None
+            ]
+            if ended:
+                self.counters.num_timeouts += 1
+                updates += ended
+        return updates
+
+    def _reject_unstarted(self) -> list[SequenceUpdate]:
+        """max_queue_time: refuse the requests that have waited that long without being
+        scheduled once; served that late, their answer would come too late to be of use,
+        and refused (a 503) they can be retried on a less busy replica."""
+        now = time.monotonic()
+        updates: list[SequenceUpdate] = []
+        while self._start_deadlines and self._start_deadlines[0][0] <= now:
+            _, seq_ids = heapq.heappop(self._start_deadlines)
+            rejected = self.scheduler.reject_unstarted(list(seq_ids))
+            if rejected:
+                self.counters.num_rejected += 1
+                updates += rejected
+        return updates
