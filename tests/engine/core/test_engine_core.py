@@ -58,8 +58,9 @@ def test_a_request_runs_to_its_length_and_its_choices_fork():
         assert seq_updates[-1].finish_reason == "length"
     # The prompt was computed once: the first step schedules only choice 0.
     assert [s.request_id for s in runner.steps[0].scheduled] == ["a"]
-    # (A last, empty step tells the runner which sequences finished.)
-    assert counters.num_steps == len([s for s in runner.steps if not s.is_empty]) == 4
+    # Choice 0's 4 steps, and one more for the forked choices, which pick their first
+    # token a step later. (A last, empty step tells the runner which sequences ended.)
+    assert counters.num_steps == len([s for s in runner.steps if not s.is_empty]) == 5
     assert counters.tokens_generated == 3 * 4 and counters.max_batch_size == 3
     assert core.scheduler.block_manager.num_used_blocks == 0
 
