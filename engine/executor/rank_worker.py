@@ -54,20 +54,12 @@ def serve_commands(runner: ModelRunner, receiver: StepReceiver) -> None:
             return
         if command == Command.STEP:
             assert isinstance(payload, Step)
-            run_step(runner, payload)
+            runner.execute_share(
+                payload.copies, payload.input_ids, payload.positions, payload.attention_inputs
+            )
         elif command == Command.LOGITS:
             assert isinstance(payload, torch.Tensor)
-            runner.model.compute_logits(payload)  # only rank 0 reads the gathered logits
-
-
-def run_step(runner: ModelRunner, step: Step) -> None:
-    """The step's block copies and forward pass over this rank's heads (its hidden
-    states equal rank 0's after each all-reduce; rank 0 sends the rows it needs)."""
-    runner.kv_cache.copy_blocks(step.copies)
-    meta = runner.attention.prepare(
-        step.attention_inputs, runner.block_size, runner.model.sliding_windows
-    )
-    runner.model(step.input_ids, step.positions, runner.kv_caches, meta)
+            runner.compute_logits_share(payload)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows
+from hetero_infer.kernels import AttentionInputs
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,28 @@ class ModelRunner:
         if self.sender is not None:
             self.sender.send_logits(hidden)
         return self.model.compute_logits(hidden)
+
+    # ---- a tensor-parallel rank other than 0, on rank 0's commands ----
+
+    @torch.inference_mode()
+    def execute_share(
+        self,
+        copies: SchedulerOutput,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention_inputs: AttentionInputs,
+    ) -> None:
+        """This rank's share of a step rank 0 sent (executor/rank_worker.py): the block
+        copies and the forward pass over its heads, whose hidden states equal rank 0's
+        after each all-reduce (rank 0 sends the rows it wants logits for)."""
+        self.kv_cache.copy_blocks(copies)
+        meta = self.attention.prepare(attention_inputs, self.block_size, self.model.sliding_windows)
+        self.model(input_ids, positions, self.kv_caches, meta)
+
+    @torch.inference_mode()
+    def compute_logits_share(self, hidden: torch.Tensor) -> None:
+        """This rank's vocabulary share of the logits rank 0 gathers (and reads)."""
+        self.model.compute_logits(hidden)
 
     def stop_workers(self) -> None:
         """Tell the other ranks to leave their loops (rank 0; once)."""
