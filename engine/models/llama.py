@@ -32,7 +32,7 @@ from hetero_infer.kernels import (
     rope_cos_sin,
     rope_inv_freq,
 )
-from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
+from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackSpec
 from hetero_infer.kernels.linear import unfused
 from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES, dequantize_rows
 from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
@@ -221,9 +221,6 @@ class LlamaForCausalLM(nn.Module):
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
         self.embed_quantized: QuantizedWeight | None = None
-        # All layers in one kernel call, for the steps it serves (set by pack_weights
-        # where the kernels have it)
-        self.decoder_stack: DecoderStackFn | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
@@ -240,19 +237,27 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionInputs,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        x = self.embed(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, positions, self.rope, kv_cache, meta)
+        return self.final_norm(x, residual)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
         if self.tp is not None:
-            x = self._embed_vocab_shard(input_ids, self.tp)
-        elif self.embed_quantized is None:
-            x = self.embed_tokens(input_ids)
-        else:
-            x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
-        rope = (self.rope_cos, self.rope_sin)
-        if self.decoder_stack is not None and self.decoder_stack.serves(meta):
-            x, residual = self.decoder_stack(x, positions, rope, kv_caches, meta)
-        else:
-            residual = None
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                x, residual = layer(x, residual, positions, rope, kv_cache, meta)
+            return self._embed_vocab_shard(input_ids, self.tp)
+        if self.embed_quantized is None:
+            return self.embed_tokens(input_ids)
+        return dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
+
+    @property
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables (cos, sin) the layers take."""
+        return self.rope_cos, self.rope_sin
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's output and the residual stream -> the final hidden states."""
         x, _ = self.norm(x, residual)
         return x
 
@@ -282,8 +287,7 @@ class LlamaForCausalLM(nn.Module):
         """Prepare every linear layer's weight for its kernel, once, after load_weights
         (on the CPU: packed bf16 copies). A weight changed afterwards needs this again.
         ``place``: the loader's placement of the packed weights in the order a step
-        reads them (on the CPU, one buffer on huge pages), before the decoder stack
-        takes them."""
+        reads them (on the CPU, one buffer on huge pages)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack_weight()
@@ -294,9 +298,6 @@ class LlamaForCausalLM(nn.Module):
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
         if place is not None:
             place(self.packed_in_step_order())
-        # Not with tensor parallelism: the one-call stack has no all-reduce between layers.
-        if self.tp is None:
-            self.decoder_stack = self.kernels.ops.pack_decoder_stack(self.decoder_stack_spec())
 
     def packed_in_step_order(self) -> list[Any]:
         """The projections whose packed weight is a plain tensor, in the order a step

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.kernels import AttentionInputs, Kernels
+from hetero_infer.kernels.decoder_stack import DecoderStackSpec
 
 # One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -69,6 +70,23 @@ class CausalLM(Protocol):
         """Prepare the linear layers' weights for their kernels, once, after
         load_weights (on the CPU: packed bf16 copies); ``place`` puts the packed
         tensors where the loader wants them, in the order a step reads them."""
+        ...
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
+        ...
+
+    @property
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables (cos, sin) the layers take."""
+        ...
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's output and the residual stream -> the final hidden states."""
+        ...
+
+    def decoder_stack_spec(self) -> DecoderStackSpec:
+        """The layers as the kernels' one-call decoder stack takes them (after packing)."""
         ...
 
     def init_rope(self, device: torch.device) -> None:

@@ -27,6 +27,7 @@ import logging
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence, SchedulerOutput
 from hetero_infer.engine.worker.draft_source import DraftSource
+from hetero_infer.engine.worker.fast_path import DecoderStackPath, decoder_stack_path
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
 from hetero_infer.engine.worker.model_loader import load_model
@@ -54,6 +55,7 @@ class DraftRunner:
         )
         self.device = device
         self.dtype = dtype
+        self.kernels = kernels
         self.inputs = InputBatcher(
             block_size, device, kernels.attention, self.model.sliding_windows
         )
@@ -61,6 +63,8 @@ class DraftRunner:
         self.block_shape = (block_size, self.model.num_kv_heads, self.model.head_dim)
         self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, dtype)
         self.kv_cache: KVCache | None = None
+        # The kernels' one-call decoder stack on the CPU (no CUDA graphs for the draft).
+        self.fast_path: DecoderStackPath | None = None
 
     def allocate(self, num_blocks: int, num_cpu_blocks: int) -> None:
         """The draft's KV cache: as many blocks as the target's, so its block ids apply."""
@@ -72,6 +76,8 @@ class DraftRunner:
             self.dtype,
             self.device,
         )
+        if self.device.type == "cpu":
+            self.fast_path = decoder_stack_path(self.model, self.kernels, self.kv_cache.layers)
 
     @torch.inference_mode()
     def propose(
@@ -99,9 +105,12 @@ class DraftRunner:
         }
         while True:
             inputs = self.inputs.build(chunks)
-            hidden = self.model(
-                inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
-            )
+            if self.fast_path is not None and self.fast_path.can_run(inputs):
+                hidden = self.fast_path.run(inputs)
+            else:
+                hidden = self.model(
+                    inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta
+                )
             if not active:
                 break  # prompt chunks only: their KV was all that was needed
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]

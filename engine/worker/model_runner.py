@@ -1,7 +1,7 @@
 """ModelRunner: owns the model and the KV cache; runs one scheduled step.
 
 Built the way nano-vllm builds its runner, in order: load the model on its device,
-size and allocate the KV cache, capture decode graphs. A step is block copies, one
+size and allocate the KV cache, set up its fast path (fast_path.py). A step is block copies, one
 forward pass for every scheduled sequence, prompt logprobs, embeddings (the pooled
 hidden states of embedding requests), last-token logits and sampling (at every drafted
 position too, where speculative decoding verifies draft tokens); it reads only
@@ -32,7 +32,8 @@ from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
-from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher
+from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
+from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
@@ -42,7 +43,7 @@ from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows
-from hetero_infer.kernels import AttentionInputs
+from hetero_infer.kernels import AttentionInputs, Kernels
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +105,12 @@ class ModelRunner:
         self.kv_caches = self.kv_cache.layers
         if self.drafter is not None:
             self.drafter.allocate(self.num_blocks, config.num_cpu_blocks)
-        self.graphs: DecodeGraphs | None = None
-        # Graphs are only ever used on CUDA, with a backend whose metadata they can hold.
-        # Not with tensor parallelism: every rank would have to replay in step.
-        graphs_fit = self.device.type == "cuda" and self.attention.supports_cuda_graphs
-        graphs_fit = graphs_fit and tp is None
-        if not config.enforce_eager and graphs_fit:
-            self.graphs = DecodeGraphs.capture(self)
+        # The one fast path (worker/fast_path.py), where there is one. Not with tensor
+        # parallelism: every rank would have to replay graphs in step, and the one-call
+        # stack has no all-reduce between layers.
+        self.fast_path: FastPath | None = None
+        if tp is None:
+            self.fast_path = self._fast_path(kernels)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -133,10 +133,7 @@ class ModelRunner:
         )
         if self.sender is not None:
             self.sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
-        if self.graphs is not None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        hidden = self.forward(inputs)
         prompt = prompt_logprobs(self.compute_logits, scheduled, hidden)
         embeddings = self.pooler(scheduled, hidden)
         sampling = [s for s in scheduled if s.samples]
@@ -163,6 +160,23 @@ class ModelRunner:
                 )
             first = end
         return ModelRunnerOutput(sampled, prompt, embeddings)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        """The model's final hidden states for a step's inputs: through the fast path
+        where it can run the step, else the layers one by one."""
+        if self.fast_path is not None and self.fast_path.can_run(inputs):
+            return self.fast_path.run(inputs)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+
+    def _fast_path(self, kernels: Kernels) -> FastPath | None:
+        """CUDA graphs on CUDA (with a backend whose metadata they can hold, unless
+        enforce_eager); on the CPU the kernels' one-call decoder stack, where they
+        have one for this model's weights."""
+        if self.device.type == "cuda":
+            if self.config.enforce_eager or not self.attention.supports_cuda_graphs:
+                return None
+            return DecodeGraphs.capture(self)
+        return decoder_stack_path(self.model, kernels, self.kv_caches)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab], the other ranks computing their

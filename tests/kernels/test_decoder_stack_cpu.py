@@ -51,24 +51,18 @@ def engine_for(folder: Path, quantization: str) -> LLMEngine:
 def run_both_ways(runner, lengths: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's output on a step of (cached, new) tokens per sequence: through the
     stack, then layer by layer. Random tokens and cached keys/values (not all zeros)."""
-    model = runner.model
-    stack = model.decoder_stack
+    stack = runner.fast_path
     inputs = runner.inputs.synthetic(lengths)
-    assert stack.serves(inputs.meta)
+    assert stack.can_run(inputs)
     torch.manual_seed(1)
     inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
     for k_cache, v_cache in runner.kv_caches:
         k_cache.normal_()
         v_cache.normal_()
-    outputs = []
-    try:
-        for decoder_stack in (stack, None):
-            model.decoder_stack = decoder_stack
-            outputs.append(model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta))
-    finally:
-        model.decoder_stack = stack
-    assert outputs[0].abs().sum() > 0
-    return outputs[0], outputs[1]
+    stacked = stack.run(inputs)
+    layered = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
+    assert stacked.abs().sum() > 0
+    return stacked, layered
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
@@ -95,7 +89,7 @@ def test_short_chunks_equal_the_layers_on_per_token_attention(
         stacked, layered = run_both_ways(runner, lengths)
     assert torch.equal(stacked, layered)
     longer = runner.inputs.synthetic([(0, SHORT_CHUNK + 1), (3, 1)])
-    assert not runner.model.decoder_stack.serves(longer.meta)  # goes layer by layer
+    assert not runner.fast_path.can_run(longer)  # goes layer by layer
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
@@ -104,16 +98,16 @@ def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     with_stack = engine_for(model_dir, quantization)
     served = 0
-    serves = with_stack.runner.model.decoder_stack.serves
+    can_run = with_stack.runner.fast_path.can_run
 
-    def counting(meta) -> bool:
+    def counting(inputs) -> bool:
         nonlocal served
-        served += serves(meta)
-        return serves(meta)
+        served += can_run(inputs)
+        return can_run(inputs)
 
-    with_stack.runner.model.decoder_stack.serves = counting
+    with_stack.runner.fast_path.can_run = counting
     layer_by_layer = engine_for(model_dir, quantization)
-    layer_by_layer.runner.model.decoder_stack = None
+    layer_by_layer.runner.fast_path = None
     expected = layer_by_layer.generate(prompts, params, use_tqdm=False)
     got = with_stack.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
@@ -122,4 +116,4 @@ def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
 
 def test_fp32_runs_layer_by_layer(model_dir) -> None:
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_num_blocks=64))
-    assert engine.runner.model.decoder_stack is None
+    assert engine.runner.fast_path is None

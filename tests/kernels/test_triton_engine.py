@@ -154,7 +154,7 @@ def test_decode_graph_buffers(tiny, torch_outputs):
         graphs.graphs[size] = EagerReplay(graphs, size)
     with torch.inference_mode():
         assert graphs._matches_eager()
-    engine.runner.graphs = graphs
+    engine.runner.fast_path = graphs
     actual, _ = run_engine(engine, prompts)
     assert actual == torch_outputs
     assert all(graphs.graphs[size].replays > 1 for size in (2, 8))

@@ -1,0 +1,57 @@
+"""The runner's one fast-path seam: a step the fast path can run goes through it, any
+other through the model's layers one by one.
+
+Each device has at most one: CUDA graphs replaying captured decode steps
+(cuda_graphs.py), or on the CPU the kernels' one-call decoder stack over the model's
+layers, described by the model (``decoder_stack_spec``) and packed by the kernels
+(kernels/decoder_stack.py). Both give what the model's forward gives, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from hetero_infer.engine.models import CausalLM
+from hetero_infer.engine.worker.input_batch import ModelInputs
+from hetero_infer.kernels import Kernels
+from hetero_infer.kernels.decoder_stack import DecoderStackFn
+
+
+class FastPath(Protocol):
+    def can_run(self, inputs: ModelInputs) -> bool:
+        """Whether this step's inputs fit the fast path."""
+        ...
+
+    def run(self, inputs: ModelInputs) -> torch.Tensor:
+        """The model's final hidden states [num_tokens, hidden] for the step."""
+        ...
+
+
+def decoder_stack_path(
+    model: CausalLM, kernels: Kernels, kv_caches: list[tuple[torch.Tensor, ...]]
+) -> DecoderStackPath | None:
+    """The one-call stack over ``model``'s packed layers, where the kernels have one."""
+    stack = kernels.ops.pack_decoder_stack(model.decoder_stack_spec())
+    return None if stack is None else DecoderStackPath(model, stack, kv_caches)
+
+
+class DecoderStackPath:
+    """The kernels' one-call decoder stack as the fast path: the model's embedding, the
+    stack for every layer, the model's final norm."""
+
+    def __init__(
+        self, model: CausalLM, stack: DecoderStackFn, kv_caches: list[tuple[torch.Tensor, ...]]
+    ) -> None:
+        self.model = model
+        self.stack = stack
+        self.kv_caches = kv_caches
+
+    def can_run(self, inputs: ModelInputs) -> bool:
+        return self.stack.serves(inputs.meta)
+
+    def run(self, inputs: ModelInputs) -> torch.Tensor:
+        model = self.model
+        x = model.embed(inputs.input_ids)
+        x, residual = self.stack(x, inputs.positions, model.rope, self.kv_caches, inputs.meta)
+        return model.final_norm(x, residual)
