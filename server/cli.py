@@ -241,7 +241,7 @@ def under_torchrun(
 def run_torchrun_worker(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> int:
     """A rank other than 0 under torchrun: its share of the model until rank 0 stops."""
     from hetero_infer.engine.distributed.process_group import Rendezvous
-    from hetero_infer.engine.distributed.worker import run_worker
+    from hetero_infer.engine.executor.rank_worker import run_worker
 
     rendezvous = Rendezvous.from_torchrun_env(environ)
     assert rendezvous is not None

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.spec_decode.stats import SpecDecodeStats
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
