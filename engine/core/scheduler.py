@@ -15,39 +15,24 @@ lowest-priority one, and a waiting sequence that cannot start for want of blocks
 a ``max_num_seqs`` slot preempts running ones of a lower priority (a higher value).
 
 With a speculator (speculative decoding), decoding sequences get draft tokens from what
-the step has left once everything else is scheduled: they ride in their sequence's
-step as extra query tokens, within the budget, in free blocks only, so they never
-displace another sequence's tokens nor preempt anyone (nor come in a step that had to
-preempt). After the step, the slots of rejected drafts are given back
-(``update_from_output``).
+the step has left once everything else is scheduled (core/speculator.py), and after the
+step the slots of rejected drafts are given back (``update_from_output``).
 """
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections import deque
 
-from hetero_infer.engine.choices import SCHEDULING_POLICIES
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.core.speculator import Speculator
-from hetero_infer.engine.core.step_data import (
-    ModelRunnerOutput,
-    SampledToken,
-    ScheduledSequence,
-    SchedulerOutput,
-    SequenceUpdate,
-)
-from hetero_infer.engine.core.stop import banned_token_ids, check_stop
+from hetero_infer.engine.core.sequence_queues import SequenceQueues, priority_key
+from hetero_infer.engine.core.speculator import Speculator, advance_draft_kv
+from hetero_infer.engine.core.step_data import ModelRunnerOutput, SchedulerOutput, SequenceUpdate
+from hetero_infer.engine.core.step_records import schedule_entry, sequence_update
+from hetero_infer.engine.core.stop import append_until_stop
 
 
-def priority_key(seq: Sequence) -> tuple[int, float]:
-    """The priority policy's order: lower value first, then earlier arrival."""
-    return (seq.priority, seq.arrival_time)
-
-
-class Scheduler:
+class Scheduler(SequenceQueues):
     def __init__(
         self,
         block_manager: BlockManager,
@@ -59,50 +44,18 @@ class Scheduler:
         policy: str = "fcfs",
         speculator: Speculator | None = None,
     ) -> None:
-        assert policy in SCHEDULING_POLICIES, policy
         # A sequence preempted for a higher-priority one may have been scheduled in the
         # same step, after swap-ins: swapping it out then would overwrite their CPU
         # blocks before they are read, so the priority policy preempts by recompute.
         assert not (policy == "priority" and use_swap), "the priority policy recomputes"
-        self.block_manager = block_manager
+        super().__init__(block_manager, policy)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.memory_threshold = memory_threshold
         self.use_swap = use_swap
-        self.policy = policy
         self.speculator = speculator
-        # Every unfinished sequence by id (n > 1 choices waiting to fork included).
-        self.sequences: dict[str, Sequence] = {}
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
-        self._finished_ids: list[str] = []  # since the last schedule()
-
-    def add(self, seq: Sequence) -> None:
-        """Queue a sequence; its fork_children (n > 1) join once its prompt is computed."""
-        for s in (seq, *seq.fork_children):
-            self.sequences[s.request_id] = s
-        self._to_waiting(seq, preempted=False)
-
-    def _to_waiting(self, seq: Sequence, preempted: bool) -> None:
-        """Queue a new or preempted sequence: by arrival (a preempted one goes first,
-        it arrived before the waiting ones), or in the priority policy's order."""
-        if self.policy == "priority":
-            index = bisect.bisect_right(self.waiting, priority_key(seq), key=priority_key)
-            self.waiting.insert(index, seq)
-        elif preempted:
-            self.waiting.appendleft(seq)
-        else:
-            self.waiting.append(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
 
     # ---- scheduling ----
 
@@ -121,7 +74,9 @@ class Scheduler:
             if not self.swapped:
                 budget = self._schedule_waiting(out, steps, budget)
             if self.speculator is not None:
-                drafts = self._schedule_drafts(out, steps, budget)
+                drafts = self.speculator.schedule_drafts(
+                    steps, budget, len(self.running), self.block_manager, out, self.max_model_len
+                )
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
         out.scheduled.extend(
             schedule_entry(seq, num_new, drafts.get(seq.request_id), draft_model)
@@ -189,29 +144,6 @@ class Scheduler:
             steps.append((seq, num_new))
             budget -= num_new
         return budget
-
-    def _schedule_drafts(
-        self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
-    ) -> dict[str, list[int]]:
-        """Draft tokens for the step's decoding sequences, by request id, from the budget
-        and free blocks left, cut to fit."""
-        assert self.speculator is not None
-        bm = self.block_manager
-        drafts: dict[str, list[int]] = {}
-        if not self.speculator.drafts_at(len(self.running)):
-            return drafts
-        for seq, num_new in steps:
-            if budget <= 0:
-                break
-            found = self.speculator.draft(seq, budget, self.max_model_len)
-            while found and not bm.can_allocate_slots(seq, num_new + len(found)):
-                found.pop()
-            if found:
-                # Its own token's slot (and copy-on-write) is taken: this only grows it.
-                out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new + len(found)))
-                drafts[seq.request_id] = found
-                budget -= len(found)
-        return drafts
 
     def _try_admit(self, seq: Sequence, budget: int) -> int | None:
         """The tokens a waiting sequence computes if it starts now (its cached prefix
@@ -296,7 +228,7 @@ class Scheduler:
             draft_model = self.speculator is not None and self.speculator.uses_draft_model
             if draft_model:
                 # Before any fork below: n > 1 choices share the prompt's draft KV too.
-                self._advance_draft(seq, item)
+                advance_draft_kv(seq, item)
             prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
             if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
@@ -308,7 +240,7 @@ class Scheduler:
             if sampled:
                 if seq.fork_children:
                     self._fork_children(seq)
-                new_tokens, status = _append_tokens(seq, sampled, self.max_model_len)
+                new_tokens, status = append_until_stop(seq, sampled, self.max_model_len)
             if item.num_draft_tokens and sampled:
                 # Each token kept before the last confirmed a draft, whose KV this step
                 # computed; the slots of the rest go back.
@@ -317,23 +249,12 @@ class Scheduler:
                 if self.speculator is not None:
                     self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
             # Again, now that accepted drafts count as computed.
-            registered = self._advance_draft(seq, item) if draft_model else None
+            registered = advance_draft_kv(seq, item) if draft_model else None
             self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
                 self.finish(seq.request_id, status)
-            updates.append(_update(seq, new_tokens, prompt_logprobs, embedding))
+            updates.append(sequence_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
-
-    @staticmethod
-    def _advance_draft(seq: Sequence, item: ScheduledSequence) -> int:
-        """With a draft model: how far the draft model's KV reaches after this step (it
-        ran on the step's own tokens and on every draft but the last, whose KV is never
-        needed unless all are accepted); the tokens whose blocks may enter the prefix
-        cache."""
-        if item.draft_lag_token_ids is not None:
-            reached = item.start + item.num_new_tokens - (1 if item.num_draft_tokens else 0)
-            seq.num_draft_computed_tokens = min(reached, seq.num_computed_tokens)
-        return seq.num_draft_computed_tokens
 
     def _fork_children(self, parent: Sequence) -> None:
         """n > 1: the other choices start from the parent's computed prompt.
@@ -352,126 +273,3 @@ class Scheduler:
             child.first_scheduled_time = parent.first_scheduled_time
             self.running.append(child)
         parent.fork_children = []
-
-    def time_out(self, request_id: str, now: float) -> SequenceUpdate | None:
-        """End a sequence whose deadline has passed: "length" once it has output tokens
-        (what it has is the answer, cut short as by max_tokens), "abort" before its
-        first. Returns its update for the front end; None if the sequence is not
-        unfinished or its deadline is still ahead."""
-        seq = self.sequences.get(request_id)
-        if seq is None or seq.deadline is None or seq.deadline > now:
-            return None
-        if seq.num_output_tokens:
-            self.finish(request_id, SequenceStatus.FINISHED_LENGTH)
-        else:
-            self.finish(request_id, SequenceStatus.FINISHED_ABORTED)
-        return _update(seq, [], [])
-
-    def reject_unstarted(self, seq_ids: list[str]) -> list[SequenceUpdate]:
-        """End a request's sequences (its choices) as rejected if none of them has been
-        scheduled yet (max_queue_time). Returns their updates; none if the request has
-        started or ended."""
-        seqs = [self.sequences.get(seq_id) for seq_id in seq_ids]
-        if not seqs or any(s is None or s.first_scheduled_time is not None for s in seqs):
-            return []
-        for seq in seqs:
-            self.finish(seq.request_id, SequenceStatus.FINISHED_REJECTED)
-        return [_update(seq, [], []) for seq in seqs]
-
-    def finish(self, request_id: str, status: SequenceStatus) -> bool:
-        """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
-        False if there is no such unfinished sequence."""
-        assert status.is_finished
-        seq = self.sequences.pop(request_id, None)
-        if seq is None:
-            return False
-        if seq in self.running:
-            self.running.remove(seq)
-            self.block_manager.free(seq)
-        elif seq in self.swapped:
-            self.swapped.remove(seq)
-            self.block_manager.free_swapped(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-            self.block_manager.free(seq)
-        seq.status = status
-        seq.finished_time = time.monotonic()
-        self._finished_ids.append(request_id)
-        return True
-
-
-def schedule_entry(
-    seq: Sequence,
-    num_new: int,
-    draft_token_ids: list[int] | None = None,
-    draft_model: bool = False,
-) -> ScheduledSequence:
-    """The plain-data copy of what the runner needs of ``seq`` for this step: its next
-    ``num_new`` tokens, then the draft tokens the step verifies. ``draft_model``: the
-    runner has a draft model, which runs for this sequence where it drafts or computes
-    more than its newest token (a prompt chunk), catching up on the tokens it lags by."""
-    drafts = tuple(draft_token_ids or ())
-    start = seq.num_computed_tokens
-    params = seq.sampling_params
-    reaches_end = start + num_new == seq.num_tokens
-    samples = reaches_end and seq.pooling is None
-    draft_lag = None
-    if draft_model and seq.pooling is None:
-        # A decode step without drafts leaves the draft model behind by a token: running
-        # it in every step would cost a draft pass even where nothing is drafted.
-        lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
-        if drafts or not lone_decode:
-            draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
-    wants_history = params.has_penalties or seq.needs_prompt_logprobs
-    return ScheduledSequence(
-        request_id=seq.request_id,
-        token_ids=seq.token_ids[start : start + num_new] + list(drafts),
-        start=start,
-        block_table=list(seq.block_table),
-        samples=samples,
-        sampling_params=params,
-        draft_token_ids=drafts,
-        draft_lag_token_ids=draft_lag,
-        banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
-        prompt_token_ids=seq.prompt_token_ids if wants_history else None,
-        output_token_ids=seq.output_token_ids if params.has_penalties else None,
-        grammar_bitmask=(
-            seq.grammar.compute_bitmask() if samples and seq.grammar is not None else None
-        ),
-        num_prompt_logprobs=seq.num_prompt_logprobs,
-        pooling=seq.pooling,
-        returns_embedding=reaches_end and seq.pooling is not None,
-    )
-
-
-def _append_tokens(
-    seq: Sequence, sampled: list[SampledToken], max_model_len: int
-) -> tuple[list[SampledToken], SequenceStatus | None]:
-    """Append a step's tokens one by one, up to the first that ends the sequence (a stop
-    token, eos, max_tokens...): the tokens kept, and the status that ends it, if any."""
-    for i, token in enumerate(sampled):
-        seq.token_ids.append(token.token_id)
-        status = check_stop(seq, max_model_len)
-        if status is not None:
-            return sampled[: i + 1], status
-    return sampled, None
-
-
-def _update(
-    seq: Sequence,
-    new_tokens: list[SampledToken],
-    prompt_logprobs: list,
-    embedding: list[float] | None = None,
-) -> SequenceUpdate:
-    return SequenceUpdate(
-        request_id=seq.request_id,
-        new_tokens=new_tokens,
-        new_prompt_logprobs=prompt_logprobs,
-        finish_reason=seq.status.finish_reason,
-        stop_reason=seq.stop_reason,
-        num_output_tokens=seq.num_output_tokens,
-        num_preemptions=seq.num_preemptions,
-        first_scheduled_time=seq.first_scheduled_time,
-        finished_time=seq.finished_time,
-        embedding=embedding,
-    )

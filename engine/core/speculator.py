@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.draft_length import DraftLength
 from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
-from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER
+from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER, ScheduledSequence, SchedulerOutput
 from hetero_infer.engine.speculative_config import SpeculativeConfig
 
 # Said at start-up: the requests (or steps) that decode one token at a time.
@@ -69,6 +70,36 @@ class Speculator:
             return [DRAFT_PLACEHOLDER] * want
         return self.proposer.propose(state.text.sync(seq.token_ids), want)
 
+    def schedule_drafts(
+        self,
+        steps: list[tuple[Sequence, int]],
+        budget: int,
+        num_running: int,
+        block_manager: BlockManager,
+        out: SchedulerOutput,
+        max_model_len: int,
+    ) -> dict[str, list[int]]:
+        """Draft tokens for a step's decoding sequences (``steps``: each scheduled
+        sequence and the tokens it computes), by request id. They come from what the
+        step has left once everything else is scheduled: they ride in their sequence's
+        step as extra query tokens, within the ``budget`` left, in free blocks only, so
+        they never displace another sequence's tokens nor preempt anyone."""
+        drafts: dict[str, list[int]] = {}
+        if not self.drafts_at(num_running):
+            return drafts
+        for seq, num_new in steps:
+            if budget <= 0:
+                break
+            found = self.draft(seq, budget, max_model_len)
+            while found and not block_manager.can_allocate_slots(seq, num_new + len(found)):
+                found.pop()
+            if found:
+                # Its own token's slot (and copy-on-write) is taken: this only grows it.
+                out.blocks_to_copy.extend(block_manager.allocate_slots(seq, num_new + len(found)))
+                drafts[seq.request_id] = found
+                budget -= len(found)
+        return drafts
+
     def drafts_at(self, batch_size: int) -> bool:
         """Whether a step with ``batch_size`` running requests drafts at all."""
         limit = self.config.disable_by_batch_size
@@ -96,3 +127,13 @@ class Speculator:
         if seq.draft_state is None:
             seq.draft_state = DraftState(length=DraftLength(self.config.num_speculative_tokens))
         return seq.draft_state
+
+
+def advance_draft_kv(seq: Sequence, item: ScheduledSequence) -> int:
+    """With a draft model: how far the draft model's KV reaches after this step (it ran
+    on the step's own tokens and on every draft but the last, whose KV is never needed
+    unless all are accepted); the tokens whose blocks may enter the prefix cache."""
+    if item.draft_lag_token_ids is not None:
+        reached = item.start + item.num_new_tokens - (1 if item.num_draft_tokens else 0)
+        seq.num_draft_computed_tokens = min(reached, seq.num_computed_tokens)
+    return seq.num_draft_computed_tokens

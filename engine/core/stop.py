@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import SampledToken
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ def check_stop(seq: Sequence, max_model_len: int) -> SequenceStatus | None:
     if status is None and seq.grammar.is_stopped():
         return SequenceStatus.FINISHED_STOPPED
     return status
+
+
+def append_until_stop(
+    seq: Sequence, sampled: list[SampledToken], max_model_len: int
+) -> tuple[list[SampledToken], SequenceStatus | None]:
+    """Append a step's tokens one by one, up to the first that ends the sequence (a stop
+    token, eos, max_tokens...): the tokens kept, and the status that ends it, if any."""
+    for i, token in enumerate(sampled):
+        seq.token_ids.append(token.token_id)
+        status = check_stop(seq, max_model_len)
+        if status is not None:
+            return sampled[: i + 1], status
+    return sampled, None
 
 
 def banned_token_ids(seq: Sequence) -> frozenset[int]:

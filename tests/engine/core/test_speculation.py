@@ -12,7 +12,7 @@ from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.draft_length import MAX_PAUSE, DraftLength
 from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
-from hetero_infer.engine.core.scheduler import Scheduler, schedule_entry
+from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.speculator import Speculator
 from hetero_infer.engine.core.step_data import (
@@ -21,6 +21,7 @@ from hetero_infer.engine.core.step_data import (
     SampledToken,
     SchedulerOutput,
 )
+from hetero_infer.engine.core.step_records import schedule_entry
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.speculative_config import SpeculativeConfig

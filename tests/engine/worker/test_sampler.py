@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
-from hetero_infer.engine.core.scheduler import schedule_entry
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import ScheduledSequence
+from hetero_infer.engine.core.step_records import schedule_entry
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.worker.randomness import Randomness
 from hetero_infer.engine.worker.sampler import Sampler

@@ -1,0 +1,105 @@
+"""The queues a sequence lives in while unfinished (waiting, running, swapped), in the
+scheduling policy's order, and how it leaves them: finished (a stop, an abort, a
+failure), timed out, or rejected before it started. The Scheduler (scheduler.py)
+decides, each step, which of them move.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+
+from hetero_infer.engine.choices import SCHEDULING_POLICIES
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import SequenceUpdate
+from hetero_infer.engine.core.step_records import sequence_update
+
+
+def priority_key(seq: Sequence) -> tuple[int, float]:
+    """The priority policy's order: lower value first, then earlier arrival."""
+    return (seq.priority, seq.arrival_time)
+
+
+class SequenceQueues:
+    def __init__(self, block_manager: BlockManager, policy: str) -> None:
+        assert policy in SCHEDULING_POLICIES, policy
+        self.block_manager = block_manager
+        self.policy = policy
+        # Every unfinished sequence by id (n > 1 choices waiting to fork included).
+        self.sequences: dict[str, Sequence] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self._finished_ids: list[str] = []  # since the last schedule()
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; its fork_children (n > 1) join once its prompt is computed."""
+        for s in (seq, *seq.fork_children):
+            self.sequences[s.request_id] = s
+        self._to_waiting(seq, preempted=False)
+
+    def _to_waiting(self, seq: Sequence, preempted: bool) -> None:
+        """Queue a new or preempted sequence: by arrival (a preempted one goes first,
+        it arrived before the waiting ones), or in the priority policy's order."""
+        if self.policy == "priority":
+            index = bisect.bisect_right(self.waiting, priority_key(seq), key=priority_key)
+            self.waiting.insert(index, seq)
+        elif preempted:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def time_out(self, request_id: str, now: float) -> SequenceUpdate | None:
+        """End a sequence whose deadline has passed: "length" once it has output tokens
+        (what it has is the answer, cut short as by max_tokens), "abort" before its
+        first. Returns its update for the front end; None if the sequence is not
+        unfinished or its deadline is still ahead."""
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.deadline is None or seq.deadline > now:
+            return None
+        if seq.num_output_tokens:
+            self.finish(request_id, SequenceStatus.FINISHED_LENGTH)
+        else:
+            self.finish(request_id, SequenceStatus.FINISHED_ABORTED)
+        return sequence_update(seq, [], [])
+
+    def reject_unstarted(self, seq_ids: list[str]) -> list[SequenceUpdate]:
+        """End a request's sequences (its choices) as rejected if none of them has been
+        scheduled yet (max_queue_time). Returns their updates; none if the request has
+        started or ended."""
+        seqs = [self.sequences.get(seq_id) for seq_id in seq_ids]
+        if not seqs or any(s is None or s.first_scheduled_time is not None for s in seqs):
+            return []
+        for seq in seqs:
+            self.finish(seq.request_id, SequenceStatus.FINISHED_REJECTED)
+        return [sequence_update(seq, [], []) for seq in seqs]
+
+    def finish(self, request_id: str, status: SequenceStatus) -> bool:
+        """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
+        False if there is no such unfinished sequence."""
+        assert status.is_finished
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self.block_manager.free_swapped(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            self.block_manager.free(seq)
+        seq.status = status
+        seq.finished_time = time.monotonic()
+        self._finished_ids.append(request_id)
+        return True

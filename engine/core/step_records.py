@@ -1,0 +1,74 @@
+"""Plain-data records of a live Sequence for one step (the types in step_data.py):
+what the model runner gets of it, and what the front end gets back.
+"""
+
+from __future__ import annotations
+
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.step_data import SampledToken, ScheduledSequence, SequenceUpdate
+from hetero_infer.engine.core.stop import banned_token_ids
+
+
+def schedule_entry(
+    seq: Sequence,
+    num_new: int,
+    draft_token_ids: list[int] | None = None,
+    draft_model: bool = False,
+) -> ScheduledSequence:
+    """The plain-data copy of what the runner needs of ``seq`` for this step: its next
+    ``num_new`` tokens, then the draft tokens the step verifies. ``draft_model``: the
+    runner has a draft model, which runs for this sequence where it drafts or computes
+    more than its newest token (a prompt chunk), catching up on the tokens it lags by."""
+    drafts = tuple(draft_token_ids or ())
+    start = seq.num_computed_tokens
+    params = seq.sampling_params
+    reaches_end = start + num_new == seq.num_tokens
+    samples = reaches_end and seq.pooling is None
+    draft_lag = None
+    if draft_model and seq.pooling is None:
+        # A decode step without drafts leaves the draft model behind by a token: running
+        # it in every step would cost a draft pass even where nothing is drafted.
+        lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
+        if drafts or not lone_decode:
+            draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
+    wants_history = params.has_penalties or seq.needs_prompt_logprobs
+    return ScheduledSequence(
+        request_id=seq.request_id,
+        token_ids=seq.token_ids[start : start + num_new] + list(drafts),
+        start=start,
+        block_table=list(seq.block_table),
+        samples=samples,
+        sampling_params=params,
+        draft_token_ids=drafts,
+        draft_lag_token_ids=draft_lag,
+        banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
+        prompt_token_ids=seq.prompt_token_ids if wants_history else None,
+        output_token_ids=seq.output_token_ids if params.has_penalties else None,
+        grammar_bitmask=(
+            seq.grammar.compute_bitmask() if samples and seq.grammar is not None else None
+        ),
+        num_prompt_logprobs=seq.num_prompt_logprobs,
+        pooling=seq.pooling,
+        returns_embedding=reaches_end and seq.pooling is not None,
+    )
+
+
+def sequence_update(
+    seq: Sequence,
+    new_tokens: list[SampledToken],
+    prompt_logprobs: list,
+    embedding: list[float] | None = None,
+) -> SequenceUpdate:
+    """The plain-data report of ``seq``'s progress in a step, for the front end."""
+    return SequenceUpdate(
+        request_id=seq.request_id,
+        new_tokens=new_tokens,
+        new_prompt_logprobs=prompt_logprobs,
+        finish_reason=seq.status.finish_reason,
+        stop_reason=seq.stop_reason,
+        num_output_tokens=seq.num_output_tokens,
+        num_preemptions=seq.num_preemptions,
+        first_scheduled_time=seq.first_scheduled_time,
+        finished_time=seq.finished_time,
+        embedding=embedding,
+    )
