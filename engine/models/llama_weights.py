@@ -1,0 +1,103 @@
+"""How a Hugging Face checkpoint's tensors land in LlamaForCausalLM: by name, with q/k/v
+and gate/up merged into one projection each, and quantized weights kept quantized where
+the kernels take them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.models.layers import Linear
+from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES
+from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
+from torch import nn
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.models.llama import LlamaForCausalLM
+
+
+@torch.no_grad()
+def load_llama_weights(
+    model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor | QuantizedWeight]
+) -> None:
+    """Load Hugging Face-named tensors, merging q/k/v and gate/up. A quantized
+    weight stays quantized where the kernels take it (and the embedding, whose rows
+    are dequantized per lookup), and is dequantized to the model's dtype otherwise."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    loaded: set[str] = set()
+
+    def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
+        if name not in params:
+            raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
+        if params[name].shape != tensor.shape:
+            raise ConfigError(
+                f"{name}: checkpoint shape {tuple(tensor.shape)} does not match the "
+                f"model's {tuple(params[name].shape)}"
+            )
+        loaded.add(name)
+        if isinstance(tensor, QuantizedWeight):
+            owner = modules[name.removesuffix(".weight")]
+            # The kernels are asked about the blocks on the model's device, where they
+            # would read them (a GPU kernel takes none left on the CPU); a weight
+            # none takes is dequantized from the loader's copy.
+            placed = quantized_on(tensor, params[name].device)
+            takes = model.kernels.ops.takes_quantized(placed)
+            if isinstance(owner, Linear) and takes:
+                return owner.keep_quantized(placed)
+            # Kept only where the kernels take it too (as the tied lm_head, and on
+            # the device the lookups run on).
+            if name == "embed_tokens.weight" and takes and tensor.qtype in DEQUANTIZE_ROWS_TYPES:
+                model.embed_quantized = placed
+                model.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+                return
+            tensor = tensor.dequantize(params[name].dtype)
+        params[name].copy_(tensor)
+
+    merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+    for name, tensor in state_dict.items():
+        name = name.removeprefix("model.")
+        if "rotary_emb" in name:
+            continue
+        if name == "lm_head.weight" and model.lm_head is None:
+            continue  # tied to the embedding
+        for part, target, order in (
+            ("q_proj", "qkv_proj", 0),
+            ("k_proj", "qkv_proj", 1),
+            ("v_proj", "qkv_proj", 2),
+            ("gate_proj", "gate_up_proj", 0),
+            ("up_proj", "gate_up_proj", 1),
+        ):
+            if f".{part}." in name:
+                merged_name = name.replace(part, target)
+                merged.setdefault(merged_name, {})[order] = tensor
+                break
+        else:
+            put(name, tensor)
+    for name, parts in merged.items():
+        put(name, merge_rows([parts[i] for i in sorted(parts)], params[name].dtype))
+    missing = set(params) - loaded
+    if missing:
+        raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
+
+
+def quantized_on(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    """The weight with its blocks (and scales) on ``device``."""
+    if weight.data.device == device:
+        return weight
+    scales = None if weight.scales is None else weight.scales.to(device)
+    return QuantizedWeight(weight.qtype, weight.data.to(device), weight.shape, scales)
+
+
+def merge_rows(
+    parts: list[torch.Tensor | QuantizedWeight], dtype: torch.dtype
+) -> torch.Tensor | QuantizedWeight:
+    """Weights stacked along their output rows: quantized where all parts are of one
+    quantized type, else dequantized to ``dtype``."""
+    if all(isinstance(p, QuantizedWeight) for p in parts):
+        merged = concat_rows(parts)
+        if merged is not None:
+            return merged
+    return torch.cat([p.dequantize(dtype) if isinstance(p, QuantizedWeight) else p for p in parts])
