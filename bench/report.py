@@ -1,9 +1,10 @@
-"""The README's benchmark tables, rendered from the result files under bench/results/.
+"""The benchmark tables of docs/benchmarks.md, rendered from the result files under
+bench/results/.
 
-    python -m bench.report            # rewrite the README's generated tables
+    python -m bench.report            # rewrite the page's generated tables
     python -m bench.report --check    # exit 1 if one differs from its files (a test runs this)
 
-A generated table sits in the README between two comments that name its kind and its
+A generated table sits in the page between two comments that name its kind and its
 files (relative to bench/results/):
 
     <!-- bench.report: peers peers-smollm2-chat-q4_1-c16.json peers-...json -->
@@ -29,7 +30,8 @@ if __name__ == "__main__" and not __package__:
 
 from bench.common import REPO_ROOT, RESULTS_DIR
 
-README = REPO_ROOT / "README.md"
+# The documentation page that holds the generated tables.
+PAGE = REPO_ROOT / "docs" / "benchmarks.md"
 _BLOCK = re.compile(
     r"(<!-- bench\.report: (?P<kind>[\w-]+) (?P<files>[^>]*?) -->\n)"
     r"(?P<body>.*?)(<!-- /bench\.report -->)",
@@ -211,18 +213,18 @@ def render(text: str, results_dir: Path = RESULTS_DIR) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check; exit 1 on a difference")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, default=PAGE, help="the markdown file to render")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
+    text = args.page.read_text()
     rendered = render(text)
     if args.check:
         if rendered != text:
-            print(f"{args.readme}: a generated table differs from its result files; "
+            print(f"{args.page}: a generated table differs from its result files; "
                   "run python -m bench.report")  # fmt: skip
             return 1
         return 0
-    args.readme.write_text(rendered)
-    print(f"rendered {len(_BLOCK.findall(text))} tables into {args.readme}")
+    args.page.write_text(rendered)
+    print(f"rendered {len(_BLOCK.findall(text))} tables into {args.page}")
     return 0
 
 

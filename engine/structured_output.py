@@ -5,7 +5,7 @@ sampler turns that into a vocabulary mask before it picks, and the engine feeds 
 matcher every token picked. Why llguidance (not xgrammar): it computes each mask
 lazily from the grammar with no per-schema compile step (a request's schema costs
 nothing before its first token), has no Python dependencies, and its masks are
-plain bit arrays that apply on any torch device. The README has its per-token cost.
+plain bit arrays that apply on any torch device. docs/server.md has its per-token cost.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GET /server_info: the served model's name, where SGLang's router looks for it.
 
-sglang-router (README "Replicas behind a router") asks each replica for SGLang's
-/server_info when it registers it, and takes `served_model_name` as the replica's
+sglang-router (docs/deployment.md, "Replicas behind a router") asks each replica for
+SGLang's /server_info when it registers it, and takes `served_model_name` as the replica's
 model: the id its own /v1/models lists. Without this route it registers the model as
 "unknown". Only that field is given: the router reads others of SGLang's (model_path
 to load a tokenizer, dp_size to address data-parallel ranks) that would mean something

@@ -1,5 +1,6 @@
-"""bench.report: the README's tables are its renderers' output of the committed result
-files (no figure is copied by hand), and the renderers on made-up results."""
+"""bench.report: the tables of docs/benchmarks.md are its renderers' output of the
+committed result files (no figure is copied by hand), and the renderers on made-up
+results."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 from bench import peers, report
 
 
-def test_the_readme_tables_are_rendered_from_the_committed_results() -> None:
-    text = report.README.read_text()
+def test_the_benchmark_page_tables_are_rendered_from_the_committed_results() -> None:
+    text = report.PAGE.read_text()
     blocks = report._BLOCK.findall(text)
-    assert blocks, "the README has no generated tables"
+    assert blocks, f"{report.PAGE} has no generated tables"
     assert report.render(text) == text, "run: python -m bench.report"
 
 
@@ -45,3 +46,14 @@ def test_a_block_is_replaced_by_its_renderers_output(tmp_path: Path) -> None:
     row = out.splitlines()[4]
     assert row.startswith("| Q4_0 | chat | 16 | 250.0 | 100.0 | **2.50x** | 2.00-3.00x | 200-201 |")
     assert report.render(out, tmp_path) == out
+
+
+def test_main_checks_then_rewrites_the_page_it_is_given(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    stale = "<!-- bench.report: sampling sampling-smollm2.json -->\nstale\n<!-- /bench.report -->\n"
+    page.write_text(stale)
+    assert report.main(["--check", "--page", str(page)]) == 1
+    assert page.read_text() == stale, "--check must not write"
+    assert report.main(["--page", str(page)]) == 0
+    assert "stale" not in page.read_text()
+    assert report.main(["--check", "--page", str(page)]) == 0

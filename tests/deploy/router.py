@@ -1,10 +1,10 @@
 """The cache-aware router (PyPI's sglang-router, a Rust binary in a wheel) as a process
 on loopback, in front of servers that the test started.
 
-The flags are the ones README's "Replicas behind a router" and docker-compose.yml
-give: a health check every second, one failure to leave a replica out, and retries
-spread over more than a second, so that the retries of a request sent to a replica
-that just died go to a live one.
+The flags are the ones "Replicas behind a router" (docs/deployment.md) and
+docker-compose.yml give: a health check every second, one failure to leave a replica
+out, and retries spread over more than a second, so that the retries of a request sent
+to a replica that just died go to a live one.
 """
 
 from __future__ import annotations

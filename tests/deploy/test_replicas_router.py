@@ -1,5 +1,5 @@
 """Two replicas behind the cache-aware router (sglang-router), all three real processes
-on loopback, as README's "Replicas behind a router" runs them.
+on loopback, as "Replicas behind a router" in docs/deployment.md runs them.
 
 What each replica's own /metrics says is the evidence: after a long prompt prefix has
 been served once, every later request sharing it lands on the replica that served it

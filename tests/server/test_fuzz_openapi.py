@@ -68,7 +68,7 @@ MIN_CASES = (len(FUZZED_PATHS) - 1) * MAX_EXAMPLES
 
 @dataclass
 class Tally:
-    """What the fuzzer sent and got, for the figures in the README."""
+    """What the fuzzer sent and got, for the figures in docs/reliability.md."""
 
     statuses: Counter[int] = field(default_factory=Counter)
     streams: int = 0
