@@ -1,8 +1,8 @@
 """LLMEngine: the synchronous engine. add_request / step / abort, and generate().
 
-It wires the parts together: the loader builds the model, the scheduler picks
-each step's work over the block manager's KV blocks, the model runner executes
-it, and each sequence's detokenizer turns new tokens into text.
+The front end around EngineCore (built by core_builder.py): requests are checked
+(frontend/input_processor.py) and fanned out into their choices before the core
+steps, and its updates become outputs after (frontend/output_processor.py).
 """
 
 from __future__ import annotations
@@ -16,25 +16,19 @@ from typing import Any
 from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
-from hetero_infer.engine.core.engine_core import EngineCore
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
-from hetero_infer.engine.exceptions import OutOfMemoryError, ValidationError
-from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
+from hetero_infer.engine.core_builder import build_core
+from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.generation_defaults import load_generation_defaults
-from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.models.sharding import check_divisible
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.setup import resolve_setup
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
-from hetero_infer.engine.worker.draft_source import resolve_draft
-from hetero_infer.engine.worker.model_runner import ModelRunner
 from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
@@ -68,57 +62,13 @@ class LLMEngine:
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
             )
-        draft = None
-        spec = setup.speculative
-        if spec is not None and spec.uses_draft_model:
-            # Checked before either model's weights are read.
-            draft = resolve_draft(spec, source, self.model_config, self.max_model_len, tokenizer)
-        # With tensor parallelism, the other ranks (started here, or by torchrun) load
-        # their shares of the model beside this one's.
-        self.workers: LocalWorkers | None = None
-        tp = None
-        if config.tensor_parallel_size > 1:
-            check_divisible(self.model_config, config.tensor_parallel_size)
-            tp, self.workers = start_tensor_parallel(setup)
-        try:
-            self.runner = ModelRunner(setup, tp, draft)
-        except BaseException:
-            if self.workers is not None:
-                self.workers.stop(timeout=0)
-            raise
         self.tokenizer = Tokenizer(tokenizer, self.model_config.eos_token_ids)
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
         )
-        capacity = self.runner.num_blocks * config.block_size
-        if capacity < self.max_model_len:
-            raise OutOfMemoryError(
-                f"max_num_blocks: the KV cache holds {capacity} tokens "
-                f"({self.runner.num_blocks} blocks of {config.block_size}), fewer than "
-                f"max_model_len ({self.max_model_len}); add blocks or lower max_model_len"
-            )
-        block_manager = BlockManager(
-            self.runner.num_blocks,
-            config.block_size,
-            num_cpu_blocks=config.num_cpu_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-        )
-        speculator = self._speculator()
-        scheduler = Scheduler(
-            block_manager,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            memory_threshold=config.memory_threshold,
-            use_swap=config.use_swap,
-            policy=config.scheduling_policy,
-            speculator=speculator,
-        )
-        # The speculator counts the drafts it hears back about (vllm:spec_decode_*).
-        self.metrics = EngineMetrics()
-        if speculator is not None:
-            self.metrics.spec_decode = speculator.stats
-        self.core = EngineCore(scheduler, self.runner, self.metrics, config.max_queue_time)
+        built = build_core(setup, tokenizer)
+        self.core, self.runner, self.workers = built.core, built.runner, built.workers
+        self.metrics = built.metrics
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -130,21 +80,6 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB), max concurrency %.1f at %d tokens",
-            self.runner.num_blocks,
-            config.block_size,
-            self.runner.num_blocks * self.runner.bytes_per_block / 2**20,
-            capacity / self.max_model_len,
-            self.max_model_len,
-        )
-
-    def _speculator(self) -> Speculator | None:
-        spec = self.setup.speculative
-        if spec is None:
-            return None
-        logger.info("%s; not speculated: %s", spec.describe(), NOT_SPECULATED)
-        return Speculator(spec)
 
     # ---- requests ----
 

@@ -26,8 +26,8 @@ FLOORS = [
     {"worker"},  # the runner: the model, its KV cache, sampling, drafts' verification
     {"executor"},  # tensor-parallel ranks: started, and serving rank 0's commands
     # the front ends around the core
-    {"metrics", "outputs", "frontend", "llm_engine", "async_engine", "inference_engine",
-     "process_settings"},
+    {"metrics", "outputs", "frontend", "core_builder", "llm_engine", "async_engine",
+     "inference_engine", "process_settings"},
 ]  # fmt: skip
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 
