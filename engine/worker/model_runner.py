@@ -1,10 +1,11 @@
 """ModelRunner: owns the model and the KV cache; runs one scheduled step.
 
 Built the way nano-vllm builds its runner, in order: load the model on its device,
-size and allocate the KV cache, set up its fast path (fast_path.py). A step is block copies, one
-forward pass for every scheduled sequence, prompt logprobs, embeddings (the pooled
-hidden states of embedding requests), last-token logits and sampling (at every drafted
-position too, where speculative decoding verifies draft tokens); it reads only
+size and allocate the KV cache (kv_sizing.py), set up its fast path (fast_path.py). A
+step is block copies, one forward pass for every scheduled sequence, prompt logprobs,
+embeddings (the pooled hidden states of embedding requests), last-token logits and
+sampling (at every drafted position too, where speculative decoding verifies draft
+tokens); it reads only
 the scheduler's plain output and returns a plain ModelRunnerOutput, so it never
 changes a request (and may run in any thread).
 
@@ -27,14 +28,14 @@ from hetero_infer.engine.core.step_data import (
 )
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
-from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
-from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block, layer_caches
+from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
+from hetero_infer.engine.worker.kv_sizing import blocks_for_budget, profile_step_memory
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
@@ -90,7 +91,9 @@ class ModelRunner:
             self.drafter = DraftRunner(draft, kernels, self.device, self.dtype, config.block_size)
             # A block id holds the target's and the draft's KV of the same tokens.
             self.bytes_per_block += self.drafter.bytes_per_block
-        self.num_blocks = config.max_num_blocks or self._blocks_from_budget()
+        self.num_blocks = config.max_num_blocks or blocks_for_budget(
+            config, self.device, self.bytes_per_block, self._profile_step_memory
+        )
         if tp is not None:
             # One block table addresses every rank's cache: all hold the same blocks.
             self.num_blocks = tp.all_reduce_min(self.num_blocks)
@@ -207,6 +210,11 @@ class ModelRunner:
         """This rank's vocabulary share of the logits rank 0 gathers (and reads)."""
         self.model.compute_logits(hidden)
 
+    def _profile_step_memory(self) -> int:
+        return profile_step_memory(
+            self.model, self.inputs, self.config, self.max_model_len, self.block_shape, self.dtype
+        )
+
     def stop_workers(self) -> None:
         """Tell the other ranks to leave their loops (rank 0; once)."""
         sender, self.sender = self.sender, None
@@ -241,63 +249,3 @@ class ModelRunner:
         meta = SamplingMetadata.build(rows[:n], logits.shape[-1], self.device, None)
         chosen, tops = self.sampler.logprobs_of(logits[:n], meta, kept)
         return [SampledToken(t, c, top) for t, c, top in zip(kept, chosen, tops, strict=True)]
-
-    # ---- sizing the KV cache ----
-
-    def _blocks_from_budget(self) -> int:
-        config = self.config
-        if self.device.type == "cuda":
-            # What the largest step needs on top of the weights, measured, then what
-            # the device holds now (weights, CUDA context, other processes).
-            activations = self._profile_step_memory()
-            torch.cuda.empty_cache()
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = int(total * config.gpu_memory_utilization) - used - activations
-            logger.info(
-                "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
-                "%.2f GiB for the KV cache",
-                used / 2**30,
-                activations / 2**30,
-                config.max_num_batched_tokens,
-                max(budget, 0) / 2**30,
-                total / 2**30,
-            )
-        else:
-            budget = config.kv_cache_memory
-        num_blocks = budget // self.bytes_per_block
-        if num_blocks < 1:
-            raise OutOfMemoryError(
-                f"no memory left for the KV cache (budget {budget} bytes, one block needs "
-                f"{self.bytes_per_block}); raise kv_cache_memory or gpu_memory_utilization"
-            )
-        return int(num_blocks)
-
-    @torch.inference_mode()
-    def _profile_step_memory(self) -> int:
-        """Peak bytes allocated by the largest step: a forward pass over
-        max_num_batched_tokens prompt tokens, and logits for max_num_seqs of them. The
-        throwaway KV cache it writes to is not counted."""
-        num_tokens = self.config.max_num_batched_tokens
-        seq_len = min(num_tokens, self.max_model_len)
-        lens = [seq_len] * (num_tokens // seq_len)
-        if num_tokens % seq_len:
-            lens.append(num_tokens % seq_len)
-        num_blocks = sum(-(-n // self.block_size) for n in lens)
-        cache = torch.zeros(
-            (self.model.num_layers, 2, num_blocks, *self.block_shape),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        inputs = self.inputs.synthetic([(0, n) for n in lens])
-        hidden = self.model(inputs.input_ids, inputs.positions, layer_caches(cache), inputs.meta)
-        rows = min(self.config.max_num_seqs, num_tokens)
-        logits = self.model.compute_logits(hidden[:rows])
-        logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        del cache, inputs, hidden, logits
-        return peak

@@ -1,0 +1,88 @@
+"""How many KV blocks the cache gets where max_num_blocks does not say: on the CPU,
+kv_cache_memory's bytes; on CUDA, what gpu_memory_utilization leaves of the device
+after the weights and the largest step's activations (measured by running one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.exceptions import OutOfMemoryError
+from hetero_infer.engine.models import CausalLM
+from hetero_infer.engine.worker.input_batch import InputBatcher
+from hetero_infer.engine.worker.kv_cache import layer_caches
+
+logger = logging.getLogger(__name__)
+
+
+def blocks_for_budget(
+    config: EngineConfig,
+    device: torch.device,
+    bytes_per_block: int,
+    profile_step_memory: Callable[[], int],
+) -> int:
+    """The blocks that fit the KV cache's memory budget (``profile_step_memory``: the
+    largest step's peak bytes, asked for on CUDA only)."""
+    if device.type == "cuda":
+        # What the largest step needs on top of the weights, measured, then what the
+        # device holds now (weights, CUDA context, other processes).
+        activations = profile_step_memory()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        budget = int(total * config.gpu_memory_utilization) - used - activations
+        logger.info(
+            "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
+            "%.2f GiB for the KV cache",
+            used / 2**30,
+            activations / 2**30,
+            config.max_num_batched_tokens,
+            max(budget, 0) / 2**30,
+            total / 2**30,
+        )
+    else:
+        budget = config.kv_cache_memory
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise OutOfMemoryError(
+            f"no memory left for the KV cache (budget {budget} bytes, one block needs "
+            f"{bytes_per_block}); raise kv_cache_memory or gpu_memory_utilization"
+        )
+    return int(num_blocks)
+
+
+@torch.inference_mode()
+def profile_step_memory(
+    model: CausalLM,
+    inputs: InputBatcher,
+    config: EngineConfig,
+    max_model_len: int,
+    block_shape: tuple[int, int, int],
+    dtype: torch.dtype,
+) -> int:
+    """Peak bytes allocated by the largest step: a forward pass over
+    max_num_batched_tokens prompt tokens, and logits for max_num_seqs of them. The
+    throwaway KV cache it writes to is not counted."""
+    device = inputs.device
+    num_tokens = config.max_num_batched_tokens
+    seq_len = min(num_tokens, max_model_len)
+    lens = [seq_len] * (num_tokens // seq_len)
+    if num_tokens % seq_len:
+        lens.append(num_tokens % seq_len)
+    num_blocks = sum(-(-n // config.block_size) for n in lens)
+    cache = torch.zeros((model.num_layers, 2, num_blocks, *block_shape), dtype=dtype, device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    batch = inputs.synthetic([(0, n) for n in lens])
+    hidden = model(batch.input_ids, batch.positions, layer_caches(cache), batch.meta)
+    rows = min(config.max_num_seqs, num_tokens)
+    logits = model.compute_logits(hidden[:rows])
+    logits.float().softmax(-1).sort(-1)  # the sampler's top-p holds about this much
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del cache, batch, hidden, logits
+    return peak
