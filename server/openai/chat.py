@@ -22,8 +22,8 @@ from hetero_infer.server.openai.chat_output import (
     tool_calls_body,
     tool_calls_delta,
 )
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.logprobs import LogprobsFormatter
-from hetero_infer.server.openai.protocol import ChatCompletionRequest
 from hetero_infer.server.openai.reasoning import reasoning_parser
 from hetero_infer.server.openai.responses import (
     Chunk,

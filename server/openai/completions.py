@@ -18,8 +18,8 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.openai.logprobs import Entry, LogprobsFormatter
-from hetero_infer.server.openai.protocol import CompletionRequest
 from hetero_infer.server.openai.responses import Chunk, completion_body, new_id, usage
 from hetero_infer.server.openai.serving import RequestContext
 

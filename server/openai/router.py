@@ -3,7 +3,7 @@
 
 Each handler only routes: completions.py, chat.py and embeddings.py build the engine
 requests (through the engine's input processor, which checks them) and the answers,
-whole or streamed as SSE. The typed bodies (protocol.py) and answers (answers.py) are
+whole or streamed as SSE. The typed bodies (*_request.py) and answers (answers.py) are
 what the app's OpenAPI schema describes.
 """
 
@@ -24,18 +24,15 @@ from hetero_infer.server.openai.answers import (
     route_responses,
 )
 from hetero_infer.server.openai.chat import ChatCompletion
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
+from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.openai.completions import Completion
+from hetero_infer.server.openai.embedding_request import EmbeddingRequest
 from hetero_infer.server.openai.embeddings import Embeddings
 from hetero_infer.server.openai.models import model_list
-from hetero_infer.server.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    EmbeddingRequest,
-    TokenizeRequest,
-)
 from hetero_infer.server.openai.responses import respond
 from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
 

@@ -6,12 +6,9 @@ from typing import Any
 
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.protocol import (
-    DetokenizeRequest,
-    TokenizeRequest,
-    template_messages,
-)
+from hetero_infer.server.openai.chat_request import template_messages
 from hetero_infer.server.openai.serving import chat_prompt
+from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 
 
 def tokenize(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.protocol import (
+from hetero_infer.server.openai.chat_request import (
     ChatCompletionRequest,
     FunctionDefinition,
     NamedToolChoice,

@@ -9,7 +9,8 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-from hetero_infer.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
+from hetero_infer.server.openai.completion_request import CompletionRequest
 
 from tests.server.conftest import MAX_MODEL_LEN, LiveServer, make_engine, start_server
 

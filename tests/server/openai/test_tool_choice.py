@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.protocol import ChatCompletionRequest
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.tool_choice import NO_PARAMETERS, tool_use
 from hetero_infer.server.openai.tool_parsers.constrained import NamedToolCallParser
 from hetero_infer.server.openai.tool_parsers.mistral import MistralToolParser

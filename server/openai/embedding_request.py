@@ -1,0 +1,48 @@
+"""The body of /v1/embeddings."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
+from hetero_infer.server.openai.request_body import RequestBody
+from pydantic import ConfigDict, ValidatorFunctionWrapHandler, field_validator
+from pydantic import ValidationError as PydanticValidationError
+
+# OpenAI's limit on the inputs of one embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class EmbeddingRequest(RequestBody):
+    """/v1/embeddings. It has no extras to pass over: any other field is refused,
+    naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: PromptField
+    encoding_format: Literal["float", "base64"] = "float"
+    # Accepted only as the model's own size: it has no Matryoshka training, so a
+    # shortened vector would not be a meaningful embedding.
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _valid_inputs(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> PromptField:
+        try:
+            value = handler(value)
+        except PydanticValidationError:
+            # One error naming the field, not one per member of the union it failed.
+            raise ValueError(
+                "input must be a string, a list of strings, a list of token ids or a list "
+                "of lists of token ids"
+            ) from None
+        value = check_prompts(value, "input")
+        if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input field as a list of prompts (text or token ids)."""
+        return prompt_list(self.input)

@@ -1,0 +1,81 @@
+"""What every OpenAI request body shares: a bound on how deep it nests, token ids that
+are integers and never booleans, and texts that are valid Unicode.
+
+Each is refused with a 400 naming the field, never a 500: the checks run before
+anything recurses into a body or hands its text to a tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, WithJsonSchema, model_validator
+
+# Bodies nest at most this deep (a JSON schema of 60 nested objects fits): deeper, the
+# code that recurses into a part of a body (copying a schema, rendering a template)
+# would run out of Python's stack, a 500 instead of a 400.
+MAX_JSON_DEPTH = 128
+
+
+class RequestBody(BaseModel):
+    """What every request body checks before its fields: how deep it nests."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        check_depth(data, MAX_JSON_DEPTH)
+        return data
+
+
+def check_depth(value: Any, limit: int) -> None:
+    """ValueError if ``value`` (parsed JSON) nests more than ``limit`` levels deep.
+    Iterative, so a deep value cannot exhaust the stack here either."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                if depth >= limit:
+                    raise ValueError(f"the body nests more than {limit} levels deep")
+                stack.append((child, depth + 1))
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a token id is an integer, not true or false")
+    return value
+
+
+# Token ids: integers (5.0 too, as JSON Schema counts it), never booleans, which
+# pydantic's lax ints would take for 0 and 1. (The schema says >= 0 as well, which the
+# engine checks against the vocabulary.)
+TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0}
+TokenId = Annotated[int, BeforeValidator(_not_a_bool), WithJsonSchema(TOKEN_ID_SCHEMA)]
+
+# Some fields are validated as loose dicts and checked by hand (for messages naming the
+# field), so their schemas are written out, saying what those checks accept (each
+# request module has some, most of them nullable: this is their null). A fuzzer or
+# client generator reads these from the app's OpenAPI schema.
+NULL_SCHEMA = {"type": "null"}
+
+
+def check_text(text: str) -> str:
+    """JSON can carry lone surrogates ("\\ud800"): no tokenizer takes them, so refuse here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it has a lone surrogate)") from None
+    return text
+
+
+def check_texts(value: Any) -> None:
+    """Every string in ``value``, at any depth and dict keys too, is valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            check_text(item)
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item

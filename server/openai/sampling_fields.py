@@ -1,0 +1,208 @@
+"""The fields both completion routes share, and their mapping to SamplingParams.
+
+Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
+stop_token_ids, include_stop_str_in_output, repetition_penalty, priority), and this
+server's own time limit (timeout).
+A field we do not implement yet is refused with a 400 naming it rather than
+ignored: a client must never get silently different behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from hetero_infer.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    RequestOutputKind,
+    SamplingParams,
+)
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.request_body import NULL_SCHEMA, RequestBody, TokenId
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+INT64_MAX = 2**63 - 1
+
+# Schemas of the fields checked by hand (request_body.py says why they are written out).
+# json_schema() takes these three; any other keys are ignored.
+RESPONSE_FORMAT_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"type": {"enum": ["text", "json_object"]}},
+            "required": ["type"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "properties": {"schema": {"type": "object"}},
+                    "required": ["schema"],
+                },
+            },
+            "required": ["type", "json_schema"],
+        },
+        NULL_SCHEMA,
+    ]
+}
+# Token ids (as JSON object keys) -> biases, which SamplingParams bounds.
+LOGIT_BIAS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+        NULL_SCHEMA,
+    ]
+}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(RequestBody):
+    """Fields both completion routes share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    # Bounded to int64: the sampler makes tensors and generators of them, and an
+    # overflow there would kill the engine loop for every request.
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=100)
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    # vLLM's v1 engine has no best_of either: only 1 is accepted.
+    best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = None
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    # {"schema": {...}}}, checked by json_schema() (for its messages).
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
+    # vLLM's: with --scheduling-policy priority, lower values are served first (and
+    # preempt running requests of higher values); any other value needs that policy.
+    priority: int = 0
+    # This server's own (vLLM, TGI and OpenAI have no such field): seconds the request
+    # may take from its arrival, queueing included; it can shorten --request-timeout.
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far (as in vLLM, only
+        together with include_usage)."""
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
+
+    def unsupported(self) -> None:
+        """Raise a 400 for any field set to something we cannot honour."""
+        if self.best_of not in (None, 1):
+            raise APIError(
+                400,
+                "'best_of' greater than 1 is not supported (nor by vLLM's v1 engine); "
+                "use 'n' for several choices",
+                param="best_of",
+            )
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """response_format as a JSON schema to constrain decoding to, or None for text."""
+        fmt = self.response_format
+        if fmt is None or fmt.get("type") == "text":
+            return None
+        if fmt.get("type") == "json_object":
+            return {"type": "object"}
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400,
+                    "response_format: json_schema needs {'name': ..., 'schema': {...}}",
+                    param="response_format",
+                )
+            return schema
+        raise APIError(
+            400,
+            "response_format: type must be 'text', 'json_object' or 'json_schema'",
+            param="response_format",
+        )
+
+    def logprobs_params(self) -> dict[str, int]:
+        """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
+        return {}
+
+    def sampling_params(
+        self, max_tokens: int, defaults: Mapping[str, Any] | None = None
+    ) -> SamplingParams:
+        """The body's SamplingParams (which check their own ranges); what needs the
+        model (token ids, the schema) the engine's input processor checks. ``defaults``
+        (the model's generation config) fill the sampling fields the body leaves out."""
+        self.unsupported()
+        values: dict[str, Any] = dict(defaults or {})
+        values |= {
+            "n": self.n,
+            "max_tokens": max_tokens,
+            "ignore_eos": self.ignore_eos,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "min_tokens": self.min_tokens,
+        }
+        names = (
+            "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+            "presence_penalty", "frequency_penalty", "repetition_penalty",
+        )  # fmt: skip
+        for name in names:
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value
+        if self.logit_bias:
+            values["logit_bias"] = _token_bias(self.logit_bias)
+        values.update(self.logprobs_params())
+        values["json_schema"] = self.json_schema()
+        # A stream sends each step's part; an answer sent whole needs only the end.
+        values["output_kind"] = (
+            RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        )
+        return SamplingParams(**values)
+
+
+def _token_bias(logit_bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys, so as strings."""
+    bias = {}
+    for key, value in logit_bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            shown = key if len(key) <= 32 else key[:32] + "..."  # it may be megabytes long
+            raise APIError(
+                400, f"logit_bias: key {shown!r} is not a token id", param="logit_bias"
+            ) from None
+        bias[token_id] = value
+    return bias

@@ -1,0 +1,25 @@
+"""The bodies of /tokenize (a prompt, or messages through the chat template) and
+/detokenize (token ids), as in vLLM."""
+
+from __future__ import annotations
+
+from hetero_infer.server.openai.chat_request import ChatMessage
+from hetero_infer.server.openai.request_body import RequestBody, TokenId, check_text
+from pydantic import field_validator
+
+
+class TokenizeRequest(RequestBody):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("prompt")
+    @classmethod
+    def _valid_text(cls, value: str | None) -> str | None:
+        return value if value is None else check_text(value)
+
+
+class DetokenizeRequest(RequestBody):
+    model: str | None = None
+    tokens: list[TokenId]
