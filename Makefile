@@ -13,7 +13,7 @@ PORT ?= 8000
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve ask test system-tools lint format clean
+.PHONY: install serve ask test system-tools lint format clean gpu-check
 
 # The CPU kernels (kernels/csrc) compile while the project installs (setup.py), against
 # the torch installed just before: hence --no-build-isolation, and setuptools and ninja
@@ -79,6 +79,24 @@ system-tools:
 
 test: $(STAMP) $(PROMTOOL) system-tools
 	$(PY) -m pytest
+
+# The checks for a day with an NVIDIA GPU, under 8 minutes on one (bench/gpu_check.py):
+# the tests marked cuda, then the kernel benchmark (decode attention, RMSNorm, quantized
+# linear layers against the memory bandwidth) and offline throughput on the GPU, written
+# to bench/results/gpu-check-<device>.json. Without a GPU it says so and fails;
+# `make gpu-check ARGS=--dry-run` lists what it would run.
+# GPU_PYTHON is the python it runs with: the virtualenv's by default (made as for every
+# target: set TORCH_SPEC and TORCH_INDEX_URL for a CUDA build of torch). Any other
+# (`make gpu-check GPU_PYTHON=python3`) is used as it is, nothing installed, for a GPU
+# machine whose python has a CUDA torch and Triton but no network. hetero_infer itself
+# need not be installed there; that python needs, beside torch and triton: pytest,
+# numpy, transformers, tokenizers, safetensors, huggingface_hub, jinja2, tqdm and gguf
+# (which needs pyyaml and requests). Those it lacks can be carried as wheels (all but
+# tokenizers and safetensors are pure Python), e.g. from
+# `pip download --no-deps --only-binary=:all: gguf` on a machine with a network.
+GPU_PYTHON ?= $(PY)
+gpu-check: $(if $(filter $(PY),$(GPU_PYTHON)),$(STAMP))
+	$(GPU_PYTHON) -m bench.gpu_check $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

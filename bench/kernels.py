@@ -4,11 +4,15 @@ bandwidth and against the torch references.
     python -m bench.kernels                      # Llama-3-8B-like shapes, bf16
     python -m bench.kernels --dtype float16 --batch 1,64 --context 1024,8192 --json out.json
 
-Decode attention and RMSNorm are memory-bound: the figure of merit is achieved GB/s
-(bytes that must move / time) as a fraction of the peak. The peak is the device's
-spec (memory clock x bus width, where torch reports them) and a measured
-device-to-device copy. Times are medians from triton.testing.do_bench (L2 flushed).
-Exits with a message, and status 2, where no CUDA GPU is present.
+Decode attention, RMSNorm and the linear layers at decode's few rows are memory-bound:
+the figure of merit is achieved GB/s (bytes that must move / time) as a fraction of
+the peak. The peak is the device's spec (memory clock x bus width, where torch reports
+them) and a measured device-to-device copy. The linear layers are the Triton kernel on
+quantized weights (``--qtypes``, at ``--rows`` rows) in the same shapes' projections
+(merged qkv, o, merged gate_up, down; ``--intermediate`` the MLP's width), against
+torch's matmul on the unquantized weight. Times are medians from
+triton.testing.do_bench (L2 flushed). Exits with a message, and status 2, where no
+CUDA GPU is present.
 
     python -m bench.kernels --cpu-linear         # the CPU's linear kernels, no GPU needed
     python -m bench.kernels --cpu-linear --qtypes Q4_1 --rows 1,64 --threads 2
@@ -152,6 +156,69 @@ def bench_rms_norm(args: argparse.Namespace, device: torch.device, peak: float) 
         rows.append(
             _row("fused_add_rms_norm", f"T={tokens} H={hidden}", 4 * size, ms, ref_ms, peak)
         )
+    return rows
+
+
+# Where a GGUF block keeps its fp16 scales (first byte, how many), per type (llama.cpp's
+# layouts): Q4_1 and Q4_K begin with d and a min, the others with d, but Q6_K ends with it.
+SCALE_FIELDS = {"Q8_0": (0, 1), "Q4_0": (0, 1), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208, 1)}
+
+
+def linear_projections(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(out, in) of the decoder layer's projections as the engine merges them: qkv, o,
+    gate_up, down."""
+    hidden = args.num_heads * args.head_dim
+    qkv = hidden + 2 * args.num_kv_heads * args.head_dim
+    return [
+        (qkv, hidden),
+        (hidden, hidden),
+        (2 * args.intermediate, hidden),
+        (hidden, args.intermediate),
+    ]
+
+
+def timing_weight(qtype: str, n: int, k: int, device: torch.device) -> Any:
+    """A QuantizedWeight of random bytes: the kernel does the same work whatever they
+    hold, so only the scales are made small finite fp16 values (no inf or NaN sums)."""
+    from hetero_infer.kernels.linear_quantized_triton import BLOCK_BYTES
+    from hetero_infer.kernels.quantized import INT8, QuantizedWeight, row_bytes
+
+    if qtype == INT8:
+        values = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
+        scales = torch.rand(n, device=device) * 0.01
+        return QuantizedWeight(qtype, values, (n, k), scales)
+    data = torch.randint(0, 256, (n, row_bytes(qtype, k)), dtype=torch.uint8, device=device)
+    start, count = SCALE_FIELDS[qtype]
+    blocks = data.view(n, -1, BLOCK_BYTES[qtype])
+    halves = torch.rand(n, blocks.shape[1], count, device=device) * 0.01
+    blocks[..., start : start + 2 * count] = halves.half().view(torch.uint8)
+    return QuantizedWeight(qtype, data, (n, k))
+
+
+def bench_linear(args: argparse.Namespace, device: torch.device, peak: float) -> list[dict]:
+    import torch.nn.functional as F
+    from hetero_infer.kernels.linear_quantized_triton import quantized_linear_triton
+
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for n, k in linear_projections(args):
+        dense = torch.randn(n, k, dtype=dtype, device=device)
+        dense_bytes = dense.numel() * dense.element_size()
+        for qtype in args.qtypes:
+            weight = timing_weight(qtype, n, k, device)
+            for m in args.rows:
+                x = torch.randn(m, k, dtype=dtype, device=device)
+                moved = (m * k + m * n) * x.element_size()
+                ms = timed(quantized_linear_triton, x, weight)
+                ref_ms = timed(F.linear, x, dense)
+                shape = f"N={n} K={k} M={m}"
+                row = _row(f"linear {qtype}", shape, weight.nbytes + moved, ms, ref_ms, peak)
+                # torch's own share of the bandwidth, reading the unquantized weight.
+                row["torch_gb_per_s"] = (dense_bytes + moved) / (ref_ms * 1e-3) / 1e9
+                rows.append(row)
+            del weight
+        del dense
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -362,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--intermediate", type=int, default=14336, help="the MLP's width")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument(
         "--cpu-linear", action="store_true", help="the CPU's linear kernels instead (no GPU)"
@@ -370,10 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         "--qtypes",
         type=lambda t: t.split(","),
         default="Q8_0,Q4_0,Q4_1,Q4_K,Q6_K,I8",
-        help="--cpu-linear: GGUF types, and I8 (weight-only int8)",
+        help="the linear layers' GGUF types, and I8 (weight-only int8)",
     )
     parser.add_argument(
-        "--rows", type=parse_ints, default="1,16,128,512", help="--cpu-linear: rows of x"
+        "--rows", type=parse_ints, default="1,16,128,512", help="the linear layers' rows of x"
     )
     parser.add_argument("--threads", type=int, default=2, help="--cpu-linear: torch threads")
     parser.add_argument("--repeats", type=int, default=10, help="--cpu-linear: timed passes")
@@ -404,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_text = f"{spec:.0f} GB/s spec, " if spec else ""
     print(f"{name}: {spec_text}{measured:.0f} GB/s measured copy; fractions are of {peak:.0f}")
     rows = bench_decode(args, device, peak) + bench_rms_norm(args, device, peak)
+    rows += bench_linear(args, device, peak)
     print(
         f"{'kernel':<20} {'shape':<22} {'triton us':>10} {'torch us':>10} {'speedup':>8} "
         f"{'GB/s':>8} {'of peak':>8}"
