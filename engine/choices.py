@@ -2,7 +2,7 @@
 fields list them, and the speculative config reads the quantizations from here too.
 A leaf module (nothing of the engine, no torch), so anything may import it."""
 
-from hetero_infer.kernels.backends import BACKENDS as ATTENTION_BACKENDS
+from hetero_infer.kernels import BACKENDS as ATTENTION_BACKENDS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")

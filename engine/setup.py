@@ -9,9 +9,7 @@ engine resolves a setting again.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from hetero_infer.engine import loader
@@ -19,6 +17,7 @@ from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.kernels import has_bf16_matmul
 
 
 @dataclass(frozen=True)
@@ -60,17 +59,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         # bf16 halves the bytes a decode step reads and doubles matmul throughput where
         # the CPU computes in bf16; elsewhere bf16 is emulated and slower than fp32.
-        if device.type == "cpu" and not cpu_has_bf16():
+        if device.type == "cpu" and not has_bf16_matmul():
             return torch.float32
         return torch.bfloat16
     return getattr(torch, dtype)
-
-
-@functools.cache
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: assume not
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags

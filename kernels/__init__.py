@@ -37,6 +37,28 @@ _EXPORTS = {
     "Kernels": "selection",
     "select_kernels": "selection",
     "triton_available": "selection",
+    # the decoder stack's description, which the model gives and the kernels pack
+    "DecoderLayerSpec": "decoder_stack",
+    "DecoderStackSpec": "decoder_stack",
+    "DecoderStackFn": "decoder_stack",
+    "unfused": "linear",
+    # quantized weights, as the loaders read them and the linear layers keep them
+    "QuantizedWeight": "quantized",
+    "GGUF_TYPES": "quantized",
+    "INT8": "quantized",
+    "concat_rows": "quantized",
+    "quantize_int8": "quantized",
+    "dequantize_rows": "linear_quantized",
+    "DEQUANTIZE_ROWS_TYPES": "linear_quantized",
+    # sampling's tensors and the torch references the sampler and verifiers run
+    "SamplingTensors": "sampling",
+    "process_logits_ref": "sampling",
+    "sample_ref": "sampling",
+    "truncated_weights_ref": "sampling",
+    "draw_ref": "sampling",
+    "greedy_pick_ref": "greedy",
+    # what the CPU computes in, for the engine's default dtype
+    "has_bf16_matmul": "cpu_isa",
 }
 
 __all__ = ["BACKENDS", *_EXPORTS]

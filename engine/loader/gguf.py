@@ -19,7 +19,7 @@ import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.source import ModelSource
-from hetero_infer.kernels.quantized import GGUF_TYPES, QuantizedWeight
+from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
 
 logger = logging.getLogger(__name__)

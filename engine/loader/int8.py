@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.kernels.quantized import INT8, QuantizedWeight, quantize_int8
+from hetero_infer.kernels import INT8, QuantizedWeight, quantize_int8
 
 COMPRESSED_TENSORS = "compressed-tensors"
 INT8_FORMATS = ("int-quantized", "naive-quantized", "pack-quantized")

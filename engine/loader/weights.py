@@ -13,7 +13,7 @@ from hetero_infer.engine.loader import int8
 from hetero_infer.engine.loader.gguf import load_gguf
 from hetero_infer.engine.loader.safetensors import load_safetensors
 from hetero_infer.engine.loader.source import ModelSource
-from hetero_infer.kernels.quantized import QuantizedWeight
+from hetero_infer.kernels import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.kernels import AttentionInputs, KernelOps, Kernels, LinearFn
-from hetero_infer.kernels.quantized import QuantizedWeight
+from hetero_infer.kernels import AttentionInputs, KernelOps, Kernels, LinearFn, QuantizedWeight
 from torch import nn
 
 

@@ -25,11 +25,18 @@ from hetero_infer.engine.models.layers import DecoderLayer, Linear, RMSNorm, not
 from hetero_infer.engine.models.llama_weights import load_llama_weights
 from hetero_infer.engine.models.protocol import TensorParallel
 from hetero_infer.engine.models.sharding import shard_config
-from hetero_infer.kernels import AttentionInputs, Kernels, LinearFn, rope_cos_sin, rope_inv_freq
-from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackSpec
-from hetero_infer.kernels.linear import unfused
-from hetero_infer.kernels.linear_quantized import dequantize_rows
-from hetero_infer.kernels.quantized import QuantizedWeight
+from hetero_infer.kernels import (
+    AttentionInputs,
+    DecoderLayerSpec,
+    DecoderStackSpec,
+    Kernels,
+    LinearFn,
+    QuantizedWeight,
+    dequantize_rows,
+    rope_cos_sin,
+    rope_inv_freq,
+    unfused,
+)
 from torch import nn
 
 

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.layers import Linear
-from hetero_infer.kernels.linear_quantized import DEQUANTIZE_ROWS_TYPES
-from hetero_infer.kernels.quantized import QuantizedWeight, concat_rows
+from hetero_infer.kernels import DEQUANTIZE_ROWS_TYPES, QuantizedWeight, concat_rows
 from torch import nn
 
 if TYPE_CHECKING:

@@ -7,8 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.kernels import AttentionInputs, Kernels
-from hetero_infer.kernels.decoder_stack import DecoderStackSpec
+from hetero_infer.kernels import AttentionInputs, DecoderStackSpec, Kernels
 
 # One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]

@@ -35,8 +35,7 @@ from hetero_infer.engine.worker.randomness import DRAFT_STREAM, Randomness
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.engine.worker.verifier import drafted_row
-from hetero_infer.kernels import Kernels
-from hetero_infer.kernels.sampling import draw_ref, process_logits_ref
+from hetero_infer.kernels import Kernels, draw_ref, process_logits_ref
 
 logger = logging.getLogger(__name__)
 

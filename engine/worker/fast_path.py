@@ -14,8 +14,7 @@ from typing import Protocol
 import torch
 from hetero_infer.engine.models import CausalLM
 from hetero_infer.engine.worker.input_batch import ModelInputs
-from hetero_infer.kernels import Kernels
-from hetero_infer.kernels.decoder_stack import DecoderStackFn
+from hetero_infer.kernels import DecoderStackFn, Kernels
 
 
 class FastPath(Protocol):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 from hetero_infer.engine.worker.randomness import ACCEPT_STREAM, RESIDUAL_STREAM, Randomness
-from hetero_infer.kernels.sampling import draw_ref
+from hetero_infer.kernels import draw_ref
 
 
 def rejection_sample(

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 from hetero_infer.engine.core.step_data import Logprobs
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
-from hetero_infer.kernels.greedy import greedy_pick_ref
-from hetero_infer.kernels.sampling import (
+from hetero_infer.kernels import (
     SamplingTensors,
+    greedy_pick_ref,
     process_logits_ref,
     sample_ref,
     truncated_weights_ref,

@@ -12,7 +12,7 @@ import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.structured_output import bitmask_words
 from hetero_infer.engine.worker.randomness import SAMPLE_STREAM, Randomness
-from hetero_infer.kernels.sampling import SamplingTensors
+from hetero_infer.kernels import SamplingTensors
 
 
 @dataclass(frozen=True)

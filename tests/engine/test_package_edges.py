@@ -84,3 +84,13 @@ def test_the_kernels_import_nothing_of_the_engine_or_the_server(path: Path):
         assert not module.startswith((f"{PACKAGE}.engine", f"{PACKAGE}.server")), (
             f"{path.relative_to(ROOT)}:{line} imports {module}"
         )
+
+
+@pytest.mark.parametrize("path", source_files("engine"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_engine_reaches_the_kernels_through_their_facade(path: Path):
+    """The engine imports kernels/__init__.py's names, never a kernel module itself: which
+    module implements a kernel is the kernels' own business."""
+    for line, module in imports_of(path):
+        assert not module.startswith(f"{PACKAGE}.kernels."), (
+            f"{path.relative_to(ROOT)}:{line} imports {module}: import it from {PACKAGE}.kernels"
+        )

@@ -1,0 +1,97 @@
+"""The CPU's instruction-set features, and which CPU kernels they let run: one answer
+for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.py's
+``cpu_kernels`` marker), so that both decide the same way and say why.
+
+The C++ kernels (kernels/csrc) are compiled with -march=native. The three that need an
+extension of AVX-512 are compiled only where the compiler targets it: each sits inside
+an ``#if defined(__AVX512BF16__) ...`` and reports it through ``<name>_available()``.
+Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
+for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
+per-token kernel for bf16 prefill attention. KERNEL_FEATURES names each one's
+extensions by their /proc/cpuinfo flags (tests/kernels/test_cpu_isa.py holds it to the
+guards in the C++ source).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+from hetero_infer.kernels import cpu_build
+
+# Per kernel of the extension that needs ISA extensions: their /proc/cpuinfo flags.
+KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
+    # VPDPBUSD on 512-bit registers, byte shuffles, the bf16 stores of the result
+    "quantized_linear": ("avx512bw", "avx512_vnni", "avx512_bf16"),
+    # VDPBF16PS: bf16 pairs multiplied and summed in fp32
+    "linear_packed": ("avx512_bf16",),
+    "prefill_attention": ("avx512_bf16",),
+}
+# The compiler's macro for each flag (what the C++ guards test).
+FEATURE_MACROS = {
+    "avx512bw": "__AVX512BW__",
+    "avx512_vnni": "__AVX512VNNI__",
+    "avx512_bf16": "__AVX512BF16__",
+}
+# Instructions that compute in bf16 (AVX512-BF16, or AMX's tiles): without one, bf16 is
+# emulated and slower than fp32.
+BF16_MATMUL_FEATURES = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's instruction-set flags, as /proc/cpuinfo names them (empty where it
+    cannot be read: not Linux)."""
+    return frozenset(cpu_build.cpu_features())
+
+
+def has_bf16_matmul(flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU (``flags``: this one's) computes in bf16."""
+    flags = cpu_flags() if flags is None else flags
+    return any(feature in flags for feature in BF16_MATMUL_FEATURES)
+
+
+def missing_features(kernel: str, flags: frozenset[str] | None = None) -> list[str]:
+    """The features ``kernel`` needs that the CPU (``flags``: this one's) lacks; none
+    where its flags are unknown (then the build alone decides)."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return []
+    return [feature for feature in KERNEL_FEATURES[kernel] if feature not in flags]
+
+
+def kernel_unavailable(
+    kernel: str, flags: frozenset[str] | None = None, module: ModuleType | None = None
+) -> str | None:
+    """Why ``kernel`` (a key of KERNEL_FEATURES) does not run here, naming what is
+    missing; None where it runs. ``flags`` and ``module`` (the CPU's flags, the loaded
+    extension) are this machine's unless given."""
+    missing = missing_features(kernel, flags)
+    if missing:
+        return f"{kernel} needs {', '.join(missing)}, which this CPU lacks"
+    if module is None:
+        from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+
+        module = load_cpu_kernels()
+    if module is None:
+        return f"{kernel}: the C++ CPU kernels did not build or load here"
+    if not getattr(module, f"{kernel}_available")():
+        needs = ", ".join(KERNEL_FEATURES[kernel])
+        return f"{kernel}: the C++ CPU kernels were built without it (not compiled for {needs})"
+    return None
+
+
+def describe(flags: frozenset[str] | None = None) -> str:
+    """One line: the features the kernels look for, and what runs here (and why not)."""
+    flags = cpu_flags() if flags is None else flags
+    wanted = sorted({f for features in KERNEL_FEATURES.values() for f in features})
+    wanted += [f for f in BF16_MATMUL_FEATURES if f not in wanted]
+    found = [f for f in wanted if f in flags]
+    kernels = []
+    for kernel in KERNEL_FEATURES:
+        reason = kernel_unavailable(kernel, flags)
+        kernels.append(f"{kernel} runs" if reason is None else reason)
+    return (
+        f"CPU features: {', '.join(found) or 'none of ' + ', '.join(wanted)}; "
+        f"CPU kernels: {'; '.join(kernels)}"
+    )
