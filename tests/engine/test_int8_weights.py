@@ -20,7 +20,6 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader import ModelSource, load_state_dict
 from hetero_infer.engine.worker.model_loader import keeps_quantized
-from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.quantized import INT8, QuantizedWeight
 
@@ -31,10 +30,7 @@ from tests.reference import transformers_greedy
 EOS = 2
 MAX_NEW_TOKENS = 16
 
-needs_kernel = pytest.mark.skipif(
-    (module := load_cpu_kernels()) is None or not module.quantized_linear_available(),
-    reason="needs a CPU (and compiler) with AVX512-VNNI, -BW and -BF16",
-)
+needs_kernel = pytest.mark.cpu_kernels("quantized_linear")
 
 
 def kernel_sized_llama() -> transformers.LlamaConfig:

@@ -30,10 +30,7 @@ from tests.kernels.checks import assert_close
 
 SCALE = 0.3
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-needs_tiled_kernel = pytest.mark.skipif(
-    load_cpu_kernels() is None or not load_cpu_kernels().prefill_attention_available(),
-    reason="the tiled prefill kernel needs AVX512-BF16",
-)
+needs_tiled_kernel = pytest.mark.cpu_kernels("prefill_attention")
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,7 @@ from hetero_infer.kernels import select_kernels
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear_cpu import pack_linear
 
-pytestmark = pytest.mark.skipif(
-    load_cpu_kernels() is None or not load_cpu_kernels().linear_packed_available(),
-    reason="needs a CPU (and compiler) with AVX512-BF16",
-)
+pytestmark = pytest.mark.cpu_kernels("linear_packed")
 ops = select_kernels("auto", torch.device("cpu")).ops
 
 

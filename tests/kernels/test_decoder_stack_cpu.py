@@ -13,18 +13,13 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.kernels import paged_attention_cpu
-from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
 
 from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
 from tests.helpers import make_byte_fallback_tokenizer
+from tests.kernels.test_cpu_threads import THREADS, torch_threads
 
-pytestmark = pytest.mark.skipif(
-    (module := load_cpu_kernels()) is None
-    or not module.quantized_linear_available()
-    or not module.linear_packed_available(),
-    reason="needs the CPU kernels with AVX512-VNNI and -BF16",
-)
+pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 
 QUANTIZATIONS = ["int8", "none"]  # quantized panels; bf16 panels
 
@@ -72,6 +67,20 @@ def test_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization) -> No
         # 3 sequences decoding at different context lengths (after their cached tokens)
         stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1)])
     assert torch.equal(stacked, layered)
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_decode_steps_equal_the_layers_at_any_thread_count(model_dir, quantization) -> None:
+    """The stack's kernels split their work by torch's thread count as the layers' do:
+    the same bits at 1 to 4 threads (restored after)."""
+    runner = engine_for(model_dir, quantization).runner
+    results = []
+    for threads in THREADS:
+        with torch_threads(threads), torch.inference_mode():
+            stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1), (3, 1)])
+        assert torch.equal(stacked, layered), threads
+        results.append(stacked)
+    assert all(torch.equal(result, results[0]) for result in results[1:])
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)

@@ -29,9 +29,7 @@ def kernel_module():
     return module
 
 
-needs_kernel = pytest.mark.skipif(
-    kernel_module() is None, reason="needs a CPU (and compiler) with AVX512-VNNI, -BW and -BF16"
-)
+needs_kernel = pytest.mark.cpu_kernels("quantized_linear")
 
 
 @functools.cache
