@@ -21,10 +21,10 @@ CUDA GPU is present.
 per GGUF type against the bf16 kernel (``linear_packed``) on SmolLM2-135M's projections
 (merged qkv, o, merged gate_up, down) in all 30 layers, each layer its own copy of the
 weights as in a decode step, so that they stream from memory (tens of MB, past the
-caches). The K-quants (Q4_K, Q6_K) hold only rows of a multiple of 256 values: they
-run the down projections alone ("down"), against bf16 on the same. Per row count: the
-pass's time (fastest of ``--repeats``, which a shared machine disturbs least; and the
-median), GB/s of weight bytes (the figure of merit at 1 row; torch's sum over 1 GiB
+caches). The K-quants (Q4_K, Q5_K, Q6_K) hold only rows of a multiple of 256 values:
+they run the down projections alone ("down"), against bf16 on the same. Per row count:
+the pass's time (fastest of ``--repeats``, which a shared machine disturbs least; and
+the median), GB/s of weight bytes (the figure of merit at 1 row; torch's sum over 1 GiB
 is printed beside) and GFLOP/s (at many rows).
 """
 
@@ -160,8 +160,20 @@ def bench_rms_norm(args: argparse.Namespace, device: torch.device, peak: float) 
 
 
 # Where a GGUF block keeps its fp16 scales (first byte, how many), per type (llama.cpp's
-# layouts): Q4_1 and Q4_K begin with d and a min, the others with d, but Q6_K ends with it.
-SCALE_FIELDS = {"Q8_0": (0, 1), "Q4_0": (0, 1), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208, 1)}
+# layouts): Q4_1, Q5_1, Q4_K and Q5_K begin with d and a min, the others with d, but Q6_K
+# ends with it.
+SCALE_FIELDS = {
+    "Q8_0": (0, 1),
+    "Q4_0": (0, 1),
+    "Q4_1": (0, 2),
+    "Q5_0": (0, 1),
+    "Q5_1": (0, 2),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208, 1),
+}
+# The types of 256-value super-blocks, which gguf-py does not quantize.
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 
 
 def linear_projections(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -270,7 +282,7 @@ def cpu_projections(kind: str) -> tuple[tuple[int, int], ...]:
     """The SmolLM2 projections a type can hold: the K-quants' 256-value super-blocks
     need in_features % 256 == 0, which only the down projection (1536) has (a GGUF
     file of SmolLM2 stores the others in another type)."""
-    if kind in ("Q4_K", "Q6_K"):
+    if kind in K_QUANTS:
         return tuple((n, k) for n, k in SMOLLM2_PROJECTIONS if k % 256 == 0)
     return SMOLLM2_PROJECTIONS
 
@@ -281,7 +293,7 @@ def gguf_blocks(kind: str, n: int, k: int, generator: torch.Generator) -> torch.
     import gguf
 
     qtype = gguf.GGMLQuantizationType[kind]
-    if kind not in ("Q4_K", "Q6_K"):
+    if kind not in K_QUANTS:
         values = torch.randn(n, k, generator=generator).numpy()
         return torch.from_numpy(gguf.quants.quantize(values, qtype))
     block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
@@ -289,9 +301,9 @@ def gguf_blocks(kind: str, n: int, k: int, generator: torch.Generator) -> torch.
         0, 256, (n, k // 256 * block_bytes), dtype=torch.uint8, generator=generator
     )
     blocks = data.view(n, k // 256, block_bytes)
-    start = 0 if kind == "Q4_K" else 208  # Q4_K: d, dmin first; Q6_K: d last
-    halves = torch.rand(n, k // 256, 2 if kind == "Q4_K" else 1, generator=generator) * 0.01
-    blocks[..., start : start + halves.shape[-1] * 2] = halves.half().view(torch.uint8)
+    start, count = SCALE_FIELDS[kind]
+    halves = torch.rand(n, k // 256, count, generator=generator) * 0.01
+    blocks[..., start : start + 2 * count] = halves.half().view(torch.uint8)
     return data
 
 
@@ -437,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--qtypes",
         type=lambda t: t.split(","),
-        default="Q8_0,Q4_0,Q4_1,Q4_K,Q6_K,I8",
+        default="Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K,I8",
         help="the linear layers' GGUF types, and I8 (weight-only int8)",
     )
     parser.add_argument(

@@ -1,15 +1,16 @@
 """Linear layers on quantized weights kept in their blocks, on the CPU.
 
-A weight stays in the file's blocks (kernels/quantized.py; weight-only int8 is taken
-as Q8_0 with one fp32 scale per row instead of per block), repacked once at load by
+A weight stays in the file's blocks (kernels/quantized.py; weight-only int8 is taken as
+Q8_0 with one fp32 scale per row instead of per block), repacked once at load by
 ``pack_quantized_weight`` (kernels/csrc/quantized_linear_cpu.cpp) into panels of 16
-outputs of the same bytes: a decode step, bound by memory bandwidth, streams 0.625
-bytes per weight for Q4_1 and 1.0625 for Q8_0 instead of bf16's 2 (Q4_0 0.5625, Q4_K
-0.578, Q6_K 0.82). The kernel quantizes each activation row per block of 32 values to
-int8 (``quantize_activations`` is its reference) and multiplies integers on
-AVX512-VNNI; ``quantized_linear_ref`` is the product it computes, in fp64. On SmolLM2's
-projections it ran 1.9x (Q8_0) to 2.9x (Q4_0, Q4_1) the bf16 kernel's speed at 1 row
-and 1.3-1.5x at 128-512 rows (Q6_K: 0.9x there); the C++ file says why int8 and how.
+outputs of the same bytes: a decode step, bound by memory bandwidth, streams 0.625 bytes
+per weight for Q4_1 and 1.0625 for Q8_0 instead of bf16's 2 (Q4_0 0.5625, Q4_K 0.578,
+Q5_0 0.6875, Q5_K 0.703, Q5_1 0.75, Q6_K 0.82). The kernel quantizes each activation row
+per block of 32 values to int8 (``quantize_activations`` is its reference) and
+multiplies integers on AVX512-VNNI; ``quantized_linear_ref`` is the product it computes,
+in fp64. On SmolLM2's projections it ran 1.9x (Q8_0) to 2.9x (Q4_0, Q4_1) the bf16
+kernel's speed at 1 row and 1.3-1.5x at 128-512 rows (Q6_K: 0.9x there); the C++ file
+says why int8 and how.
 
 ``dequantize_rows`` looks up a few rows of a quantized embedding (the token
 embedding, whose rows a step gathers) without dequantizing the whole table.
@@ -23,13 +24,13 @@ import torch
 from hetero_infer.kernels.quantized import INT8, QuantizedWeight
 
 # The types quantized_linear takes (the K-quants: rows of a multiple of 256).
-KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", INT8)
+KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", INT8)
 # The activations' dtypes the kernel takes; others are computed in fp32.
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-# The GGUF types dequantize_rows takes: the first three in torch, the K-quants (an
+# The GGUF types dequantize_rows takes: the blocks of 32 in torch, the K-quants (an
 # embedding of a Q4_K_M file) through gguf-py's dequantization of the rows looked up.
-FAST_ROWS_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-DEQUANTIZE_ROWS_TYPES = (*FAST_ROWS_TYPES, "Q4_K", "Q6_K")
+FAST_ROWS_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+DEQUANTIZE_ROWS_TYPES = (*FAST_ROWS_TYPES, "Q4_K", "Q5_K", "Q6_K")
 BLOCK = 32  # values per block, weights and activations alike
 PANEL = 16  # outputs per packed panel
 
@@ -110,7 +111,10 @@ def dequantize_rows(weight: QuantizedWeight, ids: torch.Tensor, dtype: torch.dty
             return torch.empty(*ids.shape, weight.shape[1], dtype=dtype, device=weight.data.device)
         rows = weight.rows(ids.reshape(-1).to(weight.data.device)).dequantize(dtype)
         return rows.to(weight.data.device).reshape(*ids.shape, weight.shape[1])
-    head = 4 if weight.qtype == "Q4_1" else 2  # fp16 scale (and fp16 min) per block
+    has_min = weight.qtype in ("Q4_1", "Q5_1")
+    five_bits = weight.qtype in ("Q5_0", "Q5_1")
+    # Per block before its values: fp16 scale, fp16 min, 4 bytes of fifth bits.
+    head = 2 + 2 * has_min + 4 * five_bits
     per_row = weight.shape[1] // BLOCK  # blocks per row
     rows = weight.data[ids.reshape(-1)]
     blocks = rows.view(ids.numel(), per_row, weight.data.shape[1] // per_row)
@@ -120,10 +124,16 @@ def dequantize_rows(weight: QuantizedWeight, ids: torch.Tensor, dtype: torch.dty
     else:
         # Byte j of a block's 16 holds value j in its low nibble and j + 16 in its high.
         nibbles = blocks[..., head:]
-        values = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).float()
-        if weight.qtype == "Q4_0":
-            values = values - 8.0
+        values = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1)
+        if five_bits:
+            # Value j's fifth bit: bit j of the little-endian uint32 before the nibbles.
+            bits = torch.arange(8, dtype=torch.uint8, device=blocks.device)
+            highs = blocks[..., head - 4 : head, None] >> bits
+            values = values | (highs & 1).flatten(-2) << 4
+        values = values.float()
+        if not has_min:  # stored unsigned, offset by half their range
+            values = values - (16.0 if five_bits else 8.0)
     values = values * scale
-    if weight.qtype == "Q4_1":
+    if has_min:
         values = values + blocks[..., 2:4].contiguous().view(torch.float16).float()
     return values.reshape(*ids.shape, weight.shape[1]).to(dtype)

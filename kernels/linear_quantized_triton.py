@@ -1,18 +1,18 @@
 """Triton linear layers on quantized weights: the GPU side of kernels/linear_quantized.py.
 
 y [M, N] = x [M, K] @ dequant(W) [N, K]^T (+ bias), for GGUF blocks (Q8_0, Q4_0, Q4_1,
-Q4_K, Q6_K) and weight-only int8 (I8), read as the file stores them. No repacked copy:
-the model keeps the blocks themselves (the Linear's weight, the embedding's rows for
-lookups and the tied lm_head), so a copy would double what the weights take on the
-GPU. The price: Q8_0's 34-byte and Q6_K's 210-byte blocks leave their fields 2-aligned
-at best, so the loads are byte-wide rather than 16-byte vectors (a layout with the
-scales split from the values would allow those, at that memory cost). The bytes of
-one output row are a run of blocks; a program reads its tile's rows a step of K at a
-time, decodes the blocks in registers and multiplies them.
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) and weight-only int8 (I8), read as the file stores them.
+No repacked copy: the model keeps the blocks themselves (the Linear's weight, the
+embedding's rows for lookups and the tied lm_head), so a copy would double what the
+weights take on the GPU. The price: Q8_0's 34-byte, Q5_0's 22-byte and Q6_K's 210-byte
+blocks leave their fields 2-aligned at best, so the loads are byte-wide rather than
+16-byte vectors (a layout with the scales split from the values would allow those, at
+that memory cost). The bytes of one output row are a run of blocks; a program reads its
+tile's rows a step of K at a time, decodes the blocks in registers and multiplies them.
 
 Each block's (Q6_K: each 16 values') integers go into tl.dot as they are, exact in
 fp16 and bf16 (|q| <= 128), and the block's scale multiplies the fp32 product; a min
-(Q4_1, Q4_K) adds min * sum(x) over the block. So the result differs from
+(Q4_1, Q5_1, Q4_K, Q5_K) adds min * sum(x) over the block. So the result differs from
 ``x @ dequantize(W)^T`` in fp64 by fp32 rounding only, and a bf16 step does not round
 the dequantized weight to bf16 on the way:
 
@@ -43,7 +43,17 @@ from hetero_infer.kernels.triton_utils import (
 )
 
 # Bytes of one block in the file (llama.cpp's layouts), by type; I8 has no blocks.
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210, INT8: 1}
+BLOCK_BYTES = {
+    "Q8_0": 34,
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q5_0": 22,
+    "Q5_1": 24,
+    "Q4_K": 144,
+    "Q5_K": 176,
+    "Q6_K": 210,
+    INT8: 1,
+}
 # Values of K per step of the kernel's loop, every type: a K-quant's super-block, 8 of
 # the other GGUF types' 32-value blocks (unrolled, so that their loads are in flight
 # together; a row's last step may hold fewer), I8's 256 values (the last masked).
@@ -106,8 +116,10 @@ def _small_blocks_step(
     DOT_FP32: tl.constexpr,
 ):
     """One step's 8 blocks of 32 values (Q8_0: fp16 d, 32 int8; Q4_0: fp16 d, 16 bytes of
-    nibbles minus 8; Q4_1: fp16 d, fp16 min, 16 bytes of nibbles). Byte j of a 4-bit
-    block holds value j in its low nibble and value j + 16 in its high one."""
+    nibbles minus 8; Q4_1: fp16 d, fp16 min, 16 bytes of nibbles; Q5_0 and Q5_1: Q4_0's
+    and Q4_1's with 4 bytes of fifth bits before the nibbles, Q5_0's minus 16). Byte j of
+    the nibbles holds value j in its low nibble and value j + 16 in its high one; value
+    j's fifth bit is bit j of the little-endian uint32 (bit j % 8 of byte j // 8)."""
     t = tl.arange(0, 32)
     for j in tl.static_range(8):  # 8 blocks of 32: a step of STEP_VALUES
         block = step * 8 + j
@@ -122,31 +134,52 @@ def _small_blocks_step(
             q = tl.load(head + 2 + t[:, None], mask=w_mask, other=0)
             q = q.to(tl.int8, bitcast=True).to(tl.int32)  # [32, BLOCK_N]
         else:
-            first = 4 if QTYPE == "Q4_1" else 2
-            nibbles = _load_byte(head + first + (t % 16)[:, None], w_mask)
+            # The nibbles end the block, after d, the min and the fifth bits.
+            nibbles = _load_byte(head + BYTES - 16 + (t % 16)[:, None], w_mask)
             q = (nibbles >> (t // 16 * 4)[:, None]) & 0xF  # [32, BLOCK_N]
+            if QTYPE == "Q5_0" or QTYPE == "Q5_1":
+                fifth = _load_byte(head + BYTES - 20 + (t // 8)[:, None], w_mask)
+                q |= ((fifth >> (t % 8)[:, None]) & 1) << 4
             if QTYPE == "Q4_0":
                 q -= 8
+            elif QTYPE == "Q5_0":
+                q -= 16
         acc += _dot(x, q, DOT_FP32) * d
-        if QTYPE == "Q4_1":
+        if QTYPE == "Q4_1" or QTYPE == "Q5_1":
             acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * _load_fp16(head + 2, w_mask)
     return acc
 
 
 @triton.jit
-def _q4_k_step(acc, x_rows, w_rows, step, row_mask, col_mask, DOT_FP32: tl.constexpr):
+def _q4_k_q5_k_step(
+    acc,
+    x_rows,
+    w_rows,
+    step,
+    row_mask,
+    col_mask,
+    QTYPE: tl.constexpr,
+    BYTES: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     """One Q4_K super-block of 256 values (144 bytes): fp16 d, fp16 dmin, 12 bytes of
     6-bit scales and mins for its 8 sub-blocks of 32, 128 bytes of nibbles. Sub-blocks
     2i and 2i + 1 share bytes 32i..32i+31, low nibbles then high; a value is
-    d * scale * q - dmin * min."""
+    d * scale * q - dmin * min. Q5_K's (176 bytes) has 32 bytes of fifth bits before the
+    nibbles: value i of sub-block j has its fifth bit in bit j of byte i."""
     t = tl.arange(0, 32)
-    head = w_rows + step * 144  # [1, BLOCK_N]
+    head = w_rows + step * BYTES  # [1, BLOCK_N]
     d = _load_fp16(head, col_mask)
     dmin = _load_fp16(head + 2, col_mask)
+    nibbles_at = head + BYTES - 128
+    if QTYPE == "Q5_K":
+        fifth = _load_byte(head + 16 + t[:, None], col_mask)  # [32, BLOCK_N]
     for j in tl.static_range(8):
         x = tl.load(x_rows + step * 256 + j * 32 + t[None, :], mask=row_mask, other=0.0)
-        nibbles = _load_byte(head + 16 + (j // 2) * 32 + t[:, None], col_mask)
+        nibbles = _load_byte(nibbles_at + (j // 2) * 32 + t[:, None], col_mask)
         q = (nibbles >> (j % 2) * 4) & 0xF  # [32, BLOCK_N]
+        if QTYPE == "Q5_K":
+            q |= ((fifth >> j) & 1) << 4
         scale, min_ = _q4_k_scale_min(head + 4, j, col_mask)
         acc += _dot(x, q, DOT_FP32) * (d * scale)
         acc -= tl.sum(x.to(tl.float32), axis=1)[:, None] * (dmin * min_)
@@ -229,8 +262,10 @@ def _quantized_linear_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = tl.program_id(2) * steps_per_split
     for step in range(first, tl.minimum(first + steps_per_split, num_steps)):
-        if QTYPE == "Q4_K":
-            acc = _q4_k_step(acc, x_rows, w_rows, step, row_mask, col_mask, DOT_FP32)
+        if QTYPE == "Q4_K" or QTYPE == "Q5_K":
+            acc = _q4_k_q5_k_step(
+                acc, x_rows, w_rows, step, row_mask, col_mask, QTYPE, BLOCK_BYTES, DOT_FP32
+            )
         elif QTYPE == "Q6_K":
             acc = _q6_k_step(acc, x_rows, w_rows, step, row_mask, col_mask, DOT_FP32)
         elif QTYPE == "I8":

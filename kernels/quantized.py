@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# GGUF block types kept quantized, by their GGML names.
-GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+# GGUF block types kept quantized, by their GGML names: all that a file downloaded as
+# Q4_K_M or Q5_K_M holds (llama.cpp stores a K-quant's tensor whose rows are not whole
+# 256-value super-blocks as Q5_0, Q5_1 or Q8_0 instead).
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # Weight-only int8, one fp32 scale per output row.
 INT8 = "I8"
 QUANT_TYPES = (*GGUF_TYPES, INT8)

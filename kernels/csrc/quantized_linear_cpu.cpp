@@ -1,16 +1,17 @@
-// y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as
-// weight-only int8 with one scale per output row (I8), on AVX512-VNNI: a decode step
-// streams 0.56-1.06 bytes per weight instead of bf16's 2.
+// y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q5_K, Q6_K) or as weight-only int8 with one scale per output row (I8), on
+// AVX512-VNNI: a decode step streams 0.56-1.06 bytes per weight instead of bf16's 2.
 //
 // Each call first quantizes x to int8 per block of 32 values (scale amax / 127, as
 // llama.cpp quantizes its activations). The weights' values are small unsigned
-// integers (nibbles, Q6_K's 6 bits, Q8_0's int8 plus 128), so one VPDPBUSD multiplies
-// 64 weight bytes (unsigned) by one broadcast word of 4 activation bytes (signed) and
-// adds into 16 int32 lanes, one output each. Per block (Q6_K: per 16 values) the int
-// sum becomes fp32: times weight scale x activation scale, its start being minus the
-// values' offset (Q4_0 8, Q8_0 and I8 128, Q6_K 32) times the activations' int sum; the
-// types with mins (Q4_1, Q4_K) add min x the activations' sum. Against unquantized
-// activations the int8 rounding costs ~0.5% relative error (a step of amax / 127).
+// integers (nibbles, nibbles plus Q5's 1 or Q6_K's 2 high bits, Q8_0's int8 plus 128),
+// so one VPDPBUSD multiplies 64 weight bytes (unsigned) by one broadcast word of 4
+// activation bytes (signed) and adds into 16 int32 lanes, one output each. Per block
+// (Q6_K: per 16 values) the int sum becomes fp32: times weight scale x activation
+// scale, its start being minus the values' offset (Q4_0 8, Q5_0 16, Q8_0 and I8 128,
+// Q6_K 32) times the activations' int sum; the types with mins (Q4_1, Q5_1, Q4_K, Q5_K)
+// add min x the activations' sum. Against unquantized activations the int8 rounding
+// costs ~0.5% relative error (a step of amax / 127).
 //
 // Why int8 and not tiles of the weight dequantized to bf16 for linear_packed's dot
 // instruction: one VPDPBUSD is 64 multiply-adds where VDPBF16PS is 32, and in cache,
@@ -60,21 +61,32 @@ constexpr int64_t kQuantizeGrain = 16;  // activation rows per task
 // alone 5% faster; SmolLM2's merged projections all split).
 constexpr int64_t kMinThreadWork = 128 << 10;
 
-enum class QType { Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, I8 };
+enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, I8 };
 
 QType parse_qtype(const std::string& name) {
   if (name == "Q8_0") return QType::Q8_0;
   if (name == "Q4_0") return QType::Q4_0;
   if (name == "Q4_1") return QType::Q4_1;
+  if (name == "Q5_0") return QType::Q5_0;
+  if (name == "Q5_1") return QType::Q5_1;
   if (name == "Q4_K") return QType::Q4_K;
+  if (name == "Q5_K") return QType::Q5_K;
   if (name == "Q6_K") return QType::Q6_K;
   if (name == "I8") return QType::I8;
   TORCH_CHECK(false, "quantized_linear does not take ", name);
 }
 
-constexpr bool is_k_quant(QType t) { return t == QType::Q4_K || t == QType::Q6_K; }
+constexpr bool is_k_quant(QType t) {
+  return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K;
+}
 // A byte per value, offset by 128 when packed: the same panels and dot products.
 constexpr bool is_8_bit(QType t) { return t == QType::Q8_0 || t == QType::I8; }
+// The 4-bit types' nibbles plus a fifth bit per value: their panels add a word of those.
+constexpr bool is_5_bit(QType t) {
+  return t == QType::Q5_0 || t == QType::Q5_1 || t == QType::Q5_K;
+}
+// Q4_K and Q5_K: d, dmin and 6-bit scales and mins per 32 values, packed in 12 bytes.
+constexpr bool has_6_bit_scales(QType t) { return t == QType::Q4_K || t == QType::Q5_K; }
 // One block of one row in the file: its values, its bytes.
 constexpr int64_t file_block_values(QType t) { return is_k_quant(t) ? kSuper : kBlock; }
 constexpr int64_t file_block_bytes(QType t) {
@@ -82,35 +94,42 @@ constexpr int64_t file_block_bytes(QType t) {
     case QType::Q8_0: return 34;   // fp16 d, 32 int8
     case QType::Q4_0: return 18;   // fp16 d, 16 bytes of nibbles
     case QType::Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles
+    case QType::Q5_0: return 22;   // fp16 d, 4 bytes of fifth bits, 16 of nibbles
+    case QType::Q5_1: return 24;   // fp16 d, fp16 m, 4 bytes of fifth bits, 16 of nibbles
     case QType::Q4_K: return 144;  // fp16 d, fp16 dmin, 12 of scales and mins, 128 of nibbles
+    case QType::Q5_K: return 176;  // as Q4_K, with 32 bytes of fifth bits before the nibbles
     case QType::I8: return 32;     // 32 int8; the row's scale comes beside the data
     default: return 210;           // Q6_K: 128 of low nibbles, 64 of 2-bit highs, 16 scales, d
   }
 }
 // Per 32 values of a panel's 16 outputs: the values' bytes (Q8_0, I8 a byte each, Q6_K a
-// nibble plus 2 bits, the others a nibble) and their scales' (see pack_quantized_weight).
+// nibble plus 2 bits, the 5-bit types a nibble plus 1, the others a nibble) and their
+// scales' (see pack_quantized_weight).
 constexpr int64_t value_bytes(QType t) {
-  return is_8_bit(t) ? 512 : t == QType::Q6_K ? 384 : 256;
+  return is_8_bit(t) ? 512 : t == QType::Q6_K ? 384 : is_5_bit(t) ? 320 : 256;
 }
 constexpr int64_t block_factor_bytes(QType t) {
-  return t == QType::Q4_1 ? 64 : t == QType::I8 ? 0 : 32;
+  return t == QType::Q4_1 || t == QType::Q5_1 ? 64 : t == QType::I8 ? 0 : 32;
 }
 // Per 256 values of a panel's 16 outputs (K-quants): the super-block's fp16 scales.
 constexpr int64_t super_factor_bytes(QType t) {
-  return t == QType::Q4_K ? 64 : t == QType::Q6_K ? 32 : 0;
+  return has_6_bit_scales(t) ? 64 : t == QType::Q6_K ? 32 : 0;
 }
 // Per panel (I8): the 16 rows' fp32 scales.
 constexpr int64_t panel_factor_bytes(QType t) { return t == QType::I8 ? 64 : 0; }
 // value = d q + m: the dot product also needs the activations' sum, times m.
-constexpr bool has_min(QType t) { return t == QType::Q4_1 || t == QType::Q4_K; }
+constexpr bool has_min(QType t) {
+  return t == QType::Q4_1 || t == QType::Q5_1 || has_6_bit_scales(t);
+}
 // Scales per 32 values (Q6_K has one per 16).
 constexpr int groups(QType t) { return t == QType::Q6_K ? 2 : 1; }
 // What the stored unsigned values are offset by: sum (q - c) x = sum q x - c sum x.
 constexpr int32_t value_offset(QType t) {
-  return is_8_bit(t) ? 128 : t == QType::Q4_0 ? 8 : t == QType::Q6_K ? 32 : 0;
+  if (is_8_bit(t)) return 128;
+  return t == QType::Q6_K ? 32 : t == QType::Q5_0 ? 16 : t == QType::Q4_0 ? 8 : 0;
 }
 
-// Packed bytes per output of k inputs: the file's (Q4_K: 148 per 256 values, not 144;
+// Packed bytes per output of k inputs: the file's (Q4_K, Q5_K: 4 more per 256 values;
 // I8: k plus its fp32 scale).
 int64_t packed_row_bytes(QType t, int64_t k) {
   return k / kBlock * (value_bytes(t) + block_factor_bytes(t)) / kPanel +
@@ -118,13 +137,13 @@ int64_t packed_row_bytes(QType t, int64_t k) {
 }
 
 // One file block of one row, decoded: each value as the kernel multiplies it (Q8_0's
-// int8 plus 128, Q6_K's 6 bits, the others' 4 bits) and the fp16 bits / small ints of
-// its scales.
+// int8 plus 128, Q6_K's 6 bits, the 5-bit types' 5, the others' 4) and the fp16 bits /
+// small ints of its scales.
 struct Decoded {
   uint8_t q[kSuper];
-  uint16_t d, m;       // Q8_0/Q4_0/Q4_1: scale and (Q4_1) min; K-quants: d and (Q4_K) dmin
-  uint8_t scale[16];   // Q4_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16
-  uint8_t min[8];      // Q4_K: 6-bit min per 32 values
+  uint16_t d, m;       // blocks of 32: scale and (Q4_1, Q5_1) min; K-quants: d and dmin
+  uint8_t scale[16];   // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16
+  uint8_t min[8];      // Q4_K, Q5_K: 6-bit min per 32 values
 };
 
 void decode(QType t, const uint8_t* block, Decoded& out) {
@@ -137,17 +156,25 @@ void decode(QType t, const uint8_t* block, Decoded& out) {
       for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[i] ^ 0x80);
       break;
     case QType::Q4_0:
-    case QType::Q4_1: {
-      const uint8_t* nibbles = block + (t == QType::Q4_1 ? 4 : 2);
+    case QType::Q4_1:
+    case QType::Q5_0:
+    case QType::Q5_1: {  // d, (m), (the 5-bit types: 32 fifth bits), 16 bytes of nibbles
+      const uint8_t* highs = block + (has_min(t) ? 4 : 2);
+      const uint8_t* nibbles = highs + (is_5_bit(t) ? 4 : 0);
       std::memcpy(&out.d, block, 2);
-      if (t == QType::Q4_1) std::memcpy(&out.m, block + 2, 2);
+      if (has_min(t)) std::memcpy(&out.m, block + 2, 2);
       for (int i = 0; i < 16; ++i) {
         out.q[i] = nibbles[i] & 0x0F;
         out.q[i + 16] = nibbles[i] >> 4;
       }
+      if (is_5_bit(t)) {  // value i's: bit i of a little-endian uint32
+        for (int i = 0; i < 32; ++i) out.q[i] |= ((highs[i / 8] >> (i % 8)) & 1) << 4;
+      }
       break;
     }
-    case QType::Q4_K: {  // d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+    case QType::Q4_K:
+    case QType::Q5_K: {  // d, dmin, 12 bytes of 6-bit scales and mins, (Q5_K: 32 bytes of
+                         // fifth bits), 128 of nibbles
       std::memcpy(&out.d, block, 2);
       std::memcpy(&out.m, block + 2, 2);
       const uint8_t* s = block + 4;
@@ -157,12 +184,16 @@ void decode(QType t, const uint8_t* block, Decoded& out) {
         out.scale[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
         out.min[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
       }
-      const uint8_t* qs = block + 16;  // 32 bytes per 64 values: low nibbles, then high
-      for (int p = 0; p < 4; ++p) {
+      const uint8_t* qh = block + 16;  // Q5_K: bit p of byte i is value 32p + i's fifth
+      const uint8_t* qs = qh + (t == QType::Q5_K ? 32 : 0);
+      for (int p = 0; p < 4; ++p) {  // 32 bytes per 64 values: low nibbles, then high
         for (int i = 0; i < 32; ++i) {
           out.q[64 * p + i] = qs[32 * p + i] & 0x0F;
           out.q[64 * p + 32 + i] = qs[32 * p + i] >> 4;
         }
+      }
+      if (t == QType::Q5_K) {
+        for (int v = 0; v < kSuper; ++v) out.q[v] |= ((qh[v % 32] >> (v / 32)) & 1) << 4;
       }
       break;
     }
@@ -204,12 +235,15 @@ bool quantized_linear_available() {
 //   Q6_K: the low 4 bits as the 4-bit types, then two words of the top 2 bits: byte t
 //     of the first holds those of values 4w + t (w = 0..3) at bits 2w, 2w + 1; the
 //     second those of values 16 + 4w + t.
-// Block factors, per block of 32, [16 outputs] each: Q8_0/Q4_0: fp16 scale; Q4_1:
-//   fp16 scale, then fp16 min; Q4_K: 6-bit scale, then 6-bit min, a byte each; Q6_K:
-//   the two int8 scales of its halves.
-// Super-block factors (K-quants), per 256 values: Q4_K: fp16 d, then fp16 dmin;
+//   5-bit (Q5_0, Q5_1, Q5_K): the low 4 bits as the 4-bit types, then one word of the
+//     fifth bits: byte t holds those of values 4w + t (w = 0..3) at bit w and of values
+//     16 + 4w + t at bit 4 + w.
+// Block factors, per block of 32, [16 outputs] each: Q8_0/Q4_0/Q5_0: fp16 scale;
+//   Q4_1/Q5_1: fp16 scale, then fp16 min; Q4_K/Q5_K: 6-bit scale, then 6-bit min, a
+//   byte each; Q6_K: the two int8 scales of its halves.
+// Super-block factors (K-quants), per 256 values: Q4_K/Q5_K: fp16 d, then fp16 dmin;
 //   Q6_K: fp16 d.
-// The same bytes as the file's (Q4_K: 148 per 256 values, not 144: its 6-bit scales
+// The same bytes as the file's (Q4_K, Q5_K: 4 more per 256 values: their 6-bit scales
 // take a byte each).
 at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
                                  const std::optional<at::Tensor>& scales) {
@@ -249,7 +283,7 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
           if (is_k_quant(t)) {
             uint16_t* s = reinterpret_cast<uint16_t*>(super_factors + f * sfb);
             s[j] = dec.d;
-            if (t == QType::Q4_K) s[kPanel + j] = dec.m;
+            if (has_min(t)) s[kPanel + j] = dec.m;
           }
           for (int64_t i = 0; i < file_block_values(t) / kBlock; ++i) {
             const uint8_t* q = dec.q + i * kBlock;
@@ -266,6 +300,15 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
                 }
               }
             }
+            if (is_5_bit(t)) {
+              for (int c = 0; c < 4; ++c) {
+                uint8_t highs = 0;
+                for (int w = 0; w < 4; ++w) {
+                  highs |= (q[4 * w + c] >> 4) << w | (q[16 + 4 * w + c] >> 4) << (4 + w);
+                }
+                v[4 * 64 + j * 4 + c] = highs;
+              }
+            }
             if (t == QType::Q6_K) {
               for (int g = 0; g < 2; ++g) {
                 for (int c = 0; c < 4; ++c) {
@@ -275,13 +318,13 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
                 }
                 bf[g * kPanel + j] = dec.scale[2 * i + g];
               }
-            } else if (t == QType::Q4_K) {
+            } else if (has_6_bit_scales(t)) {
               bf[j] = dec.scale[i];
               bf[kPanel + j] = dec.min[i];
             } else if (t != QType::I8) {
               uint16_t* s = reinterpret_cast<uint16_t*>(bf);
               s[j] = dec.d;
-              if (t == QType::Q4_1) s[kPanel + j] = dec.m;
+              if (has_min(t)) s[kPanel + j] = dec.m;
             }
           }
         }
@@ -365,9 +408,9 @@ template <QType T>
 inline __m512 weight_scale(const uint8_t* block_factors, const uint8_t* super_factors, int64_t b,
                            int g) {
   const uint8_t* bf = block_factors + b * block_factor_bytes(T);
-  if constexpr (T == QType::Q4_K || T == QType::Q6_K) {
+  if constexpr (is_k_quant(T)) {
     const __m512 d = load_fp16(super_factors + b / kBlocksPerSuper * super_factor_bytes(T));
-    return _mm512_mul_ps(T == QType::Q4_K ? load_u8(bf) : load_i8(bf + g * kPanel), d);
+    return _mm512_mul_ps(has_6_bit_scales(T) ? load_u8(bf) : load_i8(bf + g * kPanel), d);
   } else if constexpr (T == QType::I8) {
     return _mm512_loadu_ps(reinterpret_cast<const float*>(block_factors));
   } else {
@@ -375,11 +418,12 @@ inline __m512 weight_scale(const uint8_t* block_factors, const uint8_t* super_fa
   }
 }
 
-// The 16 outputs' min of block b: Q4_1's fp16 m; Q4_K's -dmin times its 6-bit min.
+// The 16 outputs' min of block b: Q4_1's and Q5_1's fp16 m; Q4_K's and Q5_K's -dmin
+// times its 6-bit min.
 template <QType T>
 inline __m512 weight_min(const uint8_t* block_factors, const uint8_t* super_factors, int64_t b) {
   const uint8_t* bf = block_factors + b * block_factor_bytes(T);
-  if constexpr (T == QType::Q4_K) {
+  if constexpr (has_6_bit_scales(T)) {
     const __m512 dmin = load_fp16(super_factors + b / kBlocksPerSuper * super_factor_bytes(T) + 32);
     return _mm512_mul_ps(load_u8(bf + kPanel), _mm512_sub_ps(_mm512_setzero_ps(), dmin));
   } else {
@@ -397,6 +441,24 @@ inline __m512i q6_values(__m512i low, __m512i highs, int w) {
                         : w == 2 ? highs
                                  : _mm512_srli_epi16(highs, 2);
   return _mm512_ternarylogic_epi32(moved, mask, low, 0xEA);  // (moved & mask) | low
+}
+
+// The 5-bit types' values of word w (of 4): `low` and `high` (the low and high nibbles,
+// isolated) or'd with their fifth bits, moved from bits w and 4 + w of the word of
+// highs to bit 4 (the 16-bit shifts move bits across bytes only into bits the mask
+// drops).
+inline void q5_values(__m512i& low, __m512i& high, __m512i highs, int w) {
+  const __m512i mask = _mm512_set1_epi8(0x10);
+  const __m512i for_low = w == 0   ? _mm512_slli_epi16(highs, 4)
+                          : w == 1 ? _mm512_slli_epi16(highs, 3)
+                          : w == 2 ? _mm512_slli_epi16(highs, 2)
+                                   : _mm512_slli_epi16(highs, 1);
+  const __m512i for_high = w == 0   ? highs
+                           : w == 1 ? _mm512_srli_epi16(highs, 1)
+                           : w == 2 ? _mm512_srli_epi16(highs, 2)
+                                    : _mm512_srli_epi16(highs, 3);
+  low = _mm512_ternarylogic_epi32(for_low, mask, low, 0xEA);  // (for_low & mask) | low
+  high = _mm512_ternarylogic_epi32(for_high, mask, high, 0xEA);
 }
 
 // ROWS rows of the activations from row0 times PANELS adjacent panels -> ROWS x
@@ -483,12 +545,17 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
           }
         }
       } else {
+        __m512i highs[PANELS];  // the 5-bit types' fifth bits, after the 4 words
+        if constexpr (is_5_bit(T)) {
+          for (int j = 0; j < PANELS; ++j) highs[j] = _mm512_loadu_si512(w + j * panel_bytes + 256);
+        }
         for (int i = 0; i < 4; ++i) {  // word i: values 4i .. 4i + 3 low, 16 + 4i .. high
           __m512i lo[PANELS], hi[PANELS];
           for (int j = 0; j < PANELS; ++j) {
             const __m512i wv = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
             lo[j] = _mm512_and_si512(wv, low4);
             hi[j] = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low4);
+            if constexpr (is_5_bit(T)) q5_values(lo[j], hi[j], highs[j], i);
           }
           for (int r = 0; r < ROWS; ++r) {
             const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + i]);
@@ -655,7 +722,10 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
       case QType::Q8_0: with(std::integral_constant<QType, QType::Q8_0>{}); break;
       case QType::Q4_0: with(std::integral_constant<QType, QType::Q4_0>{}); break;
       case QType::Q4_1: with(std::integral_constant<QType, QType::Q4_1>{}); break;
+      case QType::Q5_0: with(std::integral_constant<QType, QType::Q5_0>{}); break;
+      case QType::Q5_1: with(std::integral_constant<QType, QType::Q5_1>{}); break;
       case QType::Q4_K: with(std::integral_constant<QType, QType::Q4_K>{}); break;
+      case QType::Q5_K: with(std::integral_constant<QType, QType::Q5_K>{}); break;
       case QType::Q6_K: with(std::integral_constant<QType, QType::Q6_K>{}); break;
       case QType::I8: with(std::integral_constant<QType, QType::I8>{}); break;
     }

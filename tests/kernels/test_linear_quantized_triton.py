@@ -33,8 +33,8 @@ from hetero_infer.kernels.triton_utils import DeviceInfo  # noqa: E402
 
 from tests.kernels.test_quantized_linear import quantized, randn, raw_weight  # noqa: E402
 
-GGUF_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1")  # gguf-py quantizes these
-RAW = ("Q4_K", "Q6_K")  # gguf-py cannot quantize the K-quants: random bytes
+GGUF_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # gguf-py quantizes these
+RAW = ("Q4_K", "Q5_K", "Q6_K")  # gguf-py cannot quantize the K-quants: random bytes
 TYPES = (*GGUF_QUANTIZED, *RAW, "I8")
 DTYPES = [torch.float32, torch.float16]
 DTYPE_IDS = ["fp32", "fp16"]
@@ -101,7 +101,7 @@ GPU_TILES = {
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("tiles", GPU_TILES.values(), ids=GPU_TILES.keys())
 def test_gpu_tiles_and_split_k(qtype, tiles):
-    in_features = {"Q4_K": 768, "Q6_K": 768, "I8": 200}.get(qtype, 352)
+    in_features = {"Q4_K": 768, "Q5_K": 768, "Q6_K": 768, "I8": 200}.get(qtype, 352)
     weight = weight_of(qtype, 80, in_features)
     x = randn(33 if tiles.block_m == 64 else 17, in_features, dtype=torch.float16, seed=3)
     bias = randn(80, seed=2)
@@ -156,16 +156,16 @@ def test_takes(monkeypatch):
 # ---- a tiny GGUF model ----
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
-# GGUF tensor part -> its type in the file: every type the kernel takes from a file of
-# 32-wide rows, one part left in F16 (no quantized kernel: dequantized at load).
+# GGUF tensor part -> its type in the file, per layer: every type the kernel takes from
+# a file of 32-wide rows, one part left in F16 (no quantized kernel: dequantized at load).
 PART_TYPES = {
-    "attn_q": "Q4_0",
-    "attn_k": "Q4_0",
-    "attn_v": "Q4_0",
-    "attn_output": "F16",
-    "ffn_gate": "Q8_0",
-    "ffn_up": "Q8_0",
-    "ffn_down": "Q4_1",
+    "attn_q": ("Q4_0", "Q5_0"),
+    "attn_k": ("Q4_0", "Q5_0"),
+    "attn_v": ("Q4_0", "Q5_0"),
+    "attn_output": ("F16", "F16"),
+    "ffn_gate": ("Q8_0", "Q5_1"),
+    "ffn_up": ("Q8_0", "Q5_1"),
+    "ffn_down": ("Q4_1", "Q5_0"),
 }
 HF_PARTS = GGUF_LAYER_PARTS  # llama.cpp's part names -> HF's
 
@@ -225,7 +225,8 @@ def tiny_gguf(tmp_path_factory):
             if part in ("attn_q", "attn_k"):
                 heads = HEADS if part == "attn_q" else KV_HEADS
                 values = torch.from_numpy(llama_cpp_permute(values.numpy(), heads))
-            add_tensor(writer, f"blk.{layer}.{part}.weight", values, PART_TYPES.get(part, "F32"))
+            qtype = PART_TYPES[part][layer] if part in PART_TYPES else "F32"  # norms: F32
+            add_tensor(writer, f"blk.{layer}.{part}.weight", values, qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -272,5 +273,5 @@ def test_tiny_gguf_model_quantized_matches_dequantized(tiny_gguf, monkeypatch):
     monkeypatch.setattr(linear_quantized_triton, "quantized_linear_triton", counted)
     actual = run_gguf(path, "gguf", prompts)
     # q/k/v, gate/up, down and the tied lm_head through the kernel; o_proj's F16 not
-    assert set(calls) == {"Q4_0", "Q8_0", "Q4_1"}, set(calls)
+    assert set(calls) == {"Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q5_1"}, set(calls)
     assert actual == expected

@@ -74,15 +74,16 @@ def assert_matches_reference(
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]  # SmolLM2-like
 # gguf-py quantizes these; the K-quants (256-value super-blocks) are made of raw bytes.
-SIMPLE_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-K_TYPES = ("Q4_K", "Q6_K")
+SIMPLE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 ROWS = [1, 3, 8, 17, 64, 130]  # below, at and past the tiles (8; 6 x 2 panels)
 
 
 def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -> QuantizedWeight:
     """Random bytes: every value the file may hold (Q8_0's and I8's -128, both nibbles'
-    full range, Q4_K's 6-bit scales and mins, Q6_K's int8 scales), not only what a
-    quantizer makes; the fp16 scales (and mins) random but finite."""
+    full range, the 5-bit types' fifth bits, Q4_K's and Q5_K's 6-bit scales and mins,
+    Q6_K's int8 scales), not only what a quantizer makes; the fp16 scales (and mins)
+    random but finite."""
     generator = torch.Generator().manual_seed(seed)
     if qtype == INT8:
         shape = (out_features, in_features)
@@ -93,9 +94,9 @@ def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -
     data = torch.randint(0, 256, (out_features, size), dtype=torch.uint8, generator=generator)
     per_block = row_bytes(qtype, 256 if qtype in K_TYPES else 32)
     blocks = data.view(out_features, size // per_block, per_block)
-    # The fp16 fields: Q8_0/Q4_0 d; Q4_1 d, m; Q4_K d, dmin; Q6_K d (last).
-    fields = {"Q8_0": (0, 2), "Q4_0": (0, 2), "Q4_1": (0, 4), "Q4_K": (0, 4), "Q6_K": (208, 210)}
-    start, end = fields[qtype]
+    # The fp16 fields: Q8_0/Q4_0/Q5_0 d; Q4_1/Q5_1 d, m; Q4_K/Q5_K d, dmin; Q6_K d (last).
+    fields = {"Q6_K": (208, 210), **dict.fromkeys(("Q4_1", "Q5_1", "Q4_K", "Q5_K"), (0, 4))}
+    start, end = fields.get(qtype, (0, 2))
     halves = torch.randn(*blocks.shape[:2], (end - start) // 2, generator=generator)
     scale = 0.05 if qtype in K_TYPES else 1.0  # K-quants multiply d by up to 63 / 127
     blocks[..., start:end] = (halves * scale).half().view(torch.uint8)
@@ -210,14 +211,14 @@ def test_pack_keeps_the_bytes_and_refuses_partial_panels():
     for qtype in KERNEL_TYPES:
         weight = raw_weight(qtype, 32, 512)
         size = QuantizedLinear(module, weight).packed.numel()
-        # Q4_K's 6-bit scales and mins take a byte each: 148 bytes per 256 values, not 144.
-        assert size == weight.data.numel() * (148 / 144 if qtype == "Q4_K" else 1) + (
-            4 * 32 if qtype == INT8 else 0  # the rows' fp32 scales
-        )
+        # Per row: Q4_K's and Q5_K's 6-bit scales and mins take a byte each (4 more per
+        # 256 values); I8 adds its fp32 scale.
+        extra = {"Q4_K": 4 * 512 // 256, "Q5_K": 4 * 512 // 256, INT8: 4}.get(qtype, 0)
+        assert size == weight.data.numel() + 32 * extra
     with pytest.raises(RuntimeError):
         module.pack_quantized_weight(quantized("Q8_0", 40, 64).data, "Q8_0")
     with pytest.raises(RuntimeError):
-        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q5_0")
+        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q2_K")
     int8 = raw_weight(INT8, 32, 64)
     with pytest.raises(RuntimeError):  # I8 without its scales
         module.pack_quantized_weight(int8.data.view(torch.uint8), INT8)

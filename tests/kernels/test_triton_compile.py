@@ -169,6 +169,13 @@ VARIANTS = [
         dict(num_warps=4, num_stages=2),
     ),
     (
+        "quantized-q5_k-decode-fp16",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("fp16", "fp16"),
+        quantized_linear_constants("Q5_K", 16, 32),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
         "quantized-q6_k-prefill-fp16-bias",
         QUANTIZED_LINEAR,
         quantized_linear_pointers("fp16", "fp16"),
@@ -187,6 +194,20 @@ VARIANTS = [
         QUANTIZED_LINEAR,
         quantized_linear_pointers("bf16", "bf16"),
         quantized_linear_constants("Q4_0", 32, 64),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q5_0-decode-split",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "fp32"),
+        quantized_linear_constants("Q5_0", 16, 32),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "quantized-q5_1-prefill-bias",
+        QUANTIZED_LINEAR,
+        quantized_linear_pointers("bf16", "bf16"),
+        quantized_linear_constants("Q5_1", 64, 64, HAS_BIAS=True),
         dict(num_warps=4, num_stages=2),
     ),
     (

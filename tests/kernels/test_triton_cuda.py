@@ -145,7 +145,7 @@ def check_attention(
 OUT_FEATURES = 80  # 3 decode tiles of 32 outputs and 2 prefill tiles of 64, the last partial
 # Rows of at least 4 steps of 256 values, so that a decode splits K on any GPU: the last
 # step of the 32-value block types holds one block (1056 = 33 x 32), I8's is masked.
-IN_FEATURES = {"Q4_K": 1024, "Q6_K": 1024, "I8": 1000}
+IN_FEATURES = {"Q4_K": 1024, "Q5_K": 1024, "Q6_K": 1024, "I8": 1000}
 # (activations, rows) -> the tiles the device picks: 16 x 32 with K split for decodes,
 # 64 x 64 and 32 x 64 for prefills; fp32 takes tl.dot in IEEE fp32.
 QUANTIZED_CASES = {
