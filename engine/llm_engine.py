@@ -62,7 +62,8 @@ class LLMEngine:
             tokenizer = loader.load_tokenizer(
                 loader.resolve_model(config.tokenizer) if config.tokenizer else source
             )
-        self.tokenizer = Tokenizer(tokenizer, self.model_config.eos_token_ids)
+        end_of_turn = loader.with_family_chat(tokenizer, self.model_config.architecture)
+        self.tokenizer = Tokenizer(tokenizer, (*self.model_config.eos_token_ids, *end_of_turn))
         self.structured_output = StructuredOutput(
             tokenizer, self.model_config.vocab_size, sorted(self.tokenizer.eos_token_ids)
         )

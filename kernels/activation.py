@@ -1,4 +1,5 @@
-"""SiLU-and-mul: the gated MLP activation, silu(gate) * up over a merged [gate | up] input."""
+"""The gated MLP activations over a merged [gate | up] input: SiLU-and-mul (Llama's
+SwiGLU) and tanh-approximated GELU-and-mul (Gemma's GeGLU)."""
 
 from __future__ import annotations
 
@@ -10,3 +11,9 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     # x: [num_tokens, 2 * intermediate] -> [num_tokens, intermediate]
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, 2 * intermediate] -> [num_tokens, intermediate]
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]

@@ -20,16 +20,24 @@ from hetero_infer.kernels.linear import LinearFn
 
 @dataclass(frozen=True)
 class DecoderLayerSpec:
-    """One Llama-family layer: pre-norm attention (merged qkv, RoPE, paged KV), then a
-    pre-norm gated MLP, each added to the residual stream."""
+    """One decoder layer: pre-norm attention (merged qkv, RoPE, paged KV), then a
+    pre-norm gated MLP, each added to the residual stream; the parts past Llama's are
+    set where the model has them (engine/models/layers.py)."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
     qkv: LinearFn  # -> [tokens, q + 2 * kv]
     o: LinearFn
-    gate_up: LinearFn  # -> silu(gate) * up
+    gate_up: LinearFn  # -> activation(gate) * up
     down: LinearFn
     sliding_window: int | None
+    activation: str = "silu"  # the HF name: "silu", "gelu_pytorch_tanh"
+    # RMSNorms over each head of q and k, before RoPE (Qwen3, Gemma 3)
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    # RMSNorms on the attention's and the MLP's outputs (Gemma)
+    attn_output_norm: torch.Tensor | None = None
+    mlp_output_norm: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,9 @@ class DecoderStackSpec:
     rms_norm_eps: float
     scale: float  # attention's softmax scale
     layers: tuple[DecoderLayerSpec, ...]
+    # Whether the sliding-window layers take RoPE tables of their own (Gemma 3); the
+    # stack is called with the global layers' tables.
+    sliding_rope: bool = False
 
 
 class DecoderStackFn(Protocol):

@@ -10,19 +10,27 @@ do for decodes: so it takes steps of decodes and of short chunks (up to SHORT_CH
 tokens: a speculative step's drafts to verify, a draft model's catch-up), where the
 tiled prefill kernel would save little; longer prompt chunks run layer by layer. In
 bf16 only, where every projection is one of our kernels (quantized, or bf16 panels).
+
+It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2). Models with more in a layer
+(``unserved_parts``: Qwen3's and Gemma's q/k norms, Gemma's norms after attention and
+the MLP, its GELU and its second RoPE base) run every step layer by layer, and say so
+once in the log at start.
 """
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionInputs
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec
-from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, unfused
+from hetero_infer.kernels.linear import GatedLinear, LinearFn, unfused
 from hetero_infer.kernels.linear_cpu import KernelLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.paged_attention_cpu import CpuAttentionMetadata
+
+logger = logging.getLogger(__name__)
 
 # The longest chunk the stack takes: its tokens' attention reads their context once
 # each, where the tiled kernel reads it once per 16 tokens.
@@ -58,7 +66,7 @@ class CpuDecoderStack:
 
 def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
     """The C++ form of a packed projection, or None where it is not one of our kernels'."""
-    then_silu = isinstance(linear, SiluAndMulLinear)
+    then_silu = isinstance(linear, GatedLinear)  # SiLU: the spec refuses other activations
     linear = unfused(linear)
     if isinstance(linear, QuantizedLinear):
         return module.PackedLinear(linear.packed, linear.qtype, linear.bias, False, then_silu)
@@ -75,6 +83,13 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
         return None
     if any(layer.input_norm.dtype != torch.bfloat16 for layer in spec.layers):
         return None
+    unserved = unserved_parts(spec)
+    if unserved:
+        logger.info(
+            "the CPU decoder stack does not run %s: decode steps go layer by layer",
+            ", ".join(unserved),
+        )
+        return None
     stack = module.DecoderStack(
         spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, spec.scale
     )
@@ -87,3 +102,19 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
             layer.input_norm, layer.post_attention_norm, *linears, layer.sliding_window or 0
         )
     return CpuDecoderStack(stack)
+
+
+def unserved_parts(spec: DecoderStackSpec) -> list[str]:
+    """The parts of the model's layers the C++ stack does not compute (none: it runs
+    them)."""
+    unserved = set()
+    for layer in spec.layers:
+        if layer.q_norm is not None or layer.k_norm is not None:
+            unserved.add("q/k norms")
+        if layer.attn_output_norm is not None or layer.mlp_output_norm is not None:
+            unserved.add("norms after attention and the MLP")
+        if layer.activation != "silu":
+            unserved.add(f"the {layer.activation} activation")
+    if spec.sliding_rope:
+        unserved.add("a RoPE base of the sliding-window layers' own")
+    return sorted(unserved)

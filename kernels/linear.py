@@ -28,19 +28,24 @@ class TorchLinear:
         return F.linear(x, self.weight, self.bias)
 
 
-class SiluAndMulLinear:
-    """silu_and_mul(linear(x)) in two steps, where no kernel fuses them: ``linear``
-    gives [..., 2 * d] (gate, then up), ``silu_and_mul`` makes it [..., d]."""
+class GatedLinear:
+    """activation_and_mul(linear(x)) in two steps, where no kernel fuses them: ``linear``
+    gives [..., 2 * d] (gate, then up), ``activation_and_mul`` (SiLU-and-mul, or GELU's)
+    makes it [..., d]."""
 
     def __init__(
-        self, linear: LinearFn, silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        linear: LinearFn,
+        activation_and_mul: Callable[[torch.Tensor], torch.Tensor],
+        activation: str,
     ) -> None:
-        self.linear, self.silu_and_mul = linear, silu_and_mul
+        self.linear, self.activation_and_mul = linear, activation_and_mul
+        self.activation = activation  # the HF name: "silu", "gelu_pytorch_tanh"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.silu_and_mul(self.linear(x))
+        return self.activation_and_mul(self.linear(x))
 
 
 def unfused(linear: LinearFn) -> LinearFn:
-    """The linear layer inside a SiluAndMulLinear (whose weight it packs), else itself."""
-    return linear.linear if isinstance(linear, SiluAndMulLinear) else linear
+    """The linear layer inside a GatedLinear (whose weight it packs), else itself."""
+    return linear.linear if isinstance(linear, GatedLinear) else linear

@@ -17,10 +17,10 @@ from types import ModuleType
 
 import torch
 from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized
-from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
-from hetero_infer.kernels.linear import LinearFn, SiluAndMulLinear, TorchLinear
+from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
 from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -58,6 +58,8 @@ class KernelOps:
     rotary: Callable[..., tuple[Tensor, Tensor]] = rotary_ref
     # x [num_tokens, 2 * d] -> silu(x[:, :d]) * x[:, d:]
     silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
+    # x [num_tokens, 2 * d] -> gelu_tanh(x[:, :d]) * x[:, d:] (Gemma's GeGLU)
+    gelu_tanh_and_mul: Callable[[Tensor], Tensor] = gelu_tanh_and_mul_ref
     # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
     greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]] = greedy_pick_ref
     # (logits [rows, vocab], SamplingTensors on their device) -> (tokens [rows], the
@@ -87,7 +89,13 @@ class KernelOps:
         fused = self.pack_fused_silu_and_mul_linear(weight, bias)
         if fused is not None:
             return fused
-        return SiluAndMulLinear(self.pack_linear(weight, bias), self.silu_and_mul)
+        return GatedLinear(self.pack_linear(weight, bias), self.silu_and_mul, "silu")
+
+    def pack_gelu_tanh_and_mul_linear(self, weight: Tensor, bias: Tensor | None = None) -> LinearFn:
+        """x [..., in] -> gelu_tanh_and_mul(linear(x)) [..., d] for a merged gate_up
+        weight [2 * d, in]: no kernel fuses these yet."""
+        linear = self.pack_linear(weight, bias)
+        return GatedLinear(linear, self.gelu_tanh_and_mul, "gelu_pytorch_tanh")
 
     def replace(self, **changes: Callable) -> KernelOps:
         return dataclasses.replace(self, **changes)

@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama, Mistral and Qwen2 checkpoints for exactness tests.
+"""Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
+Qwen2, Qwen3 and Gemma 3.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -63,7 +64,42 @@ TINY_MODELS = {
         num_key_value_heads=4,
         **COMMON,
     ),
+    # q/k norms, head_dim 24 (q is wider than hidden), GQA ratio 2, 3 layers, tied
+    # embeddings (as Qwen3-0.6B's)
+    "qwen3": lambda: transformers.Qwen3Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        **{**COMMON, "tie_word_embeddings": True},
+    ),
+    # Gemma 3: sliding layers of 8 tokens (shorter than the prompts) around a global
+    # one, each kind with its RoPE base; q/k norms, norms after attention and the MLP,
+    # GeGLU, a scaled embedding, query_pre_attn_scalar. Untied: tied to an embedding
+    # scaled by sqrt(hidden), random weights would predict the last token again and again
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=[
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+        query_pre_attn_scalar=24,
+        **COMMON,
+    ),
 }
+# Families whose RMSNorm weights are drawn at random too (a norm's weight of ones, or of
+# Gemma's zeros, would hide a weight applied wrongly).
+RANDOM_NORMS = ("qwen3", "gemma3")
 
 
 def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object) -> Path:
@@ -78,6 +114,8 @@ def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object)
         for param_name, param in model.named_parameters():
             if param_name.endswith(".bias"):
                 param.normal_(0, 0.5)
+            elif name in RANDOM_NORMS and "norm" in param_name:
+                param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(folder)
     make_byte_fallback_tokenizer().save_pretrained(folder)
     return folder

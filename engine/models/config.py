@@ -11,15 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
-
-# Configs read from GGUF files may name no architecture, only a model type.
-MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
-# The HF architecture names models/ runs (the registry maps each to its class).
-SUPPORTED_ARCHITECTURES = tuple(MODEL_TYPES.values())
+from hetero_infer.engine.models.architectures import family_of
 
 
 @dataclass(frozen=True)
@@ -47,6 +39,20 @@ class ModelConfig:
     hidden_act: str
     # The config's own eos ids (generation may stop on more than the tokenizer marks).
     eos_token_ids: tuple[int, ...]
+    # The layer's parts beyond Llama's (architectures.py says which family has which):
+    # an RMSNorm over each head of q and k before RoPE; RMSNorms on the attention's and
+    # the MLP's outputs too, before each joins the residual stream.
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    # Checkpoints store RMSNorm weights as (weight - norm_weight_offset): Gemma's 1.
+    norm_weight_offset: float = 0.0
+    # The embeddings are multiplied by this (Gemma: sqrt(hidden_size)).
+    embedding_multiplier: float = 1.0
+    # Attention's softmax scale; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar's).
+    attention_scale: float | None = None
+    # RoPE's base on the sliding-window layers, where it differs from rope_theta (Gemma 3:
+    # 10,000 there, 1,000,000 on the global layers); their RoPE is never scaled.
+    sliding_rope_theta: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -58,13 +64,15 @@ class ModelConfig:
     def from_hf(cls, config: Any) -> ModelConfig:
         """From a transformers config (4.x or 5.x); ConfigError for an architecture we
         do not run."""
-        architecture = architecture_of(config)
+        family = family_of(config)
         num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = config.model_type == "qwen2"
-        rope_theta, rope_scaling = _rope_settings(config)
+        rope_theta, rope_scaling, sliding_rope_theta = _rope_settings(config)
+        pre_attn_scalar = getattr(config, "query_pre_attn_scalar", None)
         return cls(
-            architecture=architecture,
+            architecture=family.architecture,
             model_type=config.model_type,
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,
@@ -72,7 +80,7 @@ class ModelConfig:
             num_layers=config.num_hidden_layers,
             num_heads=num_heads,
             num_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=config.rms_norm_eps,
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -83,9 +91,21 @@ class ModelConfig:
             qkv_bias=is_qwen2 or attention_bias,
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            hidden_act=config.hidden_act,
+            # Gemma's config names it hidden_activation.
+            hidden_act=getattr(config, "hidden_activation", None) or config.hidden_act,
             eos_token_ids=_eos_token_ids(config),
+            qk_norm=family.qk_norm,
+            sandwich_norms=family.gemma,
+            norm_weight_offset=1.0 if family.gemma else 0.0,
+            embedding_multiplier=config.hidden_size**0.5 if family.gemma else 1.0,
+            attention_scale=None if pre_attn_scalar is None else pre_attn_scalar**-0.5,
+            sliding_rope_theta=sliding_rope_theta,
         )
+
+    @property
+    def softmax_scale(self) -> float:
+        """Attention's softmax scale."""
+        return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
 
     def resolve_max_model_len(self, requested: int | None) -> int:
         """The context length to serve: ``requested`` (the engine's max_model_len), which
@@ -101,33 +121,27 @@ class ModelConfig:
         return requested
 
 
-def architecture_of(config: Any) -> str:
-    """The HF config's architecture name, or ConfigError (a ValueError) naming what is
-    unsupported."""
-    names = list(getattr(config, "architectures", None) or [])
-    for name in names:
-        if name in SUPPORTED_ARCHITECTURES:
-            return name
-    model_type = getattr(config, "model_type", None)
-    if not names and model_type in MODEL_TYPES:
-        return MODEL_TYPES[model_type]
-    found = ", ".join(names) or f"model_type {model_type!r}"
-    raise ConfigError(
-        f"unsupported model architecture {found}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
-
-
-def _rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, scaling dict or None), for transformers 4.x and 5.x configs alike."""
+def _rope_settings(config: Any) -> tuple[float, dict[str, Any] | None, float | None]:
+    """(rope_theta, scaling dict or None, the sliding layers' own theta or None), for
+    transformers 4.x and 5.x configs alike. Gemma 3's 5.x config keeps one set of
+    parameters per layer type."""
     params = getattr(config, "rope_parameters", None)
+    sliding_theta = getattr(config, "rope_local_base_freq", None)
+    if params and "full_attention" in params:
+        sliding_theta = params.get("sliding_attention", {}).get("rope_theta", sliding_theta)
+        params = params["full_attention"]
     if params:
         params = dict(params)
-        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         scaling = params if params.get("rope_type", "default") != "default" else None
-        return float(theta), scaling
-    scaling = getattr(config, "rope_scaling", None)
-    # A copy: the HF config's own dict must not change under a frozen ModelConfig.
-    return float(getattr(config, "rope_theta", 10000.0)), dict(scaling) if scaling else None
+    else:
+        scaling = getattr(config, "rope_scaling", None)
+        theta = float(getattr(config, "rope_theta", 10000.0))
+        # A copy: the HF config's own dict must not change under a frozen ModelConfig.
+        scaling = dict(scaling) if scaling else None
+    if sliding_theta is not None and float(sliding_theta) == theta:
+        sliding_theta = None
+    return theta, scaling, None if sliding_theta is None else float(sliding_theta)
 
 
 def _layer_sliding_windows(config: Any) -> tuple[int | None, ...]:

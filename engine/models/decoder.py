@@ -1,9 +1,11 @@
-"""The Llama family (Llama 1-3, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+"""The decoder every supported family runs (architectures.py: Llama 1-3, SmolLM2,
+Mistral, Qwen2 and 3, Gemma 3) over a paged KV cache.
 
 One forward pass serves every scheduled sequence of a step: tokens are packed
 into [num_tokens, hidden] and attention finds each token's context through the
-block tables in the attention metadata. The layers are in layers.py. Parameter names
-follow Hugging Face's, so checkpoints load by name (llama_weights.py), and
+block tables in the attention metadata. The layers are in layers.py, each with the
+parts its family has. Parameter names follow Hugging Face's Llama, so checkpoints load
+by name (decoder_weights.py, which renames other families' tensors), and
 ``pack_weights`` then prepares each linear layer's weight for its kernel. The kernels
 are chosen before the model is built (kernels.select_kernels) and bound by each layer
 at construction.
@@ -21,8 +23,8 @@ from typing import Any
 
 import torch
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.models.decoder_weights import load_decoder_weights
 from hetero_infer.engine.models.layers import DecoderLayer, Linear, RMSNorm, not_packed
-from hetero_infer.engine.models.llama_weights import load_llama_weights
 from hetero_infer.engine.models.protocol import TensorParallel
 from hetero_infer.engine.models.sharding import shard_config
 from hetero_infer.kernels import (
@@ -40,7 +42,7 @@ from hetero_infer.kernels import (
 from torch import nn
 
 
-class LlamaForCausalLM(nn.Module):
+class DecoderForCausalLM(nn.Module):
     """A CausalLM (models/protocol.py); with ``tp``, one rank's share of it."""
 
     def __init__(
@@ -67,18 +69,32 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, local.vocab_size, bias=False)
-        self.rope_cos = self.rope_sin = None
+        self.embedding_multiplier = config.embedding_multiplier
+        # (cos, sin) per layer: the global layers' tables, or the sliding layers' own
+        self.layer_ropes: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.global_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.logits_proj: LinearFn = not_packed
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
         self.embed_quantized: QuantizedWeight | None = None
 
     def init_rope(self, device: torch.device) -> None:
-        """Build the cos/sin tables (kept outside the parameters, which load from a checkpoint)."""
+        """Build the cos/sin tables (kept outside the parameters, which load from a
+        checkpoint): one set, or with a sliding-window base of its own a second set for
+        those layers."""
         config = self.config
-        inv_freq = rope_inv_freq(self.head_dim, config.rope_theta, config.rope_scaling)
-        cos, sin = rope_cos_sin(inv_freq, config.max_position_embeddings)
-        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+        def tables(theta: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, ...]:
+            inv_freq = rope_inv_freq(self.head_dim, theta, scaling)
+            cos, sin = rope_cos_sin(inv_freq, config.max_position_embeddings)
+            return cos.to(device), sin.to(device)
+
+        full = tables(config.rope_theta, config.rope_scaling)
+        sliding = full
+        if config.sliding_rope_theta is not None:
+            sliding = tables(config.sliding_rope_theta, None)
+        self.global_rope = full
+        self.layer_ropes = [full if w is None else sliding for w in config.sliding_windows]
 
     def forward(
         self,
@@ -90,22 +106,27 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, positions, self.rope, kv_cache, meta)
+        for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_ropes, strict=True):
+            x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.final_norm(x, residual)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
+        """input_ids [num_tokens] -> the embeddings [num_tokens, hidden] (times the
+        family's multiplier, in the model's dtype as transformers does)."""
         if self.tp is not None:
-            return self._embed_vocab_shard(input_ids, self.tp)
-        if self.embed_quantized is None:
-            return self.embed_tokens(input_ids)
-        return dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
+            x = self._embed_vocab_shard(input_ids, self.tp)
+        elif self.embed_quantized is None:
+            x = self.embed_tokens(input_ids)
+        else:
+            x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
+        if self.embedding_multiplier != 1.0:
+            x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
+        return x
 
     @property
     def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RoPE tables (cos, sin) the layers take."""
-        return self.rope_cos, self.rope_sin
+        """The global layers' RoPE tables (cos, sin), as the decoder stack takes them."""
+        return self.global_rope
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The last layer's output and the residual stream -> the final hidden states."""
@@ -173,6 +194,10 @@ class LlamaForCausalLM(nn.Module):
     def decoder_stack_spec(self) -> DecoderStackSpec:
         """The layers' packed weights, as the kernels' one-call stack takes them."""
         attention = self.layers[0].self_attn
+
+        def weight(norm: RMSNorm | None) -> torch.Tensor | None:
+            return None if norm is None else norm.weight
+
         layers = tuple(
             DecoderLayerSpec(
                 input_norm=layer.input_layernorm.weight,
@@ -182,6 +207,11 @@ class LlamaForCausalLM(nn.Module):
                 gate_up=layer.mlp.gate_up_proj.packed,
                 down=layer.mlp.down_proj.packed,
                 sliding_window=layer.self_attn.sliding_window,
+                activation=layer.mlp.activation,
+                q_norm=weight(layer.self_attn.q_norm),
+                k_norm=weight(layer.self_attn.k_norm),
+                attn_output_norm=weight(layer.attn_output_norm),
+                mlp_output_norm=weight(layer.mlp_output_norm),
             )
             for layer in self.layers
         )
@@ -192,8 +222,9 @@ class LlamaForCausalLM(nn.Module):
             rms_norm_eps=self.config.rms_norm_eps,
             scale=attention.scale,
             layers=layers,
+            sliding_rope=self.config.sliding_rope_theta is not None,
         )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
-        """Load Hugging Face-named tensors (llama_weights.py)."""
-        load_llama_weights(self, state_dict)
+        """Load Hugging Face-named tensors (decoder_weights.py)."""
+        load_decoder_weights(self, state_dict)

@@ -1,6 +1,7 @@
-"""How a Hugging Face checkpoint's tensors land in LlamaForCausalLM: by name, with q/k/v
-and gate/up merged into one projection each, and quantized weights kept quantized where
-the kernels take them.
+"""How a Hugging Face checkpoint's tensors land in DecoderForCausalLM: by name (other
+families' names renamed to Llama's: architectures.py), with q/k/v and gate/up merged
+into one projection each, RMSNorm weights stored as (weight - offset) restored, and
+quantized weights kept quantized where the kernels take them.
 """
 
 from __future__ import annotations
@@ -9,23 +10,26 @@ from typing import TYPE_CHECKING
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.models.layers import Linear
+from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
+from hetero_infer.engine.models.layers import Linear, RMSNorm
 from hetero_infer.kernels import DEQUANTIZE_ROWS_TYPES, QuantizedWeight, concat_rows
 from torch import nn
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.models.llama import LlamaForCausalLM
+    from hetero_infer.engine.models.decoder import DecoderForCausalLM
 
 
 @torch.no_grad()
-def load_llama_weights(
-    model: LlamaForCausalLM, state_dict: dict[str, torch.Tensor | QuantizedWeight]
+def load_decoder_weights(
+    model: DecoderForCausalLM, state_dict: dict[str, torch.Tensor | QuantizedWeight]
 ) -> None:
     """Load Hugging Face-named tensors, merging q/k/v and gate/up. A quantized
     weight stays quantized where the kernels take it (and the embedding, whose rows
     are dequantized per lookup), and is dequantized to the model's dtype otherwise."""
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
+    renames = BY_ARCHITECTURE[model.config.architecture].renames
+    norm_offset = model.config.norm_weight_offset
     loaded: set[str] = set()
 
     def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
@@ -53,11 +57,14 @@ def load_llama_weights(
                 model.embed_tokens.weight = nn.Parameter(torch.empty(0), requires_grad=False)
                 return
             tensor = tensor.dequantize(params[name].dtype)
+        if norm_offset and isinstance(modules[name.rsplit(".", 1)[0]], RMSNorm):
+            # In fp32, as the family's own norm adds it (Gemma: x_normed * (1 + w)).
+            tensor = tensor.float() + norm_offset
         params[name].copy_(tensor)
 
     merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
     for name, tensor in state_dict.items():
-        name = name.removeprefix("model.")
+        name = ".".join(renames.get(part, part) for part in name.removeprefix("model.").split("."))
         if "rotary_emb" in name:
             continue
         if name == "lm_head.weight" and model.lm_head is None:

@@ -1,6 +1,8 @@
-"""The layers of a Llama-family decoder over a paged KV cache: linear projections whose
-weights the kernels pack once after loading, attention, the gated MLP, RMSNorm, and the
-decoder layer they make up. q/k/v and gate/up are merged into one projection each.
+"""The layers of the decoder over a paged KV cache: linear projections whose weights
+the kernels pack once after loading, attention, the gated MLP, RMSNorm, and the decoder
+layer they make up. q/k/v and gate/up are merged into one projection each. A layer is
+Llama's, with the parts other families add where the ModelConfig says (q/k norms, norms
+after attention and the MLP, GELU).
 
 With tensor parallelism a layer is built with this rank's share of the heads and MLP
 columns and an ``all_reduce`` that sums o_proj's and down_proj's partial outputs over
@@ -80,12 +82,16 @@ class Attention(DirectCall, nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = config.softmax_scale
         self.sliding_window = sliding_window
         pack = kernels.ops.pack_linear
         qkv_size = self.q_size + 2 * self.kv_size
         self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, pack)
         self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, pack)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels.ops)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels.ops)
 
     def forward(
         self,
@@ -97,6 +103,8 @@ class Attention(DirectCall, nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q, k = self.q_norm.each_row(q, self.head_dim), self.k_norm.each_row(k, self.head_dim)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -119,12 +127,19 @@ class MLP(DirectCall, nn.Module):
         self.all_reduce = all_reduce  # as Attention's, for down_proj
         bias = config.mlp_bias
         hidden, intermediate = config.hidden_size, config.intermediate_size
-        # Gives silu(gate) * up [num_tokens, intermediate]: SiLU-and-mul is part of the
+        # Gives act(gate) * up [num_tokens, intermediate]: the activation is part of the
         # projection, in one pass where a kernel fuses them.
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, ops.pack_silu_and_mul_linear)
+        gated = {
+            "silu": ops.pack_silu_and_mul_linear,
+            "gelu_pytorch_tanh": ops.pack_gelu_tanh_and_mul_linear,
+        }
+        if config.hidden_act not in gated:
+            raise ConfigError(
+                f"hidden_act {config.hidden_act!r} is not supported (only {', '.join(gated)})"
+            )
+        self.activation = config.hidden_act
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, gated[config.hidden_act])
         self.down_proj = Linear(intermediate, hidden, bias, ops.pack_linear)
-        if config.hidden_act != "silu":
-            raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.down_proj(self.gate_up_proj(x))
@@ -146,6 +161,12 @@ class RMSNorm(DirectCall, nn.Module):
             return self.rms_norm(x, self.weight, self.eps), x
         return self.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
+    def each_row(self, x: torch.Tensor, size: int) -> torch.Tensor:
+        """The norm over every ``size`` values of x [num_tokens, n * size] (each head),
+        as a [num_tokens * n, size] batch: the kernels take contiguous rows."""
+        rows = x.reshape(-1, size).contiguous()  # one head's rows are a strided view
+        return self.rms_norm(rows, self.weight, self.eps).view(x.shape)
+
 
 class DecoderLayer(DirectCall, nn.Module):
     def __init__(
@@ -161,9 +182,18 @@ class DecoderLayer(DirectCall, nn.Module):
         self.self_attn = Attention(config, sliding_window, kernels, all_reduce)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = MLP(config, ops, all_reduce)
+        self.attn_output_norm = self.mlp_output_norm = None
+        if config.sandwich_norms:
+            self.attn_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+            self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(self, x, residual, positions, rope, kv_cache, meta):
         x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rope, kv_cache, meta)
+        if self.attn_output_norm is not None:
+            x, _ = self.attn_output_norm(x)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        x = self.mlp(x)
+        if self.mlp_output_norm is not None:
+            x, _ = self.mlp_output_norm(x)
+        return x, residual

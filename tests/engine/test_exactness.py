@@ -1,6 +1,6 @@
 """Greedy output equals transformers' generate, token for token, in fp32.
 
-On tiny random Llama / Mistral / Qwen2 checkpoints, for 16 prompts from 1 token to
+On tiny random checkpoints of each family (tests/tiny_models.py), for 16 prompts from 1 token to
 several hundred, under every scheduling regime that changes how the KV cache is
 filled: plain, chunked prefill, preemption by recompute, preemption by swap, and
 prefix-cache hits.

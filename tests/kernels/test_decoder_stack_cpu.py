@@ -6,18 +6,20 @@ whose steps mix prefills (layer by layer) and decodes (the stack), is unchanged.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.kernels import paged_attention_cpu
+from hetero_infer.kernels import decoder_stack_cpu, paged_attention_cpu
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
 
 from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.kernels.test_cpu_threads import THREADS, torch_threads
+from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 
@@ -126,3 +128,31 @@ def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
 def test_fp32_runs_layer_by_layer(model_dir) -> None:
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_num_blocks=64))
     assert engine.runner.fast_path is None
+
+
+@pytest.mark.parametrize(
+    ("name", "unserved"),
+    [
+        ("qwen3", ["q/k norms"]),
+        (
+            "gemma3",
+            [
+                "a RoPE base of the sliding-window layers' own",
+                "norms after attention and the MLP",
+                "q/k norms",
+                "the gelu_pytorch_tanh activation",
+            ],
+        ),
+    ],
+)
+def test_layers_the_stack_does_not_compute_run_one_by_one(name, unserved, tmp_path, caplog):
+    """The stack computes Llama's layer; a family with more in its layers runs every
+    step layer by layer, saying what the stack lacks."""
+    folder = save_tiny_model(name, tmp_path / name)
+    with caplog.at_level(logging.INFO, logger=decoder_stack_cpu.__name__):
+        engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
+    assert decoder_stack_cpu.unserved_parts(engine.runner.model.decoder_stack_spec()) == unserved
+    assert engine.runner.fast_path is None
+    assert f"does not run {', '.join(unserved)}" in caplog.text
+    out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(out[0].token_ids) == 4

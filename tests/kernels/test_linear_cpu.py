@@ -53,7 +53,7 @@ def test_repacks_a_weight_changed_in_place(out_features):
     with torch.no_grad():
         weight.mul_(2)
     # A packed copy is a snapshot of the weight: a change needs an explicit re-pack (the
-    # engine packs once, after loading: LlamaForCausalLM.pack_weights).
+    # engine packs once, after loading: DecoderForCausalLM.pack_weights).
     assert torch.equal(packed(x), before)
     after = pack_linear(weight, None, load_cpu_kernels())(x)
     assert torch.equal(after, 2 * before)  # a power of two scales exactly

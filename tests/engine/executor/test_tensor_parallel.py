@@ -29,10 +29,18 @@ REGIMES = {
     # swap space and prompts in chunks of at most 64 tokens
     "mistral": dict(SMALL_CACHE, num_cpu_blocks=200, max_num_batched_tokens=64),
     "qwen2": dict(SMALL_CACHE, preemption_mode="recompute"),
+    # q/k norms over each rank's heads; Gemma's sliding layers and scaled embedding
+    "qwen3": dict(SMALL_CACHE, max_num_batched_tokens=64),
+    "gemma3": dict(SMALL_CACHE, num_cpu_blocks=200),
 }
 # Qwen2's lm_head tied to its embedding, and a vocabulary that 2 ranks split only with a
 # padding row (385 = 193 + 192): the padding's logit must never show.
-CHECKPOINTS = {"mistral": {}, "qwen2": dict(tie_word_embeddings=True, vocab_size=385)}
+CHECKPOINTS = {
+    "mistral": {},
+    "qwen2": dict(tie_word_embeddings=True, vocab_size=385),
+    "qwen3": {},
+    "gemma3": {},
+}
 
 
 def requests(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:

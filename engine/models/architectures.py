@@ -1,0 +1,100 @@
+"""The model families the decoder runs, and what sets each apart beyond its config's
+numbers: the layer's parts (q/k norms, norms after attention and the MLP), how its
+checkpoints name and store them, and llama.cpp's name for it in GGUF files.
+
+One decoder (decoder.py) runs them all; a family is a row here and, where its HF
+config keeps a setting its own way, a rule in config.py. A family not listed is refused
+at start, naming its architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetero_infer.engine.exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family, under its Hugging Face architecture name."""
+
+    architecture: str  # e.g. "LlamaForCausalLM"
+    model_type: str  # the HF config's model_type (a GGUF-converted config may name no architecture)
+    gguf_arch: str  # llama.cpp's general.architecture
+    # llama.cpp's converter permutes q/k rows for these (its RoPE pairs adjacent dims).
+    gguf_permuted_qk: bool = False
+    # An RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3).
+    qk_norm: bool = False
+    # Gemma's layout: norms after attention and after the MLP too, an embedding scaled
+    # by sqrt(hidden), RMSNorm weights stored as (weight - 1).
+    gemma: bool = False
+    # Checkpoint parameter names (a part of a dotted name) -> ours, where they differ.
+    renames: dict[str, str] = field(default_factory=dict)
+    # The chat template (chat_templates/<name>.jinja) for a tokenizer that carries none,
+    # as the family's GGUF files often do not.
+    chat_template: str | None = None
+    # The token that ends a chat turn, where it is not the tokenizer's eos: generation
+    # stops on it too (Gemma's <end_of_turn>, as its generation_config lists).
+    end_of_turn: str | None = None
+
+
+# Gemma names its norms by where they sit; ours keep Llama's names, plus two for the
+# norms Llama does not have.
+GEMMA_NORMS = {
+    "post_attention_layernorm": "attn_output_norm",
+    "pre_feedforward_layernorm": "post_attention_layernorm",
+    "post_feedforward_layernorm": "mlp_output_norm",
+}
+
+FAMILIES = (
+    Family("LlamaForCausalLM", "llama", "llama", gguf_permuted_qk=True),
+    Family("MistralForCausalLM", "mistral", "llama", gguf_permuted_qk=True),
+    Family("Qwen2ForCausalLM", "qwen2", "qwen2"),
+    Family("Qwen3ForCausalLM", "qwen3", "qwen3", qk_norm=True),
+    Family(
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        "gemma3",
+        qk_norm=True,
+        gemma=True,
+        renames=GEMMA_NORMS,
+        chat_template="gemma",
+        end_of_turn="<end_of_turn>",
+    ),
+)
+BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
+BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama
+# The HF architecture names the decoder runs.
+SUPPORTED_ARCHITECTURES = tuple(BY_ARCHITECTURE)
+
+
+def family_of(config: Any) -> Family:
+    """The family of a transformers config, or ConfigError naming what is unsupported."""
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name in BY_ARCHITECTURE:
+            return BY_ARCHITECTURE[name]
+    model_type = getattr(config, "model_type", None)
+    if not names:
+        for family in FAMILIES:
+            if family.model_type == model_type:
+                return family
+    found = ", ".join(names) or f"model_type {model_type!r}"
+    raise ConfigError(
+        f"unsupported model architecture {found}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def architecture_of(config: Any) -> str:
+    """The HF config's architecture name, or ConfigError (a ValueError) naming what is
+    unsupported."""
+    return family_of(config).architecture
+
+
+def family_chat_template(family: Family) -> str | None:
+    """The family's own chat template (Jinja text), or None."""
+    if family.chat_template is None:
+        return None
+    return (Path(__file__).parent / "chat_templates" / f"{family.chat_template}.jinja").read_text()
