@@ -34,6 +34,7 @@ _EXPORTS = {
     "cpu_ops": "ops",
     "rope_cos_sin": "rotary",
     "rope_inv_freq": "rotary",
+    "rope_tables": "rotary",
     "Kernels": "selection",
     "select_kernels": "selection",
     "triton_available": "selection",

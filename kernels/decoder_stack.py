@@ -2,10 +2,10 @@
 
 At batch 1 on a 2-core CPU the layers' kernels take about two thirds of a decode step;
 the rest went to Python calling them, ~10 calls a layer. ``KernelOps.pack_decoder_stack``
-takes the layers' packed weights once (``DecoderStackSpec``, built by the model after
-packing) and gives a ``DecoderStackFn`` where the device's kernels have one (the CPU's:
-kernels/decoder_stack_cpu.py), or None. The model runs a step through it where it
-``serves`` the step's metadata, and layer by layer otherwise.
+takes the layers' packed weights and RoPE tables once (``DecoderStackSpec``, built by
+the model after packing) and gives a ``DecoderStackFn`` where the device's kernels have
+one (the CPU's: kernels/decoder_stack_cpu.py), or None. The model runs a step through it
+where it ``serves`` the step's metadata, and layer by layer otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class DecoderLayerSpec:
     gate_up: LinearFn  # -> activation(gate) * up
     down: LinearFn
     sliding_window: int | None
+    # This layer's RoPE tables (cos, sin), fp32 [max_positions, head_dim]: the global
+    # ones, or a sliding-window layer's own (Gemma 3's second base)
+    rope: tuple[torch.Tensor, torch.Tensor]
     activation: str = "silu"  # the HF name: "silu", "gelu_pytorch_tanh"
     # RMSNorms over each head of q and k, before RoPE (Qwen3, Gemma 3)
     q_norm: torch.Tensor | None = None
@@ -48,9 +51,8 @@ class DecoderStackSpec:
     rms_norm_eps: float
     scale: float  # attention's softmax scale
     layers: tuple[DecoderLayerSpec, ...]
-    # Whether the sliding-window layers take RoPE tables of their own (Gemma 3); the
-    # stack is called with the global layers' tables.
-    sliding_rope: bool = False
+    # tanh soft-capping of the attention's logits at this value (Gemma 2), or None
+    attn_logit_softcap: float | None = None
 
 
 class DecoderStackFn(Protocol):
@@ -62,12 +64,11 @@ class DecoderStackFn(Protocol):
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionInputs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [tokens, hidden] embedded -> (last layer's output, residual stream), what
-        the layers one by one give."""
+        the layers one by one give (each with its RoPE tables, from the spec)."""
         ...
 
 

@@ -11,10 +11,12 @@ tokens: a speculative step's drafts to verify, a draft model's catch-up), where 
 tiled prefill kernel would save little; longer prompt chunks run layer by layer. In
 bf16 only, where every projection is one of our kernels (quantized, or bf16 panels).
 
-It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2). Models with more in a layer
-(``unserved_parts``: Qwen3's and Gemma's q/k norms, Gemma's norms after attention and
-the MLP, its GELU and its second RoPE base) run every step layer by layer, and say so
-once in the log at start.
+It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2) and the parts Qwen3 and Gemma 3
+add: RMSNorms over each head of q and k before RoPE, RMSNorms on the attention's and
+the MLP's outputs, the tanh-GELU gated MLP (torch's gelu and mul, as the layers call
+them in bf16), and RoPE tables of each layer's own (Gemma's sliding layers take a
+second base). Models with a part it lacks (``unserved_parts``: attention logit
+soft-capping) run every step layer by layer, and say so once in the log at start.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 # each, where the tiled kernel reads it once per 16 tokens.
 SHORT_CHUNK = 8
 
+# The gated MLPs' activations the stack applies after gate_up (by their HF names)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
 
 class CpuDecoderStack:
     def __init__(self, stack: object) -> None:
@@ -48,14 +53,12 @@ class CpuDecoderStack:
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: CpuAttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.stack.forward(
             x,
             positions,
-            *rope,
             [k for k, _ in kv_caches],
             [v for _, v in kv_caches],
             meta.token_block_tables,
@@ -66,12 +69,13 @@ class CpuDecoderStack:
 
 def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
     """The C++ form of a packed projection, or None where it is not one of our kernels'."""
-    then_silu = isinstance(linear, GatedLinear)  # SiLU: the spec refuses other activations
+    # The activation-and-mul after a merged gate_up no kernel fuses (by its HF name)
+    then = linear.activation if isinstance(linear, GatedLinear) else ""
     linear = unfused(linear)
     if isinstance(linear, QuantizedLinear):
-        return module.PackedLinear(linear.packed, linear.qtype, linear.bias, False, then_silu)
+        return module.PackedLinear(linear.packed, linear.qtype, linear.bias, False, then)
     if isinstance(linear, KernelLinear):
-        return module.PackedLinear(linear.packed, "", linear.bias, linear.gated, then_silu)
+        return module.PackedLinear(linear.packed, "", linear.bias, linear.gated, then)
     return None
 
 
@@ -99,22 +103,26 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
         if any(linear is None for linear in linears):
             return None
         stack.add_layer(
-            layer.input_norm, layer.post_attention_norm, *linears, layer.sliding_window or 0
+            layer.input_norm,
+            layer.post_attention_norm,
+            *linears,
+            layer.sliding_window or 0,
+            *layer.rope,
+            q_norm=layer.q_norm,
+            k_norm=layer.k_norm,
+            attn_output_norm=layer.attn_output_norm,
+            mlp_output_norm=layer.mlp_output_norm,
         )
     return CpuDecoderStack(stack)
 
 
 def unserved_parts(spec: DecoderStackSpec) -> list[str]:
-    """The parts of the model's layers the C++ stack does not compute (none: it runs
-    them)."""
+    """The parts of the model's layers the C++ stack does not compute ([] where it
+    computes them all)."""
     unserved = set()
     for layer in spec.layers:
-        if layer.q_norm is not None or layer.k_norm is not None:
-            unserved.add("q/k norms")
-        if layer.attn_output_norm is not None or layer.mlp_output_norm is not None:
-            unserved.add("norms after attention and the MLP")
-        if layer.activation != "silu":
+        if layer.activation not in ACTIVATIONS:
             unserved.add(f"the {layer.activation} activation")
-    if spec.sliding_rope:
-        unserved.add("a RoPE base of the sliding-window layers' own")
+    if spec.attn_logit_softcap is not None:
+        unserved.add("attention logit soft-capping")
     return sorted(unserved)

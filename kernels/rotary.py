@@ -44,6 +44,26 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
+def rope_tables(
+    head_dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [max_positions, head_dim] for RoPE with ``scaling``. LongRoPE
+    (Phi-3) gives two tables end to end, [2 * max_positions, head_dim]: its short
+    factors' rows, then its long factors' (a position p takes row p + max_positions
+    where the long ones apply), both times the attention factor, as transformers
+    scales them."""
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type != "longrope":
+        return rope_cos_sin(rope_inv_freq(head_dim, base, scaling), max_positions)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    tables = []
+    for factors in (scaling["short_factor"], scaling["long_factor"]):
+        inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**exponents)
+        cos, sin = rope_cos_sin(inv_freq, max_positions)
+        tables.append((cos * scaling["attention_factor"], sin * scaling["attention_factor"]))
+    return torch.cat([tables[0][0], tables[1][0]]), torch.cat([tables[0][1], tables[1][1]])
+
+
 def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [max_positions, head_dim], each half repeated (neox layout)."""
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())

@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
-Qwen2, Qwen3 and Gemma 3.
+Qwen2, Qwen3, Gemma 3 and Phi-3.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -25,6 +25,18 @@ COMMON = dict(
     pad_token_id=0,
     tie_word_embeddings=False,
 )
+
+
+def longrope_parameters(head_dim: int) -> dict:
+    """LongRoPE with distinct short and long factors per frequency."""
+    half = head_dim // 2
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.05 * i for i in range(half)],
+        "long_factor": [1.5 + 0.4 * i for i in range(half)],
+    }
+
 
 TINY_MODELS = {
     # head_dim 24, one KV head (GQA ratio 3), 3 layers, Llama-3 rope scaling
@@ -94,6 +106,19 @@ TINY_MODELS = {
             "sliding_attention",
         ],
         query_pre_attn_scalar=24,
+        **COMMON,
+    ),
+    # Phi-3: q/k/v and gate/up fused in the checkpoint, LongRoPE (the short factors:
+    # these prompts stay within the original 512 positions; the attention factor of
+    # 1024 / 512 applies; tests/engine/test_longrope.py takes them past it), GQA ratio 2
+    "phi3": lambda: transformers.Phi3Config(
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        original_max_position_embeddings=512,
+        rope_parameters=longrope_parameters(head_dim=24),
         **COMMON,
     ),
 }

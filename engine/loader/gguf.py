@@ -54,9 +54,12 @@ GGUF_GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 assert set(GEMMA_NORMS) == set(GGUF_GEMMA_NORMS.values())
+# Phi-3's fused projections, under the names its HF checkpoints give them.
+GGUF_PHI3_PARTS = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# Llama-3 GGUFs store precomputed RoPE frequency factors; we derive them from the config.
-GGUF_SKIPPED = ("rope_freqs.weight",)
+# Llama-3 GGUFs store precomputed RoPE frequency factors, Phi-3's its LongRoPE factors;
+# we derive them from the config.
+GGUF_SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def gguf_metadata_folder(source: ModelSource) -> Path:
@@ -102,6 +105,8 @@ def gguf_layer_parts(family: Family) -> dict[str, str]:
         parts |= GGUF_QK_NORMS
     if family.gemma:
         parts |= GGUF_GEMMA_NORMS
+    if family.architecture == "Phi3ForCausalLM":
+        parts |= GGUF_PHI3_PARTS
     return parts
 
 

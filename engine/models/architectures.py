@@ -53,6 +53,8 @@ FAMILIES = (
     Family("MistralForCausalLM", "mistral", "llama", gguf_permuted_qk=True),
     Family("Qwen2ForCausalLM", "qwen2", "qwen2"),
     Family("Qwen3ForCausalLM", "qwen3", "qwen3", qk_norm=True),
+    # q/k/v and gate/up come fused in its checkpoints, under our merged names.
+    Family("Phi3ForCausalLM", "phi3", "phi3"),
     Family(
         "Gemma3ForCausalLM",
         "gemma3_text",

@@ -7,6 +7,7 @@ here, so the model code and the runner read typed fields and never the HF config
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,19 @@ class ModelConfig:
         attention_bias = bool(getattr(config, "attention_bias", False))
         is_qwen2 = config.model_type == "qwen2"
         rope_theta, rope_scaling, sliding_rope_theta = _rope_settings(config)
+        if (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type")) in (
+            "longrope",
+            "su",  # its name in Phi-3's first configs
+        ):
+            rope_scaling = _longrope(config, rope_scaling)
+        partial_rotary = getattr(config, "partial_rotary_factor", None) or (
+            getattr(config, "rope_parameters", None) or {}
+        ).get("partial_rotary_factor", 1.0)
+        if partial_rotary != 1.0:
+            raise ConfigError(
+                f"{family.architecture}: partial_rotary_factor {partial_rotary} (RoPE on part "
+                "of each head) is not supported"
+            )
         pre_attn_scalar = getattr(config, "query_pre_attn_scalar", None)
         return cls(
             architecture=family.architecture,
@@ -142,6 +156,28 @@ def _rope_settings(config: Any) -> tuple[float, dict[str, Any] | None, float | N
     if sliding_theta is not None and float(sliding_theta) == theta:
         sliding_theta = None
     return theta, scaling, None if sliding_theta is None else float(sliding_theta)
+
+
+def _longrope(config: Any, scaling: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE's settings with the original context and the attention factor filled
+    in as transformers derives them (Phi-3 keeps the first as a config attribute)."""
+    original = scaling.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    if original is None:
+        raise ConfigError("longrope scaling needs original_max_position_embeddings")
+    factor = scaling.get("factor") or config.max_position_embeddings / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    return {
+        **scaling,
+        "rope_type": "longrope",
+        "original_max_position_embeddings": original,
+        "attention_factor": attention_factor,
+    }
 
 
 def _layer_sliding_windows(config: Any) -> tuple[int | None, ...]:

@@ -1,5 +1,5 @@
 """The decoder every supported family runs (architectures.py: Llama 1-3, SmolLM2,
-Mistral, Qwen2 and 3, Gemma 3) over a paged KV cache.
+Mistral, Qwen2 and 3, Gemma 3, Phi-3) over a paged KV cache.
 
 One forward pass serves every scheduled sequence of a step: tokens are packed
 into [num_tokens, hidden] and attention finds each token's context through the
@@ -35,8 +35,7 @@ from hetero_infer.kernels import (
     LinearFn,
     QuantizedWeight,
     dequantize_rows,
-    rope_cos_sin,
-    rope_inv_freq,
+    rope_tables,
     unfused,
 )
 from torch import nn
@@ -70,9 +69,14 @@ class DecoderForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, local.vocab_size, bias=False)
         self.embedding_multiplier = config.embedding_multiplier
+        # LongRoPE (Phi-3): the context past which a sequence's step takes the long
+        # factors' tables (rope_positions), else None.
+        scaling = config.rope_scaling or {}
+        self.long_rope_after = None
+        if scaling.get("rope_type") == "longrope":
+            self.long_rope_after = scaling["original_max_position_embeddings"]
         # (cos, sin) per layer: the global layers' tables, or the sliding layers' own
         self.layer_ropes: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.global_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.logits_proj: LinearFn = not_packed
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
@@ -85,15 +89,13 @@ class DecoderForCausalLM(nn.Module):
         config = self.config
 
         def tables(theta: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, ...]:
-            inv_freq = rope_inv_freq(self.head_dim, theta, scaling)
-            cos, sin = rope_cos_sin(inv_freq, config.max_position_embeddings)
+            cos, sin = rope_tables(self.head_dim, theta, scaling, config.max_position_embeddings)
             return cos.to(device), sin.to(device)
 
         full = tables(config.rope_theta, config.rope_scaling)
         sliding = full
         if config.sliding_rope_theta is not None:
             sliding = tables(config.sliding_rope_theta, None)
-        self.global_rope = full
         self.layer_ropes = [full if w is None else sliding for w in config.sliding_windows]
 
     def forward(
@@ -105,10 +107,26 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed(input_ids)
+        positions = self.rope_positions(positions, meta)
         residual = None
         for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_ropes, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.final_norm(x, residual)
+
+    def rope_positions(self, positions: torch.Tensor, meta: AttentionInputs) -> torch.Tensor:
+        """The rows of the RoPE tables the tokens take: their positions, or with
+        LongRoPE, in the long factors' half for every token of a sequence whose context
+        after this step passes the original one. That is transformers' rule (the long
+        factors for a forward pass whose positions pass it), per sequence; a prompt
+        prefilled in chunks takes the short ones for its chunks below it."""
+        if self.long_rope_after is None:
+            return positions
+        # Each token's sequence: the chunk whose end comes after it.
+        tokens = torch.arange(positions.shape[0], device=positions.device, dtype=torch.int32)
+        sequence = torch.searchsorted(meta.query_start_loc[1:], tokens, right=True)
+        sequence = sequence.clamp_(max=meta.context_lens.shape[0] - 1)
+        long = meta.context_lens[sequence] > self.long_rope_after
+        return positions + long * self.config.max_position_embeddings
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden] (times the
@@ -122,11 +140,6 @@ class DecoderForCausalLM(nn.Module):
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
         return x
-
-    @property
-    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global layers' RoPE tables (cos, sin), as the decoder stack takes them."""
-        return self.global_rope
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The last layer's output and the residual stream -> the final hidden states."""
@@ -192,7 +205,8 @@ class DecoderForCausalLM(nn.Module):
         ]
 
     def decoder_stack_spec(self) -> DecoderStackSpec:
-        """The layers' packed weights, as the kernels' one-call stack takes them."""
+        """The layers' packed weights and RoPE tables (after init_rope), as the kernels'
+        one-call stack takes them."""
         attention = self.layers[0].self_attn
 
         def weight(norm: RMSNorm | None) -> torch.Tensor | None:
@@ -207,13 +221,14 @@ class DecoderForCausalLM(nn.Module):
                 gate_up=layer.mlp.gate_up_proj.packed,
                 down=layer.mlp.down_proj.packed,
                 sliding_window=layer.self_attn.sliding_window,
+                rope=rope,
                 activation=layer.mlp.activation,
                 q_norm=weight(layer.self_attn.q_norm),
                 k_norm=weight(layer.self_attn.k_norm),
                 attn_output_norm=weight(layer.attn_output_norm),
                 mlp_output_norm=weight(layer.mlp_output_norm),
             )
-            for layer in self.layers
+            for layer, rope in zip(self.layers, self.layer_ropes, strict=True)
         )
         return DecoderStackSpec(
             num_heads=attention.num_heads,
@@ -222,7 +237,6 @@ class DecoderForCausalLM(nn.Module):
             rms_norm_eps=self.config.rms_norm_eps,
             scale=attention.scale,
             layers=layers,
-            sliding_rope=self.config.sliding_rope_theta is not None,
         )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:

@@ -75,9 +75,9 @@ class CausalLM(Protocol):
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
         ...
 
-    @property
-    def rope(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The RoPE tables (cos, sin) the layers take."""
+    def rope_positions(self, positions: torch.Tensor, meta: AttentionInputs) -> torch.Tensor:
+        """The rows of the RoPE tables a step's tokens take (their positions, but for
+        LongRoPE's long factors)."""
         ...
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

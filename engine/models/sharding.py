@@ -4,7 +4,8 @@ Each rank holds 1/N of the attention heads (and so of the KV cache) and of the M
 intermediate columns:
 
 - column-parallel, split by output rows: q/k/v (whole heads each: the rows are laid out
-  head by head) and gate/up, with their biases;
+  head by head) and gate/up, with their biases; where a checkpoint fuses them (Phi-3's
+  qkv_proj and gate_up_proj), each part is split so, and a rank's parts joined again;
 - row-parallel, split by input columns: o_proj and down_proj. Each rank's product is a
   partial sum of the full one, so the model all-reduces after them; their bias is added
   once, by rank 0 (the other ranks hold zeros);
@@ -67,9 +68,14 @@ def shard_config(config: ModelConfig, world_size: int) -> ModelConfig:
 
 
 def shard_state_dict(
-    state_dict: dict[str, torch.Tensor], rank: int, world_size: int
+    state_dict: dict[str, torch.Tensor],
+    rank: int,
+    world_size: int,
+    config: ModelConfig | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Rank ``rank``'s share of each Hugging Face-named tensor (views where it can)."""
+    """Rank ``rank``'s share of each Hugging Face-named tensor (views where it can);
+    ``config`` gives the parts of fused projections."""
+    fused = {} if config is None else fused_parts(config)
     shards: dict[str, torch.Tensor] = {}
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
@@ -77,8 +83,20 @@ def shard_state_dict(
                 f"{name}: tensor parallelism splits float weights, not quantized blocks; "
                 "use quantization 'none' to dequantize them at load"
             )
+        module = name.rsplit(".", 2)[-2]
+        if module in fused:
+            parts = tensor.split(fused[module], dim=0)
+            shards[name] = torch.cat([p.chunk(world_size, dim=0)[rank] for p in parts])
+            continue
         shards[name] = shard_tensor(name, tensor, rank, world_size)
     return shards
+
+
+def fused_parts(config: ModelConfig) -> dict[str, list[int]]:
+    """The rows of each part of a fused projection: q, k, v; gate, up."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    return {"qkv_proj": [q, kv, kv], "gate_up_proj": [inter, inter]}
 
 
 def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -43,13 +43,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(kernels/sampling.py's definition)",
         without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")
-      .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool, bool>(),
+      .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool,
+                    const std::string&>(),
            py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),
-           py::arg("then_silu"));
+           py::arg("then"));
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, double, double>(), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
-      .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order")
+      .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order",
+           py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
+           py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("cos"),
+           py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+           py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none())
       .def("forward", &DecoderStack::forward,
            "a decode step's layers: (hidden, residual) before the final norm", without_gil());
 }

@@ -9,10 +9,40 @@
 
 #include "cpu_kernels.h"
 
+namespace {
+
+GatedActivation gated_activation(const std::string& name) {
+  if (name.empty()) return GatedActivation::kNone;
+  if (name == "silu") return GatedActivation::kSilu;
+  if (name == "gelu_pytorch_tanh") return GatedActivation::kGeluTanh;
+  TORCH_CHECK(false, "no gated activation ", name, " (\"\", \"silu\", \"gelu_pytorch_tanh\")");
+}
+
+}  // namespace
+
+PackedLinear::PackedLinear(at::Tensor packed, std::string qtype, std::optional<at::Tensor> bias,
+                           bool gated, const std::string& then)
+    : packed(std::move(packed)),
+      qtype(std::move(qtype)),
+      bias(std::move(bias)),
+      gated(gated),
+      then(gated_activation(then)) {}
+
 at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
   at::Tensor out = qtype.empty() ? linear_packed(x, packed, bias, gated)
                                  : quantized_linear(x, packed, qtype, bias);
-  return then_silu ? silu_and_mul(out) : out;
+  switch (then) {
+    case GatedActivation::kSilu:
+      return silu_and_mul(out);
+    case GatedActivation::kGeluTanh: {
+      // torch's ops, as kernels/activation.py's gelu_tanh_and_mul_ref calls them in bf16
+      const int64_t d = out.size(-1) / 2;
+      return at::gelu(out.narrow(-1, 0, d), "tanh") * out.narrow(-1, d, d);
+    }
+    case GatedActivation::kNone:
+      break;
+  }
+  return out;
 }
 
 DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -25,15 +55,23 @@ DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head
 
 void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
                              PackedLinear qkv, PackedLinear o, PackedLinear gate_up,
-                             PackedLinear down, int64_t window) {
-  layers_.push_back(DecoderLayerWeights{std::move(input_norm), std::move(post_attention_norm),
-                                        std::move(qkv), std::move(o), std::move(gate_up),
-                                        std::move(down), window});
+                             PackedLinear down, int64_t window, at::Tensor cos, at::Tensor sin,
+                             std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                             std::optional<at::Tensor> attn_output_norm,
+                             std::optional<at::Tensor> mlp_output_norm) {
+  layers_.push_back(DecoderLayerWeights{
+      std::move(input_norm), std::move(post_attention_norm), std::move(qkv), std::move(o),
+      std::move(gate_up), std::move(down), window, std::move(cos), std::move(sin),
+      std::move(q_norm), std::move(k_norm), std::move(attn_output_norm),
+      std::move(mlp_output_norm)});
+}
+
+at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& weight) const {
+  return rms_norm(x.reshape({-1, head_dim_}).contiguous(), weight, eps_).view(x.sizes());
 }
 
 std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
-    const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
-    const at::Tensor& sin, const std::vector<at::Tensor>& k_caches,
+    const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
     const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
     const at::Tensor& context_lens, const at::Tensor& slot_mapping) const {
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
@@ -51,19 +89,25 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
       std::tie(normed, residual) = fused_add_rms_norm(hidden, residual, layer.input_norm, eps_);
     }
     const at::Tensor qkv = layer.qkv(normed);
-    at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
-    at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+    at::Tensor q = qkv.narrow(1, 0, q_size);
+    at::Tensor k = qkv.narrow(1, q_size, kv_size);
+    if (layer.q_norm) q = norm_each_head(q, *layer.q_norm);
+    if (layer.k_norm) k = norm_each_head(k, *layer.k_norm);
+    q = q.view({tokens, num_heads_, head_dim_});
+    k = k.view({tokens, num_kv_heads_, head_dim_});
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size)
                              .view({tokens, num_kv_heads_, head_dim_});
-    std::tie(q, k) = rotary(positions, q, k, cos, sin, /*is_neox=*/true);
+    std::tie(q, k) = rotary(positions, q, k, layer.cos, layer.sin, /*is_neox=*/true);
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
     store_kv(k, v, k_cache, v_cache, slot_mapping);
     const at::Tensor attention =
         decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_, layer.window);
-    const at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
+    at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
+    if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =
         fused_add_rms_norm(projected, residual, layer.post_attention_norm, eps_);
     hidden = layer.down(layer.gate_up(normed));
+    if (layer.mlp_output_norm) hidden = rms_norm(hidden, *layer.mlp_output_norm, eps_);
   }
   return {hidden, residual};
 }

@@ -8,16 +8,15 @@
 #include <tuple>
 #include <vector>
 
+// The activation-and-mul a merged gate_up projection's output goes through after the
+// kernel, where the kernel does not fuse it.
+enum class GatedActivation { kNone, kSilu, kGeluTanh };
+
 // One projection as the Python side packed it: a quantized weight (qtype names its
 // blocks, for quantized_linear) or a bf16 weight in linear_packed's panels (qtype empty).
 struct PackedLinear {
   PackedLinear(at::Tensor packed, std::string qtype, std::optional<at::Tensor> bias, bool gated,
-               bool then_silu)
-      : packed(std::move(packed)),
-        qtype(std::move(qtype)),
-        bias(std::move(bias)),
-        gated(gated),
-        then_silu(then_silu) {}
+               const std::string& then);
 
   // x [tokens, in] -> [tokens, out]
   at::Tensor operator()(const at::Tensor& x) const;
@@ -25,36 +24,48 @@ struct PackedLinear {
   at::Tensor packed;
   std::string qtype;
   std::optional<at::Tensor> bias;
-  bool gated;      // linear_packed's merged gate_up: silu(gate) * up in the same pass
-  bool then_silu;  // silu_and_mul on the output (a merged gate_up the kernel does not fuse)
+  bool gated;  // linear_packed's merged gate_up: silu(gate) * up in the same pass
+  // On the output of a merged gate_up the kernel does not fuse (HF's name: "" for none,
+  // "silu": silu_and_mul, "gelu_pytorch_tanh": torch's tanh GELU of gate times up)
+  GatedActivation then;
 };
 
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   at::Tensor post_attention_norm;
   PackedLinear qkv, o, gate_up, down;
-  int64_t window;  // sliding window, 0 for none
+  int64_t window;        // sliding window, 0 for none
+  at::Tensor cos, sin;   // this layer's RoPE tables, fp32 [max_positions, head_dim]
+  // The parts past Llama's, where the model has them: RMSNorms over each head of q and
+  // k before RoPE (Qwen3, Gemma 3), and on the attention's and the MLP's outputs (Gemma)
+  std::optional<at::Tensor> q_norm, k_norm, attn_output_norm, mlp_output_norm;
 };
 
-// The layers of a Llama-family model, for steps whose every query token attends through
-// decode_attention (no prefill chunk of 2+ tokens).
+// The layers of a Llama-family model (with Qwen3's and Gemma 3's parts), for steps whose
+// every query token attends through decode_attention (no prefill chunk of 2+ tokens).
 class DecoderStack {
  public:
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                double scale);
 
   void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
-                 PackedLinear o, PackedLinear gate_up, PackedLinear down, int64_t window);
+                 PackedLinear o, PackedLinear gate_up, PackedLinear down, int64_t window,
+                 at::Tensor cos, at::Tensor sin, std::optional<at::Tensor> q_norm,
+                 std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
+                 std::optional<at::Tensor> mlp_output_norm);
 
   // x [tokens, hidden] (the embedded tokens) -> (the last layer's output, the residual
   // stream before it), as the layers one by one give them: the final norm adds the two.
   std::tuple<at::Tensor, at::Tensor> forward(
-      const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
-      const at::Tensor& sin, const std::vector<at::Tensor>& k_caches,
+      const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
       const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
       const at::Tensor& context_lens, const at::Tensor& slot_mapping) const;
 
  private:
+  // RMSNorm over each head_dim values of x [tokens, n * head_dim], as RMSNorm.each_row:
+  // the rows made contiguous, normed as a [tokens * n, head_dim] batch.
+  at::Tensor norm_each_head(const at::Tensor& x, const at::Tensor& weight) const;
+
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
   std::vector<DecoderLayerWeights> layers_;

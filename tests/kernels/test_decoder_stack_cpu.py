@@ -1,11 +1,14 @@
 """The C++ decoder stack (kernels/decoder_stack_cpu.py) gives the layers' results to
 the bit: on the steps it serves (decodes, short chunks), against the same model run
-layer by layer, with
-quantized (int8) and bf16-panel projections; and greedy generation through the engine,
-whose steps mix prefills (layer by layer) and decodes (the stack), is unchanged."""
+layer by layer, with quantized (int8) and bf16-panel projections, for Llama's layer and
+for Qwen3's (q/k norms) and Gemma 3's (q/k norms, norms after attention and the MLP,
+GeGLU, sliding layers with their own RoPE base); and greedy generation through the
+engine, whose steps mix prefills (layer by layer) and decodes (the stack), is
+unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -13,10 +16,12 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.kernels import decoder_stack_cpu, paged_attention_cpu
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
 
 from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
+from tests.engine.test_longrope import save_phi3_with_short_original
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.kernels.test_cpu_threads import THREADS, torch_threads
 from tests.tiny_models import save_tiny_model
@@ -26,13 +31,22 @@ pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 QUANTIZATIONS = ["int8", "none"]  # quantized panels; bf16 panels
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3", "phi3"])
+def model_dir(request, tmp_path_factory) -> Path:
+    """Each family's layer. The tiny Qwen3 and Gemma 3 (tests/tiny_models.py) have
+    projections the packed kernels take (outputs a multiple of 32: qkv 192 and 128,
+    gate_up 192 and 160); Gemma 3's sliding layers (window 8) take a RoPE base of their
+    own, and the steps' contexts pass their window. Phi-3's LongRoPE takes its long
+    factors past 64 positions, which the steps' contexts pass too."""
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "phi3":
+        return save_phi3_with_short_original(folder)
+    if request.param != "llama":
+        return save_tiny_model(request.param, folder)
     torch.manual_seed(0)
     config = kernel_sized_llama()
     config.tie_word_embeddings = False
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    folder = tmp_path_factory.mktemp("llama")
     model.save_pretrained(folder)
     make_byte_fallback_tokenizer().save_pretrained(folder)
     return folder
@@ -49,6 +63,7 @@ def run_both_ways(runner, lengths: list[tuple[int, int]]) -> tuple[torch.Tensor,
     """The model's output on a step of (cached, new) tokens per sequence: through the
     stack, then layer by layer. Random tokens and cached keys/values (not all zeros)."""
     stack = runner.fast_path
+    assert stack is not None  # the stack computes every part of the model's layers
     inputs = runner.inputs.synthetic(lengths)
     assert stack.can_run(inputs)
     torch.manual_seed(1)
@@ -130,29 +145,42 @@ def test_fp32_runs_layer_by_layer(model_dir) -> None:
     assert engine.runner.fast_path is None
 
 
-@pytest.mark.parametrize(
-    ("name", "unserved"),
-    [
-        ("qwen3", ["q/k norms"]),
-        (
-            "gemma3",
-            [
-                "a RoPE base of the sliding-window layers' own",
-                "norms after attention and the MLP",
-                "q/k norms",
-                "the gelu_pytorch_tanh activation",
-            ],
-        ),
-    ],
-)
-def test_layers_the_stack_does_not_compute_run_one_by_one(name, unserved, tmp_path, caplog):
-    """The stack computes Llama's layer; a family with more in its layers runs every
-    step layer by layer, saying what the stack lacks."""
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_layers_are_all_served(name, tmp_path):
     folder = save_tiny_model(name, tmp_path / name)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
+    spec = engine.runner.model.decoder_stack_spec()
+    assert decoder_stack_cpu.unserved_parts(spec) == []
+    assert engine.runner.fast_path is not None
+    if name == "gemma3":  # the sliding layers' tables are their own, the global one's not
+        ropes = [layer.rope for layer in spec.layers]
+        assert ropes[0] is ropes[1] is ropes[3] and ropes[2] is not ropes[0]
+        assert not torch.equal(ropes[0][0], ropes[2][0])
+
+
+def test_layers_the_stack_does_not_compute_run_one_by_one(tmp_path, caplog, monkeypatch):
+    """A part the stack lacks (attention logit soft-capping, Gemma 2's; an activation
+    other than SiLU's and tanh-GELU's) is refused, not ignored: every step runs layer by
+    layer, and the log says what the stack lacks."""
+    spec_of = DecoderForCausalLM.decoder_stack_spec
+
+    def with_softcap(model: DecoderForCausalLM):
+        return dataclasses.replace(spec_of(model), attn_logit_softcap=50.0)
+
+    monkeypatch.setattr(DecoderForCausalLM, "decoder_stack_spec", with_softcap)
+    folder = save_tiny_model("gemma3", tmp_path / "gemma3")
     with caplog.at_level(logging.INFO, logger=decoder_stack_cpu.__name__):
         engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
-    assert decoder_stack_cpu.unserved_parts(engine.runner.model.decoder_stack_spec()) == unserved
+    spec = engine.runner.model.decoder_stack_spec()
+    assert decoder_stack_cpu.unserved_parts(spec) == ["attention logit soft-capping"]
     assert engine.runner.fast_path is None
-    assert f"does not run {', '.join(unserved)}" in caplog.text
+    assert "does not run attention logit soft-capping" in caplog.text
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
     assert len(out[0].token_ids) == 4
+
+    gelu = dataclasses.replace(spec.layers[0], activation="gelu")
+    spec = dataclasses.replace(spec, layers=(gelu, *spec.layers[1:]))
+    assert decoder_stack_cpu.unserved_parts(spec) == [
+        "attention logit soft-capping",
+        "the gelu activation",
+    ]

@@ -32,6 +32,8 @@ REGIMES = {
     # q/k norms over each rank's heads; Gemma's sliding layers and scaled embedding
     "qwen3": dict(SMALL_CACHE, max_num_batched_tokens=64),
     "gemma3": dict(SMALL_CACHE, num_cpu_blocks=200),
+    # fused q/k/v and gate/up, each part split over the ranks
+    "phi3": dict(SMALL_CACHE, max_num_batched_tokens=64),
 }
 # Qwen2's lm_head tied to its embedding, and a vocabulary that 2 ranks split only with a
 # padding row (385 = 193 + 192): the padding's logit must never show.
@@ -40,6 +42,7 @@ CHECKPOINTS = {
     "qwen2": dict(tie_word_embeddings=True, vocab_size=385),
     "qwen3": {},
     "gemma3": {},
+    "phi3": {},
 }
 
 

@@ -5,6 +5,7 @@ from it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -68,6 +69,21 @@ def test_qwen3_and_gemma3_layers() -> None:
     # Each layer kind its own RoPE base (transformers 5's rope_parameters by layer type).
     assert (gemma.rope_theta, gemma.sliding_rope_theta) == (1_000_000.0, 10_000.0)
     assert gemma.rope_scaling is None
+
+
+def test_phi3_longrope_and_partial_rotary() -> None:
+    config = ModelConfig.from_hf(TINY_MODELS["phi3"]())
+    assert config.architecture == "Phi3ForCausalLM"
+    scaling = config.rope_scaling
+    assert scaling["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 512
+    # transformers' attention factor for a context extended 1024 / 512 = 2 times
+    assert scaling["attention_factor"] == pytest.approx((1 + math.log(2) / math.log(512)) ** 0.5)
+    # Phi-4-mini rotates 3/4 of each head: refused, by name.
+    partial = TINY_MODELS["phi3"]()
+    partial.rope_parameters = {**partial.rope_parameters, "partial_rotary_factor": 0.75}
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
+        ModelConfig.from_hf(partial)
 
 
 def test_gemma3_transformers_4_rope_settings() -> None:
