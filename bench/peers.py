@@ -5,6 +5,7 @@
     python -m bench.peers --quick                           # a small run, for a check
     python -m bench.peers --peers ours,llama-server --gguf-dtype q4_1
     python -m bench.peers --model qwen2.5-0.5b-shape --peers ours,llama-server --gguf-dtype q8_0
+    python -m bench.peers --model gemma-3-270m --peers ours,llama-server --workload chat
 
 For each peer: start its server on 127.0.0.1 on a free port, poll until it is ready,
 run ``bench.serving`` against it (same prompts, same seed), stop it (SIGTERM, then
@@ -29,7 +30,10 @@ Peers, all on the same weights (``bench.models``) and the same number of threads
   with, whose folder comes from that GGUF too) or F16, requantized to Q8_0, or the
   Q4_1 file as it is. qwen2.5-0.5b-shape: its folder written as a qwen2 GGUF, linear
   weights in BF16 (as ours and transformers round the folder's), F16, Q8_0 or Q4_1
-  (its tied embedding then in Q8_0). Its server has no parallel slots: one request is
+  (its tied embedding then in Q8_0). gemma-3-270m: the packaged Q4_K_M file as it is
+  (``--gguf-dtype q4_k_m``, its default and only type: no conversion), which ours
+  serves too (``--ours-model gguf``, its default); transformers, which loads a folder,
+  is skipped. llama-cpp-python's server has no parallel slots: one request is
   computed at a time (``interrupt_requests`` off, as its default would cut a stream
   short whenever the next request arrives), so at any concurrency it measures
   sequential serving. It has no ``ignore_eos``;
@@ -41,7 +45,13 @@ Peers, all on the same weights (``bench.models``) and the same number of threads
   ``llama-cpp`` (``--gguf-dtype``). ``--parallel`` slots as many as the concurrency
   (continuous batching across them), ``--ctx-size`` that many times the context one
   request needs (each slot gets its share), ``--threads``; its ``/v1/completions``
-  takes ``ignore_eos`` and sends usage. Ready when ``/health`` answers 200.
+  takes ``ignore_eos`` and sends usage. Ready when ``/health`` answers 200. For a GGUF
+  that carries no chat template where the engine gives its family one (Gemma's files:
+  engine/models/chat_templates/gemma.jinja), it gets that template file
+  (``--chat-template-file``), so that both servers format a chat alike.
+
+The client's tokenizer (prompts, token counts) is the benchmark model's folder's, or a
+GGUF model's file's own (bench.models.tokenizer_folder).
 
 A peer that cannot run here is skipped with a line under the table saying why.
 """
@@ -71,11 +81,14 @@ import httpx
 
 from bench import gguf_files, llama_bench, serving
 from bench.common import REPO_ROOT, RESULTS_DIR, portable, thread_env
-from bench.models import BENCH_MODELS, model_folder
+from bench.models import BENCH_MODELS, GGUF_MODELS, model_folder, packaged_gguf, tokenizer_folder
 
 PEERS = ("ours", "transformers", "llama-cpp", "llama-server")
-# The GGUFs llama.cpp is given (--gguf-dtype): each benchmark model has all four.
-GGUF_DTYPES = ("bf16", "f16", "q8_0", "q4_1", "q4_0")
+# The GGUFs llama.cpp is given (--gguf-dtype): smollm2 and qwen2.5-0.5b-shape are
+# written in the first five; a GGUF benchmark model (gemma-3-270m) comes in its own
+# file's type alone (q4_k_m).
+GGUF_DTYPES = ("bf16", "f16", "q8_0", "q4_1", "q4_0", "q4_k_m")
+WRITTEN_DTYPES = GGUF_DTYPES[:5]
 LLAMA_CPP_VENV = REPO_ROOT / ".venv-peers" / "llama-cpp"
 LLAMA_SERVER_BIN = REPO_ROOT / ".venv-peers" / "llama-server" / "bin"
 # Tokens of room in a llama.cpp context beyond prompt + output (a BOS, a prompt that
@@ -157,9 +170,51 @@ def llama_server_binary(name: str = "llama-server") -> Path:
     return path
 
 
+def gguf_dtypes(model: str) -> tuple[str, ...]:
+    """The --gguf-dtype values benchmark model ``model`` has a file in."""
+    return (GGUF_MODELS[model][1],) if model in GGUF_MODELS else WRITTEN_DTYPES
+
+
+def resolve_file_args(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    default_dtype: str,
+    default_ours_model: str,
+) -> None:
+    """Fill in ``--gguf-dtype`` and ``--ours-model`` where not given: a GGUF benchmark
+    model's own file type, and ours on that file; else the benchmark's defaults.
+    ``parser.error`` (exit 2) for a type the model has no file in, or a folder for
+    ours where the model has none."""
+    if args.gguf_dtype is None:
+        args.gguf_dtype = gguf_dtypes(args.model)[0] if args.model in GGUF_MODELS else default_dtype
+    if args.gguf_dtype not in gguf_dtypes(args.model):
+        if args.model in GGUF_MODELS:
+            why = f"its packaged file is {gguf_dtypes(args.model)[0]} and is served as it is"
+        else:
+            why = "q4_k_m is gemma-3-270m's packaged file alone"
+        parser.error(
+            f"--gguf-dtype {args.gguf_dtype}: no such file of {args.model} ({why}); "
+            f"choose from {', '.join(gguf_dtypes(args.model))}"
+        )
+    if args.ours_model is None:
+        args.ours_model = "gguf" if args.model in GGUF_MODELS else default_ours_model
+    if args.ours_model == "folder" and args.model in GGUF_MODELS:
+        parser.error(f"--ours-model folder: {args.model} has no folder; ours serves its GGUF")
+
+
 def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
     """The GGUF that the llama.cpp peers serve (``--gguf-dtype``) and a note on it;
-    written on first use (bench/gguf_files.py)."""
+    written on first use (bench/gguf_files.py), or a GGUF benchmark model's file."""
+    if model in GGUF_MODELS:
+        if gguf_dtype not in gguf_dtypes(model):
+            raise ValueError(
+                f"{model} comes as one {gguf_dtypes(model)[0]} GGUF file, not {gguf_dtype!r}"
+            )
+        path = packaged_gguf(model)
+        # The others (ours) load it too: no "not the others' weights" here.
+        return path, f"the packaged {gguf_dtype.upper()} GGUF as it is ({path.name})"
+    if gguf_dtype not in WRITTEN_DTYPES:
+        raise ValueError(f"no {gguf_dtype!r} GGUF of {model}; choose from {WRITTEN_DTYPES}")
     if model == "smollm2":
         from hetero_infer.engine.loader import default_model_path
 
@@ -189,7 +244,7 @@ def llama_gguf(model: str, gguf_dtype: str) -> tuple[Path, str]:
 
 
 def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
-    if getattr(args, "ours_model", "folder") == "gguf":
+    if model in GGUF_MODELS or getattr(args, "ours_model", "folder") == "gguf":
         weights = llama_gguf(model, args.gguf_dtype)[0]  # llama.cpp's file
     else:
         weights = model_folder(model)
@@ -209,6 +264,8 @@ def peer_ours(model: str, port: int, args: argparse.Namespace) -> PeerServer:
 
 
 def peer_transformers(model: str, port: int, args: argparse.Namespace) -> PeerServer:
+    if model in GGUF_MODELS:
+        raise Skip(f"transformers serve loads a model folder, and {model} is a GGUF file only")
     cli = Path(sys.executable).parent / "transformers"
     if not cli.is_file():
         raise Skip(f"transformers' CLI is not installed ({cli} missing)")
@@ -247,6 +304,12 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
         "--n_ctx", str(n_ctx),
         "--interrupt_requests", "False",
     ]  # fmt: skip
+    notes = []
+    template = missing_chat_template(gguf_path)
+    if template is not None and template.stem == "gemma":
+        # Its own Gemma format: it takes no template file (else it falls back to Llama 2's).
+        command += ["--chat_format", "gemma"]
+        notes.append("llama-cpp: chat format gemma (llama-cpp-python's own)")
     return PeerServer(
         "llama-cpp",
         command,
@@ -262,6 +325,7 @@ def peer_llama_cpp(model: str, port: int, args: argparse.Namespace) -> PeerServe
             "llama-cpp: llama-cpp-python's server computes one request at a time "
             "(no parallel slots); min_tokens = max_tokens stands in for ignore_eos; "
             "repeat_penalty 1 (its default is 1.1)",
+            *notes,
         ],
     )
 
@@ -282,6 +346,9 @@ def peer_llama_server(model: str, port: int, args: argparse.Namespace) -> PeerSe
         "--parallel", str(slots),
         "--ctx-size", str(slots * per_request),
     ]  # fmt: skip
+    template = missing_chat_template(gguf_path)
+    if template is not None:
+        command += ["--chat-template-file", str(template)]
     return PeerServer(
         "llama-server",
         command,
@@ -294,8 +361,30 @@ def peer_llama_server(model: str, port: int, args: argparse.Namespace) -> PeerSe
             f"llama-server weights: {weights}",
             f"llama-server: {slots} slots of {per_request} tokens (continuous batching), "
             f"{args.threads} threads",
+            *(
+                [f"llama-server: chat template {template.name}, the one ours gives the file"]
+                if template is not None
+                else []
+            ),
         ],
     )
+
+
+def missing_chat_template(gguf_path: Path) -> Path | None:
+    """The engine's own chat template file for a GGUF that carries none, where the
+    engine gives the file's family one (Gemma's: engine/models/chat_templates/), so
+    that llama-server formats chats as ours does; None otherwise (llama.cpp then uses
+    the file's template)."""
+    import gguf
+    from hetero_infer.engine.models import architectures
+
+    fields = gguf.GGUFReader(gguf_path).fields
+    if "tokenizer.chat_template" in fields:
+        return None
+    family = architectures.BY_GGUF_ARCH.get(fields["general.architecture"].contents())
+    if family is None or family.chat_template is None:
+        return None
+    return Path(architectures.__file__).parent / "chat_templates" / f"{family.chat_template}.jinja"
 
 
 PEER_BUILDERS: dict[str, Callable[[str, int, argparse.Namespace], PeerServer]] = {
@@ -372,7 +461,7 @@ def run_peer(name: str, args: argparse.Namespace, out: Path, tag: str = "") -> d
             args,
             base_url=base + "/v1",
             model=peer.model,
-            tokenizer=str(model_folder(args.model)),
+            tokenizer=str(tokenizer_folder(args.model)),
             ignore_eos=peer.ignore_eos,
             extra_body=peer.extra_body,
             label=name,
@@ -471,15 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ours-model",
         choices=("folder", "gguf"),
-        default="folder",
-        help="ours serves the benchmark folder, or llama.cpp's GGUF (--gguf-dtype)",
+        default=None,
+        help="ours serves the benchmark folder, or llama.cpp's GGUF (--gguf-dtype); "
+        "default: folder (gemma-3-270m: gguf, it has no folder)",
     )
     parser.add_argument(
         "--llama-bench", action="store_true", help="llama-bench tg on the GGUF once a round"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
-        "--gguf-dtype", default="bf16", choices=GGUF_DTYPES, help="llama.cpp's weights"
+        "--gguf-dtype",
+        default=None,
+        choices=GGUF_DTYPES,
+        help="llama.cpp's weights; default: bf16 (gemma-3-270m: q4_k_m, its packaged file)",
     )
     parser.add_argument(
         "--ours-flags", default="", help='more `hetero-infer serve` flags, e.g. "--dtype float32"'
@@ -489,8 +582,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, ``--gguf-dtype`` and ``--ours-model`` filled in for the model."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_file_args(parser, args, default_dtype="bf16", default_ours_model="folder")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.quick:
         args.num_prompts, args.prompt_len, args.output_len = 8, 64, 16
         args.concurrency = min(args.concurrency, 8)

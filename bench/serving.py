@@ -5,8 +5,9 @@ server, measuring what a client sees (in the manner of vLLM's ``benchmark_servin
         --num-prompts 64 --concurrency 32 --prompt-len 256 --output-len 128 --label ours
     python -m bench.serving --compare bench/results/ours.json bench/results/llama-cpp.json
 
-The tokenizer comes from ``--tokenizer`` (a folder or hub id), else from ``--model``;
-a benchmark model's name (``bench.models``: smollm2, ...) means its folder.
+The tokenizer comes from ``--tokenizer`` (a folder, hub id or .gguf file), else from
+``--model``; a benchmark model's name (``bench.models``: smollm2, ...) means its folder
+(gemma-3-270m: its GGUF file's tokenizer).
 
 Prompts are seeded random ordinary token ids of the model's tokenizer, decoded to
 text (and re-encoded to about ``--prompt-len`` tokens). Requests arrive as a Poisson
@@ -245,9 +246,16 @@ def summarize(records: Sequence[RequestRecord], duration: float) -> dict[str, An
 
 def load_tokenizer(name: str) -> Any:
     """A tokenizer from a folder or hub id; a benchmark model's name (bench.models)
-    means that model's folder."""
+    means that model's folder, and a .gguf file (a GGUF benchmark model's, by name or
+    path) the file's own tokenizer, as the engine converts it."""
     from transformers import AutoTokenizer
 
+    from bench.models import BENCH_MODELS, gguf_tokenizer_folder, tokenizer_folder
+
+    if name in BENCH_MODELS:
+        return AutoTokenizer.from_pretrained(tokenizer_folder(name))
+    if name.endswith(".gguf") and Path(name).is_file():
+        return AutoTokenizer.from_pretrained(gguf_tokenizer_folder(Path(name)))
     return AutoTokenizer.from_pretrained(resolve_model(name))
 
 

@@ -7,6 +7,7 @@ request at a time, on the same GGUF file; ``llama-bench`` on that file beside th
     python -m bench.single_stream --systems ours --no-llama-bench
     python -m bench.single_stream --gguf-dtype q8_0                # SmolLM2 requantized
     python -m bench.single_stream --model qwen2.5-0.5b-shape --gguf-dtype q4_1
+    python -m bench.single_stream --model gemma-3-270m            # its packaged Q4_K_M
 
 Each system's server is started as bench/peers.py starts it (same command, thread
 environment, readiness check, stop), on 127.0.0.1, and sent ``--requests`` streamed
@@ -28,7 +29,9 @@ The GGUF (``--gguf-dtype``, bench/peers.py's ``llama_gguf``, written once by
 bench/gguf_files.py): for ``smollm2`` the embedded Q4_1 file (q4_1, the default),
 requantized to Q8_0 (q8_0) or dequantized to BF16/F16; for ``qwen2.5-0.5b-shape``
 its folder as a qwen2 GGUF with the linear weights in Q4_1 (the tied embedding in
-Q8_0, as llama-quantize would store it), Q8_0, BF16 or F16.
+Q8_0, as llama-quantize would store it), Q8_0, BF16 or F16; for ``gemma-3-270m`` its
+packaged Q4_K_M file as it is (q4_k_m, its default and only type), which has no folder
+(``--ours-model gguf`` only), the clients tokenizing with the file's own tokenizer.
 
 Decode speed of a request: output tokens after the first over the time after the
 first token, from the stream: ``1 / TPOT`` = ``(n - 1) / (e2e - ttft)``. Rounds run
@@ -70,7 +73,7 @@ import numpy as np
 
 from bench import llama_bench, peers, serving
 from bench.common import RESULTS_DIR, align, column_widths, portable
-from bench.models import BENCH_MODELS, model_folder
+from bench.models import BENCH_MODELS, model_folder, tokenizer_folder
 from bench.throughput import machine_info
 
 SYSTEMS = ("ours", "llama-server")
@@ -180,7 +183,8 @@ def llama_bench_record(runs: list[dict[str, Any]], output_len: int) -> dict[str,
 
 def ours_flags(args: argparse.Namespace, gguf: Path) -> str:
     """bench.peers' ``--ours-flags`` for ours: the model, then the user's flags."""
-    model = gguf if args.ours_model == "gguf" else model_folder(args.model)
+    # Not given (None): the GGUF, this benchmark's default.
+    model = model_folder(args.model) if args.ours_model == "folder" else gguf
     return shlex.join(["--model", str(model)]) + " " + args.ours_flags
 
 
@@ -324,13 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload", choices=serving.WORKLOADS, default="greedy")
     parser.add_argument(
-        "--gguf-dtype", default="q4_1", choices=peers.GGUF_DTYPES, help="the GGUF served"
+        "--gguf-dtype",
+        default=None,
+        choices=peers.GGUF_DTYPES,
+        help="the GGUF served; default: q4_1 (gemma-3-270m: q4_k_m, its packaged file)",
     )
     parser.add_argument(
         "--ours-model",
-        default="gguf",
+        default=None,
         choices=("gguf", "folder"),
-        help="ours loads the same GGUF as llama-server, or the benchmark model's folder",
+        help="ours loads the same GGUF as llama-server (the default), or the benchmark "
+        "model's folder",
     )
     parser.add_argument(
         "--ours-flags", default="", help='more `hetero-infer serve` flags: "--quantization none"'
@@ -350,11 +358,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--systems: unknown {unknown}; choose from {SYSTEMS}")
     if args.rounds < 1 or args.requests < 1:
         parser.error("--rounds and --requests: at least 1")
+    peers.resolve_file_args(parser, args, default_dtype="q4_1", default_ours_model="gguf")
     gguf, _ = peers.llama_gguf(args.model, args.gguf_dtype)
     user_flags = args.ours_flags
     args.ours_flags = ours_flags(args, gguf)  # what bench.peers' ours builder reads
     args.concurrency = 1  # llama-server: one slot
-    tokenizer = serving.load_tokenizer(str(model_folder(args.model)))
+    tokenizer = serving.load_tokenizer(str(tokenizer_folder(args.model)))
     args.out.mkdir(parents=True, exist_ok=True)
     print(
         f"{args.model}: {args.gguf_dtype} GGUF {gguf.name}; {args.requests} requests x "

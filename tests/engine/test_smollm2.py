@@ -78,8 +78,16 @@ REGIMES = {
 
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_smollm2_greedy_matches_transformers(reference, regime):
-    prompts, expected = reference
-    engine = LLMEngine(EngineConfig(dtype="float32", **REGIMES[regime]))
+    check_greedy_in_regime(
+        LLMEngine(EngineConfig(dtype="float32", **REGIMES[regime])), *reference, regime
+    )
+
+
+def check_greedy_in_regime(
+    engine: LLMEngine, prompts: list[list[int]], expected: list[list[int]], regime: str
+) -> None:
+    """The engine's greedy tokens are ``expected`` twice (the second time from the
+    prefix cache), and the regime's preemptions and swaps happened."""
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
     # The second pass finds the first pass's blocks in the prefix cache.
     for _ in range(2):
