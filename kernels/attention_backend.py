@@ -58,10 +58,11 @@ class AttentionBackend(Generic[Metadata]):
     # keys and values into their cache slots; slot -1 is skipped.
     store_kv: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
     # (query [num_tokens, num_heads, head_dim], k_cache, v_cache, meta, scale,
-    # sliding_window) -> output of the query's shape: each token attends causally to its
-    # sequence's cached keys (the step's are stored first), the last sliding_window of
-    # them when it is not None.
-    forward: Callable[[Tensor, Tensor, Tensor, Metadata, float, int | None], Tensor]
+    # sliding_window, softcap) -> output of the query's shape: each token attends
+    # causally to its sequence's cached keys (the step's are stored first), the last
+    # sliding_window of them when it is not None; with a softcap (Gemma 2) the scaled
+    # scores s become softcap * tanh(s / softcap) before the mask and the softmax.
+    forward: Callable[[Tensor, Tensor, Tensor, Metadata, float, int | None, float | None], Tensor]
     # Whether the metadata is the inputs' own tensors, so that a CUDA graph captured over
     # static input buffers replays any later step that fits them.
     supports_cuda_graphs: bool = False

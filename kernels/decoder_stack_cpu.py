@@ -11,12 +11,13 @@ tokens: a speculative step's drafts to verify, a draft model's catch-up), where 
 tiled prefill kernel would save little; longer prompt chunks run layer by layer. In
 bf16 only, where every projection is one of our kernels (quantized, or bf16 panels).
 
-It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2) and the parts Qwen3 and Gemma 3
-add: RMSNorms over each head of q and k before RoPE, RMSNorms on the attention's and
-the MLP's outputs, the tanh-GELU gated MLP (torch's gelu and mul, as the layers call
-them in bf16), and RoPE tables of each layer's own (Gemma's sliding layers take a
-second base). Models with a part it lacks (``unserved_parts``: attention logit
-soft-capping) run every step layer by layer, and say so once in the log at start.
+It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2) and the parts Qwen3 and Gemma 2
+and 3 add: RMSNorms over each head of q and k before RoPE, RMSNorms on the attention's
+and the MLP's outputs, the tanh-GELU gated MLP (torch's gelu and mul, as the layers call
+them in bf16), RoPE tables of each layer's own (Gemma 3's sliding layers take a second
+base), and attention logit soft-capping (in decode_attention, as the layers'). Models
+with a part it lacks (``unserved_parts``: an activation other than those) run every
+step layer by layer, and say so once in the log at start.
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
         )
         return None
     stack = module.DecoderStack(
-        spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, spec.scale
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.rms_norm_eps,
+        spec.scale,
+        softcap=spec.attn_logit_softcap or 0.0,
     )
     for layer in spec.layers:
         projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
@@ -123,6 +129,4 @@ def unserved_parts(spec: DecoderStackSpec) -> list[str]:
     for layer in spec.layers:
         if layer.activation not in ACTIVATIONS:
             unserved.add(f"the {layer.activation} activation")
-    if spec.attn_logit_softcap is not None:
-        unserved.add("attention logit soft-capping")
     return sorted(unserved)

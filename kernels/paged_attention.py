@@ -10,6 +10,8 @@ cached for that sequence, including the chunk itself:
 
     out[t] = softmax(scale * q[t] . K[:pos(t)+1]^T) V[:pos(t)+1]
 
+or with a soft-cap c (Gemma 2) on the scaled scores s: softmax(c * tanh(s / c)).
+
 The torch reference below pads the batch to [num_seqs, max_query_len] and gathers
 each sequence's blocks into [num_seqs, max_context_len]: no Python loop over
 sequences or layers. ``torch_attention()`` serves it to the model, with the masks
@@ -88,6 +90,7 @@ def paged_attention_ref(
     meta: TorchAttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """query [num_tokens, num_heads, head_dim] -> output of the same shape."""
     attn_mask = meta.attn_masks[sliding_window]
@@ -100,16 +103,39 @@ def paged_attention_ref(
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
     # [num_seqs, num_heads, max_query_len, head_dim]
     q = query[meta.query_index].transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        q,
-        keys,
-        values,
-        attn_mask=attn_mask,
-        scale=scale,
-        enable_gqa=num_heads != num_kv_heads,
-    )
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            attn_mask=attn_mask,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+    else:
+        out = softcapped_attention(q, keys, values, attn_mask, scale, softcap)
     # back to the packed [num_tokens, num_heads, head_dim]
     return out.transpose(1, 2)[meta.query_valid]
+
+
+def softcapped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attn_mask: torch.Tensor,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """scaled_dot_product_attention's result with the scaled scores soft-capped, which
+    SDPA cannot do: transformers' eager attention for Gemma 2, op for op (the softmax in
+    fp32). q [s, heads, n_q, dim], keys/values [s, kv_heads, n_ctx, dim]."""
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), values)
 
 
 def decode_attention_ref(
@@ -120,10 +146,12 @@ def decode_attention_ref(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence: query [num_seqs, num_heads, head_dim]
     attends to the first context_lens[i] cached tokens of sequence i (the last
-    ``sliding_window`` of them when set). Returns the query's shape."""
+    ``sliding_window`` of them when set), its scores soft-capped at ``softcap`` when
+    set. Returns the query's shape."""
     num_seqs, max_blocks = block_tables.shape
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     group = query.shape[1] // num_kv_heads
@@ -134,6 +162,8 @@ def decode_attention_ref(
     values = v_cache.index_select(0, flat_tables).view(num_seqs, max_ctx, num_kv_heads, -1)
     q = query.view(num_seqs, num_kv_heads, group, head_dim).float()
     scores = torch.matmul(q, keys.permute(0, 2, 3, 1).float()) * scale  # [s, kvh, g, ctx]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     key_pos = torch.arange(max_ctx, device=query.device)
     lens = context_lens.long()[:, None]
     visible = key_pos[None, :] < lens

@@ -12,11 +12,12 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
   chunk's keys are read once per 16 tokens instead of once per token.
 
 Neither pads to the longest chunk nor works past the causal diagonal, as torch's
-padded attention does. ``prepare_cpu_attention`` builds the per-token rows and the
-chunk lists once per step, for all layers. Each function takes the built extension
-(``module``, kernels/cpu_extension.py); where it did not build, or is turned off, the
-engine runs the torch backend instead (kernels/paged_attention.py), with the same
-results, more slowly.
+padded attention does; both soft-cap the scores where asked (Gemma 2).
+``prepare_cpu_attention`` builds the per-token rows and the chunk lists once per step,
+for all layers. Each function takes the built extension (``module``,
+kernels/cpu_extension.py); where it did not build, or is turned off, the engine runs
+the torch backend instead (kernels/paged_attention.py), with the same results, more
+slowly.
 """
 
 from __future__ import annotations
@@ -63,10 +64,18 @@ def decode_attention_cpu(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Same contract as ``decode_attention_ref``, by the C++ kernel."""
     return module.decode_attention(
-        query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale,
+        sliding_window or 0,
+        softcap or 0.0,
     )
 
 
@@ -125,6 +134,7 @@ def paged_attention_cpu(
     meta: CpuAttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
     chunks = meta.prefill_chunks
@@ -138,6 +148,7 @@ def paged_attention_cpu(
             meta.token_context_lens,
             scale,
             sliding_window,
+            softcap,
         )
     out = torch.empty(query.shape, dtype=query.dtype)
     module.prefill_attention(
@@ -149,6 +160,7 @@ def paged_attention_cpu(
         chunks.starts,
         chunks.lens,
         scale,
+        softcap or 0.0,
         out,
     )
     rows = chunks.decode_rows
@@ -161,6 +173,7 @@ def paged_attention_cpu(
             chunks.decode_block_tables,
             chunks.decode_context_lens,
             scale,
+            softcap=softcap,
         )
     return out
 

@@ -151,6 +151,15 @@ def _dot(a, b, FP32: tl.constexpr):
 
 
 @triton.jit
+def _softcap(s, cap):
+    # cap * tanh(s / cap), tanh from exp2 (no tanh in tl.math); |s / cap| is clamped at
+    # 15, where tanh is 1 in fp32, so that exp2 stays finite.
+    t = tl.minimum(tl.maximum(s / cap, -15.0), 15.0)
+    e = tl.exp2(t * 2.8853900817779268)  # e^(2t): 2 log2(e)
+    return cap * (1.0 - 2.0 / (e + 1.0))
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr,
     query_ptr,
@@ -176,6 +185,7 @@ def _paged_attention_kernel(
     head_dim,
     scale,
     window,
+    softcap,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -184,6 +194,7 @@ def _paged_attention_kernel(
     HEAD_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     """Causal attention of one query tile to its sequence's paged context.
@@ -195,7 +206,8 @@ def _paged_attention_kernel(
     computed online over key tiles of BLOCK_N positions, in base 2:
     s = q . k * scale * log2(e); m = running max; l = running sum of 2^(s - m);
     acc = running sum of 2^(s - m) v. A row that has seen no key yet keeps m = -inf and
-    uses 0 as its offset, so no NaN appears; its l stays 0 and its output is 0.
+    uses 0 as its offset, so no NaN appears; its l stays 0 and its output is 0. With
+    USE_SOFTCAP the scaled score becomes softcap * tanh(score / softcap) first (Gemma 2).
 
     With NUM_SPLITS > 1 this program covers one of NUM_SPLITS equal slices of the key
     range and writes acc / l and lse = m + log2(l) (base 2) for _combine_splits_kernel.
@@ -254,8 +266,8 @@ def _paged_attention_kernel(
         # [HEAD_PAD, BLOCK_N]: loaded transposed for q @ k^T
         k_mask = dim_valid[:, None] & k_valid[None, :]
         k = tl.load(k_cache_ptr + k_off[None, :] + dim[:, None], mask=k_mask, other=0.0)
-        s = _dot(q, k, DOT_FP32)
-        s = s * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = _dot(q, k, DOT_FP32)  # [BLOCK_M, BLOCK_N], then scaled into base 2
+        s = _softcap(s * scale, softcap) * 1.4426950408889634 if USE_SOFTCAP else s * qk_scale
         mask = row_valid[:, None] & k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             mask = mask & (k_pos[None, :] > q_pos[:, None] - window)
@@ -375,6 +387,7 @@ def paged_attention_triton(
     meta: AttentionInputs,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     *,
     tiles: AttentionTiles | None = None,
 ) -> torch.Tensor:
@@ -397,6 +410,7 @@ def paged_attention_triton(
     assert meta.query_start_loc.dtype == torch.int32 and meta.query_start_loc.is_contiguous()
     assert meta.query_start_loc.shape == (num_seqs + 1,), meta.query_start_loc.shape
     assert sliding_window is None or sliding_window >= 1, sliding_window
+    assert softcap is None or softcap > 0, softcap
 
     info = device_info(query)
     group = num_heads // num_kv_heads
@@ -452,6 +466,7 @@ def paged_attention_triton(
         head_dim,
         scale,
         sliding_window or 0,
+        softcap or 1.0,  # unread without USE_SOFTCAP
         BLOCK_SIZE=block_size,
         GROUP=group,
         BLOCK_M=tiles.block_m,
@@ -460,6 +475,7 @@ def paged_attention_triton(
         HEAD_PAD=head_pad,
         NUM_SPLITS=splits,
         USE_WINDOW=sliding_window is not None,
+        USE_SOFTCAP=softcap is not None,
         DOT_FP32=dot_in_fp32(query.dtype, info),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,

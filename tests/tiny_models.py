@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
-Qwen2, Qwen3, Gemma 3 and Phi-3.
+Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -87,6 +87,27 @@ TINY_MODELS = {
         head_dim=24,
         **{**COMMON, "tie_word_embeddings": True},
     ),
+    # Gemma 2: Gemma 3's layer without q/k norms, one RoPE base, sliding layers of 8
+    # tokens (shorter than the prompts) alternating with global ones, and soft-capping
+    # that matters at these weights: attention's scaled scores are ~12 (up to ~90), so
+    # a cap of 10 changes most of them (and half the greedy tokens); the top logits,
+    # 12 to 18, become 8 to 9.5 (the logprobs change, not the order: a cap below ~8
+    # would crowd the top logits within a few ulps of each other, where rounding picks
+    # the token). head_dim 32: bf16 prefill chunks on the global layers take the tiled
+    # kernel.
+    "gemma2": lambda: transformers.Gemma2Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=10.0,
+        final_logit_softcapping=10.0,
+        **COMMON,
+    ),
     # Gemma 3: sliding layers of 8 tokens (shorter than the prompts) around a global
     # one, each kind with its RoPE base; q/k norms, norms after attention and the MLP,
     # GeGLU, a scaled embedding, query_pre_attn_scalar. Untied: tied to an embedding
@@ -124,7 +145,7 @@ TINY_MODELS = {
 }
 # Families whose RMSNorm weights are drawn at random too (a norm's weight of ones, or of
 # Gemma's zeros, would hide a weight applied wrongly).
-RANDOM_NORMS = ("qwen3", "gemma3")
+RANDOM_NORMS = ("qwen3", "gemma2", "gemma3")
 
 
 def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object) -> Path:

@@ -55,6 +55,16 @@ FAMILIES = (
     Family("Qwen3ForCausalLM", "qwen3", "qwen3", qk_norm=True),
     # q/k/v and gate/up come fused in its checkpoints, under our merged names.
     Family("Phi3ForCausalLM", "phi3", "phi3"),
+    # Gemma 3 without q/k norms, with attention and final logit soft-capping (config.py).
+    Family(
+        "Gemma2ForCausalLM",
+        "gemma2",
+        "gemma2",
+        gemma=True,
+        renames=GEMMA_NORMS,
+        chat_template="gemma",
+        end_of_turn="<end_of_turn>",
+    ),
     Family(
         "Gemma3ForCausalLM",
         "gemma3_text",

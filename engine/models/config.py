@@ -54,6 +54,10 @@ class ModelConfig:
     # RoPE's base on the sliding-window layers, where it differs from rope_theta (Gemma 3:
     # 10,000 there, 1,000,000 on the global layers); their RoPE is never scaled.
     sliding_rope_theta: float | None = None
+    # tanh soft-capping, cap * tanh(x / cap), of attention's scaled scores and of the
+    # logits (Gemma 2: 50 and 30); None: none.
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -114,6 +118,8 @@ class ModelConfig:
             embedding_multiplier=config.hidden_size**0.5 if family.gemma else 1.0,
             attention_scale=None if pre_attn_scalar is None else pre_attn_scalar**-0.5,
             sliding_rope_theta=sliding_rope_theta,
+            attn_logit_softcap=getattr(config, "attn_logit_softcapping", None),
+            final_logit_softcap=getattr(config, "final_logit_softcapping", None),
         )
 
     @property
@@ -189,6 +195,10 @@ def _layer_sliding_windows(config: Any) -> tuple[int | None, ...]:
         return (None,) * n
     if layer_types is not None:
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    if config.model_type == "gemma2":
+        # A config from before layer_types: Gemma 2's even layers slide, as its
+        # transformers 4.x layers decided by index (and the default layer_types say).
+        return tuple(window if i % 2 == 0 else None for i in range(n))
     if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
         return (None,) * n
     return (window,) * n

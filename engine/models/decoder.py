@@ -1,5 +1,5 @@
 """The decoder every supported family runs (architectures.py: Llama 1-3, SmolLM2,
-Mistral, Qwen2 and 3, Gemma 3, Phi-3) over a paged KV cache.
+Mistral, Qwen2 and 3, Gemma 2 and 3, Phi-3) over a paged KV cache.
 
 One forward pass serves every scheduled sequence of a step: tokens are packed
 into [num_tokens, hidden] and attention finds each token's context through the
@@ -69,6 +69,7 @@ class DecoderForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, local.vocab_size, bias=False)
         self.embedding_multiplier = config.embedding_multiplier
+        self.final_logit_softcap = config.final_logit_softcap
         # LongRoPE (Phi-3): the context past which a sequence's step takes the long
         # factors' tables (rope_positions), else None.
         scaling = config.rope_scaling or {}
@@ -157,14 +158,18 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] in the model's dtype (the sampler
-        converts to fp32 where it needs to: the greedy pick reads them as they are).
-        With tensor parallelism every rank calls it together and gets them all."""
+        converts to fp32 where it needs to: the greedy pick reads them as they are),
+        soft-capped where the family does (Gemma 2: in the model's dtype too, as
+        transformers does). With tensor parallelism every rank calls it together and
+        gets them all."""
         logits = self.logits_proj(hidden)
-        if self.tp is None:
-            return logits
-        logits = self.tp.all_gather(logits)  # [n, padded vocab]
-        if logits.shape[-1] != self.vocab_size:
-            logits = logits[:, : self.vocab_size].contiguous()  # the padding rows' zeros
+        if self.tp is not None:
+            logits = self.tp.all_gather(logits)  # [n, padded vocab]
+            if logits.shape[-1] != self.vocab_size:
+                logits = logits[:, : self.vocab_size].contiguous()  # the padding rows' zeros
+        if self.final_logit_softcap is not None:
+            cap = self.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     @torch.no_grad()
@@ -237,6 +242,7 @@ class DecoderForCausalLM(nn.Module):
             rms_norm_eps=self.config.rms_norm_eps,
             scale=attention.scale,
             layers=layers,
+            attn_logit_softcap=attention.softcap,
         )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:

@@ -2,7 +2,7 @@
 the kernels pack once after loading, attention, the gated MLP, RMSNorm, and the decoder
 layer they make up. q/k/v and gate/up are merged into one projection each. A layer is
 Llama's, with the parts other families add where the ModelConfig says (q/k norms, norms
-after attention and the MLP, GELU).
+after attention and the MLP, GELU, soft-capped attention scores).
 
 With tensor parallelism a layer is built with this rank's share of the heads and MLP
 columns and an ``all_reduce`` that sums o_proj's and down_proj's partial outputs over
@@ -84,6 +84,7 @@ class Attention(DirectCall, nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = config.softmax_scale
         self.sliding_window = sliding_window
+        self.softcap = config.attn_logit_softcap
         pack = kernels.ops.pack_linear
         qkv_size = self.q_size + 2 * self.kv_size
         self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, pack)
@@ -111,7 +112,9 @@ class Attention(DirectCall, nn.Module):
         q, k = self.rotary(positions, q, k, *rope)
         k_cache, v_cache = kv_cache
         self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = self.backend.forward(q, k_cache, v_cache, meta, self.scale, self.sliding_window)
+        out = self.backend.forward(
+            q, k_cache, v_cache, meta, self.scale, self.sliding_window, self.softcap
+        )
         out = self.o_proj(out.reshape(num_tokens, self.q_size))
         return out if self.all_reduce is None else self.all_reduce(out)
 

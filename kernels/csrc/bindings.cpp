@@ -48,8 +48,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),
            py::arg("then"));
   py::class_<DecoderStack>(m, "DecoderStack")
-      .def(py::init<int64_t, int64_t, int64_t, double, double>(), py::arg("num_heads"),
-           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
+      .def(py::init<int64_t, int64_t, int64_t, double, double, double>(), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
+           py::arg("softcap") = 0.0)
       .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order",
            py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("cos"),

@@ -10,7 +10,8 @@
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
-                            const at::Tensor& context_lens, double scale, int64_t window);
+                            const at::Tensor& context_lens, double scale, int64_t window,
+                            double softcap);
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
               at::Tensor& v_cache, const at::Tensor& slot_mapping);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -45,4 +46,5 @@ bool prefill_attention_available();
 void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& block_tables,
                        const at::Tensor& context_lens, const at::Tensor& chunk_starts,
-                       const at::Tensor& chunk_lens, double scale, at::Tensor& out);
+                       const at::Tensor& chunk_lens, double scale, double softcap,
+                       at::Tensor& out);

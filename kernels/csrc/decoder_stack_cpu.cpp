@@ -46,12 +46,13 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
 }
 
 DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                           double eps, double scale)
+                           double eps, double scale, double softcap)
     : num_heads_(num_heads),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       eps_(eps),
-      scale_(scale) {}
+      scale_(scale),
+      softcap_(softcap) {}
 
 void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
                              PackedLinear qkv, PackedLinear o, PackedLinear gate_up,
@@ -101,7 +102,8 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
     store_kv(k, v, k_cache, v_cache, slot_mapping);
     const at::Tensor attention =
-        decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_, layer.window);
+        decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_, layer.window,
+                         softcap_);
     at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =

@@ -41,12 +41,12 @@ struct DecoderLayerWeights {
   std::optional<at::Tensor> q_norm, k_norm, attn_output_norm, mlp_output_norm;
 };
 
-// The layers of a Llama-family model (with Qwen3's and Gemma 3's parts), for steps whose
+// The layers of a Llama-family model (with Qwen3's, Gemma 2's and 3's parts), for steps whose
 // every query token attends through decode_attention (no prefill chunk of 2+ tokens).
 class DecoderStack {
  public:
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
-               double scale);
+               double scale, double softcap);
 
   void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
                  PackedLinear o, PackedLinear gate_up, PackedLinear down, int64_t window,
@@ -68,5 +68,6 @@ class DecoderStack {
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;
+  double softcap_;  // attention's logit soft-capping (Gemma 2), 0 for none
   std::vector<DecoderLayerWeights> layers_;
 };

@@ -7,13 +7,15 @@
 // the next rows ahead of use), and keeps a row's scores in a small buffer; query heads
 // that share a KV head (GQA) read the same row. In bf16 both products use AVX512-BF16's
 // dot instruction, the value product on probabilities rounded to bf16 (as GPU flash
-// attention does). Rows are split across torch's intra-op threads.
+// attention does). Rows are split across torch's intra-op threads. Scores may be
+// soft-capped (Gemma 2) before the softmax.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "load_row.h"
 #include "parallel_by_work.h"
+#include "vector_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +57,20 @@ void score_keys(const float* q, const scalar_t* k_ptr, const int32_t* table, int
       scores[h * n + t] = dot;
     }
   }
+}
+
+// cap * tanh(s / cap) for each of the n scores (Gemma 2's attention logit soft-capping),
+// 16 at a time where AVX-512 is built in.
+inline void softcap_scores(float* scores, int64_t n, float cap) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 keep = n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                       : static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(scores + i, keep, softcap16(_mm512_maskz_loadu_ps(keep, scores + i), cap));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) scores[i] = cap * std::tanh(scores[i] / cap);
+#endif
 }
 
 #if defined(__AVX512F__)
@@ -373,7 +389,8 @@ void decode_attention_kernel(
     const at::Tensor& context_lens,  // [num_seqs] int32
     at::Tensor& out,                 // [num_seqs, num_heads, head_dim]
     float scale,
-    int64_t window) {                // keys older than `window` positions are skipped; 0 = none
+    int64_t window,                  // keys older than `window` positions are skipped; 0 = none
+    float softcap) {                 // scores soft-capped at this value; 0 = none
   const int64_t num_seqs = query.size(0);
   const int64_t num_heads = query.size(1);
   const int64_t head_dim = query.size(2);
@@ -452,6 +469,7 @@ void decode_attention_kernel(
         score_keys(q.data(), k_run, table, first, n, block_size, heads, group, token_stride,
                    head_dim, scores.data(), row.data());
       }
+      if (softcap > 0.f) softcap_scores(scores.data(), heads * n, softcap);
       for (int64_t h = 0; h < heads; ++h) {
         maxes[h] = *std::max_element(scores.begin() + h * n, scores.begin() + (h + 1) * n);
       }
@@ -523,7 +541,8 @@ at::Tensor decode_attention(
     const at::Tensor& block_tables,
     const at::Tensor& context_lens,
     double scale,
-    int64_t window) {
+    int64_t window,
+    double softcap) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [seqs, heads, dim], cache 4-D");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(query.scalar_type() == k_cache.scalar_type(), "query and cache dtypes differ");
@@ -537,7 +556,8 @@ at::Tensor decode_attention(
   auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
     decode_attention_kernel<scalar_t>(q, k_cache, v_cache, tables, lens, out,
-                                      static_cast<float>(scale), window);
+                                      static_cast<float>(scale), window,
+                                      static_cast<float>(softcap));
   });
   return out;
 }

@@ -11,7 +11,7 @@
 // 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
 //    small keep both threads busy when a step holds a single long chunk.
 // The probabilities are rounded to bf16 for the value product, as GPU flash attention
-// does.
+// does. Scores may be soft-capped (Gemma 2) before the softmax.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -82,11 +82,13 @@ struct KvTiles {
 
 // Attention of query tokens first .. first + count - 1 (count <= 16) of a chunk whose
 // last token sits at position context - 1, over the tiles; writes their output rows.
-// CHUNKS = head_dim / 16, a constant so that the value sums stay in registers.
+// CHUNKS = head_dim / 16, a constant so that the value sums stay in registers. softcap:
+// the scores' soft-capping value, 0 for none.
 template <int CHUNKS>
 void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t first,
                        int64_t count, int64_t chunk_len, int64_t context, const KvTiles& kv,
-                       float scale, float* acc, at::BFloat16* out, int64_t out_stride) {
+                       float scale, float softcap, float* acc, at::BFloat16* out,
+                       int64_t out_stride) {
   constexpr int64_t head_dim = CHUNKS * 16, pairs = head_dim / 2;
   // Queries whose value sums are updated together: independent chains of dot
   // instructions, within the 32 vector registers.
@@ -132,8 +134,9 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
         }
         const __mmask16 keep = visible >= kTile ? static_cast<__mmask16>(0xFFFF)
                                                 : static_cast<__mmask16>((1u << visible) - 1);
-        const __m512 scores = _mm512_mask_mov_ps(
-            _mm512_set1_ps(kMasked), keep, _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), scale_v));
+        __m512 scores = _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), scale_v);
+        if (softcap > 0.f) scores = softcap16(scores, softcap);
+        scores = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, scores);
         const float new_max = std::max(maxes[i], _mm512_reduce_max_ps(scores));
         rescale[j] = std::exp(maxes[i] - new_max);  // 0 on the first tile
         maxes[i] = new_max;
@@ -190,7 +193,8 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
 void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& block_tables,
                        const at::Tensor& context_lens, const at::Tensor& chunk_starts,
-                       const at::Tensor& chunk_lens, double scale, at::Tensor& out) {
+                       const at::Tensor& chunk_lens, double scale, double softcap,
+                       at::Tensor& out) {
   TORCH_CHECK(prefill_attention_available(), "built without AVX512-BF16");
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
                   out.scalar_type() == at::kBFloat16,
@@ -267,7 +271,8 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
     const KvTiles& tiles = kv[item.seq * num_kv_heads + item.head / group];
     auto run = [&](auto tile_fn) {
       tile_fn(query_rows, q_token_stride, item.first, count, chunk_len, lens[item.seq], tiles,
-              static_cast<float>(scale), acc, out_rows, num_heads * head_dim);
+              static_cast<float>(scale), static_cast<float>(softcap), acc, out_rows,
+              num_heads * head_dim);
     };
     switch (head_dim / 16) {
       case 2: run(attend_query_tile<2>); break;

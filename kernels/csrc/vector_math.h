@@ -21,6 +21,36 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// tanh(x) for each lane, within 6 ulp: Eigen's rational approximation (odd degree-13
+// over even degree-6 polynomials in x), with x clamped where tanh is 1 in fp32 and
+// passed through where it is x. Polynomials rather than e^2x: no cancellation near 0.
+inline __m512 tanh16(__m512 x) {
+  const __m512 limit = _mm512_set1_ps(7.90531110763549805f);
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit);
+  const __m512 c2 = _mm512_mul_ps(c, c);
+  __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(2.00018790482477e-13f));
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(-8.60467152213735e-11f));
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(5.12229709037114e-08f));
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(1.48572235717979e-05f));
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(6.37261928875436e-04f));
+  p = _mm512_fmadd_ps(p, c2, _mm512_set1_ps(4.89352455891786e-03f));
+  __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
+  q = _mm512_fmadd_ps(q, c2, _mm512_set1_ps(1.18534705686654e-04f));
+  q = _mm512_fmadd_ps(q, c2, _mm512_set1_ps(2.26843463243900e-03f));
+  q = _mm512_fmadd_ps(q, c2, _mm512_set1_ps(4.89352518554385e-03f));
+  const __m512 tanh = _mm512_div_ps(_mm512_mul_ps(p, c), q);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(4e-4f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(tanh, tiny, x);
+}
+
+// Soft-capping (Gemma 2's attention logits): cap * tanh(x / cap), with the division
+// transformers does.
+inline __m512 softcap16(__m512 x, float cap) {
+  const __m512 cap_v = _mm512_set1_ps(cap);
+  return _mm512_mul_ps(tanh16(_mm512_div_ps(x, cap_v)), cap_v);
+}
+
 // silu(gate) * up = gate * up / (1 + e^-gate); e^-gate is kept finite (below e^87),
 // where the product is 0 to fp32 precision anyway.
 inline __m512 silu_mul16(__m512 gate, __m512 up) {

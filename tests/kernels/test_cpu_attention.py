@@ -3,7 +3,7 @@
 The C++ decode kernel is checked against ``decode_attention_ref`` and against the
 padded reference (``paged_attention_ref``), and the whole CPU path (per-token rows,
 or the tiled kernel for bf16 prefill chunks beside the decode kernel) against the
-reference on mixed steps.
+reference on mixed steps; each also with the scores soft-capped (Gemma 2).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from tests.kernels.batches import Batch, make_batch
 from tests.kernels.checks import assert_close
 
 SCALE = 0.3
+# Scaled scores here are ~1.3 to ~3.4 (head_dim 20 to 128): a cap of 2 bends most.
+SOFTCAPS = [None, 2.0]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 needs_tiled_kernel = pytest.mark.cpu_kernels("prefill_attention")
 
@@ -41,12 +43,13 @@ def module():
     return load_cpu_kernels()
 
 
-def padded_reference(batch: Batch, window: int | None) -> torch.Tensor:
+def padded_reference(
+    batch: Batch, window: int | None, softcap: float | None = None
+) -> torch.Tensor:
     """fp32 padded torch reference on upcast copies of the (already filled) cache."""
     meta = prepare_torch_attention(batch.inputs, batch.k_cache.shape[1], {window})
-    return paged_attention_ref(
-        batch.query.float(), batch.k_cache.float(), batch.v_cache.float(), meta, SCALE, window
-    )
+    caches = (batch.k_cache.float(), batch.v_cache.float())
+    return paged_attention_ref(batch.query.float(), *caches, meta, SCALE, window, softcap)
 
 
 def decode_batch(dtype: torch.dtype, block_size: int, num_kv_heads: int, group: int, head_dim: int):
@@ -64,6 +67,7 @@ def test_kernel_builds_here():
     assert load_cpu_kernels() is not None
 
 
+@pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("block_size", "num_kv_heads", "group", "head_dim"),
@@ -78,13 +82,16 @@ def test_kernel_builds_here():
         (16, 1, 5, 96),
     ],
 )
-def test_decode_kernel_matches_references(module, dtype, block_size, num_kv_heads, group, head_dim):
+def test_decode_kernel_matches_references(
+    module, dtype, block_size, num_kv_heads, group, head_dim, softcap
+):
     batch = decode_batch(dtype, block_size, num_kv_heads, group, head_dim)
     inputs = batch.inputs
-    args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE)
+    caches = (batch.k_cache, batch.v_cache)
+    args = (*caches, inputs.block_tables, inputs.context_lens, SCALE, None, softcap)
     actual = decode_attention_cpu(module, batch.query, *args)
     assert actual.dtype == dtype
-    expected = padded_reference(batch, None)
+    expected = padded_reference(batch, None, softcap)
     assert_close(actual, expected, dtype, "kernel vs padded reference")
     assert_close(decode_attention_ref(batch.query, *args), expected, dtype, "decode ref")
 
@@ -133,15 +140,16 @@ def test_decode_kernel_sliding_window(module, window):
     assert_close(decode_attention_ref(batch.query, *args), expected, torch.float32, "ref")
 
 
+@pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [None, 6])
-def test_cpu_path_on_mixed_steps(module, dtype, window):
+def test_cpu_path_on_mixed_steps(module, dtype, window, softcap):
     """Decodes, first prefill chunks, and chunks after cached context in one step."""
     bs = 16
     chunks = [(0, 7), (bs - 1, 1), (bs, 5), (2 * bs, 1), (bs + 1, 2 * bs + 3), (5, 1), (0, 1)]
     batch = make_batch(chunks, bs, 2, 3, 20, dtype, seed=3)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
-    expected = padded_reference(batch, window)
+    expected = padded_reference(batch, window, softcap)
     meta = prepare_cpu_attention(batch.inputs, bs, {window})
     # One kernel row per query token: a chunk's tokens see one more key each, ending at
     # the sequence's whole context.
@@ -149,29 +157,32 @@ def test_cpu_path_on_mixed_steps(module, dtype, window):
     assert len(lens) == sum(n for _, n in chunks)
     assert lens[:8] == [1, 2, 3, 4, 5, 6, 7, bs]
     assert lens[-1] == 1 and lens[-2] == 6
-    actual = paged_attention_cpu(
-        module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE, window
-    )
+    caches = (batch.k_cache, batch.v_cache)
+    actual = paged_attention_cpu(module, batch.query, *caches, meta, SCALE, window, softcap)
     assert_close(actual, expected, dtype, "cpu path")
 
 
 @needs_tiled_kernel
+@pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize(
     ("block_size", "num_kv_heads", "group", "head_dim"),
     [(16, 3, 3, 64), (32, 2, 4, 32), (16, 1, 7, 96), (8, 2, 1, 128)],
 )
-def test_tiled_prefill_kernel_on_mixed_steps(module, block_size, num_kv_heads, group, head_dim):
+def test_tiled_prefill_kernel_on_mixed_steps(
+    module, block_size, num_kv_heads, group, head_dim, softcap
+):
     """bf16 chunks by the tiled kernel: first chunks, chunks after cached context (on
     and off tile and block boundaries), a 2-token chunk, with decodes between them."""
     bs = block_size
     chunks = [(0, 37), (bs - 1, 1), (21, 50), (0, 2), (3 * bs, 16), (5, 1), (0, 1), (40, 17)]
     batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, torch.bfloat16, seed=11)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
-    expected = padded_reference(batch, None)
+    expected = padded_reference(batch, None, softcap)
     meta = prepare_cpu_attention(batch.inputs, bs, {None})
     assert tiled_kernel_serves(module, batch.query, None)
     assert meta.prefill_chunks.lens.tolist() == [37, 50, 2, 16, 17]
-    actual = paged_attention_cpu(module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
+    caches = (batch.k_cache, batch.v_cache)
+    actual = paged_attention_cpu(module, batch.query, *caches, meta, SCALE, softcap=softcap)
     assert_close(actual, expected, torch.bfloat16, "tiled kernel")
 
 

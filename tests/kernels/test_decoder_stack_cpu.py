@@ -1,10 +1,10 @@
 """The C++ decoder stack (kernels/decoder_stack_cpu.py) gives the layers' results to
 the bit: on the steps it serves (decodes, short chunks), against the same model run
 layer by layer, with quantized (int8) and bf16-panel projections, for Llama's layer and
-for Qwen3's (q/k norms) and Gemma 3's (q/k norms, norms after attention and the MLP,
-GeGLU, sliding layers with their own RoPE base); and greedy generation through the
-engine, whose steps mix prefills (layer by layer) and decodes (the stack), is
-unchanged."""
+for Qwen3's (q/k norms), Gemma 2's (norms after attention and the MLP, GeGLU, sliding
+layers, soft-capped attention scores) and Gemma 3's (q/k norms too, sliding layers with
+their own RoPE base); and greedy generation through the engine, whose steps mix
+prefills (layer by layer) and decodes (the stack), is unchanged."""
 
 from __future__ import annotations
 
@@ -31,13 +31,14 @@ pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 QUANTIZATIONS = ["int8", "none"]  # quantized panels; bf16 panels
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3", "phi3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma2", "gemma3", "phi3"])
 def model_dir(request, tmp_path_factory) -> Path:
-    """Each family's layer. The tiny Qwen3 and Gemma 3 (tests/tiny_models.py) have
-    projections the packed kernels take (outputs a multiple of 32: qkv 192 and 128,
-    gate_up 192 and 160); Gemma 3's sliding layers (window 8) take a RoPE base of their
-    own, and the steps' contexts pass their window. Phi-3's LongRoPE takes its long
-    factors past 64 positions, which the steps' contexts pass too."""
+    """Each family's layer. The tiny Qwen3, Gemma 2 and Gemma 3 (tests/tiny_models.py)
+    have projections the packed kernels take (outputs a multiple of 32: qkv 192, 256 and
+    128, gate_up 192, 192 and 160); the Gemmas' sliding layers (window 8) are passed by
+    the steps' contexts, Gemma 3's take a RoPE base of their own, Gemma 2's scores are
+    soft-capped. Phi-3's LongRoPE takes its long factors past 64 positions, which the
+    steps' contexts pass too."""
     folder = tmp_path_factory.mktemp(request.param)
     if request.param == "phi3":
         return save_phi3_with_short_original(folder)
@@ -145,13 +146,14 @@ def test_fp32_runs_layer_by_layer(model_dir) -> None:
     assert engine.runner.fast_path is None
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
-def test_qwen3_and_gemma3_layers_are_all_served(name, tmp_path):
+@pytest.mark.parametrize("name", ["qwen3", "gemma2", "gemma3"])
+def test_qwen3_and_gemma_layers_are_all_served(name, tmp_path):
     folder = save_tiny_model(name, tmp_path / name)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
     spec = engine.runner.model.decoder_stack_spec()
     assert decoder_stack_cpu.unserved_parts(spec) == []
     assert engine.runner.fast_path is not None
+    assert spec.attn_logit_softcap == (10.0 if name == "gemma2" else None)
     if name == "gemma3":  # the sliding layers' tables are their own, the global one's not
         ropes = [layer.rope for layer in spec.layers]
         assert ropes[0] is ropes[1] is ropes[3] and ropes[2] is not ropes[0]
@@ -159,28 +161,27 @@ def test_qwen3_and_gemma3_layers_are_all_served(name, tmp_path):
 
 
 def test_layers_the_stack_does_not_compute_run_one_by_one(tmp_path, caplog, monkeypatch):
-    """A part the stack lacks (attention logit soft-capping, Gemma 2's; an activation
-    other than SiLU's and tanh-GELU's) is refused, not ignored: every step runs layer by
-    layer, and the log says what the stack lacks."""
+    """A part the stack lacks (an activation other than SiLU's and tanh-GELU's) is
+    refused, not ignored: every step runs layer by layer, and the log says what the
+    stack lacks, each part once."""
     spec_of = DecoderForCausalLM.decoder_stack_spec
 
-    def with_softcap(model: DecoderForCausalLM):
-        return dataclasses.replace(spec_of(model), attn_logit_softcap=50.0)
+    def with_other_activations(model: DecoderForCausalLM):
+        spec = spec_of(model)
+        layers = [
+            dataclasses.replace(layer, activation=activation)
+            for layer, activation in zip(spec.layers, ["relu", "gelu", "relu"], strict=False)
+        ]
+        return dataclasses.replace(spec, layers=(*layers, *spec.layers[3:]))
 
-    monkeypatch.setattr(DecoderForCausalLM, "decoder_stack_spec", with_softcap)
+    monkeypatch.setattr(DecoderForCausalLM, "decoder_stack_spec", with_other_activations)
     folder = save_tiny_model("gemma3", tmp_path / "gemma3")
     with caplog.at_level(logging.INFO, logger=decoder_stack_cpu.__name__):
         engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
     spec = engine.runner.model.decoder_stack_spec()
-    assert decoder_stack_cpu.unserved_parts(spec) == ["attention logit soft-capping"]
+    expected = ["the gelu activation", "the relu activation"]
+    assert decoder_stack_cpu.unserved_parts(spec) == expected
     assert engine.runner.fast_path is None
-    assert "does not run attention logit soft-capping" in caplog.text
+    assert f"does not run {', '.join(expected)}" in caplog.text
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
     assert len(out[0].token_ids) == 4
-
-    gelu = dataclasses.replace(spec.layers[0], activation="gelu")
-    spec = dataclasses.replace(spec, layers=(gelu, *spec.layers[1:]))
-    assert decoder_stack_cpu.unserved_parts(spec) == [
-        "attention logit soft-capping",
-        "the gelu activation",
-    ]

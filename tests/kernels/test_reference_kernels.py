@@ -102,13 +102,15 @@ def test_silu_and_mul(ops):
     assert torch.equal(ops.silu_and_mul(x), expected)
 
 
-def _dense_attention(q, k, v, scale, window=None):
+def _dense_attention(q, k, v, scale, window=None, softcap=None):
     # q [n_q, H, D] for the last n_q positions of k/v [n_ctx, KVH, D]
     n_q, n_ctx = q.shape[0], k.shape[0]
     ratio = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(ratio, dim=1)
     v = v.repeat_interleave(ratio, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     q_pos = torch.arange(n_ctx - n_q, n_ctx)[:, None]
     k_pos = torch.arange(n_ctx)[None, :]
     mask = k_pos <= q_pos
@@ -118,9 +120,11 @@ def _dense_attention(q, k, v, scale, window=None):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_attention_mixed_batch_matches_dense(attention, window):
-    """Decodes, a first prefill chunk and a chunk with cached context, blocks shuffled."""
+def test_paged_attention_mixed_batch_matches_dense(attention, window, softcap):
+    """Decodes, a first prefill chunk and a chunk with cached context, blocks shuffled;
+    the scores soft-capped too (Gemma 2)."""
     torch.manual_seed(0)
     block_size, num_blocks, kv_heads, heads, head_dim = 4, 40, 2, 6, 24
     k_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
@@ -163,10 +167,10 @@ def test_paged_attention_mixed_batch_matches_dense(attention, window):
     )
     attention.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, inputs.slot_mapping)
     meta = attention.prepare(inputs, block_size, {window})
-    out = attention.forward(torch.cat(queries), k_cache, v_cache, meta, 0.3, window)
+    out = attention.forward(torch.cat(queries), k_cache, v_cache, meta, 0.3, window, softcap)
     expected = torch.cat(
         [
-            _dense_attention(q, k, v, 0.3, window)
+            _dense_attention(q, k, v, 0.3, window, softcap)
             for q, k, v in zip(queries, full_k, full_v, strict=True)
         ]
     )

@@ -27,24 +27,30 @@ from tests.kernels.batches import Batch, make_batch  # noqa: E402
 from tests.kernels.checks import assert_close  # noqa: E402
 
 SCALE = 0.3
+# Scaled scores here are ~1.3 (head_dim 20): a cap of 2 bends most (Gemma 2's soft-capping).
+SOFTCAPS = [None, 2.0]
 
 
-def reference(batch: Batch, window: int | None) -> torch.Tensor:
+def reference(batch: Batch, window: int | None, softcap: float | None = None) -> torch.Tensor:
     """fp32 torch reference: store_kv_ref then paged_attention_ref on upcast copies."""
     k_cache, v_cache = batch.k_cache.float(), batch.v_cache.float()
     inputs = batch.inputs
     store_kv_ref(batch.key.float(), batch.value.float(), k_cache, v_cache, inputs.slot_mapping)
     meta = prepare_torch_attention(inputs, k_cache.shape[1], {window})
-    return paged_attention_ref(batch.query.float(), k_cache, v_cache, meta, SCALE, window)
+    query = batch.query.float()
+    return paged_attention_ref(query, k_cache, v_cache, meta, SCALE, window, softcap)
 
 
 def run_triton(
-    batch: Batch, window: int | None, tiles: AttentionTiles | None = None
+    batch: Batch,
+    window: int | None,
+    tiles: AttentionTiles | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_triton(batch.key, batch.value, k_cache, v_cache, batch.inputs.slot_mapping)
     return paged_attention_triton(
-        batch.query, k_cache, v_cache, batch.inputs, SCALE, window, tiles=tiles
+        batch.query, k_cache, v_cache, batch.inputs, SCALE, window, softcap, tiles=tiles
     )
 
 
@@ -93,26 +99,31 @@ def test_attention_head_dims(head_dim):
     assert_close(run_triton(batch, None), reference(batch, None), dtype, f"head_dim {head_dim}")
 
 
+@pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("num_splits", [2, 8])
-def test_attention_split_context(dtype, num_splits):
+def test_attention_split_context(dtype, num_splits, softcap):
     """Flash-decoding: partial results over slices of the context, then combined; with 8
     splits the short contexts leave some splits empty."""
     for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
         batch = make_batch(chunks, 16, 2, 3, 20, dtype, seed=num_splits)
-        out = run_triton(batch, None, small_tiles(3, num_splits))
-        assert_close(out, reference(batch, None), dtype, f"{kind}, {num_splits} splits")
+        out = run_triton(batch, None, small_tiles(3, num_splits), softcap)
+        expected = reference(batch, None, softcap)
+        assert_close(out, expected, dtype, f"{kind}, {num_splits} splits")
 
 
+@pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("window", [1, 7, 19])
-def test_attention_sliding_window(window):
+def test_attention_sliding_window(window, softcap):
     dtype = torch.float32
     batch = make_batch(mixed_chunks(16), 16, 1, 3, 20, dtype, seed=window)
-    expected = reference(batch, window)
-    assert_close(run_triton(batch, window), expected, dtype, "device tiles")
-    assert_close(run_triton(batch, window, small_tiles(3)), expected, dtype, "16-key tiles")
-    out = run_triton(batch, window, small_tiles(3, num_splits=4))
-    assert_close(out, expected, dtype, "4 splits")
+    expected = reference(batch, window, softcap)
+    for what, tiles in (
+        ("device tiles", None),
+        ("16-key tiles", small_tiles(3)),
+        ("4 splits", small_tiles(3, num_splits=4)),
+    ):
+        assert_close(run_triton(batch, window, tiles, softcap), expected, dtype, what)
 
 
 def test_attention_bf16_is_upcast():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-FLOATS = {"scale", "eps"}
+FLOATS = {"scale", "eps", "softcap"}
 CAPABILITIES = (80, 90)
 
 
@@ -68,6 +68,7 @@ def attention_constants(**overrides) -> dict:
         HEAD_PAD=128,
         NUM_SPLITS=1,
         USE_WINDOW=False,
+        USE_SOFTCAP=False,
         DOT_FP32=False,
     )
     return {**constants, **overrides}
@@ -114,6 +115,21 @@ VARIANTS = [
         attention_pointers("fp16"),
         attention_constants(GROUP=3, BLOCK_M=128, BLOCK_Q=42, USE_WINDOW=True),
         dict(num_warps=8, num_stages=3),
+    ),
+    (  # Gemma 2: soft-capped scores, sliding layers, head_dim 256
+        "prefill-bf16-softcap-window",
+        "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
+        attention_pointers("bf16"),
+        attention_constants(
+            GROUP=2,
+            BLOCK_M=64,
+            BLOCK_Q=32,
+            BLOCK_N=32,
+            HEAD_PAD=256,
+            USE_WINDOW=True,
+            USE_SOFTCAP=True,
+        ),
+        dict(num_warps=4, num_stages=3),
     ),
     (
         "prefill-fp32-head24",

@@ -32,6 +32,8 @@ REGIMES = {
     # q/k norms over each rank's heads; Gemma's sliding layers and scaled embedding
     "qwen3": dict(SMALL_CACHE, max_num_batched_tokens=64),
     "gemma3": dict(SMALL_CACHE, num_cpu_blocks=200),
+    # soft-capped scores over each rank's heads, soft-capped logits after the gather
+    "gemma2": dict(SMALL_CACHE, max_num_batched_tokens=64),
     # fused q/k/v and gate/up, each part split over the ranks
     "phi3": dict(SMALL_CACHE, max_num_batched_tokens=64),
 }
@@ -41,6 +43,7 @@ CHECKPOINTS = {
     "mistral": {},
     "qwen2": dict(tie_word_embeddings=True, vocab_size=385),
     "qwen3": {},
+    "gemma2": {},
     "gemma3": {},
     "phi3": {},
 }

@@ -1,5 +1,5 @@
 """Each family from a GGUF file as llama.cpp's converter writes it: its tensor names
-(Qwen3's and Gemma's q/k norms, Gemma's four norms a layer, Phi-3's fused
+(Qwen3's and Gemma 3's q/k norms, Gemma's four norms a layer, Phi-3's fused
 projections), q/k rows in HF's order (permuted only for Llama's), Gemma's norms stored
 as (1 + w). The engine on the file
 gives transformers' greedy tokens on the checkpoint it was written from, in fp32.
@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from tests.engine.test_exactness import random_prompts, reference_outputs
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
-FAMILIES = ["qwen3", "gemma3", "phi3"]
+FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3"]
 
 
 def write_gguf(folder: Path, name: str) -> Path:

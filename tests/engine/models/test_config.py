@@ -71,6 +71,28 @@ def test_qwen3_and_gemma3_layers() -> None:
     assert gemma.rope_scaling is None
 
 
+def test_gemma2_soft_capping_and_alternating_layers() -> None:
+    gemma = ModelConfig.from_hf(TINY_MODELS["gemma2"]())
+    assert (gemma.architecture, gemma.model_type) == ("Gemma2ForCausalLM", "gemma2")
+    # Gemma 3's layer but for the q/k norms
+    assert not gemma.qk_norm and gemma.sandwich_norms and gemma.norm_weight_offset == 1.0
+    assert gemma.hidden_act == "gelu_pytorch_tanh" and gemma.embedding_multiplier == 64**0.5
+    assert gemma.head_dim == 32 and gemma.softmax_scale == 24**-0.5
+    assert (gemma.attn_logit_softcap, gemma.final_logit_softcap) == (10.0, 10.0)
+    # transformers 5's layer_types: the even layers slide; one RoPE base for both kinds
+    assert gemma.sliding_windows == (8, None, 8, None)
+    assert (gemma.rope_theta, gemma.sliding_rope_theta) == (10_000.0, None)
+    # A config from before layer_types slides the same layers; Gemma 2's defaults cap
+    # at 50 and 30; no other family caps.
+    hf = SimpleNamespace(**{**vars(transformers.Gemma2Config()), "model_type": "gemma2"})
+    del hf.layer_types
+    older = ModelConfig.from_hf(hf)
+    assert older.sliding_windows == (4096, None) * 13
+    assert (older.attn_logit_softcap, older.final_logit_softcap) == (50.0, 30.0)
+    gemma3 = ModelConfig.from_hf(TINY_MODELS["gemma3"]())
+    assert (gemma3.attn_logit_softcap, gemma3.final_logit_softcap) == (None, None)
+
+
 def test_phi3_longrope_and_partial_rotary() -> None:
     config = ModelConfig.from_hf(TINY_MODELS["phi3"]())
     assert config.architecture == "Phi3ForCausalLM"
