@@ -48,6 +48,11 @@ GEMMA_NORMS = {
     "post_feedforward_layernorm": "mlp_output_norm",
 }
 
+# What every Gemma shares: its layout, its names, its chat format.
+GEMMA: dict[str, Any] = dict(
+    gemma=True, renames=GEMMA_NORMS, chat_template="gemma", end_of_turn="<end_of_turn>"
+)
+
 FAMILIES = (
     Family("LlamaForCausalLM", "llama", "llama", gguf_permuted_qk=True),
     Family("MistralForCausalLM", "mistral", "llama", gguf_permuted_qk=True),
@@ -56,25 +61,8 @@ FAMILIES = (
     # q/k/v and gate/up come fused in its checkpoints, under our merged names.
     Family("Phi3ForCausalLM", "phi3", "phi3"),
     # Gemma 3 without q/k norms, with attention and final logit soft-capping (config.py).
-    Family(
-        "Gemma2ForCausalLM",
-        "gemma2",
-        "gemma2",
-        gemma=True,
-        renames=GEMMA_NORMS,
-        chat_template="gemma",
-        end_of_turn="<end_of_turn>",
-    ),
-    Family(
-        "Gemma3ForCausalLM",
-        "gemma3_text",
-        "gemma3",
-        qk_norm=True,
-        gemma=True,
-        renames=GEMMA_NORMS,
-        chat_template="gemma",
-        end_of_turn="<end_of_turn>",
-    ),
+    Family("Gemma2ForCausalLM", "gemma2", "gemma2", **GEMMA),
+    Family("Gemma3ForCausalLM", "gemma3_text", "gemma3", qk_norm=True, **GEMMA),
 )
 BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama
