@@ -227,8 +227,8 @@ def test_attention_sliding_window_bf16_on_cuda(on_cuda, kind):
 
 @pytest.mark.cuda
 @cases_of(attention.test_attention_sliding_window)
-def test_attention_sliding_window_on_cuda(on_cuda, window):
-    attention.test_attention_sliding_window(window)
+def test_attention_sliding_window_on_cuda(on_cuda, window, softcap):
+    attention.test_attention_sliding_window(window, softcap)
 
 
 @pytest.mark.cuda
