@@ -54,8 +54,8 @@ GGUF_GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 assert set(GEMMA_NORMS) == set(GGUF_GEMMA_NORMS.values())
-# Phi-3's fused projections, under the names its HF checkpoints give them.
-GGUF_PHI3_PARTS = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# Fused projections (Phi-3's), under the names their HF checkpoints give them.
+GGUF_FUSED_PARTS = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Llama-3 GGUFs store precomputed RoPE frequency factors, Phi-3's its LongRoPE factors;
 # we derive them from the config.
@@ -105,8 +105,8 @@ def gguf_layer_parts(family: Family) -> dict[str, str]:
         parts |= GGUF_QK_NORMS
     if family.gemma:
         parts |= GGUF_GEMMA_NORMS
-    if family.architecture == "Phi3ForCausalLM":
-        parts |= GGUF_PHI3_PARTS
+    if family.fused_projections:
+        parts |= GGUF_FUSED_PARTS
     return parts
 
 

@@ -30,6 +30,8 @@ class Family:
     # Gemma's layout: norms after attention and after the MLP too, an embedding scaled
     # by sqrt(hidden), RMSNorm weights stored as (weight - 1).
     gemma: bool = False
+    # q/k/v and gate/up fused in its checkpoints, under our merged names (Phi-3).
+    fused_projections: bool = False
     # Checkpoint parameter names (a part of a dotted name) -> ours, where they differ.
     renames: dict[str, str] = field(default_factory=dict)
     # The chat template (chat_templates/<name>.jinja) for a tokenizer that carries none,
@@ -58,8 +60,7 @@ FAMILIES = (
     Family("MistralForCausalLM", "mistral", "llama", gguf_permuted_qk=True),
     Family("Qwen2ForCausalLM", "qwen2", "qwen2"),
     Family("Qwen3ForCausalLM", "qwen3", "qwen3", qk_norm=True),
-    # q/k/v and gate/up come fused in its checkpoints, under our merged names.
-    Family("Phi3ForCausalLM", "phi3", "phi3"),
+    Family("Phi3ForCausalLM", "phi3", "phi3", fused_projections=True),
     # Gemma 3 without q/k norms, with attention and final logit soft-capping (config.py).
     Family("Gemma2ForCausalLM", "gemma2", "gemma2", **GEMMA),
     Family("Gemma3ForCausalLM", "gemma3_text", "gemma3", qk_norm=True, **GEMMA),

@@ -227,7 +227,7 @@ class DecoderForCausalLM(nn.Module):
                 down=layer.mlp.down_proj.packed,
                 sliding_window=layer.self_attn.sliding_window,
                 rope=rope,
-                activation=layer.mlp.activation,
+                activation=self.config.hidden_act,
                 q_norm=weight(layer.self_attn.q_norm),
                 k_norm=weight(layer.self_attn.k_norm),
                 attn_output_norm=weight(layer.attn_output_norm),

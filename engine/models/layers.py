@@ -140,7 +140,6 @@ class MLP(DirectCall, nn.Module):
             raise ConfigError(
                 f"hidden_act {config.hidden_act!r} is not supported (only {', '.join(gated)})"
             )
-        self.activation = config.hidden_act
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, gated[config.hidden_act])
         self.down_proj = Linear(intermediate, hidden, bias, ops.pack_linear)
 
