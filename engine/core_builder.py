@@ -64,6 +64,8 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         config.block_size,
         num_cpu_blocks=config.num_cpu_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
+        sliding_window=runner.sliding_window,
+        num_sliding_blocks=runner.num_sliding_blocks,
     )
     speculator = None
     if spec is not None:

@@ -11,7 +11,7 @@ reference's masks, the CPU kernels' per-token rows), so no backend carries anoth
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -26,10 +26,20 @@ class AttentionInputs:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cu_seqlens of the query chunks
     max_query_len: int
     max_context_len: int
+    # Where the sliding-window layers' KV has a cache group of its own: the same step
+    # over that group's block tables (slot_mapping and block_tables differ, the rest is
+    # the same), as the backend's metadata too once prepared. None: one group.
+    sliding: AttentionInputs | None = field(default=None, kw_only=True)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
+
+    def for_window(self, window: int | None) -> AttentionInputs:
+        """The metadata a layer with this window (None: global attention) reads."""
+        if window is not None and self.sliding is not None:
+            return self.sliding
+        return self
 
     def common_fields(self) -> dict[str, Any]:
         """The fields above by name, to build a backend's metadata subclass from them
@@ -66,3 +76,13 @@ class AttentionBackend(Generic[Metadata]):
     # Whether the metadata is the inputs' own tensors, so that a CUDA graph captured over
     # static input buffers replays any later step that fits them.
     supports_cuda_graphs: bool = False
+
+    def prepare_step(
+        self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
+    ) -> Metadata:
+        """``prepare`` for every KV cache group of the step: the sliding group's metadata
+        goes in the global one's ``sliding``."""
+        meta = self.prepare(inputs, block_size, sliding_windows)
+        if inputs.sliding is None:
+            return meta
+        return replace(meta, sliding=self.prepare(inputs.sliding, block_size, sliding_windows))

@@ -57,6 +57,7 @@ class CpuDecoderStack:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: CpuAttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        sliding = meta.sliding
         return self.stack.forward(
             x,
             positions,
@@ -65,6 +66,8 @@ class CpuDecoderStack:
             meta.token_block_tables,
             meta.token_context_lens,
             meta.slot_mapping,
+            None if sliding is None else sliding.token_block_tables,
+            None if sliding is None else sliding.slot_mapping,
         )
 
 

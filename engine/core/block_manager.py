@@ -1,11 +1,16 @@
 """Paged KV allocator: fixed-size blocks, reference counts, prefix caching, swap.
 
-A sequence's ``block_table`` lists the physical blocks that hold its KV, in logical
-order. A block is "used" while some sequence references it and "free" otherwise.
-Free blocks that still hold a full, hashed block of KV stay findable by their hash
-(automatic prefix caching) until the allocator hands them out again, least
-recently freed first. Pure Python: the model runner does the actual copies that
-``allocate_slots`` (copy-on-write), ``swap_out`` and ``swap_in`` return.
+A sequence's block tables list the physical blocks that hold its KV, in logical order,
+one table per KV cache group (core/kv_cache_group.py): the global-attention layers',
+and for a model that mixes in sliding-window layers, theirs, whose blocks go back to
+their own pool as they leave the window. Pure Python: the model runner does the actual
+copies that ``allocate_slots`` (copy-on-write), ``swap_out`` and ``swap_in`` return
+(the sliding group's gather in ``sliding_moves`` until the scheduler takes them).
+
+Prefix caching (core/block_pool.py) keeps freed full blocks findable by a hash of their
+tokens chained to every block before them. A new sequence takes the longest cached
+prefix whose global blocks are all cached and whose sliding blocks are cached for the
+window before its end: a chat's next turn finds the last turn's blocks in both.
 
 Block hashes are keyed with a random key drawn per block manager, so per process and
 replica. Python's hash of a tuple of ints is the same in every process: unkeyed, anyone
@@ -19,22 +24,15 @@ from __future__ import annotations
 import hashlib
 import secrets
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
+from hetero_infer.engine.core.block_pool import Block, BlockPool
+from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
 from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.core.step_data import BlockMoves
 
-
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-    # Hash of this block's tokens chained with every block before it; None until
-    # the block is full and its KV has been computed.
-    block_hash: int | None = None
-    token_ids: tuple[int, ...] = ()
+__all__ = ["Block", "BlockManager"]
 
 
 class BlockManager:
@@ -44,24 +42,40 @@ class BlockManager:
         block_size: int,
         num_cpu_blocks: int = 0,
         enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+        num_sliding_blocks: int = 0,
     ) -> None:
+        """``sliding_window``: the window of a model that mixes sliding-window layers
+        with global ones; their KV gets a pool of its own, of ``num_sliding_blocks``
+        blocks (one of them the null block)."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        pool = BlockPool(num_blocks, num_cpu_blocks)
+        self.groups = [KVCacheGroup(0, pool, block_size, None)]
+        if sliding_window is not None:
+            sliding_pool = BlockPool(num_sliding_blocks, num_cpu_blocks + 1, reserve_null=True)
+            self.groups.append(KVCacheGroup(1, sliding_pool, block_size, sliding_window))
+        # The sliding group's copies since the scheduler last took them.
+        self.sliding_moves = BlockMoves()
+        # The global group's pool, by the names callers read.
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
-        self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = pool.blocks
+        self.free_blocks = pool.free_blocks
+        self.cached_blocks = pool.cached_blocks
+        self.free_cpu_blocks = pool.free_cpu_blocks
         # The block hashes' key: random per block manager (so per process and replica).
         self._hash_key = secrets.token_bytes(16)
-        # Insertion order is eviction order: the first free block is handed out next.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.cached_blocks: dict[int, int] = {}  # block_hash -> block_id
-        self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.prefix_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_hits = 0  # of those, tokens found
         self.swapped_out_blocks = 0  # blocks ever copied to CPU
 
-    # ---- accounting ----
+    @property
+    def sliding(self) -> KVCacheGroup | None:
+        return self.groups[1] if len(self.groups) > 1 else None
+
+    # ---- accounting (of the global group, which holds every computed token) ----
 
     @property
     def num_free_blocks(self) -> int:
@@ -76,7 +90,7 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks
 
     def memory_stats(self) -> dict[str, Any]:
-        return {
+        stats = {
             "total_blocks": self.num_blocks,
             "used_blocks": self.num_used_blocks,
             "free_blocks": self.num_free_blocks,
@@ -91,6 +105,11 @@ class BlockManager:
             if self.prefix_queries
             else 0.0,
         }
+        if self.sliding is not None:
+            pool = self.sliding.pool
+            stats["sliding_total_blocks"] = pool.num_blocks - pool.num_reserved
+            stats["sliding_used_blocks"] = pool.num_used_blocks
+        return stats
 
     # ---- prefix caching ----
 
@@ -114,7 +133,7 @@ class BlockManager:
         return hashes[:num_full_blocks]
 
     def allocate_cached_prefix(self, seq: Sequence) -> int:
-        """Give a new sequence the cached blocks of its longest known prefix.
+        """Give a new sequence the cached blocks of its longest usable prefix.
 
         Returns the number of tokens found; they count as computed. At least one
         token is always left to compute, since its logits are needed.
@@ -126,17 +145,15 @@ class BlockManager:
         if seq.needs_every_prompt_position:
             return 0  # prompt logprobs or mean pooling: compute the whole prompt
 
-        bs = self.block_size
-        for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // bs)):
-            block_id = self.cached_blocks.get(block_hash)
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
-                break  # a hash collision, not the same tokens
-            self._take(block_id)
-            seq.block_table.append(block_id)
-        seq.num_computed_tokens = len(seq.block_table) * bs
+        hashes = self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        num_hit = len(hashes)
+        found = []
+        for group in self.groups:
+            found.append(group.find_cached(hashes[:num_hit], seq.token_ids))
+            num_hit = group.usable_prefix(found[-1])
+        for group, group_found in zip(self.groups, found, strict=True):
+            group.take_cached(seq, group_found, num_hit)
+        seq.num_computed_tokens = num_hit * self.block_size
         # A cached block holds a draft model's KV too (see register_full_blocks).
         seq.num_draft_computed_tokens = seq.num_computed_tokens
         return seq.num_computed_tokens
@@ -152,64 +169,41 @@ class BlockManager:
         finds a block in the cache finds both models' KV there."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
         if num_tokens is None:
             num_tokens = seq.num_computed_tokens
-        num_full = min(min(num_tokens, seq.num_computed_tokens) // bs, len(seq.block_table))
+        num_tokens = min(num_tokens, seq.num_computed_tokens)
+        num_full = min(num_tokens // self.block_size, len(seq.block_table))
         hashes = self.block_hashes(seq, num_full)
-        for i in range(seq.num_registered_blocks, num_full):
-            block = self.blocks[seq.block_table[i]]
-            if block.block_hash is None:
-                block.block_hash = hashes[i]
-                block.token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-                self.cached_blocks.setdefault(hashes[i], block.block_id)
+        for group in self.groups:
+            group.register(seq, hashes, seq.num_registered_blocks, seq.token_ids)
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     # ---- allocation ----
 
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """New blocks the sequence needs to hold its next ``num_new_tokens`` tokens."""
-        total = seq.num_computed_tokens + num_new_tokens
-        needed = max(0, -(-total // self.block_size) - len(seq.block_table))
-        if self._needs_copy_on_write(seq):
-            needed += 1
-        return needed
+        """New global blocks the sequence needs to hold its next ``num_new_tokens`` tokens."""
+        return self.groups[0].num_blocks_needed(seq, num_new_tokens)
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+        return all(
+            group.num_blocks_needed(seq, num_new_tokens) <= group.pool.num_free_blocks
+            for group in self.groups
+        )
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
-        """Grow the block table for the next tokens; return (src, dst) block copies.
-
-        A partly filled last block that other sequences share is copied before
-        this sequence writes into it (copy-on-write).
-        """
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[BlockPair]:
+        """Grow the block tables for the next tokens; return the global group's (src,
+        dst) block copies (copy-on-write of a shared, partly filled last block)."""
         assert self.can_allocate_slots(seq, num_new_tokens)
-        copies = []
-        if self._needs_copy_on_write(seq):
-            shared = seq.block_table[-1]
-            private = self._pop_free_block()
-            self._release(shared)
-            seq.block_table[-1] = private
-            copies.append((shared, private))
-        total = seq.num_computed_tokens + num_new_tokens
-        while len(seq.block_table) * self.block_size < total:
-            seq.block_table.append(self._pop_free_block())
-        return copies
+        if self.sliding is not None:
+            self.sliding_moves.copy += self.sliding.allocate_slots(seq, num_new_tokens)
+        return self.groups[0].allocate_slots(seq, num_new_tokens)
 
     def free_uncomputed_blocks(self, seq: Sequence) -> None:
         """Give back the blocks past the sequence's computed tokens: the slots a step took
         for draft tokens that were rejected. They were taken fresh for this sequence and
         never registered, so they go back as blocks that hold nothing."""
-        keep = -(-seq.num_computed_tokens // self.block_size)
-        while len(seq.block_table) > keep:
-            self._release(seq.block_table.pop())
-
-    def _needs_copy_on_write(self, seq: Sequence) -> bool:
-        if not seq.block_table or seq.num_computed_tokens % self.block_size == 0:
-            return False
-        last = seq.num_computed_tokens // self.block_size
-        return last < len(seq.block_table) and self.blocks[seq.block_table[last]].ref_count > 1
+        for group in self.groups:
+            group.free_uncomputed(seq)
 
     def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
         """Let ``child`` share the blocks of ``parent`` that hold its first ``num_tokens``
@@ -218,74 +212,62 @@ class BlockManager:
         if num_tokens is None:
             num_tokens = parent.num_computed_tokens
         assert num_tokens <= parent.num_computed_tokens
-        shared = parent.block_table[: -(-num_tokens // self.block_size)]
-        for block_id in shared:
-            self.blocks[block_id].ref_count += 1
-        child.block_table = list(shared)
+        for group in self.groups:
+            group.fork(parent, child, num_tokens)
         child.num_computed_tokens = num_tokens
         child.num_draft_computed_tokens = min(parent.num_draft_computed_tokens, num_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's GPU blocks. Its last blocks are evicted first."""
-        for block_id in reversed(seq.block_table):
-            self._release(block_id)
-        seq.block_table = []
+        for group in self.groups:
+            group.free(seq)
         seq.num_registered_blocks = 0
 
-    def _pop_free_block(self) -> int:
-        block_id, _ = self.free_blocks.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:
-            if self.cached_blocks.get(block.block_hash) == block_id:
-                del self.cached_blocks[block.block_hash]
-            block.block_hash = None
-            block.token_ids = ()
-        block.ref_count = 1
-        return block_id
+    def forget_copies_into(self, seq: Sequence, copies: list[BlockPair]) -> None:
+        """Drop this step's copy-on-write copies into the sequence's own blocks (before
+        it is preempted: they are freed, and may be handed out again in the step)."""
+        # strict=False: a model without a sliding group has one group, and no copies there.
+        for group, group_copies in zip(
+            self.groups, (copies, self.sliding_moves.copy), strict=False
+        ):
+            own = set(group.table(seq))
+            group_copies[:] = [c for c in group_copies if c[1] not in own]
 
-    def _take(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            del self.free_blocks[block_id]
-        block.ref_count += 1
-
-    def _release(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert block.ref_count > 0, f"block {block_id} freed twice"
-        block.ref_count -= 1
-        if block.ref_count == 0:
-            self.free_blocks[block_id] = None
-            if block.block_hash is None:
-                # Holds nothing worth keeping: hand it out before cached blocks.
-                self.free_blocks.move_to_end(block_id, last=False)
+    def take_sliding_moves(self) -> BlockMoves:
+        moves, self.sliding_moves = self.sliding_moves, BlockMoves()
+        return moves
 
     # ---- swap ----
 
     def can_swap_out(self, seq: Sequence) -> bool:
-        return len(seq.block_table) <= len(self.free_cpu_blocks)
+        return all(group.can_swap_out(seq) for group in self.groups)
 
-    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Move a sequence's KV to CPU blocks; return (gpu_block, cpu_block) copies."""
+    def swap_out(self, seq: Sequence) -> list[BlockPair]:
+        """Move a sequence's KV to CPU blocks; return the global group's (gpu_block,
+        cpu_block) copies."""
         assert self.can_swap_out(seq)
-        mapping = [(gpu, self.free_cpu_blocks.pop()) for gpu in seq.block_table]
+        if self.sliding is not None:
+            self.sliding_moves.swap_out += self.sliding.swap_out(seq)
+        mapping = self.groups[0].swap_out(seq)
         self.swapped_out_blocks += len(mapping)
-        self.free(seq)
-        seq.block_table = [cpu for _, cpu in mapping]
-        return mapping
-
-    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
-        total = seq.num_computed_tokens + num_new_tokens
-        return -(-total // self.block_size) <= self.num_free_blocks
-
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Bring a swapped sequence's KV back; return (cpu_block, gpu_block) copies."""
-        mapping = [(cpu, self._pop_free_block()) for cpu in seq.block_table]
-        self.free_cpu_blocks.extend(cpu for cpu, _ in reversed(mapping))
-        seq.block_table = [gpu for _, gpu in mapping]
         seq.num_registered_blocks = 0
         return mapping
 
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return all(
+            group.blocks_to_swap_in(seq, num_new_tokens) <= group.pool.num_free_blocks
+            for group in self.groups
+        )
+
+    def swap_in(self, seq: Sequence) -> list[BlockPair]:
+        """Bring a swapped sequence's KV back; return the global group's (cpu_block,
+        gpu_block) copies."""
+        if self.sliding is not None:
+            self.sliding_moves.swap_in += self.sliding.swap_in(seq)
+        seq.num_registered_blocks = 0
+        return self.groups[0].swap_in(seq)
+
     def free_swapped(self, seq: Sequence) -> None:
         """Release the CPU blocks of a swapped sequence (e.g. when it is aborted)."""
-        self.free_cpu_blocks.extend(reversed(seq.block_table))
-        seq.block_table = []
+        for group in self.groups:
+            group.free_swapped(seq)

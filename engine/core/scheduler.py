@@ -77,6 +77,7 @@ class Scheduler(SequenceQueues):
                 drafts = self.speculator.schedule_drafts(
                     steps, budget, len(self.running), self.block_manager, out, self.max_model_len
                 )
+        out.sliding_moves.extend(self.block_manager.take_sliding_moves())
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
         out.scheduled.extend(
             schedule_entry(seq, num_new, drafts.get(seq.request_id), draft_model)
@@ -181,17 +182,16 @@ class Scheduler(SequenceQueues):
                 given_back = num_new
                 # Its copy-on-write copy this step went to a block of its own, which is
                 # freed now and may be handed out again in this step.
-                own = set(victim.block_table)
-                out.blocks_to_copy[:] = [c for c in out.blocks_to_copy if c[1] not in own]
+                self.block_manager.forget_copies_into(victim, out.blocks_to_copy)
                 break
         self._preempt(victim, out)
         return given_back
 
     def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         bm = self.block_manager
-        needed = bm.num_blocks_needed(seq, num_new_tokens)
-        if needed > bm.num_free_blocks:
+        if not bm.can_allocate_slots(seq, num_new_tokens):
             return False
+        needed = bm.num_blocks_needed(seq, num_new_tokens)
         if not self.running:
             return True  # the watermark must never starve a lone request
         return bm.num_used_blocks + needed <= self.memory_threshold * bm.num_blocks

@@ -71,8 +71,10 @@ class Sequence:
         # model has in its own cache (at most num_computed_tokens; it lags behind where
         # decode steps went without drafts, and catches up when it next drafts).
         self.num_draft_computed_tokens = 0
-        # Physical KV block ids, in logical order (GPU blocks, or CPU blocks while swapped).
-        self.block_table: list[int] = []
+        # Physical KV block ids, in logical order (GPU blocks, or CPU blocks while
+        # swapped), per KV cache group (core/kv_cache_group.py): the global-attention
+        # layers', then the sliding-window layers' (empty where the model has none).
+        self.block_tables: list[list[int]] = [[], []]
         # Prefix-cache bookkeeping: chained hashes of full token blocks, and how
         # many of this sequence's blocks are registered in the cache.
         self.block_hashes: list[int] = []
@@ -107,6 +109,15 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={len(self.token_ids)}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
+
+    @property
+    def block_table(self) -> list[int]:
+        """The global-attention layers' block table: every computed token's block."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
 
     @property
     def num_tokens(self) -> int:

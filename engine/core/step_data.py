@@ -60,6 +60,8 @@ class ScheduledSequence:
     # token, so the pooled vector is returned instead of a sampled token.
     pooling: str | None = None
     returns_embedding: bool = False
+    # The sliding-window layers' block table, where they have their own (empty: none).
+    sliding_block_table: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -75,6 +77,22 @@ class ScheduledSequence:
         return self.start + self.num_new_tokens - self.num_draft_tokens
 
 
+@dataclass
+class BlockMoves:
+    """The block copies of one KV cache group that the model runner does before a
+    step's forward pass, in this order (a block swapped out may be handed to a swap-in
+    or a copy in the same step)."""
+
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # gpu -> cpu
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> gpu
+    copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
+
+    def extend(self, other: BlockMoves) -> None:
+        self.swap_out += other.swap_out
+        self.swap_in += other.swap_in
+        self.copy += other.copy
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
@@ -82,10 +100,17 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # gpu -> cpu
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> gpu
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
+    # The same for the sliding-window layers' blocks, where they have their own.
+    sliding_moves: BlockMoves = field(default_factory=BlockMoves)
     # Ids of sequences preempted this step, and of those finished since the last step
     # (the runner drops what it keeps for them, e.g. their random generators).
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+
+    @property
+    def global_moves(self) -> BlockMoves:
+        """The global-attention layers' block copies (the blocks_to_* lists)."""
+        return BlockMoves(self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)
 
     @property
     def num_batched_tokens(self) -> int:

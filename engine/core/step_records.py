@@ -37,6 +37,7 @@ def schedule_entry(
         token_ids=seq.token_ids[start : start + num_new] + list(drafts),
         start=start,
         block_table=list(seq.block_table),
+        sliding_block_table=list(seq.block_tables[1]),
         samples=samples,
         sampling_params=params,
         draft_token_ids=drafts,

@@ -17,10 +17,10 @@ payload's size is in the header.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-from hetero_infer.engine.core.step_data import SchedulerOutput
+from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.kernels import AttentionInputs
 
@@ -31,14 +31,14 @@ class Command(enum.IntEnum):
     LOGITS = 2
 
 
-HEADER_SIZE = 10
+HEADER_SIZE = 14
 
 
 @dataclass
 class Step:
     """A step as a worker receives it: the block copies and the forward pass's inputs."""
 
-    copies: SchedulerOutput  # only its blocks_to_* lists are set
+    copies: SchedulerOutput  # only its block copies (blocks_to_*, sliding_moves) are set
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     attention_inputs: AttentionInputs
@@ -59,7 +59,10 @@ class StepSender:
     ) -> None:
         num_tokens = input_ids.shape[0]
         num_seqs, max_blocks = attention.block_tables.shape
+        moves = out.sliding_moves
         copies = [out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy]
+        copies += [moves.swap_out, moves.swap_in, moves.copy]
+        sliding = attention.sliding
         self._send_header(
             Command.STEP,
             num_tokens,
@@ -67,22 +70,23 @@ class StepSender:
             max_blocks,
             attention.max_query_len,
             attention.max_context_len,
+            sliding is not None,
             *(len(pairs) for pairs in copies),
         )
         device = input_ids.device
         pairs = [p for pairs in copies for pair in pairs for p in pair]
-        payload = torch.cat(
-            [
-                torch.tensor(pairs, dtype=torch.long).to(device),
-                input_ids,
-                positions,
-                attention.slot_mapping,
-                attention.block_tables.flatten().long(),
-                attention.context_lens.long(),
-                attention.query_start_loc.long(),
-            ]
-        )
-        self.tp.broadcast(payload)
+        parts = [
+            torch.tensor(pairs, dtype=torch.long).to(device),
+            input_ids,
+            positions,
+            attention.slot_mapping,
+            attention.block_tables.flatten().long(),
+            attention.context_lens.long(),
+            attention.query_start_loc.long(),
+        ]
+        if sliding is not None:  # the sliding-window layers' own tables
+            parts += [sliding.slot_mapping, sliding.block_tables.flatten().long()]
+        self.tp.broadcast(torch.cat(parts))
 
     def send_logits(self, hidden: torch.Tensor) -> None:
         """Ask for the logits of ``hidden`` [n, hidden]: call before compute_logits."""
@@ -121,13 +125,16 @@ class StepReceiver:
 
     def _receive_step(self, sizes: list[int]) -> Step:
         num_tokens, num_seqs, max_blocks, max_query_len, max_context_len = sizes[:5]
-        num_copies = sizes[5:8]
+        has_sliding = bool(sizes[5])
+        num_copies = sizes[6:12]
         lengths = [2 * n for n in num_copies] + [num_tokens] * 3
         lengths += [num_seqs * max_blocks, num_seqs, num_seqs + 1]
+        if has_sliding:
+            lengths += [num_tokens, num_seqs * max_blocks]
         payload = torch.empty(sum(lengths), dtype=torch.long, device=self.tp.device)
         parts = self.tp.broadcast(payload).split(lengths)
-        swap_out, swap_in, copy, input_ids, positions, slots, tables, lens, starts = parts
-        pairs = [[tuple(p) for p in t.view(-1, 2).tolist()] for t in (swap_out, swap_in, copy)]
+        pairs = [[(src, dst) for src, dst in t.view(-1, 2).tolist()] for t in parts[:6]]
+        input_ids, positions, slots, tables, lens, starts = parts[6:12]
         attention = AttentionInputs(
             slot_mapping=slots,
             block_tables=tables.view(num_seqs, max_blocks).int(),
@@ -136,7 +143,18 @@ class StepReceiver:
             max_query_len=max_query_len,
             max_context_len=max_context_len,
         )
+        if has_sliding:
+            sliding_slots, sliding_tables = parts[12:]
+            sliding = replace(
+                attention,
+                slot_mapping=sliding_slots,
+                block_tables=sliding_tables.view(num_seqs, max_blocks).int(),
+            )
+            attention = replace(attention, sliding=sliding)
         copies = SchedulerOutput(
-            blocks_to_swap_out=pairs[0], blocks_to_swap_in=pairs[1], blocks_to_copy=pairs[2]
+            blocks_to_swap_out=pairs[0],
+            blocks_to_swap_in=pairs[1],
+            blocks_to_copy=pairs[2],
+            sliding_moves=BlockMoves(*pairs[3:]),
         )
         return Step(copies, input_ids, positions, attention)

@@ -111,6 +111,7 @@ class Attention(DirectCall, nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k, *rope)
         k_cache, v_cache = kv_cache
+        meta = meta.for_window(self.sliding_window)  # this layer's KV cache group
         self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(
             q, k_cache, v_cache, meta, self.scale, self.sliding_window, self.softcap

@@ -86,7 +86,7 @@ class DraftRunner:
         tokens filled in, and for the sampling ones among them the draft's probabilities
         q [num_drafts, vocab] by request id."""
         assert self.kv_cache is not None
-        self.kv_cache.copy_blocks(out)  # the same copies as the target's cache
+        self.kv_cache.copy_blocks(out.global_moves)  # the same copies as the target's
         joined = [s for s in out.scheduled if s.draft_lag_token_ids is not None]
         if not joined:
             return out.scheduled, {}

@@ -10,7 +10,7 @@ makes its own metadata of them.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,6 +28,8 @@ class Chunk(NamedTuple):
     # Draft tokens at the end of token_ids: their logits are kept too (speculative
     # decoding verifies them), the last 1 + num_draft_tokens positions' in all.
     num_draft_tokens: int = 0
+    # The sliding-window layers' block table, where they have a KV cache group of their own.
+    sliding_block_table: list[int] | None = None
 
 
 @dataclass
@@ -47,11 +49,15 @@ class InputBatcher:
         device: torch.device,
         attention: AttentionBackend,
         sliding_windows: set[int | None],
+        sliding_group: bool = False,
     ) -> None:
+        """``sliding_group``: whether the sliding-window layers have a KV cache group of
+        their own, whose block tables the chunks carry too."""
         self.block_size = block_size
         self.device = device
         self.attention = attention
         self.sliding_windows = sliding_windows
+        self.sliding_group = sliding_group
 
     def build(self, chunks: list[Chunk]) -> ModelInputs:
         bs = self.block_size
@@ -70,12 +76,8 @@ class InputBatcher:
         context_lens = starts + query_lens
         max_context_len = int(context_lens.max())
         max_blocks = -(-max_context_len // bs)
-        block_tables = np.zeros((num_seqs, max_blocks), np.int32)
-        for row, chunk in zip(block_tables, chunks, strict=True):
-            used = chunk.block_table[:max_blocks]
-            row[: len(used)] = used
-        slot_mapping = block_tables[token_seq, positions // bs].astype(np.int64) * bs
-        slot_mapping += positions % bs
+        layout = (token_seq, positions, max_blocks)
+        block_tables, slot_mapping = self._tables([c.block_table for c in chunks], *layout)
         num_rows = np.fromiter(
             (1 + c.num_draft_tokens if c.samples else 0 for c in chunks), np.int64, num_seqs
         )
@@ -93,23 +95,48 @@ class InputBatcher:
             max_query_len=int(query_lens.max()),
             max_context_len=max_context_len,
         )
+        if self.sliding_group:
+            tables = [c.sliding_block_table or [] for c in chunks]
+            sliding_tables, sliding_slots = self._tables(tables, *layout)
+            attention_inputs = replace(
+                attention_inputs,
+                sliding=replace(
+                    attention_inputs,
+                    slot_mapping=self._tensor(sliding_slots),
+                    block_tables=self._tensor(sliding_tables, torch.int32),
+                ),
+            )
         return ModelInputs(
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions),
-            meta=self.attention.prepare(attention_inputs, bs, self.sliding_windows),
+            meta=self.attention.prepare_step(attention_inputs, bs, self.sliding_windows),
             logits_indices=self._tensor(logits_indices),
         )
 
+    def _tables(
+        self, tables: list[list[int]], token_seq: np.ndarray, positions: np.ndarray, max_blocks: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The block tables as one padded array, and each token's cache slot in them."""
+        bs = self.block_size
+        block_tables = np.zeros((len(tables), max_blocks), np.int32)
+        for row, table in zip(block_tables, tables, strict=True):
+            used = table[:max_blocks]
+            row[: len(used)] = used
+        slot_mapping = block_tables[token_seq, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        return block_tables, slot_mapping
+
     def synthetic(self, lengths: list[tuple[int, int]]) -> ModelInputs:
         """Inputs for made-up sequences, one per (cached tokens, new tokens), on blocks
-        0, 1, 2, ... in order (for profiling, warm-up and checks; token ids are 0)."""
+        0, 1, 2, ... in order, in each KV cache group (for profiling, warm-up and checks;
+        token ids are 0)."""
         chunks: list[Chunk] = []
         next_block = 0
         for cached, new in lengths:
             num_blocks = -(-(cached + new) // self.block_size)
             table = list(range(next_block, next_block + num_blocks))
             next_block += num_blocks
-            chunks.append(Chunk([0] * new, cached, table, True))
+            chunks.append(Chunk([0] * new, cached, table, True, 0, table))
         return self.build(chunks)
 
     def _tensor(self, values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:

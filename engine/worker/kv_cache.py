@@ -1,13 +1,14 @@
 """The paged KV cache of every layer, and the CPU blocks that swapped-out sequences keep.
 
 The scheduler decides which blocks move; this applies its copies before a step's
-forward pass.
+forward pass. A model whose sliding-window layers have a KV cache group of their own
+(core/kv_cache_group.py) has one of these per group, each over its layers.
 """
 
 from __future__ import annotations
 
 import torch
-from hetero_infer.engine.core.step_data import SchedulerOutput
+from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
@@ -46,21 +47,72 @@ class KVCache:
         self.device = device
         self.layers = layer_caches(self.device_blocks)
 
-    def copy_blocks(self, out: SchedulerOutput) -> None:
+    def copy_blocks(self, moves: BlockMoves) -> None:
         # Order matters: a block swapped out may be handed to a swap-in or a copy
         # in the same step.
         gpu, cpu = self.device_blocks, self.cpu_blocks
-        if out.blocks_to_swap_out:
-            src, dst = zip(*out.blocks_to_swap_out, strict=True)
+        if moves.swap_out:
+            src, dst = zip(*moves.swap_out, strict=True)
             cpu[:, :, list(dst)] = gpu[:, :, list(src)].cpu()
-        if out.blocks_to_swap_in:
-            src, dst = zip(*out.blocks_to_swap_in, strict=True)
+        if moves.swap_in:
+            src, dst = zip(*moves.swap_in, strict=True)
             gpu[:, :, list(dst)] = cpu[:, :, list(src)].to(self.device)
-        if out.blocks_to_copy:
-            src, dst = zip(*out.blocks_to_copy, strict=True)
+        if moves.copy:
+            src, dst = zip(*moves.copy, strict=True)
             gpu[:, :, list(dst)] = gpu[:, :, list(src)]
 
 
 def layer_caches(kv_cache: torch.Tensor) -> list[LayerCache]:
     # [num_layers, 2, num_blocks, ...] -> per layer (k_cache, v_cache)
     return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
+
+
+def sliding_group_window(layer_windows: tuple[int | None, ...]) -> int | None:
+    """The window of the sliding-window layers' own KV cache group, or None where the
+    model has none: its layers all attend globally, or all slide (a sliding group needs
+    the global one's tables beside it, which then hold no KV; such a model keeps one
+    group). Different windows share the group, sized by the widest."""
+    windows = [w for w in layer_windows if w is not None]
+    if not windows or len(windows) == len(layer_windows):
+        return None
+    return max(windows)
+
+
+class ModelKVCache:
+    """Every layer's KV cache, by KV cache group: the global layers' blocks, and where
+    the sliding-window layers have a group of their own, theirs (core/kv_cache_group.py)."""
+
+    def __init__(
+        self,
+        layer_windows: tuple[int | None, ...],
+        num_blocks: int,
+        num_sliding_blocks: int,
+        num_cpu_blocks: int,
+        block_shape: tuple[int, int, int],
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        own_group = sliding_group_window(layer_windows) is not None
+        sliding = [own_group and w is not None for w in layer_windows]
+        self.global_cache = KVCache(
+            sliding.count(False), num_blocks, num_cpu_blocks, block_shape, dtype, device
+        )
+        self.sliding_cache = None
+        if own_group:
+            # Block 0 of each pool is the null block (core/block_pool.py).
+            self.sliding_cache = KVCache(
+                sliding.count(True),
+                num_sliding_blocks,
+                num_cpu_blocks + 1,
+                block_shape,
+                dtype,
+                device,
+            )
+        global_layers = iter(self.global_cache.layers)
+        sliding_layers = iter(self.sliding_cache.layers if self.sliding_cache else ())
+        self.layers = [next(sliding_layers if s else global_layers) for s in sliding]
+
+    def copy_blocks(self, out: SchedulerOutput) -> None:
+        self.global_cache.copy_blocks(out.global_moves)
+        if self.sliding_cache is not None:
+            self.sliding_cache.copy_blocks(out.sliding_moves)

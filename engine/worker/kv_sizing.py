@@ -18,40 +18,73 @@ from hetero_infer.engine.worker.kv_cache import layer_caches
 logger = logging.getLogger(__name__)
 
 
-def blocks_for_budget(
-    config: EngineConfig,
-    device: torch.device,
-    bytes_per_block: int,
-    profile_step_memory: Callable[[], int],
+def kv_cache_budget(
+    config: EngineConfig, device: torch.device, profile_step_memory: Callable[[], int]
 ) -> int:
-    """The blocks that fit the KV cache's memory budget (``profile_step_memory``: the
-    largest step's peak bytes, asked for on CUDA only)."""
-    if device.type == "cuda":
-        # What the largest step needs on top of the weights, measured, then what the
-        # device holds now (weights, CUDA context, other processes).
-        activations = profile_step_memory()
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        budget = int(total * config.gpu_memory_utilization) - used - activations
-        logger.info(
-            "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
-            "%.2f GiB for the KV cache",
-            used / 2**30,
-            activations / 2**30,
-            config.max_num_batched_tokens,
-            max(budget, 0) / 2**30,
-            total / 2**30,
-        )
+    """The KV cache's memory budget in bytes (``profile_step_memory``: the largest
+    step's peak bytes, asked for on CUDA only)."""
+    if device.type != "cuda":
+        return config.kv_cache_memory
+    # What the largest step needs on top of the weights, measured, then what the
+    # device holds now (weights, CUDA context, other processes).
+    activations = profile_step_memory()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    budget = int(total * config.gpu_memory_utilization) - used - activations
+    logger.info(
+        "memory: %.2f GiB in use, %.2f GiB peak for a %d-token step, %.2f GiB of "
+        "%.2f GiB for the KV cache",
+        used / 2**30,
+        activations / 2**30,
+        config.max_num_batched_tokens,
+        max(budget, 0) / 2**30,
+        total / 2**30,
+    )
+    return budget
+
+
+def sliding_blocks_needed(config: EngineConfig, window: int) -> int:
+    """The most blocks the sliding-window layers' group holds for running sequences,
+    its null block included: per sequence the window's blocks and the one after them,
+    and its prompt's last window (core/kv_cache_group.py), plus the step's new tokens."""
+    bs = config.block_size
+    per_sequence = 2 * -(-(window - 1) // bs) + 2
+    return 1 + config.max_num_seqs * per_sequence + -(-config.max_num_batched_tokens // bs)
+
+
+def pool_sizes(
+    config: EngineConfig,
+    budget: Callable[[], int],
+    global_block_bytes: int,
+    sliding_block_bytes: int,
+    window: int | None,
+) -> tuple[int, int]:
+    """(global blocks, sliding blocks; 0 without a sliding group). max_num_blocks sets
+    the global pool, else the budget does. The sliding pool gets what its running
+    sequences can ever hold, never more blocks than the global pool (it holds fewer of
+    each sequence's), and the global pool the rest: its tokens are what bounds how many
+    a server can hold at once."""
+    both = global_block_bytes + sliding_block_bytes
+    needed = 0 if window is None else sliding_blocks_needed(config, window)
+    if config.max_num_blocks:
+        num_blocks = config.max_num_blocks
     else:
-        budget = config.kv_cache_memory
-    num_blocks = budget // bytes_per_block
-    if num_blocks < 1:
-        raise OutOfMemoryError(
-            f"no memory left for the KV cache (budget {budget} bytes, one block needs "
-            f"{bytes_per_block}); raise kv_cache_memory or gpu_memory_utilization"
-        )
-    return int(num_blocks)
+        total = budget()
+        if window is None:
+            num_blocks = total // global_block_bytes
+        elif needed * both >= total:
+            num_blocks = (total - sliding_block_bytes) // both
+        else:
+            num_blocks = (total - needed * sliding_block_bytes) // global_block_bytes
+        if num_blocks < 1:
+            raise OutOfMemoryError(
+                f"no memory left for the KV cache (budget {total} bytes, one block needs "
+                f"{both}); raise kv_cache_memory or gpu_memory_utilization"
+            )
+    if window is None:
+        return int(num_blocks), 0
+    return int(num_blocks), min(int(num_blocks) + 1, needed)
 
 
 @torch.inference_mode()

@@ -34,8 +34,8 @@ from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
-from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
-from hetero_infer.engine.worker.kv_sizing import blocks_for_budget, profile_step_memory
+from hetero_infer.engine.worker.kv_cache import ModelKVCache, bytes_per_block, sliding_group_window
+from hetero_infer.engine.worker.kv_sizing import kv_cache_budget, pool_sizes, profile_step_memory
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
@@ -77,29 +77,48 @@ class ModelRunner:
         self.attention = kernels.attention
         self.max_model_len = setup.max_model_len
         self.block_size = config.block_size
+        # The sliding-window layers' own KV cache group, where the model mixes them with
+        # global ones (core/kv_cache_group.py): its window, else None.
+        layer_windows = setup.model_config.sliding_windows
+        self.sliding_window = sliding_group_window(layer_windows)
         self.inputs = InputBatcher(
-            config.block_size, self.device, self.attention, self.model.sliding_windows
+            config.block_size,
+            self.device,
+            self.attention,
+            self.model.sliding_windows,
+            sliding_group=self.sliding_window is not None,
         )
         self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
         self.randomness = Randomness(config.seed, kernels.ops.uniforms)
         self.pooler = Pooler()
         # (block_size, num_kv_heads, head_dim)
         self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
-        self.bytes_per_block = bytes_per_block(self.model.num_layers, self.block_shape, self.dtype)
+        num_sliding = (
+            0 if self.sliding_window is None else sum(w is not None for w in layer_windows)
+        )
+        self.bytes_per_block = bytes_per_block(
+            self.model.num_layers - num_sliding, self.block_shape, self.dtype
+        )
         self.drafter: DraftRunner | None = None
         if draft is not None:
             self.drafter = DraftRunner(draft, kernels, self.device, self.dtype, config.block_size)
             # A block id holds the target's and the draft's KV of the same tokens.
             self.bytes_per_block += self.drafter.bytes_per_block
-        self.num_blocks = config.max_num_blocks or blocks_for_budget(
-            config, self.device, self.bytes_per_block, self._profile_step_memory
+        self.num_blocks, self.num_sliding_blocks = pool_sizes(
+            config,
+            lambda: kv_cache_budget(config, self.device, self._profile_step_memory),
+            self.bytes_per_block,
+            bytes_per_block(num_sliding, self.block_shape, self.dtype),
+            self.sliding_window,
         )
         if tp is not None:
             # One block table addresses every rank's cache: all hold the same blocks.
             self.num_blocks = tp.all_reduce_min(self.num_blocks)
-        self.kv_cache = KVCache(
-            self.model.num_layers,
+            self.num_sliding_blocks = tp.all_reduce_min(self.num_sliding_blocks)
+        self.kv_cache = ModelKVCache(
+            layer_windows,
             self.num_blocks,
+            self.num_sliding_blocks,
             config.num_cpu_blocks,
             self.block_shape,
             self.dtype,
@@ -130,7 +149,14 @@ class ModelRunner:
             scheduled, draft_probs = self.drafter.propose(out, self.sampler, self.randomness)
         inputs = self.inputs.build(
             [
-                Chunk(s.token_ids, s.start, s.block_table, s.samples, s.num_draft_tokens)
+                Chunk(
+                    s.token_ids,
+                    s.start,
+                    s.block_table,
+                    s.samples,
+                    s.num_draft_tokens,
+                    s.sliding_block_table,
+                )
                 for s in scheduled
             ]
         )
@@ -178,6 +204,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             if self.config.enforce_eager or not self.attention.supports_cuda_graphs:
                 return None
+            if self.sliding_window is not None:
+                # The graphs' static buffers hold one group's block tables.
+                logger.info("CUDA graphs off: the sliding-window layers have their own KV")
+                return None
             return DecodeGraphs.capture(self)
         return decoder_stack_path(self.model, kernels, self.kv_caches)
 
@@ -202,7 +232,9 @@ class ModelRunner:
         copies and the forward pass over its heads, whose hidden states equal rank 0's
         after each all-reduce (rank 0 sends the rows it wants logits for)."""
         self.kv_cache.copy_blocks(copies)
-        meta = self.attention.prepare(attention_inputs, self.block_size, self.model.sliding_windows)
+        meta = self.attention.prepare_step(
+            attention_inputs, self.block_size, self.model.sliding_windows
+        )
         self.model(input_ids, positions, self.kv_caches, meta)
 
     @torch.inference_mode()

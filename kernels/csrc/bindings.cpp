@@ -57,5 +57,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
            py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none())
       .def("forward", &DecoderStack::forward,
-           "a decode step's layers: (hidden, residual) before the final norm", without_gil());
+           "a decode step's layers: (hidden, residual) before the final norm", py::arg("x"),
+           py::arg("positions"), py::arg("k_caches"), py::arg("v_caches"),
+           py::arg("block_tables"), py::arg("context_lens"), py::arg("slot_mapping"),
+           py::arg("sliding_block_tables") = py::none(),
+           py::arg("sliding_slot_mapping") = py::none(), without_gil());
 }

@@ -74,9 +74,13 @@ at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& w
 std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
     const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
-    const at::Tensor& context_lens, const at::Tensor& slot_mapping) const {
+    const at::Tensor& context_lens, const at::Tensor& slot_mapping,
+    const std::optional<at::Tensor>& sliding_block_tables,
+    const std::optional<at::Tensor>& sliding_slot_mapping) const {
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one key and one value cache per layer");
+  TORCH_CHECK(sliding_block_tables.has_value() == sliding_slot_mapping.has_value(),
+              "the sliding group's block tables and slot mapping come together");
   TORCH_CHECK(x.dim() == 2, "x [tokens, hidden]");
   const int64_t tokens = x.size(0);
   const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
@@ -100,10 +104,11 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
                              .view({tokens, num_kv_heads_, head_dim_});
     std::tie(q, k) = rotary(positions, q, k, layer.cos, layer.sin, /*is_neox=*/true);
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
-    store_kv(k, v, k_cache, v_cache, slot_mapping);
+    const bool own_group = layer.window > 0 && sliding_block_tables.has_value();
+    store_kv(k, v, k_cache, v_cache, own_group ? *sliding_slot_mapping : slot_mapping);
     const at::Tensor attention =
-        decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_, layer.window,
-                         softcap_);
+        decode_attention(q, k_cache, v_cache, own_group ? *sliding_block_tables : block_tables,
+                         context_lens, scale_, layer.window, softcap_);
     at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =

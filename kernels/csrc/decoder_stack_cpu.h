@@ -56,10 +56,14 @@ class DecoderStack {
 
   // x [tokens, hidden] (the embedded tokens) -> (the last layer's output, the residual
   // stream before it), as the layers one by one give them: the final norm adds the two.
+  // The sliding-window layers read sliding_block_tables and sliding_slot_mapping where
+  // their KV has a cache group of its own, the others' tables where it has not.
   std::tuple<at::Tensor, at::Tensor> forward(
       const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
       const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
-      const at::Tensor& context_lens, const at::Tensor& slot_mapping) const;
+      const at::Tensor& context_lens, const at::Tensor& slot_mapping,
+      const std::optional<at::Tensor>& sliding_block_tables,
+      const std::optional<at::Tensor>& sliding_slot_mapping) const;
 
  private:
   // RMSNorm over each head_dim values of x [tokens, n * head_dim], as RMSNorm.each_row:

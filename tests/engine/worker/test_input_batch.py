@@ -38,7 +38,7 @@ def test_inputs_match_their_definition(runner, seed):
     inputs = runner.inputs.build(chunks)
     meta = inputs.meta
     ids, positions, slots, logits_rows = [], [], [], []
-    for new_ids, start, table, samples, drafts in chunks:
+    for new_ids, start, table, samples, drafts, _ in chunks:
         ids += new_ids
         positions += range(start, start + len(new_ids))
         slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(new_ids))]
@@ -48,11 +48,11 @@ def test_inputs_match_their_definition(runner, seed):
     assert inputs.positions.tolist() == positions
     assert meta.slot_mapping.tolist() == slots
     assert inputs.logits_indices.tolist() == logits_rows
-    assert meta.context_lens.tolist() == [start + len(i) for i, start, _, _, _ in chunks]
+    assert meta.context_lens.tolist() == [start + len(i) for i, start, *_ in chunks]
     assert meta.max_query_len == max(len(c[0]) for c in chunks)
     lens = [0] + [len(c[0]) for c in chunks]
     assert meta.query_start_loc.tolist() == [sum(lens[: i + 1]) for i in range(len(lens))]
     max_blocks = -(-meta.max_context_len // bs)
-    for row, (_, _, table, _, _) in zip(meta.block_tables.tolist(), chunks, strict=True):
+    for row, (_, _, table, *_) in zip(meta.block_tables.tolist(), chunks, strict=True):
         used = table[:max_blocks]
         assert row == used + [0] * (max_blocks - len(used))

@@ -1,0 +1,100 @@
+"""One pool of physical KV blocks: reference counts, the free list in eviction order,
+the cached blocks findable by their hash, and the CPU blocks for swapped sequences.
+
+A block is "used" while some sequence references it and "free" otherwise. Free blocks
+that still hold a full, hashed block of KV stay findable by their hash (automatic
+prefix caching) until the pool hands them out again, least recently freed first. The
+block manager keeps one pool per KV cache group (core/block_manager.py); a pool knows
+blocks, not sequences.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+# The block a table holds where a sliding-window group no longer keeps the KV: never
+# handed out, never written, never read (the kernels skip keys outside the window).
+NULL_BLOCK = 0
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    # Hash of this block's tokens chained with every block before it; None until
+    # the block is full and its KV has been computed.
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+class BlockPool:
+    def __init__(
+        self, num_blocks: int, num_cpu_blocks: int = 0, reserve_null: bool = False
+    ) -> None:
+        """``reserve_null``: keep block 0 (GPU and CPU) out of circulation as NULL_BLOCK."""
+        first = 1 if reserve_null else 0
+        assert num_blocks > first
+        self.num_blocks = num_blocks
+        self.num_reserved = first
+        self.num_cpu_blocks = num_cpu_blocks
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Insertion order is eviction order: the first free block is handed out next.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(first, num_blocks))
+        self.cached_blocks: dict[int, int] = {}  # block_hash -> block_id
+        self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, first - 1, -1))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_reserved - len(self.free_blocks)
+
+    def find_cached(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+        """The cached block of these tokens, or None (also on a hash collision)."""
+        block_id = self.cached_blocks.get(block_hash)
+        if block_id is None or self.blocks[block_id].token_ids != token_ids:
+            return None
+        return block_id
+
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
+        """Make a full, computed block findable by its hash."""
+        block = self.blocks[block_id]
+        if block.block_hash is None:
+            block.block_hash = block_hash
+            block.token_ids = token_ids
+            self.cached_blocks.setdefault(block_hash, block_id)
+
+    def pop_free(self) -> int:
+        """Hand out the next free block (evicting what it cached), referenced once."""
+        block_id, _ = self.free_blocks.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self.cached_blocks.get(block.block_hash) == block_id:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+    def take(self, block_id: int) -> None:
+        """One more reference to a block (a free cached one leaves the free list)."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_blocks[block_id]
+        block.ref_count += 1
+
+    def release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_blocks[block_id] = None
+            if block.block_hash is None:
+                # Holds nothing worth keeping: hand it out before cached blocks.
+                self.free_blocks.move_to_end(block_id, last=False)
+
+    def is_shared(self, block_id: int) -> bool:
+        return self.blocks[block_id].ref_count > 1

@@ -1,0 +1,169 @@
+"""The sliding-window layers' KV cache group: blocks that leave the window go back to
+their pool, prefix hits need the window before them, and fork, swap and free carry the
+group's table (its null entries included). Pure Python, simulated as in
+test_block_manager.py: allocate, advance ``num_computed_tokens``, register."""
+
+from __future__ import annotations
+
+import pytest
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.block_pool import NULL_BLOCK
+from hetero_infer.engine.worker.kv_sizing import pool_sizes, sliding_blocks_needed
+
+from tests.engine.core.test_block_manager import compute, make_seq
+
+BS = 4
+WINDOW = 8  # a query sees itself and the 7 keys before it: 2 or 3 blocks
+
+
+def manager(num_sliding_blocks: int = 32, num_cpu_blocks: int = 0) -> BlockManager:
+    return BlockManager(
+        num_blocks=64,
+        block_size=BS,
+        num_cpu_blocks=num_cpu_blocks,
+        sliding_window=WINDOW,
+        num_sliding_blocks=num_sliding_blocks,
+    )
+
+
+def resident(table: list[int]) -> list[int]:
+    return [b for b in table if b != NULL_BLOCK]
+
+
+def sliding_used(bm: BlockManager) -> int:
+    return bm.memory_stats()["sliding_used_blocks"]
+
+
+def test_blocks_leave_the_window_as_decoding_goes_on() -> None:
+    bm = manager()
+    seq = make_seq("a", list(range(10, 30)))  # 20 tokens: 5 blocks
+    compute(bm, seq, 20)
+    assert len(resident(seq.block_tables[1])) == 5  # a prefill's chunk keeps its blocks
+    for step in range(40):
+        seq.token_ids.append(100 + step)
+        compute(bm, seq, 1)
+        # The next query (at num_computed) sees positions num_computed - 7 onwards.
+        first_kept = max(0, seq.num_computed_tokens - WINDOW + 1) // BS
+        table = seq.block_tables[1]
+        # Freed a step later, but for the window before the prompt's last full block
+        # (blocks 2 and 3), which the sequence keeps for requests with its prompt.
+        left = [i for i in range(first_kept - 1) if i not in (2, 3)]
+        assert all(table[i] == NULL_BLOCK for i in left)
+        assert len(resident(table)) <= -(-(WINDOW - 1) // BS) + 2 + 2
+        assert len(seq.block_table) == -(-seq.num_computed_tokens // BS)  # global keeps all
+    assert sliding_used(bm) <= 6 and bm.num_used_blocks == 15
+    bm.free(seq)
+    assert sliding_used(bm) == 0 and bm.num_used_blocks == 0
+
+
+def test_next_turn_finds_the_window_before_its_prefix() -> None:
+    bm = manager()
+    turn1 = make_seq("t1", list(range(10, 47)))  # 37 tokens
+    compute(bm, turn1, 37)
+    for step in range(6):  # the answer, decoded
+        turn1.token_ids.append(200 + step)
+        compute(bm, turn1, 1)
+    bm.free(turn1)  # 43 tokens computed: 10 full blocks registered
+    turn2 = make_seq("t2", turn1.token_ids + [7, 8, 9, 10, 11])
+    hit = bm.allocate_cached_prefix(turn2)
+    assert hit == 40  # every full block of turn 1, in both groups
+    assert len(turn2.block_table) == 10
+    # The sliding group holds only what the first new query sees: positions 33 .. 40.
+    table = turn2.block_tables[1]
+    assert table[:8] == [NULL_BLOCK] * 8 and NULL_BLOCK not in table[8:]
+    compute(bm, turn2, turn2.num_uncomputed_tokens)
+    bm.free(turn2)
+    assert sliding_used(bm) == 0
+
+
+def test_a_hit_stops_where_the_sliding_blocks_were_evicted() -> None:
+    bm = manager(num_sliding_blocks=12)  # 11 usable blocks: a 44-token prefill fills them
+    first = make_seq("a", list(range(10, 54)))  # 44 tokens: 11 blocks
+    compute(bm, first, 44)
+    bm.free(first)
+    other = make_seq("b", list(range(500, 516)))  # 4 fresh blocks evict a's oldest
+    compute(bm, other, 16)
+    again = make_seq("c", first.token_ids + [1])
+    # a's global blocks are all cached, its sliding ones only up to block 6 (a freed
+    # sequence's last blocks go first): the hit ends at block 7, whose window (blocks 5
+    # and 6) is still cached.
+    hit = bm.allocate_cached_prefix(again)
+    assert hit == 28
+    assert again.block_tables[1][:5] == [NULL_BLOCK] * 5
+    assert len(resident(again.block_tables[1])) == 2
+    bm.free(again)
+    bm.free(other)
+    # Evict every sliding block of a: only the global prefix is left, and it is unusable.
+    filler = make_seq("d", list(range(700, 744)))
+    compute(bm, filler, 44)
+    again = make_seq("e", first.token_ids + [1])
+    assert bm.allocate_cached_prefix(again) == 0
+    assert again.block_table == [] and again.block_tables[1] == []
+
+
+def test_usable_prefix_needs_the_window_before_it() -> None:
+    group = manager().sliding
+    assert group is not None
+    cached = [None, None, 5, 6, 7, None, 9]
+    # Computing on from block k needs blocks first_kept(4k) .. k-1.
+    assert group.usable_prefix(cached) == 5  # blocks 3, 4 (k=5: positions 13 ..)
+    assert group.usable_prefix([None, 1]) == 0  # k=2 needs block 0 as well
+    assert group.usable_prefix([]) == 0
+
+
+def test_fork_shares_and_copies_the_partial_sliding_block() -> None:
+    bm = manager()
+    parent = make_seq("p", list(range(10, 30)))  # 20 tokens
+    compute(bm, parent, 20)
+    child = make_seq("c", list(parent.token_ids))
+    bm.fork(parent, child, 19)
+    assert child.block_tables[1] == parent.block_tables[1]
+    child_copies = bm.allocate_slots(child, 1)  # the last block is shared: copied
+    moves = bm.take_sliding_moves()
+    assert len(child_copies) == 1 and len(moves.copy) == 1
+    assert moves.copy[0][0] == parent.block_tables[1][4]
+    assert child.block_tables[1][4] == moves.copy[0][1]
+    bm.free(parent)
+    bm.free(child)
+    assert sliding_used(bm) == 0
+
+
+def test_swap_moves_only_the_blocks_in_the_window() -> None:
+    bm = manager(num_cpu_blocks=20)
+    seq = make_seq("s", list(range(10, 50)))  # 40 tokens
+    compute(bm, seq, 40)
+    seq.token_ids.append(1)
+    compute(bm, seq, 1)  # the blocks left of the window go
+    kept = resident(seq.block_tables[1])
+    assert bm.can_swap_out(seq)
+    global_pairs = bm.swap_out(seq)
+    moves = bm.take_sliding_moves()
+    assert len(global_pairs) == 11 and [gpu for gpu, _ in moves.swap_out] == kept
+    assert sliding_used(bm) == 0
+    assert seq.block_tables[1].count(NULL_BLOCK) == 11 - len(kept)
+    seq.token_ids.append(2)
+    assert bm.can_swap_in(seq, 1)
+    bm.swap_in(seq)
+    moves = bm.take_sliding_moves()
+    assert len(moves.swap_in) == len(kept)
+    assert [gpu for _, gpu in moves.swap_in] == resident(seq.block_tables[1])
+    assert len(bm.sliding.pool.free_cpu_blocks) == 20  # every CPU block back
+    bm.free(seq)
+    assert sliding_used(bm) == 0
+
+
+@pytest.mark.parametrize("budget_blocks", [10, 100_000])
+def test_pool_sizes_give_the_sliding_group_what_it_can_hold(budget_blocks: int) -> None:
+    config = EngineConfig(model="x", block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
+    needed = sliding_blocks_needed(config, 512)
+    assert needed == 1 + 4 * (2 * 32 + 2) + 4
+    global_bytes, sliding_bytes = 3, 15  # Gemma 3 270M: 3 global layers, 15 sliding
+    budget = budget_blocks * (global_bytes + sliding_bytes)
+    num_blocks, num_sliding = pool_sizes(config, lambda: budget, global_bytes, sliding_bytes, 512)
+    assert num_blocks * global_bytes + num_sliding * sliding_bytes <= budget
+    if budget_blocks == 10:  # too little to bound anything: both the same
+        assert num_sliding == num_blocks + 1
+    else:  # the sliding group gets what it can hold, the global one the rest
+        assert num_sliding == needed
+        assert num_blocks > 5 * budget_blocks - 5 * needed
