@@ -10,9 +10,10 @@ tokens (a document, the round's own, and a question), answered greedily in
 ``--answer-tokens`` tokens, then a second turn of the whole chat so far, the answer
 re-rendered through the chat template, and a short new question. Time to first token
 is the time to a one-token answer (prefill and one step) through ``LLMEngine``, with
-nothing else running. Gemma 3's sliding layers see only the last 512 tokens, yet its
-cache keeps every block, so turn 2 hits it as SmolLM2's does (llama.cpp's server
-re-reads such a model's whole prompt every turn).
+nothing else running. Gemma 3's sliding layers see only the last 512 tokens and keep
+only those blocks (a KV cache group of their own), yet turn 2 finds turn 1's last
+window in their pool as it finds every block of the global layers, and hits as
+SmolLM2's does (llama.cpp's server re-reads such a model's whole prompt every turn).
 
 Reported per model: each round's turn-1 and turn-2 times, their ratio, the prefix-cache
 hit rate of turn 2's prompt, and the median ratio; written to
@@ -80,8 +81,7 @@ def measure(model: str, rounds: int, first_turn: int, answer_tokens: int) -> dic
         prompt_2 = tokenizer.apply_chat_template(chat, add_generation_prompt=True)
         hits_before = engine.memory_stats()["prefix_cache_hits"]
         ttft_2 = timed_first_token(engine, prompt_2)
-        hit_blocks = engine.memory_stats()["prefix_cache_hits"] - hits_before
-        block_size = engine.config.block_size
+        hit_tokens = engine.memory_stats()["prefix_cache_hits"] - hits_before
         results.append(
             {
                 "round": index,
@@ -90,7 +90,7 @@ def measure(model: str, rounds: int, first_turn: int, answer_tokens: int) -> dic
                 "turn_1_ttft_s": ttft_1,
                 "turn_2_ttft_s": ttft_2,
                 "ratio": ttft_2 / ttft_1,
-                "turn_2_cached_fraction": hit_blocks * block_size / len(prompt_2),
+                "turn_2_cached_fraction": hit_tokens / len(prompt_2),
             }
         )
         print(

@@ -80,6 +80,7 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         use_swap=config.use_swap,
         policy=config.scheduling_policy,
         speculator=speculator,
+        long_rope_after=runner.model.long_rope_after,
     )
     metrics = EngineMetrics()
     if speculator is not None:

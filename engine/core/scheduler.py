@@ -17,6 +17,12 @@ a ``max_num_seqs`` slot preempts running ones of a lower priority (a higher valu
 With a speculator (speculative decoding), decoding sequences get draft tokens from what
 the step has left once everything else is scheduled (core/speculator.py), and after the
 step the slots of rejected drafts are given back (``update_from_output``).
+
+LongRoPE (Phi-3's long-context models) rotates a sequence with one of two sets of
+factors: the long ones once its tokens pass the original context. A sequence takes them
+from the start when its tokens are past it when it starts (its whole prompt then, as a
+single transformers forward pass would), and one that crosses it while generating
+starts again, preempted by recompute, as transformers drops its cache there.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Scheduler(SequenceQueues):
         use_swap: bool = False,
         policy: str = "fcfs",
         speculator: Speculator | None = None,
+        long_rope_after: int | None = None,
     ) -> None:
         # A sequence preempted for a higher-priority one may have been scheduled in the
         # same step, after swap-ins: swapping it out then would overwrite their CPU
@@ -55,6 +62,7 @@ class Scheduler(SequenceQueues):
         self.memory_threshold = memory_threshold
         self.use_swap = use_swap
         self.speculator = speculator
+        self.long_rope_after = long_rope_after
         self.num_preemptions = 0
 
     # ---- scheduling ----
@@ -92,6 +100,9 @@ class Scheduler(SequenceQueues):
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self._crossed_long_rope(seq):
+                self._preempt(seq, out)  # by recompute: it starts again, long
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not bm.can_allocate_slots(seq, num_new):
                 victim = self.running[-1]
@@ -152,6 +163,10 @@ class Scheduler(SequenceQueues):
         if len(self.running) >= self.max_num_seqs:
             return None
         bm = self.block_manager
+        long_rope = self.long_rope_after is not None and seq.num_tokens > self.long_rope_after
+        if long_rope != seq.long_rope:
+            seq.long_rope = long_rope
+            seq.block_hashes = []  # salted the other way
         num_hit = bm.allocate_cached_prefix(seq)
         num_new = min(seq.num_uncomputed_tokens, budget)
         if not self._can_admit(seq, num_new):
@@ -201,7 +216,8 @@ class Scheduler(SequenceQueues):
         self.num_preemptions += 1
         seq.num_preemptions += 1
         out.preempted.append(seq.request_id)
-        if self.use_swap and self.block_manager.can_swap_out(seq):
+        restart = self._crossed_long_rope(seq)
+        if self.use_swap and not restart and self.block_manager.can_swap_out(seq):
             out.blocks_to_swap_out.extend(self.block_manager.swap_out(seq))
             seq.status = SequenceStatus.SWAPPED
             self.swapped.appendleft(seq)
@@ -210,6 +226,12 @@ class Scheduler(SequenceQueues):
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
             self._to_waiting(seq, preempted=True)
+
+    def _crossed_long_rope(self, seq: Sequence) -> bool:
+        """Whether the sequence's tokens passed LongRoPE's original context since it
+        started computing them with the short factors."""
+        limit = self.long_rope_after
+        return limit is not None and not seq.long_rope and seq.num_tokens > limit
 
     # ---- after the model step ----
 
@@ -268,6 +290,7 @@ class Scheduler(SequenceQueues):
             if child.is_finished:  # aborted with its group
                 continue
             self.block_manager.fork(parent, child, parent.num_tokens - 1)
+            child.long_rope = parent.long_rope
             child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
             child.status = SequenceStatus.RUNNING
             child.first_scheduled_time = parent.first_scheduled_time

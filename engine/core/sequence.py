@@ -85,6 +85,10 @@ class Sequence:
             1 if sampling_params.prompt_logprobs is not None else None
         )
         self.num_preemptions = 0
+        # LongRoPE: whether its KV is rotated with the long factors (its tokens had passed
+        # the model's original context when it started computing them). It salts the
+        # block hashes: the same tokens rotated the other way are different KV.
+        self.long_rope = False
         # Speculative decoding's per-sequence state (engine/speculator.py's
         # DraftState: its token text and draft length); None until it first drafts.
         self.draft_state: Any = None

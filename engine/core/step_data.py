@@ -62,6 +62,8 @@ class ScheduledSequence:
     returns_embedding: bool = False
     # The sliding-window layers' block table, where they have their own (empty: none).
     sliding_block_table: list[int] = field(default_factory=list)
+    # LongRoPE: its tokens take the long factors (Sequence.long_rope).
+    long_rope: bool = False
 
     @property
     def num_new_tokens(self) -> int:

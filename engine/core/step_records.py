@@ -38,6 +38,7 @@ def schedule_entry(
         start=start,
         block_table=list(seq.block_table),
         sliding_block_table=list(seq.block_tables[1]),
+        long_rope=seq.long_rope,
         samples=samples,
         sampling_params=params,
         draft_token_ids=drafts,

@@ -70,8 +70,10 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, local.vocab_size, bias=False)
         self.embedding_multiplier = config.embedding_multiplier
         self.final_logit_softcap = config.final_logit_softcap
-        # LongRoPE (Phi-3): the context past which a sequence's step takes the long
-        # factors' tables (rope_positions), else None.
+        # LongRoPE (Phi-3): the context past which a sequence takes the long factors,
+        # else None. Their tables are the second half of the RoPE tables: the runner
+        # gives such a sequence's tokens those rows (worker/input_batch.py), and the
+        # scheduler restarts one that crosses it with its keys rotated the short way.
         scaling = config.rope_scaling or {}
         self.long_rope_after = None
         if scaling.get("rope_type") == "longrope":
@@ -108,26 +110,10 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed(input_ids)
-        positions = self.rope_positions(positions, meta)
         residual = None
         for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_ropes, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.final_norm(x, residual)
-
-    def rope_positions(self, positions: torch.Tensor, meta: AttentionInputs) -> torch.Tensor:
-        """The rows of the RoPE tables the tokens take: their positions, or with
-        LongRoPE, in the long factors' half for every token of a sequence whose context
-        after this step passes the original one. That is transformers' rule (the long
-        factors for a forward pass whose positions pass it), per sequence; a prompt
-        prefilled in chunks takes the short ones for its chunks below it."""
-        if self.long_rope_after is None:
-            return positions
-        # Each token's sequence: the chunk whose end comes after it.
-        tokens = torch.arange(positions.shape[0], device=positions.device, dtype=torch.int32)
-        sequence = torch.searchsorted(meta.query_start_loc[1:], tokens, right=True)
-        sequence = sequence.clamp_(max=meta.context_lens.shape[0] - 1)
-        long = meta.context_lens[sequence] > self.long_rope_after
-        return positions + long * self.config.max_position_embeddings
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden] (times the

@@ -42,6 +42,9 @@ class CausalLM(Protocol):
     # The distinct attention windows of the layers (None = full attention): the
     # attention kernels prepare one mask per window.
     sliding_windows: set[int | None]
+    # LongRoPE: the context past which a sequence takes the long factors, whose RoPE
+    # table rows follow the short ones' (None: the model has one set).
+    long_rope_after: int | None
 
     def forward(
         self,
@@ -73,11 +76,6 @@ class CausalLM(Protocol):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
-        ...
-
-    def rope_positions(self, positions: torch.Tensor, meta: AttentionInputs) -> torch.Tensor:
-        """The rows of the RoPE tables a step's tokens take (their positions, but for
-        LongRoPE's long factors)."""
         ...
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

@@ -52,6 +52,5 @@ class DecoderStackPath:
     def run(self, inputs: ModelInputs) -> torch.Tensor:
         model = self.model
         x = model.embed(inputs.input_ids)
-        positions = model.rope_positions(inputs.positions, inputs.meta)
-        x, residual = self.stack(x, positions, self.kv_caches, inputs.meta)
+        x, residual = self.stack(x, inputs.positions, self.kv_caches, inputs.meta)
         return model.final_norm(x, residual)

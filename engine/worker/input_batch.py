@@ -30,12 +30,15 @@ class Chunk(NamedTuple):
     num_draft_tokens: int = 0
     # The sliding-window layers' block table, where they have a KV cache group of their own.
     sliding_block_table: list[int] | None = None
+    # Added to its positions for the RoPE table rows its tokens take (LongRoPE's long
+    # factors follow the short ones in the tables).
+    rope_offset: int = 0
 
 
 @dataclass
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]: the RoPE table rows (positions, offset)
     meta: Any  # the attention backend's metadata for the step
     # [num_logit_rows]: the last token of each sampling sequence (its last 1 + drafts
     # tokens where it has draft tokens), in order
@@ -106,9 +109,10 @@ class InputBatcher:
                     block_tables=self._tensor(sliding_tables, torch.int32),
                 ),
             )
+        rope_offsets = np.fromiter((c.rope_offset for c in chunks), np.int64, num_seqs)
         return ModelInputs(
             input_ids=self._tensor(input_ids),
-            positions=self._tensor(positions),
+            positions=self._tensor(positions + rope_offsets[token_seq]),
             meta=self.attention.prepare_step(attention_inputs, bs, self.sliding_windows),
             logits_indices=self._tensor(logits_indices),
         )

@@ -76,6 +76,8 @@ class ModelRunner:
         self.sender = StepSender(tp) if tp is not None and tp.rank == 0 else None
         self.attention = kernels.attention
         self.max_model_len = setup.max_model_len
+        # LongRoPE's long factors' rows in the RoPE tables: after the short ones'.
+        self.long_rope_rows = setup.model_config.max_position_embeddings
         self.block_size = config.block_size
         # The sliding-window layers' own KV cache group, where the model mixes them with
         # global ones (core/kv_cache_group.py): its window, else None.
@@ -156,6 +158,7 @@ class ModelRunner:
                     s.samples,
                     s.num_draft_tokens,
                     s.sliding_block_table,
+                    self.long_rope_rows if s.long_rope else 0,
                 )
                 for s in scheduled
             ]

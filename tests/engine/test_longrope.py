@@ -1,13 +1,10 @@
-"""LongRoPE (Phi-3) past its original context: a sequence's step takes the long
-factors once its context passes the original one, as transformers' forward pass does,
-so greedy output equals transformers' for prompts that stay below it and for prompts
-past it from the start (prefilled in one step).
-
-Not matched yet (docs/models.md): a sequence that crosses it while generating, where
-transformers drops its cache and computes it again with the long factors (Phi-3's
-prepare_inputs_for_generation) and the engine keeps the keys it rotated with the short
-ones; and a prompt past it prefilled in chunks, whose chunks below it take the short
-factors."""
+"""LongRoPE (Phi-3) past its original context: greedy output equals transformers' on
+every path. A sequence past it takes the long factors for all its tokens, as
+transformers' forward pass over its prompt does; one that crosses it while generating
+starts again with them, as transformers drops its cache there (Phi-3's
+prepare_inputs_for_generation); a prompt past it prefilled in chunks takes them from its
+first chunk; and the prefix cache never serves keys rotated one way to a sequence
+rotated the other (the block hashes are salted)."""
 
 from __future__ import annotations
 
@@ -52,3 +49,42 @@ def test_long_factors_past_the_original_context(phi3_short_original: Path):
     for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
         assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
     assert EOS not in [t for out in outputs for t in out.token_ids[:-1]]
+
+
+@pytest.mark.parametrize(
+    "regime",
+    [
+        {},
+        {"max_num_batched_tokens": 40},  # prompts past it, prefilled in chunks
+        {"block_size": 8, "max_num_blocks": 41, "max_model_len": 328},  # recompute
+        {
+            "block_size": 8,
+            "max_num_blocks": 41,
+            "max_model_len": 328,
+            "num_cpu_blocks": 200,
+        },  # swap
+    ],
+    ids=["plain", "chunked", "recompute", "swap"],
+)
+def test_crossing_chunks_and_prefix_hits(phi3_short_original: Path, regime):
+    """Prompts that cross the original context while generating (50 and 60 tokens, 24
+    generated), past it in chunks (100, 200), and below it; then each again with a
+    shared 48-token prefix (cached from the first pass, rotated short), and each once
+    more (found in the cache, rotated as it is)."""
+    rng_prompts = random_prompts(7, 384)
+    base = [p for p in rng_prompts if len(p) in (15, 31, 50, 100, 200)]
+    base.append(rng_prompts[-1][:60])
+    shared = [base[-1][:48] + p[:n] for p, n in zip(base, (5, 40, 100, 150), strict=False)]
+    prompts = base + shared
+    expected = reference_outputs(phi3_short_original, prompts)
+    config = EngineConfig(model=str(phi3_short_original), dtype="float32", **regime)
+    engine = LLMEngine(config)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    for _ in range(2):
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
+            assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
+    stats = engine.memory_stats()
+    assert stats["prefix_cache_hits"] > 0
+    assert engine.metrics.as_dict()["num_preemptions"] > 0  # the crossings restarted
+    assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0

@@ -38,7 +38,7 @@ def test_inputs_match_their_definition(runner, seed):
     inputs = runner.inputs.build(chunks)
     meta = inputs.meta
     ids, positions, slots, logits_rows = [], [], [], []
-    for new_ids, start, table, samples, drafts, _ in chunks:
+    for new_ids, start, table, samples, drafts, *_ in chunks:
         ids += new_ids
         positions += range(start, start + len(new_ids))
         slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(new_ids))]
