@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.guided_decoding import StructuredOutputsParams
 
 if TYPE_CHECKING:
     import torch
@@ -72,6 +73,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Constrain the output to JSON matching this schema ({"type": "object"}: any object).
     json_schema: dict[str, Any] | None = None
+    # Or one of vLLM's structured outputs (a choice, a regex, a grammar, ...): at most
+    # one of the two.
+    structured_outputs: StructuredOutputsParams | None = None
     # False keeps special tokens in the text (a tool-call marker may be one); the eos
     # that ends the request is left out all the same.
     skip_special_tokens: bool = True
@@ -133,6 +137,17 @@ class SamplingParams:
             )
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise ValidationError("json_schema must be a JSON schema object", param="json_schema")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValidationError(
+                    "structured_outputs must be a StructuredOutputsParams",
+                    param="structured_outputs",
+                )
+            if self.json_schema is not None:
+                raise ValidationError(
+                    "json_schema and structured_outputs both constrain the output: give one",
+                    param="structured_outputs",
+                )
         if not isinstance(self.logit_bias, dict):
             raise ValidationError("logit_bias must map token ids to biases", param="logit_bias")
         if len(self.logit_bias) > MAX_TOKEN_ID_ENTRIES:

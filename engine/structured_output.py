@@ -1,4 +1,4 @@
-"""JSON output by constrained decoding: llguidance matchers over the model's tokenizer.
+"""Constrained decoding: llguidance matchers over the model's tokenizer.
 
 Each constrained sequence has a matcher that knows which tokens may come next; the
 sampler turns that into a vocabulary mask before it picks, and the engine feeds the
@@ -6,35 +6,83 @@ matcher every token picked. Why llguidance (not xgrammar): it computes each mask
 lazily from the grammar with no per-schema compile step (a request's schema costs
 nothing before its first token), has no Python dependencies, and its masks are
 plain bit arrays that apply on any torch device. docs/server.md has its per-token cost.
+
+A matcher is built from a JSON schema (response_format, tool calls) or from any of
+vLLM's structured outputs (guided_decoding.py): a choice, a regex, a grammar, ...
 """
 
 from __future__ import annotations
 
-import copy
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.guided_decoding import StructuredOutputsParams, grammar_text, json_options
 
-# Compact JSON: without this the grammar lets a model pad with endless whitespace.
-_JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+# llguidance compiles grammars recursively (a chain of $refs or of Lark rules a few
+# thousand deep overflows an 8 MiB stack, killing the process), so compiles run on one
+# thread of their own with this stack: a chain of ~45,000 compiles on it, more than
+# the body and grammar limits let through. (Only touched pages are memory.)
+COMPILE_STACK_BYTES = 512 * 1024 * 1024
 
 
 class StructuredOutput:
-    """Builds matchers for JSON schemas over one tokenizer (built once, on first use)."""
+    """Builds matchers over one tokenizer (built once, on first use)."""
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._hf_tokenizer = hf_tokenizer
         self._vocab_size = vocab_size
         self._eos_token_ids = eos_token_ids
         self._lltokenizer: Any = None
+        self._compiler: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def matcher(self, schema: dict[str, Any], param: str = "response_format") -> Any:
         """A fresh llguidance matcher for ``schema``; ValueError naming ``param`` (the
         request field the schema came from) if the schema is unusable."""
         import llguidance
 
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(json_options(schema, None))
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"{param}: the schema is not usable: {exc}", param=param
+            ) from None
+        return self._compiled(
+            grammar, param, "the schema", "no JSON value can be generated for the schema"
+        )
+
+    def guided_matcher(self, spec: StructuredOutputsParams, param: str) -> Any:
+        """A fresh matcher for one of vLLM's structured outputs; ValueError naming
+        ``param`` (the request field it came from) if it does not compile."""
+        what = "the schema" if spec.kind in ("json", "structural_tag") else f"the {spec.kind}"
+        try:
+            grammar = grammar_text(spec)
+        except (TypeError, ValueError, AssertionError) as exc:
+            raise ValidationError(f"{param}: {what} is not usable: {exc}", param=param) from None
+        return self._compiled(grammar, param, what, "no output can match")
+
+    def _compiled(self, grammar: str, param: str, what: str, unsatisfiable: str) -> Any:
+        # llguidance's default limits bound the work: a grammar too big for them (an enum
+        # of 100,000 strings) is an error after ~0.2 s, and each token mask stops at its
+        # fuel (~15 ms); catastrophic regexes cost nothing, as it matches by derivatives.
+        tokenizer = self._tokenizer(param)
+        built = self._executor().submit(_build, tokenizer, grammar).result()
+        matcher, error, at_first_mask = built
+        if error and not at_first_mask:
+            raise ValidationError(f"{param}: {what} is not usable: {error}", param=param)
+        if error:
+            # A grammar that nothing satisfies ($ref loops, an empty enum) compiles, and
+            # fails at its first mask: here, rather than as a request that ends in "error".
+            raise ValidationError(f"{param}: {unsatisfiable} ({error})", param=param)
+        return matcher
+
+    def _tokenizer(self, param: str) -> Any:
         if self._lltokenizer is None:
             import llguidance.hf
 
@@ -45,38 +93,43 @@ class StructuredOutput:
                 n_vocab=self._vocab_size,
                 eos_token=self._eos_token_ids or None,
             )
-        schema = copy.deepcopy(schema)
-        schema.setdefault("x-guidance", _JSON_OPTIONS)
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
-        except (TypeError, ValueError) as exc:
-            raise ValidationError(
-                f"{param}: the schema is not usable: {exc}", param=param
-            ) from None
-        # llguidance's default limits bound the work: a grammar too big for them (an enum
-        # of 100,000 strings) is an error after ~0.2 s, and each token mask stops at its
-        # fuel (~15 ms); catastrophic regexes cost nothing, as it matches by derivatives.
-        matcher = llguidance.LLMatcher(self._lltokenizer, grammar)
-        if matcher.is_error():
-            raise ValidationError(
-                f"{param}: the schema is not usable: {_first_line(matcher.get_error())}",
-                param=param,
-            )
-        # A schema that no value satisfies ($ref loops, an empty enum) compiles, and
-        # fails at its first mask: here, rather than as a request that ends in "error".
-        matcher.compute_bitmask()
-        if matcher.is_error():
-            raise ValidationError(
-                f"{param}: no JSON value can be generated for the schema "
-                f"({_first_line(matcher.get_error())})",
-                param=param,
-            )
-        return matcher
+        return self._lltokenizer
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The compile thread, started with its large stack. stack_size() is process
+        wide, so it is set only while that one thread starts."""
+        with self._lock:
+            if self._compiler is None:
+                previous = threading.stack_size(COMPILE_STACK_BYTES)
+                try:
+                    compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+                    compiler.submit(lambda: None).result()  # starts the thread now
+                finally:
+                    threading.stack_size(previous)
+                self._compiler = compiler
+            return self._compiler
+
+
+def _build(tokenizer: Any, grammar: str) -> tuple[Any, str | None, bool]:
+    """On the compile thread: the matcher, its error (first line) and whether the
+    error came at the first mask rather than at compiling."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    if matcher.is_error():
+        return matcher, _first_line(matcher.get_error()), False
+    matcher.compute_bitmask()
+    if matcher.is_error():
+        return matcher, _first_line(matcher.get_error()), True
+    return matcher, None, False
 
 
 def _first_line(error: str) -> str:
-    """llguidance's message without the parser state it may append."""
-    return error.split("\n", 1)[0]
+    """llguidance's message without the parser state it may append (but with the
+    regex parser's "error: ..." line, which says what is wrong)."""
+    lines = error.split("\n")
+    detail = [line for line in lines[1:] if line.startswith("error: ")][:1]
+    return " ".join([lines[0], *detail])
 
 
 def bitmask_words(bitmask: bytes, vocab_size: int) -> torch.Tensor:

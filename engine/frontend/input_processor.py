@@ -151,9 +151,9 @@ class InputProcessor:
         schema_param: str = "response_format",
     ) -> EngineRequest:
         """The request for a checked prompt, once its params pass the model's checks:
-        token ids the params name must be in the vocabulary, and a JSON schema must
-        compile (an error names ``schema_param``, the field the schema came from); its
-        grammar (an llguidance matcher) is built here, once.
+        token ids the params name must be in the vocabulary, and a JSON schema or
+        structured output must compile (an error names ``schema_param``, the field it
+        came from); its grammar (an llguidance matcher) is built here, once.
 
         ``priority`` needs the priority policy unless it is 0 (as in vLLM). ``timeout``
         (seconds from now) can shorten the engine's request_timeout, not lengthen it.
@@ -164,6 +164,8 @@ class InputProcessor:
         grammar = None
         if params.json_schema is not None:
             grammar = self.structured_output.matcher(params.json_schema, schema_param)
+        elif params.structured_outputs is not None:
+            grammar = self.structured_output.guided_matcher(params.structured_outputs, schema_param)
         return EngineRequest(
             request_id,
             prompt.text,

@@ -55,9 +55,9 @@ class ChatCompletion:
         self.formatter = LogprobsFormatter(ctx.engine.tokenizer) if body.logprobs else None
         self.top_logprobs = body.top_logprobs or 0
         self.prompt_tokens = len(request.prompt_token_ids)
-        # A grammar makes the output JSON from its first token: no thinking to split off.
+        # A grammar constrains the output from its first token: no thinking to split off.
         reasoning = ctx.settings.reasoning_parser
-        self.reasoning = reasoning if request.params.json_schema is None else None
+        self.reasoning = reasoning if request.grammar is None else None
 
     @classmethod
     def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
@@ -80,7 +80,7 @@ class ChatCompletion:
             params = dataclasses.replace(params, json_schema=tools.json_schema)
         if tools.keeps_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
-        schema_param = "tools" if tools.json_schema is not None else "response_format"
+        schema_param = "tools" if tools.json_schema is not None else body.constraint_param()
         request = processor.request(
             new_id("chatcmpl"), prompt, params, body.priority, body.timeout, schema_param
         )

@@ -11,6 +11,7 @@ from hetero_infer.engine.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.request_body import NULL_SCHEMA, check_text, check_texts
 from hetero_infer.server.openai.sampling_fields import SamplingFields
+from hetero_infer.server.openai.unsupported_fields import CHAT
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -64,26 +65,30 @@ class FunctionDefinition(BaseModel):
     def _object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         """Arguments are a JSON object, so their schema must describe one. (A grammar
         is built from it only when tool_choice constrains the output, and checked then.)"""
-        if value is None:
-            return value
-        kind = value.get("type", "object")
-        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
-            raise ValueError("must be a JSON schema of an object (type 'object')")
-        properties = value.get("properties", {})
-        if not isinstance(properties, dict) or not all(
-            isinstance(p, dict | bool) for p in properties.values()
-        ):
-            raise ValueError("'properties' must map names to JSON schemas")
-        required = value.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise ValueError("'required' must be a list of property names")
-        return value
+        return value if value is None else check_object_schema(value)
 
     @model_validator(mode="after")
     def _valid_texts(self) -> FunctionDefinition:
         # The chat template writes all of it into the prompt.
         check_texts([self.name, self.description, self.parameters])
         return self
+
+
+def check_object_schema(value: dict[str, Any]) -> dict[str, Any]:
+    """ValueError unless ``value`` is a JSON schema of an object (what a tool's
+    arguments are; Anthropic's input_schema takes the same check)."""
+    kind = value.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ValueError("must be a JSON schema of an object (type 'object')")
+    properties = value.get("properties", {})
+    if not isinstance(properties, dict) or not all(
+        isinstance(p, dict | bool) for p in properties.values()
+    ):
+        raise ValueError("'properties' must map names to JSON schemas")
+    required = value.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ValueError("'required' must be a list of property names")
+    return value
 
 
 class ToolDefinition(BaseModel):
@@ -116,7 +121,10 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": ROLE_RULES})
+    """One message. Keys it does not know are refused (naming them): a message's text
+    must not silently go missing from the prompt."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": ROLE_RULES})
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
@@ -124,6 +132,16 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant's earlier reasoning, as this server (and vLLM) answer it; templates
+    # that show past reasoning read reasoning_content. vLLM's newer name is reasoning.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    # What OpenAI's answers carry beside the content, which a client sending an answer
+    # back as a message repeats: accepted when null only (nothing here would use them).
+    refusal: Annotated[None, WithJsonSchema(NULL_SCHEMA)] = None
+    audio: Annotated[None, WithJsonSchema(NULL_SCHEMA)] = None
+    function_call: Annotated[None, WithJsonSchema(NULL_SCHEMA)] = None
+    annotations: Annotated[None, WithJsonSchema(NULL_SCHEMA)] = None
 
     @field_validator("content")
     @classmethod
@@ -145,7 +163,9 @@ class ChatMessage(BaseModel):
             raise ValueError("a tool message needs the tool_call_id it answers")
         # What else a chat template may write into the prompt (content is checked above).
         calls = [call.model_dump() for call in self.tool_calls or []]
-        check_texts([self.name, self.tool_call_id, calls])
+        check_texts([self.name, self.tool_call_id, calls, self.reasoning_content, self.reasoning])
+        if self.reasoning_content is not None and self.reasoning is not None:
+            raise ValueError("give reasoning_content or reasoning, not both")
         return self
 
     def text(self) -> str:
@@ -163,6 +183,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    UNSUPPORTED = CHAT
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -174,17 +196,23 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # OpenAI's, which change nothing here: nothing is stored, and the prompt cache
+    # needs no key (prefix caching finds shared prompts by their tokens).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
-        for name in ("functions", "function_call"):
-            if (self.model_extra or {}).get(name) is not None:
-                raise APIError(
-                    400,
-                    f"'{name}' is OpenAI's deprecated form of tool calling: "
-                    "use 'tools' and 'tool_choice'",
-                    param=name,
-                )
+        constraint = self.structured_output()
+        constrained_tools = self.tools and self.tool_choice not in (None, "none", "auto")
+        if constraint is not None and constrained_tools:
+            raise APIError(
+                400,
+                f"'{constraint[0]}' cannot be combined with tool_choice 'required' or a "
+                "named function: both constrain the output",
+                param=constraint[0],
+            )
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -220,7 +248,7 @@ class ChatCompletionRequest(SamplingFields):
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as chat templates take them: role and text content, and an assistant's
     tool calls with their arguments as objects (templates write them with ``tojson``),
-    a tool message's tool_call_id, and a name where given."""
+    a tool message's tool_call_id, and a name and reasoning_content where given."""
     rendered = []
     for i, message in enumerate(messages):
         entry: dict[str, Any] = {"role": message.role, "content": message.text()}
@@ -228,6 +256,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             entry["name"] = message.name
         if message.tool_call_id is not None:
             entry["tool_call_id"] = message.tool_call_id
+        reasoning = message.reasoning_content or message.reasoning
+        if reasoning is not None:
+            entry["reasoning_content"] = reasoning
         if message.tool_calls:
             entry["tool_calls"] = [
                 {

@@ -8,10 +8,13 @@ from typing import Annotated
 from hetero_infer.engine.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.sampling_fields import SamplingFields
+from hetero_infer.server.openai.unsupported_fields import COMPLETION
 from pydantic import Field, WithJsonSchema, field_validator
 
 
 class CompletionRequest(SamplingFields):
+    UNSUPPORTED = COMPLETION
+
     prompt: PromptField
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False

@@ -74,8 +74,11 @@ class Completion:
         max_tokens = min([ctx.max_tokens(prompt, requested) for prompt in prompts])
         params = body.sampling_params(max_tokens, defaults.sampling)
         completion_id = new_id("cmpl")
+        constraint = body.constraint_param()
         requests = [
-            processor.request(f"{completion_id}-{i}", prompt, params, body.priority, body.timeout)
+            processor.request(
+                f"{completion_id}-{i}", prompt, params, body.priority, body.timeout, constraint
+            )
             for i, prompt in enumerate(prompts)
         ]
         return cls(ctx, body, completion_id, requests)

@@ -6,18 +6,18 @@ from typing import Any, Literal
 
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.request_body import RequestBody
-from pydantic import ConfigDict, ValidatorFunctionWrapHandler, field_validator
+from hetero_infer.server.openai.unsupported_fields import EMBEDDING
 from pydantic import ValidationError as PydanticValidationError
+from pydantic import ValidatorFunctionWrapHandler, field_validator
 
 # OpenAI's limit on the inputs of one embeddings request.
 MAX_EMBEDDING_INPUTS = 2048
 
 
 class EmbeddingRequest(RequestBody):
-    """/v1/embeddings. It has no extras to pass over: any other field is refused,
-    naming it."""
+    """/v1/embeddings. Any other field is refused, naming it."""
 
-    model_config = ConfigDict(extra="forbid")
+    UNSUPPORTED = EMBEDDING
 
     model: str | None = None
     input: PromptField

@@ -1,15 +1,26 @@
-"""What every OpenAI request body shares: a bound on how deep it nests, token ids that
-are integers and never booleans, and texts that are valid Unicode.
+"""What every OpenAI request body shares: a bound on how deep it nests, no field it
+does not know, token ids that are integers and never booleans, and texts that are
+valid Unicode.
 
 Each is refused with a 400 naming the field, never a 500: the checks run before
 anything recurses into a body or hands its text to a tokenizer.
+
+A field neither OpenAI nor vLLM defines is refused in OpenAI's words ("Unrecognized
+request argument supplied: <name>"); one they define that we do not implement is
+refused naming it, unless it holds null or a value that changes nothing (a body's
+``UNSUPPORTED``). Either is raised as the route's APIError from inside validation:
+pydantic passes on exceptions that are not ValueErrors, and the app's handler answers
+them. (So validating a body outside a route raises APIError for these too.)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, WithJsonSchema, model_validator
+from hetero_infer.server.errors import APIError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema, model_validator
 
 # Bodies nest at most this deep (a JSON schema of 60 nested objects fits): deeper, the
 # code that recurses into a part of a body (copying a schema, rendering a template)
@@ -17,14 +28,49 @@ from pydantic import BaseModel, BeforeValidator, WithJsonSchema, model_validator
 MAX_JSON_DEPTH = 128
 
 
+@dataclass(frozen=True)
+class Unsupported:
+    """A field OpenAI or vLLM defines that a route does not implement: the values
+    (besides null) that change nothing and are accepted, and why it is refused."""
+
+    harmless: tuple[Any, ...] = ()
+    why: str = "is not supported by this server"
+
+    def allows(self, value: Any) -> bool:
+        # Type and value: 0 must not pass for false.
+        return value is None or any(type(value) is type(ok) and value == ok for ok in self.harmless)
+
+
 class RequestBody(BaseModel):
-    """What every request body checks before its fields: how deep it nests."""
+    """What every request body checks before its fields: how deep it nests, and that
+    it has no field it does not know (the schema says so: additionalProperties false)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Fields OpenAI or vLLM define for this route that it does not implement.
+    UNSUPPORTED: ClassVar[Mapping[str, Unsupported]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _not_too_deep(cls, data: Any) -> Any:
         check_depth(data, MAX_JSON_DEPTH)
-        return data
+        if not isinstance(data, dict) or all(name in cls.model_fields for name in data):
+            return data
+        # What is left are unsupported fields holding values that change nothing.
+        return {name: value for name, value in data.items() if cls._declared(name, value)}
+
+    @classmethod
+    def _declared(cls, name: str, value: Any) -> bool:
+        """Whether ``name`` is a field of the body; a 400 unless it is one, or an
+        unsupported field that ``value`` leaves harmless."""
+        if name in cls.model_fields:
+            return True
+        unsupported = cls.UNSUPPORTED.get(name)
+        if unsupported is None:
+            shown = name if len(name) <= 64 else name[:64] + "..."  # it may be megabytes long
+            raise APIError(400, f"Unrecognized request argument supplied: {shown}", param=shown)
+        if not unsupported.allows(value):
+            raise APIError(400, f"'{name}' {unsupported.why}", param=name)
+        return False
 
 
 def check_depth(value: Any, limit: int) -> None:

@@ -1,10 +1,10 @@
 """The fields both completion routes share, and their mapping to SamplingParams.
 
 Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
-stop_token_ids, include_stop_str_in_output, repetition_penalty, priority), and this
-server's own time limit (timeout).
-A field we do not implement yet is refused with a 400 naming it rather than
-ignored: a client must never get silently different behaviour.
+stop_token_ids, include_stop_str_in_output, repetition_penalty, skip_special_tokens,
+priority, structured outputs: guided_fields.py), and this server's own time limit
+(timeout). A field we do not implement yet is refused with a 400 naming it rather than
+ignored (unsupported_fields.py): a client must never get silently different behaviour.
 """
 
 from __future__ import annotations
@@ -19,35 +19,13 @@ from hetero_infer.engine.sampling_params import (
     SamplingParams,
 )
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.request_body import NULL_SCHEMA, RequestBody, TokenId
+from hetero_infer.server.openai.guided_fields import GuidedDecodingFields
+from hetero_infer.server.openai.request_body import NULL_SCHEMA, TokenId
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 INT64_MAX = 2**63 - 1
 
 # Schemas of the fields checked by hand (request_body.py says why they are written out).
-# json_schema() takes these three; any other keys are ignored.
-RESPONSE_FORMAT_SCHEMA = {
-    "anyOf": [
-        {
-            "type": "object",
-            "properties": {"type": {"enum": ["text", "json_object"]}},
-            "required": ["type"],
-        },
-        {
-            "type": "object",
-            "properties": {
-                "type": {"const": "json_schema"},
-                "json_schema": {
-                    "type": "object",
-                    "properties": {"schema": {"type": "object"}},
-                    "required": ["schema"],
-                },
-            },
-            "required": ["type", "json_schema"],
-        },
-        NULL_SCHEMA,
-    ]
-}
 # Token ids (as JSON object keys) -> biases, which SamplingParams bounds.
 LOGIT_BIAS_SCHEMA = {
     "anyOf": [
@@ -66,15 +44,15 @@ LOGIT_BIAS_SCHEMA = {
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
     # vLLM's: with include_usage, every chunk carries the usage so far.
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(RequestBody):
+class SamplingFields(GuidedDecodingFields):
     """Fields both completion routes share."""
-
-    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -95,13 +73,15 @@ class SamplingFields(RequestBody):
     logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's: false keeps special tokens in the text.
+    skip_special_tokens: bool = True
+    # OpenAI's, which change nothing here: an end user's id, and the processing tier.
     user: str | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     # vLLM's v1 engine has no best_of either: only 1 is accepted.
     best_of: Annotated[int | None, WithJsonSchema({"enum": [1, None]})] = None
-    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
-    # {"schema": {...}}}, checked by json_schema() (for its messages).
-    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
     # vLLM's: with --scheduling-policy priority, lower values are served first (and
     # preempt running requests of higher values); any other value needs that policy.
     priority: int = 0
@@ -132,28 +112,10 @@ class SamplingFields(RequestBody):
                 param="best_of",
             )
 
-    def json_schema(self) -> dict[str, Any] | None:
-        """response_format as a JSON schema to constrain decoding to, or None for text."""
-        fmt = self.response_format
-        if fmt is None or fmt.get("type") == "text":
-            return None
-        if fmt.get("type") == "json_object":
-            return {"type": "object"}
-        if fmt.get("type") == "json_schema":
-            spec = fmt.get("json_schema")
-            schema = spec.get("schema") if isinstance(spec, dict) else None
-            if not isinstance(schema, dict):
-                raise APIError(
-                    400,
-                    "response_format: json_schema needs {'name': ..., 'schema': {...}}",
-                    param="response_format",
-                )
-            return schema
-        raise APIError(
-            400,
-            "response_format: type must be 'text', 'json_object' or 'json_schema'",
-            param="response_format",
-        )
+    def constraint_param(self) -> str:
+        """The field the output's constraint came in (errors compiling it name it)."""
+        constraint = self.structured_output()
+        return constraint[0] if constraint is not None else "response_format"
 
     def logprobs_params(self) -> dict[str, int]:
         """SamplingParams' logprobs / prompt_logprobs, from each route's own fields."""
@@ -173,6 +135,7 @@ class SamplingFields(RequestBody):
             "ignore_eos": self.ignore_eos,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "min_tokens": self.min_tokens,
+            "skip_special_tokens": self.skip_special_tokens,
         }
         names = (
             "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
@@ -186,6 +149,9 @@ class SamplingFields(RequestBody):
             values["logit_bias"] = _token_bias(self.logit_bias)
         values.update(self.logprobs_params())
         values["json_schema"] = self.json_schema()
+        constraint = self.structured_output()
+        if constraint is not None:
+            values["structured_outputs"] = constraint[1]
         # A stream sends each step's part; an answer sent whole needs only the end.
         values["output_kind"] = (
             RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY

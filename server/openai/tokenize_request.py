@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from hetero_infer.server.openai.chat_request import ChatMessage
 from hetero_infer.server.openai.request_body import RequestBody, TokenId, check_text
+from hetero_infer.server.openai.unsupported_fields import TOKENIZE
 from pydantic import field_validator
 
 
 class TokenizeRequest(RequestBody):
+    UNSUPPORTED = TOKENIZE
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None

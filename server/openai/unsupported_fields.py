@@ -1,0 +1,92 @@
+"""The fields OpenAI or vLLM define for each route that this server does not implement
+(request_body.Unsupported): a body that sets one to anything but null, or a value that
+changes nothing, gets a 400 naming it, never silently different behaviour.
+
+Fields that change nothing here at all (``user``, ``store``, ``metadata``...) are not
+listed: the request bodies declare them, and they are accepted as they are.
+"""
+
+from __future__ import annotations
+
+from hetero_infer.server.openai.request_body import Unsupported
+
+_NO = Unsupported()
+
+# vLLM's sampling extras both completion routes share; the harmless values are vLLM's
+# defaults (what a client that sends every field sends).
+_SAMPLING = {
+    "use_beam_search": Unsupported((False,), "is not supported: this server samples"),
+    "length_penalty": Unsupported((1.0, 1), "applies to beam search, which is not supported"),
+    "early_stopping": Unsupported((False,), "applies to beam search, which is not supported"),
+    "spaces_between_special_tokens": Unsupported((True,)),
+    "truncate_prompt_tokens": _NO,
+    "allowed_token_ids": _NO,
+    "bad_words": Unsupported(([],)),
+    "prompt_logprobs": _NO,
+    "logits_processors": _NO,
+    "return_tokens_as_token_ids": Unsupported((False,)),
+    "return_token_ids": Unsupported((False,)),
+    "request_id": _NO,
+    "cache_salt": _NO,
+    "kv_transfer_params": _NO,
+    "vllm_xargs": _NO,
+    "thinking_token_budget": _NO,
+    "top_p_min": Unsupported((0.0, 0)),
+}
+
+COMPLETION = {
+    **_SAMPLING,
+    # Prompts are tokenized with the model's special tokens (a BOS...), as vLLM's default.
+    "add_special_tokens": Unsupported(
+        (True,), "may only be true: prompts get their special tokens"
+    ),
+    "prompt_embeds": _NO,
+}
+
+CHAT = {
+    **_SAMPLING,
+    "functions": Unsupported(
+        why="is OpenAI's deprecated form of tool calling: use 'tools' and 'tool_choice'"
+    ),
+    "function_call": Unsupported(
+        why="is OpenAI's deprecated form of tool calling: use 'tools' and 'tool_choice'"
+    ),
+    "audio": _NO,
+    "modalities": Unsupported((["text"],), "may only be ['text']"),
+    "prediction": _NO,
+    "web_search_options": _NO,
+    "reasoning_effort": _NO,
+    "verbosity": _NO,
+    # vLLM's chat template controls: the template always ends with the generation
+    # prompt, adds its own special tokens, and is the server's (--chat-template).
+    "echo": Unsupported((False,)),
+    "add_generation_prompt": Unsupported((True,)),
+    "continue_final_message": Unsupported((False,)),
+    "add_special_tokens": Unsupported((False,)),
+    "documents": _NO,
+    "chat_template": Unsupported(why="is not accepted: the server's template is used"),
+    "mm_processor_kwargs": _NO,
+    "media_io_kwargs": _NO,
+    "include_reasoning": Unsupported((True,)),
+}
+
+EMBEDDING = {
+    "truncate_prompt_tokens": _NO,
+    "add_special_tokens": Unsupported((True,)),
+    "priority": Unsupported((0,)),
+    "request_id": _NO,
+    "normalize": _NO,
+    "embed_dtype": _NO,
+    "additional_data": _NO,
+    "mm_processor_kwargs": _NO,
+}
+
+TOKENIZE = {
+    "return_token_strs": Unsupported((False,)),
+    "add_generation_prompt": Unsupported((True,)),
+    "continue_final_message": Unsupported((False,)),
+    "chat_template": Unsupported(why="is not accepted: the server's template is used"),
+    "chat_template_kwargs": _NO,
+    "tools": _NO,
+    "mm_processor_kwargs": _NO,
+}
