@@ -31,6 +31,7 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest, InputPro
 from hetero_infer.engine.generation_defaults import GenerationDefaults
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.metrics import EngineMetrics
+from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 
@@ -140,6 +141,10 @@ class AsyncEngine:
     @property
     def vocab_size(self) -> int:
         return self._engine.model_config.vocab_size
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self._engine.model_config
 
     @property
     def hidden_size(self) -> int:

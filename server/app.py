@@ -19,7 +19,10 @@ from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.server import middleware
+from hetero_infer.server.anthropic.router import router as anthropic_router
 from hetero_infer.server.errors import install_error_handlers, service_unavailable
+from hetero_infer.server.ollama.router import router as ollama_router
+from hetero_infer.server.openai.responses_api_store import ResponseStore
 from hetero_infer.server.openai.router import router as openai_router
 from hetero_infer.server.routes import health, metrics, server_info, ui
 from hetero_infer.server.server_metrics import ServerMetrics
@@ -32,6 +35,8 @@ logger = logging.getLogger(__name__)
 class ServerState:
     settings: ServerSettings
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    # /v1/responses' stored responses (previous_response_id, GET /v1/responses/{id}).
+    responses: ResponseStore = field(default_factory=ResponseStore)
     engine: AsyncEngine | None = None
     ready: bool = False
     draining: bool = False
@@ -73,6 +78,8 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
     app = FastAPI(title="Hetero-Paged-Infer", lifespan=lifespan)
     app.state.server = state
     app.include_router(openai_router)
+    app.include_router(ollama_router)
+    app.include_router(anthropic_router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(server_info.router)

@@ -99,15 +99,20 @@ async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
     return error_response(APIError.from_exception(exc))
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    # FastAPI says 422; OpenAI (and vLLM) say 400, naming the field.
+def validation_api_error(exc: RequestValidationError) -> APIError:
+    """FastAPI's 422 as the 400 OpenAI (and vLLM) send, naming the field (the Ollama
+    routes shape the same error their own way)."""
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         message, param = "the request body is not valid JSON", None
-    return error_response(APIError(400, f"{param}: {message}" if param else message, param=param))
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(validation_api_error(exc))
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

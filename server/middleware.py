@@ -13,6 +13,8 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from hetero_infer.server.anthropic.errors import error_body as anthropic_error_body
+from hetero_infer.server.anthropic.errors import is_anthropic_path
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.settings import ServerSettings
 from starlette.datastructures import MutableHeaders
@@ -49,7 +51,15 @@ def install(app: FastAPI, settings: ServerSettings) -> None:
             CORSMiddleware,
             allow_origins=list(settings.allowed_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            # X-Api-Key and the anthropic-* headers: what Anthropic's clients send.
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-Request-Id",
+                "X-Api-Key",
+                "Anthropic-Version",
+                "Anthropic-Beta",
+            ],
         )
 
 
@@ -89,7 +99,9 @@ class _Guard:
 
         error = _check(request, self.settings, self.expected_auth)
         if error is not None:
-            response = JSONResponse(error.body(), status_code=error.status_code)
+            path = request.url.path
+            body = anthropic_error_body(error) if is_anthropic_path(path) else error.body()
+            response = JSONResponse(body, status_code=error.status_code)
             await response(scope, receive, send_with_id)
         else:
             await self.app(scope, receive, send_with_id)
@@ -115,6 +127,10 @@ def _check(request: Request, settings: ServerSettings, expected_auth: bytes | No
     if request.url.path in OPEN_PATHS:
         return None
     given = request.headers.get("authorization", "").encode()
+    # Anthropic's clients send the key as x-api-key: taken on every route.
+    api_key = request.headers.get("x-api-key", "").encode()
+    if api_key and hmac.compare_digest(api_key, (settings.api_key or "").encode()):
+        return None
     if not hmac.compare_digest(given, expected_auth):
         return APIError(
             401, "invalid or missing API key", "authentication_error", code="invalid_api_key"

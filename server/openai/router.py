@@ -1,10 +1,10 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/embeddings,
-/v1/models, /tokenize and /detokenize.
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/responses,
+/v1/embeddings, /v1/models, /tokenize and /detokenize.
 
-Each handler only routes: completions.py, chat.py and embeddings.py build the engine
-requests (through the engine's input processor, which checks them) and the answers,
-whole or streamed as SSE. The typed bodies (*_request.py) and answers (answers.py) are
-what the app's OpenAPI schema describes.
+Each handler only routes: completions.py, chat.py, responses_api.py and embeddings.py
+build the engine requests (through the engine's input processor, which checks them)
+and the answers, whole or streamed as SSE. The typed bodies (*_request.py) and answers
+(answers.py, responses_api_answers.py) are what the app's OpenAPI schema describes.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ from hetero_infer.server.openai.embedding_request import EmbeddingRequest
 from hetero_infer.server.openai.embeddings import Embeddings
 from hetero_infer.server.openai.models import model_list
 from hetero_infer.server.openai.responses import respond
+from hetero_infer.server.openai.responses_api import (
+    ResponsesAnswer,
+    deleted_response,
+    stored_response,
+)
+from hetero_infer.server.openai.responses_api_answers import DeletedResponse, ResponseObject
+from hetero_infer.server.openai.responses_api_request import ResponsesRequest
+from hetero_infer.server.openai.responses_api_stream import respond_events
 from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 
@@ -49,6 +57,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     chat = ChatCompletion.build(RequestContext.open(request, body.model), body)
     return await respond(chat, body.stream)
+
+
+@router.post("/v1/responses", responses=route_responses(ResponseObject, streams=True))
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    store = request.app.state.server.responses
+    answer = ResponsesAnswer.build(RequestContext.open(request, body.model), body, store)
+    return await respond_events(answer, body.stream)
+
+
+@router.get("/v1/responses/{response_id}", responses=route_responses(ResponseObject))
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    return stored_response(request.app.state.server.responses, response_id)
+
+
+@router.delete("/v1/responses/{response_id}", responses=route_responses(DeletedResponse))
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    return deleted_response(request.app.state.server.responses, response_id)
 
 
 @router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse))

@@ -1,5 +1,5 @@
-"""The OpenAPI schema the app serves describes the OpenAI routes' request bodies, their
-answers and their errors (a fuzzer builds its requests from it and checks the answers
+"""The OpenAPI schema the app serves describes the routes' request bodies (OpenAI's,
+Anthropic's and Ollama's), their answers and their errors (a fuzzer builds its requests from it and checks the answers
 against it: test_fuzz_openapi.py)."""
 
 from __future__ import annotations
@@ -15,6 +15,13 @@ BODIES = {
     "/v1/embeddings": "EmbeddingRequest",
     "/tokenize": "TokenizeRequest",
     "/detokenize": "DetokenizeRequest",
+    "/v1/responses": "ResponsesRequest",
+    "/v1/messages": "MessagesRequest",
+    "/v1/messages/count_tokens": "CountTokensRequest",
+    "/api/chat": "ChatRequest",
+    "/api/generate": "GenerateRequest",
+    "/api/embed": "EmbedRequest",
+    "/api/show": "ShowRequest",
 }
 
 
@@ -54,8 +61,30 @@ ANSWERS = {
     ("/v1/models", "get"): "ModelList",
     ("/tokenize", "post"): "TokenizeResponse",
     ("/detokenize", "post"): "DetokenizeResponse",
+    ("/v1/responses", "post"): "ResponseObject",
+    ("/v1/responses/{response_id}", "get"): "ResponseObject",
+    ("/v1/messages", "post"): "MessageResponse",
+    ("/v1/messages/count_tokens", "post"): "CountTokensResponse",
+    ("/api/chat", "post"): "ChatAnswer",
+    ("/api/generate", "post"): "GenerateAnswer",
+    ("/api/embed", "post"): "EmbedAnswer",
+    ("/api/tags", "get"): "TagList",
+    ("/api/ps", "get"): "RunningList",
+    ("/api/show", "post"): "ShowAnswer",
+    ("/api/version", "get"): "VersionAnswer",
 }
-STREAMING = {"/v1/completions", "/v1/chat/completions"}
+STREAMING = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}
+# Streamed as newline-delimited JSON, as Ollama's server does.
+NDJSON = {"/api/chat", "/api/generate"}
+
+
+def error_schema(path: str) -> str:
+    """Each family's routes answer errors in its own shape."""
+    if path.startswith("/api/"):
+        return "OllamaError"
+    if path.startswith("/v1/messages"):
+        return "AnthropicErrorResponse"
+    return "ErrorResponse"
 
 
 def json_ref(response: dict) -> str:
@@ -68,8 +97,9 @@ def test_routes_document_their_answers_and_errors(schema: dict, route: tuple, an
     responses = schema["paths"][path][method]["responses"]
     assert json_ref(responses["200"]) == f"#/components/schemas/{answer}"
     assert ("text/event-stream" in responses["200"]["content"]) == (path in STREAMING)
+    assert ("application/x-ndjson" in responses["200"]["content"]) == (path in NDJSON)
     for status in ("4XX", "503"):
-        assert json_ref(responses[status]) == "#/components/schemas/ErrorResponse"
+        assert json_ref(responses[status]) == f"#/components/schemas/{error_schema(path)}"
     # errors.py answers FastAPI's validation errors with a 400, never a 422.
     assert "422" not in responses
 

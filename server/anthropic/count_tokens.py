@@ -1,0 +1,22 @@
+"""/v1/messages/count_tokens: the length of the prompt /v1/messages would build for the
+same conversation and tools (rendered by the same template, with the same tools)."""
+
+from __future__ import annotations
+
+from hetero_infer.server.anthropic.chat_translation import chat_request
+from hetero_infer.server.anthropic.messages_request import CountTokensRequest
+from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+
+
+def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> int:
+    chat = chat_request(body)
+    # What the template sees of the tools, whatever tool_choice says (which decides
+    # only how the output is read).
+    tools = [tool.model_dump(exclude_none=True) for tool in chat.tools or []]
+    token_ids = chat_prompt(
+        ctx.engine,
+        chat.template_messages(),
+        tools=tools or None,
+        chat_template=ctx.settings.chat_template_text,
+    )
+    return len(token_ids)

@@ -1,0 +1,114 @@
+"""Errors on the Anthropic routes in Anthropic's shape:
+``{"type": "error", "error": {"type": ..., "message": ...}}``, with the status the type
+goes with. The OpenAI routes keep OpenAI's shape: AnthropicRoute answers its own
+routes' errors before the app's handlers (server/errors.py) see them, and the
+middleware's refusals (a bad key, too large a body) ask ``is_anthropic_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.server.errors import APIError, validation_api_error
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+PATH = "/v1/messages"
+# Anthropic's error types by status. A full queue, a model still loading or a server
+# draining stays a 503 with Retry-After (what load balancers act on) where Anthropic
+# sends 529; the SDK retries both.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == PATH or path.startswith(PATH + "/")
+
+
+def error_type(status_code: int) -> str:
+    if status_code in ERROR_TYPES:
+        return ERROR_TYPES[status_code]
+    return "invalid_request_error" if status_code < 500 else "api_error"
+
+
+def error_body(error: APIError) -> dict[str, Any]:
+    """Anthropic's shape has no ``param``: the message names the field instead."""
+    message = error.message
+    if error.param and not message.startswith(error.param):
+        message = f"{error.param}: {message}"
+    return {
+        "type": "error",
+        "error": {"type": error_type(error.status_code), "message": message},
+    }
+
+
+def error_response(error: APIError) -> Response:
+    # ASCII JSON: a message may echo input holding a lone surrogate.
+    return Response(
+        json.dumps(error_body(error)),
+        status_code=error.status_code,
+        headers=error.headers,
+        media_type="application/json",
+    )
+
+
+def request_error(exc: RequestValidationError) -> APIError:
+    """A body that does not validate: a 400 naming the field, in Anthropic's words."""
+    error = validation_api_error(exc)
+    first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "extra_forbidden":
+        error.message = f"{error.param}: unknown field (not supported by this server)"
+    elif first.get("type") == "union_tag_invalid":  # a content block's type
+        context = first.get("ctx", {})
+        error.message = (
+            f"{error.param}: blocks of type {context.get('tag')!r} are not supported "
+            f"(images, documents and server tools are not); this server takes "
+            f"{context.get('expected_tags')}"
+        )
+    error.message = error.message.replace("Value error, ", "")
+    return error
+
+
+class AnthropicRoute(APIRoute):
+    """A route whose every error is answered in Anthropic's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def anthropic_errors(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return error_response(request_error(exc))
+            except APIError as exc:
+                return error_response(exc)
+            except EngineError as exc:
+                return error_response(APIError.from_exception(exc))
+            except StarletteHTTPException as exc:
+                return error_response(
+                    APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+                )
+            except Exception:
+                logger.exception("unhandled error")
+                return error_response(
+                    APIError(500, "internal server error", "internal_server_error")
+                )
+
+        return anthropic_errors

@@ -1,0 +1,127 @@
+"""/v1/messages: the request built by the OpenAI chat route's code (chat_translation.py
+says how the body maps), its answer as Anthropic's message object.
+
+The output is read by the same ChatOutputParser as a chat completion's: the server's
+reasoning parser makes a ``thinking`` block, the text a ``text`` block, and each tool
+call (parsed by the server's --tool-call-parser with tool_choice auto, or made by the
+grammar with any / tool) a ``tool_use`` block whose input is the call's arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.server.anthropic.chat_translation import chat_request
+from hetero_infer.server.anthropic.messages_request import MessagesRequest
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.chat import ChatCompletion
+from hetero_infer.server.openai.chat_output import MessageDelta, tool_calls_body
+from hetero_infer.server.openai.serving import RequestContext
+from pydantic_core import from_json
+
+
+class AnthropicMessage:
+    """One /v1/messages request: its engine request, and the answer."""
+
+    def __init__(self, ctx: RequestContext, chat: ChatCompletion) -> None:
+        self.ctx = ctx
+        self.chat = chat
+        self.message_id = new_id("msg")
+        # The engine (its logs, its aborts) knows the request by the id the client sees.
+        self.request: EngineRequest = dataclasses.replace(chat.request, request_id=self.message_id)
+        self.input_tokens = chat.prompt_tokens
+
+    @classmethod
+    def build(cls, ctx: RequestContext, body: MessagesRequest) -> AnthropicMessage:
+        """The checked request: a 400 naming the field for what cannot be served."""
+        return cls(ctx, ChatCompletion.build(ctx, chat_request(body)))
+
+    async def whole(self) -> dict[str, Any]:
+        [[final]] = await self.ctx.run_to_end([self.request])
+        parser = self.chat.output_parser()
+        message = parser.parse(final.text)
+        stop_reason, stop_sequence = ending(final, parser.made_calls)
+        return message_body(
+            self.message_id,
+            self.ctx.model_name,
+            content_blocks(message),
+            stop_reason,
+            stop_sequence,
+            {"input_tokens": self.input_tokens, "output_tokens": len(final.token_ids)},
+        )
+
+
+def message_body(
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+    stop_sequence: str | None,
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    """Anthropic's message object (a stream's message_start carries it empty)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": model,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": usage,
+    }
+
+
+def content_blocks(message: MessageDelta) -> list[dict[str, Any]]:
+    """A whole answer's blocks: thinking, text, then one tool_use per call."""
+    blocks: list[dict[str, Any]] = []
+    if message.reasoning:
+        blocks.append(thinking_block(message.reasoning))
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for call in tool_calls_body(message.tool_calls):
+        arguments = call["function"]["arguments"]
+        blocks.append(tool_use_block(call["function"]["name"], tool_input(arguments)))
+    return blocks
+
+
+def thinking_block(thinking: str) -> dict[str, Any]:
+    # Anthropic signs its thinking so that it can be sent back; nothing here checks it.
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
+def tool_use_block(name: str, tool_input: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": new_id("toolu"), "name": name, "input": tool_input}
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the input object. Arguments cut short by max_tokens are
+    read as far as they go (as the SDK reads a stream's partial JSON); what is no
+    object at all is {}."""
+    try:
+        value = from_json(arguments, allow_partial="trailing-strings") if arguments.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def ending(out: RequestOutput, made_calls: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished output."""
+    if out.finish_reason == "error":
+        raise APIError(500, "the engine failed while generating the answer", "api_error")
+    # A time limit (timeout, --request-timeout) cuts the output short as max_tokens does.
+    if out.finish_reason in ("length", "abort"):
+        return "max_tokens", None
+    if isinstance(out.stop_reason, str):
+        return "stop_sequence", out.stop_reason
+    if made_calls:
+        return "tool_use", None
+    return "end_turn", None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"

@@ -1,0 +1,1 @@
+"""Ollama's native API (/api/*) on the same engine as the OpenAI routes."""

@@ -1,0 +1,59 @@
+"""/api/embed: each input becomes an embedding request, served as /v1/embeddings'
+are (pooled final hidden states, unit length, as Ollama's are).
+
+``truncate`` (Ollama's default) cuts an input longer than the context to its first
+max_model_len tokens; ``truncate: false`` refuses it with a 400. ``dimensions`` is
+accepted only as the model's own size, as in /v1/embeddings.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.ollama.generation import nanoseconds
+from hetero_infer.server.ollama.request_bodies import EmbedRequest
+from hetero_infer.server.openai.embedding_request import MAX_EMBEDDING_INPUTS
+from hetero_infer.server.openai.responses import new_id
+from hetero_infer.server.openai.serving import RequestContext
+
+
+async def embed(ctx: RequestContext, body: EmbedRequest, model: str) -> dict[str, Any]:
+    start = time.monotonic()
+    size = ctx.engine.hidden_size
+    if body.dimensions is not None and body.dimensions != size:
+        raise APIError(
+            400,
+            f"dimensions: this model's embeddings have {size} dimensions and cannot be "
+            f"shortened (the model has no Matryoshka training); omit dimensions or give {size}",
+            param="dimensions",
+        )
+    texts = body.inputs()
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise APIError(400, f"input: at most {MAX_EMBEDDING_INPUTS} inputs", param="input")
+    processor = ctx.engine.input_processor
+    prompts = []
+    for text in texts:
+        prompt = processor.tokenize(text, param="input")
+        if body.truncate and len(prompt.token_ids) > processor.max_model_len:
+            prompt = PromptTokens(None, prompt.token_ids[: processor.max_model_len])
+        prompts.append(prompt)
+    embedding_id = new_id("embed")
+    requests = [
+        processor.embedding_request(f"{embedding_id}-{i}", prompt)
+        for i, prompt in enumerate(prompts)
+    ]
+    finals = await ctx.run_to_end(requests) if requests else []
+    embeddings = []
+    for [output] in finals:
+        assert output.embedding is not None, "an embedding request ended without one"
+        embeddings.append(output.embedding)
+    return {
+        "model": model,
+        "embeddings": embeddings,
+        "total_duration": nanoseconds(time.monotonic() - start),
+        "load_duration": 0,
+        "prompt_eval_count": sum(len(prompt.token_ids) for prompt in prompts),
+    }

@@ -1,0 +1,89 @@
+"""/api/generate: a prompt, through the chat template as one user message (after the
+``system`` message, when given), or as it is with ``raw``; a previous answer's
+``context`` goes before it.
+
+``template`` is Ollama's Go template, which we cannot render: it is accepted only
+empty or as the server's own chat template (what /api/show gives). ``system`` and
+``template`` have no effect with ``raw`` and are refused there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.ollama.generation import Generation
+from hetero_infer.server.ollama.request_bodies import GenerateRequest
+from hetero_infer.server.ollama.sampling import engine_request, openai_fields, validated
+from hetero_infer.server.ollama.thinking import thinking
+from hetero_infer.server.openai.chat_output import ChatOutputParser
+from hetero_infer.server.openai.reasoning import reasoning_parser
+from hetero_infer.server.openai.sampling_fields import SamplingFields
+from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+
+
+def build_generate(ctx: RequestContext, body: GenerateRequest, model: str) -> Generation:
+    start = time.monotonic()
+    reasoning, template_kwargs = thinking(body, ctx.settings)
+    fields = validated(SamplingFields, openai_fields(body))
+    processor = ctx.engine.input_processor
+    if body.raw:
+        for name in ("system", "template"):
+            if getattr(body, name):
+                raise APIError(400, f"{name} has no effect with raw: true", param=name)
+        prompt = processor.tokenize(body.prompt) if body.prompt else None
+        reasoning = None  # a raw prompt is the caller's own: its output is not split
+    else:
+        _check_template(ctx, body.template)
+        messages: list[dict[str, Any]] = []
+        if body.system:
+            messages.append({"role": "system", "content": body.system})
+        messages.append({"role": "user", "content": body.prompt})
+        token_ids = chat_prompt(
+            ctx.engine,
+            messages,
+            chat_template=ctx.settings.chat_template_text,
+            template_kwargs=template_kwargs or None,
+        )
+        prompt = processor.tokenize(token_ids)
+    if body.context:
+        ids = [*body.context, *(prompt.token_ids if prompt else [])]
+        prompt = processor.tokenize(ids, param="context")
+    assert prompt is not None, "the router answers a request with nothing to generate"
+    request = engine_request(ctx, body, fields, PromptTokens(None, prompt.token_ids))
+
+    def new_parser() -> ChatOutputParser:
+        return ChatOutputParser(reasoning_parser(reasoning) if reasoning else None)
+
+    return Generation(
+        ctx,
+        request,
+        model,
+        new_parser,
+        chat=False,
+        returns_context=not body.raw,
+        top_logprobs=body.top_logprobs_count(),
+        start=start,
+    )
+
+
+def _check_template(ctx: RequestContext, template: str | None) -> None:
+    if not template or template == own_template(ctx):
+        return
+    raise APIError(
+        400,
+        "template: Ollama's Go templates are not supported; the model's chat template "
+        "(see /api/show) is used",
+        param="template",
+    )
+
+
+def own_template(ctx: RequestContext) -> str | None:
+    """The chat template the server renders with."""
+    if ctx.settings.chat_template_text:
+        return ctx.settings.chat_template_text
+    hf = ctx.engine.tokenizer.hf_tokenizer
+    template = getattr(hf, "chat_template", None) if hf is not None else None
+    return template if isinstance(template, str) else None

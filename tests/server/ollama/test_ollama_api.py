@@ -1,0 +1,327 @@
+"""Ollama's API (/api/*) through the official `ollama` client against a live server on
+the real engine (a tiny random Llama): chat and generate, whole and streamed (NDJSON
+chunks, the final done object and its timings), tags, show, ps, version, embed,
+format json and a schema, and the 400s and 404s in Ollama's error shape.
+
+A random model writes garbage, so texts are checked against the same server's OpenAI
+routes under greedy decoding (the two APIs must agree token for token), and formats by
+parsing and validating what came back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, LiveServer
+
+GREEDY = {"temperature": 0, "num_predict": 8}
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "available": {"type": "boolean"},
+    },
+    "required": ["age", "available"],
+    "additionalProperties": False,
+}
+TIMINGS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
+
+
+@pytest.fixture(scope="module")
+def api(server: LiveServer) -> Iterator[ollama.Client]:
+    with ollama.Client(host=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def oai(server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+def check_done(body: dict[str, Any], prompt_tokens: int | None = None) -> None:
+    assert body["done"] is True and body["done_reason"] in ("stop", "length")
+    for name in TIMINGS:
+        assert isinstance(body[name], int) and body[name] >= 0, name
+    assert body["total_duration"] >= body["prompt_eval_duration"] + body["eval_duration"]
+    assert body["prompt_eval_duration"] > 0 and body["eval_duration"] >= 0
+    if prompt_tokens is not None:
+        assert body["prompt_eval_count"] == prompt_tokens
+
+
+def ndjson(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_chat_agrees_with_openai_route(api: ollama.Client, oai: openai.OpenAI):
+    answer = api.chat(model=MODEL_NAME, messages=MESSAGES, options=GREEDY, stream=False)
+    expected = oai.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=8
+    )
+    assert answer.model == MODEL_NAME and answer.message.role == "assistant"
+    assert answer.message.content == expected.choices[0].message.content
+    assert answer.eval_count == expected.usage.completion_tokens
+    check_done(answer.model_dump(), expected.usage.prompt_tokens)
+    assert answer.done_reason == expected.choices[0].finish_reason
+
+
+def test_streamed_chat_chunks_add_up(api: ollama.Client, http: httpx.Client):
+    whole = api.chat(model=f"{MODEL_NAME}:latest", messages=MESSAGES, options=GREEDY)
+    chunks = ndjson(
+        http, "/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "options": GREEDY}
+    )
+    *pieces, final = chunks
+    assert pieces and all(c["done"] is False for c in pieces)
+    for chunk in chunks:
+        assert chunk["model"] == MODEL_NAME and chunk["created_at"].endswith("Z")
+        assert chunk["message"]["role"] == "assistant"
+    assert "".join(c["message"]["content"] for c in pieces) == whole.message.content
+    assert final["message"] == {"role": "assistant", "content": ""}
+    check_done(final, whole.prompt_eval_count)
+    assert final["eval_count"] == whole.eval_count
+    # The client reads the same stream.
+    streamed = list(api.chat(model=MODEL_NAME, messages=MESSAGES, options=GREEDY, stream=True))
+    assert "".join(c.message.content for c in streamed) == whole.message.content
+    assert streamed[-1].done and not any(c.done for c in streamed[:-1])
+
+
+def test_generate_raw_agrees_with_completions(api: ollama.Client, oai: openai.OpenAI):
+    prompt = "The quick brown fox"
+    answer = api.generate(model=MODEL_NAME, prompt=prompt, raw=True, options=GREEDY)
+    expected = oai.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=8)
+    assert answer.response == expected.choices[0].text
+    assert answer.context is None  # raw: no context, as Ollama
+    check_done(answer.model_dump(), expected.usage.prompt_tokens)
+
+
+def test_generate_templated_streams_and_returns_context(api: ollama.Client, http: httpx.Client):
+    body = {"model": MODEL_NAME, "prompt": "Hi", "system": "Be brief.", "options": GREEDY}
+    whole = api.generate(**body, stream=False)
+    assert whole.context and len(whole.context) == whole.prompt_eval_count + whole.eval_count
+    *pieces, final = ndjson(http, "/api/generate", body)
+    assert all(c["done"] is False and "message" not in c for c in pieces)
+    assert "".join(c["response"] for c in pieces) == whole.response
+    assert final["response"] == "" and final["context"] == list(whole.context)
+    check_done(final, whole.prompt_eval_count)
+    # The context carries the conversation on: it goes before the next prompt.
+    follow = api.generate(model=MODEL_NAME, prompt="More", context=whole.context, options=GREEDY)
+    assert follow.prompt_eval_count > len(whole.context)
+    assert follow.context[: len(whole.context)] == whole.context
+
+
+def test_num_predict_larger_than_the_context_is_clamped(api: ollama.Client):
+    options = {"temperature": 0, "num_predict": 10 * MAX_MODEL_LEN, "num_ctx": 100_000}
+    answer = api.generate(model=MODEL_NAME, prompt="a " * 200, raw=True, options=options)
+    assert answer.prompt_eval_count + answer.eval_count <= MAX_MODEL_LEN
+    assert answer.done_reason in ("stop", "length")
+
+
+def test_format_json_and_schema(api: ollama.Client):
+    options = {"temperature": 0, "num_predict": 100}
+    plain = api.chat(model=MODEL_NAME, messages=MESSAGES, format="json", options=options)
+    if plain.done_reason == "stop":  # any object: a random model may write a long one
+        assert isinstance(json.loads(plain.message.content), dict)
+    answer = api.generate(model=MODEL_NAME, prompt="Age?", format=SCHEMA, options=options)
+    assert answer.done_reason == "stop"
+    jsonschema.validate(json.loads(answer.response), SCHEMA)
+    streamed = list(
+        api.chat(model=MODEL_NAME, messages=MESSAGES, format=SCHEMA, options=options, stream=True)
+    )
+    assert streamed[-1].done_reason == "stop"
+    jsonschema.validate(json.loads("".join(c.message.content for c in streamed)), SCHEMA)
+
+
+def test_logprobs(api: ollama.Client):
+    answer = api.generate(
+        model=MODEL_NAME, prompt="Hi", options=GREEDY, logprobs=True, top_logprobs=2
+    )
+    assert len(answer.logprobs) == answer.eval_count
+    for entry in answer.logprobs:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    assert all(isinstance(entry.token, str) for entry in answer.logprobs)
+
+
+def test_load_requests_answer_at_once(http: httpx.Client):
+    chat = http.post("/api/chat", json={"model": MODEL_NAME, "messages": []}).json()
+    assert chat["done"] is True and chat["done_reason"] == "load"
+    assert chat["message"] == {"role": "assistant", "content": ""}
+    gen = http.post("/api/generate", json={"model": MODEL_NAME, "keep_alive": "5m"}).json()
+    assert gen["done"] is True and gen["response"] == "" and gen["done_reason"] == "load"
+
+
+def test_tags_show_ps_version(api: ollama.Client, server: LiveServer):
+    [model] = api.list().models
+    assert model.model == f"{MODEL_NAME}:latest"
+    assert model.size > 0 and len(model.digest) == 64 and model.modified_at is not None
+    details = model.details
+    assert details.format == "safetensors" and details.family == "llama"
+    assert details.parameter_size.endswith(("K", "M")) and details.quantization_level
+    shown = api.show(MODEL_NAME)
+    assert shown.details == details and "completion" in shown.capabilities
+    assert shown.modelinfo["llama.context_length"] == MAX_MODEL_LEN
+    assert shown.modelinfo["llama.embedding_length"] == server.engine.model_config.hidden_size
+    assert shown.template == server.engine.tokenizer.hf_tokenizer.chat_template
+    [running] = api.ps().models
+    assert running.name == model.model and running.digest == model.digest
+    assert running.context_length == MAX_MODEL_LEN and running.expires_at is not None
+    version = httpx.get(f"{server.url}/api/version").json()["version"]
+    assert [int(part) for part in version.split(".")] >= [0, 9, 0]
+
+
+def test_template_round_trips_from_show(api: ollama.Client, http: httpx.Client):
+    template = api.show(MODEL_NAME).template
+    ok = http.post(
+        "/api/generate",
+        json={
+            "model": MODEL_NAME,
+            "prompt": "Hi",
+            "template": template,
+            "stream": False,
+            "options": GREEDY,
+        },
+    )
+    assert ok.status_code == 200 and ok.json()["done"] is True
+
+
+def test_embed(api: ollama.Client, oai: openai.OpenAI, server: LiveServer):
+    texts = ["Why is the sky blue?", "x"]
+    out = api.embed(model=MODEL_NAME, input=texts)
+    expected = oai.embeddings.create(model=MODEL_NAME, input=texts, encoding_format="float")
+    assert len(out.embeddings) == 2
+    for got, want in zip(out.embeddings, expected.data, strict=True):
+        assert got == pytest.approx(want.embedding, abs=1e-5)
+    assert out.prompt_eval_count == expected.usage.prompt_tokens
+    one = api.embed(model=MODEL_NAME, input="Why is the sky blue?")
+    assert one.embeddings[0] == pytest.approx(out.embeddings[0], abs=1e-5)
+    # Longer than the context: cut to it by default, refused with truncate false.
+    long = "word " * (2 * MAX_MODEL_LEN)
+    assert api.embed(model=MODEL_NAME, input=long).prompt_eval_count == MAX_MODEL_LEN
+    with pytest.raises(ollama.ResponseError) as refused:
+        api.embed(model=MODEL_NAME, input=long, truncate=False)
+    assert refused.value.status_code == 400 and "context length" in refused.value.error
+    assert server.engine.block_manager.num_used_blocks == 0
+
+
+BAD_BODIES = [
+    ("/api/chat", {"messages": MESSAGES}, "model"),
+    ("/api/chat", {"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}, "role"),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+        "images",
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": MESSAGES, "options": {"foo": 1, "bar": 2}},
+        "'bar', 'foo'",
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": MESSAGES, "options": {"temperature": "hot"}},
+        "options.temperature",
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": MESSAGES, "options": {"mirostat": 2}},
+        "mirostat",
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": MESSAGES, "options": {"top_p": 0}},
+        "options.top_p",
+    ),
+    ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "format": "yaml"}, "format"),
+    ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "format": {"type": 5}}, "format"),
+    ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "think": True}, "think"),
+    ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "unknown_field": 1}, "unknown_field"),
+    (
+        "/api/chat",
+        {
+            "model": MODEL_NAME,
+            "messages": MESSAGES,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        "tools",
+    ),
+    (
+        "/api/generate",
+        {"model": MODEL_NAME, "prompt": "x", "template": "{{ .Prompt }}"},
+        "template",
+    ),
+    ("/api/generate", {"model": MODEL_NAME, "prompt": "x", "suffix": "y"}, "suffix"),
+    ("/api/generate", {"model": MODEL_NAME, "prompt": "x", "raw": True, "system": "s"}, "system"),
+    (
+        "/api/generate",
+        {"model": MODEL_NAME, "prompt": "x", "options": {"num_predict": 0}},
+        "num_predict",
+    ),
+    (
+        "/api/generate",
+        {"model": MODEL_NAME, "prompt": "x " * MAX_MODEL_LEN, "raw": True},
+        "context length",
+    ),
+    ("/api/embed", {"model": MODEL_NAME, "input": "x", "dimensions": 3}, "dimensions"),
+    ("/api/embed", {"model": MODEL_NAME, "input": ""}, "input"),
+    ("/api/embed", {"model": MODEL_NAME}, "input"),
+    ("/api/show", {}, "model"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "named"), BAD_BODIES)
+def test_bad_bodies_are_400s_in_ollama_shape(
+    http: httpx.Client, server: LiveServer, path: str, body: dict, named: str
+):
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert list(error) == ["error"] and isinstance(error["error"], str)
+    assert named in error["error"]
+    assert server.engine.block_manager.num_used_blocks == 0
+
+
+def test_not_json_is_a_400(http: httpx.Client):
+    response = http.post(
+        "/api/chat", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "JSON" in response.json()["error"]
+
+
+def test_unknown_model_is_a_404(api: ollama.Client, http: httpx.Client):
+    for call in (
+        lambda: api.chat(model="llama3:8b", messages=MESSAGES),
+        lambda: api.generate(model=f"{MODEL_NAME}:7b", prompt="x"),
+        lambda: api.embed(model="nope", input="x"),
+        lambda: api.show("nope"),
+    ):
+        with pytest.raises(ollama.ResponseError) as refused:
+            call()
+        assert refused.value.status_code == 404 and "not found" in refused.value.error
+    # A stream is refused before it starts: the status line says so.
+    response = http.post("/api/chat", json={"model": "nope", "messages": MESSAGES})
+    assert response.status_code == 404 and list(response.json()) == ["error"]
