@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from hetero_infer.engine.exceptions import (
     ContextLengthError,
     EngineError,
@@ -126,6 +128,45 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error")
     return error_response(APIError(500, "internal server error", "internal_server_error"))
+
+
+def api_error_of(exc: Exception) -> APIError:
+    """Any exception a route raised as the APIError the app's handlers answer with."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineError):
+        return APIError.from_exception(exc)
+    if isinstance(exc, RequestValidationError):
+        return validation_api_error(exc)
+    if isinstance(exc, StarletteHTTPException):
+        return APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+    logger.exception("unhandled error")
+    return APIError(500, "internal server error", "internal_server_error")
+
+
+def route_class_answering_in(
+    render: Callable[[APIError], Response],
+    validation_error: Callable[[RequestValidationError], APIError] = validation_api_error,
+) -> type[APIRoute]:
+    """An APIRoute class whose routes answer every error in their API family's own shape
+    (``render``), before the app's handlers (OpenAI's shape) see it: for the Anthropic
+    and Ollama routes. ``validation_error``: how the family names a body's bad field."""
+
+    class FamilyRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handle = super().get_route_handler()
+
+            async def handle_in_family_shape(request: Request) -> Response:
+                try:
+                    return await handle(request)
+                except RequestValidationError as exc:
+                    return render(validation_error(exc))
+                except Exception as exc:
+                    return render(api_error_of(exc))
+
+            return handle_in_family_shape
+
+    return FamilyRoute
 
 
 def install_error_handlers(app: FastAPI) -> None:

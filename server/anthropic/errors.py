@@ -8,19 +8,11 @@ middleware's refusals (a bad key, too large a body) ask ``is_anthropic_path``.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
-from hetero_infer.engine.exceptions import EngineError
-from hetero_infer.server.errors import APIError, validation_api_error
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-logger = logging.getLogger(__name__)
+from hetero_infer.server.errors import APIError, route_class_answering_in, validation_api_error
 
 PATH = "/v1/messages"
 # Anthropic's error types by status. A full queue, a model still loading or a server
@@ -86,29 +78,5 @@ def request_error(exc: RequestValidationError) -> APIError:
     return error
 
 
-class AnthropicRoute(APIRoute):
-    """A route whose every error is answered in Anthropic's shape."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def anthropic_errors(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as exc:
-                return error_response(request_error(exc))
-            except APIError as exc:
-                return error_response(exc)
-            except EngineError as exc:
-                return error_response(APIError.from_exception(exc))
-            except StarletteHTTPException as exc:
-                return error_response(
-                    APIError(exc.status_code, str(exc.detail), headers=exc.headers)
-                )
-            except Exception:
-                logger.exception("unhandled error")
-                return error_response(
-                    APIError(500, "internal server error", "internal_server_error")
-                )
-
-        return anthropic_errors
+# The /v1/messages routes: every error in Anthropic's shape, whatever raised it.
+AnthropicRoute = route_class_answering_in(error_response, request_error)

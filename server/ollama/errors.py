@@ -10,16 +10,9 @@ they answer before any route runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine
-from typing import Any
 
-from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
-from hetero_infer.engine.exceptions import EngineError
-from hetero_infer.server.errors import APIError, validation_api_error
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from hetero_infer.server.errors import APIError, route_class_answering_in
 
 
 def error_body(error: APIError) -> dict[str, str]:
@@ -34,22 +27,5 @@ def error_response(error: APIError) -> Response:
     )
 
 
-class OllamaRoute(APIRoute):
-    """A route whose errors come in Ollama's shape, whatever raised them."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
-
-        async def handle_in_ollama_shape(request: Request) -> Response:
-            try:
-                return await handle(request)
-            except RequestValidationError as exc:
-                return error_response(validation_api_error(exc))
-            except APIError as exc:
-                return error_response(exc)
-            except EngineError as exc:
-                return error_response(APIError.from_exception(exc))
-            except StarletteHTTPException as exc:  # a body over --max-body-bytes
-                return error_response(APIError(exc.status_code, str(exc.detail)))
-
-        return handle_in_ollama_shape
+# The /api/* routes: every error in Ollama's shape, whatever raised it.
+OllamaRoute = route_class_answering_in(error_response)
