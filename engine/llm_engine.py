@@ -14,6 +14,8 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.engine import loader
+from hetero_infer.engine.beam_search import BeamSearchParams
+from hetero_infer.engine.beam_search_runner import beam_search
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
@@ -215,6 +217,17 @@ class LLMEngine:
         return self.core.scheduler.block_manager
 
     # ---- offline batch API ----
+
+    def beam_search(
+        self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams
+    ) -> list[RequestOutput]:
+        """Beam search of each prompt (engine/beam_search.py: transformers' scores and
+        early stopping). As generate with n, a prompt gives beam_width outputs next to
+        each other, best first."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        token_ids = [self.input_processor.tokenize(p).token_ids for p in prompts]
+        return [out for outs in beam_search(self, token_ids, params) for out in outs]
 
     def generate(
         self,

@@ -6,6 +6,9 @@ Each choice's text goes through a ChatOutputParser (chat_output.py): reasoning, 
 and tool calls, whole or streamed alike. A stream opens with one chunk per choice
 carrying ``delta.role``; choices interleave by ``index``. With continuous usage stats
 every chunk carries the usage so far (all choices' tokens).
+
+With use_beam_search the n beams of the search are the choices, best first, each read
+by its parser as a whole answer; a stream sends each whole once the search ends.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+from hetero_infer.engine.beam_search import BeamSearchParams, num_candidates
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_output import (
     ChatOutputParser,
     MessageDelta,
@@ -23,6 +28,7 @@ from hetero_infer.server.openai.chat_output import (
     tool_calls_delta,
 )
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
+from hetero_infer.server.openai.completions import beam_finals, beam_outputs
 from hetero_infer.server.openai.logprobs import LogprobsFormatter
 from hetero_infer.server.openai.reasoning import reasoning_parser
 from hetero_infer.server.openai.responses import (
@@ -45,8 +51,11 @@ class ChatCompletion:
         body: ChatCompletionRequest,
         request: EngineRequest,
         tools: ToolUse,
+        beam: BeamSearchParams | None = None,
     ) -> None:
+        """``beam``: the search's params, for use_beam_search."""
         self.ctx = ctx
+        self.beam = beam
         self.request = request
         self.tools = tools
         self.n = request.params.n
@@ -75,7 +84,20 @@ class ChatCompletion:
         prompt = processor.tokenize(token_ids)
         requested = body.max_completion_tokens or body.max_tokens
         defaults = ctx.engine.generation_defaults.sampling
-        params = body.sampling_params(ctx.max_tokens(prompt, requested), defaults)
+        max_tokens = ctx.max_tokens(prompt, requested)
+        beam = None
+        if body.use_beam_search:
+            if tools.json_schema is not None:
+                raise APIError(
+                    400, "a constrained 'tool_choice' cannot be used with beam search",
+                    param="tool_choice",
+                )  # fmt: skip
+            params, beam = body.beam_search_params(max_tokens)
+            if tools.keeps_special_tokens:
+                beam = dataclasses.replace(beam, skip_special_tokens=False)
+            num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
+        else:
+            params = body.sampling_params(max_tokens, defaults)
         if tools.json_schema is not None:
             params = dataclasses.replace(params, json_schema=tools.json_schema)
         if tools.keeps_special_tokens:
@@ -84,7 +106,7 @@ class ChatCompletion:
         request = processor.request(
             new_id("chatcmpl"), prompt, params, body.priority, body.timeout, schema_param
         )
-        return cls(ctx, body, request, tools)
+        return cls(ctx, body, request, tools, beam)
 
     def output_parser(self) -> ChatOutputParser:
         """A parser of one choice's text."""
@@ -93,7 +115,10 @@ class ChatCompletion:
         return ChatOutputParser(reasoning, tools, self.tools.max_calls)
 
     async def whole(self) -> dict[str, Any]:
-        [finals] = await self.ctx.run_to_end([self.request])
+        if self.beam is not None:
+            [finals] = await beam_finals(self.ctx, [self.request], self.beam)
+        else:
+            [finals] = await self.ctx.run_to_end([self.request])
         choices = []
         for final in finals:
             parser = self.output_parser()
@@ -117,7 +142,10 @@ class ChatCompletion:
         )
 
     async def chunks(self) -> AsyncIterator[Chunk]:
-        outputs = self.ctx.outputs(self.request)
+        if self.beam is not None:
+            outputs = beam_outputs(self.ctx, self.request, self.beam)
+        else:
+            outputs = self.ctx.outputs(self.request)
         # The role chunks wait for the engine's first output (as vLLM's do): until
         # then the request may still be refused, and respond() holds the status line.
         first = await anext(outputs)

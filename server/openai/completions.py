@@ -6,14 +6,22 @@ the completion (token-id prompts as their decode) and, with logprobs, the prompt
 tokens' logprobs first. Streamed prompts run one after another. With continuous usage
 stats every chunk's usage counts all the request's prompts and the tokens generated so
 far, so the last one equals the final usage chunk.
+
+With use_beam_search each prompt is searched (engine/beam_search.py) and its n beams
+come back as its choices, best first; a stream sends each beam whole once its search
+ends, as vLLM does. ``beam_outputs`` and ``beam_finals`` serve chat.py too.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero_infer.engine.beam_search import BeamSearchParams, num_candidates
+from hetero_infer.engine.beam_search_runner import beam_search_async
+from hetero_infer.engine.exceptions import EngineError
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.tokenizer import Tokenizer
@@ -46,8 +54,11 @@ class Completion:
         body: CompletionRequest,
         completion_id: str,
         requests: list[EngineRequest],
+        beam: BeamSearchParams | None = None,
     ) -> None:
+        """``beam``: the search's params, for use_beam_search."""
         self.ctx = ctx
+        self.beam = beam
         self.id = completion_id
         self.requests = requests
         self.n = requests[0].params.n
@@ -72,7 +83,12 @@ class Completion:
         if "max_tokens" not in body.model_fields_set and defaults.max_tokens is not None:
             requested = None  # OpenAI's default of 16 gives way to the model's own
         max_tokens = min([ctx.max_tokens(prompt, requested) for prompt in prompts])
-        params = body.sampling_params(max_tokens, defaults.sampling)
+        beam = None
+        if body.use_beam_search:
+            params, beam = body.beam_search_params(max_tokens)
+            num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
+        else:
+            params = body.sampling_params(max_tokens, defaults.sampling)
         completion_id = new_id("cmpl")
         constraint = body.constraint_param()
         requests = [
@@ -81,10 +97,13 @@ class Completion:
             )
             for i, prompt in enumerate(prompts)
         ]
-        return cls(ctx, body, completion_id, requests)
+        return cls(ctx, body, completion_id, requests, beam)
 
     async def whole(self) -> dict[str, Any]:
-        finals = await self.ctx.run_to_end(self.requests)
+        if self.beam is not None:
+            finals = await beam_finals(self.ctx, self.requests, self.beam)
+        else:
+            finals = await self.ctx.run_to_end(self.requests)
         choices = []
         for i, outs in enumerate(finals):
             for out in outs:
@@ -103,7 +122,11 @@ class Completion:
         generated = 0
         for i, request in enumerate(self.requests):
             cursors = [_ChoiceCursor() for _ in range(self.n)]
-            async for out in self.ctx.outputs(request):
+            if self.beam is not None:
+                outputs = beam_outputs(self.ctx, request, self.beam)
+            else:
+                outputs = self.ctx.outputs(request)
+            async for out in outputs:
                 generated += len(out.delta_token_ids)
                 chunk = self._chunk(i, out, cursors[out.index], generated)
                 if chunk is not None:
@@ -167,6 +190,49 @@ class Completion:
         return completion_body(
             "text_completion", self.id, self.ctx.model_name, choices, usage_value
         )
+
+
+async def beam_outputs(
+    ctx: RequestContext, request: EngineRequest, params: BeamSearchParams
+) -> AsyncIterator[RequestOutput]:
+    """The beams of one request's search, best first, once it has ended (each whole,
+    its delta fields too), observed by the metrics; the engine's errors as APIErrors.
+    A search that ran out of time before its first token has no beam to give: a 408."""
+    tracker = ctx.metrics.tracker(final_only=True)
+    try:
+        outputs = await beam_search_async(ctx.engine, request, params)
+    except (EngineError, ValueError) as exc:
+        raise APIError.from_exception(exc) from exc
+    if not outputs:
+        raise APIError(
+            408,
+            "the request ran past its time limit (its timeout, or the server's "
+            "--request-timeout) before its first token",
+            "timeout_error",
+            code="request_timeout",
+        )
+    for output in outputs:
+        tracker.observe(output)
+        yield output
+
+
+async def beam_finals(
+    ctx: RequestContext, requests: list[EngineRequest], params: BeamSearchParams
+) -> list[list[RequestOutput]]:
+    """RequestContext.run_to_end for beam searches: each request's beams, searched
+    concurrently; a client that leaves, or one search failing, cancels them all (which
+    aborts their rounds' requests)."""
+    runs = [asyncio.ensure_future(_collect(beam_outputs(ctx, r, params))) for r in requests]
+    try:
+        return await ctx.until_disconnect(asyncio.gather(*runs))
+    except BaseException:
+        for run in runs:
+            run.cancel()
+        raise
+
+
+async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    return [output async for output in outputs]
 
 
 def _echo_text(request: EngineRequest, tokenizer: Tokenizer) -> str:

@@ -10,8 +10,9 @@ ignored (unsupported_fields.py): a client must never get silently different beha
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
+from hetero_infer.engine.beam_search import BeamSearchParams
 from hetero_infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_N,
@@ -21,7 +22,7 @@ from hetero_infer.engine.sampling_params import (
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.guided_fields import GuidedDecodingFields
 from hetero_infer.server.openai.request_body import NULL_SCHEMA, TokenId
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 INT64_MAX = 2**63 - 1
 
@@ -88,6 +89,18 @@ class SamplingFields(GuidedDecodingFields):
     # This server's own (vLLM, TGI and OpenAI have no such field): seconds the request
     # may take from its arrival, queueing included; it can shorten --request-timeout.
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
+    use_beam_search: bool = False
+    length_penalty: float = Field(default=1.0, allow_inf_nan=False)
+    early_stopping: StrictBool | Literal["never"] = False
+
+    @field_validator("early_stopping", mode="before")
+    @classmethod
+    def _early_stopping(cls, value: Any) -> Any:
+        """One message naming the field, not one per member of the union."""
+        if value is True or value is False or value == "never":
+            return value
+        raise ValueError('must be true, false or "never"')
 
     @property
     def include_usage(self) -> bool:
@@ -111,6 +124,63 @@ class SamplingFields(GuidedDecodingFields):
                 "use 'n' for several choices",
                 param="best_of",
             )
+        if self.use_beam_search:
+            raise APIError(400, "'use_beam_search' is not supported here", param="use_beam_search")
+        for name, neutral in (("length_penalty", 1.0), ("early_stopping", False)):
+            if getattr(self, name) != neutral:
+                raise APIError(
+                    400, f"'{name}' applies only with 'use_beam_search': true", param=name
+                )
+
+    def beam_search_params(self, max_tokens: int) -> tuple[SamplingParams, BeamSearchParams]:
+        """use_beam_search: the search's params, and SamplingParams that only describe
+        the request (n, max_tokens) to the input processor. A field the search cannot
+        honour is a 400 naming it (vLLM ignores them, which would answer differently
+        from what was asked). The model's generation defaults do not apply: the search
+        takes no sampling value."""
+        if self.best_of not in (None, 1):
+            raise APIError(400, "'best_of' greater than 1 is not supported", param="best_of")
+        neutral: dict[str, Any] = {
+            "temperature": (None, 0, 0.0),
+            "top_p": (None, 1, 1.0),
+            "top_k": (None, -1, 0),
+            "min_p": (None, 0, 0.0),
+            "presence_penalty": (None, 0, 0.0),
+            "frequency_penalty": (None, 0, 0.0),
+            "repetition_penalty": (None, 1, 1.0),
+            "min_tokens": (0,),
+            "logit_bias": (None, {}),
+            "stop": (None, [], ""),
+        }
+        for name, values in neutral.items():
+            if getattr(self, name) not in values:
+                raise APIError(
+                    400,
+                    f"'{name}' cannot be used with beam search, which scores the model's "
+                    "own log-probabilities and draws nothing",
+                    param=name,
+                )
+        if self.logprobs_params():
+            raise APIError(400, "'logprobs' are not returned with beam search", param="logprobs")
+        if self.structured_output() is not None or self.json_schema() is not None:
+            param = self.constraint_param()
+            raise APIError(400, f"'{param}' cannot be used with beam search", param=param)
+        search = BeamSearchParams(
+            beam_width=self.n,
+            max_tokens=max_tokens,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+        kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        described = SamplingParams(
+            n=self.n, max_tokens=max_tokens, stop_token_ids=list(search.stop_token_ids),
+            temperature=0.0, output_kind=kind,
+        )  # fmt: skip
+        return described, search
 
     def constraint_param(self) -> str:
         """The field the output's constraint came in (errors compiling it name it)."""

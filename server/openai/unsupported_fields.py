@@ -15,9 +15,6 @@ _NO = Unsupported()
 # vLLM's sampling extras both completion routes share; the harmless values are vLLM's
 # defaults (what a client that sends every field sends).
 _SAMPLING = {
-    "use_beam_search": Unsupported((False,), "is not supported: this server samples"),
-    "length_penalty": Unsupported((1.0, 1), "applies to beam search, which is not supported"),
-    "early_stopping": Unsupported((False,), "applies to beam search, which is not supported"),
     "spaces_between_special_tokens": Unsupported((True,)),
     "truncate_prompt_tokens": _NO,
     "allowed_token_ids": _NO,

@@ -24,9 +24,9 @@ ROUTES = {
 # Per route: a field defined elsewhere but not implemented (set), and that field set to
 # a value that changes nothing.
 UNSUPPORTED = {
-    "chat": [("use_beam_search", True, False), ("add_generation_prompt", False, True),
+    "chat": [("bad_words", ["x"], []), ("add_generation_prompt", False, True),
              ("functions", [{"name": "f"}], None), ("reasoning_effort", "high", None)],
-    "completions": [("use_beam_search", True, False), ("prompt_logprobs", 1, None),
+    "completions": [("bad_words", ["x"], []), ("prompt_logprobs", 1, None),
                     ("add_special_tokens", False, True)],
     "embeddings": [("normalize", False, None), ("truncate_prompt_tokens", 3, None)],
     "tokenize": [("return_token_strs", True, False)],
