@@ -22,6 +22,10 @@ CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_
 # even the compile thread's large stack (structured_output.py); 128 KiB of text is at
 # most ~22,000 rules, and compiles in well under a second.
 MAX_GRAMMAR_CHARS = 128 * 1024
+# A schema or structural tag given as JSON text nests at most as deep as a request
+# body may (the server checks bodies, not the texts in them): copying a deeper one
+# would exhaust Python's stack.
+MAX_JSON_TEXT_DEPTH = 128
 # Compact JSON: without this the grammar lets a model pad with endless whitespace.
 COMPACT_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
@@ -129,12 +133,31 @@ def json_options(schema: dict[str, Any], spec: StructuredOutputsParams | None) -
 
 def _schema(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError("the schema is not valid JSON") from None
+        value = _json_text(value, "the schema is not valid JSON")
     if not isinstance(value, dict):
         raise ValueError("a JSON schema must be an object")
+    return value
+
+
+def _json_text(text: str, invalid: str) -> Any:
+    """The value of a JSON text, at most MAX_JSON_TEXT_DEPTH levels deep; ValueError
+    (``invalid`` where it is not JSON) otherwise. The depth is measured without
+    recursion, and json.loads gives up near 1,000 levels with a RecursionError."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError(invalid) from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= MAX_JSON_TEXT_DEPTH:
+                    raise ValueError(f"the JSON nests more than {MAX_JSON_TEXT_DEPTH} levels deep")
+                stack.append((child, depth + 1))
     return value
 
 
@@ -169,10 +192,7 @@ def _structural_tags(spec: StructuredOutputsParams) -> str:
 
     value = spec.structural_tag
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError("not valid JSON") from None
+        value = _json_text(value, "not valid JSON")
     if not isinstance(value, dict) or "structures" not in value:
         raise ValueError(
             'must be {"structures": [{"begin": ..., "schema": {...}, "end": ...}], '

@@ -199,7 +199,10 @@ def parse_items(raw: str | list[Any], param: str = "input") -> list[InputItem]:
     """The items of ``input`` (a string is one user message), each checked by its own
     model; a bad one is a 400 naming the item's field."""
     if isinstance(raw, str):
-        check_text(raw)
+        try:
+            check_text(raw)
+        except ValueError as exc:  # outside validation: a 500 unless made a 400 here
+            raise APIError(400, f"{param}: {exc}", param=param) from None
         return [MessageItem(role="user", content=raw)]
     items: list[InputItem] = []
     for index, entry in enumerate(raw):

@@ -60,3 +60,33 @@ def test_logprobs_stay_json_when_the_logits_overflow(http: httpx.Client):
     assert response.status_code == 200, response.text
     logprobs = response.json()["choices"][0]["logprobs"]["token_logprobs"]
     assert logprobs and all(isinstance(value, float) for value in logprobs)
+
+
+# Found by the abuse battery (test_abuse_routes.py, test_abuse_constraints.py).
+
+
+def test_responses_input_with_a_lone_surrogate(http: httpx.Client):
+    """A string ``input`` was checked for valid Unicode outside validation, so its
+    ValueError escaped as a 500."""
+    body = b'{"input": "a\\ud800b", "store": false}'  # the escape: no encoder writes it raw
+    response = http.post(
+        "/v1/responses", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert check_error_body(response.json())["param"] == "input"
+
+
+@pytest.mark.parametrize("depth", [600, 100_000])
+@pytest.mark.parametrize("field", ["guided_json", "structural_tag"])
+def test_constraints_as_json_text_nest_no_deeper_than_a_body(
+    http: httpx.Client, field: str, depth: int
+):
+    """A schema (or structural tag) given as JSON text escaped the body's depth limit:
+    copying it recursed past Python's stack (600 levels), or json.loads gave up with a
+    RecursionError (100,000), a 500 either way."""
+    text = '{"items": ' * depth + "{}" + "}" * depth
+    if field == "structural_tag":
+        text = '{"structures": ' + text + "}"
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: text}
+    error = refused(http, "/v1/chat/completions", body)
+    assert error["param"] == field, error
