@@ -1,6 +1,6 @@
 """The OpenAPI schema the app serves describes the routes' request bodies (OpenAI's,
-Anthropic's and Ollama's), their answers and their errors (a fuzzer builds its requests from it and checks the answers
-against it: test_fuzz_openapi.py)."""
+Anthropic's and Ollama's), their answers and their errors (a fuzzer builds its requests
+from it and checks the answers against it: test_fuzz_openapi.py)."""
 
 from __future__ import annotations
 
