@@ -89,6 +89,19 @@ class EngineConfig:
     kv_cache_memory: int = setting(2 * 1024**3, "bytes of KV cache on the CPU")
     num_cpu_blocks: int = setting(0, "CPU blocks that hold swapped-out sequences (0: no swap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of a repeated prefix")
+    kv_offloading_size: float = setting(
+        0.0,
+        "as vLLM's: GiB of host RAM that keep the prefix cache's blocks as the KV cache "
+        "evicts them, to be copied back on a hit instead of recomputed (0: none)",
+    )
+    kv_offloading_dir: str | None = setting(
+        None,
+        "a directory the evicted blocks are written through to, kept across restarts and "
+        "shared by the replicas that name it (needs kv_offloading_size; docs/kv-tiers.md)",
+    )
+    kv_offloading_dir_size: float = setting(
+        16.0, "GiB kv_offloading_dir may hold; its least recently used files go first"
+    )
 
     # Scheduling.
     max_num_seqs: int = setting(256, "the most sequences in one step")

@@ -42,6 +42,7 @@ def check_config(config: EngineConfig) -> None:
     if config.preemption_mode == "swap" and config.num_cpu_blocks == 0:
         raise ConfigError("preemption_mode 'swap' needs num_cpu_blocks > 0")
     _check_scheduling(config)
+    _check_kv_offloading(config)
     _check_generation_config(config)
     _check_parallel(config)
     _ = config.speculative  # a ConfigError here, at start-up, not at the first request
@@ -57,6 +58,30 @@ def _check_scheduling(config: EngineConfig) -> None:
         seconds = getattr(config, name)
         if seconds is not None and (not _is_number(seconds) or not 0 < seconds < float("inf")):
             raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+
+
+def _check_kv_offloading(config: EngineConfig) -> None:
+    for name in ("kv_offloading_size", "kv_offloading_dir_size"):
+        value = getattr(config, name)
+        if not _is_number(value) or not 0 <= value < float("inf"):
+            raise ConfigError(f"{name} must be a number of GiB >= 0, got {value!r}")
+    directory = config.kv_offloading_dir
+    if directory is not None and (not isinstance(directory, str) or not directory):
+        raise ConfigError(f"kv_offloading_dir must be a folder's path or null, got {directory!r}")
+    if not config.kv_offloading_size:
+        if directory is not None:
+            raise ConfigError(
+                "kv_offloading_dir needs kv_offloading_size > 0: blocks reach the disk "
+                "through host RAM"
+            )
+        return
+    if config.tensor_parallel_size > 1:
+        raise ConfigError("kv_offloading_size: the KV tiers serve one rank; not with TP > 1")
+    spec = config.speculative
+    if spec is not None and spec.uses_draft_model:
+        raise ConfigError(
+            "kv_offloading_size: the KV tiers keep the target's KV only, not a draft model's"
+        )
 
 
 def _check_parallel(config: EngineConfig) -> None:

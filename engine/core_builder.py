@@ -16,6 +16,8 @@ from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
+from hetero_infer.engine.kv.disk_layout import load_or_create_key
+from hetero_infer.engine.kv.tier_planner import TierPlanner
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models.sharding import check_divisible
 from hetero_infer.engine.setup import EngineSetup
@@ -59,6 +61,7 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         if workers is not None:
             workers.stop(timeout=0)
         raise
+    tiers, hash_key = tier_planner(runner)
     block_manager = BlockManager(
         runner.num_blocks,
         config.block_size,
@@ -66,6 +69,8 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         enable_prefix_caching=config.enable_prefix_caching,
         sliding_window=runner.sliding_window,
         num_sliding_blocks=runner.num_sliding_blocks,
+        tiers=tiers,
+        hash_key=hash_key,
     )
     speculator = None
     if spec is not None:
@@ -88,6 +93,17 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         metrics.spec_decode = speculator.stats
     core = EngineCore(scheduler, runner, metrics, config.max_queue_time)
     return BuiltCore(core, runner, workers, metrics)
+
+
+def tier_planner(runner: ModelRunner) -> tuple[TierPlanner | None, bytes | None]:
+    """The scheduler's side of the runner's KV tiers, and the block hashes' key: the
+    one the disk tier's directory keeps for every replica that shares it."""
+    store = runner.kv_cache.tiers
+    if store is None:
+        return None, None
+    layout = store.layout
+    planner = TierPlanner(len(store.hosts), store.num_slots, runner.block_size, layout)
+    return planner, None if layout is None else load_or_create_key(layout.root)
 
 
 def check_kv_capacity(runner: ModelRunner, setup: EngineSetup) -> None:

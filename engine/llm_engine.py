@@ -177,6 +177,11 @@ class LLMEngine:
 
     def memory_stats(self) -> dict[str, Any]:
         stats = self.block_manager.memory_stats()
+        # The prefix cache's tiers: the scheduler's counts and the bytes the runner moved.
+        if self.block_manager.tiers is not None:
+            stats.update(self.block_manager.tiers.stats())
+        if self.runner.kv_cache.tiers is not None:
+            stats.update(self.runner.kv_cache.tiers.stats())
         # KV slots the running sequences hold vs the tokens stored in them: paging
         # wastes at most the unfilled tail of each sequence's last block.
         allocated = sum(len(seq.block_table) for seq in self.scheduler.running)

@@ -77,6 +77,58 @@ class _EngineCollector(Collector):
             rejections.add_metric([self.model_name, reason], count)
         yield rejections
         yield from self._spec_decode(metrics.spec_decode)
+        yield from self._kv_tiers(stats)
+
+    def _kv_tiers(self, stats: dict) -> Iterator:
+        """The prefix cache's RAM and disk tiers (docs/kv-tiers.md), when they are on:
+        vLLM's counters of tokens asked of and found in KV kept outside the cache
+        (external_prefix_cache_*), and our own per tier (kv_tier_*: vLLM has no
+        per-tier names)."""
+        if "kv_tier_ram_slots" not in stats:
+            return
+        model = self.model_name
+        for name, doc, key in (
+            ("external_prefix_cache_queries", "Tokens looked up in the KV tiers.", "queried"),
+            ("external_prefix_cache_hits", "Tokens found in the KV tiers.", "hit"),
+        ):
+            counter = CounterMetricFamily(f"vllm:{name}", doc, labels=["model_name"])
+            counter.add_metric([model], stats[f"kv_tier_{key}_tokens"])
+            yield counter
+        hits = CounterMetricFamily(
+            "vllm:kv_tier_hits",
+            "KV blocks brought back from a tier.",
+            labels=["model_name", "tier"],
+        )
+        misses = CounterMetricFamily(
+            "vllm:kv_tier_misses",
+            "KV blocks a lookup wanted that a tier lacked.",
+            labels=["model_name", "tier"],
+        )
+        tiers = ["ram"] + (["disk"] if "kv_tier_disk_bytes_read" in stats else [])
+        for tier in tiers:
+            hits.add_metric([model, tier], stats[f"kv_tier_{tier}_hits"])
+            misses.add_metric([model, tier], stats[f"kv_tier_{tier}_misses"])
+        moved = CounterMetricFamily(
+            "vllm:kv_tier_bytes",
+            "Bytes moved into (in) and out of (out) a KV tier.",
+            labels=["model_name", "tier", "direction"],
+        )
+        moved.add_metric([model, "ram", "in"], stats["kv_tier_ram_bytes_saved"])
+        moved.add_metric([model, "ram", "out"], stats["kv_tier_ram_bytes_loaded"])
+        if "disk" in tiers:
+            moved.add_metric([model, "disk", "in"], stats["kv_tier_disk_bytes_written"])
+            moved.add_metric([model, "disk", "out"], stats["kv_tier_disk_bytes_read"])
+            errors = CounterMetricFamily(
+                "vllm:kv_tier_disk_errors",
+                "Disk tier writes refused and files refused as corrupt or foreign.",
+                labels=["model_name", "kind"],
+            )
+            errors.add_metric([model, "write"], stats["kv_tier_disk_write_errors"])
+            errors.add_metric([model, "corrupt"], stats["kv_tier_disk_corrupt_files"])
+            yield errors
+        yield hits
+        yield misses
+        yield moved
 
     def _endpoint_picker_info(self, engine: AsyncEngine, stats: dict) -> Iterator:
         """The two info gauges, as vLLM writes them, that the Gateway API Inference

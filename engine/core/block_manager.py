@@ -12,11 +12,13 @@ tokens chained to every block before them. A new sequence takes the longest cach
 prefix whose global blocks are all cached and whose sliding blocks are cached for the
 window before its end: a chat's next turn finds the last turn's blocks in both.
 
-Block hashes are keyed with a random key drawn per block manager, so per process and
-replica. Python's hash of a tuple of ints is the same in every process: unkeyed, anyone
-could work out offline which hash a prompt's blocks get, and craft blocks that collide
-with another tenant's (the token comparison on a hit keeps a collision from serving
-wrong KV, but a colliding block registered first keeps the victim's out of the cache).
+Evicted blocks can be kept in host RAM and on disk (engine/kv/tier_planner.py). Block
+hashes are keyed with a random key per block manager (so per process and replica), or
+the key a disk tier's directory keeps for its replicas (kv/disk_layout.py). Python's
+hash of a tuple of ints is the same in every process: unkeyed, anyone could work out
+offline which hash a prompt's blocks get, and craft blocks that collide with another
+tenant's (the token comparison on a hit keeps a collision from serving wrong KV, but a
+colliding block registered first keeps the victim's out of the cache).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import hashlib
 import secrets
 from array import array
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_pool import Block, BlockPool
 from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.core.step_data import BlockMoves
+from hetero_infer.engine.core.step_data import BlockMoves, TierMoves
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.kv.tier_planner import TierPlanner
 
 __all__ = ["Block", "BlockManager"]
 
@@ -48,10 +53,12 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
         num_sliding_blocks: int = 0,
+        tiers: TierPlanner | None = None,
+        hash_key: bytes | None = None,
     ) -> None:
         """``sliding_window``: the window of a model that mixes sliding-window layers
         with global ones; their KV gets a pool of its own, of ``num_sliding_blocks``
-        blocks (one of them the null block)."""
+        blocks (one the null block). ``tiers``, ``hash_key``: see the module's doc."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -70,7 +77,10 @@ class BlockManager:
         self.cached_blocks = pool.cached_blocks
         self.free_cpu_blocks = pool.free_cpu_blocks
         # The block hashes' key: random per block manager (so per process and replica).
-        self._hash_key = secrets.token_bytes(16)
+        self._hash_key = hash_key or secrets.token_bytes(16)
+        self.tiers = tiers
+        if tiers is not None:
+            tiers.attach([group.pool for group in self.groups])
         self.prefix_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_hits = 0  # of those, tokens found
         self.swapped_out_blocks = 0  # blocks ever copied to CPU
@@ -151,12 +161,12 @@ class BlockManager:
 
         hashes = self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)
         num_hit = len(hashes)
-        found = []
-        for group in self.groups:
-            found.append(group.find_cached(hashes[:num_hit], seq.token_ids))
+        found: list[list[Any]] = []
+        for group in self.groups:  # the pool's misses filled from the tiers' host RAM
+            found.append(group.find_cached(hashes[:num_hit], seq.token_ids, self.tiers))
             num_hit = group.usable_prefix(found[-1])
         for group, group_found in zip(self.groups, found, strict=True):
-            group.take_cached(seq, group_found, num_hit)
+            group.take_cached(seq, group_found, num_hit, self.tiers)
         seq.num_computed_tokens = num_hit * self.block_size
         # A cached block holds a draft model's KV too (see register_full_blocks).
         seq.num_draft_computed_tokens = seq.num_computed_tokens
@@ -165,6 +175,19 @@ class BlockManager:
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit_tokens
+        if self.tiers is not None:
+            self.tiers.record_lookup(num_tokens, num_hit_tokens)
+
+    def waits_for_tier_reads(self, seq: Sequence) -> bool:
+        """Whether a waiting sequence waits for its prefix's disk reads (TierPlanner)."""
+        return self.tiers is not None and self.tiers.needs_reads(self, seq)
+
+    def take_tier_moves(self) -> list[TierMoves]:
+        return [] if self.tiers is None else self.tiers.take_moves()
+
+    def tier_reads_done(self, results: tuple[tuple[int, int, bool], ...]) -> None:
+        if self.tiers is not None:
+            self.tiers.reads_done(results)
 
     def register_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
         """Make the sequence's computed full blocks findable by later sequences: those of

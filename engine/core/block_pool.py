@@ -11,6 +11,7 @@ blocks, not sequences.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # The block a table holds where a sliding-window group no longer keeps the KV: never
@@ -43,6 +44,9 @@ class BlockPool:
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(first, num_blocks))
         self.cached_blocks: dict[int, int] = {}  # block_hash -> block_id
         self.free_cpu_blocks: list[int] = list(range(num_cpu_blocks - 1, first - 1, -1))
+        # Told (block id, hash, tokens) of a cached block about to be handed out again,
+        # while its KV is still whole: the prefix cache's tiers save it (engine/kv/).
+        self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -72,6 +76,8 @@ class BlockPool:
         block_id, _ = self.free_blocks.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:
+            if self.on_evict is not None:
+                self.on_evict(block_id, block.block_hash, block.token_ids)
             if self.cached_blocks.get(block.block_hash) == block_id:
                 del self.cached_blocks[block.block_hash]
             block.block_hash = None

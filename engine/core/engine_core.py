@@ -86,7 +86,12 @@ class EngineCore:
         started = time.perf_counter()
         ended = self._time_out() + self._reject_unstarted()
         scheduled = self.scheduler.schedule()
+        # The prefix cache's tier moves (engine/kv/), planned while scheduling, and
+        # what the disk reads among them found.
+        block_manager = self.scheduler.block_manager
+        scheduled.tier_moves.extend(block_manager.take_tier_moves())
         output = self.runner.execute(scheduled)
+        block_manager.tier_reads_done(output.tier_reads)
         updates = self.scheduler.update_from_output(scheduled, output)
         counters = self.counters
         counters.num_preemptions += len(scheduled.preempted)

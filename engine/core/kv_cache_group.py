@@ -12,8 +12,13 @@ window. The block manager drives the groups together (core/block_manager.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hetero_infer.engine.core.block_pool import NULL_BLOCK, BlockPool
 from hetero_infer.engine.core.sequence import Sequence
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.kv.tier_planner import TierPlanner
 
 BlockPair = tuple[int, int]
 
@@ -123,15 +128,20 @@ class KVCacheGroup:
             if table[i] != self.null:
                 self.pool.register(table[i], hashes[i], tuple(token_ids[i * bs : (i + 1) * bs]))
 
-    def find_cached(self, hashes: list[int], token_ids: list[int]) -> list[int | None]:
-        """Per hashed block, its cached block in this group's pool, or None; without a
-        window, only up to the first miss (nothing after it is usable)."""
+    def find_cached(
+        self, hashes: list[int], token_ids: list[int], tiers: TierPlanner | None = None
+    ) -> list[Any]:
+        """Per hashed block, its cached block in this group's pool, or else the tiers'
+        host slot that holds it, or None; without a window, only up to the first miss
+        (nothing after it is usable)."""
         bs = self.block_size
-        found: list[int | None] = []
+        found: list[Any] = []
         for i, block_hash in enumerate(hashes):
             found.append(self.pool.find_cached(block_hash, tuple(token_ids[i * bs : (i + 1) * bs])))
-            if found[-1] is None and self.window is None:
+            if found[-1] is None and self.window is None and tiers is None:
                 break
+        if tiers is not None:
+            found = tiers.find(self.index, found, hashes, token_ids, self.window is not None)
         return found
 
     def usable_prefix(self, found: list[int | None]) -> int:
@@ -148,15 +158,30 @@ class KVCacheGroup:
                 best = k
         return best
 
-    def take_cached(self, seq: Sequence, found: list[int | None], num_blocks: int) -> None:
+    def take_cached(
+        self,
+        seq: Sequence,
+        found: list[Any],
+        num_blocks: int,
+        tiers: TierPlanner | None = None,
+    ) -> None:
         """Start the sequence's table with the first ``num_blocks`` cached blocks (those
-        left of the window as NULL_BLOCK)."""
+        left of the window as NULL_BLOCK). An entry that is not a block id is a tier's
+        (engine/kv/): the tiers give it a fresh block, once the pool's hits are taken,
+        so that handing out that block never evicts one of them."""
         kept = self.first_kept(num_blocks * self.block_size)
         table = [self.null] * kept
-        for block_id in found[kept:num_blocks]:
-            assert block_id is not None
-            self.pool.take(block_id)
-            table.append(block_id)
+        from_tier = []
+        for i, entry in enumerate(found[kept:num_blocks], kept):
+            assert entry is not None
+            if isinstance(entry, int):
+                self.pool.take(entry)
+            else:
+                from_tier.append(i)
+            table.append(entry)
+        for i in from_tier:
+            assert tiers is not None
+            table[i] = tiers.load(self.index, self.pool, found[i])
         seq.block_tables[self.index] = table
 
     # ---- swap ----

@@ -1,12 +1,12 @@
 """Token-budget continuous batching with chunked prefill and preemption.
 
-Each step gets at most ``max_num_batched_tokens`` tokens. Running sequences go
-first (a decode costs one token, an unfinished prefill the rest of its prompt,
-cut to the budget), then swapped-out sequences come back, then waiting ones are
-admitted while blocks, the budget, ``max_num_seqs`` and the ``memory_threshold``
-watermark allow. When a running sequence cannot get a block, the newest running
-sequence is preempted: its KV is dropped and recomputed later, or swapped to CPU
-blocks when there is swap space. No torch here.
+Each step gets at most ``max_num_batched_tokens`` tokens. Running sequences go first (a
+decode costs one token, an unfinished prefill the rest of its prompt, cut to the
+budget), then swapped-out sequences come back, then waiting ones are admitted while
+blocks, the budget, ``max_num_seqs`` and the ``memory_threshold`` watermark allow. When
+a running sequence cannot get a block, the newest running sequence is preempted: its
+KV is dropped and recomputed later, or swapped to CPU blocks when there is swap space.
+No torch here.
 
 Two policies order the work, as vLLM's ``--scheduling-policy``: "fcfs" (arrival order)
 and "priority" (lower ``priority`` values first, ties by arrival). Under "priority" the
@@ -167,6 +167,8 @@ class Scheduler(SequenceQueues):
         if long_rope != seq.long_rope:
             seq.long_rope = long_rope
             seq.block_hashes = []  # salted the other way
+        if bm.waits_for_tier_reads(seq):  # a step, for its prefix's files to be read
+            return None
         num_hit = bm.allocate_cached_prefix(seq)
         num_new = min(seq.num_uncomputed_tokens, budget)
         if not self._can_admit(seq, num_new):

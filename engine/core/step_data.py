@@ -95,6 +95,25 @@ class BlockMoves:
         self.copy += other.copy
 
 
+@dataclass
+class TierMoves:
+    """One KV cache group's traffic with the prefix cache's RAM and disk tiers
+    (engine/kv/) this step, which the runner does in this order: ``save`` and ``write``
+    read device blocks and host slots before anything writes into them, ``read``
+    stages files into host slots, and ``load`` (after the swap-outs, before swap-ins,
+    copies and the forward pass) writes device blocks."""
+
+    group: int
+    save: list[tuple[int, int]] = field(default_factory=list)  # device block -> host slot
+    # host slot -> file, and file -> host slot: (slot, block hash, the block's tokens)
+    write: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    read: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    load: list[tuple[int, int]] = field(default_factory=list)  # host slot -> device block
+
+    def __bool__(self) -> bool:
+        return bool(self.save or self.write or self.read or self.load)
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
@@ -104,6 +123,8 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
     # The same for the sliding-window layers' blocks, where they have their own.
     sliding_moves: BlockMoves = field(default_factory=BlockMoves)
+    # The prefix cache's tier traffic, per KV cache group that has any.
+    tier_moves: list[TierMoves] = field(default_factory=list)
     # Ids of sequences preempted this step, and of those finished since the last step
     # (the runner drops what it keeps for them, e.g. their random generators).
     preempted: list[str] = field(default_factory=list)
@@ -143,6 +164,9 @@ class ModelRunnerOutput:
     # Per embedding request whose prompt this step completed: its pooled, normalized
     # final hidden state.
     embeddings: dict[str, list[float]] = field(default_factory=dict)
+    # The disk reads the scheduler asked for: (group, block hash, whether the file was
+    # whole and ours), so that it knows which blocks its host slots now hold.
+    tier_reads: tuple[tuple[int, int, bool], ...] = ()
 
 
 EMPTY_RUNNER_OUTPUT = ModelRunnerOutput()

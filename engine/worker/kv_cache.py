@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
+from hetero_infer.engine.kv.tier_store import TierStore
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 
@@ -50,10 +51,17 @@ class KVCache:
     def copy_blocks(self, moves: BlockMoves) -> None:
         # Order matters: a block swapped out may be handed to a swap-in or a copy
         # in the same step.
-        gpu, cpu = self.device_blocks, self.cpu_blocks
+        self.swap_out(moves)
+        self.copy_in(moves)
+
+    def swap_out(self, moves: BlockMoves) -> None:
         if moves.swap_out:
             src, dst = zip(*moves.swap_out, strict=True)
-            cpu[:, :, list(dst)] = gpu[:, :, list(src)].cpu()
+            self.cpu_blocks[:, :, list(dst)] = self.device_blocks[:, :, list(src)].cpu()
+
+    def copy_in(self, moves: BlockMoves) -> None:
+        """The swap-ins, then the copies (a block a copy reads may just have come in)."""
+        gpu, cpu = self.device_blocks, self.cpu_blocks
         if moves.swap_in:
             src, dst = zip(*moves.swap_in, strict=True)
             gpu[:, :, list(dst)] = cpu[:, :, list(src)].to(self.device)
@@ -111,8 +119,32 @@ class ModelKVCache:
         global_layers = iter(self.global_cache.layers)
         sliding_layers = iter(self.sliding_cache.layers if self.sliding_cache else ())
         self.layers = [next(sliding_layers if s else global_layers) for s in sliding]
+        # The prefix cache's RAM and disk tiers (engine/kv/), where there are any.
+        self.tiers: TierStore | None = None
 
-    def copy_blocks(self, out: SchedulerOutput) -> None:
-        self.global_cache.copy_blocks(out.global_moves)
+    @property
+    def group_layers(self) -> list[int]:
+        """The layers of each KV cache group, global first."""
+        caches = [self.global_cache, self.sliding_cache]
+        return [len(c.layers) for c in caches if c is not None]
+
+    def copy_blocks(self, out: SchedulerOutput) -> tuple[tuple[int, int, bool], ...]:
+        """A step's block moves, per group in an order that reads every block before
+        anything writes into it: tier saves (an evicted block, read before it is given
+        out again), swap-outs, tier loads, swap-ins, copies. Returns the disk reads'
+        outcomes (TierMoves)."""
+        tier_moves = {m.group: m for m in out.tier_moves}
+        reads: list[tuple[int, int, bool]] = []
+        caches = [(self.global_cache, out.global_moves)]
         if self.sliding_cache is not None:
-            self.sliding_cache.copy_blocks(out.sliding_moves)
+            caches.append((self.sliding_cache, out.sliding_moves))
+        for group, (cache, moves) in enumerate(caches):
+            tier = tier_moves.get(group)
+            host = self.tiers.hosts[group] if self.tiers is not None and tier else None
+            if host is not None:
+                reads += host.save(cache.device_blocks, tier)
+            cache.swap_out(moves)
+            if host is not None:
+                host.load(cache.device_blocks, tier)
+            cache.copy_in(moves)
+        return tuple(reads)

@@ -28,6 +28,7 @@ from hetero_infer.engine.core.step_data import (
 )
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
+from hetero_infer.engine.kv.tier_store import build_tier_store
 from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
@@ -127,6 +128,9 @@ class ModelRunner:
             self.device,
         )
         self.kv_caches = self.kv_cache.layers
+        self.kv_cache.tiers = build_tier_store(
+            setup, self.kv_cache.group_layers, self.block_shape, self.device
+        )
         if self.drafter is not None:
             self.drafter.allocate(self.num_blocks, config.num_cpu_blocks)
         # The one fast path (worker/fast_path.py), where there is one. Not with tensor
@@ -141,10 +145,11 @@ class ModelRunner:
         """Run a scheduled step: block copies, one forward pass, prompt logprobs,
         embeddings and sampling."""
         self.pooler.forget(out.finished)
+        # Copies first: the draft writes its KV into the blocks they give. A step with
+        # nothing to compute may still read the disk tier for a waiting sequence.
+        reads = self.kv_cache.copy_blocks(out)
         if out.is_empty:
-            return EMPTY_RUNNER_OUTPUT
-        # Copies first: the draft writes its KV into the blocks they give.
-        self.kv_cache.copy_blocks(out)
+            return ModelRunnerOutput(tier_reads=reads) if reads else EMPTY_RUNNER_OUTPUT
         scheduled = out.scheduled
         draft_probs: dict[str, torch.Tensor] = {}
         if self.drafter is not None:
@@ -170,7 +175,7 @@ class ModelRunner:
         embeddings = self.pooler(scheduled, hidden)
         sampling = [s for s in scheduled if s.samples]
         if not sampling:
-            return ModelRunnerOutput({}, prompt, embeddings)
+            return ModelRunnerOutput({}, prompt, embeddings, reads)
         rows = [row for s in sampling for row in verification_rows(s)]
         logits = self.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
         meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, self.randomness)
@@ -191,7 +196,7 @@ class ModelRunner:
                     s, q, logits[first:end], rows[first:end], tokens[end - 1]
                 )
             first = end
-        return ModelRunnerOutput(sampled, prompt, embeddings)
+        return ModelRunnerOutput(sampled, prompt, embeddings, reads)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The model's final hidden states for a step's inputs: through the fast path

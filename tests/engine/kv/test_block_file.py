@@ -1,0 +1,118 @@
+"""The disk tier's files: a block comes back byte for byte, and a file that is torn,
+truncated, corrupted or another model's is refused; the directory's hash key is made
+once, private, and shared; the size cap and a full disk refuse writes, logged once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+import pytest
+from hetero_infer.engine.kv.block_file import CorruptBlockFile, read_block, write_block
+from hetero_infer.engine.kv.disk_layout import DiskLayout, load_or_create_key
+from hetero_infer.engine.kv.disk_tier import DiskTier
+
+FINGERPRINT = "ab" * 16
+TOKENS = (5, 6, 7, 8)
+
+
+def payload(n: int = 256, fill: int = 7) -> memoryview:
+    return memoryview(bytearray((fill + i) % 256 for i in range(n)))
+
+
+def written(tmp_path, block_hash: int = 42):
+    path = tmp_path / "block.kv"
+    write_block(path, FINGERPRINT, 0, block_hash, TOKENS, payload())
+    return path
+
+
+def test_a_block_comes_back_byte_for_byte(tmp_path):
+    path = written(tmp_path)
+    into = memoryview(bytearray(256))
+    read_block(path, FINGERPRINT, 0, 42, TOKENS, into)
+    assert bytes(into) == bytes(payload())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate", "flip_payload", "flip_header", "trailing"],
+)
+def test_a_damaged_file_is_refused(tmp_path, damage):
+    path = written(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:-10]
+    elif damage == "flip_payload":
+        data[-1] ^= 0xFF
+    elif damage == "flip_header":
+        data[30] ^= 0x01
+    else:
+        data += b"\0"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptBlockFile):
+        read_block(path, FINGERPRINT, 0, 42, TOKENS, memoryview(bytearray(256)))
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "group", "block_hash", "tokens"),
+    [
+        ("cd" * 16, 0, 42, TOKENS),
+        (FINGERPRINT, 1, 42, TOKENS),
+        (FINGERPRINT, 0, 43, TOKENS),
+        (FINGERPRINT, 0, 42, (5, 6, 7, 9)),
+    ],
+)
+def test_another_models_group_hash_or_tokens_is_refused(
+    tmp_path, fingerprint, group, block_hash, tokens
+):
+    path = written(tmp_path)
+    with pytest.raises(CorruptBlockFile):
+        read_block(path, fingerprint, group, block_hash, tokens, memoryview(bytearray(256)))
+
+
+def test_the_hash_key_is_made_once_private_and_shared(tmp_path):
+    first = load_or_create_key(tmp_path / "tier")
+    assert load_or_create_key(tmp_path / "tier") == first
+    mode = stat.S_IMODE(os.stat(tmp_path / "tier" / "hash_key").st_mode)
+    assert mode == 0o600
+    assert len(first) == 16 and load_or_create_key(tmp_path / "other") != first
+
+
+def test_the_cap_evicts_the_least_recently_used(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=3 * 400)
+    for h in range(5):
+        assert tier.write(0, h, TOKENS, payload())
+        os.utime(layout.path(0, h), (h, h))  # written in order
+    kept = sorted(h for h in range(5) if layout.exists(0, h))
+    assert kept and kept[-1] == 4 and 0 not in kept
+    assert tier.used <= tier.capacity
+
+
+def test_a_full_disk_refuses_writes_and_says_so_once(tmp_path, caplog):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=10)  # under one block
+    with caplog.at_level(logging.WARNING):
+        assert not tier.write(0, 1, TOKENS, payload())
+        assert not tier.write(0, 2, TOKENS, payload())
+    assert tier.counters.write_errors == 2
+    assert len([r for r in caplog.records if "KV disk tier" in r.message]) == 1
+    # A folder that cannot be written (a file where the group's folder should be).
+    layout.folder.mkdir(parents=True)
+    layout.group_folder(0).write_text("")
+    tier = DiskTier(layout, capacity_bytes=10**6)
+    assert not tier.write(0, 3, TOKENS, payload())
+    assert not list(layout.folder.rglob(".tmp-*"))
+
+
+def test_a_corrupt_file_is_counted_and_removed(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=10**6)
+    assert tier.write(0, 9, TOKENS, payload())
+    path = layout.path(0, 9)
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    assert not tier.read(0, 9, TOKENS, memoryview(bytearray(256)))
+    assert tier.counters.corrupt_files == 1 and not path.exists()
+    assert not tier.read(0, 9, TOKENS, memoryview(bytearray(256)))  # gone: a miss

@@ -1,0 +1,146 @@
+"""The disk tier under faults: each run ends with the tokens a run without tiers gives,
+and nothing held. A file truncated or corrupted, a file of another model, a full disk
+and a writer killed mid-write are each detected, skipped (the prefix is recomputed)
+and never read as KV."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hetero_infer.engine import LLMEngine
+
+from tests.engine.kv.tier_engines import assert_nothing_leaked, prompts, run_in_turn, tier_config
+from tests.tiny_models import TINY_MODELS, save_tiny_model
+
+MODEL = "llama"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = save_tiny_model(MODEL, tmp_path_factory.mktemp(MODEL))
+    batch = prompts(TINY_MODELS[MODEL]().vocab_size, seed=3)
+    expected = run_in_turn(LLMEngine(tier_config(folder, MODEL)), batch)
+    return folder, batch, expected
+
+
+def fill_disk(folder, batch, expected, directory) -> LLMEngine:
+    """An engine whose first prompt's blocks were evicted to the directory."""
+    engine = LLMEngine(tier_config(folder, MODEL, ram_slots=64, disk=directory))
+    assert run_in_turn(engine, batch) == expected
+    return engine
+
+
+def entries(directory) -> list:
+    return sorted(directory.rglob("*.kv"))
+
+
+def serve_again(folder, batch, expected, directory) -> dict:
+    """A fresh engine on the directory serves the first prompt right; its stats."""
+    engine = LLMEngine(tier_config(folder, MODEL, ram_slots=64, disk=directory))
+    assert run_in_turn(engine, [batch[0]]) == [expected[0]]
+    assert_nothing_leaked(engine)
+    return engine.memory_stats()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_a_damaged_file_is_recomputed(tiny, tmp_path, damage):
+    folder, batch, expected = tiny
+    fill_disk(folder, batch, expected, tmp_path)
+    files = entries(tmp_path)
+    assert files
+    for path in files:  # every file: whichever block comes first is refused
+        data = bytearray(path.read_bytes())
+        if damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data[-5] ^= 0x40
+        path.write_bytes(bytes(data))
+    stats = serve_again(folder, batch, expected, tmp_path)
+    assert stats["kv_tier_disk_corrupt_files"] >= 1
+    assert stats["kv_tier_disk_hits"] == 0
+
+
+def test_another_models_file_is_never_read(tiny, tmp_path):
+    folder, batch, expected = tiny
+    other = save_tiny_model(MODEL, tmp_path / "other", seed=1)  # same shapes, other weights
+    other_dir = tmp_path / "tiers"
+    fill_disk(folder, batch, expected, other_dir)
+    ours = {p.name: p for p in entries(other_dir)}
+    our_folder = next(iter(ours.values())).parent.parent
+    # The other model's files for the same prompts (the directory's key names them
+    # alike), copied over ours.
+    other_engine = LLMEngine(tier_config(other, MODEL, ram_slots=64, disk=other_dir))
+    run_in_turn(other_engine, batch)
+    theirs = [p for p in entries(other_dir) if p.parent.parent != our_folder]
+    assert theirs
+    for path in theirs:
+        if path.name in ours:
+            ours[path.name].write_bytes(path.read_bytes())
+    stats = serve_again(folder, batch, expected, other_dir)
+    assert stats["kv_tier_disk_corrupt_files"] >= 1
+
+
+def test_a_full_disk_refuses_writes_and_serving_goes_on(tiny, tmp_path, caplog):
+    folder, batch, expected = tiny
+    config = tier_config(folder, MODEL, ram_slots=8, disk=tmp_path, kv_offloading_dir_size=1e-9)
+    engine = LLMEngine(config)
+    with caplog.at_level(logging.WARNING):
+        assert run_in_turn(engine, batch + [batch[0]]) == expected + [expected[0]]
+    stats = engine.memory_stats()
+    assert stats["kv_tier_disk_write_errors"] > 1 and stats["kv_tier_disk_bytes_written"] == 0
+    assert len([r for r in caplog.records if "KV disk tier" in r.message]) == 1
+    assert not entries(tmp_path) and not list(tmp_path.rglob(".tmp-*"))
+    assert_nothing_leaked(engine)
+
+
+def test_an_unwritable_directory_refuses_writes(tiny, tmp_path):
+    folder, batch, expected = tiny
+    engine = LLMEngine(tier_config(folder, MODEL, ram_slots=8, disk=tmp_path))
+    layout = engine.runner.kv_cache.tiers.layout
+    layout.folder.mkdir(parents=True, exist_ok=True)
+    layout.group_folder(0).write_text("")  # a file where the folder should be
+    assert run_in_turn(engine, batch + [batch[0]]) == expected + [expected[0]]
+    assert engine.memory_stats()["kv_tier_disk_write_errors"] > 0
+    assert_nothing_leaked(engine)
+
+
+WRITER = """
+import os, sys, time
+from hetero_infer.engine import LLMEngine
+from tests.engine.kv.tier_engines import prompts, run_in_turn, tier_config
+from tests.tiny_models import TINY_MODELS
+
+folder, directory = sys.argv[1], sys.argv[2]
+engine = LLMEngine(tier_config(folder, "llama", ram_slots=64, disk=directory))
+
+def stuck(fd):
+    print("writing", flush=True)
+    time.sleep(600)
+
+os.fsync = stuck  # the first block file's data is written, not yet renamed
+run_in_turn(engine, prompts(TINY_MODELS["llama"]().vocab_size, seed=3))
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_no_entry(tiny, tmp_path):
+    folder, batch, expected = tiny
+    writer = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WRITER), str(folder), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        temps = list(tmp_path.rglob(".tmp-*"))
+        assert temps and temps[0].stat().st_size > 0
+    finally:
+        writer.kill()  # SIGKILL: no cleanup runs
+        writer.wait()
+    assert not entries(tmp_path)
+    stats = serve_again(folder, batch, expected, tmp_path)
+    assert stats["kv_tier_disk_hits"] == 0
+    assert list(tmp_path.rglob(".tmp-*")) == temps  # still a temporary file, never an entry
