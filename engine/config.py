@@ -19,6 +19,7 @@ from hetero_infer.engine.choices import (
     DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
+    KV_CACHE_DTYPES,
     POOLINGS,
     PREEMPTION_MODES,
     QUANTIZATIONS,
@@ -89,6 +90,13 @@ class EngineConfig:
     kv_cache_memory: int = setting(2 * 1024**3, "bytes of KV cache on the CPU")
     num_cpu_blocks: int = setting(0, "CPU blocks that hold swapped-out sequences (0: no swap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of a repeated prefix")
+    kv_cache_dtype: str = setting(
+        "auto",
+        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (a scale "
+        "per token and KV head: about twice the tokens in the same memory), fp8 (e4m3, CUDA "
+        "only)",
+        KV_CACHE_DTYPES,
+    )
 
     # Scheduling.
     max_num_seqs: int = setting(256, "the most sequences in one step")

@@ -44,7 +44,7 @@ from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows
-from hetero_infer.kernels import AttentionInputs, Kernels
+from hetero_infer.kernels import AttentionInputs, Kernels, stored_head_size
 
 logger = logging.getLogger(__name__)
 
@@ -93,13 +93,20 @@ class ModelRunner:
         self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
         self.randomness = Randomness(config.seed, kernels.ops.uniforms)
         self.pooler = Pooler()
-        # (block_size, num_kv_heads, head_dim)
-        self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
+        # How the cache stores keys and values: the model's dtype, or int8 rows that
+        # carry their scale (kernels/kv_quant.py), or fp8.
+        self.kv_dtype = setup.kv_cache_dtype
+        # (block_size, num_kv_heads, elements a token's head takes: head_dim (+ scale))
+        self.block_shape = (
+            config.block_size,
+            self.model.num_kv_heads,
+            stored_head_size(self.model.head_dim, self.kv_dtype),
+        )
         num_sliding = (
             0 if self.sliding_window is None else sum(w is not None for w in layer_windows)
         )
         self.bytes_per_block = bytes_per_block(
-            self.model.num_layers - num_sliding, self.block_shape, self.dtype
+            self.model.num_layers - num_sliding, self.block_shape, self.kv_dtype
         )
         self.drafter: DraftRunner | None = None
         if draft is not None:
@@ -110,7 +117,7 @@ class ModelRunner:
             config,
             lambda: kv_cache_budget(config, self.device, self._profile_step_memory),
             self.bytes_per_block,
-            bytes_per_block(num_sliding, self.block_shape, self.dtype),
+            bytes_per_block(num_sliding, self.block_shape, self.kv_dtype),
             self.sliding_window,
         )
         if tp is not None:
@@ -123,7 +130,7 @@ class ModelRunner:
             self.num_sliding_blocks,
             config.num_cpu_blocks,
             self.block_shape,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.kv_caches = self.kv_cache.layers
@@ -247,7 +254,12 @@ class ModelRunner:
 
     def _profile_step_memory(self) -> int:
         return profile_step_memory(
-            self.model, self.inputs, self.config, self.max_model_len, self.block_shape, self.dtype
+            self.model,
+            self.inputs,
+            self.config,
+            self.max_model_len,
+            self.block_shape,
+            self.kv_dtype,
         )
 
     def stop_workers(self) -> None:
