@@ -9,6 +9,9 @@ DEVICES = ("auto", "cpu", "cuda")
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8", "compressed-tensors")
 POOLINGS = ("last", "mean")
+# auto: the model's dtype; int8: rows with a scale each; fp8: e4m3, CUDA only
+# (kernels/kv_quant.py, whose KV_CACHE_DTYPES this repeats: torch is not loaded here).
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's names: "mp", the engine starts the other ranks as local processes;
 # "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
@@ -19,6 +22,7 @@ __all__ = [
     "DEVICES",
     "DISTRIBUTED_EXECUTOR_BACKENDS",
     "DTYPES",
+    "KV_CACHE_DTYPES",
     "POOLINGS",
     "PREEMPTION_MODES",
     "QUANTIZATIONS",

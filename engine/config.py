@@ -19,6 +19,7 @@ from hetero_infer.engine.choices import (
     DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
+    KV_CACHE_DTYPES,
     POOLINGS,
     PREEMPTION_MODES,
     QUANTIZATIONS,
@@ -101,6 +102,13 @@ class EngineConfig:
     )
     kv_offloading_dir_size: float = setting(
         16.0, "GiB kv_offloading_dir may hold; its least recently used files go first"
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (a scale "
+        "per token and KV head: about twice the tokens in the same memory), fp8 (e4m3, CUDA "
+        "only)",
+        KV_CACHE_DTYPES,
     )
 
     # Scheduling.

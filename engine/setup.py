@@ -17,7 +17,7 @@ from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.speculative_config import SpeculativeConfig
-from hetero_infer.kernels import has_bf16_matmul
+from hetero_infer.kernels import has_bf16_matmul, kv_cache_torch_dtype
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class EngineSetup:
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
+    kv_cache_dtype: torch.dtype  # the cache tensors' (int8 rows carry their scales)
     speculative: SpeculativeConfig | None
 
 
@@ -36,13 +37,15 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     source = loader.resolve_model(config.model)
     model_config = ModelConfig.from_hf(loader.load_config(source))
     device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
     return EngineSetup(
         config=config,
         source=source,
         model_config=model_config,
         max_model_len=model_config.resolve_max_model_len(config.max_model_len),
         device=device,
-        dtype=resolve_dtype(config.dtype, device),
+        dtype=dtype,
+        kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, device, dtype),
         speculative=config.speculative,
     )
 
@@ -63,3 +66,16 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             return torch.float32
         return torch.bfloat16
     return getattr(torch, dtype)
+
+
+def resolve_kv_cache_dtype(
+    kv_cache_dtype: str, device: torch.device, dtype: torch.dtype
+) -> torch.dtype:
+    # The CPU kernels read int8 rows; fp8 has no conversion on this CPU's vector units,
+    # so it is refused at start rather than run through the slow torch reference.
+    if kv_cache_dtype == "fp8" and device.type != "cuda":
+        raise ConfigError(
+            "kv_cache_dtype 'fp8' (--kv-cache-dtype fp8) needs a CUDA GPU; on the CPU use "
+            "--kv-cache-dtype int8 (or auto)"
+        )
+    return kv_cache_torch_dtype(kv_cache_dtype, dtype)

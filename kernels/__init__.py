@@ -43,6 +43,9 @@ _EXPORTS = {
     "DecoderStackSpec": "decoder_stack",
     "DecoderStackFn": "decoder_stack",
     "unfused": "linear",
+    # how the KV cache stores keys and values (kv_cache_dtype)
+    "kv_cache_torch_dtype": "kv_quant",
+    "stored_head_size": "kv_quant",
     # quantized weights, as the loaders read them and the linear layers keep them
     "QuantizedWeight": "quantized",
     "GGUF_TYPES": "quantized",

@@ -12,6 +12,9 @@ cached for that sequence, including the chunk itself:
 
 or with a soft-cap c (Gemma 2) on the scaled scores s: softmax(c * tanh(s / c)).
 
+A quantized cache (int8 rows with their scales, or fp8; kernels/kv_quant.py) is
+written quantized by ``store_kv_ref`` and dequantized where attention gathers it.
+
 The torch reference below pads the batch to [num_seqs, max_query_len] and gathers
 each sequence's blocks into [num_seqs, max_context_len]: no Python loop over
 sequences or layers. ``torch_attention()`` serves it to the model, with the masks
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
+from hetero_infer.kernels.kv_quant import from_cache, to_cache
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,13 +48,15 @@ def store_kv_ref(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots,
+    quantized where the cache is."""
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    num_kv_heads, head_dim = key.shape[1:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    key, value = to_cache(key, k_cache.dtype), to_cache(value, v_cache.dtype)
+    num_kv_heads, row = k_cache.shape[2:]
+    k_cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, value)
 
 
 def prepare_torch_attention(
@@ -95,11 +101,13 @@ def paged_attention_ref(
     """query [num_tokens, num_heads, head_dim] -> output of the same shape."""
     attn_mask = meta.attn_masks[sliding_window]
     num_seqs, max_blocks = meta.block_tables.shape
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     num_heads = query.shape[1]
     # [num_seqs, num_kv_heads, max_ctx, head_dim]
-    keys = k_cache[meta.block_tables].view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
-    values = v_cache[meta.block_tables].view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
+    keys = from_cache(k_cache[meta.block_tables], query.dtype)
+    values = from_cache(v_cache[meta.block_tables], query.dtype)
+    keys = keys.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
+    values = values.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
     # [num_seqs, num_heads, max_query_len, head_dim]
     q = query[meta.query_index].transpose(1, 2)
@@ -153,13 +161,16 @@ def decode_attention_ref(
     ``sliding_window`` of them when set), its scores soft-capped at ``softcap`` when
     set. Returns the query's shape."""
     num_seqs, max_blocks = block_tables.shape
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    head_dim = query.shape[2]
     group = query.shape[1] // num_kv_heads
     max_ctx = max_blocks * block_size
     flat_tables = block_tables.flatten().long()
-    # [num_seqs, num_kv_heads, max_ctx, head_dim]
-    keys = k_cache.index_select(0, flat_tables).view(num_seqs, max_ctx, num_kv_heads, -1)
-    values = v_cache.index_select(0, flat_tables).view(num_seqs, max_ctx, num_kv_heads, -1)
+    # [num_seqs, max_ctx, num_kv_heads, head_dim]
+    keys = from_cache(k_cache.index_select(0, flat_tables), torch.float32)
+    values = from_cache(v_cache.index_select(0, flat_tables), torch.float32)
+    keys = keys.view(num_seqs, max_ctx, num_kv_heads, -1)
+    values = values.view(num_seqs, max_ctx, num_kv_heads, -1)
     q = query.view(num_seqs, num_kv_heads, group, head_dim).float()
     scores = torch.matmul(q, keys.permute(0, 2, 3, 1).float()) * scale  # [s, kvh, g, ctx]
     if softcap is not None:

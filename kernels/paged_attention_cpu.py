@@ -6,7 +6,8 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
 
 - paged_attention_cpu.cpp takes any token as a row of its own: the sequence's block
   table with a context of pos(t) + 1 keys. It serves the decodes, and every token
-  where the tiled kernel does not apply (fp32/fp16, sliding windows, odd head sizes).
+  where the tiled kernel does not apply (fp32/fp16, sliding windows, odd head sizes,
+  an int8 cache: kernels/kv_quant.py, which it reads as stored).
 - prefill_attention_cpu.cpp takes whole prefill chunks in bf16: 16 query tokens at a
   time against 16 keys at a time, as small matrix products (flash attention), so a
   chunk's keys are read once per 16 tokens instead of once per token.
@@ -116,11 +117,14 @@ def prepare_cpu_attention(
 
 
 def tiled_kernel_serves(
-    module: ModuleType, query: torch.Tensor, sliding_window: int | None
+    module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, sliding_window: int | None
 ) -> bool:
+    # An int8 cache's prefill chunks go row by row: the tiled kernel's products take
+    # bf16 keys, and a chunk's keys converted per tile would cost what the rows do.
     return (
         module.prefill_attention_available()
         and query.dtype == torch.bfloat16
+        and k_cache.dtype == query.dtype
         and query.shape[2] in TILED_HEAD_DIMS
         and sliding_window is None
     )
@@ -138,7 +142,7 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
     chunks = meta.prefill_chunks
-    if chunks is None or not tiled_kernel_serves(module, query, sliding_window):
+    if chunks is None or not tiled_kernel_serves(module, query, k_cache, sliding_window):
         return decode_attention_cpu(
             module,
             query,

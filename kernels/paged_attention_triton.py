@@ -13,6 +13,11 @@ GQA reads each key once for all the heads that share it (vLLM's "unified" layout
 A decode is the tile with BLOCK_Q = 1. When a decode batch has too few
 (sequence, KV head) pairs to fill the GPU, each pair's context is split across
 NUM_SPLITS programs (flash-decoding) whose partial results a second kernel combines.
+
+A quantized cache (kernels/kv_quant.py) is read as stored: int8 rows convert exactly to
+the query's dtype for the dot products, a key's scale multiplies its scores and a
+value's its probabilities (QUANT=1); fp8 rows convert to the query's dtype (QUANT=2).
+store_kv quantizes as it writes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 from hetero_infer.kernels.attention_backend import AttentionInputs
+from hetero_infer.kernels.kv_quant import stored_head_size
 from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     check_last_dim_contiguous,
@@ -59,12 +65,15 @@ def _store_kv_kernel(
     BLOCK_T: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """For each token t with slot = slot_mapping[t] >= 0:
 
     k_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE] = key[t]   (and v_cache from value)
 
-    Slots of -1 (padding tokens) are skipped. A bit-exact copy: no dtype change.
+    Slots of -1 (padding tokens) are skipped. A bit-exact copy (QUANT=0); QUANT=1
+    writes each (token, head) row as int8 values x * (127 / max|x|) rounded, followed
+    by the 4 bytes of its fp32 scale max|x| * (1 / 127); QUANT=2 converts to fp8, saturated.
     """
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     slot = tl.load(slot_mapping_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
@@ -81,13 +90,45 @@ def _store_kv_kernel(
     head3 = head[None, :, None]
     dim3 = dim[None, None, :]
     key = tl.load(key_ptr + tok3 * stride_key_tok + head3 * stride_key_head + dim3, mask=mask)
-    dst = block[:, None, None] * stride_kc_block + offset[:, None, None] * stride_kc_slot
-    tl.store(k_cache_ptr + dst + head3 * stride_kc_head + dim3, key, mask=mask)
+    # [BLOCK_T, HEADS_PAD]: each (token, head) row's start in the cache
+    dst = block[:, None] * stride_kc_block + offset[:, None] * stride_kc_slot
+    dst += head[None, :] * stride_kc_head
+    _store_rows(k_cache_ptr, dst, key, dim3, head_dim, mask, QUANT)
     value = tl.load(
         value_ptr + tok3 * stride_value_tok + head3 * stride_value_head + dim3, mask=mask
     )
-    dst = block[:, None, None] * stride_vc_block + offset[:, None, None] * stride_vc_slot
-    tl.store(v_cache_ptr + dst + head3 * stride_vc_head + dim3, value, mask=mask)
+    dst = block[:, None] * stride_vc_block + offset[:, None] * stride_vc_slot
+    dst += head[None, :] * stride_vc_head
+    _store_rows(v_cache_ptr, dst, value, dim3, head_dim, mask, QUANT)
+
+
+@triton.jit
+def _store_rows(cache_ptr, row_off, x, dim3, head_dim, mask, QUANT: tl.constexpr):
+    # row_off [BLOCK_T, HEADS_PAD]: rows' starts; x, dim3, mask [BLOCK_T, HEADS_PAD, HEAD_PAD]
+    row_ptr = cache_ptr + row_off[:, :, None]
+    if QUANT == 1:
+        x = x.to(tl.float32)
+        amax = tl.max(tl.abs(tl.where(mask, x, 0.0)), axis=2)  # [BLOCK_T, HEADS_PAD]
+        inv = tl.where(amax > 0.0, 127.0 / tl.where(amax > 0.0, amax, 1.0), 0.0)
+        # round half away from zero: the torch reference's half-to-even differs only
+        # on exact ties, by one step
+        scaled = x * inv[:, :, None]
+        q = tl.where(scaled >= 0.0, tl.floor(scaled + 0.5), -tl.floor(0.5 - scaled))
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        tl.store(row_ptr + dim3, q.to(tl.int8), mask=mask)
+        # The scale's bytes, little-endian, one store each: the row's scale offset
+        # (head_dim bytes) need not be 4-byte aligned for the pointer's element type.
+        bits = (amax * (1.0 / 127.0)).to(tl.int32, bitcast=True)
+        row_mask = tl.max(mask.to(tl.int32), axis=2) > 0
+        scale_ptr = cache_ptr + row_off + head_dim  # [BLOCK_T, HEADS_PAD]
+        for i in tl.static_range(4):
+            byte = ((bits >> (8 * i)) & 0xFF).to(tl.uint8).to(tl.int8, bitcast=True)
+            tl.store(scale_ptr + i, byte, mask=row_mask)
+    elif QUANT == 2:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -448.0), 448.0)
+        tl.store(row_ptr + dim3, x.to(row_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(row_ptr + dim3, x, mask=mask)
 
 
 def store_kv_triton(
@@ -100,10 +141,13 @@ def store_kv_triton(
     """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
     num_tokens, num_kv_heads, head_dim = key.shape
     _, block_size, cache_heads, cache_dim = k_cache.shape
+    quant = cache_quant(k_cache)
     assert value.shape == key.shape, (value.shape, key.shape)
     assert k_cache.shape == v_cache.shape, (k_cache.shape, v_cache.shape)
-    assert (cache_heads, cache_dim) == (num_kv_heads, head_dim), (k_cache.shape, key.shape)
-    assert key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
+    row = stored_head_size(head_dim, k_cache.dtype)
+    assert (cache_heads, cache_dim) == (num_kv_heads, row), (k_cache.shape, key.shape)
+    assert key.dtype == value.dtype and k_cache.dtype == v_cache.dtype
+    assert quant or key.dtype == k_cache.dtype, (key.dtype, k_cache.dtype)
     assert slot_mapping.shape == (num_tokens,) and slot_mapping.is_contiguous()
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
@@ -135,8 +179,14 @@ def store_kv_triton(
         BLOCK_T=block_t,
         HEADS_PAD=heads_pad,
         HEAD_PAD=head_pad,
+        QUANT=quant,
         num_warps=4,
     )
+
+
+def cache_quant(cache: torch.Tensor) -> int:
+    """The kernels' QUANT for a cache: 0 as stored, 1 int8 rows with scales, 2 fp8."""
+    return {torch.int8: 1, torch.float8_e4m3fn: 2}.get(cache.dtype, 0)
 
 
 # ---- attention ----
@@ -148,6 +198,17 @@ def _dot(a, b, FP32: tl.constexpr):
     if FP32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a.to(b.dtype), b)
+
+
+@triton.jit
+def _row_scales(cache_ptr, row_off, head_dim, valid):
+    # The fp32 scales after the int8 rows starting at row_off [BLOCK_N], from their
+    # four bytes (little-endian; a row's scale need not be 4-byte aligned).
+    bits = tl.zeros(row_off.shape, tl.int32)
+    for i in tl.static_range(4):
+        byte = tl.load(cache_ptr + row_off + head_dim + i, mask=valid, other=0)
+        bits |= (byte.to(tl.uint8, bitcast=True).to(tl.int32)) << (8 * i)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -196,6 +257,7 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """Causal attention of one query tile to its sequence's paged context.
 
@@ -265,8 +327,12 @@ def _paged_attention_kernel(
         k_off = block * stride_kc_block + slot * stride_kc_slot + kv_head * stride_kc_head
         # [HEAD_PAD, BLOCK_N]: loaded transposed for q @ k^T
         k_mask = dim_valid[:, None] & k_valid[None, :]
-        k = tl.load(k_cache_ptr + k_off[None, :] + dim[:, None], mask=k_mask, other=0.0)
+        k = tl.load(k_cache_ptr + k_off[None, :] + dim[:, None], mask=k_mask, other=0)
+        if QUANT != 0:
+            k = k.to(q.dtype)  # exact for int8 values
         s = _dot(q, k, DOT_FP32)  # [BLOCK_M, BLOCK_N], then scaled into base 2
+        if QUANT == 1:
+            s = s * _row_scales(k_cache_ptr, k_off, head_dim, k_valid)[None, :]
         s = _softcap(s * scale, softcap) * 1.4426950408889634 if USE_SOFTCAP else s * qk_scale
         mask = row_valid[:, None] & k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if USE_WINDOW:
@@ -280,7 +346,12 @@ def _paged_attention_kernel(
         v_off = block * stride_vc_block + slot * stride_vc_slot + kv_head * stride_vc_head
         v_mask = k_valid[:, None] & dim_valid[None, :]
         # [BLOCK_N, HEAD_PAD]
-        v = tl.load(v_cache_ptr + v_off[:, None] + dim[None, :], mask=v_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + dim[None, :], mask=v_mask, other=0)
+        if QUANT != 0:
+            v = v.to(q.dtype)
+        if QUANT == 1:
+            # l_i sums the unscaled p: only the weights of the values carry their scales
+            p = p * _row_scales(v_cache_ptr, v_off, head_dim, k_valid)[None, :]
         acc = acc * alpha[:, None] + _dot(p, v, DOT_FP32)
         m_i = m_new
 
@@ -399,9 +470,11 @@ def paged_attention_triton(
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     num_seqs = meta.num_seqs
+    quant = cache_quant(k_cache)
     assert k_cache.shape == v_cache.shape, (k_cache.shape, v_cache.shape)
-    assert cache_dim == head_dim and num_heads % num_kv_heads == 0, (query.shape, k_cache.shape)
-    assert query.dtype == k_cache.dtype == v_cache.dtype
+    assert cache_dim == stored_head_size(head_dim, k_cache.dtype), (query.shape, k_cache.shape)
+    assert num_heads % num_kv_heads == 0, (query.shape, k_cache.shape)
+    assert k_cache.dtype == v_cache.dtype and (quant or query.dtype == k_cache.dtype)
     for name, t in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
     assert meta.block_tables.dtype == torch.int32 and meta.block_tables.stride(1) == 1
@@ -477,6 +550,7 @@ def paged_attention_triton(
         USE_WINDOW=sliding_window is not None,
         USE_SOFTCAP=softcap is not None,
         DOT_FP32=dot_in_fp32(query.dtype, info),
+        QUANT=quant,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

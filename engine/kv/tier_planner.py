@@ -63,6 +63,10 @@ class TierPlanner:
         self.counters = TierCounters()
         self._lookup = TierCounters()  # the lookup in progress, counted once admitted
         self._device_blocks = 0  # its leading blocks found in the pool
+        # Sequences that waited a step for their reads: the next time they are admitted
+        # with what host RAM holds then. Reads may evict the same prefix's other blocks
+        # from a small RAM, and waiting again for those could go on forever.
+        self._waited: set[str] = set()
 
     def attach(self, pools: list[BlockPool]) -> None:
         for group, pool in enumerate(pools):
@@ -141,6 +145,9 @@ class TierPlanner:
         self._lookup = TierCounters()
         if self.disk is None or not bm.enable_prefix_caching or seq.needs_every_prompt_position:
             return False
+        if seq.request_id in self._waited:
+            self._waited.discard(seq.request_id)
+            return False
         bs = self.block_size
         hashes = bm.block_hashes(seq, (seq.num_tokens - 1) // bs)
         views: list[list[str | None]] = []
@@ -169,6 +176,7 @@ class TierPlanner:
         for group, i in wanted:
             if views[group][i] == _DISK:
                 self._plan_read(group, hashes[i], tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+        self._waited.add(seq.request_id)
         return True
 
     def _where(

@@ -57,7 +57,9 @@ def build_tier_store(
     config = setup.config
     if not config.kv_offloading_size:
         return None
-    element = torch.tensor([], dtype=setup.dtype).element_size()
+    # The cache's own element type: an int8 cache's rows carry their scales (block_shape's
+    # head size counts them).
+    element = torch.tensor([], dtype=setup.kv_cache_dtype).element_size()
     per_block = [
         2 * n * block_shape[0] * block_shape[1] * block_shape[2] * element for n in group_layers
     ]
@@ -72,7 +74,7 @@ def build_tier_store(
         fingerprint = kv_fingerprint(
             setup.source.path,
             setup.model_config,
-            str(setup.dtype),
+            f"{setup.dtype}/{setup.kv_cache_dtype}",
             config.quantization,
             config.block_size,
             [(n, block_shape[1], block_shape[2]) for n in group_layers],
@@ -82,7 +84,7 @@ def build_tier_store(
         logger.info("KV disk tier: %s (fingerprint %s)", layout.folder, fingerprint)
     pin = device.type == "cuda"
     hosts = [
-        HostTier(g, num_slots, n, block_shape, setup.dtype, disk, pin)
+        HostTier(g, num_slots, n, block_shape, setup.kv_cache_dtype, disk, pin)
         for g, n in enumerate(group_layers)
     ]
     logger.info("KV RAM tier: %d blocks (%.1f MiB)", num_slots, num_slots * sum(per_block) / 2**20)

@@ -1,8 +1,10 @@
 """The paged KV cache of every layer, and the CPU blocks that swapped-out sequences keep.
 
 The scheduler decides which blocks move; this applies its copies before a step's
-forward pass. A model whose sliding-window layers have a KV cache group of their own
-(core/kv_cache_group.py) has one of these per group, each over its layers.
+forward pass. An int8 cache keeps each row's scale inside the row (kernels/kv_quant.py),
+so a block's copy or swap moves its scales with it. A model whose sliding-window layers
+have a KV cache group of their own (core/kv_cache_group.py) has one of these per group,
+each over its layers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one laye
 
 def bytes_per_block(num_layers: int, block_shape: tuple[int, int, int], dtype: torch.dtype) -> int:
     """Keys and values of one block in every layer; block_shape is (block_size,
-    num_kv_heads, head_dim)."""
+    num_kv_heads, the elements a token's head takes: head_dim, plus the 4 bytes of its
+    scale in an int8 cache), so the scales are counted with the values."""
     elements = 2 * num_layers
     for size in block_shape:
         elements *= size
@@ -86,6 +89,12 @@ def sliding_group_window(layer_windows: tuple[int | None, ...]) -> int | None:
     return max(windows)
 
 
+def in_sliding_group(layer_windows: tuple[int | None, ...]) -> list[bool]:
+    """Per layer, whether its KV is in the sliding-window layers' own group."""
+    own_group = sliding_group_window(layer_windows) is not None
+    return [own_group and w is not None for w in layer_windows]
+
+
 class ModelKVCache:
     """Every layer's KV cache, by KV cache group: the global layers' blocks, and where
     the sliding-window layers have a group of their own, theirs (core/kv_cache_group.py)."""
@@ -100,8 +109,8 @@ class ModelKVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        own_group = sliding_group_window(layer_windows) is not None
-        sliding = [own_group and w is not None for w in layer_windows]
+        sliding = in_sliding_group(layer_windows)
+        own_group = any(sliding)
         self.global_cache = KVCache(
             sliding.count(False), num_blocks, num_cpu_blocks, block_shape, dtype, device
         )

@@ -1,17 +1,12 @@
 """ModelRunner: owns the model and the KV cache; runs one scheduled step.
 
-Built the way nano-vllm builds its runner, in order: load the model on its device,
-size and allocate the KV cache (kv_sizing.py), set up its fast path (fast_path.py). A
-step is block copies, one forward pass for every scheduled sequence, prompt logprobs,
-embeddings (the pooled hidden states of embedding requests), last-token logits and
-sampling (at every drafted position too, where speculative decoding verifies draft
-tokens); it reads only
-the scheduler's plain output and returns a plain ModelRunnerOutput, so it never
-changes a request (and may run in any thread).
-
-With tensor parallelism the runner of rank 0 sends each step's inputs, and each batch
-of hidden states it wants logits for, to the other ranks (engine/distributed/
-step_broadcast.py), whose runners hold the rest of the model and its KV cache.
+Built as nano-vllm builds its runner: load the model, size and allocate the KV cache
+(kv_sizing.py, kv_cache.py), set up its fast path (fast_path.py). A step is block
+copies, one forward pass, prompt logprobs, embeddings, logits and sampling (at drafted
+positions too); it reads only the scheduler's plain output and returns a plain
+ModelRunnerOutput, so it never changes a request (and may run in any thread). With
+tensor parallelism rank 0 sends each step's inputs, and the hidden states it wants
+logits for, to the other ranks (engine/distributed/step_broadcast.py).
 """
 
 from __future__ import annotations
@@ -35,7 +30,12 @@ from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
-from hetero_infer.engine.worker.kv_cache import ModelKVCache, bytes_per_block, sliding_group_window
+from hetero_infer.engine.worker.kv_cache import (
+    ModelKVCache,
+    bytes_per_block,
+    in_sliding_group,
+    sliding_group_window,
+)
 from hetero_infer.engine.worker.kv_sizing import kv_cache_budget, pool_sizes, profile_step_memory
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
@@ -45,7 +45,7 @@ from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows
-from hetero_infer.kernels import AttentionInputs, Kernels
+from hetero_infer.kernels import AttentionInputs, Kernels, stored_head_size
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +94,18 @@ class ModelRunner:
         self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
         self.randomness = Randomness(config.seed, kernels.ops.uniforms)
         self.pooler = Pooler()
-        # (block_size, num_kv_heads, head_dim)
-        self.block_shape = (config.block_size, self.model.num_kv_heads, self.model.head_dim)
-        num_sliding = (
-            0 if self.sliding_window is None else sum(w is not None for w in layer_windows)
+        # How the cache stores keys and values: the model's dtype, or int8 rows that
+        # carry their scale (kernels/kv_quant.py), or fp8.
+        self.kv_dtype = setup.kv_cache_dtype
+        # (block_size, num_kv_heads, elements a token's head takes: head_dim (+ scale))
+        self.block_shape = (
+            config.block_size,
+            self.model.num_kv_heads,
+            stored_head_size(self.model.head_dim, self.kv_dtype),
         )
+        num_sliding = sum(in_sliding_group(layer_windows))
         self.bytes_per_block = bytes_per_block(
-            self.model.num_layers - num_sliding, self.block_shape, self.dtype
+            self.model.num_layers - num_sliding, self.block_shape, self.kv_dtype
         )
         self.drafter: DraftRunner | None = None
         if draft is not None:
@@ -111,7 +116,7 @@ class ModelRunner:
             config,
             lambda: kv_cache_budget(config, self.device, self._profile_step_memory),
             self.bytes_per_block,
-            bytes_per_block(num_sliding, self.block_shape, self.dtype),
+            bytes_per_block(num_sliding, self.block_shape, self.kv_dtype),
             self.sliding_window,
         )
         if tp is not None:
@@ -124,7 +129,7 @@ class ModelRunner:
             self.num_sliding_blocks,
             config.num_cpu_blocks,
             self.block_shape,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
         self.kv_caches = self.kv_cache.layers
@@ -134,11 +139,8 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.allocate(self.num_blocks, config.num_cpu_blocks)
         # The one fast path (worker/fast_path.py), where there is one. Not with tensor
-        # parallelism: every rank would have to replay graphs in step, and the one-call
-        # stack has no all-reduce between layers.
-        self.fast_path: FastPath | None = None
-        if tp is None:
-            self.fast_path = self._fast_path(kernels)
+        # parallelism: ranks would replay graphs in step; the stack has no all-reduce.
+        self.fast_path = self._fast_path(kernels) if tp is None else None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -252,7 +254,12 @@ class ModelRunner:
 
     def _profile_step_memory(self) -> int:
         return profile_step_memory(
-            self.model, self.inputs, self.config, self.max_model_len, self.block_shape, self.dtype
+            self.model,
+            self.inputs,
+            self.config,
+            self.max_model_len,
+            self.block_shape,
+            self.kv_dtype,
         )
 
     def stop_workers(self) -> None:

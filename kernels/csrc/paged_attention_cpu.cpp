@@ -9,6 +9,12 @@
 // dot instruction, the value product on probabilities rounded to bf16 (as GPU flash
 // attention does). Rows are split across torch's intra-op threads. Scores may be
 // soft-capped (Gemma 2) before the softmax.
+//
+// An int8 cache (kernels/kv_quant.py) holds each (token, KV head) row as head_dim int8
+// values followed by their fp32 scale. The kernel reads it as it is: keys are converted
+// to fp32 in registers and a key's scale multiplies its scores (q . (s k) = s (q . k));
+// a value row's scale multiplies its probability before the weighted sum. Half the
+// bytes of a bf16 row (plus 4) come through memory, which is what a long decode waits on.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,6 +35,39 @@
 
 namespace {
 
+// Cache elements a (token, KV head) row takes: its values, and in an int8 cache the 4
+// bytes of its scale after them.
+template <typename cache_t>
+constexpr int64_t scale_elements() {
+  return std::is_same_v<cache_t, int8_t> ? 4 : 0;
+}
+
+// The scale of the KV head row whose values start at `head`: 1 unless the cache is int8.
+template <typename cache_t>
+inline float row_scale(const cache_t* head, int64_t head_dim) {
+  if constexpr (std::is_same_v<cache_t, int8_t>) {
+    float scale;
+    std::memcpy(&scale, head + head_dim, sizeof(scale));
+    return scale;
+  } else {
+    return 1.f;
+  }
+}
+
+// `heads` consecutive KV head rows (values and scale each) as fp32 values, head after head.
+template <typename cache_t>
+inline void load_heads(const cache_t* row, float* dst, int64_t heads, int64_t head_dim) {
+  if constexpr (std::is_same_v<cache_t, int8_t>) {
+    const int64_t stride = head_dim + scale_elements<cache_t>();
+    for (int64_t h = 0; h < heads; ++h) {
+      const float scale = row_scale(row + h * stride, head_dim);
+      for (int64_t d = 0; d < head_dim; ++d) dst[h * head_dim + d] = row[h * stride + d] * scale;
+    }
+  } else {
+    load_row(row, dst, heads * head_dim);
+  }
+}
+
 // The cache row of the token at position `pos` of a sequence whose block table is `table`.
 template <typename scalar_t>
 inline const scalar_t* row_at(const scalar_t* cache, const int32_t* table, int64_t pos,
@@ -48,7 +87,7 @@ void score_keys(const float* q, const scalar_t* k_ptr, const int32_t* table, int
                 int64_t token_stride, int64_t head_dim, float* scores, float* row) {
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first + t;
-    load_row(row_at(k_ptr, table, pos, block_size, token_stride), row, num_heads / group * head_dim);
+    load_heads(row_at(k_ptr, table, pos, block_size, token_stride), row, num_heads / group, head_dim);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
       const float* kh = row + (h / group) * head_dim;
@@ -81,6 +120,9 @@ inline __m512 load16(const c10::BFloat16* p) {
 }
 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Lane i of the result is the sum of the 16 lanes of v[i]: a transposing reduction,
@@ -178,19 +220,26 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
                        int64_t group, int64_t token_stride, int64_t head_dim, float* scores) {
   TileRows<scalar_t> tiles(k_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
+  const int64_t head_stride = head_dim + scale_elements<scalar_t>();
   __m512 acc[16];
+  float key_scales[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
-      const int64_t offset = (h / group) * head_dim;
+      const int64_t offset = (h / group) * head_stride;
       for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
       for (int64_t d = 0; d < head_dim; d += 16) {
         const __m512 qv = _mm512_loadu_ps(qh + d);
         for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + offset + d), acc[i]);
       }
-      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sum_each_of_16(acc));
+      __m512 sums = sum_each_of_16(acc);
+      if constexpr (std::is_same_v<scalar_t, int8_t>) {
+        for (int i = 0; i < 16; ++i) key_scales[i] = row_scale(rows[i] + offset, head_dim);
+        sums = _mm512_mul_ps(sums, _mm512_loadu_ps(key_scales));
+      }
+      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sums);
     }
   }
 }
@@ -231,9 +280,10 @@ inline void score_keys_bf16(const c10::BFloat16* query, float scale, const c10::
 // passes weigh a value row for all of a run's heads at once, with the count a constant
 // so that the sums stay in registers.
 template <typename Body>
-inline void for_each_head_run(int64_t num_heads, int64_t group, int64_t head_dim, const Body& body) {
+inline void for_each_head_run(int64_t num_heads, int64_t group, int64_t head_stride,
+                              const Body& body) {
   for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
-    const int64_t offset = (h0 / group) * head_dim;
+    const int64_t offset = (h0 / group) * head_stride;  // a KV head's row: values (+ scale)
     heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
     switch (heads) {
       case 4: body(std::integral_constant<int, 4>{}, h0, offset); break;
@@ -337,8 +387,9 @@ inline void weigh_rows(const float* probs, int64_t n, const scalar_t* const* row
   for (int64_t i = 0; i < count; ++i) {
     __m512 value[CHUNKS];
     for (int c = 0; c < CHUNKS; ++c) value[c] = load16(rows[i] + offset + d0 + 16 * c);
+    const float scale = row_scale(rows[i] + offset, head_dim);  // 1 but in an int8 cache
     for (int j = 0; j < HEADS; ++j) {
-      const __m512 weight = _mm512_set1_ps(probs[(h0 + j) * n + i]);
+      const __m512 weight = _mm512_set1_ps(probs[(h0 + j) * n + i] * scale);
       for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_fmadd_ps(weight, value[c], sum[j][c]);
     }
   }
@@ -373,17 +424,19 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const float* p = probs + t0;
-    for_each_head_run(num_heads, group, head_dim, [&](auto heads, int64_t h0, int64_t offset) {
+    const int64_t head_stride = head_dim + scale_elements<scalar_t>();
+    for_each_head_run(num_heads, group, head_stride, [&](auto heads, int64_t h0, int64_t offset) {
       weigh_rows_all_dims<decltype(heads)::value>(p, n, rows, count, h0, offset, head_dim, acc);
     });
   }
 }
 #endif
 
-template <typename scalar_t>
+// scalar_t: the query's and output's dtype; cache_t: the cache's, the same or int8.
+template <typename scalar_t, typename cache_t>
 void decode_attention_kernel(
     const at::Tensor& query,         // [num_seqs, num_heads, head_dim]
-    const at::Tensor& k_cache,       // [num_blocks, block_size, num_kv_heads, head_dim]
+    const at::Tensor& k_cache,       // [num_blocks, block_size, num_kv_heads, head_dim (+ 4)]
     const at::Tensor& v_cache,       // same
     const at::Tensor& block_tables,  // [num_seqs, max_blocks] int32
     const at::Tensor& context_lens,  // [num_seqs] int32
@@ -398,11 +451,13 @@ void decode_attention_kernel(
   const int64_t num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
   const int64_t max_blocks = block_tables.size(1);
-  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t head_stride = head_dim + scale_elements<cache_t>();
+  const int64_t token_stride = num_kv_heads * head_stride;
+  constexpr bool bf16_cache = std::is_same_v<cache_t, c10::BFloat16>;
 
   const scalar_t* q_ptr = query.data_ptr<scalar_t>();
-  const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
-  const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
+  const cache_t* k_ptr = k_cache.data_ptr<cache_t>();
+  const cache_t* v_ptr = v_cache.data_ptr<cache_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
@@ -427,7 +482,8 @@ void decode_attention_kernel(
     work[item] = (keys_of(item / runs) + 32) * std::min(kv_per_run, num_kv_heads - kv0);
   }
   parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim), row(token_stride);
+    std::vector<float> q(num_heads * head_dim), acc(num_heads * head_dim);
+    std::vector<float> row(num_kv_heads * head_dim);
     std::vector<float> scores, maxes(num_heads), sums(num_heads);
     std::vector<uint32_t> pairs;
     for (int64_t item = begin; item < end; ++item) {
@@ -439,8 +495,8 @@ void decode_attention_kernel(
       const int64_t first = len - n;
       const int32_t* table = tables + seq * max_blocks;
       const scalar_t* q_run = q_ptr + (seq * num_heads + kv0 * group) * head_dim;
-      const scalar_t* k_run = k_ptr + kv0 * head_dim;
-      const scalar_t* v_run = v_ptr + kv0 * head_dim;
+      const cache_t* k_run = k_ptr + kv0 * head_stride;
+      const cache_t* v_run = v_ptr + kv0 * head_stride;
       load_row(q_run, q.data(), heads * head_dim);
       for (int64_t i = 0; i < heads * head_dim; ++i) q[i] *= scale;
 
@@ -448,7 +504,7 @@ void decode_attention_kernel(
       scores.resize(heads * n);
       bool scored = false;
 #if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if constexpr (bf16_cache) {
         if (head_dim % 32 == 0) {
           score_keys_bf16(q_run, scale, k_run, table, first, n, block_size, heads, group,
                           token_stride, head_dim, scores.data());
@@ -487,7 +543,7 @@ void decode_attention_kernel(
       std::fill(acc.begin(), acc.end(), 0.f);
       bool weighed = false;
 #if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if constexpr (bf16_cache) {
         if (head_dim % 32 == 0) {
           const int64_t stride = (n + 1) / 2;
           pairs.assign(heads * stride, 0u);  // a zero after an odd last key
@@ -513,7 +569,7 @@ void decode_attention_kernel(
 #endif
       for (int64_t t = 0; t < n && !weighed; ++t) {
         const int64_t pos = first + t;
-        load_row(row_at(v_run, table, pos, block_size, token_stride), row.data(), heads / group * head_dim);
+        load_heads(row_at(v_run, table, pos, block_size, token_stride), row.data(), heads / group, head_dim);
         for (int64_t h = 0; h < heads; ++h) {
           const float p = scores[h * n + t];
           const float* vh = row.data() + (h / group) * head_dim;
@@ -545,9 +601,13 @@ at::Tensor decode_attention(
     double softcap) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [seqs, heads, dim], cache 4-D");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type(), "query and cache dtypes differ");
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(int8_cache || query.scalar_type() == k_cache.scalar_type(),
+              "query and cache dtypes differ (and the cache is not int8)");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "key and value caches' dtypes differ");
   TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(query.size(2) == k_cache.size(3), "query and cache head dims differ");
+  TORCH_CHECK(query.size(2) + (int8_cache ? 4 : 0) == k_cache.size(3),
+              "the cache's rows must be head_dim values (+ a 4-byte scale in an int8 cache)");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "block_tables and context_lens must be int32");
   auto q = query.contiguous();
@@ -555,26 +615,87 @@ at::Tensor decode_attention(
   auto lens = context_lens.contiguous();
   auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    decode_attention_kernel<scalar_t>(q, k_cache, v_cache, tables, lens, out,
-                                      static_cast<float>(scale), window,
-                                      static_cast<float>(softcap));
+    if (int8_cache) {
+      decode_attention_kernel<scalar_t, int8_t>(q, k_cache, v_cache, tables, lens, out,
+                                                static_cast<float>(scale), window,
+                                                static_cast<float>(softcap));
+    } else {
+      decode_attention_kernel<scalar_t, scalar_t>(q, k_cache, v_cache, tables, lens, out,
+                                                  static_cast<float>(scale), window,
+                                                  static_cast<float>(softcap));
+    }
   });
   return out;
 }
 
-// Writes each token's key and value rows into its cache slot; slot -1 (padding) is
-// skipped in the loop, so no pass over the slots is needed to find them first.
+namespace {
+
+// One head's values as int8 with their scale after them (kernels/kv_quant.py's rule:
+// scale = max|x| * (1 / 127), q = round-half-even(x * (127 / max|x|)), a zero row all zeros).
+template <typename scalar_t>
+void quantize_head(const scalar_t* src, int8_t* dst, int64_t head_dim, float* buffer) {
+  load_row(src, buffer, head_dim);
+  float amax = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(buffer[d]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    // nearbyint rounds half to even in the default rounding mode, as torch.round does.
+    const float q = std::nearbyint(buffer[d] * inv);
+    dst[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+  }
+  const float scale = amax * (1.f / 127.f);
+  std::memcpy(dst + head_dim, &scale, sizeof(scale));
+}
+
+// store_kv into an int8 cache: each (token, KV head) row quantized as it is written.
+void store_kv_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+                   at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  const int64_t tokens = key.size(0), heads = key.size(1), head_dim = key.size(2);
+  const int64_t row = heads * (head_dim + 4);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  int8_t* k_dst = k_cache.data_ptr<int8_t>();
+  int8_t* v_dst = v_cache.data_ptr<int8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "store_kv_int8", [&] {
+    const scalar_t* k_src = key.data_ptr<scalar_t>();
+    const scalar_t* v_src = value.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
+      std::vector<float> buffer(head_dim);
+      for (int64_t t = begin; t < end; ++t) {
+        if (slots[t] < 0) continue;
+        for (int64_t h = 0; h < heads; ++h) {
+          quantize_head(k_src + t * key.stride(0) + h * head_dim,
+                        k_dst + slots[t] * row + h * (head_dim + 4), head_dim, buffer.data());
+          quantize_head(v_src + t * value.stride(0) + h * head_dim,
+                        v_dst + slots[t] * row + h * (head_dim + 4), head_dim, buffer.data());
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+// Writes each token's key and value rows into its cache slot (quantized where the cache
+// is int8); slot -1 (padding) is skipped in the loop, so no pass over the slots is
+// needed to find them first.
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
               at::Tensor& v_cache, const at::Tensor& slot_mapping) {
   TORCH_CHECK(key.dim() == 3 && key.stride(2) == 1 && key.stride(1) == key.size(2) &&
                   value.stride(2) == 1 && value.stride(1) == value.size(2),
               "key/value must be [tokens, kv_heads, head_dim] with contiguous heads");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  if (k_cache.scalar_type() == at::kChar) {
+    TORCH_CHECK(v_cache.scalar_type() == at::kChar && key.scalar_type() == value.scalar_type() &&
+                    k_cache.size(3) == key.size(2) + 4,
+                "an int8 cache holds rows of head_dim values and a 4-byte scale");
+    store_kv_int8(key, value, k_cache, v_cache, slot_mapping);
+    return;
+  }
   TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() &&
                   value.scalar_type() == v_cache.scalar_type(),
               "key/value and cache dtypes differ");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
-              "slot_mapping must be contiguous int64");
   const int64_t tokens = key.size(0);
   const int64_t row = key.size(1) * key.size(2);  // bytes per slot / element size
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();

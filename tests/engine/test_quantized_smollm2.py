@@ -39,10 +39,10 @@ def build_engine(**settings) -> LLMEngine:
     return LLMEngine(EngineConfig(max_num_blocks=512, max_model_len=2048, **settings))
 
 
-def teacher_forced(engine: LLMEngine) -> tuple[float, list[int]]:
-    """(perplexity of TEXT, the top-1 token predicted at each position)."""
+def teacher_forced(engine: LLMEngine, text: str = TEXT) -> tuple[float, list[int]]:
+    """(perplexity of ``text``, the top-1 token predicted at each position)."""
     sampling = SamplingParams(max_tokens=1, prompt_logprobs=1)
-    out = engine.generate([TEXT], sampling, use_tqdm=False)[0]
+    out = engine.generate([text], sampling, use_tqdm=False)[0]
     ids, logprobs = out.prompt_token_ids, out.prompt_logprobs
     own = [logprobs[i][ids[i]] for i in range(1, len(ids))]
     top = [max(logprobs[i], key=logprobs[i].get) for i in range(1, len(ids))]

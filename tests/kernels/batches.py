@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionInputs
+from hetero_infer.kernels.kv_quant import to_cache
 
 
 @dataclass
@@ -75,3 +76,17 @@ def make_batch(
     )
     query = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
     return Batch(query, torch.cat(keys), torch.cat(values), k_cache, v_cache, inputs)
+
+
+def quantized(batch: Batch, cache_dtype: torch.dtype = torch.int8) -> Batch:
+    """The batch with its cache (noise and cached tokens) as a quantized cache of
+    ``cache_dtype`` stores it (kernels/kv_quant.py); the step's new keys and values stay
+    as they are, for store_kv to quantize."""
+    return Batch(
+        batch.query,
+        batch.key,
+        batch.value,
+        to_cache(batch.k_cache, cache_dtype),
+        to_cache(batch.v_cache, cache_dtype),
+        batch.inputs,
+    )

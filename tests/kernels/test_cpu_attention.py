@@ -3,7 +3,9 @@
 The C++ decode kernel is checked against ``decode_attention_ref`` and against the
 padded reference (``paged_attention_ref``), and the whole CPU path (per-token rows,
 or the tiled kernel for bf16 prefill chunks beside the decode kernel) against the
-reference on mixed steps; each also with the scores soft-capped (Gemma 2).
+reference on mixed steps; each also with the scores soft-capped (Gemma 2). An int8
+cache (kernels/kv_quant.py) is checked against the fp32 reference on its dequantized
+values: decode rows, prefill chunks (by rows), sliding windows, soft-caps and GQA.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.kv_quant import from_cache
 from hetero_infer.kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
@@ -25,7 +28,7 @@ from hetero_infer.kernels.paged_attention_cpu import (
     tiled_kernel_serves,
 )
 
-from tests.kernels.batches import Batch, make_batch
+from tests.kernels.batches import Batch, make_batch, quantized
 from tests.kernels.checks import assert_close
 
 SCALE = 0.3
@@ -48,7 +51,7 @@ def padded_reference(
 ) -> torch.Tensor:
     """fp32 padded torch reference on upcast copies of the (already filled) cache."""
     meta = prepare_torch_attention(batch.inputs, batch.k_cache.shape[1], {window})
-    caches = (batch.k_cache.float(), batch.v_cache.float())
+    caches = (from_cache(batch.k_cache, torch.float32), from_cache(batch.v_cache, torch.float32))
     return paged_attention_ref(batch.query.float(), *caches, meta, SCALE, window, softcap)
 
 
@@ -179,7 +182,7 @@ def test_tiled_prefill_kernel_on_mixed_steps(
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, None, softcap)
     meta = prepare_cpu_attention(batch.inputs, bs, {None})
-    assert tiled_kernel_serves(module, batch.query, None)
+    assert tiled_kernel_serves(module, batch.query, batch.k_cache, None)
     assert meta.prefill_chunks.lens.tolist() == [37, 50, 2, 16, 17]
     caches = (batch.k_cache, batch.v_cache)
     actual = paged_attention_cpu(module, batch.query, *caches, meta, SCALE, softcap=softcap)
@@ -200,10 +203,15 @@ def test_tiled_prefill_kernel_on_one_long_chunk(module):
 @needs_tiled_kernel
 def test_tiled_kernel_serves_bf16_without_window_only(module):
     query = torch.empty(4, 2, 64, dtype=torch.bfloat16)
-    assert tiled_kernel_serves(module, query, None)
-    assert not tiled_kernel_serves(module, query, 8)
-    assert not tiled_kernel_serves(module, query.float(), None)
-    assert not tiled_kernel_serves(module, torch.empty(4, 2, 20, dtype=torch.bfloat16), None)
+    cache = torch.empty(3, 16, 2, 64, dtype=torch.bfloat16)
+    assert tiled_kernel_serves(module, query, cache, None)
+    assert not tiled_kernel_serves(module, query, cache, 8)
+    assert not tiled_kernel_serves(module, query.float(), cache.float(), None)
+    odd = torch.empty(4, 2, 20, dtype=torch.bfloat16)
+    assert not tiled_kernel_serves(module, odd, cache, None)
+    # an int8 cache's chunks go row by row
+    int8_cache = torch.empty(3, 16, 2, 64 + 4, dtype=torch.int8)
+    assert not tiled_kernel_serves(module, query, int8_cache, None)
 
 
 def test_cpu_path_decodes_only(module):
@@ -224,6 +232,78 @@ def test_store_kv_skips_padding_slots(module, dtype):
     # value as a view with strided rows, as the model's merged projection gives it
     rows = torch.cat([batch.value.flatten(1), batch.key.flatten(1)], dim=1)
     value = rows[:, : 2 * 20].view(-1, 2, 20)
+    k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    store_kv_ref(batch.key, value, k_ref, v_ref, slots)
+    k_out, v_out = batch.k_cache.clone(), batch.v_cache.clone()
+    cpu_attention(module).store_kv(batch.key, value, k_out, v_out, slots)
+    assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
+
+
+# The int8 cache: the kernel reads int8 rows and their scales; the reference attends in
+# fp32 over the same rows dequantized, so only the order of rounding differs (a key's
+# scale multiplies its score, not each element): each query dtype's own tolerance.
+INT8_TOLERANCE_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16}
+
+
+def int8_batch(chunks, block_size, num_kv_heads, group, head_dim, dtype, seed) -> Batch:
+    batch = quantized(make_batch(chunks, block_size, num_kv_heads, group, head_dim, dtype, seed))
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
+    return batch
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_heads", "group", "head_dim"),
+    [(16, 3, 3, 64), (16, 2, 7, 48), (8, 1, 8, 128), (32, 2, 4, 20), (16, 1, 1, 256)],
+)
+def test_int8_decode_kernel_matches_dequantized_reference(
+    module, dtype, block_size, num_kv_heads, group, head_dim, window, softcap
+):
+    bs = block_size
+    chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1), (9 * bs + 3, 1)]
+    batch = int8_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=head_dim)
+    assert batch.k_cache.dtype == torch.int8 and batch.k_cache.shape[-1] == head_dim + 4
+    inputs = batch.inputs
+    args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE)
+    actual = decode_attention_cpu(module, batch.query, *args, window, softcap)
+    assert actual.dtype == dtype
+    expected = padded_reference(batch, window, softcap)
+    tolerance = INT8_TOLERANCE_DTYPE[dtype]
+    assert_close(actual, expected, tolerance, "int8 kernel vs dequantized reference")
+    reference = decode_attention_ref(batch.query, *args, window, softcap)
+    assert_close(reference, expected, tolerance, "int8 decode ref")
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_cpu_path_on_mixed_steps(module, dtype, window, softcap):
+    """Prefill chunks (first ones and ones after cached context) beside decodes: with an
+    int8 cache every token goes through the row kernel, the tiled kernel's fallback."""
+    bs = 16
+    chunks = [(0, 37), (bs - 1, 1), (21, 50), (0, 2), (3 * bs, 16), (5, 1), (40, 17)]
+    batch = int8_batch(chunks, bs, 3, 3, 64, dtype, seed=13)
+    meta = prepare_cpu_attention(batch.inputs, bs, {window})
+    assert not tiled_kernel_serves(module, batch.query, batch.k_cache, window)
+    caches = (batch.k_cache, batch.v_cache)
+    actual = paged_attention_cpu(module, batch.query, *caches, meta, SCALE, window, softcap)
+    expected = padded_reference(batch, window, softcap)
+    assert_close(actual, expected, INT8_TOLERANCE_DTYPE[dtype], "int8 cpu path")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_store_kv_quantizes_as_the_reference(module, dtype):
+    # The C++ store rounds as torch does (half to even), so the bytes are the same:
+    # values and scales, padding slots skipped, strided value rows read right.
+    bs = 16
+    batch = quantized(make_batch([(0, 7), (bs - 1, 1), (3, 20)], bs, 2, 3, 64, dtype, seed=5))
+    slots = batch.inputs.slot_mapping.clone()
+    slots[[0, 9]] = -1
+    rows = torch.cat([batch.value.flatten(1), batch.key.flatten(1)], dim=1)
+    value = rows[:, : 2 * 64].view(-1, 2, 64)
+    value[3] = 0  # a row of zeros: scale 0, values 0
     k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_ref(batch.key, value, k_ref, v_ref, slots)
     k_out, v_out = batch.k_cache.clone(), batch.v_cache.clone()

@@ -214,7 +214,7 @@ def test_attention_at_any_thread_count(module, dtype, threads):
     meta = prepare_cpu_attention(batch.inputs, BLOCK_SIZE, {None})
     args = (module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
     if dtype == torch.bfloat16 and module.prefill_attention_available():
-        assert tiled_kernel_serves(module, batch.query, None)
+        assert tiled_kernel_serves(module, batch.query, batch.k_cache, None)
     with torch_threads(1):
         alone = paged_attention_cpu(*args)
     with torch_threads(threads):

@@ -3,8 +3,8 @@ the bit: on the steps it serves (decodes, short chunks), against the same model 
 layer by layer, with quantized (int8) and bf16-panel projections, for Llama's layer and
 for Qwen3's (q/k norms), Gemma 2's (norms after attention and the MLP, GeGLU, sliding
 layers, soft-capped attention scores) and Gemma 3's (q/k norms too, sliding layers with
-their own RoPE base); and greedy generation through the engine, whose steps mix
-prefills (layer by layer) and decodes (the stack), is unchanged."""
+their own RoPE base), also over an int8 KV cache; and greedy generation through the
+engine, whose steps mix prefills (layer by layer) and decodes (the stack), is unchanged."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.kernels import decoder_stack_cpu, paged_attention_cpu
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
+from hetero_infer.kernels.kv_quant import SCALE_BYTES, to_cache
 
 from tests.engine.test_int8_weights import kernel_sized_llama, random_prompts
 from tests.engine.test_longrope import save_phi3_with_short_original
@@ -53,9 +54,13 @@ def model_dir(request, tmp_path_factory) -> Path:
     return folder
 
 
-def engine_for(folder: Path, quantization: str) -> LLMEngine:
+def engine_for(folder: Path, quantization: str, kv_cache_dtype: str = "auto") -> LLMEngine:
     config = EngineConfig(
-        model=str(folder), dtype="bfloat16", quantization=quantization, max_num_blocks=256
+        model=str(folder),
+        dtype="bfloat16",
+        quantization=quantization,
+        max_num_blocks=256,
+        kv_cache_dtype=kv_cache_dtype,
     )
     return LLMEngine(config)
 
@@ -69,9 +74,12 @@ def run_both_ways(runner, lengths: list[tuple[int, int]]) -> tuple[torch.Tensor,
     assert stack.can_run(inputs)
     torch.manual_seed(1)
     inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
-    for k_cache, v_cache in runner.kv_caches:
-        k_cache.normal_()
-        v_cache.normal_()
+    for cache in (c for layer in runner.kv_caches for c in layer):
+        if cache.dtype == torch.int8:  # rows of values and their scales
+            noise = torch.randn(*cache.shape[:-1], cache.shape[-1] - SCALE_BYTES)
+            cache.copy_(to_cache(noise, torch.int8))
+        else:
+            cache.normal_()
     stacked = stack.run(inputs)
     layered = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
     assert stacked.abs().sum() > 0
@@ -83,6 +91,15 @@ def test_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization) -> No
     runner = engine_for(model_dir, quantization).runner
     with torch.inference_mode():
         # 3 sequences decoding at different context lengths (after their cached tokens)
+        stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1)])
+    assert torch.equal(stacked, layered)
+
+
+def test_decode_steps_over_an_int8_cache_equal_the_layers_to_the_bit(model_dir) -> None:
+    # The stack stores and attends through the same kernels, which read int8 rows.
+    runner = engine_for(model_dir, "none", kv_cache_dtype="int8").runner
+    assert runner.kv_caches[0][0].dtype == torch.int8
+    with torch.inference_mode():
         stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1)])
     assert torch.equal(stacked, layered)
 

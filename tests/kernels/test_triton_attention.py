@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from hetero_infer.kernels.kv_quant import SCALE_BYTES, from_cache  # noqa: E402
 from hetero_infer.kernels.paged_attention import (  # noqa: E402
     paged_attention_ref,
     prepare_torch_attention,
@@ -23,7 +24,7 @@ from hetero_infer.kernels.paged_attention_triton import (  # noqa: E402
     store_kv_triton,
 )
 
-from tests.kernels.batches import Batch, make_batch  # noqa: E402
+from tests.kernels.batches import Batch, make_batch, quantized  # noqa: E402
 from tests.kernels.checks import assert_close  # noqa: E402
 
 SCALE = 0.3
@@ -164,3 +165,52 @@ def test_store_kv_matches_reference_and_skips_padding(dtype, block_size):
     store_kv_triton(key, value, k_cache, v_cache, slots)
     assert torch.equal(k_cache, expected_k), (k_cache != expected_k).nonzero()[:10].tolist()
     assert torch.equal(v_cache, expected_v), (v_cache != expected_v).nonzero()[:10].tolist()
+
+
+# A quantized cache (kernels/kv_quant.py): the kernel reads int8 rows with their scales
+# (or fp8 values); expected is the fp32 reference on the same rows dequantized, after
+# the reference's own store (the Triton store rounds ties away from zero, the torch one
+# to even, so the two caches may differ by one step where a value sits on a tie).
+
+
+def quantized_reference(batch: Batch, window: int | None, softcap: float | None) -> torch.Tensor:
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    store_kv_ref(batch.key, batch.value, k_cache, v_cache, batch.inputs.slot_mapping)
+    k_cache, v_cache = from_cache(k_cache, torch.float32), from_cache(v_cache, torch.float32)
+    meta = prepare_torch_attention(batch.inputs, k_cache.shape[1], {window})
+    query = batch.query.float()
+    return paged_attention_ref(query, k_cache, v_cache, meta, SCALE, window, softcap)
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize(("window", "num_splits"), [(None, 1), (7, 1), (None, 4)])
+@pytest.mark.parametrize("group", [1, 3])
+def test_int8_cache_matches_dequantized_reference(group, window, num_splits, softcap):
+    dtype = torch.float32
+    for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
+        batch = quantized(make_batch(chunks, 16, 2, group, 32, dtype, seed=group))
+        out = run_triton(batch, window, small_tiles(group, num_splits), softcap)
+        expected = quantized_reference(batch, window, softcap)
+        # fp16's tolerance: the two stores' ties (one int8 step of one element)
+        assert_close(out, expected, torch.float16, f"int8 {kind}")
+
+
+def test_int8_store_kv_matches_reference():
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, block_size, num_kv_heads, head_dim = 5, 16, 3, 20
+    shape = (num_blocks, block_size, num_kv_heads, head_dim + SCALE_BYTES)
+    k_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
+    v_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:23]
+    slots[[0, 5, 22]] = -1  # padding tokens
+    key = torch.randn(23, num_kv_heads, head_dim, generator=gen)
+    value = torch.randn(23, num_kv_heads, head_dim, generator=gen)
+    value[4] = 0.0  # a row of zeros: scale 0
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    store_kv_ref(key, value, expected_k, expected_v, slots)
+    store_kv_triton(key, value, k_cache, v_cache, slots)
+    for actual, expected in ((k_cache, expected_k), (v_cache, expected_v)):
+        # scales to the bit; values within one step (ties round the other way)
+        assert torch.equal(actual[..., head_dim:], expected[..., head_dim:])
+        steps = (actual[..., :head_dim].int() - expected[..., :head_dim].int()).abs()
+        assert int(steps.max()) <= 1 and int((steps > 0).sum()) <= 2
