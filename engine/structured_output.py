@@ -27,6 +27,11 @@ from hetero_infer.engine.guided_decoding import StructuredOutputsParams, grammar
 # thread of their own with this stack: a chain of ~45,000 compiles on it, more than
 # the body and grammar limits let through. (Only touched pages are memory.)
 COMPILE_STACK_BYTES = 512 * 1024 * 1024
+# How many of the first tokens a grammar allows are tried when it is built (_build).
+PROBE_TOKENS = 8
+# The most items one parser row may hold (llguidance's default): so many alternatives
+# of a rule (forced tools, anyOf branches) may be open at one point of the output.
+MAX_ITEMS_IN_ROW = 2000
 
 
 class StructuredOutput:
@@ -72,14 +77,21 @@ class StructuredOutput:
         # of 100,000 strings) is an error after ~0.2 s, and each token mask stops at its
         # fuel (~15 ms); catastrophic regexes cost nothing, as it matches by derivatives.
         tokenizer = self._tokenizer(param)
-        built = self._executor().submit(_build, tokenizer, grammar).result()
-        matcher, error, at_first_mask = built
-        if error and not at_first_mask:
+        built = self._executor().submit(_build, tokenizer, grammar, self._eos_token_ids).result()
+        matcher, error, stage = built
+        if stage == "compile":
             raise ValidationError(f"{param}: {what} is not usable: {error}", param=param)
-        if error:
+        if stage == "first mask":
             # A grammar that nothing satisfies ($ref loops, an empty enum) compiles, and
             # fails at its first mask: here, rather than as a request that ends in "error".
             raise ValidationError(f"{param}: {unsatisfiable} ({error})", param=param)
+        if stage == "first token":
+            raise ValidationError(
+                f"{param}: {what} cannot be followed past the first token of the output: "
+                f"it has more alternatives at one point than the grammar engine takes "
+                f"({MAX_ITEMS_IN_ROW}), or forces an output that never ends ({error})",
+                param=param,
+            )
         return matcher
 
     def _tokenizer(self, param: str) -> Any:
@@ -110,18 +122,48 @@ class StructuredOutput:
             return self._compiler
 
 
-def _build(tokenizer: Any, grammar: str) -> tuple[Any, str | None, bool]:
-    """On the compile thread: the matcher, its error (first line) and whether the
-    error came at the first mask rather than at compiling."""
+def _build(
+    tokenizer: Any, grammar: str, eos_token_ids: list[int]
+) -> tuple[Any, str | None, str | None]:
+    """On the compile thread: the matcher, its error (first line) and where the error
+    came: at compiling, at the first mask, or at the first token (None: no error)."""
     import llguidance
 
-    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    # llguidance's default limits, spelt out; errors without the parser's state and the
+    # whole grammar (which the log of a request failing mid-generation would hold).
+    limits = llguidance.LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW, verbose_errors=False)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, limits=limits)
     if matcher.is_error():
-        return matcher, _first_line(matcher.get_error()), False
-    matcher.compute_bitmask()
+        return matcher, _first_line(matcher.get_error()), "compile"
+    bitmask = matcher.compute_bitmask()
     if matcher.is_error():
-        return matcher, _first_line(matcher.get_error()), True
-    return matcher, None, False
+        return matcher, _first_line(matcher.get_error()), "first mask"
+    error = _first_token_error(matcher, bitmask, eos_token_ids)
+    if error is not None:
+        return matcher, _first_line(error), "first token"
+    return matcher, None, None
+
+
+def _first_token_error(matcher: Any, bitmask: bytes, eos_token_ids: list[int]) -> str | None:
+    """The error of the first of PROBE_TOKENS allowed first tokens after which the
+    grammar fails, or None. A row of more than MAX_ITEMS_IN_ROW alternatives (2,500
+    forced tools, an anyOf of 2,500 objects) or a loop the output is forced into (a
+    required property that refers back to "#", ``start: "a" start``) gives a first
+    mask but fails on the next token: stepping copies of the matcher over a few first
+    tokens finds it here, for one mask each (cheap beside compiling), not as a request
+    that fails in the middle of its generation. A failure that only a later token
+    reaches is still possible; the routes report it as a failed generation."""
+    mask_bytes = torch.frombuffer(bytearray(bitmask), dtype=torch.uint8)
+    bits = (mask_bytes.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    allowed = bits.flatten().nonzero().flatten().tolist()
+    probes = [token for token in allowed if token not in eos_token_ids][:PROBE_TOKENS]
+    for token in probes:
+        probe = matcher.deep_copy()
+        if probe.consume_token(token) and not probe.is_error():
+            probe.compute_bitmask()
+        if probe.is_error():
+            return probe.get_error()
+    return None
 
 
 def _first_line(error: str) -> str:

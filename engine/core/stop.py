@@ -32,8 +32,10 @@ def check_stop(seq: Sequence, max_model_len: int) -> SequenceStatus | None:
     if seq.grammar is None:
         return status
     if not seq.grammar.consume_token(token_id):
-        # The mask allowed only tokens it accepts, so this is a bug, not bad input.
-        logger.error("grammar refused token: %s", seq.grammar.get_error())
+        # A constraint can fail past its first tokens (llguidance's limits: a parser row
+        # of more than 2,000 items, a loop below a schema's root): the request ends
+        # with an error, which each route reports in its own terms.
+        logger.warning("the request's constraint failed: %s", seq.grammar.get_error())
         return status or SequenceStatus.FINISHED_FAILED
     if status is None and seq.grammar.is_stopped():
         return SequenceStatus.FINISHED_STOPPED

@@ -110,9 +110,9 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 def ending(out: RequestOutput, made_calls: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished output."""
+    """(stop_reason, stop_sequence) of a finished output; the error of a failed one."""
     if out.finish_reason == "error":
-        raise APIError(500, "the engine failed while generating the answer", "api_error")
+        raise constraint_failed()
     # A time limit (timeout, --request-timeout) cuts the output short as max_tokens does.
     if out.finish_reason in ("length", "abort"):
         return "max_tokens", None
@@ -121,6 +121,20 @@ def ending(out: RequestOutput, made_calls: bool) -> tuple[str, str | None]:
     if made_calls:
         return "tool_use", None
     return "end_turn", None
+
+
+def constraint_failed() -> APIError:
+    """The engine ends a request with "error" only where its grammar failed: here the
+    tools' (tool_choice any or tool), which compiled and passed its first tokens, then
+    met more alternatives at one point than llguidance takes, or forced an input that
+    never ends. The request's fault, so a 400 (an ``error`` event once streaming)."""
+    return APIError(
+        400,
+        "the grammar of tool_choice failed during generation: an input_schema has more "
+        "alternatives at one point than the grammar engine takes (2000), or forces an "
+        "input that never ends",
+        param="tools",
+    )
 
 
 def new_id(prefix: str) -> str:

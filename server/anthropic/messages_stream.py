@@ -10,8 +10,8 @@ message_delta when no block opens), and every PING_SECONDS while the stream is q
 Blocks open in the order their text arrives: thinking (``thinking_delta``), text
 (``text_delta``), one tool_use per call (``input_json_delta``: the arguments' JSON as
 it is generated). message_start waits for the engine's first output, so a request
-refused until then gets its status code; an error after that comes in-band, as an
-``error`` event.
+refused until then (or whose constraint fails on its first token) gets its status
+code; an error after that comes in-band, as an ``error`` event.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.anthropic.errors import error_body, error_response
 from hetero_infer.server.anthropic.messages import (
     AnthropicMessage,
+    constraint_failed,
     ending,
     message_body,
     new_id,
@@ -60,6 +61,8 @@ async def respond(answer: AnthropicMessage, stream: bool) -> Response:
 async def message_events(answer: AnthropicMessage) -> AsyncIterator[Event]:
     outputs = answer.ctx.outputs(answer.request)
     first = await anext(outputs)
+    if first.finish_reason == "error":
+        raise constraint_failed()  # nothing sent yet: the answer's status says it
     generated = len(first.delta_token_ids)
     usage = {"input_tokens": answer.input_tokens, "output_tokens": generated}
     start = message_body(answer.message_id, answer.ctx.model_name, [], None, None, usage)

@@ -41,6 +41,14 @@ _RENAMED_PARAMS = {
 _NESTED_FUNCTION = re.compile(r"^tools\.(\d+)\.function\.")
 # An engine finish_reason -> the response's incomplete_details.reason.
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "abort": "timeout"}
+# The engine ends a request with "error" only where its grammar failed: a constraint
+# that compiled and passed its first tokens, then (on the path this output took) had
+# more alternatives at one point than llguidance takes or forced an endless output.
+_CONSTRAINT_FAILED = (
+    "the output's constraint failed during generation, so the output stops short: "
+    "it has more alternatives at one point than the grammar engine takes (2000), or "
+    "forces an output that never ends"
+)
 
 
 class ResponsesAnswer:
@@ -127,12 +135,20 @@ class ResponsesAnswer:
     ) -> dict[str, Any]:
         """The finished response's body, kept in the store where the request asks."""
         body = self._body(status, items, _incomplete_details(final), generated)
+        if status == "failed":
+            body["error"] = self._constraint_error()
         if self.body.store:
             # A call cut off by max_output_tokens has no arguments object to render.
             kept = [i for i in items if i["type"] != "function_call" or i["status"] == "completed"]
             conversation = [*self.conversation, *kept]
             self.store.put(self.response_id, StoredResponse(body, conversation))
         return body
+
+    def _constraint_error(self) -> dict[str, Any]:
+        """A failed response's ``error`` (OpenAI's: code and message), naming the
+        field whose constraint failed."""
+        param = "tools" if self.chat.tools.json_schema is not None else "text.format"
+        return {"code": "server_error", "message": f"{param}: {_CONSTRAINT_FAILED}", "param": param}
 
     def _body(
         self,
@@ -204,6 +220,8 @@ def deleted_response(store: ResponseStore, response_id: str) -> dict[str, Any]:
 
 
 def _status(final: RequestOutput) -> str:
+    if final.finish_reason == "error":
+        return "failed"
     return "incomplete" if final.finish_reason in _INCOMPLETE_REASONS else "completed"
 
 

@@ -68,7 +68,7 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["completed", "incomplete", "in_progress"]
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
     error: dict[str, Any] | None
     incomplete_details: IncompleteDetails | None
     instructions: str | None

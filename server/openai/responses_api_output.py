@@ -61,12 +61,12 @@ class OutputItems:
 
     def finish(self, status: str) -> list[Event]:
         """The events that close the last item, ``status`` being the response's
-        ("completed" or "incomplete"). An answer with no output at all still has its
-        (empty) message, as OpenAI's does."""
+        ("completed", "incomplete", or "failed": its last item is then incomplete). An
+        answer with no output at all still has its (empty) message, as OpenAI's does."""
         events: list[Event] = []
         if not self.items:
             events += self._open_item("message")
-        events += self._close(status)
+        events += self._close("incomplete" if status == "failed" else status)
         return events
 
     # ---- text: message and reasoning ----

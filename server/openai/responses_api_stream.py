@@ -1,7 +1,7 @@
 """The transport of /v1/responses: the answer whole as JSON, or its events as
 server-sent events, each ``event: <type>`` and ``data: {...}`` with a
 ``sequence_number`` counted from 0, and no ``[DONE]`` (OpenAI's Responses streams end
-with their response.completed or response.incomplete event).
+with their response.completed, response.incomplete or response.failed event).
 
 As for the completion routes (responses.respond), the status line waits for the first
 event, which waits for the engine's first output: a request refused until then gets

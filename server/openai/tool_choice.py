@@ -12,7 +12,8 @@ its answer, decided once per request (ToolUse).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,18 @@ from hetero_infer.server.settings import ServerSettings
 
 # OpenAI: leaving out parameters defines a function that takes none.
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+# JSON Schema keywords whose values are schemas: one, a list of them, or a map of them.
+# (const, enum, default, examples hold data: a "$ref" there is no reference.)
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "items", "additionalItems", "additionalProperties", "unevaluatedItems",
+        "unevaluatedProperties", "contains", "propertyNames", "not", "if", "then", "else",
+    }
+)  # fmt: skip
+_SCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+_SCHEMA_MAP_KEYWORDS = frozenset(
+    {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"}
+)
 
 
 @dataclass(frozen=True)
@@ -93,21 +106,71 @@ def required_calls_schema(functions: list[FunctionDefinition], parallel: bool) -
     """An array of one or more calls (one at most without parallel calls), each
     ``{"name": <a function's name>, "parameters": <its arguments>}``: one alternative
     per function, so each call's arguments follow its own function's schema."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": function.name},
-                "parameters": parameters_schema(function),
-            },
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for function in functions
-    ]
+    calls = []
+    hoisted: dict[str, Any] = {}
+    for i, function in enumerate(functions):
+        parameters = parameters_schema(function)
+        if _has_local_refs(parameters):
+            # Nested here, its "#..." pointers would no longer find what they name: the
+            # schema moves to the root's $defs, under a name of its own, and its
+            # pointers are made to start there (its $defs go with it).
+            name = f"tool_{i}"
+            hoisted[name] = _rebased(parameters, f"#/$defs/{name}")
+            parameters = {"$ref": f"#/$defs/{name}"}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function.name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:
         schema["maxItems"] = 1
+    if hoisted:
+        schema["$defs"] = hoisted
+    return schema
+
+
+def _subschemas(schema: dict[str, Any]) -> Iterator[Any]:
+    """The schemas directly inside ``schema`` (not the data of const, enum...)."""
+    for key, value in schema.items():
+        if key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
+            yield from value
+        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            yield from value.values()
+        elif key in _SCHEMA_KEYWORDS:
+            yield value
+
+
+def _local_refs(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each schema in ``schema`` (itself included) whose $ref points into the document
+    ("#", "#/..."); iterative, as schemas nest deep."""
+    stack: list[Any] = [schema]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict):
+            continue
+        ref = item.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            yield item
+        stack.extend(_subschemas(item))
+
+
+def _has_local_refs(schema: dict[str, Any]) -> bool:
+    return next(_local_refs(schema), None) is not None
+
+
+def _rebased(schema: dict[str, Any], base: str) -> dict[str, Any]:
+    """A copy of a function's schema to be kept at the pointer ``base``: each local
+    $ref ("#/$defs/p", "#/properties/x", "#" for the schema itself) starts at
+    ``base``. Its $id goes: a base URI of its own would change what the pointers mean."""
+    schema = copy.deepcopy(schema)
+    schema.pop("$id", None)
+    schema.pop("$schema", None)
+    for item in _local_refs(schema):
+        item["$ref"] = base + item["$ref"][1:]
     return schema
 
 

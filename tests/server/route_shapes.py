@@ -33,7 +33,7 @@ ANTHROPIC_ERROR_TYPES = {
     "overloaded_error",
     "api_error",
 }
-RESPONSES_ENDINGS = {"response.completed", "response.incomplete"}
+RESPONSES_ENDINGS = {"response.completed", "response.incomplete", "response.failed"}
 
 
 def route_family(path: str) -> Family:

@@ -14,7 +14,6 @@ with no KV block held (test_abuse_routes.check_abuse).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +21,6 @@ import httpx
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.route_shapes import error_message
 from tests.server.test_abuse_routes import (
     CHAT,
     COMPLETIONS,
@@ -38,7 +36,6 @@ from tests.server.test_abuse_routes import (
     ollama_chat,
     ollama_generate,
     responses,
-    send,
 )
 
 # Where each route takes a JSON schema: (path, the body holding the schema).
@@ -132,8 +129,6 @@ SCHEMA_CASES = [
     Abuse(f"{kind}-{place}", path, build(schema), status, message)
     for kind, (schema, status, message) in HOSTILE_SCHEMAS.items()
     for place, (path, build) in SCHEMA_PLACES.items()
-    # A forced tool's $refs do not resolve (test_local_refs_in_a_forced_tool_schema).
-    if not (kind == "ref-chain-3000" and place == "messages-tool-input-schema")
 ]
 
 
@@ -232,7 +227,7 @@ def http(server: LiveServer) -> Iterator[httpx.Client]:
 
 
 def test_the_cases_are_distinct():
-    cases = SCHEMA_CASES + GUIDED_CASES
+    cases = SCHEMA_CASES + GUIDED_CASES + FAILING_AT_THE_FIRST_TOKEN
     assert len({case.id for case in cases}) == len(cases)
 
 
@@ -246,12 +241,11 @@ def test_hostile_regex_grammar_or_choice(http: httpx.Client, server: LiveServer,
     check_abuse(http, server, case)
 
 
-# Constraints that compile and give their first mask, then fail a token or two in: an
-# alternation wider than llguidance's Earley row limit (2,000 items), a schema or
-# grammar no finite value satisfies below its root. The request ends as a failed
-# generation: finish_reason "error" (OpenAI), done_reason "error" (Ollama), a
-# "completed" response whose JSON is cut short (/v1/responses), a 500 (/v1/messages).
-# Nothing refuses them before they run. (Not served: known, and left to fix.)
+# Constraints that compile and give their first mask, then fail on the next token: an
+# alternation wider than llguidance's row limit (2,000 items), a schema or grammar that
+# forces an output without end below its root. Building the grammar steps it over its
+# first tokens, so each is a 400 naming its field before anything runs.
+# (test_constraint_failures.py has those that fail later, mid-generation.)
 WIDE = 2500
 ROOM = {"max_tokens": 12}
 FORCED_TOOLS = [
@@ -259,9 +253,22 @@ FORCED_TOOLS = [
     for i in range(WIDE)
 ]
 LOOP_BELOW_THE_ROOT = object_of({"$ref": "#"})
-FAILING_MID_GENERATION = [
+FAILS_ON_ITS_FIRST_TOKEN = "cannot be followed past the first token"
+FAILING_AT_THE_FIRST_TOKEN = [
     Abuse(
-        "tools-2500-required-chat", CHAT, chat(tools=FORCED_TOOLS, tool_choice="required", **ROOM)
+        "tools-2500-required-chat",
+        CHAT,
+        chat(tools=FORCED_TOOLS, tool_choice="required", **ROOM),
+        message="tools: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
+    ),
+    Abuse(
+        "tools-2500-required-responses",
+        RESPONSES,
+        responses(
+            tools=[{"type": "function", **tool["function"]} for tool in FORCED_TOOLS],
+            tool_choice="required",
+        ),
+        message="tools: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
     Abuse(
         "tools-2500-any-messages",
@@ -271,6 +278,7 @@ FAILING_MID_GENERATION = [
             tool_choice={"type": "any"},
             max_tokens=12,
         ),
+        message="tools: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
     Abuse(
         "anyof-2500-objects-responses",
@@ -285,96 +293,49 @@ FAILING_MID_GENERATION = [
             },
             max_output_tokens=12,
         ),
+        message="text.format: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
     Abuse(
         "grammar-2500-alternatives",
         COMPLETIONS,
         structured("grammar", "start: " + " | ".join(f'"w{i}"' for i in range(WIDE))) | ROOM,
+        message="structured_outputs.grammar: the grammar " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
-    Abuse("grammar-no-base-case", COMPLETIONS, structured("grammar", 'start: "a" start') | ROOM),
-    Abuse("loop-below-the-root-chat", CHAT, chat(guided_json=LOOP_BELOW_THE_ROOT, **ROOM)),
+    Abuse(
+        "grammar-no-base-case",
+        COMPLETIONS,
+        structured("grammar", 'start: "a" start') | ROOM,
+        message="structured_outputs.grammar: the grammar " + FAILS_ON_ITS_FIRST_TOKEN,
+    ),
+    Abuse(
+        "loop-below-the-root-chat",
+        CHAT,
+        chat(guided_json=LOOP_BELOW_THE_ROOT, **ROOM),
+        message="guided_json: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
+    ),
     Abuse(
         "loop-below-the-root-messages",
         MESSAGES,
         messages(
             tools=[{"name": "f", "input_schema": LOOP_BELOW_THE_ROOT}],
-            tool_choice={"type": "any"},
+            tool_choice={"type": "tool", "name": "f"},
             max_tokens=12,
         ),
+        message="tools: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
     Abuse(
         "loop-below-the-root-ollama",
         OLLAMA_CHAT,
         ollama_chat(format=LOOP_BELOW_THE_ROOT, options={"num_predict": 12}),
+        message="format: the schema " + FAILS_ON_ITS_FIRST_TOKEN,
     ),
 ]
 
 
-def failed_generation(path: str, response: httpx.Response) -> bool:
-    """Whether the answer is a generation that failed under its constraint."""
-    if response.status_code >= 500:
-        return True
-    body = response.json()
-    if path == RESPONSES:
-        text = body["output"][0]["content"][0]["text"]
-        return body["status"] == "completed" and not is_json(text)
-    if path == MESSAGES:
-        return body["stop_reason"] != "tool_use"
-    if path == OLLAMA_CHAT:
-        return body["done_reason"] == "error"
-    return any(choice["finish_reason"] == "error" for choice in body["choices"])
-
-
-def is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
-@pytest.mark.xfail(strict=True, reason="the constraint fails after its first mask")
 @pytest.mark.parametrize(
-    "case", FAILING_MID_GENERATION, ids=[case.id for case in FAILING_MID_GENERATION]
+    "case", FAILING_AT_THE_FIRST_TOKEN, ids=[case.id for case in FAILING_AT_THE_FIRST_TOKEN]
 )
-def test_constraint_that_fails_mid_generation(http: httpx.Client, case: Abuse):
-    """What it should get: a 400 before it runs, or an answer that follows it."""
-    response = send(http, case.path, case.body)
-    if 400 <= response.status_code < 500:
-        error_message(case.path, response.json())
-        assert response.status_code == 400, response.text[:500]
-    else:
-        assert not failed_generation(case.path, response), response.text[:500]
-
-
-# A forced tool's input_schema with $defs: the tools' grammar nests each schema in its
-# own, where "#/$defs/..." no longer resolves. A 400 where the schema is fine.
-DEFS_SCHEMA = {
-    "type": "object",
-    "$defs": {"name": {"type": "string"}},
-    "properties": {"a": {"$ref": "#/$defs/name"}},
-}
-LOCAL_REFS = [
-    Abuse(
-        "chat",
-        CHAT,
-        chat(
-            tools=[{"type": "function", "function": {"name": "f", "parameters": DEFS_SCHEMA}}],
-            tool_choice="required",
-        ),
-        200,
-    ),
-    Abuse(
-        "messages",
-        MESSAGES,
-        messages(tools=[{"name": "f", "input_schema": DEFS_SCHEMA}], tool_choice={"type": "any"}),
-        200,
-    ),
-]
-
-
-@pytest.mark.xfail(strict=True, reason="local $refs do not resolve in a forced tool's schema")
-@pytest.mark.parametrize("case", LOCAL_REFS, ids=[case.id for case in LOCAL_REFS])
-def test_local_refs_in_a_forced_tool_schema(http: httpx.Client, case: Abuse):
-    response = send(http, case.path, case.body)
-    assert response.status_code == 200, response.text[:500]
+def test_constraint_that_fails_at_its_first_token(
+    http: httpx.Client, server: LiveServer, case: Abuse
+):
+    check_abuse(http, server, case)

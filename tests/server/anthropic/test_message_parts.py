@@ -173,7 +173,7 @@ def test_stop_reasons():
     assert ending(output("abort"), made_calls=False) == ("max_tokens", None)
     with pytest.raises(APIError) as info:
         ending(output("error"), made_calls=False)
-    assert info.value.status_code == 500
+    assert info.value.status_code == 400  # the request's constraint could not be followed
 
 
 def test_tool_input():
