@@ -76,9 +76,7 @@ def test_an_int8_kv_cache_comes_back_from_the_tiers_as_it_was(tiny, tmp_path):
         pytest.skip("the tiers move an int8 cache's rows as bytes: one model shows it")
     plain = run_in_turn(LLMEngine(tier_config(folder, name, kv_cache_dtype="int8")), batch)
     # RAM for 4 of the float32 slots: about 13 int8 ones.
-    tiered = LLMEngine(
-        tier_config(folder, name, ram_slots=4, disk=tmp_path, kv_cache_dtype="int8")
-    )
+    tiered = LLMEngine(tier_config(folder, name, ram_slots=4, disk=tmp_path, kv_cache_dtype="int8"))
     assert run_in_turn(tiered, batch) == plain
     stats = tiered.memory_stats()
     assert stats["kv_tier_ram_hits"] + stats["kv_tier_disk_hits"] > 0
