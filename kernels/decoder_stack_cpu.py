@@ -77,7 +77,9 @@ def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
     then = linear.activation if isinstance(linear, GatedLinear) else ""
     linear = unfused(linear)
     if isinstance(linear, QuantizedLinear):
-        return module.PackedLinear(linear.packed, linear.qtype, linear.bias, False, then)
+        return module.PackedLinear(
+            linear.packed, linear.qtype, linear.bias, False, then, linear.activation_bits
+        )
     if isinstance(linear, KernelLinear):
         return module.PackedLinear(linear.packed, "", linear.bias, linear.gated, then)
     return None

@@ -6,7 +6,8 @@ Q8_0 with one fp32 scale per row instead of per block), repacked once at load by
 outputs of the same bytes: a decode step, bound by memory bandwidth, streams 0.625 bytes
 per weight for Q4_1 and 1.0625 for Q8_0 instead of bf16's 2 (Q4_0 0.5625, Q4_K 0.578,
 Q5_0 0.6875, Q5_K 0.703, Q5_1 0.75, Q6_K 0.82). The kernel quantizes each activation row
-per block of 32 values to int8 (``quantize_activations`` is its reference) and
+per block of 32 values to int8, or to 16 bits for a model with outlier channels
+(QuantizedWeight.activation_bits; ``quantize_activations`` is its reference), and
 multiplies integers on AVX512-VNNI; ``quantized_linear_ref`` is the product it computes,
 in fp64. On SmolLM2's projections it ran 1.9x (Q8_0) to 2.9x (Q4_0, Q4_1) the bf16
 kernel's speed at 1 row and 1.3-1.5x at 128-512 rows (Q6_K: 0.9x there); the C++ file
@@ -33,17 +34,24 @@ FAST_ROWS_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 DEQUANTIZE_ROWS_TYPES = (*FAST_ROWS_TYPES, "Q4_K", "Q5_K", "Q6_K")
 BLOCK = 32  # values per block, weights and activations alike
 PANEL = 16  # outputs per packed panel
+# The largest quantized magnitude per activation width (QuantizedWeight.activation_bits):
+# a block's largest value sets its step, amax / 127 or amax / 32639. 16 bits stop at
+# 127 x 257, so that the kernel's high byte of each value, (v + 128) >> 8, fits in an
+# int8.
+ACTIVATION_LEVELS = {8: 127.0, 16: 32639.0}
 
 
 class QuantizedLinear:
     """x [..., in] @ weight^T + bias by the quantized kernel, on the weight's blocks
     repacked into the kernel's panels; the result in x's dtype (bf16 and fp32 as they
-    are, fp16 through fp32)."""
+    are, fp16 through fp32), x quantized per block of 32 values to the weight's
+    ``activation_bits``."""
 
     def __init__(
         self, module: ModuleType, weight: QuantizedWeight, bias: torch.Tensor | None = None
     ) -> None:
         self.qtype = weight.qtype
+        self.activation_bits = weight.activation_bits
         # [out / 16, bytes]; int8 rows go in as their bytes, with their scales
         data = weight.data.view(torch.uint8)
         self.packed = module.pack_quantized_weight(data, weight.qtype, weight.scales)
@@ -55,9 +63,11 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if x.dtype in KERNEL_DTYPES:
-            out = self.run(rows, self.packed, self.qtype, self.bias)
+            out = self.run(rows, self.packed, self.qtype, self.bias, self.activation_bits)
         else:
-            out = self.run(rows.float(), self.packed, self.qtype, self.bias).to(x.dtype)
+            out = self.run(
+                rows.float(), self.packed, self.qtype, self.bias, self.activation_bits
+            ).to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
 
 
@@ -76,25 +86,29 @@ def quantized_kernel_takes(module: ModuleType | None, weight: QuantizedWeight) -
     )
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (int8 values [M, K], fp32 scales [M, K / 32]): what the kernel
-    multiplies the weight with, in plain torch (its reference). Per block of 32:
-    q = round-half-even(x * (127 / amax)), scale = amax / 127 (0 for a zero block)."""
+def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (integer values [M, K], int8 or int16, fp32 scales [M, K / 32]):
+    what the kernel multiplies the weight with, in plain torch (its reference). Per
+    block of 32, with L = ACTIVATION_LEVELS[bits]: q = round-half-even(x * (L / amax)),
+    scale = amax / L (0 for a zero block)."""
+    levels = ACTIVATION_LEVELS[bits]
     blocks = x.float().reshape(x.shape[0], -1, BLOCK)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     # A tensor divided by a tensor: torch computes ``127.0 / amax`` as amax's
     # reciprocal times 127, rounded twice, and then ties round differently.
-    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    values = torch.round(blocks * inverse).to(torch.int8).reshape(x.shape)
-    return values, (amax / 127.0).squeeze(-1)
+    inverse = torch.where(amax > 0, torch.full_like(amax, levels) / amax, torch.zeros_like(amax))
+    dtype = torch.int8 if bits == 8 else torch.int16
+    values = torch.round(blocks * inverse).to(dtype).reshape(x.shape)
+    return values, (amax / levels).squeeze(-1)
 
 
 def quantized_linear_ref(
     x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """What the kernel computes, in fp64: the activations quantized as the kernel does
-    them (quantize_activations) times gguf-py's dequantized weight, plus the bias."""
-    values, scales = quantize_activations(x)
+    them (quantize_activations, to the weight's activation_bits) times gguf-py's
+    dequantized weight, plus the bias."""
+    values, scales = quantize_activations(x, weight.activation_bits)
     dequantized = values.double().reshape(x.shape[0], -1, BLOCK) * scales.double()[..., None]
     out = dequantized.reshape(x.shape) @ weight.dequantize(torch.float64).T
     return out if bias is None else out + bias.double()

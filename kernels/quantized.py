@@ -33,9 +33,15 @@ class QuantizedWeight:
     shape: tuple[int, int]  # (out_features, in_features)
     # INT8 only: fp32 [out_features], the value of one step of each row.
     scales: torch.Tensor | None = None
+    # What a kernel that quantizes the activations (the CPU's, per block of 32 values)
+    # rounds them to: 8 or 16 bits (ModelConfig.quantized_activation_bits: 16 for a model
+    # whose activations have outlier channels, which leave a block's other values few
+    # of int8's steps). Kernels that multiply float activations ignore it.
+    activation_bits: int = 8
 
     def __post_init__(self) -> None:
         assert self.qtype in QUANT_TYPES, self.qtype
+        assert self.activation_bits in (8, 16), self.activation_bits
         assert self.data.shape[0] == self.shape[0]
         if self.qtype == INT8:
             assert self.data.dtype == torch.int8 and self.scales is not None
@@ -53,7 +59,8 @@ class QuantizedWeight:
         """The weight of some output rows (row blocks are independent)."""
         data = self.data[index]
         scales = self.scales[index] if self.scales is not None else None
-        return QuantizedWeight(self.qtype, data, (data.shape[0], self.shape[1]), scales)
+        shape = (data.shape[0], self.shape[1])
+        return QuantizedWeight(self.qtype, data, shape, scales, self.activation_bits)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[out_features, in_features] in ``dtype``: the reference values."""
@@ -82,11 +89,17 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight | None:
     """The parts stacked along the output rows (e.g. q, k, v into one qkv weight), or
     None where their types differ (a Q4_K_M file mixes Q4_K and Q6_K)."""
     first = parts[0]
-    if any(p.qtype != first.qtype or p.shape[1] != first.shape[1] for p in parts):
+    if any(
+        p.qtype != first.qtype
+        or p.shape[1] != first.shape[1]
+        or p.activation_bits != first.activation_bits
+        for p in parts
+    ):
         return None
     data = torch.cat([p.data for p in parts])
     scales = torch.cat([p.scales for p in parts]) if first.scales is not None else None
-    return QuantizedWeight(first.qtype, data, (data.shape[0], first.shape[1]), scales)
+    shape = (data.shape[0], first.shape[1])
+    return QuantizedWeight(first.qtype, data, shape, scales, first.activation_bits)
 
 
 def row_bytes(qtype: str, in_features: int) -> int:

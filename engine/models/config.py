@@ -58,6 +58,9 @@ class ModelConfig:
     # logits (Gemma 2: 50 and 30); None: none.
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
+    # What the quantized CPU kernel rounds activations to, per block of 32 values: 8
+    # bits, or 16 for a family with outlier channels (Family.activation_outliers).
+    quantized_activation_bits: int = 8
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -120,6 +123,7 @@ class ModelConfig:
             sliding_rope_theta=sliding_rope_theta,
             attn_logit_softcap=getattr(config, "attn_logit_softcapping", None),
             final_logit_softcap=getattr(config, "final_logit_softcapping", None),
+            quantized_activation_bits=16 if family.activation_outliers else 8,
         )
 
     @property

@@ -6,6 +6,7 @@ quantized weights kept quantized where the kernels take them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,8 +46,12 @@ def load_decoder_weights(
             owner = modules[name.removesuffix(".weight")]
             # The kernels are asked about the blocks on the model's device, where they
             # would read them (a GPU kernel takes none left on the CPU); a weight
-            # none takes is dequantized from the loader's copy.
-            placed = quantized_on(tensor, params[name].device)
+            # none takes is dequantized from the loader's copy. The activations'
+            # precision is the model's (its outlier channels).
+            placed = replace(
+                quantized_on(tensor, params[name].device),
+                activation_bits=model.config.quantized_activation_bits,
+            )
             takes = model.kernels.ops.takes_quantized(placed)
             if isinstance(owner, Linear) and takes:
                 return owner.keep_quantized(placed)
@@ -94,7 +99,7 @@ def quantized_on(weight: QuantizedWeight, device: torch.device) -> QuantizedWeig
     if weight.data.device == device:
         return weight
     scales = None if weight.scales is None else weight.scales.to(device)
-    return QuantizedWeight(weight.qtype, weight.data.to(device), weight.shape, scales)
+    return replace(weight, data=weight.data.to(device), scales=scales)
 
 
 def merge_rows(

@@ -34,7 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "quantized_linear's panels",
         py::arg("data"), py::arg("qtype"), py::arg("scales") = py::none());
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
-        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"), without_gil());
+        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"),
+        py::arg("activation_bits") = 8, without_gil());
   m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
   m.def("philox_uniform", &philox_uniform,
         "Philox4x32-10 uniforms in [0, 1) for keys [n] and counters [n, 2]");
@@ -44,9 +45,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool,
-                    const std::string&>(),
+                    const std::string&, int64_t>(),
            py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),
-           py::arg("then"));
+           py::arg("then"), py::arg("activation_bits") = 8);
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, double, double, double>(), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),

@@ -28,7 +28,7 @@ bool quantized_linear_available();
 at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
                                  const std::optional<at::Tensor>& scales);
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
-                            const std::optional<at::Tensor>& bias);
+                            const std::optional<at::Tensor>& bias, int64_t activation_bits = 8);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);

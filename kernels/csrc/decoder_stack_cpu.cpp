@@ -21,16 +21,17 @@ GatedActivation gated_activation(const std::string& name) {
 }  // namespace
 
 PackedLinear::PackedLinear(at::Tensor packed, std::string qtype, std::optional<at::Tensor> bias,
-                           bool gated, const std::string& then)
+                           bool gated, const std::string& then, int64_t activation_bits)
     : packed(std::move(packed)),
       qtype(std::move(qtype)),
       bias(std::move(bias)),
       gated(gated),
-      then(gated_activation(then)) {}
+      then(gated_activation(then)),
+      activation_bits(activation_bits) {}
 
 at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
   at::Tensor out = qtype.empty() ? linear_packed(x, packed, bias, gated)
-                                 : quantized_linear(x, packed, qtype, bias);
+                                 : quantized_linear(x, packed, qtype, bias, activation_bits);
   switch (then) {
     case GatedActivation::kSilu:
       return silu_and_mul(out);

@@ -16,7 +16,7 @@ enum class GatedActivation { kNone, kSilu, kGeluTanh };
 // blocks, for quantized_linear) or a bf16 weight in linear_packed's panels (qtype empty).
 struct PackedLinear {
   PackedLinear(at::Tensor packed, std::string qtype, std::optional<at::Tensor> bias, bool gated,
-               const std::string& then);
+               const std::string& then, int64_t activation_bits);
 
   // x [tokens, in] -> [tokens, out]
   at::Tensor operator()(const at::Tensor& x) const;
@@ -28,6 +28,7 @@ struct PackedLinear {
   // On the output of a merged gate_up the kernel does not fuse (HF's name: "" for none,
   // "silu": silu_and_mul, "gelu_pytorch_tanh": torch's tanh GELU of gate times up)
   GatedActivation then;
+  int64_t activation_bits;  // quantized_linear's: 8 or 16
 };
 
 struct DecoderLayerWeights {

@@ -13,6 +13,13 @@
 // add min x the activations' sum. Against unquantized activations the int8 rounding
 // costs ~0.5% relative error (a step of amax / 127).
 //
+// A model whose activations have outlier channels (Gemma 3: a block's largest value
+// sets its step, leaving its other values few levels) asks for 16-bit activations
+// instead: v = round(x * 32639 / amax), split as v = 256 h + l with h and l int8, each
+// weight word multiplied by both (two VPDPBUSD where one did, 256x finer steps), the
+// group's sum 256 x (h's sum) + l's. Measured on one thread, in cache, on Gemma-3-270M's
+// shapes: at 1 row 5-17% more time than int8, at 8-128 rows 1.4-1.8x.
+//
 // Why int8 and not tiles of the weight dequantized to bf16 for linear_packed's dot
 // instruction: one VPDPBUSD is 64 multiply-adds where VDPBF16PS is 32, and in cache,
 // at 64-512 rows, one core (Zen 5) ran 750-800 GOP/s on Q8_0 and Q4_0, 700 on Q4_1,
@@ -341,13 +348,15 @@ namespace {
 // fp32 scale, per half block the int32 added to a scale group's int sum before
 // scaling (minus the weights' offset times the values' sum: one group per block but
 // Q6_K's two, the second then 0), and for the types with mins, scale times the
-// values' sum.
+// values' sum. Wide (16-bit) activations are each 256 x a high int8 plus a low one,
+// both multiplied by the same weight bytes (see quantize_row).
 struct Activations {
-  const int8_t* values;   // [M, K]
+  const int8_t* values;   // [M, K]: the int8 values, or the wide values' high bytes
   const float* scale;     // [M, blocks]
   const int32_t* offset;  // [M, blocks, 2]
   const float* sum;       // [M, blocks]
   int64_t k, blocks;
+  const int8_t* low;      // [M, K]: the wide values' low bytes (null for int8)
 };
 
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
@@ -356,27 +365,49 @@ inline __m512 load16(const at::BFloat16* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// One row: q = round-half-even(x * (127 / amax)) per block, scale amax / 127.
-// 127 / amax is one IEEE division (the intrinsic, which -ffast-math does not turn into
+// The largest quantized magnitude: int8's 127, or for wide activations 127 x 257 =
+// 32639, the most whose high byte (v + 128) >> 8 stays within int8's -127 .. 127.
+template <bool WIDE>
+constexpr float kLevels = WIDE ? 32639.f : 127.f;
+
+// Stores 16 quantized values: as int8, or (WIDE) as their high bytes h = (v + 128) >> 8
+// in `q` and low bytes v - 256 h (-128 .. 127) in `low`.
+template <bool WIDE>
+inline void store_values(__m512i v, int8_t* q, int8_t* low) {
+  if constexpr (WIDE) {
+    const __m512i high = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(128)), 8);
+    const __m512i rest = _mm512_sub_epi32(v, _mm512_slli_epi32(high, 8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(high));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtepi32_epi8(rest));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(v));
+  }
+}
+
+// One row: v = round-half-even(x * (L / amax)) per block, scale amax / L, L = kLevels.
+// L / amax is one IEEE division (the intrinsic, which -ffast-math does not turn into
 // a reciprocal), so that kernels/linear_quantized.py's reference (quantize_activations)
-// rounds to the same integers.
-template <typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, float* scale,
-                  int32_t* offset, float* sum) {
+// rounds to the same integers. Wide values' sums stay within int32: 32 x 32639 x 128
+// (Q8_0's offset) is 2^27.
+template <bool WIDE, typename scalar_t>
+void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, int8_t* low,
+                  float* scale, int32_t* offset, float* sum) {
   const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   const int32_t c = -value_offset(t);
+  const float levels = kLevels<WIDE>;
   for (int64_t b = 0; b < blocks; ++b) {
     const __m512 lo = load16(x + b * kBlock), hi = load16(x + b * kBlock + 16);
     const float amax = _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_and_ps(lo, magnitude), _mm512_and_ps(hi, magnitude)));
     const float inv =
-        amax > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(127.f), _mm_set_ss(amax))) : 0.f;
+        amax > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(levels), _mm_set_ss(amax))) : 0.f;
     const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
     const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock), _mm512_cvtepi32_epi8(qlo));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16), _mm512_cvtepi32_epi8(qhi));
+    int8_t* low_b = WIDE ? low + b * kBlock : nullptr;
+    store_values<WIDE>(qlo, q + b * kBlock, low_b);
+    store_values<WIDE>(qhi, q + b * kBlock + 16, WIDE ? low_b + 16 : nullptr);
     const int32_t s_lo = _mm512_reduce_add_epi32(qlo), s_hi = _mm512_reduce_add_epi32(qhi);
-    scale[b] = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(amax), _mm_set_ss(127.f)));
+    scale[b] = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(amax), _mm_set_ss(levels)));
     offset[2 * b] = groups(t) == 2 ? c * s_lo : c * (s_lo + s_hi);
     offset[2 * b + 1] = groups(t) == 2 ? c * s_hi : 0;
     sum[b] = scale[b] * static_cast<float>(s_lo + s_hi);
@@ -461,21 +492,34 @@ inline void q5_values(__m512i& low, __m512i& high, __m512i highs, int w) {
   high = _mm512_ternarylogic_epi32(for_high, mask, high, 0xEA);
 }
 
+// One activation word (4 values) of a row times a weight word of 16 outputs, added
+// into the int32 sums: int8 values into `sum`; wide ones' high bytes into `sum` and
+// low bytes into `low_sum` (the group's sum is then 256 sum + low_sum).
+template <bool WIDE>
+inline void dot_word(__m512i& sum, __m512i& low_sum, __m512i w, const int32_t* x,
+                     const int32_t* x_low, int64_t word) {
+  sum = _mm512_dpbusd_epi32(sum, w, _mm512_set1_epi32(x[word]));
+  if constexpr (WIDE) low_sum = _mm512_dpbusd_epi32(low_sum, w, _mm512_set1_epi32(x_low[word]));
+}
+
 // ROWS rows of the activations from row0 times PANELS adjacent panels -> ROWS x
 // (16 x PANELS) outputs. Per scale group: int32 dot products of 4 values per lane
 // (VNNI), then scaled into fp32 sums. `ahead` (or null): panels to ask for meanwhile.
-template <QType T, int ROWS, int PANELS, typename out_t>
+// WIDE: 16-bit activations, two dot products per word (high and low bytes).
+template <QType T, bool WIDE, int ROWS, int PANELS, typename out_t>
 inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* panel,
                           int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
                           int64_t out_stride) {
   const int64_t blocks = a.blocks;
-  const int32_t* x[ROWS];  // rows as words of 4 int8 values
+  const int32_t* x[ROWS];  // rows as words of 4 int8 values (WIDE: their high bytes)
+  const int32_t* x_low[ROWS];  // WIDE: the low bytes' words
   const float* x_scale[ROWS];
   const int32_t* x_offset[ROWS];
   const float* x_sum[ROWS];
   __m512 acc[ROWS][PANELS];
   for (int r = 0; r < ROWS; ++r) {
     x[r] = reinterpret_cast<const int32_t*>(a.values + (row0 + r) * a.k);
+    x_low[r] = WIDE ? reinterpret_cast<const int32_t*>(a.low + (row0 + r) * a.k) : nullptr;
     x_scale[r] = a.scale + (row0 + r) * blocks;
     x_offset[r] = a.offset + (row0 + r) * blocks * 2;
     x_sum[r] = a.sum + (row0 + r) * blocks;
@@ -491,8 +535,9 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
   }
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   // A lone tile row sums each block in two chains of dot instructions (halving their
-  // latency); more rows or panels give the core independent chains enough.
-  constexpr int kChains = ROWS * PANELS <= 2 && groups(T) == 1 ? 2 : 1;
+  // latency); more rows or panels give the core independent chains enough, as do
+  // wide activations' high and low sums.
+  constexpr int kChains = ROWS * PANELS <= 2 && groups(T) == 1 && !WIDE ? 2 : 1;
   // Each block's share of the panels ahead, in memory order.
   const int64_t ahead_bytes = (panel_bytes + blocks - 1) / blocks;
   for (int64_t b = 0; b < blocks; ++b) {
@@ -505,10 +550,15 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
     }
     const uint8_t* w = panel + b * value_bytes(T);
     for (int g = 0; g < groups(T); ++g) {
+      // WIDE: the offset (of the 16-bit values' sum) goes into the low bytes' sums,
+      // which are not multiplied by 256.
       __m512i isum[kChains][ROWS][PANELS];
+      __m512i low_sum[ROWS][PANELS];
       for (int r = 0; r < ROWS; ++r) {
         for (int j = 0; j < PANELS; ++j) {
-          isum[0][r][j] = _mm512_set1_epi32(x_offset[r][2 * b + g]);
+          const __m512i offset = _mm512_set1_epi32(x_offset[r][2 * b + g]);
+          isum[0][r][j] = WIDE ? _mm512_setzero_si512() : offset;
+          if constexpr (WIDE) low_sum[r][j] = offset;
           if constexpr (kChains == 2) isum[1][r][j] = _mm512_setzero_si512();
         }
       }
@@ -517,9 +567,9 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
           __m512i wv[PANELS];
           for (int j = 0; j < PANELS; ++j) wv[j] = _mm512_loadu_si512(w + j * panel_bytes + i * 64);
           for (int r = 0; r < ROWS; ++r) {
-            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + i]);
             for (int j = 0; j < PANELS; ++j) {
-              isum[i % kChains][r][j] = _mm512_dpbusd_epi32(isum[i % kChains][r][j], wv[j], xv);
+              dot_word<WIDE>(isum[i % kChains][r][j], low_sum[r][j], wv[j], x[r], x_low[r],
+                             b * 8 + i);
             }
           }
         }
@@ -538,9 +588,9 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
             wv[j] = q6_values(low, highs[j], i);
           }
           for (int r = 0; r < ROWS; ++r) {
-            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + 4 * g + i]);
             for (int j = 0; j < PANELS; ++j) {
-              isum[0][r][j] = _mm512_dpbusd_epi32(isum[0][r][j], wv[j], xv);
+              dot_word<WIDE>(isum[0][r][j], low_sum[r][j], wv[j], x[r], x_low[r],
+                             b * 8 + 4 * g + i);
             }
           }
         }
@@ -558,15 +608,14 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
             if constexpr (is_5_bit(T)) q5_values(lo[j], hi[j], highs[j], i);
           }
           for (int r = 0; r < ROWS; ++r) {
-            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + i]);
             for (int j = 0; j < PANELS; ++j) {
-              isum[0][r][j] = _mm512_dpbusd_epi32(isum[0][r][j], lo[j], xv);
+              dot_word<WIDE>(isum[0][r][j], low_sum[r][j], lo[j], x[r], x_low[r], b * 8 + i);
             }
           }
           for (int r = 0; r < ROWS; ++r) {
-            const __m512i xv = _mm512_set1_epi32(x[r][b * 8 + 4 + i]);
             for (int j = 0; j < PANELS; ++j) {
-              isum[kChains - 1][r][j] = _mm512_dpbusd_epi32(isum[kChains - 1][r][j], hi[j], xv);
+              dot_word<WIDE>(isum[kChains - 1][r][j], low_sum[r][j], hi[j], x[r], x_low[r],
+                             b * 8 + 4 + i);
             }
           }
         }
@@ -576,6 +625,7 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
         for (int r = 0; r < ROWS; ++r) {
           __m512i sum = isum[0][r][j];
           if constexpr (kChains == 2) sum = _mm512_add_epi32(sum, isum[1][r][j]);
+          if constexpr (WIDE) sum = _mm512_add_epi32(_mm512_slli_epi32(sum, 8), low_sum[r][j]);
           const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), d);
           acc[r][j] = _mm512_fmadd_ps(dot, _mm512_set1_ps(x_scale[r][b]), acc[r][j]);
         }
@@ -596,41 +646,41 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
 }
 
 // Rows per tile: PANELS x ROWS fp32 sums and as many int32 sums stay in registers
-// (2 x 6: 24 of the 32).
-template <QType T, int PANELS>
-constexpr int kTileRows = PANELS == 1 ? 8 : 6;
+// (2 x 6: 24 of the 32); wide activations keep twice the int32 sums (2 x 4: 24).
+template <bool WIDE, int PANELS>
+constexpr int kTileRows = PANELS == 1 ? (WIDE ? 6 : 8) : (WIDE ? 4 : 6);
 // Up to this many rows a thread walks its panels one at a time (one stream from
 // memory, which a lone row reads faster); past it two at a time, each activation
 // word then feeding two dot instructions.
 constexpr int64_t kFewRows = 8;
 
-template <QType T, int PANELS, typename out_t, int ROWS = kTileRows<T, PANELS>>
+template <QType T, bool WIDE, int PANELS, typename out_t, int ROWS = kTileRows<WIDE, PANELS>>
 inline void multiply_rows(int64_t rows, const Activations& a, int64_t row0, const uint8_t* panel,
                           int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
                           int64_t out_stride) {
   if constexpr (ROWS > 1) {
     if (rows < ROWS) {
-      multiply_rows<T, PANELS, out_t, ROWS - 1>(rows, a, row0, panel, panel_bytes, ahead, bias, out,
-                                                out_stride);
+      multiply_rows<T, WIDE, PANELS, out_t, ROWS - 1>(rows, a, row0, panel, panel_bytes, ahead,
+                                                      bias, out, out_stride);
       return;
     }
   }
-  multiply_tile<T, ROWS, PANELS>(a, row0, panel, panel_bytes, ahead, bias, out, out_stride);
+  multiply_tile<T, WIDE, ROWS, PANELS>(a, row0, panel, panel_bytes, ahead, bias, out, out_stride);
 }
 
 // PANELS adjacent panels from p for all rows: rows spread evenly over the fewest
 // tiles (17 rows: 6 + 6 + 5, not 8 + 8 + 1).
-template <QType T, int PANELS, typename out_t>
+template <QType T, bool WIDE, int PANELS, typename out_t>
 inline void multiply_panels(const Activations& a, int64_t rows, const uint8_t* packed, int64_t p,
                             int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
                             int64_t n) {
-  constexpr int64_t kRows = kTileRows<T, PANELS>;
+  constexpr int64_t kRows = kTileRows<WIDE, PANELS>;
   const uint8_t* panel = packed + p * panel_bytes;
   const int64_t tiles = (rows + kRows - 1) / kRows;
   for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
     const int64_t count = rows / tiles + (t < rows % tiles ? 1 : 0);
     // The first tile asks for what comes next; later ones find it in cache.
-    multiply_rows<T, PANELS>(count, a, r0, panel, panel_bytes, r0 == 0 ? ahead : nullptr,
+    multiply_rows<T, WIDE, PANELS>(count, a, r0, panel, panel_bytes, r0 == 0 ? ahead : nullptr,
                              bias ? bias + p * kPanel : nullptr, out + r0 * n + p * kPanel, n);
     r0 += count;
   }
@@ -639,30 +689,30 @@ inline void multiply_panels(const Activations& a, int64_t rows, const uint8_t* p
 // Panels begin .. end - 1, STEP at a time, each step asking for the step after next
 // (at 1 row 5-8% faster than for the next one; the hardware's prefetch covers the
 // first two).
-template <QType T, int STEP, typename out_t>
+template <QType T, bool WIDE, int STEP, typename out_t>
 void multiply_range(const Activations& a, int64_t rows, const uint8_t* packed, int64_t begin,
                     int64_t end, int64_t panel_bytes, const float* bias, out_t* out, int64_t n) {
   int64_t p = begin;
   for (; p + STEP <= end; p += STEP) {
     const uint8_t* ahead = p + 3 * STEP <= end ? packed + (p + 2 * STEP) * panel_bytes : nullptr;
-    multiply_panels<T, STEP>(a, rows, packed, p, panel_bytes, reinterpret_cast<const char*>(ahead),
+    multiply_panels<T, WIDE, STEP>(a, rows, packed, p, panel_bytes, reinterpret_cast<const char*>(ahead),
                              bias, out, n);
   }
   for (; p < end; ++p) {
-    multiply_panels<T, 1>(a, rows, packed, p, panel_bytes, nullptr, bias, out, n);
+    multiply_panels<T, WIDE, 1>(a, rows, packed, p, panel_bytes, nullptr, bias, out, n);
   }
 }
 
-template <QType T, typename out_t>
+template <QType T, bool WIDE, typename out_t>
 void multiply(const Activations& a, int64_t rows, const uint8_t* packed, int64_t panels,
               int64_t panel_bytes, const float* bias, out_t* out) {
   const int64_t n = panels * kPanel;
   const int64_t grain = std::max<int64_t>(1, kMinThreadWork / (panel_bytes * rows));
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
     if (rows <= kFewRows) {
-      multiply_range<T, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+      multiply_range<T, WIDE, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
     } else {
-      multiply_range<T, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+      multiply_range<T, WIDE, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
     }
   });
 }
@@ -671,11 +721,16 @@ void multiply(const Activations& a, int64_t rows, const uint8_t* packed, int64_t
 #endif
 
 // x [M, K] bf16 or fp32, packed from pack_quantized_weight(qtype), bias [N] or None
-// -> [M, N] in x's dtype.
+// -> [M, N] in x's dtype. activation_bits: x quantized per block of 32 to int8 (8), or
+// to 16 bits (16: 256x finer steps, for activations whose blocks hold an outlier that
+// leaves the others few of int8's levels; each weight word then feeds two dot
+// instructions instead of one).
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
-                            const std::optional<at::Tensor>& bias) {
+                            const std::optional<at::Tensor>& bias, int64_t activation_bits) {
   TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI");
   const QType t = parse_qtype(qtype);
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
+  const bool wide = activation_bits == 16;
   TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
                   (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "x [M, K] bf16 or fp32 on the CPU");
@@ -694,29 +749,46 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
   if (rows == 0) return out;
 #if defined(QUANTIZED_LINEAR_BUILT)
   auto xc = x.contiguous();
-  // One buffer for the quantized activations: values [M, K] int8, then per block the
-  // scales, 2 offsets and sums, 4 bytes each.
-  auto buffer = at::empty({rows * k + 4 * 4 * rows * blocks}, x.options().dtype(at::kByte));
+  // One buffer for the quantized activations: values [M, K] int8 (wide: their high
+  // bytes, then their low bytes [M, K]), then per block the scales, 2 offsets and sums,
+  // 4 bytes each.
+  const int64_t value_planes = wide ? 2 : 1;
+  auto buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks},
+                          x.options().dtype(at::kByte));
   int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
-  float* scale = reinterpret_cast<float*>(q + rows * k);  // K % 32 == 0: aligned
+  int8_t* low = wide ? q + rows * k : nullptr;
+  // K % 32 == 0: aligned
+  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
   int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
   float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
   auto quantize = [&](const auto* xp) {
     at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        quantize_row(xp + r * k, blocks, t, q + r * k, scale + r * blocks, offsets + 2 * r * blocks,
-                     sums + r * blocks);
+        auto row = [&](auto wide_values) {
+          quantize_row<decltype(wide_values)::value>(
+              xp + r * k, blocks, t, q + r * k, wide ? low + r * k : nullptr, scale + r * blocks,
+              offsets + 2 * r * blocks, sums + r * blocks);
+        };
+        if (wide) {
+          row(std::true_type{});
+        } else {
+          row(std::false_type{});
+        }
       }
     });
   };
-  const Activations a{q, scale, offsets, sums, k, blocks};
+  const Activations a{q, scale, offsets, sums, k, blocks, low};
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t panel_bytes = packed.size(1);
   auto run = [&](auto* op) {
     using out_t = std::remove_pointer_t<decltype(op)>;
     auto with = [&](auto type) {
-      multiply<decltype(type)::value, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
+      if (wide) {
+        multiply<decltype(type)::value, true, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
+      } else {
+        multiply<decltype(type)::value, false, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
+      }
     };
     switch (t) {
       case QType::Q8_0: with(std::integral_constant<QType, QType::Q8_0>{}); break;

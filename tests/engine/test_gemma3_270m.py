@@ -81,11 +81,13 @@ def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced, quantizati
         mlp = [layer.mlp for layer in engine.runner.model.layers]
         assert all(isinstance(m.down_proj.packed, QuantizedLinear) for m in mlp)
         assert all(isinstance(m.gate_up_proj.packed.linear, QuantizedLinear) for m in mlp)
+        assert all(m.down_proj.packed.activation_bits == 16 for m in mlp)
+        assert all(m.gate_up_proj.packed.linear.activation_bits == 16 for m in mlp)
     ppl, top = teacher_forced(engine)
-    # Measured: dequantized +0.02%, 96.5% top-1 agreement. Kept quantized +1.0%, 95.0%:
-    # the kernel rounds activations to int8 per 32 values, and Gemma's normed
-    # activations have outlier channels (fp32 activations through the same kernel:
-    # hidden states 1.3% off, against bf16's 0.8%). Within 0.5% is not met there yet.
-    bound, least_agreement = (0.005, 0.96) if quantization == "none" else (0.015, 0.94)
-    assert abs(ppl / ppl_ref - 1) < bound
-    assert agreement(top, top_ref) > least_agreement
+    # Measured: dequantized +0.02%, 96.5% top-1 agreement; kept quantized -0.21%, 96.5%.
+    # Gemma's normed activations have outlier channels, so the kernel rounds them to 16
+    # bits per 32 values here (Family.activation_outliers): int8 gave +1.02%, 95.0%, each
+    # token's logprob 0.078 off fp32's (rms) where 16 bits and bf16 are 0.041 and 0.043.
+    # The perplexity of these 404 tokens moves by a few 0.1% with any rounding change.
+    assert abs(ppl / ppl_ref - 1) < 0.005
+    assert agreement(top, top_ref) > 0.96

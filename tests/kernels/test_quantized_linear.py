@@ -3,6 +3,7 @@ the embedding's row lookup."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import gguf
@@ -11,6 +12,7 @@ import pytest
 import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear_quantized import (
+    ACTIVATION_LEVELS,
     DEQUANTIZE_ROWS_TYPES,
     KERNEL_TYPES,
     QuantizedLinear,
@@ -19,7 +21,13 @@ from hetero_infer.kernels.linear_quantized import (
     quantized_kernel_takes,
     quantized_linear_ref,
 )
-from hetero_infer.kernels.quantized import INT8, QuantizedWeight, quantize_int8, row_bytes
+from hetero_infer.kernels.quantized import (
+    INT8,
+    QuantizedWeight,
+    concat_rows,
+    quantize_int8,
+    row_bytes,
+)
 
 
 def kernel_module():
@@ -61,7 +69,7 @@ def assert_matches_reference(
     quantizes them: only the kernel's fp32 sums (one rounding per block's scaling and
     its addition, ~K/32 of them) and the bf16 rounding of the result differ."""
     expected = quantized_linear_ref(x, weight, bias)
-    values, scales = quantize_activations(x)
+    values, scales = quantize_activations(x, weight.activation_bits)
     blocks = values.double().abs().reshape(x.shape[0], -1, 32) * scales.double()[..., None]
     magnitude = blocks.reshape(x.shape) @ weight.dequantize(torch.float64).abs().T
     if bias is not None:
@@ -227,6 +235,100 @@ def test_pack_keeps_the_bytes_and_refuses_partial_panels():
     x = randn(2, 64)
     with pytest.raises(RuntimeError):  # the packed weight is for 576 inputs
         module.quantized_linear(x, packed("Q8_0", 576, 576).packed, "Q8_0", None)
+
+
+def wide(weight: QuantizedWeight) -> QuantizedWeight:
+    """The weight with the kernel rounding activations to 16 bits."""
+    return dataclasses.replace(weight, activation_bits=16)
+
+
+def with_outlier_channels(x: torch.Tensor) -> torch.Tensor:
+    """x with a few channels 40x the rest (as Gemma's normed activations have): each
+    block of 32 holding one has its int8 step set by it."""
+    x = x.clone()
+    x[:, [3, 70, 200, 333]] *= 40.0
+    return x
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_wide_activations_match_the_dequantized_product(qtype, rows, dtype, with_bias):
+    # Every type's unpacking, at tiles of 1 to 6 rows and 1 or 2 panels (64 outputs:
+    # 4 panels), with 16-bit activations: the kernel's high and low bytes add up to
+    # the reference's 16-bit values.
+    weight = wide(raw_weight(qtype, 64, 512))
+    x = with_outlier_channels(randn(rows, 512, dtype=dtype))
+    bias = randn(64, seed=2, dtype=dtype) if with_bias else None
+    assert_matches_reference(QuantizedLinear(kernel_module(), weight, bias)(x), x, weight, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", SIMPLE_TYPES)
+@pytest.mark.parametrize("rows", [1, 17])
+def test_wide_activations_on_real_quantized_shapes(qtype, rows):
+    weight = wide(quantized(qtype, 1536, 576))
+    x = randn(rows, 576, dtype=torch.bfloat16)
+    assert_matches_reference(QuantizedLinear(kernel_module(), weight)(x), x, weight, None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q6_K", "Q4_K", "Q8_0"])
+def test_wide_activations_keep_outlier_channels_accurate(qtype):
+    # Against the product of the unquantized activations: with outlier channels int8
+    # leaves ~1% relative error (measured 0.7-1.2%), 16 bits ~250x less (measured
+    # 3-6e-5), below bf16's own rounding of the result.
+    weight = raw_weight(qtype, 256, 512)
+    x = with_outlier_channels(randn(64, 512))
+    exact = x.double() @ weight.dequantize(torch.float64).T
+
+    def error(w: QuantizedWeight) -> float:
+        actual = QuantizedLinear(kernel_module(), w)(x).double()
+        return ((actual - exact).norm() / exact.norm()).item()
+
+    narrow, wide_error = error(weight), error(wide(weight))
+    assert narrow > 3e-3
+    assert wide_error < 2e-4 and wide_error < narrow / 50
+
+
+def test_wide_activation_values_fit_the_kernels_split():
+    # The kernel multiplies each 16-bit value v as 256 h + l, h = (v + 128) >> 8 and
+    # l = v - 256 h, both int8: v stays within +-127 x 257.
+    x = with_outlier_channels(randn(8, 512))
+    x[2, :32] = 0.0  # a block of zeros: scale 0
+    values, scales = quantize_activations(x, 16)
+    assert values.dtype == torch.int16 and scales.shape == (8, 16)
+    levels = int(ACTIVATION_LEVELS[16])
+    blocks = values.int().reshape(8, 16, 32)
+    assert blocks.abs().amax(dim=-1)[scales > 0].eq(levels).all()
+    high = (blocks + 128) >> 8
+    low = blocks - 256 * high
+    assert high.abs().max() <= 127 and low.min() >= -128 and low.max() <= 127
+    assert blocks[2, 0].eq(0).all() and scales[2, 0] == 0
+    # Within half a step, give or take the fp32 rounding of the scale and of L / amax
+    # (2^-24 of L steps each)
+    dequantized = (blocks.double() * scales.double()[..., None]).reshape(x.shape)
+    step = scales.double().repeat_interleave(32, 1)
+    slack = 0.5 + 2 * levels * 2**-24
+    assert ((dequantized - x.double()).abs() <= step * slack).all()
+
+
+def test_activation_bits_travel_with_the_weight():
+    weight = wide(quantized("Q4_0", 64, 128))
+    assert weight.rows(slice(0, 32)).activation_bits == 16
+    assert concat_rows([weight, weight]).activation_bits == 16
+    assert concat_rows([weight, quantized("Q4_0", 64, 128)]) is None  # one kernel call: one width
+    with pytest.raises(AssertionError):
+        dataclasses.replace(weight, activation_bits=4)
+
+
+@needs_kernel
+def test_the_kernel_refuses_other_activation_widths():
+    linear = packed("Q8_0", 576, 576)
+    with pytest.raises(RuntimeError):
+        kernel_module().quantized_linear(randn(2, 576), linear.packed, "Q8_0", None, 4)
 
 
 class NoKernel:

@@ -58,6 +58,7 @@ def test_qwen3_and_gemma3_layers() -> None:
     assert not qwen3.sandwich_norms and qwen3.norm_weight_offset == 0.0
     assert qwen3.head_dim == 24 and qwen3.softmax_scale == 24**-0.5
     assert (qwen3.qkv_bias, qwen3.o_bias) == (False, False)
+    assert qwen3.quantized_activation_bits == 8
 
     gemma = ModelConfig.from_hf(TINY_MODELS["gemma3"]())
     assert (gemma.architecture, gemma.model_type) == ("Gemma3ForCausalLM", "gemma3_text")
@@ -69,6 +70,8 @@ def test_qwen3_and_gemma3_layers() -> None:
     # Each layer kind its own RoPE base (transformers 5's rope_parameters by layer type).
     assert (gemma.rope_theta, gemma.sliding_rope_theta) == (1_000_000.0, 10_000.0)
     assert gemma.rope_scaling is None
+    # Its activations' outlier channels: the quantized kernel rounds them to 16 bits.
+    assert gemma.quantized_activation_bits == 16
 
 
 def test_gemma2_soft_capping_and_alternating_layers() -> None:
