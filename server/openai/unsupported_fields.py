@@ -1,6 +1,7 @@
-"""The fields OpenAI or vLLM define for each route that this server does not implement
-(request_body.Unsupported): a body that sets one to anything but null, or a value that
-changes nothing, gets a 400 naming it, never silently different behaviour.
+"""The fields OpenAI or vLLM (or SGLang, for its router) define for each route that this
+server does not implement (request_body.Unsupported): a body that sets one to anything
+but null, or a value that changes nothing, gets a 400 naming it, never silently
+different behaviour.
 
 Fields that change nothing here at all (``user``, ``store``, ``metadata``...) are not
 listed: the request bodies declare them, and they are accepted as they are.
@@ -29,6 +30,12 @@ _SAMPLING = {
     "vllm_xargs": _NO,
     "thinking_token_budget": _NO,
     "top_p_min": Unsupported((0.0, 0)),
+    # SGLang's, which its cache-aware router (sglang-router: "Replicas behind a router"
+    # in docs/deployment.md) fills into every body it forwards, at these defaults.
+    "no_stop_trim": Unsupported((False,)),
+    "return_hidden_states": Unsupported((False,)),
+    "separate_reasoning": Unsupported((True,)),
+    "stream_reasoning": Unsupported((True,)),
 }
 
 COMPLETION = {

@@ -17,17 +17,20 @@ PACKAGE = "hetero_infer"
 FLOORS = [
     # settings and plain data
     {"exceptions", "choices", "sampling_params", "speculative_config", "generation_defaults",
-     "structured_output", "host_memory", "config_checks", "config"},
+     "structured_output", "guided_decoding", "host_memory", "config_checks", "config"},
     {"models"},  # the model code, and how a checkpoint splits over ranks
     {"loader", "tokenizer"},  # checkpoints and tokenizers
     {"setup"},  # a config resolved on this machine
-    {"core"},  # scheduling (pure Python): sequences, blocks, speculation's drafts
+    # scheduling (pure Python): sequences, blocks, speculation's drafts; beside it the
+    # prefix cache's RAM and disk tiers, whose planner the block manager drives (their
+    # store, which moves the bytes, is the runner's)
+    {"core", "kv"},
     {"distributed"},  # tensor parallelism's communication
     {"worker"},  # the runner: the model, its KV cache, sampling, drafts' verification
     {"executor"},  # tensor-parallel ranks: started, and serving rank 0's commands
     # the front ends around the core
     {"metrics", "outputs", "frontend", "core_builder", "llm_engine", "async_engine",
-     "inference_engine", "process_settings"},
+     "inference_engine", "process_settings", "beam_search", "beam_search_runner"},
 ]  # fmt: skip
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 

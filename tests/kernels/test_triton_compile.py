@@ -49,9 +49,11 @@ def compile_for(kernel, pointers: dict[str, str], constants: dict, capability: i
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
-def attention_pointers(dtype: str) -> dict[str, str]:
+def attention_pointers(dtype: str, cache: str | None = None) -> dict[str, str]:
+    """``cache``: the KV cache's element type where it is not the query's (int8 rows)."""
     return {
-        **{n: f"*{dtype}" for n in ("out_ptr", "query_ptr", "k_cache_ptr", "v_cache_ptr")},
+        **{n: f"*{dtype}" for n in ("out_ptr", "query_ptr")},
+        **{n: f"*{cache or dtype}" for n in ("k_cache_ptr", "v_cache_ptr")},
         **{n: "*i32" for n in ("block_tables_ptr", "context_lens_ptr", "query_start_loc_ptr")},
         "part_out_ptr": "*fp32",
         "part_lse_ptr": "*fp32",
@@ -70,6 +72,7 @@ def attention_constants(**overrides) -> dict:
         USE_WINDOW=False,
         USE_SOFTCAP=False,
         DOT_FP32=False,
+        QUANT=0,
     )
     return {**constants, **overrides}
 
@@ -131,6 +134,13 @@ VARIANTS = [
         ),
         dict(num_warps=4, num_stages=3),
     ),
+    (  # --kv-cache-dtype int8: rows of int8 values and their fp32 scale
+        "decode-bf16-int8-kv",
+        "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
+        attention_pointers("bf16", cache="i8"),
+        attention_constants(NUM_SPLITS=4, QUANT=1),
+        dict(num_warps=4, num_stages=2),
+    ),
     (
         "prefill-fp32-head24",
         "hetero_infer.kernels.paged_attention_triton:_paged_attention_kernel",
@@ -152,7 +162,18 @@ VARIANTS = [
             **{n: "*bf16" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")},
             "slot_mapping_ptr": "*i64",
         },
-        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128),
+        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=0),
+        dict(num_warps=4),
+    ),
+    (
+        "store_kv-int8",
+        "hetero_infer.kernels.paged_attention_triton:_store_kv_kernel",
+        {
+            **{n: "*bf16" for n in ("key_ptr", "value_ptr")},
+            **{n: "*i8" for n in ("k_cache_ptr", "v_cache_ptr")},
+            "slot_mapping_ptr": "*i64",
+        },
+        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=1),
         dict(num_warps=4),
     ),
     (
