@@ -105,8 +105,8 @@ class EngineConfig:
     )
     kv_cache_dtype: str = setting(
         "auto",
-        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (a scale "
-        "per token and KV head: about twice the tokens in the same memory), fp8 (e4m3, CUDA "
+        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (an fp16 "
+        "scale per 32 values: about twice the tokens in the same memory), fp8 (e4m3, CUDA "
         "only)",
         KV_CACHE_DTYPES,
     )

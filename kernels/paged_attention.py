@@ -102,10 +102,10 @@ def paged_attention_ref(
     attn_mask = meta.attn_masks[sliding_window]
     num_seqs, max_blocks = meta.block_tables.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    num_heads = query.shape[1]
+    num_heads, head_dim = query.shape[1:]
     # [num_seqs, num_kv_heads, max_ctx, head_dim]
-    keys = from_cache(k_cache[meta.block_tables], query.dtype)
-    values = from_cache(v_cache[meta.block_tables], query.dtype)
+    keys = from_cache(k_cache[meta.block_tables], head_dim, query.dtype)
+    values = from_cache(v_cache[meta.block_tables], head_dim, query.dtype)
     keys = keys.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
     values = values.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
@@ -167,8 +167,8 @@ def decode_attention_ref(
     max_ctx = max_blocks * block_size
     flat_tables = block_tables.flatten().long()
     # [num_seqs, max_ctx, num_kv_heads, head_dim]
-    keys = from_cache(k_cache.index_select(0, flat_tables), torch.float32)
-    values = from_cache(v_cache.index_select(0, flat_tables), torch.float32)
+    keys = from_cache(k_cache.index_select(0, flat_tables), head_dim, torch.float32)
+    values = from_cache(v_cache.index_select(0, flat_tables), head_dim, torch.float32)
     keys = keys.view(num_seqs, max_ctx, num_kv_heads, -1)
     values = values.view(num_seqs, max_ctx, num_kv_heads, -1)
     q = query.view(num_seqs, num_kv_heads, group, head_dim).float()

@@ -14,10 +14,9 @@ A decode is the tile with BLOCK_Q = 1. When a decode batch has too few
 (sequence, KV head) pairs to fill the GPU, each pair's context is split across
 NUM_SPLITS programs (flash-decoding) whose partial results a second kernel combines.
 
-A quantized cache (kernels/kv_quant.py) is read as stored: int8 rows convert exactly to
-the query's dtype for the dot products, a key's scale multiplies its scores and a
-value's its probabilities (QUANT=1); fp8 rows convert to the query's dtype (QUANT=2).
-store_kv quantizes as it writes.
+A quantized cache (kernels/kv_quant.py) is read as stored: int8 rows times their
+groups' fp16 scales, in the query's dtype, for the dot products (QUANT=1); fp8 rows
+convert to the query's dtype (QUANT=2). store_kv quantizes as it writes.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from hetero_infer.kernels.attention_backend import AttentionInputs
-from hetero_infer.kernels.kv_quant import stored_head_size
+from hetero_infer.kernels.kv_quant import SCALE_GROUP, scale_group, stored_head_size
 from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     check_last_dim_contiguous,
@@ -66,14 +65,16 @@ def _store_kv_kernel(
     HEADS_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     QUANT: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
 ):
     """For each token t with slot = slot_mapping[t] >= 0:
 
     k_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE] = key[t]   (and v_cache from value)
 
     Slots of -1 (padding tokens) are skipped. A bit-exact copy (QUANT=0); QUANT=1
-    writes each (token, head) row as int8 values x * (127 / max|x|) rounded, followed
-    by the 4 bytes of its fp32 scale max|x| * (1 / 127); QUANT=2 converts to fp8, saturated.
+    writes each (token, head) row as int8 values x * (127 / max|x|) rounded per group
+    of SCALE_GROUP values (of HEAD_PAD: the whole row), followed by the 2 bytes of each
+    group's fp16 scale max|x| * (1 / 127); QUANT=2 converts to fp8, saturated.
     """
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     slot = tl.load(slot_mapping_ptr + tok, mask=tok < num_tokens, other=-1).to(tl.int64)
@@ -93,37 +94,77 @@ def _store_kv_kernel(
     # [BLOCK_T, HEADS_PAD]: each (token, head) row's start in the cache
     dst = block[:, None] * stride_kc_block + offset[:, None] * stride_kc_slot
     dst += head[None, :] * stride_kc_head
-    _store_rows(k_cache_ptr, dst, key, dim3, head_dim, mask, QUANT)
+    _store_rows(
+        k_cache_ptr,
+        dst,
+        key,
+        dim3,
+        head_dim,
+        mask,
+        QUANT,
+        SCALE_GROUP,
+        BLOCK_T,
+        HEADS_PAD,
+        HEAD_PAD,
+    )
     value = tl.load(
         value_ptr + tok3 * stride_value_tok + head3 * stride_value_head + dim3, mask=mask
     )
     dst = block[:, None] * stride_vc_block + offset[:, None] * stride_vc_slot
     dst += head[None, :] * stride_vc_head
-    _store_rows(v_cache_ptr, dst, value, dim3, head_dim, mask, QUANT)
+    _store_rows(
+        v_cache_ptr,
+        dst,
+        value,
+        dim3,
+        head_dim,
+        mask,
+        QUANT,
+        SCALE_GROUP,
+        BLOCK_T,
+        HEADS_PAD,
+        HEAD_PAD,
+    )
 
 
 @triton.jit
-def _store_rows(cache_ptr, row_off, x, dim3, head_dim, mask, QUANT: tl.constexpr):
+def _store_rows(
+    cache_ptr,
+    row_off,
+    x,
+    dim3,
+    head_dim,
+    mask,
+    QUANT: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
     # row_off [BLOCK_T, HEADS_PAD]: rows' starts; x, dim3, mask [BLOCK_T, HEADS_PAD, HEAD_PAD]
     row_ptr = cache_ptr + row_off[:, :, None]
     if QUANT == 1:
-        x = x.to(tl.float32)
-        amax = tl.max(tl.abs(tl.where(mask, x, 0.0)), axis=2)  # [BLOCK_T, HEADS_PAD]
+        x = tl.where(mask, x.to(tl.float32), 0.0)
+        x = tl.reshape(x, (BLOCK_T, HEADS_PAD, HEAD_PAD // SCALE_GROUP, SCALE_GROUP))
+        amax = tl.max(tl.abs(x), axis=3)  # [BLOCK_T, HEADS_PAD, GROUPS]
         inv = tl.where(amax > 0.0, 127.0 / tl.where(amax > 0.0, amax, 1.0), 0.0)
         # round half away from zero: the torch reference's half-to-even differs only
         # on exact ties, by one step
-        scaled = x * inv[:, :, None]
+        scaled = x * inv[:, :, :, None]
         q = tl.where(scaled >= 0.0, tl.floor(scaled + 0.5), -tl.floor(0.5 - scaled))
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = tl.reshape(q, (BLOCK_T, HEADS_PAD, HEAD_PAD))
         tl.store(row_ptr + dim3, q.to(tl.int8), mask=mask)
-        # The scale's bytes, little-endian, one store each: the row's scale offset
-        # (head_dim bytes) need not be 4-byte aligned for the pointer's element type.
-        bits = (amax * (1.0 / 127.0)).to(tl.int32, bitcast=True)
+        # The scales' bytes, little-endian, one store each: a scale's offset need not
+        # be 2-byte aligned for the pointer's element type.
+        bits = (amax * (1.0 / 127.0)).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        group = tl.arange(0, HEAD_PAD // SCALE_GROUP)[None, None, :]
         row_mask = tl.max(mask.to(tl.int32), axis=2) > 0
-        scale_ptr = cache_ptr + row_off + head_dim  # [BLOCK_T, HEADS_PAD]
-        for i in tl.static_range(4):
+        scale_mask = row_mask[:, :, None] & (group * SCALE_GROUP < head_dim)
+        scale_ptr = cache_ptr + row_off[:, :, None] + head_dim + 2 * group
+        for i in tl.static_range(2):
             byte = ((bits >> (8 * i)) & 0xFF).to(tl.uint8).to(tl.int8, bitcast=True)
-            tl.store(scale_ptr + i, byte, mask=row_mask)
+            tl.store(scale_ptr + i, byte, mask=scale_mask)
     elif QUANT == 2:
         x = tl.minimum(tl.maximum(x.to(tl.float32), -448.0), 448.0)
         tl.store(row_ptr + dim3, x.to(row_ptr.dtype.element_ty), mask=mask)
@@ -180,6 +221,8 @@ def store_kv_triton(
         HEADS_PAD=heads_pad,
         HEAD_PAD=head_pad,
         QUANT=quant,
+        # a group of 32, or the row padded (kv_quant.scale_group's whole row)
+        SCALE_GROUP=SCALE_GROUP if head_dim % SCALE_GROUP == 0 else head_pad,
         num_warps=4,
     )
 
@@ -201,14 +244,16 @@ def _dot(a, b, FP32: tl.constexpr):
 
 
 @triton.jit
-def _row_scales(cache_ptr, row_off, head_dim, valid):
-    # The fp32 scales after the int8 rows starting at row_off [BLOCK_N], from their
-    # four bytes (little-endian; a row's scale need not be 4-byte aligned).
-    bits = tl.zeros(row_off.shape, tl.int32)
-    for i in tl.static_range(4):
-        byte = tl.load(cache_ptr + row_off + head_dim + i, mask=valid, other=0)
+def _value_scales(cache_ptr, row_off, dim, head_dim, scale_group, valid):
+    # The fp16 scale of each value at dim of the int8 row starting at row_off (shapes
+    # broadcast together), from its two bytes after the row's values (little-endian;
+    # a scale need not be 2-byte aligned), in fp32.
+    scale_off = row_off + head_dim + 2 * (dim // scale_group)
+    bits = tl.zeros(scale_off.shape, tl.int32)
+    for i in tl.static_range(2):
+        byte = tl.load(cache_ptr + scale_off + i, mask=valid, other=0)
         bits |= (byte.to(tl.uint8, bitcast=True).to(tl.int32)) << (8 * i)
-    return bits.to(tl.float32, bitcast=True)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -244,6 +289,7 @@ def _paged_attention_kernel(
     stride_bt_seq,
     num_heads,
     head_dim,
+    scale_group,
     scale,
     window,
     softcap,
@@ -328,11 +374,14 @@ def _paged_attention_kernel(
         # [HEAD_PAD, BLOCK_N]: loaded transposed for q @ k^T
         k_mask = dim_valid[:, None] & k_valid[None, :]
         k = tl.load(k_cache_ptr + k_off[None, :] + dim[:, None], mask=k_mask, other=0)
-        if QUANT != 0:
-            k = k.to(q.dtype)  # exact for int8 values
+        if QUANT == 1:  # dequantized into the query's dtype, as the torch reference
+            scales = _value_scales(
+                k_cache_ptr, k_off[None, :], dim[:, None], head_dim, scale_group, k_mask
+            )
+            k = (k.to(tl.float32) * scales).to(q.dtype)
+        elif QUANT != 0:
+            k = k.to(q.dtype)
         s = _dot(q, k, DOT_FP32)  # [BLOCK_M, BLOCK_N], then scaled into base 2
-        if QUANT == 1:
-            s = s * _row_scales(k_cache_ptr, k_off, head_dim, k_valid)[None, :]
         s = _softcap(s * scale, softcap) * 1.4426950408889634 if USE_SOFTCAP else s * qk_scale
         mask = row_valid[:, None] & k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
         if USE_WINDOW:
@@ -347,11 +396,13 @@ def _paged_attention_kernel(
         v_mask = k_valid[:, None] & dim_valid[None, :]
         # [BLOCK_N, HEAD_PAD]
         v = tl.load(v_cache_ptr + v_off[:, None] + dim[None, :], mask=v_mask, other=0)
-        if QUANT != 0:
-            v = v.to(q.dtype)
         if QUANT == 1:
-            # l_i sums the unscaled p: only the weights of the values carry their scales
-            p = p * _row_scales(v_cache_ptr, v_off, head_dim, k_valid)[None, :]
+            scales = _value_scales(
+                v_cache_ptr, v_off[:, None], dim[None, :], head_dim, scale_group, v_mask
+            )
+            v = (v.to(tl.float32) * scales).to(q.dtype)
+        elif QUANT != 0:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + _dot(p, v, DOT_FP32)
         m_i = m_new
 
@@ -537,6 +588,7 @@ def paged_attention_triton(
         meta.block_tables.stride(0),
         num_heads,
         head_dim,
+        scale_group(head_dim),  # unread unless the cache is int8
         scale,
         sliding_window or 0,
         softcap or 1.0,  # unread without USE_SOFTCAP

@@ -1,7 +1,7 @@
 """The paged KV cache of every layer, and the CPU blocks that swapped-out sequences keep.
 
 The scheduler decides which blocks move; this applies its copies before a step's
-forward pass. An int8 cache keeps each row's scale inside the row (kernels/kv_quant.py),
+forward pass. An int8 cache keeps each row's scales inside the row (kernels/kv_quant.py),
 so a block's copy or swap moves its scales with it. A model whose sliding-window layers
 have a KV cache group of their own (core/kv_cache_group.py) has one of these per group,
 each over its layers.
@@ -19,8 +19,8 @@ LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one laye
 
 def bytes_per_block(num_layers: int, block_shape: tuple[int, int, int], dtype: torch.dtype) -> int:
     """Keys and values of one block in every layer; block_shape is (block_size,
-    num_kv_heads, the elements a token's head takes: head_dim, plus the 4 bytes of its
-    scale in an int8 cache), so the scales are counted with the values."""
+    num_kv_heads, the elements a token's head takes: head_dim, plus the bytes of its
+    scales in an int8 cache), so the scales are counted with the values."""
     elements = 2 * num_layers
     for size in block_shape:
         elements *= size

@@ -11,10 +11,10 @@
 // soft-capped (Gemma 2) before the softmax.
 //
 // An int8 cache (kernels/kv_quant.py) holds each (token, KV head) row as head_dim int8
-// values followed by their fp32 scale. The kernel reads it as it is: keys are converted
-// to fp32 in registers and a key's scale multiplies its scores (q . (s k) = s (q . k));
-// a value row's scale multiplies its probability before the weighted sum. Half the
-// bytes of a bf16 row (plus 4) come through memory, which is what a long decode waits on.
+// values followed by an fp16 scale per group of 32 values (per row where head_dim is not
+// a multiple of 32). The kernel reads it as it is: each 16 values are converted to fp32
+// in registers and multiplied by their group's scale. 17/32 of the bytes of a bf16 row
+// come through memory, which is what a long decode waits on.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,33 +35,40 @@
 
 namespace {
 
-// Cache elements a (token, KV head) row takes: its values, and in an int8 cache the 4
-// bytes of its scale after them.
+// Values per fp16 scale of an int8 row: 32, or the whole row where head_dim is not a
+// multiple of 32 (kv_quant.py's scale_group).
+inline int64_t scale_group(int64_t head_dim) { return head_dim % 32 == 0 ? 32 : head_dim; }
+
+// Cache elements a (token, KV head) row takes after its values: in an int8 cache the 2
+// bytes of each group's scale, else none.
 template <typename cache_t>
-constexpr int64_t scale_elements() {
-  return std::is_same_v<cache_t, int8_t> ? 4 : 0;
+inline int64_t scale_elements(int64_t head_dim) {
+  return std::is_same_v<cache_t, int8_t> ? 2 * (head_dim / scale_group(head_dim)) : 0;
 }
 
-// The scale of the KV head row whose values start at `head`: 1 unless the cache is int8.
+// The scale of value d of the KV head row whose values start at `head`: 1 unless the
+// cache is int8.
 template <typename cache_t>
-inline float row_scale(const cache_t* head, int64_t head_dim) {
+inline float value_scale(const cache_t* head, int64_t head_dim, int64_t d) {
   if constexpr (std::is_same_v<cache_t, int8_t>) {
-    float scale;
-    std::memcpy(&scale, head + head_dim, sizeof(scale));
-    return scale;
+    c10::Half scale;
+    std::memcpy(&scale, head + head_dim + 2 * (d / scale_group(head_dim)), sizeof(scale));
+    return static_cast<float>(scale);
   } else {
     return 1.f;
   }
 }
 
-// `heads` consecutive KV head rows (values and scale each) as fp32 values, head after head.
+// `heads` consecutive KV head rows (values and scales each) as fp32 values, head after head.
 template <typename cache_t>
 inline void load_heads(const cache_t* row, float* dst, int64_t heads, int64_t head_dim) {
   if constexpr (std::is_same_v<cache_t, int8_t>) {
-    const int64_t stride = head_dim + scale_elements<cache_t>();
+    const int64_t stride = head_dim + scale_elements<cache_t>(head_dim);
     for (int64_t h = 0; h < heads; ++h) {
-      const float scale = row_scale(row + h * stride, head_dim);
-      for (int64_t d = 0; d < head_dim; ++d) dst[h * head_dim + d] = row[h * stride + d] * scale;
+      const int8_t* head = row + h * stride;
+      for (int64_t d = 0; d < head_dim; ++d) {
+        dst[h * head_dim + d] = head[d] * value_scale(head, head_dim, d);
+      }
     }
   } else {
     load_row(row, dst, heads * head_dim);
@@ -220,9 +227,8 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
                        int64_t group, int64_t token_stride, int64_t head_dim, float* scores) {
   TileRows<scalar_t> tiles(k_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
-  const int64_t head_stride = head_dim + scale_elements<scalar_t>();
+  const int64_t head_stride = head_dim + scale_elements<scalar_t>(head_dim);
   __m512 acc[16];
-  float key_scales[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
@@ -232,14 +238,15 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
       for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
       for (int64_t d = 0; d < head_dim; d += 16) {
         const __m512 qv = _mm512_loadu_ps(qh + d);
-        for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + offset + d), acc[i]);
+        for (int i = 0; i < 16; ++i) {
+          __m512 key = load16(rows[i] + offset + d);
+          if constexpr (std::is_same_v<scalar_t, int8_t>) {  // 16 values share a group
+            key = _mm512_mul_ps(key, _mm512_set1_ps(value_scale(rows[i] + offset, head_dim, d)));
+          }
+          acc[i] = _mm512_fmadd_ps(qv, key, acc[i]);
+        }
       }
-      __m512 sums = sum_each_of_16(acc);
-      if constexpr (std::is_same_v<scalar_t, int8_t>) {
-        for (int i = 0; i < 16; ++i) key_scales[i] = row_scale(rows[i] + offset, head_dim);
-        sums = _mm512_mul_ps(sums, _mm512_loadu_ps(key_scales));
-      }
-      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sums);
+      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sum_each_of_16(acc));
     }
   }
 }
@@ -283,7 +290,7 @@ template <typename Body>
 inline void for_each_head_run(int64_t num_heads, int64_t group, int64_t head_stride,
                               const Body& body) {
   for (int64_t h0 = 0, heads = 0; h0 < num_heads; h0 += heads) {
-    const int64_t offset = (h0 / group) * head_stride;  // a KV head's row: values (+ scale)
+    const int64_t offset = (h0 / group) * head_stride;  // a KV head's row: values (+ scales)
     heads = std::min<int64_t>(4, group - h0 % group);  // never past the KV group
     switch (heads) {
       case 4: body(std::integral_constant<int, 4>{}, h0, offset); break;
@@ -386,10 +393,15 @@ inline void weigh_rows(const float* probs, int64_t n, const scalar_t* const* row
   }
   for (int64_t i = 0; i < count; ++i) {
     __m512 value[CHUNKS];
-    for (int c = 0; c < CHUNKS; ++c) value[c] = load16(rows[i] + offset + d0 + 16 * c);
-    const float scale = row_scale(rows[i] + offset, head_dim);  // 1 but in an int8 cache
+    for (int c = 0; c < CHUNKS; ++c) {
+      value[c] = load16(rows[i] + offset + d0 + 16 * c);
+      if constexpr (std::is_same_v<scalar_t, int8_t>) {  // 16 values share a group
+        const float scale = value_scale(rows[i] + offset, head_dim, d0 + 16 * c);
+        value[c] = _mm512_mul_ps(value[c], _mm512_set1_ps(scale));
+      }
+    }
     for (int j = 0; j < HEADS; ++j) {
-      const __m512 weight = _mm512_set1_ps(probs[(h0 + j) * n + i] * scale);
+      const __m512 weight = _mm512_set1_ps(probs[(h0 + j) * n + i]);
       for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_fmadd_ps(weight, value[c], sum[j][c]);
     }
   }
@@ -424,7 +436,7 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const float* p = probs + t0;
-    const int64_t head_stride = head_dim + scale_elements<scalar_t>();
+    const int64_t head_stride = head_dim + scale_elements<scalar_t>(head_dim);
     for_each_head_run(num_heads, group, head_stride, [&](auto heads, int64_t h0, int64_t offset) {
       weigh_rows_all_dims<decltype(heads)::value>(p, n, rows, count, h0, offset, head_dim, acc);
     });
@@ -436,7 +448,7 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
 template <typename scalar_t, typename cache_t>
 void decode_attention_kernel(
     const at::Tensor& query,         // [num_seqs, num_heads, head_dim]
-    const at::Tensor& k_cache,       // [num_blocks, block_size, num_kv_heads, head_dim (+ 4)]
+    const at::Tensor& k_cache,       // [num_blocks, block_size, num_kv_heads, head_dim (+ scales)]
     const at::Tensor& v_cache,       // same
     const at::Tensor& block_tables,  // [num_seqs, max_blocks] int32
     const at::Tensor& context_lens,  // [num_seqs] int32
@@ -451,7 +463,7 @@ void decode_attention_kernel(
   const int64_t num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
   const int64_t max_blocks = block_tables.size(1);
-  const int64_t head_stride = head_dim + scale_elements<cache_t>();
+  const int64_t head_stride = head_dim + scale_elements<cache_t>(head_dim);
   const int64_t token_stride = num_kv_heads * head_stride;
   constexpr bool bf16_cache = std::is_same_v<cache_t, c10::BFloat16>;
 
@@ -606,8 +618,9 @@ at::Tensor decode_attention(
               "query and cache dtypes differ (and the cache is not int8)");
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "key and value caches' dtypes differ");
   TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(query.size(2) + (int8_cache ? 4 : 0) == k_cache.size(3),
-              "the cache's rows must be head_dim values (+ a 4-byte scale in an int8 cache)");
+  TORCH_CHECK(query.size(2) + (int8_cache ? scale_elements<int8_t>(query.size(2)) : 0) ==
+                  k_cache.size(3),
+              "the cache's rows must be head_dim values (+ their fp16 scales in an int8 cache)");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "block_tables and context_lens must be int32");
   auto q = query.contiguous();
@@ -630,28 +643,34 @@ at::Tensor decode_attention(
 
 namespace {
 
-// One head's values as int8 with their scale after them (kernels/kv_quant.py's rule:
-// scale = max|x| * (1 / 127), q = round-half-even(x * (127 / max|x|)), a zero row all zeros).
+// One head's values as int8 with their groups' fp16 scales after them (kernels/kv_quant.py's
+// rule, per group: scale = fp16(max|x| * (1 / 127)), q = round-half-even(x * (127 / max|x|)),
+// a group of zeros all zeros).
 template <typename scalar_t>
 void quantize_head(const scalar_t* src, int8_t* dst, int64_t head_dim, float* buffer) {
   load_row(src, buffer, head_dim);
-  float amax = 0.f;
-  for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(buffer[d]));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t d = 0; d < head_dim; ++d) {
-    // nearbyint rounds half to even in the default rounding mode, as torch.round does.
-    const float q = std::nearbyint(buffer[d] * inv);
-    dst[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+  const int64_t group = scale_group(head_dim);
+  for (int64_t g = 0; g * group < head_dim; ++g) {
+    const float* x = buffer + g * group;
+    float amax = 0.f;
+    for (int64_t d = 0; d < group; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int64_t d = 0; d < group; ++d) {
+      // nearbyint rounds half to even in the default rounding mode, as torch.round does.
+      const float q = std::nearbyint(x[d] * inv);
+      dst[g * group + d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+    }
+    const c10::Half scale(amax * (1.f / 127.f));  // to nearest even, as torch's .half()
+    std::memcpy(dst + head_dim + 2 * g, &scale, sizeof(scale));
   }
-  const float scale = amax * (1.f / 127.f);
-  std::memcpy(dst + head_dim, &scale, sizeof(scale));
 }
 
 // store_kv into an int8 cache: each (token, KV head) row quantized as it is written.
 void store_kv_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
                    at::Tensor& v_cache, const at::Tensor& slot_mapping) {
   const int64_t tokens = key.size(0), heads = key.size(1), head_dim = key.size(2);
-  const int64_t row = heads * (head_dim + 4);
+  const int64_t stride = head_dim + scale_elements<int8_t>(head_dim);  // a head's row
+  const int64_t row = heads * stride;
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   int8_t* k_dst = k_cache.data_ptr<int8_t>();
   int8_t* v_dst = v_cache.data_ptr<int8_t>();
@@ -664,9 +683,9 @@ void store_kv_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& k
         if (slots[t] < 0) continue;
         for (int64_t h = 0; h < heads; ++h) {
           quantize_head(k_src + t * key.stride(0) + h * head_dim,
-                        k_dst + slots[t] * row + h * (head_dim + 4), head_dim, buffer.data());
+                        k_dst + slots[t] * row + h * stride, head_dim, buffer.data());
           quantize_head(v_src + t * value.stride(0) + h * head_dim,
-                        v_dst + slots[t] * row + h * (head_dim + 4), head_dim, buffer.data());
+                        v_dst + slots[t] * row + h * stride, head_dim, buffer.data());
         }
       }
     });
@@ -688,8 +707,8 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
               "slot_mapping must be contiguous int64");
   if (k_cache.scalar_type() == at::kChar) {
     TORCH_CHECK(v_cache.scalar_type() == at::kChar && key.scalar_type() == value.scalar_type() &&
-                    k_cache.size(3) == key.size(2) + 4,
-                "an int8 cache holds rows of head_dim values and a 4-byte scale");
+                    k_cache.size(3) == key.size(2) + scale_elements<int8_t>(key.size(2)),
+                "an int8 cache holds rows of head_dim values and their fp16 scales");
     store_kv_int8(key, value, k_cache, v_cache, slot_mapping);
     return;
   }

@@ -1,12 +1,14 @@
-"""The int8 KV cache (``kv_cache_dtype="int8"``) against the model dtype's (bf16) on the
-real models: teacher-forced on a fixed text (tests/engine/test_quantized_smollm2.py's
-measure), the perplexity stays within 1% and the next-token picks agree at the
-measured rate. The target was 99% agreement; a scale per token and KV head reaches
-95.8% (SmolLM2) and 97.3% (Gemma-3-270M), where bf16 KV through the row kernel instead
-of the tiled one already agrees with bf16 KV at only 98.3% on SmolLM2 (near-ties of a
-small model flip under any rounding). Greedy free-running output is not compared token
-for token: a near-tie anywhere flips the rest of a generation, so the per-position
-measure is the one that says how much the cache's rounding changes the model.
+"""The int8 KV cache (``kv_cache_dtype="int8"``) against the unrounded one on the real
+models: teacher-forced on a fixed text (tests/engine/test_quantized_smollm2.py's
+measure), the perplexity stays within 1% and the next-token picks agree at >= 99%.
+
+The picks are compared with fp32 activations, where the cache's rounding is the only
+one that differs: the unrounded cache is then fp32, a stricter reference than a bf16
+cache (which itself agrees with it at 99.75%). With bf16 activations the same measure
+says more about bf16 than about the cache: SmolLM2 flips 3% of its picks between two
+bf16 kernels for the same attention (the C++ and the torch one), with an unrounded
+cache, so the bf16 runs are held to their measured levels. Greedy free-running output
+is not compared token for token: a near-tie anywhere flips the rest of a generation.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ pytestmark = pytest.mark.slow
 
 # Gemma-3-270M's sliding layers see 512 tokens: twice the text reaches past them.
 MODELS = {"smollm2": (None, TEXT), "gemma-3-270m": ("gemma-3-270m", TEXT + "\n\n" + TEXT)}
-# Measured top-1 agreement with bf16 KV: 95.8%, 97.3% (perplexity +0.84% on SmolLM2).
-LEAST_AGREEMENT = {"smollm2": 0.95, "gemma-3-270m": 0.965}
+# Measured top-1 agreement with the unrounded cache (one scale per 32 values): fp32
+# activations 99.0% (SmolLM2, 406 tokens) and 99.1% (Gemma, 809); bf16 96.6%, 98.9%.
+# Perplexity within 0.2% in all four.
+LEAST_AGREEMENT = {
+    ("smollm2", "float32"): 0.99,
+    ("gemma-3-270m", "float32"): 0.99,
+    ("smollm2", "bfloat16"): 0.96,
+    ("gemma-3-270m", "bfloat16"): 0.985,
+}
 
 
-def engine_for(model: str | None, kv_cache_dtype: str) -> LLMEngine:
+def engine_for(model: str | None, dtype: str, kv_cache_dtype: str) -> LLMEngine:
     config = EngineConfig(
         model=model,
-        dtype="bfloat16",
+        dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
         max_num_blocks=512,
         max_model_len=2048,
@@ -36,12 +45,12 @@ def engine_for(model: str | None, kv_cache_dtype: str) -> LLMEngine:
     return LLMEngine(config)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_int8_kv_matches_bf16_kv_teacher_forced(name):
+@pytest.mark.parametrize(("name", "dtype"), sorted(LEAST_AGREEMENT))
+def test_int8_kv_matches_the_unrounded_cache_teacher_forced(name, dtype):
     model, text = MODELS[name]
-    ppl_ref, top_ref = teacher_forced(engine_for(model, "auto"), text)
-    engine = engine_for(model, "int8")
+    ppl_ref, top_ref = teacher_forced(engine_for(model, dtype, "auto"), text)
+    engine = engine_for(model, dtype, "int8")
     assert all(k.dtype == torch.int8 for k, _ in engine.runner.kv_caches)
     ppl, top = teacher_forced(engine, text)
     assert abs(ppl / ppl_ref - 1) < 0.01, (ppl, ppl_ref)
-    assert agreement(top, top_ref) >= LEAST_AGREEMENT[name]
+    assert agreement(top, top_ref) >= LEAST_AGREEMENT[name, dtype]

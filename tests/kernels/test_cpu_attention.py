@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.kv_quant import from_cache
+from hetero_infer.kernels.kv_quant import from_cache, stored_head_size
 from hetero_infer.kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
@@ -51,7 +51,8 @@ def padded_reference(
 ) -> torch.Tensor:
     """fp32 padded torch reference on upcast copies of the (already filled) cache."""
     meta = prepare_torch_attention(batch.inputs, batch.k_cache.shape[1], {window})
-    caches = (from_cache(batch.k_cache, torch.float32), from_cache(batch.v_cache, torch.float32))
+    head_dim = batch.query.shape[-1]
+    caches = tuple(from_cache(c, head_dim, torch.float32) for c in (batch.k_cache, batch.v_cache))
     return paged_attention_ref(batch.query.float(), *caches, meta, SCALE, window, softcap)
 
 
@@ -239,9 +240,10 @@ def test_store_kv_skips_padding_slots(module, dtype):
     assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
 
 
-# The int8 cache: the kernel reads int8 rows and their scales; the reference attends in
-# fp32 over the same rows dequantized, so only the order of rounding differs (a key's
-# scale multiplies its score, not each element): each query dtype's own tolerance.
+# The int8 cache: the kernel reads int8 rows and their groups' scales; the reference
+# attends in fp32 over the same rows dequantized, so only the order of rounding
+# differs: each query dtype's own tolerance. Head sizes of one group of 32 per 16 and
+# 32 values (64, 128, 256) and of one scale per row (48, 20).
 INT8_TOLERANCE_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.bfloat16}
 
 
@@ -264,7 +266,8 @@ def test_int8_decode_kernel_matches_dequantized_reference(
     bs = block_size
     chunks = [(0, 1), (bs - 1, 1), (bs, 1), (3 * bs + 5, 1), (7, 1), (9 * bs + 3, 1)]
     batch = int8_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=head_dim)
-    assert batch.k_cache.dtype == torch.int8 and batch.k_cache.shape[-1] == head_dim + 4
+    assert batch.k_cache.dtype == torch.int8
+    assert batch.k_cache.shape[-1] == stored_head_size(head_dim, torch.int8)
     inputs = batch.inputs
     args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE)
     actual = decode_attention_cpu(module, batch.query, *args, window, softcap)

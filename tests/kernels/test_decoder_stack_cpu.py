@@ -20,7 +20,7 @@ from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.engine.models.layers import Linear
 from hetero_infer.kernels import decoder_stack_cpu, paged_attention_cpu
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
-from hetero_infer.kernels.kv_quant import SCALE_BYTES, to_cache
+from hetero_infer.kernels.kv_quant import to_cache
 from hetero_infer.kernels.linear import unfused
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 
@@ -79,7 +79,7 @@ def run_both_ways(runner, lengths: list[tuple[int, int]]) -> tuple[torch.Tensor,
     inputs.input_ids.copy_(torch.randint(3, 300, inputs.input_ids.shape))
     for cache in (c for layer in runner.kv_caches for c in layer):
         if cache.dtype == torch.int8:  # rows of values and their scales
-            noise = torch.randn(*cache.shape[:-1], cache.shape[-1] - SCALE_BYTES)
+            noise = torch.randn(*cache.shape[:-1], runner.model.head_dim)
             cache.copy_(to_cache(noise, torch.int8))
         else:
             cache.normal_()

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from hetero_infer.kernels.kv_quant import SCALE_BYTES, from_cache  # noqa: E402
+from hetero_infer.kernels.kv_quant import from_cache, stored_head_size  # noqa: E402
 from hetero_infer.kernels.paged_attention import (  # noqa: E402
     paged_attention_ref,
     prepare_torch_attention,
@@ -176,7 +176,8 @@ def test_store_kv_matches_reference_and_skips_padding(dtype, block_size):
 def quantized_reference(batch: Batch, window: int | None, softcap: float | None) -> torch.Tensor:
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_ref(batch.key, batch.value, k_cache, v_cache, batch.inputs.slot_mapping)
-    k_cache, v_cache = from_cache(k_cache, torch.float32), from_cache(v_cache, torch.float32)
+    head_dim = batch.query.shape[-1]
+    k_cache, v_cache = (from_cache(c, head_dim, torch.float32) for c in (k_cache, v_cache))
     meta = prepare_torch_attention(batch.inputs, k_cache.shape[1], {window})
     query = batch.query.float()
     return paged_attention_ref(query, k_cache, v_cache, meta, SCALE, window, softcap)
@@ -184,21 +185,22 @@ def quantized_reference(batch: Batch, window: int | None, softcap: float | None)
 
 @pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize(("window", "num_splits"), [(None, 1), (7, 1), (None, 4)])
-@pytest.mark.parametrize("group", [1, 3])
-def test_int8_cache_matches_dequantized_reference(group, window, num_splits, softcap):
+@pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 20)])  # 2 scales a row; 1
+def test_int8_cache_matches_dequantized_reference(group, head_dim, window, num_splits, softcap):
     dtype = torch.float32
     for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
-        batch = quantized(make_batch(chunks, 16, 2, group, 32, dtype, seed=group))
+        batch = quantized(make_batch(chunks, 16, 2, group, head_dim, dtype, seed=group))
         out = run_triton(batch, window, small_tiles(group, num_splits), softcap)
         expected = quantized_reference(batch, window, softcap)
         # fp16's tolerance: the two stores' ties (one int8 step of one element)
         assert_close(out, expected, torch.float16, f"int8 {kind}")
 
 
-def test_int8_store_kv_matches_reference():
+@pytest.mark.parametrize("head_dim", [20, 64])  # one scale a row; one per 32 values
+def test_int8_store_kv_matches_reference(head_dim):
     gen = torch.Generator().manual_seed(3)
-    num_blocks, block_size, num_kv_heads, head_dim = 5, 16, 3, 20
-    shape = (num_blocks, block_size, num_kv_heads, head_dim + SCALE_BYTES)
+    num_blocks, block_size, num_kv_heads = 5, 16, 3
+    shape = (num_blocks, block_size, num_kv_heads, stored_head_size(head_dim, torch.int8))
     k_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     v_cache = torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:23]

@@ -162,7 +162,7 @@ VARIANTS = [
             **{n: "*bf16" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")},
             "slot_mapping_ptr": "*i64",
         },
-        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=0),
+        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=0, SCALE_GROUP=32),
         dict(num_warps=4),
     ),
     (
@@ -173,7 +173,7 @@ VARIANTS = [
             **{n: "*i8" for n in ("k_cache_ptr", "v_cache_ptr")},
             "slot_mapping_ptr": "*i64",
         },
-        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=1),
+        dict(BLOCK_SIZE=16, BLOCK_T=4, HEADS_PAD=8, HEAD_PAD=128, QUANT=1, SCALE_GROUP=32),
         dict(num_warps=4),
     ),
     (
