@@ -32,11 +32,12 @@ class Family:
     gemma: bool = False
     # q/k/v and gate/up fused in its checkpoints, under our merged names (Phi-3).
     fused_projections: bool = False
-    # Activations with outlier channels: the quantized CPU kernel rounds them to 16 bits
-    # per block of 32 values, not int8, whose step (the block's largest value / 127)
-    # leaves the block's other values few levels. Measured on Gemma-3-270M Q4_K_M,
-    # teacher-forced against fp32: int8 moved each token's logprob by 0.078 (rms), 16
-    # bits by 0.041, as bf16 on the dequantized weights (0.043).
+    # Activations with outlier channels: the quantized CPU kernel rounds the inputs of
+    # the layers' projections to 16 bits per block of 32 values (the lm_head's stay
+    # int8: engine/models/decoder_weights.py), not int8, whose step (the block's
+    # largest value / 127) leaves the block's other values few levels. Measured on
+    # Gemma-3-270M Q4_K_M, teacher-forced against fp32: int8 moved each token's logprob
+    # by 0.078 (rms), 16 bits by 0.041, as bf16 on the dequantized weights (0.043).
     activation_outliers: bool = False
     # Checkpoint parameter names (a part of a dotted name) -> ours, where they differ.
     renames: dict[str, str] = field(default_factory=dict)
