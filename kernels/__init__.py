@@ -35,6 +35,7 @@ _EXPORTS = {
     "rope_cos_sin": "rotary",
     "rope_inv_freq": "rotary",
     "rope_tables": "rotary",
+    "partial_rotary_order": "rotary",
     "Kernels": "selection",
     "select_kernels": "selection",
     "triton_available": "selection",

@@ -45,23 +45,68 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
 
 
 def rope_tables(
-    head_dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int
+    head_dim: int,
+    base: float,
+    scaling: dict[str, Any] | None,
+    max_positions: int,
+    rotary_dim: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [max_positions, head_dim] for RoPE with ``scaling``. LongRoPE
     (Phi-3) gives two tables end to end, [2 * max_positions, head_dim]: its short
     factors' rows, then its long factors' (a position p takes row p + max_positions
     where the long ones apply), both times the attention factor, as transformers
-    scales them."""
+    scales them.
+
+    ``rotary_dim`` < head_dim (Phi-4-mini: RoPE on the first 3/4 of each head): the
+    frequencies are the rotary dims', and the other half-columns rotate by nothing
+    (cos 1, sin 0), so the kernels rotate whole heads as ever; the checkpoint's q/k
+    rows are reordered to match (partial_rotary_order)."""
+    rotary_dim = rotary_dim or head_dim
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rope_type != "longrope":
-        return rope_cos_sin(rope_inv_freq(head_dim, base, scaling), max_positions)
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        cos, sin = rope_cos_sin(rope_inv_freq(rotary_dim, base, scaling), max_positions)
+        return _pass_through(cos, sin, head_dim)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     tables = []
     for factors in (scaling["short_factor"], scaling["long_factor"]):
         inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**exponents)
         cos, sin = rope_cos_sin(inv_freq, max_positions)
-        tables.append((cos * scaling["attention_factor"], sin * scaling["attention_factor"]))
+        factor = scaling["attention_factor"]
+        tables.append(_pass_through(cos * factor, sin * factor, head_dim))
     return torch.cat([tables[0][0], tables[1][0]]), torch.cat([tables[0][1], tables[1][1]])
+
+
+def _pass_through(
+    cos: torch.Tensor, sin: torch.Tensor, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables [positions, rotary_dim] widened to head_dim: each half gets columns of cos
+    1 and sin 0 after the rotary ones (x * 1 + y * 0 = x, exactly)."""
+    pad = (head_dim - cos.shape[1]) // 2
+    if pad == 0:
+        return cos, sin
+    half = cos.shape[1] // 2
+    ones, zeros = torch.ones(cos.shape[0], pad), torch.zeros(cos.shape[0], pad)
+    cos = torch.cat([cos[:, :half], ones, cos[:, half:], ones], dim=1)
+    sin = torch.cat([sin[:, :half], zeros, sin[:, half:], zeros], dim=1)
+    return cos, sin
+
+
+def partial_rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """For each dim of a head as the kernels rotate it, the checkpoint's dim it takes.
+    Transformers rotates dims i and i + rotary_dim / 2 together and passes the dims from
+    rotary_dim on; the kernels rotate i with i + head_dim / 2. Each half here takes its
+    rotary dims first, then half of the passed ones. q and k reordered alike leave q . k
+    as it was."""
+    half, rotary_half = head_dim // 2, rotary_dim // 2
+    passed = torch.arange(rotary_dim, head_dim)
+    return torch.cat(
+        [
+            torch.arange(rotary_half),
+            passed[: half - rotary_half],
+            torch.arange(rotary_half, rotary_dim),
+            passed[half - rotary_half :],
+        ]
+    )
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -131,7 +131,8 @@ TINY_MODELS = {
     ),
     # Phi-3: q/k/v and gate/up fused in the checkpoint, LongRoPE (the short factors:
     # these prompts stay within the original 512 positions; the attention factor of
-    # 1024 / 512 applies; tests/engine/test_longrope.py takes them past it), GQA ratio 2
+    # 1024 / 512 applies; tests/engine/test_longrope.py takes them past it), GQA ratio 2,
+    # and as Phi-4-mini RoPE on 3/4 of each head (18 of 24 dims)
     "phi3": lambda: transformers.Phi3Config(
         hidden_size=96,
         intermediate_size=128,
@@ -139,7 +140,7 @@ TINY_MODELS = {
         num_attention_heads=4,
         num_key_value_heads=2,
         original_max_position_embeddings=512,
-        rope_parameters=longrope_parameters(head_dim=24),
+        rope_parameters={**longrope_parameters(head_dim=18), "partial_rotary_factor": 0.75},
         **COMMON,
     ),
 }

@@ -54,6 +54,8 @@ class ModelConfig:
     # RoPE's base on the sliding-window layers, where it differs from rope_theta (Gemma 3:
     # 10,000 there, 1,000,000 on the global layers); their RoPE is never scaled.
     sliding_rope_theta: float | None = None
+    # The dims of each head RoPE rotates (Phi-4-mini: 3/4 of them); None: all.
+    rotary_dim: int | None = None
     # tanh soft-capping, cap * tanh(x / cap), of attention's scaled scores and of the
     # logits (Gemma 2: 50 and 30); None: none.
     attn_logit_softcap: float | None = None
@@ -86,10 +88,11 @@ class ModelConfig:
         partial_rotary = getattr(config, "partial_rotary_factor", None) or (
             getattr(config, "rope_parameters", None) or {}
         ).get("partial_rotary_factor", 1.0)
-        if partial_rotary != 1.0:
+        rotary_dim = int(head_dim * partial_rotary)
+        if rotary_dim % 2 or rotary_dim <= 0:
             raise ConfigError(
-                f"{family.architecture}: partial_rotary_factor {partial_rotary} (RoPE on part "
-                "of each head) is not supported"
+                f"{family.architecture}: partial_rotary_factor {partial_rotary} rotates "
+                f"{rotary_dim} of {head_dim} dims; RoPE needs an even, positive count"
             )
         pre_attn_scalar = getattr(config, "query_pre_attn_scalar", None)
         return cls(
@@ -105,6 +108,7 @@ class ModelConfig:
             rms_norm_eps=config.rms_norm_eps,
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
+            rotary_dim=rotary_dim if rotary_dim < head_dim else None,
             max_position_embeddings=config.max_position_embeddings,
             sliding_windows=_layer_sliding_windows(config),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),

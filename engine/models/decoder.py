@@ -92,7 +92,9 @@ class DecoderForCausalLM(nn.Module):
         config = self.config
 
         def tables(theta: float, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, ...]:
-            cos, sin = rope_tables(self.head_dim, theta, scaling, config.max_position_embeddings)
+            cos, sin = rope_tables(
+                self.head_dim, theta, scaling, config.max_position_embeddings, config.rotary_dim
+            )
             return cos.to(device), sin.to(device)
 
         full = tables(config.rope_theta, config.rope_scaling)

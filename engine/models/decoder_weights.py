@@ -1,7 +1,8 @@
 """How a Hugging Face checkpoint's tensors land in DecoderForCausalLM: by name (other
 families' names renamed to Llama's: architectures.py), with q/k/v and gate/up merged
-into one projection each, RMSNorm weights stored as (weight - offset) restored, and
-quantized weights kept quantized where the kernels take them.
+into one projection each, RMSNorm weights stored as (weight - offset) restored, q/k
+rows reordered where RoPE rotates part of each head, and quantized weights kept
+quantized where the kernels take them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
 from hetero_infer.engine.models.layers import Linear, RMSNorm
-from hetero_infer.kernels import DEQUANTIZE_ROWS_TYPES, QuantizedWeight, concat_rows
+from hetero_infer.kernels import (
+    DEQUANTIZE_ROWS_TYPES,
+    QuantizedWeight,
+    concat_rows,
+    partial_rotary_order,
+)
 from torch import nn
 
 if TYPE_CHECKING:
@@ -31,11 +37,15 @@ def load_decoder_weights(
     modules = dict(model.named_modules())
     renames = BY_ARCHITECTURE[model.config.architecture].renames
     norm_offset = model.config.norm_weight_offset
+    qkv_order = partial_rotary_qkv_order(model)
     loaded: set[str] = set()
 
     def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         if name not in params:
             raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
+        if qkv_order is not None and ".qkv_proj." in name:  # its weight and bias
+            is_quantized = isinstance(tensor, QuantizedWeight)
+            tensor = tensor.rows(qkv_order) if is_quantized else tensor[qkv_order]
         if params[name].shape != tensor.shape:
             raise ConfigError(
                 f"{name}: checkpoint shape {tuple(tensor.shape)} does not match the "
@@ -95,6 +105,30 @@ def load_decoder_weights(
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
+
+
+def partial_rotary_qkv_order(model: DecoderForCausalLM) -> torch.Tensor | None:
+    """The merged q/k/v rows in the order the kernels rotate them (kernels/rotary.py's
+    partial_rotary_order for each q and k head of this rank; v as it is), where RoPE
+    rotates part of each head; else None."""
+    config = model.config
+    if config.rotary_dim is None:
+        return None
+    attention = model.layers[0].self_attn
+    head_dim = attention.head_dim
+    order = partial_rotary_order(head_dim, config.rotary_dim)
+
+    def heads(count: int, start: int) -> torch.Tensor:
+        return (start + torch.arange(count)[:, None] * head_dim + order).flatten()
+
+    q_size, kv_size = attention.q_size, attention.kv_size
+    return torch.cat(
+        [
+            heads(attention.num_heads, 0),
+            heads(attention.num_kv_heads, q_size),
+            torch.arange(q_size + kv_size, q_size + 2 * kv_size),
+        ]
+    )
 
 
 def quantized_on(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:

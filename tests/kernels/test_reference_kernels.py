@@ -82,6 +82,32 @@ def test_rotary_matches_transformers_exactly(ops, rope_parameters):
     assert torch.equal(our_k, hf_k[0].transpose(0, 1))
 
 
+def test_partial_rotary_reordered_heads_match_transformers_exactly(ops):
+    """Phi-4-mini's RoPE on 96 of 128 dims: the kernels rotate whole heads reordered by
+    partial_rotary_order over the widened tables, giving transformers' rotated dims and
+    the passed ones untouched, each in its new place."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_apply
+
+    head_dim, rotary_dim = 128, 96
+    inv_freq = kernels.rope_inv_freq(rotary_dim, 10000.0, None)
+    hf_cos, hf_sin = kernels.rope_cos_sin(inv_freq, 64)  # transformers' [pos, rotary_dim]
+    cos, sin = kernels.rope_tables(head_dim, 10000.0, None, 64, rotary_dim)
+    assert cos.shape == (64, head_dim)
+    order = kernels.partial_rotary_order(head_dim, rotary_dim)
+    assert sorted(order.tolist()) == list(range(head_dim))
+    positions = torch.tensor([0, 3, 17, 63])
+    q, k = torch.randn(4, 2, head_dim), torch.randn(4, 1, head_dim)
+    hf_q, hf_k = phi3_apply(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        hf_cos[positions][None],
+        hf_sin[positions][None],
+    )
+    our_q, our_k = ops.rotary(positions, q[..., order], k[..., order], cos, sin)
+    assert torch.equal(our_q, hf_q[0].transpose(0, 1)[..., order])
+    assert torch.equal(our_k, hf_k[0].transpose(0, 1)[..., order])
+
+
 def test_rotary_gptj_style_rotates_adjacent_pairs(ops):
     inv_freq = kernels.rope_inv_freq(8, 10000.0, None)
     cos, sin = kernels.rope_cos_sin(inv_freq, 16)

@@ -104,11 +104,12 @@ def test_phi3_longrope_and_partial_rotary() -> None:
     assert scaling["original_max_position_embeddings"] == 512
     # transformers' attention factor for a context extended 1024 / 512 = 2 times
     assert scaling["attention_factor"] == pytest.approx((1 + math.log(2) / math.log(512)) ** 0.5)
-    # Phi-4-mini rotates 3/4 of each head: refused, by name.
-    partial = TINY_MODELS["phi3"]()
-    partial.rope_parameters = {**partial.rope_parameters, "partial_rotary_factor": 0.75}
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
-        ModelConfig.from_hf(partial)
+    # As Phi-4-mini, RoPE on 3/4 of each head.
+    assert (config.head_dim, config.rotary_dim) == (24, 18)
+    odd = TINY_MODELS["phi3"]()
+    odd.rope_parameters = {**odd.rope_parameters, "partial_rotary_factor": 0.55}  # 13.2 dims
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.55 rotates 13 of 24"):
+        ModelConfig.from_hf(odd)
 
 
 def test_gemma3_transformers_4_rope_settings() -> None:
