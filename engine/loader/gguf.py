@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
 from hetero_infer.engine.loader.source import ModelSource
 from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, GEMMA_NORMS, Family
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
@@ -25,8 +26,10 @@ from huggingface_hub import constants as hf_constants
 
 logger = logging.getLogger(__name__)
 
-# Where the config and tokenizer converted from GGUF files are kept.
+# Where the config and tokenizer converted from GGUF files are kept; a conversion of
+# another version (ours: 2 reads Phi-3's RoPE settings) is not reused.
 GGUF_METADATA_CACHE = Path(hf_constants.HF_HOME) / "hetero-paged-infer" / "gguf"
+CONVERSION_VERSION = 2
 
 # GGUF tensor name -> HF parameter name. Layer tensors are "blk.{i}.{part}.{weight|bias}".
 GGUF_GLOBAL_NAMES = {
@@ -57,8 +60,8 @@ assert set(GEMMA_NORMS) == set(GGUF_GEMMA_NORMS.values())
 # Fused projections (Phi-3's), under the names their HF checkpoints give them.
 GGUF_FUSED_PARTS = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# Llama-3 GGUFs store precomputed RoPE frequency factors, Phi-3's its LongRoPE factors;
-# we derive them from the config.
+# Llama-3 GGUFs store precomputed RoPE frequency factors (we derive them from the
+# config), Phi-3's its LongRoPE factors (read into the config: gguf_rope.py).
 GGUF_SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
@@ -71,12 +74,17 @@ def gguf_metadata_folder(source: ModelSource) -> Path:
     """
     stat = source.path.stat()
     key = f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    key += f"|{CONVERSION_VERSION}"
     folder = GGUF_METADATA_CACHE / hashlib.sha256(key.encode()).hexdigest()[:20]
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
         return folder
     start = time.perf_counter()
     kwargs = {"gguf_file": source.gguf_file}
     config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
+    if config.model_type == "phi3":
+        import gguf
+
+        phi3_rope_from_gguf(gguf.GGUFReader(source.path), config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
