@@ -78,4 +78,10 @@ def resolve_kv_cache_dtype(
             "kv_cache_dtype 'fp8' (--kv-cache-dtype fp8) needs a CUDA GPU; on the CPU use "
             "--kv-cache-dtype int8 (or auto)"
         )
+    # Triton's e4m3 needs sm89 or later (Ada, Hopper); an A100 would fail to compile.
+    if kv_cache_dtype == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ConfigError(
+            "kv_cache_dtype 'fp8' (--kv-cache-dtype fp8) needs a GPU of compute capability "
+            "8.9 or later (Triton has no e4m3 before it); use --kv-cache-dtype int8 (or auto)"
+        )
     return kv_cache_torch_dtype(kv_cache_dtype, dtype)

@@ -244,6 +244,17 @@ def _dot(a, b, FP32: tl.constexpr):
 
 
 @triton.jit
+def _load_cache(ptrs, mask, QUANT: tl.constexpr):
+    # Cache elements, 0 where masked. fp8 has no cast from an integer 0 to fill the
+    # masked lanes with, so those are zeroed after converting to fp32.
+    if QUANT == 2:
+        values = tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float32), 0.0)
+    else:
+        values = tl.load(ptrs, mask=mask, other=0)
+    return values
+
+
+@triton.jit
 def _value_scales(cache_ptr, row_off, dim, head_dim, scale_group, valid):
     # The fp16 scale of each value at dim of the int8 row starting at row_off (shapes
     # broadcast together), from its two bytes after the row's values (little-endian;
@@ -373,7 +384,7 @@ def _paged_attention_kernel(
         k_off = block * stride_kc_block + slot * stride_kc_slot + kv_head * stride_kc_head
         # [HEAD_PAD, BLOCK_N]: loaded transposed for q @ k^T
         k_mask = dim_valid[:, None] & k_valid[None, :]
-        k = tl.load(k_cache_ptr + k_off[None, :] + dim[:, None], mask=k_mask, other=0)
+        k = _load_cache(k_cache_ptr + k_off[None, :] + dim[:, None], k_mask, QUANT)
         if QUANT == 1:  # dequantized into the query's dtype, as the torch reference
             scales = _value_scales(
                 k_cache_ptr, k_off[None, :], dim[:, None], head_dim, scale_group, k_mask
@@ -395,7 +406,7 @@ def _paged_attention_kernel(
         v_off = block * stride_vc_block + slot * stride_vc_slot + kv_head * stride_vc_head
         v_mask = k_valid[:, None] & dim_valid[None, :]
         # [BLOCK_N, HEAD_PAD]
-        v = tl.load(v_cache_ptr + v_off[:, None] + dim[None, :], mask=v_mask, other=0)
+        v = _load_cache(v_cache_ptr + v_off[:, None] + dim[None, :], v_mask, QUANT)
         if QUANT == 1:
             scales = _value_scales(
                 v_cache_ptr, v_off[:, None], dim[None, :], head_dim, scale_group, v_mask
