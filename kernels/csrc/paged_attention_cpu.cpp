@@ -219,8 +219,25 @@ struct TileRows {
   }
 };
 
+// The fp16 scales of a tile's 16 int8 rows as fp32, per KV head and group:
+// scales[(kv_head * groups + g) * 16 + i] for row i (one conversion per scale per tile,
+// not one per use).
+inline void tile_scales(const int8_t* const* rows, int64_t kv_heads, int64_t head_stride,
+                        int64_t head_dim, int64_t groups, float* scales) {
+  for (int64_t kv = 0; kv < kv_heads; ++kv) {
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int i = 0; i < 16; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, rows[i] + kv * head_stride + head_dim + 2 * g, sizeof(bits));
+        scales[(kv * groups + g) * 16 + i] = _cvtsh_ss(bits);
+      }
+    }
+  }
+}
+
 // score_keys for head_dim % 16 == 0, 16 keys at a time: one vector accumulator per key,
-// reduced together, instead of a horizontal sum per (key, head).
+// reduced together, instead of a horizontal sum per (key, head). In an int8 cache each
+// group's sums are reduced apart and multiplied by the 16 keys' scales of that group.
 template <typename scalar_t>
 void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* table,
                        int64_t first, int64_t n, int64_t block_size, int64_t num_heads,
@@ -228,25 +245,33 @@ void score_keys_avx512(const float* q, const scalar_t* k_ptr, const int32_t* tab
   TileRows<scalar_t> tiles(k_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
   const int64_t head_stride = head_dim + scale_elements<scalar_t>(head_dim);
+  constexpr bool kInt8 = std::is_same_v<scalar_t, int8_t>;
+  const int64_t values_per_scale = kInt8 ? scale_group(head_dim) : head_dim;
+  const int64_t groups = head_dim / values_per_scale;
+  std::vector<float> scales(kInt8 ? num_heads / group * groups * 16 : 0);
   __m512 acc[16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1);
+    if constexpr (kInt8) tile_scales(rows, num_heads / group, head_stride, head_dim, groups, scales.data());
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* qh = q + h * head_dim;
       const int64_t offset = (h / group) * head_stride;
-      for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-      for (int64_t d = 0; d < head_dim; d += 16) {
-        const __m512 qv = _mm512_loadu_ps(qh + d);
-        for (int i = 0; i < 16; ++i) {
-          __m512 key = load16(rows[i] + offset + d);
-          if constexpr (std::is_same_v<scalar_t, int8_t>) {  // 16 values share a group
-            key = _mm512_mul_ps(key, _mm512_set1_ps(value_scale(rows[i] + offset, head_dim, d)));
-          }
-          acc[i] = _mm512_fmadd_ps(qv, key, acc[i]);
+      __m512 total = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+        for (int64_t d = g * values_per_scale; d < (g + 1) * values_per_scale; d += 16) {
+          const __m512 qv = _mm512_loadu_ps(qh + d);
+          for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, load16(rows[i] + offset + d), acc[i]);
+        }
+        if constexpr (kInt8) {
+          const float* key_scales = scales.data() + ((h / group) * groups + g) * 16;
+          total = _mm512_fmadd_ps(sum_each_of_16(acc), _mm512_loadu_ps(key_scales), total);
+        } else {
+          total = sum_each_of_16(acc);
         }
       }
-      _mm512_mask_storeu_ps(scores + h * n + t0, keep, sum_each_of_16(acc));
+      _mm512_mask_storeu_ps(scores + h * n + t0, keep, total);
     }
   }
 }
@@ -384,20 +409,27 @@ inline void unpermute_dims(float* row, int64_t head_dim) {
 // for HEADS heads that share one KV head and 16 * CHUNKS dims: each value chunk is
 // converted once for all the heads, and the sums stay in registers across the rows
 // (both counts are constants so that the compiler keeps them there).
+// In an int8 cache, `scales` holds the rows' scales of this KV head's groups
+// (tile_scales' layout from the KV head's first group); a value chunk is multiplied by
+// its group's.
 template <int HEADS, int CHUNKS, typename scalar_t>
 inline void weigh_rows(const float* probs, int64_t n, const scalar_t* const* rows, int64_t count,
-                       int64_t h0, int64_t offset, int64_t d0, int64_t head_dim, float* acc) {
+                       int64_t h0, int64_t offset, int64_t d0, int64_t head_dim, float* acc,
+                       const float* scales) {
   __m512 sum[HEADS][CHUNKS];
   for (int j = 0; j < HEADS; ++j) {
     for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_loadu_ps(acc + (h0 + j) * head_dim + d0 + 16 * c);
+  }
+  const float* chunk_scales[CHUNKS];  // each chunk's group's 16 row scales
+  if constexpr (std::is_same_v<scalar_t, int8_t>) {
+    for (int c = 0; c < CHUNKS; ++c) chunk_scales[c] = scales + (d0 + 16 * c) / scale_group(head_dim) * 16;
   }
   for (int64_t i = 0; i < count; ++i) {
     __m512 value[CHUNKS];
     for (int c = 0; c < CHUNKS; ++c) {
       value[c] = load16(rows[i] + offset + d0 + 16 * c);
       if constexpr (std::is_same_v<scalar_t, int8_t>) {  // 16 values share a group
-        const float scale = value_scale(rows[i] + offset, head_dim, d0 + 16 * c);
-        value[c] = _mm512_mul_ps(value[c], _mm512_set1_ps(scale));
+        value[c] = _mm512_mul_ps(value[c], _mm512_set1_ps(chunk_scales[c][i]));
       }
     }
     for (int j = 0; j < HEADS; ++j) {
@@ -414,13 +446,13 @@ inline void weigh_rows(const float* probs, int64_t n, const scalar_t* const* row
 template <int HEADS, typename scalar_t>
 inline void weigh_rows_all_dims(const float* probs, int64_t n, const scalar_t* const* rows,
                                 int64_t count, int64_t h0, int64_t offset, int64_t head_dim,
-                                float* acc) {
+                                float* acc, const float* scales) {
   for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
     switch (std::min<int64_t>(4, (head_dim - d0) / 16)) {
-      case 4: weigh_rows<HEADS, 4>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
-      case 3: weigh_rows<HEADS, 3>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
-      case 2: weigh_rows<HEADS, 2>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
-      default: weigh_rows<HEADS, 1>(probs, n, rows, count, h0, offset, d0, head_dim, acc); break;
+      case 4: weigh_rows<HEADS, 4>(probs, n, rows, count, h0, offset, d0, head_dim, acc, scales); break;
+      case 3: weigh_rows<HEADS, 3>(probs, n, rows, count, h0, offset, d0, head_dim, acc, scales); break;
+      case 2: weigh_rows<HEADS, 2>(probs, n, rows, count, h0, offset, d0, head_dim, acc, scales); break;
+      default: weigh_rows<HEADS, 1>(probs, n, rows, count, h0, offset, d0, head_dim, acc, scales); break;
     }
   }
 }
@@ -433,12 +465,18 @@ void weigh_values_avx512(const float* probs, const scalar_t* v_ptr, const int32_
                          int64_t group, int64_t token_stride, int64_t head_dim, float* acc) {
   TileRows<scalar_t> tiles(v_ptr, table, first, n, block_size, token_stride);
   const scalar_t* const* rows = tiles.rows;
+  const int64_t head_stride = head_dim + scale_elements<scalar_t>(head_dim);
+  constexpr bool kInt8 = std::is_same_v<scalar_t, int8_t>;
+  const int64_t groups = kInt8 ? head_dim / scale_group(head_dim) : 0;
+  std::vector<float> scales(num_heads / group * groups * 16);
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t count = tiles.load(t0);
     const float* p = probs + t0;
-    const int64_t head_stride = head_dim + scale_elements<scalar_t>(head_dim);
+    if constexpr (kInt8) tile_scales(rows, num_heads / group, head_stride, head_dim, groups, scales.data());
     for_each_head_run(num_heads, group, head_stride, [&](auto heads, int64_t h0, int64_t offset) {
-      weigh_rows_all_dims<decltype(heads)::value>(p, n, rows, count, h0, offset, head_dim, acc);
+      const float* kv_scales = scales.data() + (h0 / group) * groups * 16;
+      weigh_rows_all_dims<decltype(heads)::value>(p, n, rows, count, h0, offset, head_dim, acc,
+                                                  kv_scales);
     });
   }
 }
