@@ -16,7 +16,9 @@ struct LoRAWeights {
               std::vector<at::Tensor> bs);
 
   at::Tensor a;
-  std::vector<int64_t> out_starts, rank_starts;
+  std::vector<int64_t> out_starts, rank_starts, ranks;
+  // Each part's B as the expand reads it: bf16 on AVX512-BF16, [ceil(rank / 2), width]
+  // pairs of ranks (one 32-bit word per column and pair); otherwise fp32 B^T [rank, width].
   std::vector<at::Tensor> bs;
 };
 
