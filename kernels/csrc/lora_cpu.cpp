@@ -7,7 +7,9 @@
 // A once per adapter (not once per row) and dots it with the adapter's rows of x, kept
 // in fp32; the expand reads each row of B once per adapter and adds its dot with the
 // shrunk rows into out, rounded once. At a decode step's few rows the work is reading
-// A and B: a rank-16 adapter on every projection of a 135M model is ~10 MB in bf16.
+// A and B: a rank-16 adapter on every projection of a 135M model is ~10 MB in bf16,
+// in short arrays: each item's weights are asked for kAhead items ahead (at batch 16
+// with 8 rank-8 adapters on SmolLM2, 7.6 -> 3.4 ms of adapter work a step, 1 thread).
 
 #include "lora_cpu.h"
 
@@ -157,6 +159,9 @@ void lora_add_typed(at::Tensor& out, const at::Tensor& x,
   // The work items: the shrink's (group, rank row), the expand's (group, part, first
   // column), 32 columns each.
   constexpr int64_t kBlock = 32;
+  // Work items ahead whose weights are asked for before use: the adapters' weights are
+  // ~2,000 short arrays a step, which the hardware prefetcher hardly follows.
+  constexpr int64_t kAhead = 8;
   std::vector<std::pair<int64_t, int64_t>> shrink;
   std::vector<std::tuple<int64_t, int64_t, int64_t>> expand;
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -188,6 +193,13 @@ void lora_add_typed(at::Tensor& out, const at::Tensor& x,
     for (int64_t item = begin; item < end; ++item) {
       Group<scalar_t>& group = groups[shrink[item].first];
       const int64_t k = shrink[item].second;
+      if (item + kAhead < end) {  // the row kAhead items on, asked for ahead of use
+        const auto [ahead_g, ahead_k] = shrink[item + kAhead];
+        const char* row = reinterpret_cast<const char*>(groups[ahead_g].a + ahead_k * in);
+        for (int64_t byte = 0; byte < in * static_cast<int64_t>(sizeof(scalar_t)); byte += 64) {
+          __builtin_prefetch(row + byte);
+        }
+      }
       shrink_row<scalar_t>(group.a + k * in, group.x.data(), x_data, group.rows.data(),
                            static_cast<int64_t>(group.rows.size()), in, a_row.data(),
                            group.t.data() + k, group.rank);
@@ -200,6 +212,17 @@ void lora_add_typed(at::Tensor& out, const at::Tensor& x,
       Group<scalar_t>& group = groups[g];
       const typename Group<scalar_t>::Part& part = group.parts[p];
       const int64_t r = part.rank, cols = std::min(part.width - first, kBlock);
+      if (item + kAhead < end) {  // the block kAhead items on: each of its rank rows
+        const auto [ahead_g, ahead_p, ahead_first] = expand[item + kAhead];
+        const typename Group<scalar_t>::Part& next = groups[ahead_g].parts[ahead_p];
+        const bool pairs = kDotsBf16 && std::is_same_v<scalar_t, c10::BFloat16>;
+        const int64_t rows = pairs ? (next.rank + 1) / 2 : next.rank;
+        const char* base = static_cast<const char*>(next.b) + ahead_first * 4;
+        for (int64_t k = 0; k < rows; ++k) {
+          __builtin_prefetch(base + k * next.width * 4);
+          __builtin_prefetch(base + k * next.width * 4 + 64);
+        }
+      }
       for (size_t i = 0; i < group.rows.size(); ++i) {
         const float* t = group.t.data() + i * group.rank + part.rank_start;
         scalar_t* target = out_data + group.rows[i] * out_cols + part.out_start + first;
