@@ -3,15 +3,12 @@
 The engine's state is touched by one thread only, the engine thread: it takes the
 requests to add or abort (handed over under a lock) between steps, runs the steps
 back to back while there is work, and hands each step's outputs to the event loop in
-one call, which puts them in the requests' queues. So the event loop keeps serving
-HTTP and flushing streams while the model computes, and the engine never waits for
-the event loop to start its next step (a step started by the loop waited for it to
-finish writing the last step's chunks: 7% of the engine thread's time at 16 streams).
-New requests join the running batch at the next step.
+one call, which puts them in the requests' queues. So the event loop serves HTTP
+while the model computes, and the engine never waits for it (a step started by the
+loop waited for it to write the last step's chunks: 7% of the time at 16 streams).
 
 It is also the server's one view of the engine (vLLM's EngineClient): the tokenizer,
-the context length, the input processor that turns a prompt into an EngineRequest,
-generate and abort, and what /metrics reads. The LLMEngine itself stays private.
+the input processor, generate and abort, LoRA adapters, what /metrics reads.
 """
 
 from __future__ import annotations
@@ -20,22 +17,24 @@ import asyncio
 import logging
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.engine_thread import NewRequest, engine_thread, settle
 from hetero_infer.engine.exceptions import ExecutionError, SchedulerError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor
 from hetero_infer.engine.generation_defaults import GenerationDefaults
 from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.lora import LoRAManager
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How often an idle engine with tensor-parallel ranks checks that they are alive, so a
 # dead rank shows in /healthz without waiting for a request.
@@ -44,15 +43,6 @@ HEALTH_CHECK_INTERVAL = 1.0
 
 class EngineDeadError(ExecutionError):
     """The engine loop has stopped on an error; no request can be served."""
-
-
-@dataclass
-class _NewRequest:
-    request: EngineRequest
-    # Settled on the event loop once the engine thread has taken the request.
-    accepted: asyncio.Future = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
 
 
 class AsyncEngine:
@@ -69,10 +59,12 @@ class AsyncEngine:
         self.max_pending = max_pending
         # The requests' queues: the event loop's only.
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
-        # Handed to the engine thread under the lock: requests to add, ids to abort.
+        # Handed to the engine thread under the lock: requests to add, ids to abort,
+        # work to run between steps (``call``).
         self._lock = threading.Lock()
-        self._new: list[_NewRequest] = []
+        self._new: list[NewRequest] = []
         self._aborts: set[str] = set()
+        self._calls: list[tuple[Callable[[LLMEngine], Any], asyncio.Future]] = []
         self._work = threading.Event()  # set when there is something to take
         self._stopping = False
         self._executor = executor or engine_thread()
@@ -84,16 +76,11 @@ class AsyncEngine:
 
     @classmethod
     async def load(cls, config: EngineConfig, max_pending: int | None = None) -> AsyncEngine:
-        """An LLMEngine built in the thread that will run its steps.
-
-        OpenMP keeps a pool of workers for each thread that starts parallel work (the
-        CPU kernels, torch's ops). With a second pool alive, the loading thread's,
-        libgomp counts more threads than cores and stops its workers spinning between
-        parallel regions, so every kernel call waits for a wake-up: a batch-1 decode
-        step took 9.4 ms instead of 3.9 (embedded SmolLM2, 2 cores), and the server
-        streamed ~100 tok/s to one client instead of ~200. So one thread does all the
-        engine's parallel work, loading included.
-        """
+        """An LLMEngine built in the thread that will run its steps. OpenMP keeps a
+        pool of workers per thread that starts parallel work; with a second pool alive
+        libgomp stops its workers spinning between regions, and a batch-1 decode step
+        took 9.4 ms instead of 3.9 (SmolLM2, 2 cores). So one thread does all the
+        engine's parallel work: loading, LoRA adapters (``call``) and steps."""
         executor = engine_thread()
         engine = await asyncio.get_running_loop().run_in_executor(executor, LLMEngine, config)
         return cls(engine, max_pending, executor)
@@ -120,7 +107,7 @@ class AsyncEngine:
 
     @property
     def num_pending(self) -> int:
-        """Requests accepted and not finished (waiting, running or swapped)."""
+        """Requests accepted and not finished."""
         return len(self._queues)
 
     # ---- what the server reads ----
@@ -134,8 +121,7 @@ class AsyncEngine:
         return self._engine.max_model_len
 
     @property
-    def block_size(self) -> int:
-        """Tokens per KV block (and so per prefix-cache entry)."""
+    def block_size(self) -> int:  # tokens per KV block (and so per prefix-cache entry)
         return self._engine.config.block_size
 
     @property
@@ -147,8 +133,7 @@ class AsyncEngine:
         return self._engine.model_config
 
     @property
-    def hidden_size(self) -> int:
-        """The size of the model's hidden states, and so of its embeddings."""
+    def hidden_size(self) -> int:  # of the model's hidden states, and so of its embeddings
         return self._engine.model_config.hidden_size
 
     @property
@@ -190,7 +175,7 @@ class AsyncEngine:
                 "(max_waiting_requests); retry later"
             )
         request_id = request.request_id
-        new = _NewRequest(request)
+        new = NewRequest(request)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         with self._lock:
@@ -220,6 +205,27 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
+    async def call(self, work: Callable[[LLMEngine], T]) -> T:
+        """``work(engine)`` on the engine thread, between steps (LoRA adapters loaded
+        and unloaded); its result, or what it raised."""
+        if self.dead_error is not None:
+            raise EngineDeadError("the engine loop has stopped") from self.dead_error
+        loop = asyncio.get_running_loop()
+        if self._task is None:  # no loop yet: the engine thread is free
+            return await loop.run_in_executor(self._executor, work, self._engine)
+        done = loop.create_future()
+        with self._lock:
+            self._calls.append((work, done))
+        self._work.set()
+        return await done
+
+    @property
+    def lora(self) -> LoRAManager | None:  # None unless enable_lora; changed by ``call``
+        return self._engine.lora
+
+    def lora_requests_info(self) -> tuple[list[str], list[str]]:
+        return self._engine.lora_requests_info()
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._aborts.add(request_id)
@@ -239,8 +245,9 @@ class AsyncEngine:
             error = EngineDeadError(f"the engine loop has stopped: {exc}")
             with self._lock:
                 new, self._new = self._new, []
-            for item in new:
-                _settle(item.accepted, error)
+                calls, self._calls = self._calls, []
+            for future in [item.accepted for item in new] + [done for _, done in calls]:
+                settle(future, error)
             for queue in self._queues.values():
                 queue.put_nowait(error)
 
@@ -267,13 +274,21 @@ class AsyncEngine:
         with self._lock:
             new, self._new = self._new, []
             aborts, self._aborts = self._aborts, set()
+            calls, self._calls = self._calls, []
+        for work, done in calls:
+            try:
+                result = work(self._engine)
+            except Exception as exc:  # the caller's to answer (a bad adapter: a 400)
+                loop.call_soon_threadsafe(settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(settle, done, None, result)
         for item in new:
             try:
                 self._engine.add_processed(item.request)
             except ValueError as exc:
-                loop.call_soon_threadsafe(_settle, item.accepted, exc)
+                loop.call_soon_threadsafe(settle, item.accepted, exc)
             else:
-                loop.call_soon_threadsafe(_settle, item.accepted, None)
+                loop.call_soon_threadsafe(settle, item.accepted, None)
         for request_id in aborts:
             self._engine.abort(request_id)
 
@@ -283,17 +298,3 @@ class AsyncEngine:
             queue = self._queues.get(output.group_id)
             if queue is not None:
                 queue.put_nowait(output)
-
-
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
-    """Accept a request (or refuse it with ``error``), unless its caller has gone."""
-    if future.done():  # cancelled: the client left while it waited; its abort follows
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
-def engine_thread() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")

@@ -176,6 +176,10 @@ class EngineConfig:
         POOLINGS,
     )
 
+    enable_lora: bool = setting(False, "as vLLM's: serve LoRA adapters on the model (docs/lora.md)")
+    max_loras: int = setting(4, "as vLLM's: LoRA adapters loaded at once (each one's slot)")
+    max_lora_rank: int = setting(16, "as vLLM's: the highest LoRA rank an adapter may have")
+
     tensor_parallel_size: int = setting(
         1, "as vLLM's: ranks the model's heads, MLP columns and vocabulary are split over"
     )

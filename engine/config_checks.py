@@ -32,7 +32,7 @@ def check_config(config: EngineConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
             raise ConfigError(f"{name} must be a number in (0, 1], got {value!r}")
-    for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager"):
+    for name in ("enable_prefix_caching", "cpu_kernels", "enforce_eager", "enable_lora"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
     for name in ("model", "tokenizer"):
@@ -86,6 +86,10 @@ def _check_kv_offloading(config: EngineConfig) -> None:
 
 def _check_parallel(config: EngineConfig) -> None:
     check_int("tensor_parallel_size", config.tensor_parallel_size, minimum=1)
+    check_int("max_loras", config.max_loras, minimum=1)
+    check_int("max_lora_rank", config.max_lora_rank, minimum=1)
+    if config.enable_lora and config.tensor_parallel_size > 1:
+        raise ConfigError("enable_lora does not work with tensor_parallel_size > 1 yet")
     if config.tensor_parallel_size > 1 and config.quantization in KEPT_QUANTIZED:
         raise ConfigError(
             f"quantization {config.quantization!r} keeps quantized blocks, which tensor "

@@ -18,6 +18,7 @@ from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
 from hetero_infer.engine.kv.disk_layout import load_or_create_key
 from hetero_infer.engine.kv.tier_planner import TierPlanner
+from hetero_infer.engine.lora import LoRAManager
 from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models.sharding import check_divisible
 from hetero_infer.engine.setup import EngineSetup
@@ -35,6 +36,7 @@ class BuiltCore:
     # when torchrun started them).
     workers: LocalWorkers | None
     metrics: EngineMetrics
+    lora: LoRAManager | None = None  # the LoRA adapters, where enabled
 
 
 def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
@@ -92,7 +94,17 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         # The speculator counts the drafts it hears back about (vllm:spec_decode_*).
         metrics.spec_decode = speculator.stats
     core = EngineCore(scheduler, runner, metrics, config.max_queue_time)
-    return BuiltCore(core, runner, workers, metrics)
+    lora = None
+    if runner.lora is not None:
+        lora = LoRAManager(
+            runner.lora,
+            setup.model_config,
+            config.max_loras,
+            config.max_lora_rank,
+            setup.device,
+            setup.dtype,
+        )
+    return BuiltCore(core, runner, workers, metrics, lora)
 
 
 def tier_planner(runner: ModelRunner) -> tuple[TierPlanner | None, bytes | None]:

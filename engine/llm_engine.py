@@ -23,9 +23,11 @@ from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core_builder import build_core
 from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
+from hetero_infer.engine.frontend.lora_requests import LoRARequests
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.generation_defaults import load_generation_defaults
+from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.setup import resolve_setup
@@ -36,7 +38,7 @@ from tqdm.auto import tqdm
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(LoRARequests):
     def __init__(
         self, config: EngineConfig | None = None, tokenizer: Any = None, **overrides: Any
     ) -> None:
@@ -71,7 +73,7 @@ class LLMEngine:
         )
         built = build_core(setup, tokenizer)
         self.core, self.runner, self.workers = built.core, built.runner, built.workers
-        self.metrics = built.metrics
+        self.metrics, self.lora = built.metrics, built.lora
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -95,19 +97,22 @@ class LLMEngine:
         max_tokens: int | None = None,
         priority: int = 0,
         timeout: float | None = None,
+        lora_request: LoRARequest | str | None = None,
     ) -> str:
         """Queue a request; returns its id. Bad input raises ValidationError (a
         ValueError) naming the field. ``max_tokens`` overrides the params' own (the
         mini-infer form: ``add_request(prompt=..., max_tokens=..., sampling_params=...)``).
         ``priority`` (lower first) needs scheduling_policy "priority"; ``timeout``
-        (seconds) ends the request early, as request_timeout does.
+        (seconds) ends the request early, as request_timeout does. ``lora_request``: the
+        LoRA adapter to run with, by name or as load_lora_adapter returned it.
         """
         params = sampling_params or SamplingParams()
         if max_tokens is not None and isinstance(params, SamplingParams):
             params = dataclasses.replace(params, max_tokens=max_tokens)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        request = self.input_processor.process(request_id, prompt, params, priority, timeout)
+        lora = self.lora_request(lora_request)
+        request = self.input_processor.process(request_id, prompt, params, priority, timeout, lora)
         return self.add_processed(request)
 
     def add_processed(self, request: EngineRequest) -> str:
@@ -118,7 +123,8 @@ class LLMEngine:
             raise ValidationError(
                 f"request_id {request.request_id!r} is already in use", param="request_id"
             )
-        seqs = []
+        self.check_lora(request.lora)  # still loaded: it may have gone since it was named
+        seqs, lora = [], request.lora
         for index, seq_id in enumerate(parent.choice_ids):
             grammar = request.grammar
             if grammar is not None and index > 0:
@@ -135,6 +141,8 @@ class LLMEngine:
                     request.pooling,
                     priority=request.priority,
                     deadline=request.deadline,
+                    lora_slot=0 if lora is None else lora.slot,
+                    lora_fingerprint=None if lora is None else lora.fingerprint,
                 )
             )
         self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)
@@ -143,9 +151,8 @@ class LLMEngine:
         return request.request_id
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request (all its choices) and free its blocks at once.
-
-        False if it is not running."""
+        """Stop a request (all its choices) and free its blocks at once; False if it is
+        not running."""
         seq_ids = self.output_processor.choice_ids(request_id)
         self.core.finish(seq_ids, SequenceStatus.FINISHED_ABORTED)
         return any([self.output_processor.abort(seq_id) for seq_id in seq_ids])
@@ -156,8 +163,7 @@ class LLMEngine:
         return SamplingParams(**{**self.generation_defaults.values, **fields})
 
     def check_health(self) -> None:
-        """ExecutionError when a tensor-parallel rank has died (the engine cannot step
-        any more); nothing to check in one process."""
+        """ExecutionError when a tensor-parallel rank has died (none in one process)."""
         if self.workers is not None:
             self.workers.check_alive()
 
@@ -182,8 +188,7 @@ class LLMEngine:
             stats.update(self.block_manager.tiers.stats())
         if self.runner.kv_cache.tiers is not None:
             stats.update(self.runner.kv_cache.tiers.stats())
-        # KV slots the running sequences hold vs the tokens stored in them: paging
-        # wastes at most the unfilled tail of each sequence's last block.
+        # KV slots held vs tokens stored: paging wastes at most each last block's tail.
         allocated = sum(len(seq.block_table) for seq in self.scheduler.running)
         allocated *= self.config.block_size
         filled = sum(seq.num_computed_tokens for seq in self.scheduler.running)
@@ -201,8 +206,8 @@ class LLMEngine:
     # ---- stepping ----
 
     def step(self) -> list[RequestOutput]:
-        """Run one step (EngineCore.step: schedule, run the model, update the sequences)
-        and make outputs: those of the requests that got tokens or finished.
+        """Run one step (EngineCore.step) and make the outputs of the requests that got
+        tokens or finished.
 
         (Overlapping a step's model pass with the last step's outputs, in a second
         thread, was tried and removed: on the CPU the model pass keeps every core busy,
@@ -211,6 +216,7 @@ class LLMEngine:
         processed = self.output_processor.process(self.core.step())
         # A stop string the output processor found ends its sequence.
         self.core.finish(processed.stopped, SequenceStatus.FINISHED_STOPPED)
+        self.free_unloaded_loras()
         return processed.outputs
 
     @property
@@ -239,6 +245,7 @@ class LLMEngine:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | str | Seq[LoRARequest | str | None] | None = None,
         **sampling: Any,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in the prompts' order.
@@ -246,7 +253,7 @@ class LLMEngine:
         Sampling comes as SamplingParams, or as their fields in keyword form
         (``generate(prompts=[...], max_tokens=100, temperature=0.8, top_p=0.95)``, as
         mini-infer writes it). With n > 1 a prompt gives n outputs, one per choice, next
-        to each other."""
+        to each other. ``lora_request``: one adapter for every prompt, or one per prompt."""
         if sampling:
             if sampling_params is not None:
                 raise ValidationError(
@@ -271,10 +278,13 @@ class LLMEngine:
                     f"sampling_params: {len(params)} given for {len(prompts)} prompts",
                     param="sampling_params",
                 )
+        loras = lora_request
+        if lora_request is None or isinstance(lora_request, str | LoRARequest):
+            loras = [lora_request] * len(prompts)
         ids: list[str] = []  # every choice of every prompt, in order
         try:
-            for prompt, sp in zip(prompts, params, strict=True):
-                request_id = self.add_request(prompt, sp)
+            for prompt, sp, lora in zip(prompts, params, loras, strict=True):
+                request_id = self.add_request(prompt, sp, lora_request=lora)
                 ids += [choice_id(request_id, i) for i in range(sp.n)]
         except ValueError:
             for request_id in ids:

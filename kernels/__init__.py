@@ -44,6 +44,11 @@ _EXPORTS = {
     "DecoderStackSpec": "decoder_stack",
     "DecoderStackFn": "decoder_stack",
     "unfused": "linear",
+    "GatedLinear": "linear",
+    # LoRA's updates of a step's rows, grouped by adapter
+    "LoRAGroup": "lora",
+    "add_lora_ref": "lora",
+    "pack_lora_ref": "lora",
     # how the KV cache stores keys and values (kv_cache_dtype)
     "kv_cache_torch_dtype": "kv_quant",
     "stored_head_size": "kv_quant",

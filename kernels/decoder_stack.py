@@ -10,6 +10,7 @@ where it ``serves`` the step's metadata, and layer by layer otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,9 +67,12 @@ class DecoderStackFn(Protocol):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionInputs,
+        lora_groups: Sequence[tuple[int, torch.Tensor | None]] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [tokens, hidden] embedded -> (last layer's output, residual stream), what
-        the layers one by one give (each with its RoPE tables, from the spec)."""
+        the layers one by one give (each with its RoPE tables, from the spec).
+        ``lora_groups``: the step's rows by LoRA slot (a stack whose ``takes_lora``
+        applies the adapters set with ``set_lora``)."""
         ...
 
 

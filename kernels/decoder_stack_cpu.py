@@ -23,6 +23,7 @@ step layer by layer, and say so once in the log at start.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch
@@ -44,11 +45,23 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class CpuDecoderStack:
+    # LoRA adapters' updates are applied inside the stack (csrc/lora_cpu.cpp), from the
+    # weights set per slot (``set_lora``) to the rows the step gives each slot.
+    takes_lora = True
+
     def __init__(self, stack: object) -> None:
         self.stack = stack
 
     def serves(self, meta: AttentionInputs) -> bool:
         return isinstance(meta, CpuAttentionMetadata) and meta.max_query_len <= SHORT_CHUNK
+
+    def set_lora(self, layer: int, projection: int, slot: int, weights: object) -> None:
+        """An adapter's packed weights (KernelOps.pack_lora) on one projection of a
+        layer (0 qkv, 1 o, 2 gate_up, 3 down), in its slot."""
+        self.stack.set_lora(layer, projection, slot, weights)
+
+    def remove_lora(self, slot: int) -> None:
+        self.stack.remove_lora(slot)
 
     def __call__(
         self,
@@ -56,6 +69,7 @@ class CpuDecoderStack:
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: CpuAttentionMetadata,
+        lora_groups: Sequence[tuple[int, torch.Tensor | None]] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         sliding = meta.sliding
         return self.stack.forward(
@@ -68,6 +82,8 @@ class CpuDecoderStack:
             meta.slot_mapping,
             None if sliding is None else sliding.token_block_tables,
             None if sliding is None else sliding.slot_mapping,
+            [slot for slot, _ in lora_groups],
+            [rows for _, rows in lora_groups],
         )
 
 

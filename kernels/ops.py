@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized
@@ -21,6 +22,13 @@ from hetero_infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
+from hetero_infer.kernels.lora import (
+    LoRAGroup,
+    LoRAPart,
+    add_lora_ref,
+    cpu_lora_ops,
+    pack_lora_ref,
+)
 from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -79,6 +87,11 @@ class KernelOps:
     pack_fused_silu_and_mul_linear: Callable[[Tensor, Tensor | None], LinearFn | None] = (
         _no_fused_kernel
     )
+    # (A [R, in], parts) -> one adapter's LoRA weights on a projection, packed; and
+    # (out [rows, n], x [rows, in], groups) -> out plus each adapter's update of its
+    # rows, changed in place (kernels/lora.py)
+    pack_lora: Callable[[Tensor, list[LoRAPart]], Any] = pack_lora_ref
+    add_lora: Callable[[Tensor, Tensor, list[LoRAGroup]], Tensor] = add_lora_ref
     # The model's layers, packed, -> one call for the steps it serves, or None
     # (kernels/decoder_stack.py)
     pack_decoder_stack: Callable[[DecoderStackSpec], DecoderStackFn | None] = no_decoder_stack
@@ -152,7 +165,10 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     def uniforms(keys: Tensor, counters: Tensor) -> Tensor:
         return module.philox_uniform(keys, counters)
 
+    pack_lora, add_lora = cpu_lora_ops(module)
     return packed.replace(
+        pack_lora=pack_lora,
+        add_lora=add_lora,
         rms_norm=rms_norm,
         fused_add_rms_norm=fused_add_rms_norm,
         rotary=rotary,

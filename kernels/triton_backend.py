@@ -16,6 +16,7 @@ from hetero_infer.kernels.linear_quantized_triton import (
     TritonQuantizedLinear,
     triton_quantized_takes,
 )
+from hetero_infer.kernels.lora_triton import add_lora_triton, pack_lora_triton
 from hetero_infer.kernels.ops import KernelOps
 from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
 from hetero_infer.kernels.quantized import QuantizedWeight
@@ -44,8 +45,9 @@ def triton_attention() -> AttentionBackend[AttentionInputs]:
 
 
 def triton_ops(device_ops: KernelOps) -> KernelOps:
-    """``device_ops`` with the elementwise ops and the sampler as Triton kernels, and the
-    linear layers on quantized weights the Triton kernel takes (kernels/
+    """``device_ops`` with the elementwise ops, the sampler and LoRA's updates
+    (kernels/lora_triton.py) as Triton kernels, and the linear layers on quantized
+    weights the Triton kernel takes (kernels/
     linear_quantized_triton.py); other linear layers and the greedy pick stay the
     device's (torch's matmul on a GPU, the packed CPU kernels in the interpreter)."""
 
@@ -65,4 +67,6 @@ def triton_ops(device_ops: KernelOps) -> KernelOps:
         sample=sample_triton,
         takes_quantized=takes_quantized,
         pack_linear=pack_linear,
+        pack_lora=pack_lora_triton,
+        add_lora=add_lora_triton,
     )

@@ -22,6 +22,7 @@ from hetero_infer.server import middleware
 from hetero_infer.server.anthropic.router import router as anthropic_router
 from hetero_infer.server.errors import install_error_handlers, service_unavailable
 from hetero_infer.server.ollama.router import router as ollama_router
+from hetero_infer.server.openai.lora import router as lora_router
 from hetero_infer.server.openai.responses_api_store import ResponseStore
 from hetero_infer.server.openai.router import router as openai_router
 from hetero_infer.server.routes import health, metrics, server_info, ui
@@ -78,6 +79,7 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
     app = FastAPI(title="Hetero-Paged-Infer", lifespan=lifespan)
     app.state.server = state
     app.include_router(openai_router)
+    app.include_router(lora_router)
     app.include_router(ollama_router)
     app.include_router(anthropic_router)
     app.include_router(health.router)
@@ -97,6 +99,8 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         else:
             state.engine = AsyncEngine(engine, max_pending)
         state.engine.start()
+        for name, path in state.settings.lora_modules:  # --lora-modules: a bad one stops us
+            await state.engine.call(lambda llm, n=name, p=path: llm.load_lora_adapter(n, p))
         # One real request through the whole path before we call ourselves ready.
         params = SamplingParams(max_tokens=1, temperature=0.0)
         warmup = state.engine.input_processor.process("warmup", [0], params)

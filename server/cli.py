@@ -191,6 +191,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
         default=None,
         help='allow tool_choice "auto": the model\'s calls are read by --tool-call-parser',
     )
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        help="LoRA adapters to load at start, as vLLM's: name=path or JSON "
+        '\'{"name": ..., "path": ...}\' (needs --enable-lora)',
+    )
     parser.add_argument("--log-level", default="INFO")
     add_engine_flags(parser, serving=True)
     return parser
@@ -201,6 +207,7 @@ def server_settings_from_args(
 ) -> ServerSettings:
     flags = [(name, kind) for _, name, kind in SERVER_FLAGS]
     flags += [("served_model_name", str), ("enable_auto_tool_choice", _parse_bool)]
+    flags += [("lora_modules", str)]  # HETERO_LORA_MODULES: name=path, split by spaces
     engine = engine_config_from_args(args, environ)
     values: dict[str, Any] = {}
     if config_file := _config_file(args, environ):

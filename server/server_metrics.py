@@ -32,6 +32,9 @@ class _EngineCollector(Collector):
         self.get_engine = get_engine
         self.model_name = model_name
         self.started = time.time()
+        # vllm:lora_requests_info's labels at the last scrape, and since when they hold
+        self.lora_labels: list[str] = ["0", "", ""]
+        self.lora_changed = self.started
 
     def collect(self) -> Iterator:
         engine = self.get_engine()
@@ -136,11 +139,11 @@ class _EngineCollector(Collector):
 
         vllm:cache_config_info (value 1) carries the KV block size and count in its
         labels: the picker's prefix-cache scorer sizes its model of each replica's
-        cache from them. vllm:lora_requests_info says which LoRA adapters are loaded
-        (none here: this server serves no adapters, so max_lora is 0 and both lists
-        are empty); its value is when that last changed, the engine's start. Newer
-        pickers count a replica whose scrape lacks it as failing, which would leave
-        them no replica to pick."""
+        cache from them. vllm:lora_requests_info names the LoRA adapters the running
+        and the waiting requests use (comma-separated), and max_lora (0 without
+        --enable-lora); its value is when those labels last changed. The picker's
+        LoRA-affinity scorer reads it, and newer pickers count a replica whose scrape
+        lacks it as failing, which would leave them no replica to pick."""
         cache = GaugeMetricFamily(
             "vllm:cache_config_info",
             "The KV cache's configuration, in the labels.",
@@ -158,10 +161,15 @@ class _EngineCollector(Collector):
         yield cache
         lora = GaugeMetricFamily(
             "vllm:lora_requests_info",
-            "LoRA adapters loaded and waiting (none: no adapters are served).",
+            "The LoRA adapters of the running and the waiting requests.",
             labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
         )
-        lora.add_metric(["0", "", ""], self.started)
+        running, waiting = engine.lora_requests_info()
+        max_lora = 0 if engine.lora is None else engine.lora.max_loras
+        labels = [str(max_lora), ",".join(running), ",".join(waiting)]
+        if labels != self.lora_labels:
+            self.lora_labels, self.lora_changed = labels, time.time()
+        lora.add_metric(labels, self.lora_changed)
         yield lora
 
     def _spec_decode(self, stats: SpecDecodeStats) -> Iterator:

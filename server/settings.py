@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,9 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # LoRA adapters loaded at start, as vLLM's --lora-modules: (name, folder) pairs
+    # (needs the engine's enable_lora).
+    lora_modules: tuple[tuple[str, str], ...] = ()
     # The template's text, read once from chat_template.
     chat_template_text: str | None = field(default=None, init=False, repr=False)
 
@@ -65,6 +69,19 @@ class ServerSettings:
             )
         if self.chat_template is not None:
             object.__setattr__(self, "chat_template_text", read_chat_template(self.chat_template))
+        self._check_lora_modules()
+
+    def _check_lora_modules(self) -> None:
+        modules = self.lora_modules
+        if isinstance(modules, str | list):
+            modules = parse_lora_modules(modules.split() if isinstance(modules, str) else modules)
+            object.__setattr__(self, "lora_modules", modules)
+        if modules and not self.engine.enable_lora:
+            raise ValueError("lora_modules needs --enable-lora")
+        names = [name for name, _ in modules]
+        for name in names:
+            if names.count(name) > 1 or name in self.model_names:
+                raise ValueError(f"lora_modules: the name {name!r} is given twice")
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -89,6 +106,27 @@ class ServerSettings:
         }
         values["api_key"] = "***" if self.api_key else None
         return {"server": values, "engine": self.engine.to_dict()}
+
+
+def parse_lora_modules(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """vLLM's --lora-modules values: ``name=path``, or a JSON object with "name" and
+    "path" (its "base_model_name" is not needed: every adapter is on the one model)."""
+    modules = []
+    for item in items:
+        if item.lstrip().startswith("{"):
+            try:
+                value = json.loads(item)
+                modules.append((str(value["name"]), str(value["path"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"lora_modules: {item!r} is not a JSON object with name and path: {exc}"
+                ) from None
+            continue
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"lora_modules: {item!r} is not name=path")
+        modules.append((name, path))
+    return tuple(modules)
 
 
 def read_chat_template(value: str) -> str:

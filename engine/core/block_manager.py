@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Block", "BlockManager"]
 
-# The first block's parent hash for a sequence whose KV is rotated with LongRoPE's long
-# factors (Sequence.long_rope), so its blocks never serve one rotated the short way.
-LONG_ROPE_SALT = 1
-
 
 class BlockManager:
     def __init__(
@@ -142,7 +138,7 @@ class BlockManager:
         bs = self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else (LONG_ROPE_SALT if seq.long_rope else None)
+            parent = hashes[-1] if hashes else seq.hash_salt  # LongRoPE's, an adapter's
             hashes.append(self.hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_full_blocks]
 

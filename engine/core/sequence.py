@@ -16,6 +16,10 @@ from typing import Any
 
 from hetero_infer.engine.sampling_params import SamplingParams
 
+# The first block's parent hash for a sequence whose KV is rotated with LongRoPE's long
+# factors (Sequence.long_rope), so its blocks never serve one rotated the short way.
+LONG_ROPE_SALT = 1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -50,7 +54,11 @@ class Sequence:
         pooling: str | None = None,
         priority: int = 0,
         deadline: float | None = None,
+        lora_slot: int = 0,
+        lora_fingerprint: int | None = None,
     ) -> None:
+        """``lora_slot``: the LoRA adapter's slot its rows take (0: none), and
+        ``lora_fingerprint`` that adapter's (engine/lora/adapter.py)."""
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -89,6 +97,8 @@ class Sequence:
         # the model's original context when it started computing them). It salts the
         # block hashes: the same tokens rotated the other way are different KV.
         self.long_rope = False
+        self.lora_slot = lora_slot
+        self.lora_fingerprint = lora_fingerprint
         # Speculative decoding's per-sequence state (engine/speculator.py's
         # DraftState: its token text and draft length); None until it first drafts.
         self.draft_state: Any = None
@@ -113,6 +123,15 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={len(self.token_ids)}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
+
+    @property
+    def hash_salt(self) -> int | None:
+        """Its first block's parent hash in the prefix cache: set where the same tokens
+        make other KV (LongRoPE's long factors; a LoRA adapter, by its fingerprint, which
+        is even), so that the cache never serves one's blocks to the other."""
+        if self.lora_fingerprint is None:
+            return LONG_ROPE_SALT if self.long_rope else None
+        return self.lora_fingerprint | self.long_rope
 
     @property
     def block_table(self) -> list[int]:

@@ -64,6 +64,8 @@ class ScheduledSequence:
     sliding_block_table: list[int] = field(default_factory=list)
     # LongRoPE: its tokens take the long factors (Sequence.long_rope).
     long_rope: bool = False
+    # The slot of the LoRA adapter its rows take (0: none; engine/lora/).
+    lora_slot: int = 0
 
     @property
     def num_new_tokens(self) -> int:

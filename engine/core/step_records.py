@@ -39,6 +39,7 @@ def schedule_entry(
         block_table=list(seq.block_table),
         sliding_block_table=list(seq.block_tables[1]),
         long_rope=seq.long_rope,
+        lora_slot=seq.lora_slot,
         samples=samples,
         sampling_params=params,
         draft_token_ids=drafts,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.engine.exceptions import ContextLengthError, ValidationError
+from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
@@ -51,6 +52,8 @@ class EngineRequest:
     pooling: str | None = None
     priority: int = 0
     deadline: float | None = None
+    # The LoRA adapter it runs with (None: the base model).
+    lora: LoRARequest | None = None
 
 
 class InputProcessor:
@@ -80,6 +83,7 @@ class InputProcessor:
         params: SamplingParams,
         priority: int = 0,
         timeout: float | None = None,
+        lora: LoRARequest | None = None,
     ) -> EngineRequest:
         """The engine's own path (LLMEngine.add_request): the prompt must fit in the
         context; max_tokens may run past it."""
@@ -94,7 +98,7 @@ class InputProcessor:
                 f"({self.max_model_len})",
                 param="prompt",
             )
-        return self.request(request_id, checked, params, priority, timeout)
+        return self.request(request_id, checked, params, priority, timeout, lora=lora)
 
     def tokenize(self, prompt: Prompt, param: str = "prompt") -> PromptTokens:
         """The prompt's tokens (text is encoded, token ids taken as they are), checked
@@ -149,6 +153,7 @@ class InputProcessor:
         priority: int = 0,
         timeout: float | None = None,
         schema_param: str = "response_format",
+        lora: LoRARequest | None = None,
     ) -> EngineRequest:
         """The request for a checked prompt, once its params pass the model's checks:
         token ids the params name must be in the vocabulary, and a JSON schema or
@@ -174,6 +179,7 @@ class InputProcessor:
             grammar,
             priority=priority,
             deadline=deadline,
+            lora=lora,
         )
 
     def embedding_request(self, request_id: str, prompt: PromptTokens) -> EngineRequest:

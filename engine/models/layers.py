@@ -51,6 +51,9 @@ class Linear(DirectCall, nn.Linear):
         self.pack = pack
         self.packed: LinearFn = not_packed
         self.quantized: QuantizedWeight | None = None
+        # With LoRA enabled (engine/lora/): (x, packed) -> the projection with the step's
+        # adapters' updates added to their rows (before a merged gate_up's activation).
+        self.lora: Callable[[torch.Tensor, LinearFn], torch.Tensor] | None = None
 
     def keep_quantized(self, weight: QuantizedWeight) -> None:
         self.quantized = weight
@@ -61,6 +64,8 @@ class Linear(DirectCall, nn.Linear):
         self.packed = self.pack(weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lora is not None:
+            return self.lora(x, self.packed)
         return self.packed(x)
 
 

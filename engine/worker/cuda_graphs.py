@@ -129,7 +129,8 @@ class DecodeGraphs:
     def can_run(self, inputs: ModelInputs) -> bool:
         meta = inputs.meta
         return (
-            meta.max_query_len == 1
+            not inputs.lora_groups  # the graphs were captured without LoRA's updates
+            and meta.max_query_len == 1
             and meta.num_seqs == inputs.input_ids.shape[0]
             and meta.num_seqs <= self.batch_sizes[-1]
             and meta.block_tables.shape[1] <= self.max_blocks

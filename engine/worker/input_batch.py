@@ -10,11 +10,12 @@ makes its own metadata of them.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from hetero_infer.engine.lora import step_groups
 from hetero_infer.kernels import AttentionBackend, AttentionInputs
 
 
@@ -33,6 +34,7 @@ class Chunk(NamedTuple):
     # Added to its positions for the RoPE table rows its tokens take (LongRoPE's long
     # factors follow the short ones in the tables).
     rope_offset: int = 0
+    lora_slot: int = 0  # the LoRA adapter its rows take (0: none)
 
 
 @dataclass
@@ -43,6 +45,9 @@ class ModelInputs:
     # [num_logit_rows]: the last token of each sampling sequence (its last 1 + drafts
     # tokens where it has draft tokens), in order
     logits_indices: torch.Tensor
+    # The rows of each LoRA adapter the step uses (engine/lora/model_lora.py): [] where
+    # every row runs the base model.
+    lora_groups: list = field(default_factory=list)
 
 
 class InputBatcher:
@@ -110,11 +115,16 @@ class InputBatcher:
                 ),
             )
         rope_offsets = np.fromiter((c.rope_offset for c in chunks), np.int64, num_seqs)
+        lora_slots = np.fromiter((c.lora_slot for c in chunks), np.int64, num_seqs)
+        lora_groups = []
+        if lora_slots.any():
+            lora_groups = step_groups(lora_slots[token_seq], self.device)
         return ModelInputs(
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions + rope_offsets[token_seq]),
             meta=self.attention.prepare_step(attention_inputs, bs, self.sliding_windows),
             logits_indices=self._tensor(logits_indices),
+            lora_groups=lora_groups,
         )
 
     def _tables(

@@ -24,6 +24,7 @@ from hetero_infer.engine.core.step_data import (
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.kv.tier_store import build_tier_store
+from hetero_infer.engine.lora import ModelLoRA
 from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
@@ -61,18 +62,12 @@ class ModelRunner:
         ``draft``: speculative decoding's draft model, whose KV cache is allocated
         beside the target's (worker/draft_runner.py; on rank 0 only, whole)."""
         self.config = config = setup.config
-        self.device = setup.device
-        self.dtype = setup.dtype
+        self.device, self.dtype = setup.device, setup.dtype
         kernels = select_model_kernels(config, self.device)
-        self.model = load_model(
-            setup.source,
-            setup.model_config,
-            kernels,
-            self.device,
-            self.dtype,
-            config.quantization,
-            tp,
-        )
+        source, quantization = (setup.source, setup.model_config), config.quantization
+        self.model = load_model(*source, kernels, self.device, self.dtype, quantization, tp)
+        # LoRA adapters' slots beside the model's projections (engine/lora/), if enabled
+        self.lora = ModelLoRA(self.model, kernels.ops) if config.enable_lora else None
         # Rank 0 of a tensor-parallel group tells the other ranks what to compute.
         self.sender = StepSender(tp) if tp is not None and tp.rank == 0 else None
         self.attention = kernels.attention
@@ -166,6 +161,7 @@ class ModelRunner:
                     s.num_draft_tokens,
                     s.sliding_block_table,
                     self.long_rope_rows if s.long_rope else 0,
+                    s.lora_slot,
                 )
                 for s in scheduled
             ]
@@ -203,6 +199,8 @@ class ModelRunner:
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The model's final hidden states for a step's inputs: through the fast path
         where it can run the step, else the layers one by one."""
+        if self.lora is not None:
+            self.lora.use(inputs.lora_groups)
         if self.fast_path is not None and self.fast_path.can_run(inputs):
             return self.fast_path.run(inputs)
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
@@ -219,7 +217,7 @@ class ModelRunner:
                 logger.info("CUDA graphs off: the sliding-window layers have their own KV")
                 return None
             return DecodeGraphs.capture(self)
-        return decoder_stack_path(self.model, kernels, self.kv_caches)
+        return decoder_stack_path(self.model, kernels, self.kv_caches, self.lora)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab], the other ranks computing their

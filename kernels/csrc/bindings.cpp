@@ -4,6 +4,7 @@
 
 #include "cpu_kernels.h"
 #include "decoder_stack_cpu.h"
+#include "lora_cpu.h"
 
 // The kernels that take long run without the GIL, as torch's own operators do: the
 // server's event loop (streaming the last step's tokens) goes on beside them.
@@ -43,6 +44,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a step's sampling: processing, greedy or truncated draws, chosen logprobs "
         "(kernels/sampling.py's definition)",
         without_gil());
+  py::class_<LoRAWeights, std::shared_ptr<LoRAWeights>>(m, "LoRAWeights")
+      .def(py::init<at::Tensor, std::vector<int64_t>, std::vector<int64_t>,
+                    std::vector<at::Tensor>>(),
+           py::arg("a"), py::arg("out_starts"), py::arg("rank_starts"), py::arg("bs"));
+  m.def("lora_add", &lora_add, "out += each LoRA adapter's update of its rows (grouped)",
+        py::arg("out"), py::arg("x"), py::arg("rows"), py::arg("weights"), without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool,
                     const std::string&, int64_t>(),
@@ -57,10 +64,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("cos"),
            py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
            py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none())
+      .def("set_lora", &DecoderStack::set_lora, "a LoRA adapter's weights on a projection",
+           py::arg("layer"), py::arg("projection"), py::arg("slot"), py::arg("weights"))
+      .def("remove_lora", &DecoderStack::remove_lora, "a LoRA slot emptied", py::arg("slot"))
       .def("forward", &DecoderStack::forward,
            "a decode step's layers: (hidden, residual) before the final norm", py::arg("x"),
            py::arg("positions"), py::arg("k_caches"), py::arg("v_caches"),
            py::arg("block_tables"), py::arg("context_lens"), py::arg("slot_mapping"),
            py::arg("sliding_block_tables") = py::none(),
-           py::arg("sliding_slot_mapping") = py::none(), without_gil());
+           py::arg("sliding_slot_mapping") = py::none(),
+           py::arg("lora_slots") = std::vector<int64_t>{},
+           py::arg("lora_rows") = std::vector<std::optional<at::Tensor>>{}, without_gil());
 }

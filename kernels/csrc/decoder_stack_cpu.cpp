@@ -29,9 +29,14 @@ PackedLinear::PackedLinear(at::Tensor packed, std::string qtype, std::optional<a
       then(gated_activation(then)),
       activation_bits(activation_bits) {}
 
-at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
-  at::Tensor out = qtype.empty() ? linear_packed(x, packed, bias, gated)
-                                 : quantized_linear(x, packed, qtype, bias, activation_bits);
+at::Tensor PackedLinear::operator()(const at::Tensor& x) const { return activate(linear(x)); }
+
+at::Tensor PackedLinear::linear(const at::Tensor& x) const {
+  return qtype.empty() ? linear_packed(x, packed, bias, gated)
+                       : quantized_linear(x, packed, qtype, bias, activation_bits);
+}
+
+at::Tensor PackedLinear::activate(const at::Tensor& out) const {
   switch (then) {
     case GatedActivation::kSilu:
       return silu_and_mul(out);
@@ -68,6 +73,36 @@ void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_no
       std::move(mlp_output_norm)});
 }
 
+void DecoderStack::set_lora(int64_t layer, int64_t projection, int64_t slot,
+                            std::shared_ptr<LoRAWeights> weights) {
+  TORCH_CHECK(0 <= layer && layer < static_cast<int64_t>(layers_.size()), "no such layer");
+  TORCH_CHECK(0 <= projection && projection < 4, "projection: 0 qkv, 1 o, 2 gate_up, 3 down");
+  TORCH_CHECK(projection != 2 || !layers_[layer].gate_up.gated,
+              "LoRA on a gate_up packed with its activation fused in");
+  layers_[layer].lora[projection][slot] = std::move(weights);
+}
+
+void DecoderStack::remove_lora(int64_t slot) {
+  for (DecoderLayerWeights& layer : layers_) {
+    for (auto& by_slot : layer.lora) by_slot.erase(slot);
+  }
+}
+
+void DecoderStack::add_lora(const DecoderLayerWeights& layer, int projection, at::Tensor& out,
+                            const at::Tensor& x, const LoRARows& step) const {
+  const auto& by_slot = layer.lora[projection];
+  if (by_slot.empty()) return;
+  std::vector<std::optional<at::Tensor>> rows;
+  std::vector<std::shared_ptr<LoRAWeights>> weights;
+  for (size_t g = 0; g < step.slots.size(); ++g) {
+    auto found = by_slot.find(step.slots[g]);
+    if (found == by_slot.end()) continue;
+    rows.push_back(step.rows[g]);
+    weights.push_back(found->second);
+  }
+  if (!weights.empty()) lora_add(out, x, rows, weights);
+}
+
 at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& weight) const {
   return rms_norm(x.reshape({-1, head_dim_}).contiguous(), weight, eps_).view(x.sizes());
 }
@@ -77,7 +112,10 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
     const at::Tensor& context_lens, const at::Tensor& slot_mapping,
     const std::optional<at::Tensor>& sliding_block_tables,
-    const std::optional<at::Tensor>& sliding_slot_mapping) const {
+    const std::optional<at::Tensor>& sliding_slot_mapping, const std::vector<int64_t>& lora_slots,
+    const std::vector<std::optional<at::Tensor>>& lora_rows) const {
+  TORCH_CHECK(lora_slots.size() == lora_rows.size(), "one set of rows per LoRA slot");
+  const LoRARows lora{lora_slots, lora_rows};
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one key and one value cache per layer");
   TORCH_CHECK(sliding_block_tables.has_value() == sliding_slot_mapping.has_value(),
@@ -94,7 +132,9 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     } else {
       std::tie(normed, residual) = fused_add_rms_norm(hidden, residual, layer.input_norm, eps_);
     }
-    const at::Tensor qkv = layer.qkv(normed);
+    at::Tensor qkv = layer.qkv.linear(normed);
+    add_lora(layer, 0, qkv, normed, lora);
+    qkv = layer.qkv.activate(qkv);
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
     if (layer.q_norm) q = norm_each_head(q, *layer.q_norm);
@@ -110,11 +150,19 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     const at::Tensor attention =
         decode_attention(q, k_cache, v_cache, own_group ? *sliding_block_tables : block_tables,
                          context_lens, scale_, layer.window, softcap_);
-    at::Tensor projected = layer.o(attention.reshape({tokens, q_size}));
+    const at::Tensor attended = attention.reshape({tokens, q_size});
+    at::Tensor projected = layer.o.linear(attended);
+    add_lora(layer, 1, projected, attended, lora);
+    projected = layer.o.activate(projected);
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =
         fused_add_rms_norm(projected, residual, layer.post_attention_norm, eps_);
-    hidden = layer.down(layer.gate_up(normed));
+    at::Tensor gate_up = layer.gate_up.linear(normed);
+    add_lora(layer, 2, gate_up, normed, lora);
+    const at::Tensor activated = layer.gate_up.activate(gate_up);
+    hidden = layer.down.linear(activated);
+    add_lora(layer, 3, hidden, activated, lora);
+    hidden = layer.down.activate(hidden);
     if (layer.mlp_output_norm) hidden = rms_norm(hidden, *layer.mlp_output_norm, eps_);
   }
   return {hidden, residual};

@@ -3,10 +3,15 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "lora_cpu.h"
 
 // The activation-and-mul a merged gate_up projection's output goes through after the
 // kernel, where the kernel does not fuse it.
@@ -18,8 +23,12 @@ struct PackedLinear {
   PackedLinear(at::Tensor packed, std::string qtype, std::optional<at::Tensor> bias, bool gated,
                const std::string& then, int64_t activation_bits);
 
-  // x [tokens, in] -> [tokens, out]
+  // x [tokens, in] -> [tokens, out]: linear, then activate
   at::Tensor operator()(const at::Tensor& x) const;
+  // The projection alone (a merged gate_up's [tokens, 2 x d] before its activation,
+  // unless the kernel fuses it), and the activation-and-mul after it (if any).
+  at::Tensor linear(const at::Tensor& x) const;
+  at::Tensor activate(const at::Tensor& out) const;
 
   at::Tensor packed;
   std::string qtype;
@@ -40,6 +49,14 @@ struct DecoderLayerWeights {
   // The parts past Llama's, where the model has them: RMSNorms over each head of q and
   // k before RoPE (Qwen3, Gemma 3), and on the attention's and the MLP's outputs (Gemma)
   std::optional<at::Tensor> q_norm, k_norm, attn_output_norm, mlp_output_norm;
+  // LoRA adapters' weights on qkv, o, gate_up and down (in that order), by slot
+  std::array<std::map<int64_t, std::shared_ptr<LoRAWeights>>, 4> lora{};
+};
+
+// A step's rows by LoRA adapter: the slots, and each one's rows (none: every row).
+struct LoRARows {
+  std::vector<int64_t> slots;
+  std::vector<std::optional<at::Tensor>> rows;
 };
 
 // The layers of a Llama-family model (with Qwen3's, Gemma 2's and 3's parts), for steps whose
@@ -55,6 +72,12 @@ class DecoderStack {
                  std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
                  std::optional<at::Tensor> mlp_output_norm);
 
+  // A LoRA adapter's weights on one projection of a layer (0 qkv, 1 o, 2 gate_up,
+  // 3 down), in its slot; and a slot emptied in every layer.
+  void set_lora(int64_t layer, int64_t projection, int64_t slot,
+                std::shared_ptr<LoRAWeights> weights);
+  void remove_lora(int64_t slot);
+
   // x [tokens, hidden] (the embedded tokens) -> (the last layer's output, the residual
   // stream before it), as the layers one by one give them: the final norm adds the two.
   // The sliding-window layers read sliding_block_tables and sliding_slot_mapping where
@@ -64,12 +87,16 @@ class DecoderStack {
       const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
       const at::Tensor& context_lens, const at::Tensor& slot_mapping,
       const std::optional<at::Tensor>& sliding_block_tables,
-      const std::optional<at::Tensor>& sliding_slot_mapping) const;
+      const std::optional<at::Tensor>& sliding_slot_mapping, const std::vector<int64_t>& lora_slots,
+      const std::vector<std::optional<at::Tensor>>& lora_rows) const;
 
  private:
   // RMSNorm over each head_dim values of x [tokens, n * head_dim], as RMSNorm.each_row:
   // the rows made contiguous, normed as a [tokens * n, head_dim] batch.
   at::Tensor norm_each_head(const at::Tensor& x, const at::Tensor& weight) const;
+  // out += the step's LoRA updates of projection ``projection`` of ``layer``
+  void add_lora(const DecoderLayerWeights& layer, int projection, at::Tensor& out,
+                const at::Tensor& x, const LoRARows& step) const;
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;

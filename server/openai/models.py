@@ -11,24 +11,36 @@ from hetero_infer.server.settings import ServerSettings
 OWNER = "hetero-paged-infer"
 
 
-def model_list(settings: ServerSettings, max_model_len: int | None) -> dict[str, Any]:
-    """``max_model_len`` is None while the model loads."""
-    return {
-        "object": "list",
-        "data": [model_card(name, settings, max_model_len) for name in settings.model_names],
-    }
+def model_list(
+    settings: ServerSettings,
+    max_model_len: int | None,
+    adapters: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """``max_model_len`` is None while the model loads; ``adapters``: the loaded LoRA
+    adapters' (name, folder), listed after the model's names with it as their parent."""
+    cards = [model_card(name, settings, max_model_len) for name in settings.model_names]
+    for name, path in adapters or []:
+        cards.append(model_card(name, settings, max_model_len, path, settings.model_name))
+    return {"object": "list", "data": cards}
 
 
-def model_card(name: str, settings: ServerSettings, max_model_len: int | None) -> dict[str, Any]:
+def model_card(
+    name: str,
+    settings: ServerSettings,
+    max_model_len: int | None,
+    root: str | None = None,
+    parent: str | None = None,
+) -> dict[str, Any]:
     created = now()
     return {
         "id": name,
         "object": "model",
         "created": created,
         "owned_by": OWNER,
-        # The model path (or hub id, or .gguf file) every served name stands for.
-        "root": settings.engine.model or settings.model_name,
-        "parent": None,  # vLLM names a LoRA adapter's base model here; there are none
+        # The model path (or hub id, or .gguf file) every served name stands for; a
+        # LoRA adapter's folder.
+        "root": root or settings.engine.model or settings.model_name,
+        "parent": parent,  # a LoRA adapter's base model, as vLLM names it
         "max_model_len": max_model_len,
         "permission": [_permission(created)],
     }

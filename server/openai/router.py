@@ -85,7 +85,11 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 @router.get("/v1/models", responses=route_responses(ModelList))
 async def models(request: Request) -> dict[str, Any]:
     state = request.app.state.server
-    return model_list(state.settings, state.engine.max_model_len if state.engine else None)
+    engine = state.engine
+    adapters = None
+    if engine is not None and engine.lora is not None:
+        adapters = [(a.name, a.path) for a in engine.lora.adapters]
+    return model_list(state.settings, engine.max_model_len if engine else None, adapters)
 
 
 @router.post("/tokenize", responses=route_responses(TokenizeResponse))

@@ -8,6 +8,7 @@ client goes away (streams abort when the SSE response stops iterating them).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,9 +17,11 @@ from fastapi import Request
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.exceptions import EngineError, ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
+from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import RequestOutputKind
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.lora import resolve_adapter
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
 
@@ -70,19 +73,27 @@ class RequestContext:
     model_name: str  # the name responses report
     connection: Request
     settings: ServerSettings
+    # The LoRA adapter ``model`` names (server/openai/lora.py), None for the base model.
+    lora: LoRARequest | None = None
 
     @classmethod
     def open(cls, request: Request, model: str | None) -> RequestContext:
-        """The context of a request naming ``model``: 404 for a model not served,
-        503 while the engine cannot take requests."""
+        """The context of a request naming ``model`` (the base model's name or a loaded
+        LoRA adapter's): 404 for a model not served, 503 while the engine cannot take
+        requests."""
         state = request.app.state.server
-        check_model(state.settings, model)
+        lora = resolve_adapter(request, model)
+        if lora is None:
+            check_model(state.settings, model)
         engine = state.require_engine()
-        return cls(engine, state.metrics, state.settings.model_name, request, state.settings)
+        name = state.settings.model_name if lora is None else lora.name
+        return cls(engine, state.metrics, name, request, state.settings, lora)
 
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request, observed by the metrics; the engine's
         errors as APIErrors (which a stream reports in-band)."""
+        if self.lora is not None and request.lora is None:
+            request = dataclasses.replace(request, lora=self.lora)
         tracker = self.metrics.tracker(request.params.output_kind is RequestOutputKind.FINAL_ONLY)
         try:
             async for output in self.engine.generate(request):

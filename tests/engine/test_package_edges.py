@@ -21,6 +21,7 @@ FLOORS = [
     {"models"},  # the model code, and how a checkpoint splits over ranks
     {"loader", "tokenizer"},  # checkpoints and tokenizers
     {"setup"},  # a config resolved on this machine
+    {"lora"},  # LoRA adapters: read, checked, in slots beside the model's projections
     # scheduling (pure Python): sequences, blocks, speculation's drafts; beside it the
     # prefix cache's RAM and disk tiers, whose planner the block manager drives (their
     # store, which moves the bytes, is the runner's)
@@ -30,7 +31,8 @@ FLOORS = [
     {"executor"},  # tensor-parallel ranks: started, and serving rank 0's commands
     # the front ends around the core
     {"metrics", "outputs", "frontend", "core_builder", "llm_engine", "async_engine",
-     "inference_engine", "process_settings", "beam_search", "beam_search_runner"},
+     "engine_thread", "inference_engine", "process_settings", "beam_search",
+     "beam_search_runner"},
 ]  # fmt: skip
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 

@@ -294,6 +294,20 @@ VARIANTS = [
         dict(BLOCK=1024),
         dict(num_warps=4),
     ),
+    (  # LoRA's shrink: an adapter's rows times its A (rank padded to 16)
+        "lora-shrink-bf16",
+        "hetero_infer.kernels.lora_triton:_lora_shrink_kernel",
+        {"t_ptr": "*fp32", "x_ptr": "*bf16", "a_ptr": "*bf16", "rows_ptr": "*i32"},
+        dict(RANK=16, BLOCK_K=64),
+        dict(num_warps=4),
+    ),
+    (  # LoRA's expand at rank 64 into fp16 rows
+        "lora-expand-fp16-rank64",
+        "hetero_infer.kernels.lora_triton:_lora_expand_kernel",
+        {"out_ptr": "*fp16", "t_ptr": "*fp32", "b_ptr": "*fp16", "rows_ptr": "*i32"},
+        dict(RANK=64, BLOCK_N=64),
+        dict(num_warps=4),
+    ),
     (
         "silu_and_mul",
         "hetero_infer.kernels.activation_triton:_silu_and_mul_kernel",

@@ -124,7 +124,8 @@ def test_engine_triton_path_matches_torch_path(tiny, torch_outputs, monkeypatch)
     engine = make_engine(folder, "triton")
     actual, stats = run_engine(engine, prompts)
     # Every kernel ran in Triton; Gemma's GELU-and-mul has none (torch's op runs it).
-    launchers = set(triton_launchers())
+    # (LoRA's run only with adapters: test_engine_triton_lora_matches_torch_path.)
+    launchers = {name for name in triton_launchers() if "lora" not in name}
     if engine.model_config.hidden_act != "silu":
         launchers.discard("silu_and_mul_triton")
     assert launchers <= set(calls), calls
@@ -134,6 +135,37 @@ def test_engine_triton_path_matches_torch_path(tiny, torch_outputs, monkeypatch)
     for pass_index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g == w, f"pass {pass_index}, prompt {i}: triton {g} != torch {w}"
+
+
+@triton_installed
+def test_engine_triton_lora_matches_torch_path(tiny, monkeypatch, tmp_path):
+    """LoRA adapters mixed with the base model in one batch, their updates by the Triton
+    kernels (kernels/lora_triton.py), against the torch path's tokens."""
+    from tests.lora_adapters import save_adapter
+
+    folder, prompts = tiny
+    if not folder.name.startswith("llama"):
+        pytest.skip("one family is enough here: the adapters' math is the kernel tests'")
+    adapters = {
+        "a": save_adapter(folder, tmp_path / "a", seed=1),
+        "b": save_adapter(folder, tmp_path / "b", seed=2, rank=4, modules=["q_proj", "v_proj"]),
+    }
+    loras = ["a", None, "b", "a"]
+
+    def run(backend: str, loras: list) -> list:
+        engine = LLMEngine(make_engine(folder, backend).config.replace(enable_lora=True))
+        for name, path in adapters.items():
+            engine.load_lora_adapter(name, str(path))
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        outputs = engine.generate(prompts, params, use_tqdm=False, lora_request=loras)
+        return [out.token_ids for out in outputs]
+
+    expected = run("torch", loras)
+    base = run("torch", [None] * len(prompts))
+    assert [e != b for e, b in zip(expected, base, strict=True)] == [True, False, True, True]
+    calls = count_triton_calls(monkeypatch)
+    assert run("triton", loras) == expected
+    assert calls["add_lora_triton"] and calls["pack_lora_triton"], calls
 
 
 class EagerReplay:
