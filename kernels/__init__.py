@@ -41,6 +41,7 @@ _EXPORTS = {
     # the decoder stack's description, which the model gives and the kernels pack
     "DecoderLayerSpec": "decoder_stack",
     "DecoderStackSpec": "decoder_stack",
+    "MoeLayerSpec": "moe",
     "DecoderStackFn": "decoder_stack",
     "unfused": "linear",
     # how the KV cache stores keys and values (kv_cache_dtype)

@@ -13,6 +13,8 @@ import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
 from hetero_infer.engine.models.layers import Linear, RMSNorm
+from hetero_infer.engine.models.moe import Experts
+from hetero_infer.engine.models.moe_weights import gather_experts
 from hetero_infer.kernels import DEQUANTIZE_ROWS_TYPES, QuantizedWeight, concat_rows
 from torch import nn
 
@@ -32,8 +34,11 @@ def load_decoder_weights(
     renames = BY_ARCHITECTURE[model.config.architecture].renames
     norm_offset = model.config.norm_weight_offset
     loaded: set[str] = set()
+    kept_experts: dict[str, list[QuantizedWeight]] = {}
 
-    def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
+    def put(name: str, tensor: torch.Tensor | QuantizedWeight | list[QuantizedWeight]) -> None:
+        if isinstance(tensor, list):  # one quantized weight per expert
+            return keep_experts(name, tensor)
         if name not in params:
             raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
         if params[name].shape != tensor.shape:
@@ -67,13 +72,34 @@ def load_decoder_weights(
             tensor = tensor.float() + norm_offset
         params[name].copy_(tensor)
 
-    merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+    def keep_experts(name: str, weights: list[QuantizedWeight]) -> None:
+        if name not in params:
+            raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
+        shape = (len(weights), *weights[0].shape)
+        if params[name].shape != shape:
+            raise ConfigError(
+                f"{name}: checkpoint shape {shape} does not match the model's "
+                f"{tuple(params[name].shape)}"
+            )
+        loaded.add(name)
+        kept_experts[name] = [
+            replace(
+                quantized_on(w, params[name].device),
+                activation_bits=model.config.quantized_activation_bits,
+            )
+            for w in weights
+        ]
+
+    renamed = {}
     for name, tensor in state_dict.items():
         name = ".".join(renames.get(part, part) for part in name.removeprefix("model.").split("."))
         if "rotary_emb" in name:
             continue
         if name == "lm_head.weight" and model.lm_head is None:
             continue  # tied to the embedding
+        renamed[name] = tensor
+    merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+    for name, tensor in gather_experts(renamed, model.norm.weight.dtype).items():
         for part, target, order in (
             ("q_proj", "qkv_proj", 0),
             ("k_proj", "qkv_proj", 1),
@@ -89,6 +115,16 @@ def load_decoder_weights(
             put(name, tensor)
     for name, parts in merged.items():
         put(name, merge_rows([parts[i] for i in sorted(parts)], params[name].dtype))
+    for name, module in modules.items():
+        if not isinstance(module, Experts):
+            continue
+        gate_up, down = (kept_experts.get(f"{name}.{p}") for p in ("gate_up_proj", "down_proj"))
+        if gate_up is not None and down is not None:
+            module.keep_quantized(gate_up, down)
+            continue
+        for param, kept in ((module.gate_up_proj, gate_up), (module.down_proj, down)):
+            if kept is not None:  # the other projection's experts were not all alike
+                param.copy_(torch.stack([w.dequantize(param.dtype) for w in kept]))
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")

@@ -3,10 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+class MoeBlock;  // moe_cpu.h
 
 // The activation-and-mul a merged gate_up projection's output goes through after the
 // kernel, where the kernel does not fuse it.
@@ -34,12 +37,17 @@ struct PackedLinear {
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   at::Tensor post_attention_norm;
-  PackedLinear qkv, o, gate_up, down;
+  PackedLinear qkv, o;
+  std::optional<PackedLinear> gate_up, down;  // the dense MLP; none in a sparse layer
   int64_t window;        // sliding window, 0 for none
   at::Tensor cos, sin;   // this layer's RoPE tables, fp32 [max_positions, head_dim]
   // The parts past Llama's, where the model has them: RMSNorms over each head of q and
-  // k before RoPE (Qwen3, Gemma 3), and on the attention's and the MLP's outputs (Gemma)
+  // k before RoPE (Qwen3, Gemma 3), or over all heads at once (OLMoE), and on the
+  // attention's and the MLP's outputs (Gemma)
   std::optional<at::Tensor> q_norm, k_norm, attn_output_norm, mlp_output_norm;
+  bool qk_norm_across_heads;
+  // A sparse layer's mixture-of-experts block, in place of gate_up and down
+  std::shared_ptr<MoeBlock> moe;
 };
 
 // The layers of a Llama-family model (with Qwen3's, Gemma 2's and 3's parts), for steps whose
@@ -49,11 +57,14 @@ class DecoderStack {
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                double scale, double softcap);
 
+  // gate_up and down: the dense MLP's, or none where `moe` (a sparse layer's) is given.
   void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
-                 PackedLinear o, PackedLinear gate_up, PackedLinear down, int64_t window,
-                 at::Tensor cos, at::Tensor sin, std::optional<at::Tensor> q_norm,
+                 PackedLinear o, std::optional<PackedLinear> gate_up,
+                 std::optional<PackedLinear> down, int64_t window, at::Tensor cos,
+                 at::Tensor sin, std::optional<at::Tensor> q_norm,
                  std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
-                 std::optional<at::Tensor> mlp_output_norm);
+                 std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
+                 std::shared_ptr<MoeBlock> moe);
 
   // x [tokens, hidden] (the embedded tokens) -> (the last layer's output, the residual
   // stream before it), as the layers one by one give them: the final norm adds the two.
