@@ -89,6 +89,8 @@ class DecoderForCausalLM(nn.Module):
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
         self.embed_quantized: QuantizedWeight | None = None
+        # An untied lm_head's quantized blocks, where the checkpoint's are kept.
+        self.lm_head_quantized: QuantizedWeight | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a
@@ -176,7 +178,7 @@ class DecoderForCausalLM(nn.Module):
             if isinstance(module, SparseMoe):
                 module.pack_weights(self.kernels.ops)
         if self.lm_head is not None:
-            weight = self.lm_head.weight
+            weight = self.lm_head_quantized or self.lm_head.weight
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)

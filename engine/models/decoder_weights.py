@@ -34,11 +34,11 @@ def load_decoder_weights(
     renames = BY_ARCHITECTURE[model.config.architecture].renames
     norm_offset = model.config.norm_weight_offset
     loaded: set[str] = set()
-    kept_experts: dict[str, list[QuantizedWeight]] = {}
 
     def put(name: str, tensor: torch.Tensor | QuantizedWeight | list[QuantizedWeight]) -> None:
-        if isinstance(tensor, list):  # one quantized weight per expert
-            return keep_experts(name, tensor)
+        owner_name, _, projection = name.rpartition(".")
+        if isinstance(modules.get(owner_name), Experts):  # stacks, or a weight per expert
+            return load_experts(modules[owner_name], name, projection, tensor)
         if name not in params:
             raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
         if params[name].shape != tensor.shape:
@@ -60,6 +60,11 @@ def load_decoder_weights(
             takes = model.kernels.ops.takes_quantized(placed)
             if isinstance(owner, Linear) and takes:
                 return owner.keep_quantized(placed)
+            # An untied lm_head (OLMoE's, Mixtral's files) as the logits' projection.
+            if name == "lm_head.weight" and takes:
+                model.lm_head_quantized = placed
+                model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+                return
             # Kept only where the kernels take it too (as the tied lm_head, and on
             # the device the lookups run on).
             if name == "embed_tokens.weight" and takes and tensor.qtype in DEQUANTIZE_ROWS_TYPES:
@@ -72,23 +77,19 @@ def load_decoder_weights(
             tensor = tensor.float() + norm_offset
         params[name].copy_(tensor)
 
-    def keep_experts(name: str, weights: list[QuantizedWeight]) -> None:
-        if name not in params:
-            raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
-        shape = (len(weights), *weights[0].shape)
-        if params[name].shape != shape:
-            raise ConfigError(
-                f"{name}: checkpoint shape {shape} does not match the model's "
-                f"{tuple(params[name].shape)}"
-            )
+    def load_experts(
+        experts: Experts, name: str, projection: str, weights: torch.Tensor | list
+    ) -> None:
         loaded.add(name)
-        kept_experts[name] = [
-            replace(
-                quantized_on(w, params[name].device),
-                activation_bits=model.config.quantized_activation_bits,
-            )
-            for w in weights
-        ]
+        if isinstance(weights, list):
+            weights = [
+                replace(
+                    quantized_on(w, experts.gate_up_proj.device),
+                    activation_bits=model.config.quantized_activation_bits,
+                )
+                for w in weights
+            ]
+        experts.load(projection, weights)
 
     renamed = {}
     for name, tensor in state_dict.items():
@@ -115,16 +116,9 @@ def load_decoder_weights(
             put(name, tensor)
     for name, parts in merged.items():
         put(name, merge_rows([parts[i] for i in sorted(parts)], params[name].dtype))
-    for name, module in modules.items():
-        if not isinstance(module, Experts):
-            continue
-        gate_up, down = (kept_experts.get(f"{name}.{p}") for p in ("gate_up_proj", "down_proj"))
-        if gate_up is not None and down is not None:
-            module.keep_quantized(gate_up, down)
-            continue
-        for param, kept in ((module.gate_up_proj, gate_up), (module.down_proj, down)):
-            if kept is not None:  # the other projection's experts were not all alike
-                param.copy_(torch.stack([w.dequantize(param.dtype) for w in kept]))
+    for module in modules.values():
+        if isinstance(module, Experts):
+            module.finish_loading()
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")

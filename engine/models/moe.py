@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.layers import MLP, DirectCall, Linear
 from hetero_infer.kernels import KernelOps, MoeLayerSpec, QuantizedWeight
@@ -33,32 +34,69 @@ from torch import nn
 
 
 class Experts(DirectCall, nn.Module):
-    """The routed experts' stacked weights, and their torch reference."""
+    """The routed experts' stacked weights, and their torch reference.
+
+    The stacks are filled at load (``load``), not allocated when the model is built: a
+    model whose experts stay quantized never holds them in float (OLMoE's would take
+    12 GB in bf16)."""
+
+    PROJECTIONS = ("gate_up_proj", "down_proj")
 
     def __init__(self, num_experts: int, hidden: int, width: int, activation: str) -> None:
         super().__init__()
         self.num_experts, self.hidden, self.width = num_experts, hidden, width
         self.activation = activation
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * width, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, width))
+        self.shapes = {
+            "gate_up_proj": (num_experts, 2 * width, hidden),
+            "down_proj": (num_experts, hidden, width),
+        }
+        # Placeholders carrying the model's dtype and device until loaded.
+        self.gate_up_proj = nn.Parameter(torch.empty(0), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(0), requires_grad=False)
         # Each expert's blocks (gate_up, down), where the checkpoint's are kept quantized.
         self.quantized: tuple[list[QuantizedWeight], list[QuantizedWeight]] | None = None
+        self.kept: dict[str, list[QuantizedWeight]] = {}
 
-    def keep_quantized(self, gate_up: list[QuantizedWeight], down: list[QuantizedWeight]) -> None:
-        self.quantized = (gate_up, down)
-        empty = torch.empty(0, dtype=self.gate_up_proj.dtype, device=self.gate_up_proj.device)
-        self.gate_up_proj = nn.Parameter(empty, requires_grad=False)
-        self.down_proj = nn.Parameter(empty.clone(), requires_grad=False)
+    def load(self, projection: str, weights: torch.Tensor | list[QuantizedWeight]) -> None:
+        """A projection's experts: a float stack, or one quantized weight per expert
+        (kept where both projections' are, ``finish_loading``)."""
+        if projection not in self.shapes:
+            raise ConfigError(f"checkpoint tensor for unknown expert parameter {projection!r}")
+        expected = self.shapes[projection]
+        shape = (len(weights), *weights[0].shape) if isinstance(weights, list) else weights.shape
+        if tuple(shape) != expected:
+            raise ConfigError(
+                f"{projection}: checkpoint shape {tuple(shape)} does not match the model's "
+                f"{expected}"
+            )
+        if isinstance(weights, list):
+            self.kept[projection] = weights
+            return
+        placeholder = getattr(self, projection)
+        stack = weights.to(device=placeholder.device, dtype=placeholder.dtype)
+        setattr(self, projection, nn.Parameter(stack, requires_grad=False))
+
+    def finish_loading(self) -> None:
+        """Keep the experts quantized where both projections' are; dequantize a lone
+        one."""
+        if set(self.kept) == set(self.PROJECTIONS):
+            self.quantized = (self.kept["gate_up_proj"], self.kept["down_proj"])
+        else:
+            for projection, weights in self.kept.items():
+                self.load(projection, self._stacked(weights))
+        self.kept = {}
+
+    def _stacked(self, weights: list[QuantizedWeight]) -> torch.Tensor:
+        return torch.stack([w.dequantize(self.gate_up_proj.dtype) for w in weights])
 
     def dequantize(self) -> None:
         """Quantized experts no kernel takes, as float stacks for the reference."""
         if self.quantized is None:
             return
-        dtype, device = self.gate_up_proj.dtype, self.gate_up_proj.device
-        for name, weights in zip(("gate_up_proj", "down_proj"), self.quantized, strict=True):
-            stacked = torch.stack([w.dequantize(dtype) for w in weights]).to(device)
-            setattr(self, name, nn.Parameter(stacked, requires_grad=False))
+        gate_up, down = self.quantized
         self.quantized = None
+        self.load("gate_up_proj", self._stacked(gate_up))
+        self.load("down_proj", self._stacked(down))
 
     def forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -131,7 +169,7 @@ class SparseMoe(DirectCall, nn.Module):
             self.experts.quantized = None
 
     def model_dtype(self) -> torch.dtype:
-        """The model's dtype (the experts' stacks are created in it)."""
+        """The model's dtype (the experts' placeholders and stacks are in it)."""
         return self.experts.gate_up_proj.dtype
 
     def layer_spec(self) -> MoeLayerSpec:
