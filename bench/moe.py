@@ -26,8 +26,9 @@ reads at batch 1: the file's weights except the embedding (a row per token) and 
 experts, plus top_k / num_experts of the experts (the active experts' share). The
 fraction is those bytes times one user's decode speed over the bandwidth.
 
-Written to ``--out``: ``moe-olmoe-shape.json`` (every request, commands, the file's
-byte counts, the machine and its load).
+Written to ``--out``: ``moe-olmoe-shape.json`` (each round's figures and spreads, the
+commands, the file's byte counts, the bandwidth, the 1-minute load average as each
+system's round began: other work on a shared machine shows there).
 """
 
 from __future__ import annotations
@@ -250,7 +251,6 @@ def run_system(
                 "decode_tok_s": spread(speeds),
                 "output_throughput": result["summary"]["output_throughput"],
                 "failed": result["summary"]["failed"],
-                "requests": result["requests"],
             }
             print(f"   {system} round {number}, {users} users: median decode "
                   f"{spread(speeds)['median']:.1f} tok/s, output "
