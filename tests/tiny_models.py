@@ -230,11 +230,16 @@ def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object)
 def save_perturbed_copy(folder: Path, out: Path, scale: float, seed: int = 1) -> Path:
     """A copy of the checkpoint in ``folder`` with every weight moved by Gaussian noise
     of ``scale`` times its own spread: a model that agrees with the original often but
-    not always (a speculative decoding draft whose drafts are partly accepted)."""
+    not always (a speculative decoding draft whose drafts are partly accepted). A
+    mixture-of-experts model's routers stay as they are."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if model.config.model_type in MOE_MODELS:
+        scale /= 2  # a moved hidden state also moves its experts: agreement falls faster
     with torch.no_grad():
-        for param in model.parameters():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                continue  # a router moved flips experts: the draft would agree too rarely
             param.add_(torch.randn_like(param) * scale * param.std())
     model.save_pretrained(out)
     make_byte_fallback_tokenizer().save_pretrained(out)
