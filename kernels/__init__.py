@@ -42,6 +42,7 @@ _EXPORTS = {
     # the decoder stack's description, which the model gives and the kernels pack
     "DecoderLayerSpec": "decoder_stack",
     "DecoderStackSpec": "decoder_stack",
+    "MoeLayerSpec": "moe",
     "DecoderStackFn": "decoder_stack",
     "unfused": "linear",
     "GatedLinear": "linear",

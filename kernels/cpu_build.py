@@ -32,6 +32,7 @@ SOURCES = (
     "sampler_cpu.cpp",
     "decoder_stack_cpu.cpp",
     "lora_cpu.cpp",
+    "moe_cpu.cpp",
 )
 # Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so
 # (hetero_infer.kernels.hetero_cpu_kernels).

@@ -10,7 +10,7 @@ where it ``serves`` the step's metadata, and layer by layer otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,8 +29,8 @@ class DecoderLayerSpec:
     post_attention_norm: torch.Tensor
     qkv: LinearFn  # -> [tokens, q + 2 * kv]
     o: LinearFn
-    gate_up: LinearFn  # -> activation(gate) * up
-    down: LinearFn
+    gate_up: LinearFn | None  # -> activation(gate) * up; None in a sparse layer
+    down: LinearFn | None
     sliding_window: int | None
     # This layer's RoPE tables (cos, sin), fp32 [max_positions, head_dim]: the global
     # ones, or a sliding-window layer's own (Gemma 3's second base)
@@ -42,6 +42,12 @@ class DecoderLayerSpec:
     # RMSNorms on the attention's and the MLP's outputs (Gemma)
     attn_output_norm: torch.Tensor | None = None
     mlp_output_norm: torch.Tensor | None = None
+    # The q and k norms span all heads (OLMoE) rather than each head
+    qk_norm_across_heads: bool = False
+    # A sparse layer's mixture-of-experts block as the kernels packed it
+    # (KernelOps.pack_moe), or None where none did; gate_up and down are None in a
+    # sparse layer
+    moe: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ It runs Llama's layer (Llama, Mistral, Qwen2, SmolLM2) and the parts Qwen3 and G
 and 3 add: RMSNorms over each head of q and k before RoPE, RMSNorms on the attention's
 and the MLP's outputs, the tanh-GELU gated MLP (torch's gelu and mul, as the layers call
 them in bf16), RoPE tables of each layer's own (Gemma 3's sliding layers take a second
-base), and attention logit soft-capping (in decode_attention, as the layers'). Models
-with a part it lacks (``unserved_parts``: an activation other than those) run every
-step layer by layer, and say so once in the log at start.
+base), and attention logit soft-capping (in decode_attention, as the layers'); for the
+mixture-of-experts families, OLMoE's q/k norms across all heads and each sparse layer's
+C++ expert block (kernels/moe_cpu.py), which the layer calls too. Models with a part it
+lacks (``unserved_parts``: an activation other than those, experts the C++ block does
+not take) run every step layer by layer, and say so once in the log at start.
 """
 
 from __future__ import annotations
@@ -125,10 +127,17 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
         softcap=spec.attn_logit_softcap or 0.0,
     )
     for layer in spec.layers:
-        projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        sparse = layer.gate_up is None
+        projections = (
+            (layer.qkv, layer.o) if sparse else (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
         linears = [packed_linear(module, projection) for projection in projections]
         if any(linear is None for linear in linears):
             return None
+        if sparse:
+            linears += [None, None]
+        # A sparse layer's C++ MoeBlock in place of gate_up and down.
+        moe = {"moe": _moe_block(layer.moe)} if sparse else {}
         stack.add_layer(
             layer.input_norm,
             layer.post_attention_norm,
@@ -139,6 +148,8 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
             k_norm=layer.k_norm,
             attn_output_norm=layer.attn_output_norm,
             mlp_output_norm=layer.mlp_output_norm,
+            qk_norm_across_heads=layer.qk_norm_across_heads,
+            **moe,
         )
     return CpuDecoderStack(stack)
 
@@ -150,4 +161,14 @@ def unserved_parts(spec: DecoderStackSpec) -> list[str]:
     for layer in spec.layers:
         if layer.activation not in ACTIVATIONS:
             unserved.add(f"the {layer.activation} activation")
+        if layer.gate_up is None and _moe_block(layer.moe) is None:
+            # the experts' torch reference: float experts, or kept in a type the C++
+            # block does not take (kernels/moe_cpu.py)
+            unserved.add("mixture-of-experts layers without the C++ expert kernel")
     return sorted(unserved)
+
+
+def _moe_block(moe: object) -> object | None:
+    """A sparse layer's C++ MoeBlock: a CpuMoe's (kernels/moe_cpu.py, which imports
+    this module), else None."""
+    return getattr(moe, "block", None)

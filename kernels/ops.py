@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized
+from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized, moe_cpu
 from hetero_infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
@@ -29,6 +29,7 @@ from hetero_infer.kernels.lora import (
     cpu_lora_ops,
     pack_lora_ref,
 )
+from hetero_infer.kernels.moe import MoeLayerSpec, no_moe_kernel
 from hetero_infer.kernels.philox import uniforms_ref
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -95,6 +96,10 @@ class KernelOps:
     # The model's layers, packed, -> one call for the steps it serves, or None
     # (kernels/decoder_stack.py)
     pack_decoder_stack: Callable[[DecoderStackSpec], DecoderStackFn | None] = no_decoder_stack
+    # A sparse layer's mixture-of-experts block (kernels/moe.py) -> x [tokens, hidden]
+    # -> its output, in one call; or None where no kernel takes it (the model then runs
+    # its torch reference)
+    pack_moe: Callable[[MoeLayerSpec], Callable[[Tensor], Tensor] | None] = no_moe_kernel
 
     def pack_silu_and_mul_linear(self, weight: Tensor, bias: Tensor | None = None) -> LinearFn:
         """x [..., in] -> silu_and_mul(linear(x)) [..., d] for a merged gate_up weight
@@ -130,6 +135,7 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     packed = packed.replace(
         takes_quantized=functools.partial(linear_quantized.quantized_kernel_takes, module),
         pack_decoder_stack=functools.partial(decoder_stack_cpu.pack_decoder_stack, module),
+        pack_moe=functools.partial(moe_cpu.pack_moe, module),
     )
 
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

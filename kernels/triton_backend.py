@@ -17,6 +17,8 @@ from hetero_infer.kernels.linear_quantized_triton import (
     triton_quantized_takes,
 )
 from hetero_infer.kernels.lora_triton import add_lora_triton, pack_lora_triton
+from hetero_infer.kernels.moe import MoeLayerSpec
+from hetero_infer.kernels.moe_triton import pack_moe_triton
 from hetero_infer.kernels.ops import KernelOps
 from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
 from hetero_infer.kernels.quantized import QuantizedWeight
@@ -46,13 +48,18 @@ def triton_attention() -> AttentionBackend[AttentionInputs]:
 
 def triton_ops(device_ops: KernelOps) -> KernelOps:
     """``device_ops`` with the elementwise ops, the sampler and LoRA's updates
-    (kernels/lora_triton.py) as Triton kernels, and the linear layers on quantized
-    weights the Triton kernel takes (kernels/
-    linear_quantized_triton.py); other linear layers and the greedy pick stay the
+    (kernels/lora_triton.py) as Triton kernels, the linear layers on quantized weights
+    the Triton kernel takes (kernels/linear_quantized_triton.py), and mixture-of-experts
+    blocks on float experts (kernels/moe_triton.py); other linear layers and the greedy
+    pick stay the
     device's (torch's matmul on a GPU, the packed CPU kernels in the interpreter)."""
 
     def takes_quantized(weight: QuantizedWeight) -> bool:
         return triton_quantized_takes(weight) or device_ops.takes_quantized(weight)
+
+    def pack_moe(spec: MoeLayerSpec):
+        # float experts by the grouped GEMM; quantized ones as the device's ops take them
+        return pack_moe_triton(spec) or device_ops.pack_moe(spec)
 
     def pack_linear(weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> LinearFn:
         if isinstance(weight, QuantizedWeight) and triton_quantized_takes(weight):
@@ -69,4 +76,5 @@ def triton_ops(device_ops: KernelOps) -> KernelOps:
         pack_linear=pack_linear,
         pack_lora=pack_lora_triton,
         add_lora=add_lora_triton,
+        pack_moe=pack_moe,
     )

@@ -1,5 +1,6 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
-Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3.
+Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3, and the mixture-of-experts families Mixtral,
+Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE and OLMoE.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -143,10 +144,69 @@ TINY_MODELS = {
         rope_parameters={**longrope_parameters(head_dim=18), "partial_rotary_factor": 0.75},
         **COMMON,
     ),
+    # Mixtral: 8 experts, 2 per token (renormalized), GQA ratio 3, head_dim 16
+    "mixtral": lambda: transformers.MixtralConfig(
+        hidden_size=96,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        **COMMON,
+    ),
+    # Qwen1.5-MoE's layout: q/k/v biases, a sigmoid-gated shared expert, top-4 of 10
+    # without renormalizing, and a dense MLP in layer 1 (mlp_only_layers) between sparse
+    # ones
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=10,
+        num_experts_per_tok=4,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+        **COMMON,
+    ),
+    # Qwen3-MoE: q/k norms per head, top-3 of 8 renormalized, sparse every second layer
+    # (decoder_sparse_step 2: layers 1 and 3), head_dim 24
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+        **COMMON,
+    ),
+    # OLMoE: q/k norms across all heads, top-3 of 12 without renormalizing, no GQA
+    "olmoe": lambda: transformers.OlmoeConfig(
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_experts=12,
+        num_experts_per_tok=3,
+        **COMMON,
+    ),
 }
+# The mixture-of-experts ones among them. Their experts' and shared experts' widths are
+# multiples of 32 and their projections' outputs of 16, so that the quantized kernels
+# take them (kernels/moe_cpu.py).
+MOE_MODELS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # Families whose RMSNorm weights are drawn at random too (a norm's weight of ones, or of
 # Gemma's zeros, would hide a weight applied wrongly).
-RANDOM_NORMS = ("qwen3", "gemma2", "gemma3")
+RANDOM_NORMS = ("qwen3", "gemma2", "gemma3", "qwen3_moe", "olmoe")
 
 
 def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object) -> Path:
@@ -171,11 +231,16 @@ def save_tiny_model(name: str, folder: Path, seed: int = 0, **overrides: object)
 def save_perturbed_copy(folder: Path, out: Path, scale: float, seed: int = 1) -> Path:
     """A copy of the checkpoint in ``folder`` with every weight moved by Gaussian noise
     of ``scale`` times its own spread: a model that agrees with the original often but
-    not always (a speculative decoding draft whose drafts are partly accepted)."""
+    not always (a speculative decoding draft whose drafts are partly accepted). A
+    mixture-of-experts model's routers stay as they are."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if model.config.model_type in MOE_MODELS:
+        scale /= 2  # a moved hidden state also moves its experts: agreement falls faster
     with torch.no_grad():
-        for param in model.parameters():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                continue  # a router moved flips experts: the draft would agree too rarely
             param.add_(torch.randn_like(param) * scale * param.std())
     model.save_pretrained(out)
     make_byte_fallback_tokenizer().save_pretrained(out)

@@ -18,9 +18,15 @@ import numpy as np
 import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
 from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
 from hetero_infer.engine.loader.source import ModelSource
-from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, GEMMA_NORMS, Family
+from hetero_infer.engine.models.architectures import (
+    BY_GGUF_ARCH,
+    BY_GGUF_MOE_ARCH,
+    GEMMA_NORMS,
+    Family,
+)
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
 
@@ -57,6 +63,20 @@ GGUF_GEMMA_NORMS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 assert set(GEMMA_NORMS) == set(GGUF_GEMMA_NORMS.values())
+# Mixture-of-experts layers: the router, the experts' merged tensors [experts, out, in]
+# (split per expert at load, under HF's per-expert names), and Qwen2-MoE's shared
+# expert with its sigmoid gate (a [hidden] vector in the file, [1, hidden] in HF's).
+GGUF_MOE_PARTS = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+GGUF_EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Fused projections (Phi-3's), under the names their HF checkpoints give them.
 GGUF_FUSED_PARTS = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -80,12 +100,18 @@ def gguf_metadata_folder(source: ModelSource) -> Path:
         return folder
     start = time.perf_counter()
     kwargs = {"gguf_file": source.gguf_file}
-    config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
-    if config.model_type == "phi3":
-        import gguf
+    # A mixture-of-experts file's config is ours (gguf_moe.py); its tokenizer then
+    # comes without transformers' config, which it has none of for some of them.
+    config = moe_gguf_config(source.path)
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+        if config.model_type == "phi3":
+            import gguf
 
-        phi3_rope_from_gguf(gguf.GGUFReader(source.path), config)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+            phi3_rope_from_gguf(gguf.GGUFReader(source.path), config)
+    else:
+        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(source.folder, **kwargs)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder.parent))
@@ -115,6 +141,8 @@ def gguf_layer_parts(family: Family) -> dict[str, str]:
         parts |= GGUF_GEMMA_NORMS
     if family.fused_projections:
         parts |= GGUF_FUSED_PARTS
+    if family.mixture_of_experts:
+        parts |= GGUF_MOE_PARTS
     return parts
 
 
@@ -163,6 +191,8 @@ def load_gguf(
     n_head = _gguf_field(reader, f"{arch}.attention.head_count")
     n_kv_head = _gguf_field(reader, f"{arch}.attention.head_count_kv") or n_head
     family = BY_GGUF_ARCH.get(arch)
+    if family is not None and _gguf_field(reader, f"{arch}.expert_count"):
+        family = BY_GGUF_MOE_ARCH.get(arch, family)  # llama.cpp files Mixtral as "llama"
     if family is None:
         supported = ", ".join(BY_GGUF_ARCH)
         raise ConfigError(f"{path}: GGUF architecture {arch!r} is not supported ({supported})")
@@ -184,6 +214,9 @@ def load_gguf(
         elif permuted and ".attn_k." in tensor.name:
             heads = n_kv_head
         qtype = tensor.tensor_type.name
+        if len(shape) == 3 and tensor.name.split(".")[2] in GGUF_EXPERT_PARTS:
+            state_dict |= expert_tensors(tensor, hf_name, shape, dtype, keep_quantized)
+            continue
         if keep_quantized and qtype in GGUF_TYPES and len(shape) == 2:
             # A copy: the reader's arrays are views into the read-only memory map.
             blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
@@ -198,6 +231,8 @@ def load_gguf(
         if not weights.flags.writeable:
             # F32 tensors are views into the read-only memory map.
             weights = weights.copy()
+        if hf_name.endswith("shared_expert_gate.weight"):
+            weights = weights.reshape(1, -1)
         if family.gemma and hf_name.endswith("norm.weight"):
             # llama.cpp's converter stores Gemma's norms as (1 + w); the HF checkpoint,
             # and so the model's loader, has w (transformers subtracts it too).
@@ -205,3 +240,27 @@ def load_gguf(
         state_dict[hf_name] = torch.from_numpy(weights).to(dtype)
     logger.debug("GGUF %s: arch %s, %d heads, %d kv heads", path, arch, n_head, n_kv_head)
     return state_dict
+
+
+def expert_tensors(
+    tensor: Any, hf_name: str, shape: tuple[int, ...], dtype: torch.dtype, keep_quantized: bool
+) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """A merged expert tensor [experts, out, in] as one tensor per expert, under HF's
+    per-expert names ("mlp.experts.gate_proj" -> "mlp.experts.{e}.gate_proj"):
+    quantized blocks kept (each expert's rows are whole rows of blocks), or dequantized
+    to ``dtype``."""
+    import gguf
+
+    experts, rows = shape[0], shape[1]
+    base = hf_name.removesuffix(".weight")
+    names = [base.replace(".experts.", f".experts.{e}.") + ".weight" for e in range(experts)]
+    qtype = tensor.tensor_type.name
+    if keep_quantized and qtype in GGUF_TYPES:
+        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(experts, rows, -1)
+        return {
+            name: QuantizedWeight(qtype, blocks[e], (rows, shape[2]))
+            for e, name in enumerate(names)
+        }
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+    stacked = torch.from_numpy(np.array(values)).to(dtype)
+    return {name: stacked[e] for e, name in enumerate(names)}

@@ -25,9 +25,14 @@ from hetero_infer.kernels import INT8, QuantizedWeight, quantize_int8
 COMPRESSED_TENSORS = "compressed-tensors"
 INT8_FORMATS = ("int-quantized", "naive-quantized", "pack-quantized")
 SCALE_SUFFIX = ".weight_scale"
-# The linear layers of a decoder block: what `quantization int8` quantizes. The
-# embedding and lm_head stay as they are (vLLM's W8A16 checkpoints leave lm_head too).
-LINEAR_WEIGHT = re.compile(r"model\.layers\.\d+\.\w+\.(q|k|v|o|gate|up|down)_proj\.weight")
+# The linear layers of a decoder block: what `quantization int8` quantizes, the experts
+# and shared experts of a mixture-of-experts layer too (Mixtral's experts' w1, w2, w3).
+# The embedding, lm_head and the router stay as they are (vLLM's W8A16 checkpoints
+# leave lm_head too).
+LINEAR_WEIGHT = re.compile(
+    r"model\.layers\.\d+\.(\w+|mlp\.shared_expert|\w+\.experts\.\d+)\."
+    r"((q|k|v|o|gate|up|down)_proj|w[123])\.weight"
+)
 
 
 def checkpoint_quantization(folder: Path) -> dict[str, Any] | None:

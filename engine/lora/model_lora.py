@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.lora.adapter import LoRAAdapter
 from hetero_infer.kernels import GatedLinear, KernelOps, LinearFn, LoRAGroup, unfused
 
@@ -77,6 +78,11 @@ class ModelLoRA:
         self.pack_lora = ops.pack_lora
         self.layers: dict[tuple[int, str], LoRALayer] = {}
         self.listeners: list[SlotListener] = []
+        if model.config.moe is not None:
+            raise ConfigError(
+                f"{model.config.architecture}: LoRA adapters on a mixture-of-experts model "
+                "are not supported yet (enable_lora)"
+            )
         for index, layer in enumerate(model.layers):
             linears = (
                 layer.self_attn.qkv_proj,

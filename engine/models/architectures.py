@@ -27,11 +27,16 @@ class Family:
     gguf_permuted_qk: bool = False
     # An RMSNorm over each head of q and k, before RoPE (Qwen3, Gemma 3).
     qk_norm: bool = False
+    # The q and k norms span all heads at once, one weight per value of the projection
+    # (OLMoE's), instead of each head's head_dim values.
+    qk_norm_across_heads: bool = False
     # Gemma's layout: norms after attention and after the MLP too, an embedding scaled
     # by sqrt(hidden), RMSNorm weights stored as (weight - 1).
     gemma: bool = False
     # q/k/v and gate/up fused in its checkpoints, under our merged names (Phi-3).
     fused_projections: bool = False
+    # Sparse layers of routed experts (moe_config.py, moe.py).
+    mixture_of_experts: bool = False
     # Activations with outlier channels: the quantized CPU kernel rounds the inputs of
     # the layers' projections to 16 bits per block of 32 values (the lm_head's stay
     # int8: engine/models/decoder_weights.py), not int8, whose step (the block's
@@ -62,6 +67,14 @@ GEMMA: dict[str, Any] = dict(
     gemma=True, renames=GEMMA_NORMS, chat_template="gemma", end_of_turn="<end_of_turn>"
 )
 
+# Mixtral's checkpoints name the MoE block and its experts' projections their own way.
+MIXTRAL_NAMES = {
+    "block_sparse_moe": "mlp",
+    "w1": "gate_proj",
+    "w3": "up_proj",
+    "w2": "down_proj",
+}
+
 FAMILIES = (
     Family("LlamaForCausalLM", "llama", "llama", gguf_permuted_qk=True),
     Family("MistralForCausalLM", "mistral", "llama", gguf_permuted_qk=True),
@@ -78,9 +91,31 @@ FAMILIES = (
         activation_outliers=True,
         **GEMMA,
     ),
+    # Mixture-of-experts families (moe_config.py, moe.py). llama.cpp files Mixtral under
+    # "llama", telling it apart by its expert count (loader/gguf.py).
+    Family(
+        "MixtralForCausalLM",
+        "mixtral",
+        "llama",
+        gguf_permuted_qk=True,
+        renames=MIXTRAL_NAMES,
+        mixture_of_experts=True,
+    ),
+    Family("Qwen2MoeForCausalLM", "qwen2_moe", "qwen2moe", mixture_of_experts=True),
+    Family("Qwen3MoeForCausalLM", "qwen3_moe", "qwen3moe", qk_norm=True, mixture_of_experts=True),
+    Family(
+        "OlmoeForCausalLM",
+        "olmoe",
+        "olmoe",
+        qk_norm=True,
+        qk_norm_across_heads=True,
+        mixture_of_experts=True,
+    ),
 )
 BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama
+# A GGUF architecture's family where the file has experts (llama: Mixtral)
+BY_GGUF_MOE_ARCH = {f.gguf_arch: f for f in FAMILIES if f.mixture_of_experts}
 # The HF architecture names the decoder runs.
 SUPPORTED_ARCHITECTURES = tuple(BY_ARCHITECTURE)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import family_of
+from hetero_infer.engine.models.moe_config import MoeSettings, moe_settings
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ModelConfig:
     # an RMSNorm over each head of q and k before RoPE; RMSNorms on the attention's and
     # the MLP's outputs too, before each joins the residual stream.
     qk_norm: bool = False
+    # The q/k norms over all heads at once (OLMoE), not per head.
+    qk_norm_across_heads: bool = False
     sandwich_norms: bool = False
     # Checkpoints store RMSNorm weights as (weight - norm_weight_offset): Gemma's 1.
     norm_weight_offset: float = 0.0
@@ -63,6 +66,8 @@ class ModelConfig:
     # What the quantized CPU kernel rounds activations to, per block of 32 values: 8
     # bits, or 16 for a family with outlier channels (Family.activation_outliers).
     quantized_activation_bits: int = 8
+    # Mixture-of-experts layers (moe_config.py), None for a dense model.
+    moe: MoeSettings | None = None
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -78,7 +83,13 @@ class ModelConfig:
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
-        is_qwen2 = config.model_type == "qwen2"
+        # Qwen2's q/k/v have biases whatever attention_bias says (Qwen2-MoE's config
+        # names it qkv_bias); o_proj has none.
+        is_qwen2 = config.model_type in ("qwen2", "qwen2_moe")
+        if getattr(config, "clip_qkv", None) is not None:
+            raise ConfigError(
+                f"{family.architecture}: clip_qkv ({config.clip_qkv}) is not supported"
+            )
         rope_theta, rope_scaling, sliding_rope_theta = _rope_settings(config)
         if (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type")) in (
             "longrope",
@@ -113,13 +124,14 @@ class ModelConfig:
             sliding_windows=_layer_sliding_windows(config),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             # Qwen2 has biases on q/k/v only, whatever attention_bias says.
-            qkv_bias=is_qwen2 or attention_bias,
+            qkv_bias=bool(getattr(config, "qkv_bias", True)) if is_qwen2 else attention_bias,
             o_bias=not is_qwen2 and attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             # Gemma's config names it hidden_activation.
             hidden_act=getattr(config, "hidden_activation", None) or config.hidden_act,
             eos_token_ids=_eos_token_ids(config),
             qk_norm=family.qk_norm,
+            qk_norm_across_heads=family.qk_norm_across_heads,
             sandwich_norms=family.gemma,
             norm_weight_offset=1.0 if family.gemma else 0.0,
             embedding_multiplier=config.hidden_size**0.5 if family.gemma else 1.0,
@@ -128,6 +140,7 @@ class ModelConfig:
             attn_logit_softcap=getattr(config, "attn_logit_softcapping", None),
             final_logit_softcap=getattr(config, "final_logit_softcapping", None),
             quantized_activation_bits=16 if family.activation_outliers else 8,
+            moe=moe_settings(config),
         )
 
     @property

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.decoder_weights import load_decoder_weights
-from hetero_infer.engine.models.layers import DecoderLayer, Linear, RMSNorm, not_packed
+from hetero_infer.engine.models.layers import MLP, DecoderLayer, Linear, RMSNorm, not_packed
+from hetero_infer.engine.models.moe import SparseMoe
 from hetero_infer.engine.models.protocol import TensorParallel
 from hetero_infer.engine.models.sharding import shard_config
 from hetero_infer.kernels import (
@@ -60,8 +61,12 @@ class DecoderForCausalLM(nn.Module):
         self.head_dim = config.head_dim
         self.sliding_windows = set(config.sliding_windows)
         self.embed_tokens = nn.Embedding(local.vocab_size, config.hidden_size)
+        sparse = config.moe.sparse_layers if config.moe else (False,) * config.num_layers
         self.layers = nn.ModuleList(
-            DecoderLayer(local, w, kernels, all_reduce) for w in config.sliding_windows
+            DecoderLayer(
+                local, w, kernels, all_reduce, SparseMoe(local, kernels.ops) if moe else None
+            )
+            for w, moe in zip(config.sliding_windows, sparse, strict=True)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels.ops)
         self.tie_word_embeddings = config.tie_word_embeddings
@@ -84,6 +89,8 @@ class DecoderForCausalLM(nn.Module):
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
         self.embed_quantized: QuantizedWeight | None = None
+        # An untied lm_head's quantized blocks, where the checkpoint's are kept.
+        self.lm_head_quantized: QuantizedWeight | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a
@@ -169,8 +176,11 @@ class DecoderForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack_weight()
+        for module in self.modules():  # after their router's and shared expert's Linears
+            if isinstance(module, SparseMoe):
+                module.pack_weights(self.kernels.ops)
         if self.lm_head is not None:
-            weight = self.lm_head.weight
+            weight = self.lm_head_quantized or self.lm_head.weight
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
@@ -186,8 +196,7 @@ class DecoderForCausalLM(nn.Module):
             for linear in (
                 layer.self_attn.qkv_proj,
                 layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
+                *_mlp_projections(layer.mlp),
             )
         ]
         return [
@@ -211,8 +220,10 @@ class DecoderForCausalLM(nn.Module):
                 post_attention_norm=layer.post_attention_layernorm.weight,
                 qkv=layer.self_attn.qkv_proj.packed,
                 o=layer.self_attn.o_proj.packed,
-                gate_up=layer.mlp.gate_up_proj.packed,
-                down=layer.mlp.down_proj.packed,
+                gate_up=layer.mlp.gate_up_proj.packed if isinstance(layer.mlp, MLP) else None,
+                down=layer.mlp.down_proj.packed if isinstance(layer.mlp, MLP) else None,
+                moe=None if isinstance(layer.mlp, MLP) else layer.mlp.fused,
+                qk_norm_across_heads=self.config.qk_norm_across_heads,
                 sliding_window=layer.self_attn.sliding_window,
                 rope=rope,
                 activation=self.config.hidden_act,
@@ -236,3 +247,15 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
         """Load Hugging Face-named tensors (decoder_weights.py)."""
         load_decoder_weights(self, state_dict)
+
+
+def _mlp_projections(mlp: MLP | SparseMoe) -> list[Linear]:
+    """The dense projections of a layer's MLP, or of a sparse layer's router and shared
+    expert (the routed experts' weights are the kernel's own)."""
+    if isinstance(mlp, MLP):
+        return [mlp.gate_up_proj, mlp.down_proj]
+    shared = mlp.shared_expert
+    extra = (
+        [] if shared is None else [shared.gate_up_proj, shared.down_proj, mlp.shared_expert_gate]
+    )
+    return [mlp.gate, *extra]

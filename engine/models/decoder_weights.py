@@ -14,6 +14,8 @@ import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
 from hetero_infer.engine.models.layers import Linear, RMSNorm
+from hetero_infer.engine.models.moe import Experts
+from hetero_infer.engine.models.moe_weights import gather_experts
 from hetero_infer.kernels import (
     DEQUANTIZE_ROWS_TYPES,
     QuantizedWeight,
@@ -40,7 +42,10 @@ def load_decoder_weights(
     qkv_order = partial_rotary_qkv_order(model)
     loaded: set[str] = set()
 
-    def put(name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
+    def put(name: str, tensor: torch.Tensor | QuantizedWeight | list[QuantizedWeight]) -> None:
+        owner_name, _, projection = name.rpartition(".")
+        if isinstance(modules.get(owner_name), Experts):  # stacks, or a weight per expert
+            return load_experts(modules[owner_name], name, projection, tensor)
         if name not in params:
             raise ConfigError(f"checkpoint tensor for unknown parameter {name!r}")
         if qkv_order is not None and ".qkv_proj." in name:  # its weight and bias
@@ -68,6 +73,11 @@ def load_decoder_weights(
             takes = model.kernels.ops.takes_quantized(placed)
             if isinstance(owner, Linear) and takes:
                 return owner.keep_quantized(placed)
+            # An untied lm_head (OLMoE's, Mixtral's files) as the logits' projection.
+            if name == "lm_head.weight" and takes:
+                model.lm_head_quantized = placed
+                model.lm_head.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+                return
             # Kept only where the kernels take it too (as the tied lm_head, and on
             # the device the lookups run on).
             if name == "embed_tokens.weight" and takes and tensor.qtype in DEQUANTIZE_ROWS_TYPES:
@@ -80,13 +90,30 @@ def load_decoder_weights(
             tensor = tensor.float() + norm_offset
         params[name].copy_(tensor)
 
-    merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+    def load_experts(
+        experts: Experts, name: str, projection: str, weights: torch.Tensor | list
+    ) -> None:
+        loaded.add(name)
+        if isinstance(weights, list):
+            weights = [
+                replace(
+                    quantized_on(w, experts.gate_up_proj.device),
+                    activation_bits=model.config.quantized_activation_bits,
+                )
+                for w in weights
+            ]
+        experts.load(projection, weights)
+
+    renamed = {}
     for name, tensor in state_dict.items():
         name = ".".join(renames.get(part, part) for part in name.removeprefix("model.").split("."))
         if "rotary_emb" in name:
             continue
         if name == "lm_head.weight" and model.lm_head is None:
             continue  # tied to the embedding
+        renamed[name] = tensor
+    merged: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+    for name, tensor in gather_experts(renamed, model.norm.weight.dtype).items():
         for part, target, order in (
             ("q_proj", "qkv_proj", 0),
             ("k_proj", "qkv_proj", 1),
@@ -102,6 +129,9 @@ def load_decoder_weights(
             put(name, tensor)
     for name, parts in merged.items():
         put(name, merge_rows([parts[i] for i in sorted(parts)], params[name].dtype))
+    for module in modules.values():
+        if isinstance(module, Experts):
+            module.finish_loading()
     missing = set(params) - loaded
     if missing:
         raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")

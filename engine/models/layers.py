@@ -95,9 +95,14 @@ class Attention(DirectCall, nn.Module):
         self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, pack)
         self.o_proj = Linear(self.q_size, config.hidden_size, config.o_bias, pack)
         self.q_norm = self.k_norm = None
+        # OLMoE's norms span every head's values at once; the others' each head's.
+        self.qk_norm_across_heads = config.qk_norm_across_heads
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels.ops)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels.ops)
+            q_width, k_width = self.head_dim, self.head_dim
+            if config.qk_norm_across_heads:
+                q_width, k_width = self.q_size, self.kv_size
+            self.q_norm = RMSNorm(q_width, config.rms_norm_eps, kernels.ops)
+            self.k_norm = RMSNorm(k_width, config.rms_norm_eps, kernels.ops)
 
     def forward(
         self,
@@ -109,7 +114,9 @@ class Attention(DirectCall, nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
+        if self.qk_norm_across_heads:
+            q, k = self.q_norm.each_row(q, self.q_size), self.k_norm.each_row(k, self.kv_size)
+        elif self.q_norm is not None:
             q, k = self.q_norm.each_row(q, self.head_dim), self.k_norm.each_row(k, self.head_dim)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -183,13 +190,16 @@ class DecoderLayer(DirectCall, nn.Module):
         sliding_window: int | None,
         kernels: Kernels,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         ops = kernels.ops
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = Attention(config, sliding_window, kernels, all_reduce)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config, ops, all_reduce)
+        # ``mlp``: a mixture-of-experts layer's experts (models/moe.py), in place of the
+        # dense MLP.
+        self.mlp = mlp if mlp is not None else MLP(config, ops, all_reduce)
         self.attn_output_norm = self.mlp_output_norm = None
         if config.sandwich_norms:
             self.attn_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)

@@ -35,7 +35,14 @@ VOCAB_PARALLEL = ("embed_tokens", "lm_head")
 
 def check_divisible(config: ModelConfig, world_size: int) -> None:
     """ConfigError naming the numbers when the heads or the MLP do not split evenly
-    (the vocabulary is padded, so it always does)."""
+    (the vocabulary is padded, so it always does); ConfigError for a mixture-of-experts
+    model, whose experts are not split over ranks yet."""
+    if config.moe is not None and world_size > 1:
+        raise ConfigError(
+            f"tensor_parallel_size {world_size}: {config.architecture} is a mixture-of-experts "
+            "model, and tensor parallelism does not split expert layers over ranks yet; run "
+            "it with tensor_parallel_size 1"
+        )
     sizes = {
         "attention heads": config.num_heads,
         "KV heads": config.num_kv_heads,

@@ -212,9 +212,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             if self.config.enforce_eager or not self.attention.supports_cuda_graphs:
                 return None
-            if self.sliding_window is not None:
-                # The graphs' static buffers hold one group's block tables.
-                logger.info("CUDA graphs off: the sliding-window layers have their own KV")
+            if self.sliding_window is not None or self.model.config.moe is not None:
+                # The graphs' static buffers hold one group's block tables; experts'
+                # work is sized on the host per step (kernels/moe_triton.py).
+                logger.info("CUDA graphs off: sliding layers' own KV, or routed experts")
                 return None
             return DecodeGraphs.capture(self)
         return decoder_stack_path(self.model, kernels, self.kv_caches, self.lora)

@@ -5,6 +5,7 @@
 #include "cpu_kernels.h"
 #include "decoder_stack_cpu.h"
 #include "lora_cpu.h"
+#include "moe_cpu.h"
 
 // The kernels that take long run without the GIL, as torch's own operators do: the
 // server's event loop (streaming the last step's tokens) goes on beside them.
@@ -55,6 +56,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::string&, int64_t>(),
            py::arg("packed"), py::arg("qtype"), py::arg("bias"), py::arg("gated"),
            py::arg("then"), py::arg("activation_bits") = 8);
+  py::class_<MoeBlock, std::shared_ptr<MoeBlock>>(m, "MoeBlock")
+      .def(py::init<at::Tensor, at::Tensor, std::string, at::Tensor, std::string,
+                    const std::string&, int64_t, int64_t, bool, std::optional<PackedLinear>,
+                    std::optional<PackedLinear>, std::optional<at::Tensor>>(),
+           py::arg("router"), py::arg("gate_up"), py::arg("gate_up_qtype"), py::arg("down"),
+           py::arg("down_qtype"), py::arg("activation"), py::arg("activation_bits"),
+           py::arg("top_k"), py::arg("renormalize"), py::arg("shared_gate_up") = py::none(),
+           py::arg("shared_down") = py::none(), py::arg("shared_gate") = py::none())
+      .def("forward", &MoeBlock::forward, "x [tokens, hidden] -> the block's output",
+           py::arg("x"), without_gil())
+      .def("experts", &MoeBlock::experts,
+           "the routed experts alone, combined: (x, expert_ids, weights) -> [tokens, hidden]",
+           py::arg("x"), py::arg("expert_ids"), py::arg("weights"), without_gil());
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, double, double, double>(), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
@@ -63,7 +77,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("cos"),
            py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
-           py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none())
+           py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none(),
+           py::arg("qk_norm_across_heads") = false, py::arg("moe") = nullptr)
       .def("set_lora", &DecoderStack::set_lora, "a LoRA adapter's weights on a projection",
            py::arg("layer"), py::arg("projection"), py::arg("slot"), py::arg("weights"))
       .def("remove_lora", &DecoderStack::remove_lora, "a LoRA slot emptied", py::arg("slot"))

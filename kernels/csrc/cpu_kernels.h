@@ -4,9 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
@@ -29,6 +31,12 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
                                  const std::optional<at::Tensor>& scales);
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
                             const std::optional<at::Tensor>& bias, int64_t activation_bits = 8);
+// quantized_linear over several packed weights, each on its own run of x's rows (fp32),
+// into out [R, N] fp32, in one parallel pass: a mixture-of-experts step's experts.
+void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& row_offsets,
+                              const std::vector<const uint8_t*>& weights, int64_t panels,
+                              int64_t panel_bytes, const std::string& qtype,
+                              int64_t activation_bits, at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cpu_kernels.h"
+#include "moe_cpu.h"
 
 namespace {
 
@@ -38,8 +39,13 @@ at::Tensor PackedLinear::linear(const at::Tensor& x) const {
 
 at::Tensor PackedLinear::activate(const at::Tensor& out) const {
   switch (then) {
-    case GatedActivation::kSilu:
-      return silu_and_mul(out);
+    case GatedActivation::kSilu: {
+      if (out.scalar_type() != at::kFloat) return silu_and_mul(out);
+      // fp32 (a mixture-of-experts block's shared expert): torch's ops, as the
+      // reference (kernels/activation.py) computes it
+      const int64_t d = out.size(-1) / 2;
+      return at::silu(out.narrow(-1, 0, d)) * out.narrow(-1, d, d);
+    }
     case GatedActivation::kGeluTanh: {
       // torch's ops, as kernels/activation.py's gelu_tanh_and_mul_ref calls them in bf16
       const int64_t d = out.size(-1) / 2;
@@ -61,23 +67,29 @@ DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head
       softcap_(softcap) {}
 
 void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
-                             PackedLinear qkv, PackedLinear o, PackedLinear gate_up,
-                             PackedLinear down, int64_t window, at::Tensor cos, at::Tensor sin,
-                             std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                             PackedLinear qkv, PackedLinear o, std::optional<PackedLinear> gate_up,
+                             std::optional<PackedLinear> down, int64_t window, at::Tensor cos,
+                             at::Tensor sin, std::optional<at::Tensor> q_norm,
+                             std::optional<at::Tensor> k_norm,
                              std::optional<at::Tensor> attn_output_norm,
-                             std::optional<at::Tensor> mlp_output_norm) {
+                             std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
+                             std::shared_ptr<MoeBlock> moe) {
+  TORCH_CHECK((gate_up.has_value() && down.has_value()) != (moe != nullptr),
+              "a layer has either a dense MLP (gate_up and down) or a mixture-of-experts block");
   layers_.push_back(DecoderLayerWeights{
       std::move(input_norm), std::move(post_attention_norm), std::move(qkv), std::move(o),
       std::move(gate_up), std::move(down), window, std::move(cos), std::move(sin),
       std::move(q_norm), std::move(k_norm), std::move(attn_output_norm),
-      std::move(mlp_output_norm)});
+      std::move(mlp_output_norm), qk_norm_across_heads, std::move(moe)});
 }
 
 void DecoderStack::set_lora(int64_t layer, int64_t projection, int64_t slot,
                             std::shared_ptr<LoRAWeights> weights) {
   TORCH_CHECK(0 <= layer && layer < static_cast<int64_t>(layers_.size()), "no such layer");
   TORCH_CHECK(0 <= projection && projection < 4, "projection: 0 qkv, 1 o, 2 gate_up, 3 down");
-  TORCH_CHECK(projection != 2 || !layers_[layer].gate_up.gated,
+  TORCH_CHECK(projection < 2 || layers_[layer].gate_up.has_value(),
+              "LoRA on the MLP of a mixture-of-experts layer");
+  TORCH_CHECK(projection != 2 || !layers_[layer].gate_up->gated,
               "LoRA on a gate_up packed with its activation fused in");
   layers_[layer].lora[projection][slot] = std::move(weights);
 }
@@ -137,8 +149,13 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     qkv = layer.qkv.activate(qkv);
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
-    if (layer.q_norm) q = norm_each_head(q, *layer.q_norm);
-    if (layer.k_norm) k = norm_each_head(k, *layer.k_norm);
+    if (layer.qk_norm_across_heads) {  // as RMSNorm.each_row over the whole projection
+      q = rms_norm(q.contiguous(), *layer.q_norm, eps_);
+      k = rms_norm(k.contiguous(), *layer.k_norm, eps_);
+    } else {
+      if (layer.q_norm) q = norm_each_head(q, *layer.q_norm);
+      if (layer.k_norm) k = norm_each_head(k, *layer.k_norm);
+    }
     q = q.view({tokens, num_heads_, head_dim_});
     k = k.view({tokens, num_kv_heads_, head_dim_});
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size)
@@ -157,12 +174,16 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =
         fused_add_rms_norm(projected, residual, layer.post_attention_norm, eps_);
-    at::Tensor gate_up = layer.gate_up.linear(normed);
-    add_lora(layer, 2, gate_up, normed, lora);
-    const at::Tensor activated = layer.gate_up.activate(gate_up);
-    hidden = layer.down.linear(activated);
-    add_lora(layer, 3, hidden, activated, lora);
-    hidden = layer.down.activate(hidden);
+    if (layer.moe) {
+      hidden = layer.moe->forward(normed);
+    } else {
+      at::Tensor gate_up = layer.gate_up->linear(normed);
+      add_lora(layer, 2, gate_up, normed, lora);
+      const at::Tensor activated = layer.gate_up->activate(gate_up);
+      hidden = layer.down->linear(activated);
+      add_lora(layer, 3, hidden, activated, lora);
+      hidden = layer.down->activate(hidden);
+    }
     if (layer.mlp_output_norm) hidden = rms_norm(hidden, *layer.mlp_output_norm, eps_);
   }
   return {hidden, residual};

@@ -13,6 +13,8 @@
 
 #include "lora_cpu.h"
 
+class MoeBlock;  // moe_cpu.h
+
 // The activation-and-mul a merged gate_up projection's output goes through after the
 // kernel, where the kernel does not fuse it.
 enum class GatedActivation { kNone, kSilu, kGeluTanh };
@@ -43,12 +45,17 @@ struct PackedLinear {
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   at::Tensor post_attention_norm;
-  PackedLinear qkv, o, gate_up, down;
+  PackedLinear qkv, o;
+  std::optional<PackedLinear> gate_up, down;  // the dense MLP; none in a sparse layer
   int64_t window;        // sliding window, 0 for none
   at::Tensor cos, sin;   // this layer's RoPE tables, fp32 [max_positions, head_dim]
   // The parts past Llama's, where the model has them: RMSNorms over each head of q and
-  // k before RoPE (Qwen3, Gemma 3), and on the attention's and the MLP's outputs (Gemma)
+  // k before RoPE (Qwen3, Gemma 3), or over all heads at once (OLMoE), and on the
+  // attention's and the MLP's outputs (Gemma)
   std::optional<at::Tensor> q_norm, k_norm, attn_output_norm, mlp_output_norm;
+  bool qk_norm_across_heads;
+  // A sparse layer's mixture-of-experts block, in place of gate_up and down
+  std::shared_ptr<MoeBlock> moe;
   // LoRA adapters' weights on qkv, o, gate_up and down (in that order), by slot
   std::array<std::map<int64_t, std::shared_ptr<LoRAWeights>>, 4> lora{};
 };
@@ -66,11 +73,14 @@ class DecoderStack {
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                double scale, double softcap);
 
+  // gate_up and down: the dense MLP's, or none where `moe` (a sparse layer's) is given.
   void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
-                 PackedLinear o, PackedLinear gate_up, PackedLinear down, int64_t window,
-                 at::Tensor cos, at::Tensor sin, std::optional<at::Tensor> q_norm,
+                 PackedLinear o, std::optional<PackedLinear> gate_up,
+                 std::optional<PackedLinear> down, int64_t window, at::Tensor cos,
+                 at::Tensor sin, std::optional<at::Tensor> q_norm,
                  std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
-                 std::optional<at::Tensor> mlp_output_norm);
+                 std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
+                 std::shared_ptr<MoeBlock> moe);
 
   // A LoRA adapter's weights on one projection of a layer (0 qkv, 1 o, 2 gate_up,
   // 3 down), in its slot; and a slot emptied in every layer.

@@ -46,10 +46,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
+
+#include "parallel_by_work.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #define QUANTIZED_LINEAR_BUILT 1
@@ -811,4 +815,127 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
   }
 #endif
   return out;
+}
+
+#if defined(QUANTIZED_LINEAR_BUILT)
+namespace {
+
+// Calls f with the QType as a compile-time constant.
+template <typename F>
+void with_qtype(QType t, const F& f) {
+  switch (t) {
+    case QType::Q8_0: f(std::integral_constant<QType, QType::Q8_0>{}); break;
+    case QType::Q4_0: f(std::integral_constant<QType, QType::Q4_0>{}); break;
+    case QType::Q4_1: f(std::integral_constant<QType, QType::Q4_1>{}); break;
+    case QType::Q5_0: f(std::integral_constant<QType, QType::Q5_0>{}); break;
+    case QType::Q5_1: f(std::integral_constant<QType, QType::Q5_1>{}); break;
+    case QType::Q4_K: f(std::integral_constant<QType, QType::Q4_K>{}); break;
+    case QType::Q5_K: f(std::integral_constant<QType, QType::Q5_K>{}); break;
+    case QType::Q6_K: f(std::integral_constant<QType, QType::Q6_K>{}); break;
+    case QType::I8: f(std::integral_constant<QType, QType::I8>{}); break;
+  }
+}
+
+// The activations of rows row0 .. of a.
+Activations rows_from(const Activations& a, int64_t row0) {
+  return Activations{a.values + row0 * a.k,       a.scale + row0 * a.blocks,
+                     a.offset + row0 * a.blocks * 2, a.sum + row0 * a.blocks,
+                     a.k,                           a.blocks,
+                     a.low ? a.low + row0 * a.k : nullptr};
+}
+
+// Panels per unit of work: about 256 KiB of weights, an even count (the 2-panel steps).
+constexpr int64_t kGroupedUnitBytes = 256 << 10;
+
+}  // namespace
+#endif
+
+// x [R, K] fp32 whose rows come in groups (group g: rows row_offsets[g] ..
+// row_offsets[g + 1] - 1), each group times its own packed weight (weights[g]: `panels`
+// panels of panel_bytes, as pack_quantized_weight lays them out) -> out [R, panels x 16]
+// fp32. One pass over all groups' weights, split among the threads by work (a unit is
+// ~256 KiB of one weight's panels, its cost its bytes times its rows plus a constant
+// for streaming them): a mixture-of-experts step's active experts, each read once for
+// all its tokens (kernels/csrc/moe_cpu.cpp).
+void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& row_offsets,
+                              const std::vector<const uint8_t*>& weights, int64_t panels,
+                              int64_t panel_bytes, const std::string& qtype,
+                              int64_t activation_bits, at::Tensor& out) {
+  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI");
+  const QType t = parse_qtype(qtype);
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x [R, K] fp32, contiguous");
+  TORCH_CHECK(row_offsets.size() == weights.size() + 1, "one run of rows per weight");
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, n = panels * kPanel;
+  TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
+  TORCH_CHECK(panel_bytes == kPanel * packed_row_bytes(t, k), "packed weights do not fit x");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == rows &&
+                  out.size(1) == n,
+              "out [R, N] fp32");
+  TORCH_CHECK(row_offsets.front() == 0 && row_offsets.back() == rows, "the groups cover x");
+  if (rows == 0) return;
+#if defined(QUANTIZED_LINEAR_BUILT)
+  const bool wide = activation_bits == 16;
+  const int64_t value_planes = wide ? 2 : 1;
+  auto buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks},
+                          x.options().dtype(at::kByte));
+  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
+  int8_t* low = wide ? q + rows * k : nullptr;
+  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
+  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
+  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (wide) {
+        quantize_row<true>(xp + r * k, blocks, t, q + r * k, low + r * k, scale + r * blocks,
+                           offsets + 2 * r * blocks, sums + r * blocks);
+      } else {
+        quantize_row<false>(xp + r * k, blocks, t, q + r * k, nullptr, scale + r * blocks,
+                            offsets + 2 * r * blocks, sums + r * blocks);
+      }
+    }
+  });
+  const Activations a{q, scale, offsets, sums, k, blocks, low};
+  // Units of work: (group, first panel, end panel).
+  const int64_t unit = std::max<int64_t>(2, kGroupedUnitBytes / panel_bytes / 2 * 2);
+  std::vector<std::array<int64_t, 3>> units;
+  std::vector<int64_t> work;
+  for (size_t g = 0; g + 1 < row_offsets.size(); ++g) {
+    const int64_t group_rows = row_offsets[g + 1] - row_offsets[g];
+    if (group_rows == 0) continue;
+    for (int64_t p = 0; p < panels; p += unit) {
+      const int64_t end = std::min(panels, p + unit);
+      units.push_back({static_cast<int64_t>(g), p, end});
+      work.push_back((end - p) * (group_rows + 4));
+    }
+  }
+  float* op = out.data_ptr<float>();
+  parallel_for_by_work(work, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t g = units[i][0], begin = units[i][1], end = units[i][2];
+      const int64_t row0 = row_offsets[g], group_rows = row_offsets[g + 1] - row0;
+      const Activations ag = rows_from(a, row0);
+      with_qtype(t, [&](auto type) {
+        auto run = [&](auto wide_values) {
+          constexpr QType T = decltype(type)::value;
+          constexpr bool W = decltype(wide_values)::value;
+          if (group_rows <= kFewRows) {
+            multiply_range<T, W, 1, float>(ag, group_rows, weights[g], begin, end, panel_bytes,
+                                           nullptr, op + row0 * n, n);
+          } else {
+            multiply_range<T, W, 2, float>(ag, group_rows, weights[g], begin, end, panel_bytes,
+                                           nullptr, op + row0 * n, n);
+          }
+        };
+        if (wide) {
+          run(std::true_type{});
+        } else {
+          run(std::false_type{});
+        }
+      });
+    }
+  });
+#endif
 }

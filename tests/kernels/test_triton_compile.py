@@ -308,6 +308,72 @@ VARIANTS = [
         dict(RANK=64, BLOCK_N=64),
         dict(num_warps=4),
     ),
+    (  # mixture-of-experts: gate_up, rows gathered by token
+        "moe-grouped-gemm-gate-up-bf16",
+        "hetero_infer.kernels.moe_triton:_grouped_gemm_kernel",
+        {
+            "out_ptr": "*bf16",
+            "x_ptr": "*bf16",
+            "w_ptr": "*bf16",
+            "rows_ptr": "*i32",
+            "block_experts_ptr": "*i32",
+            "weights_ptr": "*fp32",
+        },  # fmt: skip
+        dict(
+            TOP_K=8,
+            GATHER_TOKENS=True,
+            MUL_WEIGHT=False,
+            DOT_FP32=False,
+            BLOCK_M=16,
+            BLOCK_N=64,
+            BLOCK_K=64,
+        ),  # fmt: skip
+        dict(num_warps=4, num_stages=2),
+    ),
+    (  # mixture-of-experts: down, scaled by the routing weights
+        "moe-grouped-gemm-down-fp16",
+        "hetero_infer.kernels.moe_triton:_grouped_gemm_kernel",
+        {
+            "out_ptr": "*fp16",
+            "x_ptr": "*fp16",
+            "w_ptr": "*fp16",
+            "rows_ptr": "*i32",
+            "block_experts_ptr": "*i32",
+            "weights_ptr": "*fp32",
+        },  # fmt: skip
+        dict(
+            TOP_K=2,
+            GATHER_TOKENS=False,
+            MUL_WEIGHT=True,
+            DOT_FP32=False,
+            BLOCK_M=16,
+            BLOCK_N=64,
+            BLOCK_K=64,
+        ),  # fmt: skip
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "moe-grouped-gemm-fp32",
+        "hetero_infer.kernels.moe_triton:_grouped_gemm_kernel",
+        {
+            "out_ptr": "*fp32",
+            "x_ptr": "*fp32",
+            "w_ptr": "*fp32",
+            "rows_ptr": "*i32",
+            "block_experts_ptr": "*i32",
+            "weights_ptr": "*fp32",
+        },  # fmt: skip
+        dict(
+            TOP_K=4,
+            GATHER_TOKENS=True,
+            MUL_WEIGHT=True,
+            DOT_FP32=True,
+            BLOCK_M=16,
+            BLOCK_N=64,
+            BLOCK_K=64,
+        ),  # fmt: skip
+        dict(num_warps=4, num_stages=2),
+    ),
     (
         "silu_and_mul",
         "hetero_infer.kernels.activation_triton:_silu_and_mul_kernel",
