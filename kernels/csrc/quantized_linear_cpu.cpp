@@ -721,6 +721,22 @@ void multiply(const Activations& a, int64_t rows, const uint8_t* packed, int64_t
   });
 }
 
+// Calls f with the QType as a compile-time constant.
+template <typename F>
+void with_qtype(QType t, const F& f) {
+  switch (t) {
+    case QType::Q8_0: f(std::integral_constant<QType, QType::Q8_0>{}); break;
+    case QType::Q4_0: f(std::integral_constant<QType, QType::Q4_0>{}); break;
+    case QType::Q4_1: f(std::integral_constant<QType, QType::Q4_1>{}); break;
+    case QType::Q5_0: f(std::integral_constant<QType, QType::Q5_0>{}); break;
+    case QType::Q5_1: f(std::integral_constant<QType, QType::Q5_1>{}); break;
+    case QType::Q4_K: f(std::integral_constant<QType, QType::Q4_K>{}); break;
+    case QType::Q5_K: f(std::integral_constant<QType, QType::Q5_K>{}); break;
+    case QType::Q6_K: f(std::integral_constant<QType, QType::Q6_K>{}); break;
+    case QType::I8: f(std::integral_constant<QType, QType::I8>{}); break;
+  }
+}
+
 }  // namespace
 #endif
 
@@ -794,17 +810,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
         multiply<decltype(type)::value, false, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
       }
     };
-    switch (t) {
-      case QType::Q8_0: with(std::integral_constant<QType, QType::Q8_0>{}); break;
-      case QType::Q4_0: with(std::integral_constant<QType, QType::Q4_0>{}); break;
-      case QType::Q4_1: with(std::integral_constant<QType, QType::Q4_1>{}); break;
-      case QType::Q5_0: with(std::integral_constant<QType, QType::Q5_0>{}); break;
-      case QType::Q5_1: with(std::integral_constant<QType, QType::Q5_1>{}); break;
-      case QType::Q4_K: with(std::integral_constant<QType, QType::Q4_K>{}); break;
-      case QType::Q5_K: with(std::integral_constant<QType, QType::Q5_K>{}); break;
-      case QType::Q6_K: with(std::integral_constant<QType, QType::Q6_K>{}); break;
-      case QType::I8: with(std::integral_constant<QType, QType::I8>{}); break;
-    }
+    with_qtype(t, with);
   };
   if (x.scalar_type() == at::kFloat) {
     quantize(xc.data_ptr<float>());
@@ -819,22 +825,6 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
 
 #if defined(QUANTIZED_LINEAR_BUILT)
 namespace {
-
-// Calls f with the QType as a compile-time constant.
-template <typename F>
-void with_qtype(QType t, const F& f) {
-  switch (t) {
-    case QType::Q8_0: f(std::integral_constant<QType, QType::Q8_0>{}); break;
-    case QType::Q4_0: f(std::integral_constant<QType, QType::Q4_0>{}); break;
-    case QType::Q4_1: f(std::integral_constant<QType, QType::Q4_1>{}); break;
-    case QType::Q5_0: f(std::integral_constant<QType, QType::Q5_0>{}); break;
-    case QType::Q5_1: f(std::integral_constant<QType, QType::Q5_1>{}); break;
-    case QType::Q4_K: f(std::integral_constant<QType, QType::Q4_K>{}); break;
-    case QType::Q5_K: f(std::integral_constant<QType, QType::Q5_K>{}); break;
-    case QType::Q6_K: f(std::integral_constant<QType, QType::Q6_K>{}); break;
-    case QType::I8: f(std::integral_constant<QType, QType::I8>{}); break;
-  }
-}
 
 // The activations of rows row0 .. of a.
 Activations rows_from(const Activations& a, int64_t row0) {
