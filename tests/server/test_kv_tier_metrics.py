@@ -21,6 +21,8 @@ def scrape(engine: LLMEngine) -> dict[tuple[str, tuple], float]:
         memory_stats=engine.memory_stats,
         rejections={},
         block_size=engine.config.block_size,
+        lora=None,
+        lora_requests_info=engine.lora_requests_info,
     )
     server = ServerMetrics()
     server.bind(lambda: view, "tiny")

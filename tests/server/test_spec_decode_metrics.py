@@ -16,7 +16,12 @@ STATS = dict.fromkeys(
 
 def _scrape(metrics: EngineMetrics) -> dict[str, list]:
     engine = SimpleNamespace(
-        metrics=metrics, memory_stats=lambda: STATS, rejections={}, block_size=16
+        metrics=metrics,
+        memory_stats=lambda: STATS,
+        rejections={},
+        block_size=16,
+        lora=None,
+        lora_requests_info=lambda: ([], []),
     )
     server = ServerMetrics()
     server.bind(lambda: engine, "tiny")
