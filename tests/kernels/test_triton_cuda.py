@@ -29,9 +29,12 @@ from hetero_infer.kernels.paged_attention_triton import AttentionTiles, choose_t
 from hetero_infer.kernels.triton_utils import device_info, interpreting  # noqa: E402
 
 from tests.kernels import test_linear_quantized_triton as quantized  # noqa: E402
+from tests.kernels import test_lora_kernels as lora  # noqa: E402
+from tests.kernels import test_moe_triton as moe  # noqa: E402
 from tests.kernels import test_triton_attention as attention  # noqa: E402
 from tests.kernels import test_triton_elementwise as elementwise  # noqa: E402
 from tests.kernels.batches import make_batch  # noqa: E402
+from tests.kernels.batches import quantized as quantized_cache  # noqa: E402
 from tests.kernels.checks import assert_close  # noqa: E402
 from tests.kernels.test_quantized_linear import randn  # noqa: E402
 
@@ -221,6 +224,13 @@ def test_attention_split_context_on_cuda(on_cuda, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", KINDS)
+def test_attention_gemma3_head_dim_on_cuda(on_cuda, kind):
+    """Gemma 3's heads of 256 values (4 query heads on one KV head), in bf16."""
+    check_attention((1, 4, 256), torch.bfloat16, KINDS[kind](BLOCK_SIZE))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", KINDS)
 def test_attention_sliding_window_bf16_on_cuda(on_cuda, kind):
     check_attention(SHAPES["gqa3-head20"], torch.bfloat16, KINDS[kind](BLOCK_SIZE), window=7)
 
@@ -249,6 +259,38 @@ def test_strided_inputs_and_mixed_dtypes_on_cuda(on_cuda):
     fp32 weight."""
     attention.test_attention_strided_query()
     elementwise.test_rms_norm_fp32_weight_promotes_like_the_reference()
+
+
+# ---- quantized KV caches (kernels/kv_quant.py) ----
+
+
+@pytest.mark.cuda
+@cases_of(attention.test_int8_cache_matches_dequantized_reference)
+def test_int8_cache_on_cuda(on_cuda, group, head_dim, window, num_splits, softcap):
+    attention.test_int8_cache_matches_dequantized_reference(
+        group, head_dim, window, num_splits, softcap
+    )
+
+
+@pytest.mark.cuda
+@cases_of(attention.test_int8_store_kv_matches_reference)
+def test_int8_store_kv_on_cuda(on_cuda, head_dim):
+    attention.test_int8_store_kv_matches_reference(head_dim)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_fp8_cache_on_cuda(on_cuda, head_dim, kind):
+    """e4m3 values, which the interpreter cannot run: the compiled store and attention
+    against the fp32 reference on the same rows rounded to e4m3 (by torch's store)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9")
+    batch = make_batch(KINDS[kind](BLOCK_SIZE), BLOCK_SIZE, 2, 2, head_dim, torch.bfloat16, seed=5)
+    batch = quantized_cache(batch, torch.float8_e4m3fn)
+    out = attention.run_triton(batch, None)
+    expected = attention.quantized_reference(batch, None, None)
+    assert_close(out, expected, torch.bfloat16, f"fp8 {kind}")
 
 
 # ---- RMSNorm, RoPE, SiLU-and-mul ----
@@ -280,3 +322,52 @@ def test_silu_and_mul_on_cuda(on_cuda, dtype, num_rows, d):
 @pytest.mark.parametrize("qtype", quantized.TYPES)
 def test_quantized_linear_on_cuda(on_cuda, qtype, case):
     check_quantized_linear(qtype, *QUANTIZED_CASES[case])
+
+
+# ---- LoRA's grouped update and the experts' grouped GEMM ----
+
+
+def cuda_tensors(packed: tuple) -> tuple:
+    """A NamedTuple of tensors (packed weights) with each on the GPU."""
+    return type(packed)(*(t.cuda() for t in packed))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_lora_on_cuda(on_cuda, dtype):
+    """test_lora_kernels' step (rows of three adapters and none, up to rank 64) on the GPU."""
+    from hetero_infer.kernels.lora_triton import add_lora_triton, pack_lora_triton
+
+    rows = len(lora.ROW_ADAPTERS)
+    x = lora.random(rows, lora.IN, seed=200).to(dtype)
+    base = lora.random(rows, lora.COLUMNS, seed=201).to(dtype)
+    groups = [(r.cuda(), cuda_tensors(p)) for r, p in lora.groups_of(pack_lora_triton, dtype)]
+    out = add_lora_triton(base.cuda(), x.cuda(), groups).cpu()
+    assert_close(out, lora.expected_out(x, base).to(dtype), dtype, "add_lora_triton")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float16, 2e-2)])
+def test_moe_on_cuda(on_cuda, dtype, tolerance):
+    """test_moe_triton's block (6 experts, top 2, 9 tokens) on the GPU: fp32 must stay
+    IEEE fp32 in tl.dot (no TF32) to hold 1e-5."""
+    from hetero_infer.kernels.moe import MoeLayerSpec
+    from hetero_infer.kernels.moe_triton import pack_moe_triton
+
+    h, w, e = moe.HIDDEN, moe.WIDTH, moe.EXPERTS
+    spec = MoeLayerSpec(
+        router=moe.randn(e, h, seed=8, dtype=dtype),
+        gate_up=moe.randn(e, 2 * w, h, seed=9, dtype=dtype) * 0.2,
+        down=moe.randn(e, h, w, seed=10, dtype=dtype) * 0.2,
+        activation="silu",
+        top_k=moe.TOP_K,
+        renormalize=True,
+        shared=None,
+    )
+    on_gpu = dataclasses.replace(
+        spec, router=spec.router.cuda(), gate_up=spec.gate_up.cuda(), down=spec.down.cuda()
+    )
+    x = moe.randn(9, h, seed=11, dtype=dtype)
+    out = pack_moe_triton(on_gpu)(x.cuda()).cpu()
+    expected = moe.reference(x, spec)
+    assert (out.float() - expected).abs().max().item() <= tolerance * expected.abs().max().item()
