@@ -61,6 +61,8 @@ TESTS_DIR = REPO_ROOT / "tests"
 PACKAGE_PARTS = ("engine", "kernels", "server")
 DEFAULT_MODEL = "qwen2.5-0.5b-shape"
 EXIT_FAILED = 1
+# Compiled kernels; the test workers' CPU threads (transformers' references) split the cores.
+CUDA_TESTS_ENV = {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "2"}
 EXIT_NO_GPU = 2
 
 
@@ -150,8 +152,14 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     tests = cuda_tests()
     files = sorted({test.split("::")[0] for test in tests})
     pytest_command = [python, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider"]
-    if importlib.util.find_spec("xdist"):  # compiling the kernels is the CPU's work
-        pytest_command += ["-n", "4", "--dist", "loadfile"]
+    # Compiling the kernels and the references on the CPU are most of the time: 8
+    # workers share the GPU (each test sizes its own KV pool). A test that hangs fails
+    # alone, so that the report is written.
+    if importlib.util.find_spec("xdist"):
+        pytest_command += ["-n", "8"]
+    if importlib.util.find_spec("pytest_timeout"):
+        pytest_command += ["--timeout", "100"]
+    pytest_command += ["-v", "--tb=short", "-rfE"]
     pytest_command += [f"--junitxml={runs / 'cuda-tests.xml'}", *files]
     kernels_command = [python, "-m", "bench.kernels", "--batch", "1,32", "--context"]
     kernels_command += ["1024,8192", "--tokens", "1,4096", "--rows", "1,16"]
@@ -159,7 +167,7 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     throughput_command = [python, "-m", "bench.throughput", "--systems", "ours"]
     throughput_command += ["--model", model, "--num-requests", "64", "--timeout", "140"]
     throughput_command += ["--out", str(runs)]
-    steps = [Step("cuda tests", pytest_command, 220, {"TRITON_INTERPRET": "0"})] if files else []
+    steps = [Step("cuda tests", pytest_command, 220, CUDA_TESTS_ENV)] if files else []
     return steps + [
         Step("kernels", kernels_command, 110),
         Step("throughput", throughput_command, 150),

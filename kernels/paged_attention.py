@@ -53,10 +53,12 @@ def store_kv_ref(
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    key, value = to_cache(key, k_cache.dtype), to_cache(value, v_cache.dtype)
     num_kv_heads, row = k_cache.shape[2:]
-    k_cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, value)
+    for new, cache in ((key, k_cache), (value, v_cache)):
+        new, rows = to_cache(new, cache.dtype), cache.view(-1, num_kv_heads, row)
+        if rows.element_size() == 1:  # index_copy_ has no fp8 kernel on the CPU: bytes
+            new, rows = new.view(torch.uint8), rows.view(torch.uint8)
+        rows.index_copy_(0, slot_mapping, new)
 
 
 def prepare_torch_attention(

@@ -28,8 +28,9 @@ from tests.tiny_models import TINY_MODELS, save_tiny_model
 ARCHITECTURES = ["llama", "qwen3", "gemma3", "phi3", "mixtral", "qwen2_moe", "olmoe"]
 REGIMES = {"plain": {}, "chunked": {"max_num_batched_tokens": 40}}
 PARAMS = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
-# Room for the 20 prompts at once, and decode graphs captured at 1 to 32 sequences only.
-MAX_NUM_SEQS = 32
+# Room for the 20 prompts at once (a pool of its own size, not a share of the GPU's
+# memory, which other tests' processes hold too), decode graphs at 1 to 32 sequences.
+POOL = dict(max_num_seqs=32, max_num_blocks=512, max_model_len=1024)
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -57,7 +58,7 @@ def assert_matches(engine: LLMEngine, prompts, expected, requests=None) -> None:
 @pytest.mark.parametrize("regime", REGIMES)
 def test_greedy_on_cuda_matches_transformers(tiny, regime):
     folder, prompts, expected = tiny
-    settings = dict(dtype="float32", device="cuda", max_num_seqs=MAX_NUM_SEQS, **REGIMES[regime])
+    settings = dict(dtype="float32", device="cuda", **POOL, **REGIMES[regime])
     config = EngineConfig(model=str(folder), **settings)
     assert_matches(LLMEngine(config), prompts, expected)
 
@@ -76,9 +77,9 @@ def test_lora_on_cuda_matches_merged_weights(tmp_path):
         model=str(folder),
         dtype="float32",
         device="cuda",
-        max_num_seqs=MAX_NUM_SEQS,
         enable_lora=True,
         max_loras=3,
+        **POOL,
     )
     engine = LLMEngine(config)
     for name, path in adapters.items():
