@@ -26,6 +26,18 @@ hides the cache's), Gemma-3-270M's top-1 picks agreed with an unrounded cache at
 with a scale per row and 99.4% per 32 values. The scales sit beside their values so
 that a block's copy or swap moves them too, and a kernel reads both from the same cache
 lines.
+
+An int8 cache keeps its keys rotated (where head_dim is a multiple of 32): each group of
+32 values times the normalized 32x32 Hadamard matrix before it is quantized
+(``rotate_groups``). A key's outlier dims are spread over its group, whose scale is then
+set by a typical magnitude rather than by the outlier, so the other values keep more
+steps. The matrix is orthogonal, so a query rotated alike gives the same scores: the
+kernels rotate the query once rather than every key they read, and the torch reference
+rotates the keys back (``keys_from_cache``). Values are stored as they are: their
+rounding moved the logits a third as much as the keys'. Teacher-forced with fp32
+activations on 1,369 tokens of text, SmolLM2's mean change of the text's log-likelihood
+per token fell from 0.018 to 0.012 and its flipped top-1 picks from 17 to 8 (values
+in groups of 16 instead, at a byte more per 32 values, left 12 flips).
 """
 
 from __future__ import annotations
@@ -35,6 +47,10 @@ import torch
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCALE_GROUP = 32  # values per int8 scale, where head_dim is a multiple of it
 INT8_MAX = 127.0
+HADAMARD_NORM = SCALE_GROUP**-0.5  # the rotation's scale, so that it is orthogonal
+# Bumped whenever the bytes a given key or value is stored as change (disk tier files
+# of another format are never read: engine/kv/fingerprint.py).
+KV_FORMAT = 2  # 2: int8 keys rotated
 INV_INT8_MAX = 1.0 / 127.0  # the scale is max|x| times this, rounded to fp32, then fp16
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
@@ -65,6 +81,39 @@ def stored_head_size(head_dim: int, cache_dtype: torch.dtype) -> int:
     """Elements a (token, KV head) row takes in the cache: its values, and its scales
     where the cache is int8."""
     return head_dim + scale_bytes(head_dim) if cache_dtype == torch.int8 else head_dim
+
+
+def rotates_keys(cache_dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether a cache of ``cache_dtype`` keeps keys rotated: int8, in whole groups of 32."""
+    return cache_dtype == torch.int8 and head_dim % SCALE_GROUP == 0
+
+
+def rotate_groups(x: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] in fp32 with each group of 32 values times the normalized
+    32x32 Hadamard matrix (Sylvester's order), which is its own inverse. The butterflies
+    and their order are the C++ kernel's, so that both round alike."""
+    rows = x.float().reshape(-1, SCALE_GROUP)
+    half = 1
+    while half < SCALE_GROUP:
+        pairs = rows.view(rows.shape[0], -1, 2, half)
+        low, high = pairs[:, :, 0], pairs[:, :, 1]
+        rows = torch.stack((low + high, low - high), dim=2).view(rows.shape)
+        half *= 2
+    return (rows * HADAMARD_NORM).view(x.shape)
+
+
+def keys_to_cache(key: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """New keys [..., head_dim] as the cache stores them (rotated in an int8 cache)."""
+    if rotates_keys(cache_dtype, key.shape[-1]):
+        key = rotate_groups(key)
+    return to_cache(key, cache_dtype)
+
+
+def keys_from_cache(cache: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Cached key rows as keys in ``dtype``, rotated back where the cache rotates them."""
+    if not rotates_keys(cache.dtype, head_dim):
+        return from_cache(cache, head_dim, dtype)
+    return rotate_groups(from_cache(cache, head_dim, torch.float32)).to(dtype)
 
 
 def quantize_kv_rows(x: torch.Tensor) -> torch.Tensor:

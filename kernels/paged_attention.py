@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
-from hetero_infer.kernels.kv_quant import from_cache, to_cache
+from hetero_infer.kernels.kv_quant import from_cache, keys_from_cache, keys_to_cache, to_cache
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,8 +54,9 @@ def store_kv_ref(
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     num_kv_heads, row = k_cache.shape[2:]
+    key, value = keys_to_cache(key, k_cache.dtype), to_cache(value, v_cache.dtype)
     for new, cache in ((key, k_cache), (value, v_cache)):
-        new, rows = to_cache(new, cache.dtype), cache.view(-1, num_kv_heads, row)
+        rows = cache.view(-1, num_kv_heads, row)
         if rows.element_size() == 1:  # index_copy_ has no fp8 kernel on the CPU: bytes
             new, rows = new.view(torch.uint8), rows.view(torch.uint8)
         rows.index_copy_(0, slot_mapping, new)
@@ -106,7 +107,7 @@ def paged_attention_ref(
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_heads, head_dim = query.shape[1:]
     # [num_seqs, num_kv_heads, max_ctx, head_dim]
-    keys = from_cache(k_cache[meta.block_tables], head_dim, query.dtype)
+    keys = keys_from_cache(k_cache[meta.block_tables], head_dim, query.dtype)
     values = from_cache(v_cache[meta.block_tables], head_dim, query.dtype)
     keys = keys.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
     values = values.view(num_seqs, max_blocks * block_size, num_kv_heads, -1)
@@ -169,7 +170,7 @@ def decode_attention_ref(
     max_ctx = max_blocks * block_size
     flat_tables = block_tables.flatten().long()
     # [num_seqs, max_ctx, num_kv_heads, head_dim]
-    keys = from_cache(k_cache.index_select(0, flat_tables), head_dim, torch.float32)
+    keys = keys_from_cache(k_cache.index_select(0, flat_tables), head_dim, torch.float32)
     values = from_cache(v_cache.index_select(0, flat_tables), head_dim, torch.float32)
     keys = keys.view(num_seqs, max_ctx, num_kv_heads, -1)
     values = values.view(num_seqs, max_ctx, num_kv_heads, -1)

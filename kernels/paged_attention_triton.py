@@ -27,7 +27,13 @@ import torch
 import triton
 import triton.language as tl
 from hetero_infer.kernels.attention_backend import AttentionInputs
-from hetero_infer.kernels.kv_quant import SCALE_GROUP, scale_group, stored_head_size
+from hetero_infer.kernels.kv_quant import (
+    SCALE_GROUP,
+    rotate_groups,
+    rotates_keys,
+    scale_group,
+    stored_head_size,
+)
 from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     check_last_dim_contiguous,
@@ -187,13 +193,15 @@ def store_kv_triton(
     assert k_cache.shape == v_cache.shape, (k_cache.shape, v_cache.shape)
     row = stored_head_size(head_dim, k_cache.dtype)
     assert (cache_heads, cache_dim) == (num_kv_heads, row), (k_cache.shape, key.shape)
-    assert key.dtype == value.dtype and k_cache.dtype == v_cache.dtype
-    assert quant or key.dtype == k_cache.dtype, (key.dtype, k_cache.dtype)
+    assert k_cache.dtype == v_cache.dtype
+    assert quant or key.dtype == value.dtype == k_cache.dtype, (key.dtype, k_cache.dtype)
     assert slot_mapping.shape == (num_tokens,) and slot_mapping.is_contiguous()
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
     if num_tokens == 0:
         return
+    if rotates_keys(k_cache.dtype, head_dim):  # quantized from fp32, as the torch store
+        key = rotate_groups(key)
     info = device_info(key)
     heads_pad, head_pad = next_pow2(num_kv_heads), next_pow2(head_dim)
     block_t = rows_per_program(num_tokens, heads_pad * head_pad, info)
@@ -548,6 +556,8 @@ def paged_attention_triton(
     assert softcap is None or softcap > 0, softcap
 
     info = device_info(query)
+    if rotates_keys(k_cache.dtype, head_dim):  # the same scores against rotated keys
+        query = rotate_groups(query).to(query.dtype)
     group = num_heads // num_kv_heads
     head_pad = max(16, next_pow2(head_dim))
     if tiles is None:

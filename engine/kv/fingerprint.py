@@ -3,7 +3,8 @@
 Two engines share files only where every input below agrees: the weights (their files'
 names, sizes and modification times, and the model's config), the dtype the KV is kept
 in, the quantization (it changes the activations, so the keys and values), the block
-size and the KV layout (layers, KV heads, head size per group), and this file format.
+size and the KV layout (layers, KV heads, head size per group), how a key or value is
+stored in those bytes (kv_quant.KV_FORMAT), and this file format.
 A file written under another fingerprint lives in another folder, and its header
 names its fingerprint too (block_file.py), so it is never read as this model's.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_infer.engine.kv.block_file import MAGIC
+from hetero_infer.kernels.kv_quant import KV_FORMAT
 
 
 def _weight_files(path: Path) -> list[dict[str, Any]]:
@@ -43,6 +45,7 @@ def kv_fingerprint(
     cache group, global first."""
     described = {
         "format": MAGIC.hex(),
+        "kv_format": KV_FORMAT,
         "weights": str(weights.resolve()),
         "files": _weight_files(weights),
         "model_config": repr(model_config),

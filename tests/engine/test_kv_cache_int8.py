@@ -1,8 +1,6 @@
 """The int8 KV cache (``kv_cache_dtype="int8"``) against the unrounded one on the real
 models: teacher-forced on a fixed text (tests/engine/test_quantized_smollm2.py's
-measure), the perplexity stays within 1% and the next-token picks agree at the
-measured rates (the aim is 99%: Gemma-3-270M reaches it, SmolLM2 falls one token of
-406 short).
+measure), the perplexity stays within 1% and the next-token picks agree at 99% or more.
 
 The picks are compared with fp32 activations, where the cache's rounding is the only
 one that differs: the unrounded cache is then fp32, a stricter reference than a bf16
@@ -25,15 +23,15 @@ pytestmark = pytest.mark.slow
 
 # Gemma-3-270M's sliding layers see 512 tokens: twice the text reaches past them.
 MODELS = {"smollm2": (None, TEXT), "gemma-3-270m": ("gemma-3-270m", TEXT + "\n\n" + TEXT)}
-# Measured top-1 agreement with the unrounded cache (one scale per 32 values): fp32
-# activations 98.8% (SmolLM2, 401 of 406 tokens) and 99.3% (Gemma, 809); bf16 96.8%
-# and 98.4%. Perplexity within 0.2%, but SmolLM2 in bf16 +0.98%. Each rate moves by a
-# token or two with the order of the kernel's sums.
+# Measured top-1 agreement with the unrounded cache (a scale per 32 values, keys
+# rotated): fp32 activations 99.5% (SmolLM2, 404 of 406 tokens; Gemma, 805 of 809);
+# bf16 96.3% and 98.3%. Perplexity within 0.1%, but SmolLM2 in bf16 +0.85%. Each rate
+# moves by a token or two with the order of the kernel's sums.
 LEAST_AGREEMENT = {
-    ("smollm2", "float32"): 0.985,
+    ("smollm2", "float32"): 0.99,
     ("gemma-3-270m", "float32"): 0.99,
-    ("smollm2", "bfloat16"): 0.96,
-    ("gemma-3-270m", "bfloat16"): 0.98,
+    ("smollm2", "bfloat16"): 0.955,
+    ("gemma-3-270m", "bfloat16"): 0.975,
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.kv_quant import from_cache, stored_head_size
+from hetero_infer.kernels.kv_quant import stored_head_size
 from hetero_infer.kernels.paged_attention import (
     decode_attention_ref,
     paged_attention_ref,
@@ -49,11 +49,11 @@ def module():
 def padded_reference(
     batch: Batch, window: int | None, softcap: float | None = None
 ) -> torch.Tensor:
-    """fp32 padded torch reference on upcast copies of the (already filled) cache."""
+    """fp32 padded torch reference on the (already filled) cache, which it reads as fp32
+    (dequantized, and an int8 cache's keys rotated back)."""
     meta = prepare_torch_attention(batch.inputs, batch.k_cache.shape[1], {window})
-    head_dim = batch.query.shape[-1]
-    caches = tuple(from_cache(c, head_dim, torch.float32) for c in (batch.k_cache, batch.v_cache))
-    return paged_attention_ref(batch.query.float(), *caches, meta, SCALE, window, softcap)
+    query = batch.query.float()
+    return paged_attention_ref(query, batch.k_cache, batch.v_cache, meta, SCALE, window, softcap)
 
 
 def decode_batch(dtype: torch.dtype, block_size: int, num_kv_heads: int, group: int, head_dim: int):
@@ -131,6 +131,29 @@ def test_one_sequence_split_by_heads_equals_the_batched_rows(
             assert torch.equal(alone[0], together[row]), row
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("cache", ["model", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (1500, 30.0)])
+def test_long_contexts_split_among_idle_threads(module, dtype, cache, window, softcap):
+    """Fewer (sequence, KV head) items than threads and contexts of 512 keys a thread or
+    more: each context is split into parts whose softmax partials are combined. Beside
+    2,100 keys, 3 give parts with no key at all."""
+    batch = make_batch([(2099, 1), (2, 1)], 16, 1, 4, 64, dtype, seed=21)
+    if cache == "int8":
+        batch = quantized(batch)
+    store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
+    inputs = batch.inputs
+    args = (batch.k_cache, batch.v_cache, inputs.block_tables, inputs.context_lens, SCALE)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)  # 2 items: 4 parts of each
+    try:
+        actual = decode_attention_cpu(module, batch.query, *args, window, softcap)
+    finally:
+        torch.set_num_threads(previous)
+    expected = padded_reference(batch, window, softcap)
+    assert_close(actual, expected, dtype, "split contexts vs padded reference")
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 40])

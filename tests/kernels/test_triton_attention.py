@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from hetero_infer.kernels.kv_quant import from_cache, stored_head_size  # noqa: E402
+from hetero_infer.kernels.kv_quant import stored_head_size  # noqa: E402
 from hetero_infer.kernels.paged_attention import (  # noqa: E402
     paged_attention_ref,
     prepare_torch_attention,
@@ -176,10 +176,8 @@ def test_store_kv_matches_reference_and_skips_padding(dtype, block_size):
 def quantized_reference(batch: Batch, window: int | None, softcap: float | None) -> torch.Tensor:
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_ref(batch.key, batch.value, k_cache, v_cache, batch.inputs.slot_mapping)
-    head_dim = batch.query.shape[-1]
-    k_cache, v_cache = (from_cache(c, head_dim, torch.float32) for c in (k_cache, v_cache))
     meta = prepare_torch_attention(batch.inputs, k_cache.shape[1], {window})
-    query = batch.query.float()
+    query = batch.query.float()  # the caches read as fp32 (int8 keys rotated back)
     return paged_attention_ref(query, k_cache, v_cache, meta, SCALE, window, softcap)
 
 
