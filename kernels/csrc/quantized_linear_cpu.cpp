@@ -418,6 +418,33 @@ void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, int8_t*
   }
 }
 
+// x [rows, K] quantized row by row (quantize_row) into one buffer, which `buffer` holds:
+// values [rows, K] int8 (wide: their high bytes, then their low bytes [rows, K]), then per
+// block the scales, 2 offsets and sums, 4 bytes each (K % 32 == 0: all aligned).
+template <typename scalar_t>
+Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QType t, bool wide,
+                                 at::Tensor& buffer) {
+  const int64_t blocks = k / kBlock, value_planes = wide ? 2 : 1;
+  buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks}, at::kByte);
+  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
+  int8_t* low = wide ? q + rows * k : nullptr;
+  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
+  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
+  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
+  at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (wide) {
+        quantize_row<true>(x + r * k, blocks, t, q + r * k, low + r * k, scale + r * blocks,
+                           offsets + 2 * r * blocks, sums + r * blocks);
+      } else {
+        quantize_row<false>(x + r * k, blocks, t, q + r * k, nullptr, scale + r * blocks,
+                            offsets + 2 * r * blocks, sums + r * blocks);
+      }
+    }
+  });
+  return Activations{q, scale, offsets, sums, k, blocks, low};
+}
+
 inline void store16(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
 inline void store16(at::BFloat16* out, __m512 v) {  // round to nearest even
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
@@ -754,7 +781,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
   TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
                   (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "x [M, K] bf16 or fp32 on the CPU");
-  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock;
+  const int64_t rows = x.size(0), k = x.size(1);
   TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(1) == kPanel * packed_row_bytes(t, k),
@@ -769,35 +796,11 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
   if (rows == 0) return out;
 #if defined(QUANTIZED_LINEAR_BUILT)
   auto xc = x.contiguous();
-  // One buffer for the quantized activations: values [M, K] int8 (wide: their high
-  // bytes, then their low bytes [M, K]), then per block the scales, 2 offsets and sums,
-  // 4 bytes each.
-  const int64_t value_planes = wide ? 2 : 1;
-  auto buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks},
-                          x.options().dtype(at::kByte));
-  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
-  int8_t* low = wide ? q + rows * k : nullptr;
-  // K % 32 == 0: aligned
-  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
-  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
-  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
-  auto quantize = [&](const auto* xp) {
-    at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        auto row = [&](auto wide_values) {
-          quantize_row<decltype(wide_values)::value>(
-              xp + r * k, blocks, t, q + r * k, wide ? low + r * k : nullptr, scale + r * blocks,
-              offsets + 2 * r * blocks, sums + r * blocks);
-        };
-        if (wide) {
-          row(std::true_type{});
-        } else {
-          row(std::false_type{});
-        }
-      }
-    });
-  };
-  const Activations a{q, scale, offsets, sums, k, blocks, low};
+  at::Tensor buffer;
+  const Activations a =
+      x.scalar_type() == at::kFloat
+          ? quantize_activations(xc.data_ptr<float>(), rows, k, t, wide, buffer)
+          : quantize_activations(xc.data_ptr<at::BFloat16>(), rows, k, t, wide, buffer);
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t panel_bytes = packed.size(1);
@@ -813,10 +816,8 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
     with_qtype(t, with);
   };
   if (x.scalar_type() == at::kFloat) {
-    quantize(xc.data_ptr<float>());
     run(out.data_ptr<float>());
   } else {
-    quantize(xc.data_ptr<at::BFloat16>());
     run(out.data_ptr<at::BFloat16>());
   }
 #endif
@@ -857,7 +858,7 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x [R, K] fp32, contiguous");
   TORCH_CHECK(row_offsets.size() == weights.size() + 1, "one run of rows per weight");
-  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlock, n = panels * kPanel;
+  const int64_t rows = x.size(0), k = x.size(1), n = panels * kPanel;
   TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
   TORCH_CHECK(panel_bytes == kPanel * packed_row_bytes(t, k), "packed weights do not fit x");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == rows &&
@@ -866,28 +867,10 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
   TORCH_CHECK(row_offsets.front() == 0 && row_offsets.back() == rows, "the groups cover x");
   if (rows == 0) return;
 #if defined(QUANTIZED_LINEAR_BUILT)
+  at::Tensor buffer;
+  const Activations a =
+      quantize_activations(x.data_ptr<float>(), rows, k, t, activation_bits == 16, buffer);
   const bool wide = activation_bits == 16;
-  const int64_t value_planes = wide ? 2 : 1;
-  auto buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks},
-                          x.options().dtype(at::kByte));
-  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
-  int8_t* low = wide ? q + rows * k : nullptr;
-  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
-  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
-  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
-  const float* xp = x.data_ptr<float>();
-  at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (wide) {
-        quantize_row<true>(xp + r * k, blocks, t, q + r * k, low + r * k, scale + r * blocks,
-                           offsets + 2 * r * blocks, sums + r * blocks);
-      } else {
-        quantize_row<false>(xp + r * k, blocks, t, q + r * k, nullptr, scale + r * blocks,
-                            offsets + 2 * r * blocks, sums + r * blocks);
-      }
-    }
-  });
-  const Activations a{q, scale, offsets, sums, k, blocks, low};
   // Units of work: (group, first panel, end panel).
   const int64_t unit = std::max<int64_t>(2, kGroupedUnitBytes / panel_bytes / 2 * 2);
   std::vector<std::array<int64_t, 3>> units;
