@@ -51,6 +51,7 @@ _EXPORTS = {
     "add_lora_ref": "lora",
     "pack_lora_ref": "lora",
     # how the KV cache stores keys and values (kv_cache_dtype)
+    "KV_FORMAT": "kv_quant",
     "kv_cache_torch_dtype": "kv_quant",
     "stored_head_size": "kv_quant",
     # quantized weights, as the loaders read them and the linear layers keep them

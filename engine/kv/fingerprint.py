@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_infer.engine.kv.block_file import MAGIC
-from hetero_infer.kernels.kv_quant import KV_FORMAT
+from hetero_infer.kernels import KV_FORMAT
 
 
 def _weight_files(path: Path) -> list[dict[str, Any]]:
