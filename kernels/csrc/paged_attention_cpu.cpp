@@ -777,8 +777,9 @@ at::Tensor decode_attention(
 namespace {
 
 // One head's values (a key's rotated first where `rotate`) as int8 with their groups' fp16
-// scales after them (kernels/kv_quant.py's rule, per group: scale = fp16(max|x| * (1 / 127)), q = round-half-even(x * (127 / max|x|)),
-// a group of zeros all zeros).
+// scales after them (kernels/kv_quant.py's rule, per group:
+// scale = fp16(max|x| * (1 / 127)), q = round-half-even(x * (127 / max|x|)), a group of
+// zeros all zeros).
 template <typename scalar_t>
 void quantize_head(const scalar_t* src, int8_t* dst, int64_t head_dim, bool rotate,
                    float* buffer) {
