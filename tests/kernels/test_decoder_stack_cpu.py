@@ -118,11 +118,9 @@ def test_decode_steps_over_an_int8_cache_equal_the_layers_to_the_bit(model_dir) 
     assert torch.equal(stacked, layered)
 
 
-@pytest.mark.parametrize("quantization", QUANTIZATIONS)
-def test_decode_steps_equal_the_layers_at_any_thread_count(model_dir, quantization) -> None:
-    """The stack's kernels split their work by torch's thread count as the layers' do:
-    the same bits at 1 to 4 threads (restored after)."""
-    runner = engine_for(model_dir, quantization).runner
+def assert_decodes_equal_the_layers_at_each_thread_count(runner) -> None:
+    """A decode step of 4 sequences through the stack and through the layers: the same
+    bits, and the same at each of THREADS."""
     results = []
     for threads in THREADS:
         with torch_threads(threads), torch.inference_mode():
@@ -130,6 +128,13 @@ def test_decode_steps_equal_the_layers_at_any_thread_count(model_dir, quantizati
         assert torch.equal(stacked, layered), threads
         results.append(stacked)
     assert all(torch.equal(result, results[0]) for result in results[1:])
+
+
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_decode_steps_equal_the_layers_at_any_thread_count(model_dir, quantization) -> None:
+    """The stack's kernels split their work by torch's thread count as the layers' do:
+    the same bits at 1 to 4 threads (restored after)."""
+    assert_decodes_equal_the_layers_at_each_thread_count(engine_for(model_dir, quantization).runner)
 
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)

@@ -10,13 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from hetero_infer.engine.models.moe import SparseMoe
 from hetero_infer.kernels import decoder_stack_cpu
 from hetero_infer.kernels.moe_cpu import CpuMoe
 
-from tests.kernels.test_cpu_threads import THREADS, torch_threads
-from tests.kernels.test_decoder_stack_cpu import engine_for, random_prompts, run_both_ways
+from tests.kernels.test_decoder_stack_cpu import (
+    assert_decodes_equal_the_layers_at_each_thread_count,
+    engine_for,
+    random_prompts,
+)
 from tests.tiny_models import MOE_MODELS, save_tiny_model
 
 pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
@@ -35,14 +37,7 @@ def test_every_sparse_layer_runs_the_expert_kernel(model_dir) -> None:
 
 
 def test_decode_steps_equal_the_layers_to_the_bit(model_dir) -> None:
-    runner = engine_for(model_dir, "int8").runner
-    results = []
-    for threads in THREADS:
-        with torch_threads(threads), torch.inference_mode():
-            stacked, layered = run_both_ways(runner, [(40, 1), (7, 1), (100, 1), (3, 1)])
-        assert torch.equal(stacked, layered), threads
-        results.append(stacked)
-    assert all(torch.equal(result, results[0]) for result in results[1:])
+    assert_decodes_equal_the_layers_at_each_thread_count(engine_for(model_dir, "int8").runner)
 
 
 def test_greedy_generation_is_unchanged(model_dir) -> None:
