@@ -84,7 +84,8 @@ SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)]  # Smol
 # gguf-py quantizes these; the K-quants (256-value super-blocks) are made of raw bytes.
 SIMPLE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
-ROWS = [1, 3, 8, 17, 64, 130]  # below, at and past the tiles (8; 6 x 2 panels)
+# Below, at and past the tiles: 8 rows of one panel up to 16 rows, then 6 of two panels.
+ROWS = [1, 3, 8, 16, 17, 64, 130]
 
 
 def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -> QuantizedWeight:
