@@ -3,14 +3,19 @@
 // draw. The definition (and the order) is kernels/sampling.py's; this follows it.
 //
 // Each row is one thread's, start to end, so a row's result does not depend on the
-// batch or the thread count. A row is a handful of vectorised passes over its fp32 copy
-// (max, exp and sum, the final sum and the walk), plus selection where it truncates:
+// batch or the thread count. A row is two vectorised passes over the vocabulary: its
+// fp32 copy with its maximum, then the weights (exp) with their sum, which also
+// gathers the heavy ones (kHeavy); then selection where it truncates:
 //   - top-k's k-th largest logit: the logits within a margin of the maximum (widened
 //     until there are k of them), then nth_element over those few;
-//   - top-p's threshold: the weights above a floor (lowered until they hold the mass
-//     asked for: every token below it is then dropped), then a quickselect that
-//     partitions by weight and keeps count of the mass above;
-// never a sort of the vocabulary. The draw is one uniform per row (philox_uniform).
+//   - top-p's threshold: the weights above a floor (the heavy ones, or a floor lowered
+//     until they hold the mass asked for: every token below it is then dropped), then
+//     a quickselect that partitions by weight and keeps count of the mass above;
+// never a sort of the vocabulary. The draw is one uniform per row (philox_uniform),
+// found by a walk over the heavy weights alone where the truncation keeps no others
+// (a chat request's top-p), else over the row by blocks. On 16 rows of Gemma-3-270M's
+// 262k-token logits (2 threads) this took 1.28 ms where separate passes for the
+// maximum, top-p's candidates and the walk's block sums took 1.90.
 //
 // Built with -ffast-math, which assumes no infinities: excluded tokens get a finite
 // sentinel far below any logit, whose weight exp() takes to exactly 0.
@@ -30,8 +35,15 @@
 namespace {
 
 constexpr float kExcluded = -1e30f;
-// Tokens per block of the draw's walk.
+// Tokens per block of the draw's walk, and of the passes that fuse two loops.
 constexpr int64_t kDrawBlock = 256;
+// Weights (the top token's being 1) at or above this are gathered as they are
+// computed. Most rows have their mass in a few of them: in 99% of Gemma-3-270M's chat
+// rows (temperature 0.7) they held the 0.95 that top-p asked for, where at 1/1024 84%
+// did and the others took more passes over the row.
+constexpr float kHeavy = 1.f / 16384;
+// Weights counted at once before any is gathered (few groups hold a heavy one).
+constexpr int64_t kHeavyGroup = 64;
 
 // ---- Philox4x32-10 (kernels/philox.py is the reference) ----
 
@@ -85,6 +97,8 @@ struct Batch {
 // Per-thread buffers, reused row after row.
 struct Scratch {
   std::vector<float> logits, weights, candidates;
+  std::vector<float> heavy;  // the weights at or above kHeavy, in vocabulary order
+  std::vector<int64_t> heavy_index;
   std::vector<double> block_sums;
   std::vector<int64_t> kept_index;  // top-k's tokens, and their logits
   std::vector<float> kept_logits;
@@ -131,6 +145,14 @@ void apply_penalties(const Batch& b, int64_t r, float* row, Scratch& s) {
   }
 }
 
+// Whether process_row may change the row's values.
+bool processes(const Batch& b, int64_t r) {
+  const bool penalized = b.presence != nullptr &&
+                         (b.repetition[r] != 1.f || b.frequency[r] != 0.f || b.presence[r] != 0.f);
+  return penalized || b.allowed != nullptr || has_entries(b.bias_offsets, r) ||
+         has_entries(b.banned_offsets, r);
+}
+
 void process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
   if (has_entries(b.bias_offsets, r)) {
     for (int64_t j = b.bias_offsets[r]; j < b.bias_offsets[r + 1]; ++j)
@@ -157,6 +179,18 @@ void process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
 float row_max(const float* row, int64_t n) {
   float best = row[0];
   for (int64_t i = 1; i < n; ++i) best = std::max(best, row[i]);  // vectorises
+  return best;
+}
+
+// The row into fp32, returning its maximum: one pass, by blocks still in cache.
+template <typename scalar_t>
+float load_row_max(const scalar_t* src, float* dst, int64_t n) {
+  float best = static_cast<float>(src[0]);
+  for (int64_t i = 0; i < n; i += kDrawBlock) {
+    const int64_t count = std::min(kDrawBlock, n - i);
+    load_row(src + i, dst + i, count);
+    best = std::max(best, row_max(dst + i, count));
+  }
   return best;
 }
 
@@ -195,21 +229,46 @@ float kth_largest(const float* row, int64_t n, int64_t k, float top, std::vector
   return cand[k - 1];
 }
 
-// The lightest weight top-p keeps: the least w among the weights whose strictly
-// heavier ones weigh less than `mass` (> 0) in all.
-float top_p_threshold(const float* weights, int64_t n, double mass, std::vector<float>& cand) {
-  // Weights at or above a floor that together reach `mass` hold every kept one: any
-  // token below the floor has at least that much strictly heavier than it. Most rows
-  // have their mass in a few heavy tokens: gathered in one pass at a floor of 1/1024.
-  float floor = 1.f / 1024;
-  cand.clear();
-  double held = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (weights[i] >= floor) {  // a branch the predictor mostly gets right
-      cand.push_back(weights[i]);
-      held += weights[i];
+// weights[i] = exp((logits[i] - top) / temperature) for the n logits, the heavy ones
+// also gathered into s (in order); returns the weights' sum.
+double weigh(const float* logits, int64_t n, float top, float temperature, float* weights,
+             Scratch& s) {
+  double total = 0;
+  s.heavy.clear();
+  s.heavy_index.clear();
+  for (int64_t j = 0; j < n; j += kDrawBlock) {
+    const int64_t end = std::min(n, j + kDrawBlock);
+    for (int64_t i = j; i < end; ++i) {
+      weights[i] = std::exp((logits[i] - top) / temperature);  // vectorised exp
+      total += weights[i];
+    }
+    for (int64_t g = j; g < end; g += kHeavyGroup) {
+      const int64_t group_end = std::min(end, g + kHeavyGroup);
+      int32_t hits = 0;
+      for (int64_t i = g; i < group_end; ++i) hits += weights[i] >= kHeavy;  // vectorises
+      if (hits == 0) continue;  // most groups
+      for (int64_t i = g; i < group_end; ++i) {
+        if (weights[i] >= kHeavy) {
+          s.heavy.push_back(weights[i]);
+          s.heavy_index.push_back(i);
+        }
+      }
     }
   }
+  return total;
+}
+
+// The lightest weight top-p keeps: the least w among the weights whose strictly
+// heavier ones weigh less than `mass` (> 0) in all.
+float top_p_threshold(const float* weights, int64_t n, double mass, Scratch& s) {
+  std::vector<float>& cand = s.candidates;
+  // Weights at or above a floor that together reach `mass` hold every kept one: any
+  // token below the floor has at least that much strictly heavier than it. Most rows
+  // have their mass in the heavy tokens, gathered already.
+  float floor = kHeavy;
+  cand.assign(s.heavy.begin(), s.heavy.end());
+  double held = 0;
+  for (const float w : s.heavy) held += w;
   if (held < mass) {
     // A flat row: lower the floor 16-fold at a time by vectorised sums (the fewer
     // weights gathered, the less to select from), then gather
@@ -289,6 +348,23 @@ int64_t walk(const float* weights, int64_t n, float threshold, double u, Scratch
   return last;  // u * total rounded up to the total
 }
 
+// The walk over the heavy weights alone (in vocabulary order), when the threshold
+// (>= kHeavy) keeps no other.
+int64_t walk_heavy(const Scratch& s, float threshold, double u) {
+  double total = 0;
+  for (const float w : s.heavy) total += w >= threshold ? w : 0.f;
+  const double target = u * total;
+  double running = 0;
+  int64_t last = 0;
+  for (size_t j = 0; j < s.heavy.size(); ++j) {
+    if (s.heavy[j] < threshold) continue;
+    running += s.heavy[j];
+    last = s.heavy_index[j];
+    if (running > target) return last;
+  }
+  return last;  // u * total rounded up to the total
+}
+
 // A random row: temperature, truncation, the draw. Returns the token.
 int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch& s) {
   const int64_t n = b.vocab;
@@ -311,27 +387,29 @@ int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch
     count = static_cast<int64_t>(s.kept_logits.size());
   }
   float* weights = s.weights.data();
-  const float temperature = b.temperature[r];
-  double total = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    weights[i] = std::exp((logits[i] - top) / temperature);  // vectorised exp
-    total += weights[i];
-  }
+  const double total = weigh(logits, count, top, b.temperature[r], weights, s);
   float threshold = 0.f;
   if (b.top_p[r] < 1.f) {
     const double mass = total * static_cast<double>(b.top_p[r]);
-    threshold = top_p_threshold(weights, count, mass, s.candidates);
+    threshold = top_p_threshold(weights, count, mass, s);
   }
-  // min-p against the heaviest weight, exp(0) = 1 (the top logit is never dropped).
-  if (b.min_p[r] > 0.f) threshold = std::max(threshold, b.min_p[r] * row_max(weights, count));
-  const int64_t at = walk(weights, count, threshold, b.uniforms[r], s);
+  // min-p against the heaviest weight, exp(0) = 1 (the top logit is never dropped),
+  // which is among the heavy ones.
+  if (b.min_p[r] > 0.f) {
+    const float heaviest = *std::max_element(s.heavy.begin(), s.heavy.end());
+    threshold = std::max(threshold, b.min_p[r] * heaviest);
+  }
+  const int64_t at = threshold >= kHeavy ? walk_heavy(s, threshold, b.uniforms[r])
+                                         : walk(weights, count, threshold, b.uniforms[r], s);
   return logits == row ? at : s.kept_index[at];
 }
 
-void sample_row(const Batch& b, int64_t r, float* row, int64_t* token, float* logprob,
-                Scratch& s) {
-  process_row(b, r, row, s);
-  const float top = row_max(row, b.vocab);
+// `loaded_max`: the row's maximum as loaded, before process_row.
+void sample_row(const Batch& b, int64_t r, float* row, float loaded_max, int64_t* token,
+                float* logprob, Scratch& s) {
+  const bool processed = processes(b, r);
+  if (processed) process_row(b, r, row, s);
+  const float top = processed ? row_max(row, b.vocab) : loaded_max;
   *token = b.temperature[r] > 0.f ? draw_row(b, r, row, top, s)
                                   : first_index_of(row, b.vocab, top);
   *logprob = b.wants_logprob[r] ? row[*token] - top - log_sum_exp_shifted(row, b.vocab, top)
@@ -447,8 +525,9 @@ std::tuple<at::Tensor, at::Tensor> sample(
       scratch.logits.resize(vocab);
       scratch.weights.resize(vocab);
       for (int64_t r = begin; r < end; ++r) {
-        load_row(data + r * vocab, scratch.logits.data(), vocab);
-        sample_row(batch, r, scratch.logits.data(), token_out + r, logprob_out + r, scratch);
+        const float loaded_max = load_row_max(data + r * vocab, scratch.logits.data(), vocab);
+        sample_row(batch, r, scratch.logits.data(), loaded_max, token_out + r, logprob_out + r,
+                   scratch);
       }
     });
   });
