@@ -69,8 +69,9 @@ class KernelOps:
     silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
     # x [num_tokens, 2 * d] -> gelu_tanh(x[:, :d]) * x[:, d:] (Gemma's GeGLU)
     gelu_tanh_and_mul: Callable[[Tensor], Tensor] = gelu_tanh_and_mul_ref
-    # logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
-    greedy_pick: Callable[[Tensor], tuple[Tensor, Tensor]] = greedy_pick_ref
+    # (logits [rows, vocab], with_logprobs) -> (each row's argmax token, its log-softmax
+    # value in fp32, or NaN without with_logprobs)
+    greedy_pick: Callable[[Tensor, bool], tuple[Tensor, Tensor]] = greedy_pick_ref
     # (logits [rows, vocab], SamplingTensors on their device) -> (tokens [rows], the
     # chosen tokens' logprobs [rows], NaN where not asked): kernels/sampling.py
     sample: Callable[[Tensor, SamplingTensors], tuple[Tensor, Tensor]] = sample_ref
@@ -162,8 +163,9 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
             return module.silu_and_mul(x)
         return silu_and_mul_ref(x)
 
-    def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
-        return module.greedy_pick(logits.contiguous())  # any dtype, in one pass per row
+    def greedy_pick(logits: Tensor, with_logprobs: bool = True) -> tuple[Tensor, Tensor]:
+        # any dtype, in one pass per row
+        return module.greedy_pick(logits.contiguous(), with_logprobs)
 
     def sample(logits: Tensor, tensors: SamplingTensors) -> tuple[Tensor, Tensor]:
         return module.sample(logits.contiguous(), *tensors.fields())

@@ -4,8 +4,9 @@ One kernel call samples the whole batch (kernels/sampling.py defines it: bias,
 penalties, banned and disallowed tokens, then greedy or temperature with top-k, top-p
 and min-p, and one keyed uniform per random row; C++ on the CPU, Triton on CUDA); a
 batch of plain greedy rows takes the one-pass greedy kernel instead. Logprobs are
-computed only for the rows that ask: the chosen token's in the kernel, the top
-alternatives here, from the processed logits of those rows alone.
+computed only for the rows that ask (none on the greedy kernel's path): the chosen
+token's in the kernel, the top alternatives here, from the processed logits of those
+rows alone.
 
 The log-probabilities are of the distribution after logit bias, min_tokens masking,
 the grammar and penalties, before temperature and top-k/top-p/min-p truncation: with
@@ -28,8 +29,9 @@ from hetero_infer.kernels import (
     truncated_weights_ref,
 )
 
-# logits [rows, vocab] -> (each row's argmax token, its log-softmax value in fp32)
-GreedyPick = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (logits [rows, vocab], with_logprobs) -> (each row's argmax token, its log-softmax
+# value in fp32 or NaN)
+GreedyPick = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]]
 # (logits [rows, vocab], SamplingTensors) -> (tokens, chosen logprobs or NaN)
 SampleFn = Callable[[torch.Tensor, SamplingTensors], tuple[torch.Tensor, torch.Tensor]]
 
@@ -46,8 +48,8 @@ class Sampler:
     ) -> tuple[list[int], list[float], list[Logprobs | None]]:
         """logits [rows, vocab] -> (token ids, their logprobs (NaN where not asked), top
         logprobs where asked: {chosen token: logprob, then the row's best k: theirs})."""
-        if meta.tensors is None:
-            tokens, chosen = self.greedy_pick(logits)
+        if meta.tensors is None:  # greedy rows that ask for no logprobs
+            tokens, chosen = self.greedy_pick(logits, False)
             return tokens.tolist(), chosen.tolist(), [None] * logits.shape[0]
         tokens, chosen = self.sample(logits, meta.tensors)
         token_list, chosen_list = tokens.tolist(), chosen.tolist()

@@ -38,7 +38,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
         py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"),
         py::arg("activation_bits") = 8, without_gil());
-  m.def("greedy_pick", &greedy_pick, "argmax token of each row and its log-probability");
+  m.def("greedy_pick", &greedy_pick,
+        "argmax token of each row and its log-probability (NaN unless with_logprobs)",
+        py::arg("logits"), py::arg("with_logprobs") = true, without_gil());
   m.def("philox_uniform", &philox_uniform,
         "Philox4x32-10 uniforms in [0, 1) for keys [n] and counters [n, 2]");
   m.def("sample", &sample,

@@ -40,7 +40,7 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at::Tensor& q,
                                           const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin, bool is_neox);
-std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits);
+std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits, bool with_logprobs);
 at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters);
 std::tuple<at::Tensor, at::Tensor> sample(
     const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,

@@ -1,5 +1,7 @@
 // Greedy decoding's whole sampling step in one pass over each row of logits: the
-// argmax token and its log-probability, logit - logsumexp(row).
+// argmax token and its log-probability, logit - logsumexp(row), where asked (the exp
+// pass over a 262k-token row is most of the time: 16 rows of Gemma-3-270M's logits
+// took 0.9 ms with it, 0.3 without).
 //
 // In torch that is a cast to fp32, argmax, then logsumexp's max, subtract, exp and sum,
 // each a pass over [rows, vocab] with a temporary of that size (~10 ms a step at 128
@@ -10,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -36,22 +39,23 @@ float sum_of_exp(const float* row, int64_t n, float shift) {
 }
 
 template <typename scalar_t>
-void pick_rows(const scalar_t* logits, int64_t rows, int64_t vocab, int64_t* tokens,
-               float* logprobs) {
+void pick_rows(const scalar_t* logits, int64_t rows, int64_t vocab, bool with_logprobs,
+               int64_t* tokens, float* logprobs) {
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> row(vocab);
     for (int64_t r = begin; r < end; ++r) {
       load_row(logits + r * vocab, row.data(), vocab);
       float best;
       tokens[r] = first_argmax(row.data(), vocab, best);
-      logprobs[r] = -std::log(sum_of_exp(row.data(), vocab, best));
+      logprobs[r] = with_logprobs ? -std::log(sum_of_exp(row.data(), vocab, best))
+                                  : std::numeric_limits<float>::quiet_NaN();
     }
   });
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits) {
+std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits, bool with_logprobs) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
               "logits must be a contiguous [rows, vocab]");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
@@ -59,8 +63,8 @@ std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits) {
   auto logprobs = at::empty({rows}, logits.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, logits.scalar_type(), "greedy_pick", [&] {
-        pick_rows(logits.data_ptr<scalar_t>(), rows, vocab, tokens.data_ptr<int64_t>(),
-                  logprobs.data_ptr<float>());
+        pick_rows(logits.data_ptr<scalar_t>(), rows, vocab, with_logprobs,
+                  tokens.data_ptr<int64_t>(), logprobs.data_ptr<float>());
       });
   return {tokens, logprobs};
 }

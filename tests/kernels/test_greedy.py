@@ -28,6 +28,14 @@ def test_kernel_matches_reference(dtype, rows, vocab):
     torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pick", [greedy_pick, greedy_pick_ref])
+def test_without_logprobs_the_tokens_are_the_same_and_the_logprobs_nan(pick):
+    logits = logits_of(5, 3000, torch.bfloat16, seed=1)
+    tokens, logprobs = pick(logits, False)
+    assert torch.equal(tokens, greedy_pick_ref(logits)[0])
+    assert logprobs.shape == (5,) and bool(logprobs.isnan().all())
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_ties_go_to_the_first_index_as_in_torch_argmax(threads):
     # On one thread the rows follow each other through the same buffer: a row's values
