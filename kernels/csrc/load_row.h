@@ -29,6 +29,20 @@ inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   }
 }
 
+// load_row, returning the row's maximum: one pass, by blocks of 256 still in cache as
+// their maximum is taken (a 262k-token row of logits is larger than the L2 cache).
+template <typename scalar_t>
+inline float load_row_max(const scalar_t* src, float* dst, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  float best = static_cast<float>(src[0]);  // not -inf: -ffast-math assumes none
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t end = i + kBlock < n ? i + kBlock : n;
+    load_row(src + i, dst + i, end - i);
+    for (int64_t j = i; j < end; ++j) best = best > dst[j] ? best : dst[j];  // vectorises
+  }
+  return best;
+}
+
 // fp32 -> bf16 bits, rounding to nearest even as c10::BFloat16 does (finite values).
 inline uint16_t bf16_bits(float value) {
   uint32_t bits;

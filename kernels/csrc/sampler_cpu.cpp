@@ -182,18 +182,6 @@ float row_max(const float* row, int64_t n) {
   return best;
 }
 
-// The row into fp32, returning its maximum: one pass, by blocks still in cache.
-template <typename scalar_t>
-float load_row_max(const scalar_t* src, float* dst, int64_t n) {
-  float best = static_cast<float>(src[0]);
-  for (int64_t i = 0; i < n; i += kDrawBlock) {
-    const int64_t count = std::min(kDrawBlock, n - i);
-    load_row(src + i, dst + i, count);
-    best = std::max(best, row_max(dst + i, count));
-  }
-  return best;
-}
-
 int64_t first_index_of(const float* row, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) {
     if (row[i] == value) return i;
