@@ -31,9 +31,9 @@
 //
 // Layout (pack_quantized_weight): panels of 16 outputs, per block of 32 values their
 // words of 4 values for the 16 lanes, then the blocks' scales, then the super-blocks'.
-// Tiles: up to 8 rows x 1 panel for few rows, else 6 rows x 2 panels (24 of the 32
-// registers hold sums); each weight word is loaded and unpacked once per tile for all
-// its rows. A thread walks its run of panels in memory order and asks for the step
+// Tiles: up to 8 rows x 1 panel for up to 16 rows (kFewRows), else 6 rows x 2 panels
+// (24 of the 32 registers hold sums); each weight word is loaded and unpacked once per
+// tile for all its rows. A thread walks its run of panels in memory order and asks for the step
 // after next while it multiplies one.
 //
 // Measured (python -m bench.kernels --cpu-linear: SmolLM2-135M's projections, 2
