@@ -20,14 +20,6 @@
 
 namespace {
 
-// The first index of the row's largest value `best`, as torch.argmax picks among ties.
-int64_t first_index_of(const float* row, int64_t n, float best) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] == best) return i;
-  }
-  return 0;  // all NaN: torch would pick a NaN; no row of real logits gets here
-}
-
 // sum of exp(row[i] - shift), shifted by the row's max so that nothing overflows.
 float sum_of_exp(const float* row, int64_t n, float shift) {
   float sum = 0.f;

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 
 template <typename scalar_t>
@@ -29,16 +30,33 @@ inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   }
 }
 
+// The largest of n >= 1 values (seeded from the row, not -inf: -ffast-math assumes no
+// infinities).
+inline float row_max(const float* row, int64_t n) {
+  float best = row[0];
+  for (int64_t i = 1; i < n; ++i) best = best > row[i] ? best : row[i];  // vectorises
+  return best;
+}
+
+// The first index holding `value` (a row's maximum: the first of its ties, as
+// torch.argmax picks); 0 where none does (an all-NaN row, which real logits never are).
+inline int64_t first_index_of(const float* row, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] == value) return i;
+  }
+  return 0;
+}
+
 // load_row, returning the row's maximum: one pass, by blocks of 256 still in cache as
 // their maximum is taken (a 262k-token row of logits is larger than the L2 cache).
 template <typename scalar_t>
 inline float load_row_max(const scalar_t* src, float* dst, int64_t n) {
   constexpr int64_t kBlock = 256;
-  float best = static_cast<float>(src[0]);  // not -inf: -ffast-math assumes none
+  float best = static_cast<float>(src[0]);
   for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t end = i + kBlock < n ? i + kBlock : n;
-    load_row(src + i, dst + i, end - i);
-    for (int64_t j = i; j < end; ++j) best = best > dst[j] ? best : dst[j];  // vectorises
+    const int64_t count = i + kBlock < n ? kBlock : n - i;
+    load_row(src + i, dst + i, count);
+    best = std::max(best, row_max(dst + i, count));
   }
   return best;
 }

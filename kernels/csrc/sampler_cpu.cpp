@@ -111,10 +111,10 @@ bool has_entries(const int64_t* offsets, int64_t row) {
 }
 
 // Repetition on every token seen in prompt or output, then frequency and presence on
-// the output's counts, each distinct token once.
-void apply_penalties(const Batch& b, int64_t r, float* row, Scratch& s) {
+// the output's counts, each distinct token once. Returns whether the row is penalized.
+bool apply_penalties(const Batch& b, int64_t r, float* row, Scratch& s) {
   const float rep = b.repetition[r], freq = b.frequency[r], pres = b.presence[r];
-  if (rep == 1.f && freq == 0.f && pres == 0.f) return;
+  if (rep == 1.f && freq == 0.f && pres == 0.f) return false;
   if (s.counts.empty()) {
     s.counts.assign(b.vocab, 0);
     s.seen.assign(b.vocab, 0);
@@ -143,27 +143,25 @@ void apply_penalties(const Batch& b, int64_t r, float* row, Scratch& s) {
     row[*t] = repeated(row[*t]);
     s.seen[*t] = 0;
   }
+  return true;
 }
 
-// Whether process_row may change the row's values.
-bool processes(const Batch& b, int64_t r) {
-  const bool penalized = b.presence != nullptr &&
-                         (b.repetition[r] != 1.f || b.frequency[r] != 0.f || b.presence[r] != 0.f);
-  return penalized || b.allowed != nullptr || has_entries(b.bias_offsets, r) ||
-         has_entries(b.banned_offsets, r);
-}
-
-void process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
+// Returns whether it may have changed the row (else its maximum is the loaded one).
+bool process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
+  bool changed = false;
   if (has_entries(b.bias_offsets, r)) {
     for (int64_t j = b.bias_offsets[r]; j < b.bias_offsets[r + 1]; ++j)
       row[b.bias_ids[j]] += b.bias_values[j];
+    changed = true;
   }
-  if (b.presence != nullptr) apply_penalties(b, r, row, s);
+  if (b.presence != nullptr) changed |= apply_penalties(b, r, row, s);
   if (has_entries(b.banned_offsets, r)) {
     for (int64_t j = b.banned_offsets[r]; j < b.banned_offsets[r + 1]; ++j)
       row[b.banned_ids[j]] = kExcluded;
+    changed = true;
   }
   if (b.allowed != nullptr) {
+    changed = true;
     const int32_t* words = b.allowed + r * b.allowed_words;
     for (int64_t w = 0; w < b.allowed_words; ++w) {
       const uint32_t bits = static_cast<uint32_t>(words[w]);
@@ -174,20 +172,9 @@ void process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
       }
     }
   }
+  return changed;
 }
 
-float row_max(const float* row, int64_t n) {
-  float best = row[0];
-  for (int64_t i = 1; i < n; ++i) best = std::max(best, row[i]);  // vectorises
-  return best;
-}
-
-int64_t first_index_of(const float* row, int64_t n, float value) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] == value) return i;
-  }
-  return 0;
-}
 
 // log(sum exp(row - top)): the row's log-softmax is row - top - this.
 float log_sum_exp_shifted(const float* row, int64_t n, float top) {
@@ -395,9 +382,7 @@ int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch
 // `loaded_max`: the row's maximum as loaded, before process_row.
 void sample_row(const Batch& b, int64_t r, float* row, float loaded_max, int64_t* token,
                 float* logprob, Scratch& s) {
-  const bool processed = processes(b, r);
-  if (processed) process_row(b, r, row, s);
-  const float top = processed ? row_max(row, b.vocab) : loaded_max;
+  const float top = process_row(b, r, row, s) ? row_max(row, b.vocab) : loaded_max;
   *token = b.temperature[r] > 0.f ? draw_row(b, r, row, top, s)
                                   : first_index_of(row, b.vocab, top);
   *logprob = b.wants_logprob[r] ? row[*token] - top - log_sum_exp_shifted(row, b.vocab, top)
