@@ -18,11 +18,11 @@ logger = logging.getLogger(__name__)
 
 # How long torch's OpenMP threads spin before they sleep between parallel regions. A
 # decode step runs hundreds of short regions: waking sleeping threads for each one
-# made a batch-1 step 18 ms where spinning threads took 13 ms. But threads that spin
-# without end collapse when another process shares the cores (on 2 busy cores a
-# batch-64 step took 4-5x as long as with sleeping threads), so they spin a short
-# while (~0.1 ms) and then sleep: on an idle machine as fast as spinning, under
-# contention 1.8x the sleeping threads' time.
+# made a batch-1 step 18 ms where spinning threads took 13 ms. But a thread that spins
+# holds its core while the one it waits for may have lost its own to another process,
+# so they spin a short while (~0.2 ms) and then sleep. Longer spins gained at most
+# 1.09x on an idle machine and fell 10x beside one busy process (bench/openmp_spin.py,
+# docs/cpu.md); there sleeping at once (OMP_WAIT_POLICY=PASSIVE) is 2.9x this count.
 OPENMP_SPIN_COUNT = "10000"
 
 
