@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "load_row.h"
+#include "vector_math.h"
 
 namespace {
 
@@ -213,7 +214,19 @@ double weigh(const float* logits, int64_t n, float top, float temperature, float
   s.heavy_index.clear();
   for (int64_t j = 0; j < n; j += kDrawBlock) {
     const int64_t end = std::min(n, j + kDrawBlock);
-    for (int64_t i = j; i < end; ++i) {
+    int64_t i = j;
+#if defined(__AVX512F__)
+    // exp16 inline: libmvec's expf is a call per 16 lanes.
+    const __m512 top_v = _mm512_set1_ps(top), t_v = _mm512_set1_ps(temperature);
+    __m512 sum_v = _mm512_setzero_ps();
+    for (; i + 16 <= end; i += 16) {
+      const __m512 w = exp16(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), top_v), t_v));
+      _mm512_storeu_ps(weights + i, w);
+      sum_v = _mm512_add_ps(sum_v, w);
+    }
+    total += _mm512_reduce_add_ps(sum_v);
+#endif
+    for (; i < end; ++i) {
       weights[i] = std::exp((logits[i] - top) / temperature);  // vectorised exp
       total += weights[i];
     }
