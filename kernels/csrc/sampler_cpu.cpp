@@ -6,8 +6,9 @@
 // batch or the thread count. A row is two vectorised passes over the vocabulary: its
 // fp32 copy with its maximum, then the weights (exp) with their sum, which also
 // gathers the heavy ones (kHeavy); then selection where it truncates:
-//   - top-k's k-th largest logit: the logits within a margin of the maximum (widened
-//     until there are k of them), then nth_element over those few;
+//   - top-k's k-th largest logit: the logits within a margin of the maximum that holds
+//     k of them (six margins counted in one pass), gathered once with their indices,
+//     then nth_element over those few;
 //   - top-p's threshold: the weights above a floor (the heavy ones, or a floor lowered
 //     until they hold the mass asked for: every token below it is then dropped), then
 //     a quickselect that partitions by weight and keeps count of the mass above;
@@ -184,25 +185,56 @@ float log_sum_exp_shifted(const float* row, int64_t n, float top) {
   return std::log(sum);
 }
 
-// The k-th largest value of the row (1 <= k < n), whose maximum is top.
-float kth_largest(const float* row, int64_t n, int64_t k, float top, std::vector<float>& cand) {
-  // The values within a margin of the top, widened until there are k of them: counted
-  // first (a vectorised pass), then gathered once.
-  float margin = 2.f;
-  while (true) {
-    const float floor = top - margin;
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) count += row[i] >= floor;
-    if (count >= k) break;
-    margin *= margin < 64.f ? 2.f : 1024.f;  // reaches the sentinel's distance in the end
-  }
-  const float floor = top - margin;
-  cand.clear();
+// A floor with at least k of the row's values at or above it (1 <= k < n; the row's
+// maximum is top): the nearest of the margins 2, 4, ..., 64 below the top that holds
+// k, all counted in one vectorised pass; past 64, widened 1024-fold at a time, which
+// reaches the sentinel's distance in the end.
+float top_k_floor(const float* row, int64_t n, int64_t k, float top) {
+  constexpr int kMargins = 6;
+  float floors[kMargins];
+  for (int m = 0; m < kMargins; ++m) floors[m] = top - static_cast<float>(2 << m);
+  int32_t count[kMargins] = {};
   for (int64_t i = 0; i < n; ++i) {
-    if (row[i] >= floor) cand.push_back(row[i]);
+    for (int m = 0; m < kMargins; ++m) count[m] += row[i] >= floors[m];
   }
+  for (int m = 0; m < kMargins; ++m) {
+    if (count[m] >= k) return floors[m];
+  }
+  float margin = 64.f;
+  while (true) {
+    margin *= 1024.f;
+    int64_t held = 0;
+    for (int64_t i = 0; i < n; ++i) held += row[i] >= top - margin;
+    if (held >= k) return top - margin;
+  }
+}
+
+// Top-k: the tokens at or above the row's k-th largest value (1 <= k < n), in
+// vocabulary order, into s.kept_index and s.kept_logits. The values above a floor that
+// holds k are gathered once with their indices; nth_element finds the k-th among them.
+void gather_top_k(const float* row, int64_t n, int64_t k, float top, Scratch& s) {
+  const float floor = top_k_floor(row, n, k, top);
+  s.kept_index.clear();
+  s.kept_logits.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] >= floor) {
+      s.kept_index.push_back(i);
+      s.kept_logits.push_back(row[i]);
+    }
+  }
+  std::vector<float>& cand = s.candidates;
+  cand.assign(s.kept_logits.begin(), s.kept_logits.end());
   std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<float>());
-  return cand[k - 1];
+  const float kth = cand[k - 1];
+  size_t kept = 0;
+  for (size_t j = 0; j < s.kept_logits.size(); ++j) {
+    if (s.kept_logits[j] >= kth) {
+      s.kept_index[kept] = s.kept_index[j];
+      s.kept_logits[kept++] = s.kept_logits[j];
+    }
+  }
+  s.kept_index.resize(kept);
+  s.kept_logits.resize(kept);
 }
 
 // weights[i] = exp((logits[i] - top) / temperature) for the n logits, the heavy ones
@@ -362,15 +394,7 @@ int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch
   const float* logits = row;
   int64_t count = n;
   if (k > 0 && k < n) {
-    const float kth = kth_largest(row, n, k, top, s.candidates);
-    s.kept_index.clear();
-    s.kept_logits.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      if (row[i] >= kth) {
-        s.kept_index.push_back(i);
-        s.kept_logits.push_back(row[i]);
-      }
-    }
+    gather_top_k(row, n, k, top, s);
     logits = s.kept_logits.data();
     count = static_cast<int64_t>(s.kept_logits.size());
   }
