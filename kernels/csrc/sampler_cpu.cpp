@@ -248,11 +248,14 @@ double weigh(const float* logits, int64_t n, float top, float temperature, float
     const int64_t end = std::min(n, j + kDrawBlock);
     int64_t i = j;
 #if defined(__AVX512F__)
-    // exp16 inline: libmvec's expf is a call per 16 lanes.
+    // exp16 inline: libmvec's expf is a call per 16 lanes. exp16 holds its argument
+    // above -87, so below that the weight is set to 0, as an excluded token's must be.
     const __m512 top_v = _mm512_set1_ps(top), t_v = _mm512_set1_ps(temperature);
+    const __m512 lowest = _mm512_set1_ps(-87.f);
     __m512 sum_v = _mm512_setzero_ps();
     for (; i + 16 <= end; i += 16) {
-      const __m512 w = exp16(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), top_v), t_v));
+      const __m512 x = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), top_v), t_v);
+      const __m512 w = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ), exp16(x));
       _mm512_storeu_ps(weights + i, w);
       sum_v = _mm512_add_ps(sum_v, w);
     }

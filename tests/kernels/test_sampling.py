@@ -172,6 +172,22 @@ def test_kernel_matches_reference(dtype, rows, vocab, scale, features):
     check_same(OPS.sample(logits.to(dtype), tensors), sample_ref(logits.to(dtype), tensors))
 
 
+def test_kernel_never_draws_an_excluded_token():
+    """Two tokens allowed; u up to the top of its range, where the walk ends on the last
+    token of any weight: an excluded token's weight is exactly 0."""
+    vocab, allowed = 4096, {5, 4000}
+    uniforms = torch.tensor([0.0, 0.5, 1 - 1e-12, 1 - 1e-16], dtype=torch.float64)
+    rows = len(uniforms)
+    banned = set(range(vocab)) - allowed
+    tensors = SamplingTensors.build(
+        [0.7] * rows, [0] * rows, [1.0] * rows, [0.0] * rows, uniforms, [False] * rows,
+        banned=[banned] * rows,
+    )  # fmt: skip
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3))
+    tokens, _ = OPS.sample(logits, tensors)
+    assert set(tokens.tolist()) <= allowed
+
+
 def test_kernel_rows_are_the_same_on_any_thread_count():
     logits = 3 * torch.randn(40, 5000, generator=torch.Generator().manual_seed(7))
     tensors = random_batch(40, 5000, 7)
