@@ -30,9 +30,8 @@ if __name__ == "__main__" and not __package__:
 
 from hetero_infer.engine.process_settings import OPENMP_SPIN_COUNT
 
-from bench import peers, serving
+from bench import peers
 from bench.common import portable
-from bench.models import tokenizer_folder
 
 
 def _spin_counts(text: str) -> list[int]:
@@ -46,24 +45,8 @@ def _spin_forever() -> None:
 
 def serve_with_spin_count(spin_count: int, args: argparse.Namespace, tag: str) -> float:
     """A fresh server of ours with ``GOMP_SPINCOUNT=spin_count``; its output tok/s."""
-    port = peers.free_port()
-    peer = peers.peer_ours(args.model, port, args)
-    peer.env["GOMP_SPINCOUNT"] = str(spin_count)
-    log_path = args.out / "logs" / f"openmp-spin-{args.model}-{spin_count}{tag}.log"
-    process = peers.start(peer, log_path)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        peers.wait_ready(process, base + peer.ready_path, peers.READY_TIMEOUT, log_path)
-        config = serving.BenchConfig.from_args(
-            args,
-            base_url=base + "/v1",
-            model=peer.model,
-            tokenizer=str(tokenizer_folder(args.model)),
-            label=f"spin-{spin_count}",
-        )
-        result = serving.benchmark(config)
-    finally:
-        peers.stop(process)
+    env = {"GOMP_SPINCOUNT": str(spin_count)}
+    result = peers.run_peer("ours", args, args.out, f"-spin{spin_count}{tag}", env)
     rate = result["summary"]["output_throughput"]
     print(f"-- GOMP_SPINCOUNT={spin_count}{tag}: {rate:.1f} output tok/s", flush=True)
     return rate
@@ -111,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             process.terminate()
     summary = summarize(rates, int(OPENMP_SPIN_COUNT))
     name = f"openmp-spin-{args.model}-{args.workload}" + (f"-busy{args.busy}" if args.busy else "")
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     result = {
         "benchmark": "openmp_spin",
         "command": "python -m bench.openmp_spin " + shlex.join(argv or sys.argv[1:]),
-        "settings": settings,
+        "settings": vars(args),
         "default_spin_count": int(OPENMP_SPIN_COUNT),
         "cpu_count": os.cpu_count(),
         "summary": summary,

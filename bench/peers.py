@@ -443,11 +443,18 @@ def stop(process: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
         process.wait(timeout=30)
 
 
-def run_peer(name: str, args: argparse.Namespace, out: Path, tag: str = "") -> dict[str, Any]:
-    """Start peer ``name``, benchmark it, stop it; raises Skip when it cannot run here.
-    ``tag`` names the round in its files."""
+def run_peer(
+    name: str,
+    args: argparse.Namespace,
+    out: Path,
+    tag: str = "",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Start peer ``name`` (with ``env`` added to its environment), benchmark it, stop
+    it; raises Skip when it cannot run here. ``tag`` names the round in its files."""
     port = free_port()
     peer = PEER_BUILDERS[name](args.model, port, args)
+    peer.env.update(env or {})
     log_path = out / "logs" / f"{args.model}-{name}{tag}.log"
     print(f"-- {name}: starting on port {port} (log {log_path})", flush=True)
     for note in peer.notes:

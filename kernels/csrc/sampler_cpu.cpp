@@ -177,7 +177,6 @@ bool process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
   return changed;
 }
 
-
 // log(sum exp(row - top)): the row's log-softmax is row - top - this.
 float log_sum_exp_shifted(const float* row, int64_t n, float top) {
   float sum = 0.f;
