@@ -104,15 +104,15 @@ void DecoderStack::add_lora(const DecoderLayerWeights& layer, int projection, at
                             const at::Tensor& x, const LoRARows& step) const {
   const auto& by_slot = layer.lora[projection];
   if (by_slot.empty()) return;
-  std::vector<std::optional<at::Tensor>> rows;
-  std::vector<std::shared_ptr<LoRAWeights>> weights;
+  std::vector<LoRARowSpan> rows;
+  std::vector<const LoRAWeights*> weights;
   for (size_t g = 0; g < step.slots.size(); ++g) {
     auto found = by_slot.find(step.slots[g]);
     if (found == by_slot.end()) continue;
-    rows.push_back(step.rows[g]);
-    weights.push_back(found->second);
+    rows.push_back({step.rows[g].data(), static_cast<int64_t>(step.rows[g].size())});
+    weights.push_back(found->second.get());
   }
-  if (!weights.empty()) lora_add(out, x, rows, weights);
+  if (!weights.empty()) lora_add_rows(out, x, rows, weights);
 }
 
 at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& weight) const {
@@ -127,13 +127,14 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     const std::optional<at::Tensor>& sliding_slot_mapping, const std::vector<int64_t>& lora_slots,
     const std::vector<std::optional<at::Tensor>>& lora_rows) const {
   TORCH_CHECK(lora_slots.size() == lora_rows.size(), "one set of rows per LoRA slot");
-  const LoRARows lora{lora_slots, lora_rows};
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one key and one value cache per layer");
   TORCH_CHECK(sliding_block_tables.has_value() == sliding_slot_mapping.has_value(),
               "the sliding group's block tables and slot mapping come together");
   TORCH_CHECK(x.dim() == 2, "x [tokens, hidden]");
   const int64_t tokens = x.size(0);
+  LoRARows lora{lora_slots, {}};
+  for (const auto& rows : lora_rows) lora.rows.push_back(lora_row_list(rows, tokens));
   const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   at::Tensor hidden = x, residual, normed;
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -60,10 +60,11 @@ struct DecoderLayerWeights {
   std::array<std::map<int64_t, std::shared_ptr<LoRAWeights>>, 4> lora{};
 };
 
-// A step's rows by LoRA adapter: the slots, and each one's rows (none: every row).
+// A step's rows by LoRA adapter: the slots, and each one's rows (listed once a step,
+// not once a projection).
 struct LoRARows {
   std::vector<int64_t> slots;
-  std::vector<std::optional<at::Tensor>> rows;
+  std::vector<std::vector<int64_t>> rows;
 };
 
 // The layers of a Llama-family model (with Qwen3's, Gemma 2's and 3's parts), for steps whose

@@ -3,243 +3,297 @@
 //   out[rows, o : o + w] += (x[rows] @ A^T)[:, k : k + r] @ B^T
 // for each part (o, k, B [w, r]) of its weights (kernels/lora.py).
 //
-// Two passes, each one parallel loop over all groups' work: the shrink reads each row of
-// A once per adapter (not once per row) and dots it with the adapter's rows of x, kept
-// in fp32; the expand reads each row of B once per adapter and adds its dot with the
-// shrunk rows into out, rounded once. At a decode step's few rows the work is reading
-// A and B: a rank-16 adapter on every projection of a 135M model is ~10 MB in bf16,
-// in short arrays: each item's weights are asked for kAhead items ahead (at batch 16
-// with 8 rank-8 adapters on SmolLM2, 7.6 -> 3.4 ms of adapter work a step, 1 thread).
+// A work item is some of one adapter's rows (up to kItemRows): their shrink, then their
+// expand, kTileRows rows at a time, so that each vector of weights read is dotted with
+// all of them and an item needs nothing from another. The items go to the threads in
+// runs of about equal work, one parallel loop a call. (Before, a shrink pass and an
+// expand pass over all adapters, each a parallel loop over small items, took 17-25 us a
+// call at a decode step's two rows per adapter, most of it fixed, at 120 calls a step.)
+//
+// With AVX512-BF16 an adapter's A and B are kept in one buffer, in the order an item
+// reads them: at a decode step the work is reading them (a rank-8 adapter on every
+// projection of a 135M model is 5 MB in bf16), and one stream an item kept the
+// hardware's prefetcher going where four did not (8 rank-8 adapters at batch 16:
+// 0.83 -> 0.85 of the base's throughput; asking for the weights ahead in software
+// changed nothing).
 
 #include "lora_cpu.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "load_row.h"
+#include "parallel_by_work.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
-constexpr bool kDotsBf16 = true;
+constexpr bool kTiled = true;
 #else
-constexpr bool kDotsBf16 = false;
+constexpr bool kTiled = false;
 #endif
 
-#if !defined(__AVX512BF16__)
-// Never called without AVX512-BF16 (kDotsBf16 is false): declared for the compiler.
-inline void expand_pairs(const uint32_t*, int64_t, int64_t, const float*, int64_t, int64_t,
-                         int64_t, c10::BFloat16*) {}
-#else
-// out[first .. first + cols) (cols <= 32) += the rank pairs of B [pairs, width] dotted
-// with t's pairs (rounded to bf16, as the torch reference rounds the shrunk rows).
-inline void expand_pairs(const uint32_t* bp, int64_t width, int64_t pairs, const float* t,
-                         int64_t rank, int64_t first, int64_t cols, c10::BFloat16* target) {
-  const int64_t n0 = std::min<int64_t>(cols, 16), n1 = cols - n0;
-  const __mmask16 m0 = n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n0) - 1);
-  const __mmask16 m1 = n1 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n1) - 1);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    const float hi = 2 * kp + 1 < rank ? t[2 * kp + 1] : 0.f;
-    const uint32_t bits = bf16_bits(t[2 * kp]) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);
-    const __m512bh tv = (__m512bh)_mm512_set1_epi32(static_cast<int>(bits));
-    const uint32_t* row = bp + kp * width + first;
-    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_maskz_loadu_epi32(m0, row), tv);
-    if (n1 > 0) acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_maskz_loadu_epi32(m1, row + 16), tv);
-  }
-  float sums[32], current[32];
-  _mm512_storeu_ps(sums, acc0);
-  _mm512_storeu_ps(sums + 16, acc1);
-  load_row(target, current, cols);
-  for (int64_t c = 0; c < cols; ++c) current[c] += sums[c];
-  store_row(current, target, cols);
-}
-#endif
+namespace {
 
-LoRAWeights::LoRAWeights(at::Tensor a, std::vector<int64_t> out_starts,
+constexpr int64_t kItemRows = 16;    // rows of one adapter in one work item, at most
+constexpr int kTileRows = 4;         // rows dotted with each vector of weights read
+constexpr int64_t kTileRanks = 4;    // rows of A in a tile of its layout
+constexpr int64_t kChunk = 32;       // columns of A in one vector (bf16)
+constexpr int64_t kColumns = 16;     // columns of B in one vector (fp32 sums)
+// An item's work, for sharing the items among threads: its weights' elements times
+// (kRowsPerRead + its rows): reading an element from memory costs about what dotting
+// it with this many rows does.
+constexpr int64_t kRowsPerRead = 6;
+
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
                          std::vector<int64_t> rank_starts, std::vector<at::Tensor> bs)
-    : a(a.contiguous()),
-      out_starts(std::move(out_starts)),
-      rank_starts(std::move(rank_starts)),
-      bs(std::move(bs)) {
-  TORCH_CHECK(this->a.dim() == 2, "A [R, in]");
-  TORCH_CHECK(this->out_starts.size() == this->bs.size() &&
-                  this->rank_starts.size() == this->bs.size(),
+    : dtype(a_given.scalar_type()),
+      in(a_given.size(1)),
+      ranks(a_given.size(0)),
+      tiled(kTiled && a_given.scalar_type() == at::kBFloat16) {
+  TORCH_CHECK(a_given.dim() == 2, "A [R, in]");
+  TORCH_CHECK(out_starts.size() == bs.size() && rank_starts.size() == bs.size(),
               "one output start and one rank start per B");
-  for (size_t p = 0; p < this->bs.size(); ++p) {
-    at::Tensor& b = this->bs[p];
-    TORCH_CHECK(b.dim() == 2 && b.scalar_type() == this->a.scalar_type(), "B [width, rank]");
-    TORCH_CHECK(b.size(1) >= 1, "B [width, rank >= 1]");
-    TORCH_CHECK(this->rank_starts[p] + b.size(1) <= this->a.size(0), "B's ranks within A's");
-    const int64_t width = b.size(0), rank = b.size(1);
-    ranks.push_back(rank);
-    // The expand runs along the output columns, 16 a vector (a dot of rank values per
-    // column did not vectorize: 5x slower). In bf16 each column's ranks go in pairs,
-    // as the dot instruction takes them, B read as it is stored (an fp32 copy doubled
-    // the bytes a step reads: at batch 16 with 8 adapters they are what costs).
-    if (kDotsBf16 && b.scalar_type() == at::kBFloat16) {
-      const int64_t even = (rank + 1) / 2 * 2;
-      at::Tensor padded = at::zeros({width, even}, b.options());
-      padded.narrow(1, 0, rank).copy_(b);
-      b = padded.view({width, even / 2, 2}).permute({1, 0, 2}).contiguous();
-    } else {
-      b = b.t().to(at::kFloat).contiguous();
-    }
+  if (tiled) {  // [R / 4 tiles][in / 32 chunks][4 rows][32 columns], zero-padded
+    const int64_t r4 = round_up(ranks, kTileRanks), in32 = round_up(in, kChunk);
+    at::Tensor padded = at::zeros({r4, in32}, a_given.options());
+    padded.narrow(0, 0, ranks).narrow(1, 0, in).copy_(a_given);
+    a = padded.view({r4 / kTileRanks, kTileRanks, in32 / kChunk, kChunk})
+            .permute({0, 2, 1, 3})
+            .contiguous();
+  } else {
+    a = a_given.contiguous();
   }
+  for (size_t p = 0; p < bs.size(); ++p) {
+    const at::Tensor& b = bs[p];
+    TORCH_CHECK(b.dim() == 2 && b.scalar_type() == dtype, "B [width, rank]");
+    const int64_t width = b.size(0), rank = b.size(1);
+    TORCH_CHECK(rank >= 1, "B [width, rank >= 1]");
+    TORCH_CHECK(rank_starts[p] >= 0 && rank_starts[p] + rank <= ranks, "B's ranks within A's");
+    TORCH_CHECK(out_starts[p] >= 0, "a part's first output column");
+    at::Tensor laid;
+    if (tiled) {
+      // [width / 16 blocks][rank pairs][16 columns][2]: each column's ranks in pairs, as
+      // the dot instruction takes them, one 32-bit word per column and pair. B is read
+      // as it is stored (an fp32 copy doubled the bytes a step reads).
+      const int64_t pairs = (rank + 1) / 2, w16 = round_up(width, kColumns);
+      at::Tensor padded = at::zeros({w16, 2 * pairs}, b.options());
+      padded.narrow(0, 0, width).narrow(1, 0, rank).copy_(b);
+      laid = padded.view({w16 / kColumns, kColumns, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
+    } else {  // B^T [rank, width] in fp32: the expand runs along the output columns
+      laid = b.t().to(at::kFloat).contiguous();
+    }
+    parts.push_back({out_starts[p], rank_starts[p], rank, width, std::move(laid)});
+  }
+  if (tiled) {  // one buffer, in the order an item reads it: A, then each part's B
+    int64_t total = a.numel();
+    for (const Part& part : parts) total += part.b.numel();
+    const at::Tensor buffer = at::empty({total}, a.options());
+    int64_t offset = 0;
+    auto place = [&](at::Tensor& t) {
+      at::Tensor view = buffer.narrow(0, offset, t.numel()).view(t.sizes());
+      view.copy_(t);
+      offset += t.numel();
+      t = view;
+    };
+    place(a);
+    for (Part& part : parts) place(part.b);
+  }
+}
+
+int64_t LoRAWeights::elements() const {
+  int64_t n = ranks * in;
+  for (const Part& part : parts) n += part.rank * part.width;
+  return n;
 }
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+// An item's scratch, kept per thread so that a call allocates nothing once warm.
+std::vector<float>& scratch(size_t size) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  return buffer;
 }
 
-// A row of A dotted with the group's rows of x, into column k of t [rows, rank]: from
-// fp32 copies of both (fp32; and bf16 without AVX512-BF16).
+// Any dtype, any CPU: fp32 copies of the rows and of A's rows, scalar loops.
 template <typename scalar_t>
-inline void shrink_row(const scalar_t* a, const float* xf, const scalar_t*, const int64_t*,
-                       int64_t n, int64_t in, float* a_row, float* t, int64_t rank) {
-  load_row(a, a_row, in);
-  for (int64_t i = 0; i < n; ++i) t[i * rank] = dot(xf + i * in, a_row, in);
+void run_item_scalar(const LoRAWeights& w, const scalar_t* x, scalar_t* out, int64_t out_cols,
+                     const int64_t* rows, int64_t n) {
+  const int64_t in = w.in, ranks = w.ranks;
+  int64_t widest = 0;
+  for (const auto& part : w.parts) widest = std::max(widest, part.width);
+  float* xf = scratch(n * in + in + n * ranks + widest).data();
+  float *a_row = xf + n * in, *t = a_row + in, *sums = t + n * ranks;
+  for (int64_t i = 0; i < n; ++i) load_row(x + rows[i] * in, xf + i * in, in);
+  const scalar_t* a = w.a.data_ptr<scalar_t>();
+  for (int64_t k = 0; k < ranks; ++k) {
+    load_row(a + k * in, a_row, in);
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < in; ++j) sum += xf[i * in + j] * a_row[j];
+      // rounded to the dtype, as the reference rounds the shrunk rows
+      t[i * ranks + k] = static_cast<float>(static_cast<scalar_t>(sum));
+    }
+  }
+  for (const auto& part : w.parts) {
+    const float* bt = part.b.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      scalar_t* target = out + rows[i] * out_cols + part.out_start;
+      load_row(target, sums, part.width);
+      for (int64_t k = 0; k < part.rank; ++k) {
+        const float tk = t[i * ranks + part.rank_start + k];
+        const float* row = bt + k * part.width;
+        for (int64_t c = 0; c < part.width; ++c) sums[c] += tk * row[c];
+      }
+      store_row(sums, target, part.width);
+    }
+  }
 }
 
 #if defined(__AVX512BF16__)
-// bf16: the pairs' products summed in fp32 by the dot instruction, 32 values a step,
-// straight from the bf16 rows (converting A's rows to fp32 first took most of the time).
-template <>
-inline void shrink_row<c10::BFloat16>(const c10::BFloat16* a, const float*,
-                                      const c10::BFloat16* x, const int64_t* rows, int64_t n,
-                                      int64_t in, float*, float* t, int64_t rank) {
-  const int64_t whole = in / 32 * 32;
-  for (int64_t i = 0; i < n; ++i) {
-    const c10::BFloat16* xr = x + rows[i] * in;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t j = 0; j < whole; j += 32) {
-      const __m512bh av = (__m512bh)_mm512_loadu_si512(a + j);
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + j);
-      acc = _mm512_dpbf16_ps(acc, av, xv);
+// t[i * r4 + k] = row i of x . row k of A, in fp32, for the tile's NR rows and all of
+// A's rows (A in its tiled layout).
+template <int NR>
+void shrink_tile(const LoRAWeights& w, const c10::BFloat16* const* x, float* t, int64_t r4) {
+  constexpr int64_t kTileBytes = kTileRanks * kChunk * 2;
+  const int64_t chunks = (w.in + kChunk - 1) / kChunk, tail = w.in - (chunks - 1) * kChunk;
+  const __mmask32 last = tail == kChunk ? ~0u : (1u << tail) - 1;
+  const char* a = static_cast<const char*>(w.a.data_ptr());
+  for (int64_t tile = 0; tile < r4 / kTileRanks; ++tile) {
+    __m512 acc[kTileRanks][NR];
+    for (auto& by_rank : acc) {
+      for (__m512& sum : by_rank) sum = _mm512_setzero_ps();
     }
-    float sum = _mm512_reduce_add_ps(acc);
-    for (int64_t j = whole; j < in; ++j) sum += static_cast<float>(a[j]) * static_cast<float>(xr[j]);
-    t[i * rank] = sum;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const char* chunk = a + (tile * chunks + c) * kTileBytes;
+      const __mmask32 mask = c + 1 < chunks ? ~0u : last;
+      __m512bh xv[NR];
+      for (int i = 0; i < NR; ++i) {
+        xv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x[i] + c * kChunk);
+      }
+      for (int64_t k = 0; k < kTileRanks; ++k) {
+        const __m512bh av = (__m512bh)_mm512_loadu_si512(chunk + k * 64);
+        for (int i = 0; i < NR; ++i) acc[k][i] = _mm512_dpbf16_ps(acc[k][i], av, xv[i]);
+      }
+    }
+    for (int64_t k = 0; k < kTileRanks; ++k) {
+      for (int i = 0; i < NR; ++i) t[i * r4 + tile * kTileRanks + k] = _mm512_reduce_add_ps(acc[k][i]);
+    }
+  }
+}
+
+// out[i][0 .. width) += row i's ranks of the part (rounded to bf16, as the reference
+// rounds the shrunk rows) . B, for the tile's NR rows; pairs: scratch for the ranks.
+template <int NR>
+void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4,
+                 c10::BFloat16* const* out, uint32_t* pairs_of_t) {
+  const int64_t pairs = (part.rank + 1) / 2;
+  for (int i = 0; i < NR; ++i) {
+    const float* ranks = t + i * r4 + part.rank_start;
+    for (int64_t kp = 0; kp < pairs; ++kp) {
+      const float hi = 2 * kp + 1 < part.rank ? ranks[2 * kp + 1] : 0.f;
+      pairs_of_t[i * pairs + kp] = bf16_bits(ranks[2 * kp]) | (uint32_t{bf16_bits(hi)} << 16);
+    }
+  }
+  const auto* b = static_cast<const uint32_t*>(part.b.data_ptr());
+  for (int64_t first = 0; first < part.width; first += kColumns) {
+    const uint32_t* block = b + first * pairs;
+    __m512 acc[NR];
+    for (__m512& sum : acc) sum = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < pairs; ++kp) {
+      const __m512bh bv = (__m512bh)_mm512_loadu_si512(block + kp * kColumns);
+      for (int i = 0; i < NR; ++i) {
+        const __m512i tv = _mm512_set1_epi32(static_cast<int>(pairs_of_t[i * pairs + kp]));
+        acc[i] = _mm512_dpbf16_ps(acc[i], bv, (__m512bh)tv);
+      }
+    }
+    const int64_t cols = std::min(kColumns, part.width - first);
+    const __mmask16 mask = cols == kColumns ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+    for (int i = 0; i < NR; ++i) {
+      c10::BFloat16* target = out[i] + first;
+      const __m256i bits = _mm256_maskz_loadu_epi16(mask, target);
+      const __m512 current = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+      const __m256bh sum = _mm512_cvtneps_pbh(_mm512_add_ps(current, acc[i]));
+      _mm256_mask_storeu_epi16(target, mask, (__m256i)sum);
+    }
+  }
+}
+
+template <int NR>
+void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, c10::BFloat16* const* out) {
+  const int64_t r4 = round_up(w.ranks, kTileRanks);
+  int64_t most_pairs = 0;
+  for (const auto& part : w.parts) most_pairs = std::max(most_pairs, (part.rank + 1) / 2);
+  float* t = scratch(NR * r4 + NR * most_pairs).data();
+  auto* pairs_of_t = reinterpret_cast<uint32_t*>(t + NR * r4);
+  shrink_tile<NR>(w, x, t, r4);
+  for (const auto& part : w.parts) {
+    c10::BFloat16* part_out[NR];
+    for (int i = 0; i < NR; ++i) part_out[i] = out[i] + part.out_start;
+    expand_tile<NR>(part, t, r4, part_out, pairs_of_t);
+  }
+}
+
+// The tiled layouts (bf16 on AVX512-BF16).
+void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, c10::BFloat16* out,
+                    int64_t out_cols, const int64_t* rows, int64_t n) {
+  for (int64_t first = 0; first < n; first += kTileRows) {
+    const int tile_rows = static_cast<int>(std::min<int64_t>(kTileRows, n - first));
+    const c10::BFloat16* x_rows[kTileRows];
+    c10::BFloat16* out_rows[kTileRows];
+    for (int i = 0; i < tile_rows; ++i) {
+      x_rows[i] = x + rows[first + i] * w.in;
+      out_rows[i] = out + rows[first + i] * out_cols;
+    }
+    switch (tile_rows) {
+      case 1: run_tile<1>(w, x_rows, out_rows); break;
+      case 2: run_tile<2>(w, x_rows, out_rows); break;
+      case 3: run_tile<3>(w, x_rows, out_rows); break;
+      default: run_tile<4>(w, x_rows, out_rows); break;
+    }
   }
 }
 #endif
 
-// One group as the passes see it: its rows, its fp32 x rows and shrunk rows, and its
-// weights' raw pointers (taken once: data_ptr's checks cost more than a column's work).
 template <typename scalar_t>
-struct Group {
-  struct Part {
-    const void* b;  // as LoRAWeights keeps it: bf16 rank pairs, or fp32 B^T
-    int64_t width, rank, rank_start, out_start;
+void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+               const std::vector<const LoRAWeights*>& weights) {
+  struct Item {
+    const LoRAWeights* weights;
+    const int64_t* rows;
+    int64_t count;
   };
-  std::vector<int64_t> rows;
-  const scalar_t* a = nullptr;  // [R, in]
-  int64_t rank = 0;             // R
-  std::vector<Part> parts;
-  std::vector<float> x;  // [rows, in]
-  std::vector<float> t;  // [rows, R]
-};
-
-template <typename scalar_t>
-void lora_add_typed(at::Tensor& out, const at::Tensor& x,
-                    const std::vector<std::vector<int64_t>>& rows,
-                    const std::vector<std::shared_ptr<LoRAWeights>>& weights) {
-  const int64_t in = x.size(1), out_cols = out.size(1);
-  const scalar_t* x_data = x.data_ptr<scalar_t>();
-  scalar_t* out_data = out.data_ptr<scalar_t>();
-  const int64_t num_groups = static_cast<int64_t>(rows.size());
-  std::vector<Group<scalar_t>> groups(num_groups);
-  // The work items: the shrink's (group, rank row), the expand's (group, part, first
-  // column), 32 columns each.
-  constexpr int64_t kBlock = 32;
-  // Work items ahead whose weights are asked for before use: the adapters' weights are
-  // ~2,000 short arrays a step, which the hardware prefetcher hardly follows.
-  constexpr int64_t kAhead = 8;
-  std::vector<std::pair<int64_t, int64_t>> shrink;
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> expand;
-  for (int64_t g = 0; g < num_groups; ++g) {
-    Group<scalar_t>& group = groups[g];
-    const LoRAWeights& w = *weights[g];
-    group.rows = rows[g];
-    group.a = w.a.data_ptr<scalar_t>();
-    group.rank = w.a.size(0);
-    const int64_t n = static_cast<int64_t>(group.rows.size());
-    group.t.assign(n * group.rank, 0.f);
-    if (!kDotsBf16 || !std::is_same_v<scalar_t, c10::BFloat16>) {  // fp32 copies of x's rows
-      group.x.resize(n * in);
-      for (int64_t i = 0; i < n; ++i) {
-        load_row(x_data + group.rows[i] * in, group.x.data() + i * in, in);
-      }
-    }
-    for (int64_t k = 0; k < group.rank; ++k) shrink.emplace_back(g, k);
-    for (size_t p = 0; p < w.bs.size(); ++p) {
-      const at::Tensor& b = w.bs[p];
-      const int64_t width = b.size(1);
-      TORCH_CHECK(w.out_starts[p] + width <= out_cols, "a LoRA part past the output's columns");
-      group.parts.push_back({b.data_ptr(), width, w.ranks[p], w.rank_starts[p], w.out_starts[p]});
-      for (int64_t c = 0; c < width; c += kBlock) expand.emplace_back(g, p, c);
+  int64_t total = 0;
+  for (const LoRARowSpan& span : rows) total += span.count;
+  const int64_t threads = at::get_num_threads();
+  const int64_t per_item = std::clamp<int64_t>((total + threads - 1) / threads, 1, kItemRows);
+  std::vector<Item> items;
+  std::vector<int64_t> work;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    for (int64_t first = 0; first < rows[g].count; first += per_item) {
+      const int64_t count = std::min(per_item, rows[g].count - first);
+      items.push_back({weights[g], rows[g].rows + first, count});
+      work.push_back(weights[g]->elements() * (kRowsPerRead + count));
     }
   }
-  const int64_t num_shrink = static_cast<int64_t>(shrink.size());
-  at::parallel_for(0, num_shrink, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> a_row(in);
-    for (int64_t item = begin; item < end; ++item) {
-      Group<scalar_t>& group = groups[shrink[item].first];
-      const int64_t k = shrink[item].second;
-      if (item + kAhead < end) {  // the row kAhead items on, asked for ahead of use
-        const auto [ahead_g, ahead_k] = shrink[item + kAhead];
-        const char* row = reinterpret_cast<const char*>(groups[ahead_g].a + ahead_k * in);
-        for (int64_t byte = 0; byte < in * static_cast<int64_t>(sizeof(scalar_t)); byte += 64) {
-          __builtin_prefetch(row + byte);
-        }
-      }
-      shrink_row<scalar_t>(group.a + k * in, group.x.data(), x_data, group.rows.data(),
-                           static_cast<int64_t>(group.rows.size()), in, a_row.data(),
-                           group.t.data() + k, group.rank);
-    }
-  });
-  const int64_t num_expand = static_cast<int64_t>(expand.size());
-  at::parallel_for(0, num_expand, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const auto [g, p, first] = expand[item];
-      Group<scalar_t>& group = groups[g];
-      const typename Group<scalar_t>::Part& part = group.parts[p];
-      const int64_t r = part.rank, cols = std::min(part.width - first, kBlock);
-      if (item + kAhead < end) {  // the block kAhead items on: each of its rank rows
-        const auto [ahead_g, ahead_p, ahead_first] = expand[item + kAhead];
-        const typename Group<scalar_t>::Part& next = groups[ahead_g].parts[ahead_p];
-        const bool pairs = kDotsBf16 && std::is_same_v<scalar_t, c10::BFloat16>;
-        const int64_t rows = pairs ? (next.rank + 1) / 2 : next.rank;
-        const char* base = static_cast<const char*>(next.b) + ahead_first * 4;
-        for (int64_t k = 0; k < rows; ++k) {
-          __builtin_prefetch(base + k * next.width * 4);
-          __builtin_prefetch(base + k * next.width * 4 + 64);
-        }
-      }
-      for (size_t i = 0; i < group.rows.size(); ++i) {
-        const float* t = group.t.data() + i * group.rank + part.rank_start;
-        scalar_t* target = out_data + group.rows[i] * out_cols + part.out_start + first;
-        if constexpr (kDotsBf16 && std::is_same_v<scalar_t, c10::BFloat16>) {
-          expand_pairs(static_cast<const uint32_t*>(part.b), part.width, (r + 1) / 2, t, r,
-                       first, cols, target);
-          continue;
-        }
-        const float* bt = static_cast<const float*>(part.b);
-        float sums[kBlock];
-        load_row(target, sums, cols);
-        for (int64_t k = 0; k < r; ++k) {
-          const float tk = t[k];
-          const float* row = bt + k * part.width + first;
-          for (int64_t c = 0; c < cols; ++c) sums[c] += tk * row[c];
-        }
-        store_row(sums, target, cols);
+  const scalar_t* x_data = x.data_ptr<scalar_t>();
+  scalar_t* out_data = out.data_ptr<scalar_t>();
+  const int64_t out_cols = out.size(1);
+  parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Item& item = items[i];
+      if (item.weights->tiled) {
+#if defined(__AVX512BF16__)
+        run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data),
+                       reinterpret_cast<c10::BFloat16*>(out_data), out_cols, item.rows,
+                       item.count);
+#endif
+      } else {
+        run_item_scalar<scalar_t>(*item.weights, x_data, out_data, out_cols, item.rows, item.count);
       }
     }
   });
@@ -247,33 +301,51 @@ void lora_add_typed(at::Tensor& out, const at::Tensor& x,
 
 }  // namespace
 
+std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_t tokens) {
+  std::vector<int64_t> list;
+  if (!rows.has_value()) {
+    for (int64_t i = 0; i < tokens; ++i) list.push_back(i);
+    return list;
+  }
+  const at::Tensor r = rows->to(at::kLong).contiguous();
+  const int64_t* data = r.data_ptr<int64_t>();
+  list.assign(data, data + r.numel());
+  for (int64_t row : list) TORCH_CHECK(0 <= row && row < tokens, "a LoRA row out of range");
+  return list;
+}
+
+void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+                   const std::vector<const LoRAWeights*>& weights) {
+  TORCH_CHECK(rows.size() == weights.size(), "one set of rows per adapter");
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x, out [tokens, .]");
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous(), "x and out contiguous");
+  TORCH_CHECK(x.scalar_type() == out.scalar_type(), "x and out in one dtype");
+  for (const LoRAWeights* w : weights) {
+    TORCH_CHECK(w->dtype == x.scalar_type() && w->in == x.size(1), "A [R, in] in x's dtype");
+    for (const auto& part : w->parts) {
+      TORCH_CHECK(part.out_start + part.width <= out.size(1), "a LoRA part past out's columns");
+    }
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    add_items<c10::BFloat16>(out, x, rows, weights);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "lora_add: bf16 or fp32");
+    add_items<float>(out, x, rows, weights);
+  }
+}
+
 void lora_add(at::Tensor& out, const at::Tensor& x,
               const std::vector<std::optional<at::Tensor>>& rows,
               const std::vector<std::shared_ptr<LoRAWeights>>& weights) {
   TORCH_CHECK(rows.size() == weights.size(), "one set of rows per adapter");
-  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x, out [tokens, .]");
-  TORCH_CHECK(out.is_contiguous() && x.scalar_type() == out.scalar_type(), "out contiguous");
-  const at::Tensor xc = x.contiguous();
-  const int64_t tokens = x.size(0);
-  std::vector<std::vector<int64_t>> row_lists(rows.size());
+  TORCH_CHECK(x.dim() == 2, "x [tokens, in]");
+  std::vector<std::vector<int64_t>> lists;
+  std::vector<LoRARowSpan> spans;
+  std::vector<const LoRAWeights*> raw;
+  for (size_t g = 0; g < rows.size(); ++g) lists.push_back(lora_row_list(rows[g], x.size(0)));
   for (size_t g = 0; g < rows.size(); ++g) {
-    const LoRAWeights& w = *weights[g];
-    TORCH_CHECK(w.a.scalar_type() == x.scalar_type() && w.a.size(1) == x.size(1),
-                "A [R, in] in x's dtype");
-    if (rows[g].has_value()) {
-      const at::Tensor r = rows[g]->to(at::kLong).contiguous();
-      const int64_t* data = r.data_ptr<int64_t>();
-      row_lists[g].assign(data, data + r.numel());
-      for (int64_t row : row_lists[g]) TORCH_CHECK(0 <= row && row < tokens, "a row out of range");
-    } else {
-      row_lists[g].resize(tokens);
-      for (int64_t i = 0; i < tokens; ++i) row_lists[g][i] = i;
-    }
+    spans.push_back({lists[g].data(), static_cast<int64_t>(lists[g].size())});
+    raw.push_back(weights[g].get());
   }
-  if (x.scalar_type() == at::kBFloat16) {
-    lora_add_typed<c10::BFloat16>(out, xc, row_lists, weights);
-  } else {
-    TORCH_CHECK(x.scalar_type() == at::kFloat, "lora_add: bf16 or fp32");
-    lora_add_typed<float>(out, xc, row_lists, weights);
-  }
+  lora_add_rows(out, x.contiguous(), spans, raw);
 }

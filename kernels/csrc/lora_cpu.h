@@ -10,20 +10,40 @@
 
 // One adapter's weights on one merged projection: A of its parts stacked [R, in], and
 // per part the first output column, the first column of the shrunk activations, and
-// B [width, rank] (the scaling folded in). bf16 or fp32, all the same dtype.
+// B [width, rank] (the scaling folded in). bf16 or fp32, all the same dtype, kept in
+// the layouts the kernel reads front to back (lora_cpu.cpp).
 struct LoRAWeights {
   LoRAWeights(at::Tensor a, std::vector<int64_t> out_starts, std::vector<int64_t> rank_starts,
               std::vector<at::Tensor> bs);
 
+  struct Part {
+    int64_t out_start, rank_start, rank, width;
+    at::Tensor b;
+  };
+  at::ScalarType dtype;
+  int64_t in, ranks;  // A's shape [R, in] as given
+  bool tiled;         // the AVX512-BF16 layouts (below); otherwise A as given, fp32 B^T
   at::Tensor a;
-  std::vector<int64_t> out_starts, rank_starts, ranks;
-  // Each part's B as the expand reads it: bf16 on AVX512-BF16, [ceil(rank / 2), width]
-  // pairs of ranks (one 32-bit word per column and pair); otherwise fp32 B^T [rank, width].
-  std::vector<at::Tensor> bs;
+  std::vector<Part> parts;
+  // The weights' elements, which the threads' shares are weighed by.
+  int64_t elements() const;
 };
 
-// out [tokens, out] += for each group, its rows' update (rows[g] null: every row), in
-// fp32 from the rows of x [tokens, in], rounded once into out.
+// One adapter's rows of a step: indices of rows of x and of out.
+struct LoRARowSpan {
+  const int64_t* rows;
+  int64_t count;
+};
+
+// A set of rows as a list (checked to lie in [0, tokens)); none: every row.
+std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_t tokens);
+
+// out [tokens, out] += for each adapter, its rows' update, in fp32 from the rows of
+// x [tokens, in], rounded once into out.
+void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+                   const std::vector<const LoRAWeights*>& weights);
+
+// lora_add_rows with each adapter's rows as a tensor (null: every row).
 void lora_add(at::Tensor& out, const at::Tensor& x,
               const std::vector<std::optional<at::Tensor>>& rows,
               const std::vector<std::shared_ptr<LoRAWeights>>& weights);

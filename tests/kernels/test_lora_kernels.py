@@ -92,6 +92,25 @@ def test_cpu_ops_pack_bf16_for_the_kernel_and_fp32_for_the_reference():
     assert_close(whole, reference.to(bf16), bf16, "all rows")
 
 
+@pytest.mark.parametrize("rows", [1, 5, 37])
+def test_cpu_kernel_on_many_rows_of_one_adapter(rows):
+    """A prefill chunk's rows: split among work items of at most 16 rows, each in tiles
+    of up to 4, with a tail tile of every size."""
+    module = load_cpu_kernels()
+    bf16 = torch.bfloat16
+    a, parts = ADAPTERS[1]
+    x = random(rows, IN, seed=300).to(bf16)
+    base = random(rows, COLUMNS, seed=301).to(bf16)
+    packed = module.LoRAWeights(
+        a.to(bf16), [p[0] for p in parts], [p[1] for p in parts], [p[2].to(bf16) for p in parts]
+    )
+    out = base.clone()
+    module.lora_add(out, x, [None], [packed])
+    double = pack_lora_ref(a.double(), [(o, k, b.double()) for o, k, b in parts])
+    reference = add_lora_ref(base.double(), x.double(), [(None, double)])
+    assert_close(out, reference.to(bf16), bf16, f"{rows} rows")
+
+
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
 )
