@@ -91,12 +91,17 @@ void DecoderStack::set_lora(int64_t layer, int64_t projection, int64_t slot,
               "LoRA on the MLP of a mixture-of-experts layer");
   TORCH_CHECK(projection != 2 || !layers_[layer].gate_up->gated,
               "LoRA on a gate_up packed with its activation fused in");
-  layers_[layer].lora[projection][slot] = std::move(weights);
+  TORCH_CHECK(slot >= 0, "a LoRA slot is not negative");
+  auto& by_slot = layers_[layer].lora[projection];
+  if (static_cast<int64_t>(by_slot.size()) <= slot) by_slot.resize(slot + 1);
+  by_slot[slot] = std::move(weights);
 }
 
 void DecoderStack::remove_lora(int64_t slot) {
   for (DecoderLayerWeights& layer : layers_) {
-    for (auto& by_slot : layer.lora) by_slot.erase(slot);
+    for (auto& by_slot : layer.lora) {
+      if (slot >= 0 && slot < static_cast<int64_t>(by_slot.size())) by_slot[slot] = nullptr;
+    }
   }
 }
 
@@ -106,11 +111,13 @@ void DecoderStack::add_lora(const DecoderLayerWeights& layer, int projection, at
   if (by_slot.empty()) return;
   std::vector<LoRARowSpan> rows;
   std::vector<const LoRAWeights*> weights;
+  rows.reserve(step.slots.size());
+  weights.reserve(step.slots.size());
   for (size_t g = 0; g < step.slots.size(); ++g) {
-    auto found = by_slot.find(step.slots[g]);
-    if (found == by_slot.end()) continue;
+    const int64_t slot = step.slots[g];
+    if (slot < 0 || slot >= static_cast<int64_t>(by_slot.size()) || !by_slot[slot]) continue;
     rows.push_back({step.rows[g].data(), static_cast<int64_t>(step.rows[g].size())});
-    weights.push_back(found->second.get());
+    weights.push_back(by_slot[slot].get());
   }
   if (!weights.empty()) lora_add_rows(out, x, rows, weights);
 }

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <array>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,8 +55,9 @@ struct DecoderLayerWeights {
   bool qk_norm_across_heads;
   // A sparse layer's mixture-of-experts block, in place of gate_up and down
   std::shared_ptr<MoeBlock> moe;
-  // LoRA adapters' weights on qkv, o, gate_up and down (in that order), by slot
-  std::array<std::map<int64_t, std::shared_ptr<LoRAWeights>>, 4> lora{};
+  // LoRA adapters' weights on qkv, o, gate_up and down (in that order), indexed by slot
+  // (null: none there): a slot's found without a walk through memory a step has evicted
+  std::array<std::vector<std::shared_ptr<LoRAWeights>>, 4> lora{};
 };
 
 // A step's rows by LoRA adapter: the slots, and each one's rows (listed once a step,

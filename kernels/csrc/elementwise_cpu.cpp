@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -89,7 +90,8 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* in = x.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    // rows by ~8k values a task: a decode step's few long rows shared by the threads
+    at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / d), [&](int64_t begin, int64_t end) {
       std::vector<float> gate(d), up(d);
       for (int64_t r = begin; r < end; ++r) {
         load_row(in + r * 2 * d, gate.data(), d);

@@ -20,6 +20,7 @@
 #include "lora_cpu.h"
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "load_row.h"
@@ -53,28 +54,30 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
     : dtype(a_given.scalar_type()),
       in(a_given.size(1)),
       ranks(a_given.size(0)),
-      tiled(kTiled && a_given.scalar_type() == at::kBFloat16) {
+      elements(a_given.numel()),
+      tiled(kTiled && a_given.scalar_type() == at::kBFloat16),
+      num_parts(static_cast<int>(bs.size())) {
   TORCH_CHECK(a_given.dim() == 2, "A [R, in]");
   TORCH_CHECK(out_starts.size() == bs.size() && rank_starts.size() == bs.size(),
               "one output start and one rank start per B");
+  TORCH_CHECK(num_parts <= kMaxParts, "at most three parts (q, k, v) to a projection");
   if (tiled) {  // [R / 4 tiles][in / 32 chunks][4 rows][32 columns], zero-padded
     const int64_t r4 = round_up(ranks, kTileRanks), in32 = round_up(in, kChunk);
     at::Tensor padded = at::zeros({r4, in32}, a_given.options());
     padded.narrow(0, 0, ranks).narrow(1, 0, in).copy_(a_given);
-    a = padded.view({r4 / kTileRanks, kTileRanks, in32 / kChunk, kChunk})
-            .permute({0, 2, 1, 3})
-            .contiguous();
+    storage.push_back(padded.view({r4 / kTileRanks, kTileRanks, in32 / kChunk, kChunk})
+                          .permute({0, 2, 1, 3})
+                          .contiguous());
   } else {
-    a = a_given.contiguous();
+    storage.push_back(a_given.contiguous());
   }
-  for (size_t p = 0; p < bs.size(); ++p) {
+  for (int p = 0; p < num_parts; ++p) {
     const at::Tensor& b = bs[p];
     TORCH_CHECK(b.dim() == 2 && b.scalar_type() == dtype, "B [width, rank]");
     const int64_t width = b.size(0), rank = b.size(1);
     TORCH_CHECK(rank >= 1, "B [width, rank >= 1]");
     TORCH_CHECK(rank_starts[p] >= 0 && rank_starts[p] + rank <= ranks, "B's ranks within A's");
     TORCH_CHECK(out_starts[p] >= 0, "a part's first output column");
-    at::Tensor laid;
     if (tiled) {
       // [width / 16 blocks][rank pairs][16 columns][2]: each column's ranks in pairs, as
       // the dot instruction takes them, one 32-bit word per column and pair. B is read
@@ -82,35 +85,34 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
       const int64_t pairs = (rank + 1) / 2, w16 = round_up(width, kColumns);
       at::Tensor padded = at::zeros({w16, 2 * pairs}, b.options());
       padded.narrow(0, 0, width).narrow(1, 0, rank).copy_(b);
-      laid = padded.view({w16 / kColumns, kColumns, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
+      storage.push_back(
+          padded.view({w16 / kColumns, kColumns, pairs, 2}).permute({0, 2, 1, 3}).contiguous());
     } else {  // B^T [rank, width] in fp32: the expand runs along the output columns
-      laid = b.t().to(at::kFloat).contiguous();
+      storage.push_back(b.t().to(at::kFloat).contiguous());
     }
-    parts.push_back({out_starts[p], rank_starts[p], rank, width, std::move(laid)});
+    parts[p] = {out_starts[p], rank_starts[p], rank, width, nullptr};
+    elements += rank * width;
   }
   if (tiled) {  // one buffer, in the order an item reads it: A, then each part's B
-    int64_t total = a.numel();
-    for (const Part& part : parts) total += part.b.numel();
-    const at::Tensor buffer = at::empty({total}, a.options());
+    int64_t total = 0;
+    for (const at::Tensor& t : storage) total += t.numel();
+    const at::Tensor buffer = at::empty({total}, storage[0].options());
     int64_t offset = 0;
-    auto place = [&](at::Tensor& t) {
-      at::Tensor view = buffer.narrow(0, offset, t.numel()).view(t.sizes());
-      view.copy_(t);
+    for (at::Tensor& t : storage) {
+      buffer.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t);
+      t = buffer.narrow(0, offset, t.numel());
       offset += t.numel();
-      t = view;
-    };
-    place(a);
-    for (Part& part : parts) place(part.b);
+    }
   }
-}
-
-int64_t LoRAWeights::elements() const {
-  int64_t n = ranks * in;
-  for (const Part& part : parts) n += part.rank * part.width;
-  return n;
+  a = storage[0].data_ptr();
+  for (int p = 0; p < num_parts; ++p) parts[p].b = storage[p + 1].data_ptr();
 }
 
 namespace {
+
+std::span<const LoRAWeights::Part> part_list(const LoRAWeights& w) {
+  return {w.parts.data(), static_cast<size_t>(w.num_parts)};
+}
 
 // An item's scratch, kept per thread so that a call allocates nothing once warm.
 std::vector<float>& scratch(size_t size) {
@@ -125,11 +127,11 @@ void run_item_scalar(const LoRAWeights& w, const scalar_t* x, scalar_t* out, int
                      const int64_t* rows, int64_t n) {
   const int64_t in = w.in, ranks = w.ranks;
   int64_t widest = 0;
-  for (const auto& part : w.parts) widest = std::max(widest, part.width);
+  for (const auto& part : part_list(w)) widest = std::max(widest, part.width);
   float* xf = scratch(n * in + in + n * ranks + widest).data();
   float *a_row = xf + n * in, *t = a_row + in, *sums = t + n * ranks;
   for (int64_t i = 0; i < n; ++i) load_row(x + rows[i] * in, xf + i * in, in);
-  const scalar_t* a = w.a.data_ptr<scalar_t>();
+  const auto* a = static_cast<const scalar_t*>(w.a);
   for (int64_t k = 0; k < ranks; ++k) {
     load_row(a + k * in, a_row, in);
     for (int64_t i = 0; i < n; ++i) {
@@ -139,8 +141,8 @@ void run_item_scalar(const LoRAWeights& w, const scalar_t* x, scalar_t* out, int
       t[i * ranks + k] = static_cast<float>(static_cast<scalar_t>(sum));
     }
   }
-  for (const auto& part : w.parts) {
-    const float* bt = part.b.data_ptr<float>();
+  for (const auto& part : part_list(w)) {
+    const auto* bt = static_cast<const float*>(part.b);
     for (int64_t i = 0; i < n; ++i) {
       scalar_t* target = out + rows[i] * out_cols + part.out_start;
       load_row(target, sums, part.width);
@@ -162,7 +164,7 @@ void shrink_tile(const LoRAWeights& w, const c10::BFloat16* const* x, float* t, 
   constexpr int64_t kTileBytes = kTileRanks * kChunk * 2;
   const int64_t chunks = (w.in + kChunk - 1) / kChunk, tail = w.in - (chunks - 1) * kChunk;
   const __mmask32 last = tail == kChunk ? ~0u : (1u << tail) - 1;
-  const char* a = static_cast<const char*>(w.a.data_ptr());
+  const auto* a = static_cast<const char*>(w.a);
   for (int64_t tile = 0; tile < r4 / kTileRanks; ++tile) {
     __m512 acc[kTileRanks][NR];
     for (auto& by_rank : acc) {
@@ -199,7 +201,7 @@ void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4,
       pairs_of_t[i * pairs + kp] = bf16_bits(ranks[2 * kp]) | (uint32_t{bf16_bits(hi)} << 16);
     }
   }
-  const auto* b = static_cast<const uint32_t*>(part.b.data_ptr());
+  const auto* b = static_cast<const uint32_t*>(part.b);
   for (int64_t first = 0; first < part.width; first += kColumns) {
     const uint32_t* block = b + first * pairs;
     __m512 acc[NR];
@@ -227,11 +229,11 @@ template <int NR>
 void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, c10::BFloat16* const* out) {
   const int64_t r4 = round_up(w.ranks, kTileRanks);
   int64_t most_pairs = 0;
-  for (const auto& part : w.parts) most_pairs = std::max(most_pairs, (part.rank + 1) / 2);
+  for (const auto& part : part_list(w)) most_pairs = std::max(most_pairs, (part.rank + 1) / 2);
   float* t = scratch(NR * r4 + NR * most_pairs).data();
   auto* pairs_of_t = reinterpret_cast<uint32_t*>(t + NR * r4);
   shrink_tile<NR>(w, x, t, r4);
-  for (const auto& part : w.parts) {
+  for (const auto& part : part_list(w)) {
     c10::BFloat16* part_out[NR];
     for (int i = 0; i < NR; ++i) part_out[i] = out[i] + part.out_start;
     expand_tile<NR>(part, t, r4, part_out, pairs_of_t);
@@ -277,7 +279,7 @@ void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSp
     for (int64_t first = 0; first < rows[g].count; first += per_item) {
       const int64_t count = std::min(per_item, rows[g].count - first);
       items.push_back({weights[g], rows[g].rows + first, count});
-      work.push_back(weights[g]->elements() * (kRowsPerRead + count));
+      work.push_back(weights[g]->elements * (kRowsPerRead + count));
     }
   }
   const scalar_t* x_data = x.data_ptr<scalar_t>();
@@ -322,7 +324,7 @@ void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRAR
   TORCH_CHECK(x.scalar_type() == out.scalar_type(), "x and out in one dtype");
   for (const LoRAWeights* w : weights) {
     TORCH_CHECK(w->dtype == x.scalar_type() && w->in == x.size(1), "A [R, in] in x's dtype");
-    for (const auto& part : w->parts) {
+    for (const auto& part : part_list(*w)) {
       TORCH_CHECK(part.out_start + part.width <= out.size(1), "a LoRA part past out's columns");
     }
   }
