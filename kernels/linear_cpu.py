@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 class KernelLinear:
     """x [..., in] @ weight^T + bias by our kernel on the weight's panels; ``gated``:
     a merged gate_up weight [2 * d, in] whose fp32 sums become silu(gate) * up [..., d]
-    in the same pass."""
+    in the same pass. ``addend`` (fp32 [rows, out], gate then up where gated) is added
+    to the sums before they are rounded or activated: LoRA's updates of a gate_up."""
 
     def __init__(
         self,
@@ -42,8 +43,8 @@ class KernelLinear:
         self.bias, self.gated = bias, gated
         self.out_features = weight.shape[0] // 2 if gated else weight.shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.run(x.reshape(-1, x.shape[-1]), self.packed, self.bias, self.gated)
+    def __call__(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.run(x.reshape(-1, x.shape[-1]), self.packed, self.bias, self.gated, addend)
         return out.view(*x.shape[:-1], self.out_features)
 
 

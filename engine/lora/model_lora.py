@@ -5,9 +5,9 @@ Every decoder layer's merged projections (qkv, o, gate_up, down) get a ``LoRALay
 as their ``lora`` hook (engine/models/layers.py): a step whose rows use no adapter
 runs the base projection as it is; otherwise the base projection runs once over all
 rows and each adapter's update is added to its own rows, grouped by adapter
-(KernelOps.add_lora). A merged gate_up takes its updates before its activation, so
-with LoRA enabled it is never packed with the activation fused in
-(worker/model_loader.py).
+(KernelOps.add_lora). A merged gate_up takes its updates before its activation: where
+its kernel fuses the activation (a gated KernelLinear), the updates are summed into
+fp32 zeros and the kernel adds them to its sums before activating.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ class LoRALayer:
         ]
         if not groups:
             return packed(x)
+        if getattr(packed, "gated", False):  # the kernel fuses gate_up's activation
+            rows = x.reshape(-1, x.shape[-1])
+            updates = rows.new_zeros(rows.shape[0], 2 * packed.out_features, dtype=torch.float32)
+            return packed(x, addend=self.add_lora(updates, rows, groups))
         out = self.add_lora(unfused(packed)(x), x, groups)
         return packed.activation_and_mul(out) if isinstance(packed, GatedLinear) else out
 

@@ -5,7 +5,6 @@ built on that device straight from the checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -27,10 +26,6 @@ def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
         kernels = select_kernels(config.attention_backend, device, cpu_kernels=config.cpu_kernels)
     except ValueError as exc:  # a backend that cannot run here
         raise ConfigError(str(exc)) from exc
-    if config.enable_lora:
-        # LoRA adds to gate_up's output before the activation: never fused into it.
-        ops = kernels.ops.replace(pack_fused_silu_and_mul_linear=lambda weight, bias: None)
-        kernels = dataclasses.replace(kernels, ops=ops)
     return kernels
 
 

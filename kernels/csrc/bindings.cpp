@@ -28,7 +28,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_gated_linear_weight", &pack_gated_linear_weight,
         "a merged gate_up weight in linear_packed's gated panels");
   m.def("linear_packed", &linear_packed, "x W^T + b in bf16 on a packed weight",
-        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false, without_gil());
+        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false,
+        py::arg("addend") = std::nullopt, without_gil());
   m.def("quantized_linear_available", &quantized_linear_available,
         "whether quantized_linear was built (AVX512-VNNI, -BW and -BF16)");
   m.def("pack_quantized_weight", &pack_quantized_weight,

@@ -25,7 +25,8 @@ bool linear_packed_available();
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
-                         const std::optional<at::Tensor>& bias, bool gated);
+                         const std::optional<at::Tensor>& bias, bool gated,
+                         const std::optional<at::Tensor>& addend = std::nullopt);
 bool quantized_linear_available();
 at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
                                  const std::optional<at::Tensor>& scales);

@@ -32,8 +32,9 @@ PackedLinear::PackedLinear(at::Tensor packed, std::string qtype, std::optional<a
 
 at::Tensor PackedLinear::operator()(const at::Tensor& x) const { return activate(linear(x)); }
 
-at::Tensor PackedLinear::linear(const at::Tensor& x) const {
-  return qtype.empty() ? linear_packed(x, packed, bias, gated)
+at::Tensor PackedLinear::linear(const at::Tensor& x, const std::optional<at::Tensor>& addend) const {
+  TORCH_CHECK(qtype.empty() || !addend.has_value(), "an addend on a quantized projection");
+  return qtype.empty() ? linear_packed(x, packed, bias, gated, addend)
                        : quantized_linear(x, packed, qtype, bias, activation_bits);
 }
 
@@ -89,8 +90,6 @@ void DecoderStack::set_lora(int64_t layer, int64_t projection, int64_t slot,
   TORCH_CHECK(0 <= projection && projection < 4, "projection: 0 qkv, 1 o, 2 gate_up, 3 down");
   TORCH_CHECK(projection < 2 || layers_[layer].gate_up.has_value(),
               "LoRA on the MLP of a mixture-of-experts layer");
-  TORCH_CHECK(projection != 2 || !layers_[layer].gate_up->gated,
-              "LoRA on a gate_up packed with its activation fused in");
   TORCH_CHECK(slot >= 0, "a LoRA slot is not negative");
   auto& by_slot = layers_[layer].lora[projection];
   if (static_cast<int64_t>(by_slot.size()) <= slot) by_slot.resize(slot + 1);
@@ -120,6 +119,23 @@ void DecoderStack::add_lora(const DecoderLayerWeights& layer, int projection, at
     weights.push_back(by_slot[slot].get());
   }
   if (!weights.empty()) lora_add_rows(out, x, rows, weights);
+}
+
+at::Tensor DecoderStack::gate_up_activated(const DecoderLayerWeights& layer, const at::Tensor& x,
+                                           const LoRARows& step) const {
+  const PackedLinear& gate_up = *layer.gate_up;
+  if (!gate_up.gated) {
+    at::Tensor out = gate_up.linear(x);
+    add_lora(layer, 2, out, x, step);
+    return gate_up.activate(out);
+  }
+  // The kernel fuses the activation: the updates go into its sums, from fp32 zeros
+  // (rows of no adapter stay zero).
+  if (layer.lora[2].empty() || step.slots.empty()) return gate_up.linear(x);
+  at::Tensor updates = at::zeros({x.size(0), gate_up.packed.size(0) * gate_up.packed.size(2)},
+                                 x.options().dtype(at::kFloat));
+  add_lora(layer, 2, updates, x, step);
+  return gate_up.linear(x, updates);
 }
 
 at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& weight) const {
@@ -185,9 +201,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     if (layer.moe) {
       hidden = layer.moe->forward(normed);
     } else {
-      at::Tensor gate_up = layer.gate_up->linear(normed);
-      add_lora(layer, 2, gate_up, normed, lora);
-      const at::Tensor activated = layer.gate_up->activate(gate_up);
+      const at::Tensor activated = gate_up_activated(layer, normed, lora);
       hidden = layer.down->linear(activated);
       add_lora(layer, 3, hidden, activated, lora);
       hidden = layer.down->activate(hidden);

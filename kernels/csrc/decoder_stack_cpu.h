@@ -27,8 +27,10 @@ struct PackedLinear {
   // x [tokens, in] -> [tokens, out]: linear, then activate
   at::Tensor operator()(const at::Tensor& x) const;
   // The projection alone (a merged gate_up's [tokens, 2 x d] before its activation,
-  // unless the kernel fuses it), and the activation-and-mul after it (if any).
-  at::Tensor linear(const at::Tensor& x) const;
+  // unless the kernel fuses it), and the activation-and-mul after it (if any). addend:
+  // fp32 [tokens, out] added before the kernel rounds or activates (bf16 panels only).
+  at::Tensor linear(const at::Tensor& x,
+                    const std::optional<at::Tensor>& addend = std::nullopt) const;
   at::Tensor activate(const at::Tensor& out) const;
 
   at::Tensor packed;
@@ -108,6 +110,9 @@ class DecoderStack {
   // out += the step's LoRA updates of projection ``projection`` of ``layer``
   void add_lora(const DecoderLayerWeights& layer, int projection, at::Tensor& out,
                 const at::Tensor& x, const LoRARows& step) const;
+  // The MLP's gate_up and activation, with the step's LoRA updates before the latter
+  at::Tensor gate_up_activated(const DecoderLayerWeights& layer, const at::Tensor& x,
+                               const LoRARows& step) const;
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;

@@ -87,12 +87,21 @@ inline __m512 load_bf16(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+// fp32 values added to a tile's sums before they are rounded (or activated): the
+// panel's first 16 outputs' at lo, its last 16's at hi, a row `stride` apart; lo null:
+// none. (LoRA's updates of a gated gate_up, which come before its activation.)
+struct Addend {
+  const float* lo = nullptr;
+  const float* hi = nullptr;
+  int64_t stride = 0;
+};
+
 // ROWS rows of x (as bf16 pairs) times one panel -> ROWS x 32 outputs. `ahead` (or
 // null) is a panel to ask for while this one is multiplied.
 template <int ROWS, bool GATED>
 inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* panel,
                           const at::BFloat16* bias, const char* ahead, uint16_t* out,
-                          int64_t out_stride) {
+                          int64_t out_stride, const Addend& add) {
   __m512 sum[ROWS][2];
   const __m512 bias_lo = bias ? load_bf16(bias) : _mm512_setzero_ps();
   const __m512 bias_hi = bias ? load_bf16(bias + 16) : _mm512_setzero_ps();
@@ -113,6 +122,12 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
       sum[r][1] = _mm512_dpbf16_ps(sum[r][1], w_hi, xv);
     }
   }
+  if (add.lo) {
+    for (int r = 0; r < ROWS; ++r) {
+      sum[r][0] = _mm512_add_ps(sum[r][0], _mm512_loadu_ps(add.lo + r * add.stride));
+      sum[r][1] = _mm512_add_ps(sum[r][1], _mm512_loadu_ps(add.hi + r * add.stride));
+    }
+  }
   for (int r = 0; r < ROWS; ++r) {  // round to nearest even, as torch's bf16 matmul
     if constexpr (GATED) {
       const __m256bh y = _mm512_cvtneps_pbh(silu_mul16(sum[r][0], sum[r][1]));
@@ -126,14 +141,14 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
 template <bool GATED, int ROWS = kTileRows>
 inline void multiply_rows(int64_t rows, const uint32_t* x, int64_t pairs, const uint32_t* panel,
                           const at::BFloat16* bias, const char* ahead, uint16_t* out,
-                          int64_t out_stride) {
+                          int64_t out_stride, const Addend& add) {
   if constexpr (ROWS > 1) {
     if (rows < ROWS) {
-      multiply_rows<GATED, ROWS - 1>(rows, x, pairs, panel, bias, ahead, out, out_stride);
+      multiply_rows<GATED, ROWS - 1>(rows, x, pairs, panel, bias, ahead, out, out_stride, add);
       return;
     }
   }
-  multiply_tile<ROWS, GATED>(x, pairs, panel, bias, ahead, out, out_stride);
+  multiply_tile<ROWS, GATED>(x, pairs, panel, bias, ahead, out, out_stride, add);
 }
 
 }  // namespace
@@ -141,8 +156,10 @@ inline void multiply_rows(int64_t rows, const uint32_t* x, int64_t pairs, const 
 
 // x [M, K] bf16, packed from pack_linear_weight, bias [N] bf16 or undefined -> [M, N];
 // gated (packed from pack_gated_linear_weight, no bias) -> silu(gate) * up, [M, N / 2].
+// addend: fp32 [M, N] (gate, then up, where gated) added to the sums before either.
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
-                         const std::optional<at::Tensor>& bias, bool gated) {
+                         const std::optional<at::Tensor>& bias, bool gated,
+                         const std::optional<at::Tensor>& addend) {
   TORCH_CHECK(linear_packed_available(), "built without AVX512-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x [M, K] bf16");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) * 2 == x.size(1),
@@ -157,6 +174,11 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
     TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias [N] bf16");
   }
   auto xc = x.contiguous();
+  if (addend.has_value()) {
+    TORCH_CHECK(addend->scalar_type() == at::kFloat && addend->is_contiguous() &&
+                    addend->dim() == 2 && addend->size(0) == rows && addend->size(1) == n,
+                "addend: fp32 [M, N], contiguous");
+  }
   const int64_t out_cols = gated ? n / 2 : n, panel_cols = gated ? kPanel / 2 : kPanel;
   auto out = at::empty({rows, out_cols}, x.options());
 #if defined(__AVX512BF16__)
@@ -164,6 +186,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const at::BFloat16* bp = has_bias ? b.data_ptr<at::BFloat16>() : nullptr;
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* ap = addend.has_value() ? addend->data_ptr<float>() : nullptr;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const uint32_t* panel = wp + p * pairs * kPanel;
@@ -177,10 +200,16 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
         // The first tile of a panel asks for the next panel; later ones find it there.
         const char* ahead = r0 == 0 ? next : nullptr;
         uint16_t* tile_out = op + r0 * out_cols + p * panel_cols;
+        Addend add;
+        if (ap) {  // the panel's columns: a gated one's 16 gates and their 16 ups, or 32 in a row
+          add.lo = ap + r0 * n + p * panel_cols;
+          add.hi = gated ? add.lo + n / 2 : add.lo + 16;
+          add.stride = n;
+        }
         if (gated) {
-          multiply_rows<true>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols);
+          multiply_rows<true>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
         } else {
-          multiply_rows<false>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols);
+          multiply_rows<false>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
         }
         r0 += count;
       }

@@ -122,8 +122,8 @@ std::vector<float>& scratch(size_t size) {
 }
 
 // Any dtype, any CPU: fp32 copies of the rows and of A's rows, scalar loops.
-template <typename scalar_t>
-void run_item_scalar(const LoRAWeights& w, const scalar_t* x, scalar_t* out, int64_t out_cols,
+template <typename scalar_t, typename out_t>
+void run_item_scalar(const LoRAWeights& w, const scalar_t* x, out_t* out, int64_t out_cols,
                      const int64_t* rows, int64_t n) {
   const int64_t in = w.in, ranks = w.ranks;
   int64_t widest = 0;
@@ -144,7 +144,7 @@ void run_item_scalar(const LoRAWeights& w, const scalar_t* x, scalar_t* out, int
   for (const auto& part : part_list(w)) {
     const auto* bt = static_cast<const float*>(part.b);
     for (int64_t i = 0; i < n; ++i) {
-      scalar_t* target = out + rows[i] * out_cols + part.out_start;
+      out_t* target = out + rows[i] * out_cols + part.out_start;
       load_row(target, sums, part.width);
       for (int64_t k = 0; k < part.rank; ++k) {
         const float tk = t[i * ranks + part.rank_start + k];
@@ -188,11 +188,24 @@ void shrink_tile(const LoRAWeights& w, const c10::BFloat16* const* x, float* t, 
   }
 }
 
+// 16 values of a row of out, in fp32, and back (bf16 rounded to nearest even).
+inline __m512 load16(const c10::BFloat16* row, __mmask16 mask) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, row);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const float* row, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, row); }
+inline void store16(c10::BFloat16* row, __mmask16 mask, __m512 values) {
+  _mm256_mask_storeu_epi16(row, mask, (__m256i)_mm512_cvtneps_pbh(values));
+}
+inline void store16(float* row, __mmask16 mask, __m512 values) {
+  _mm512_mask_storeu_ps(row, mask, values);
+}
+
 // out[i][0 .. width) += row i's ranks of the part (rounded to bf16, as the reference
 // rounds the shrunk rows) . B, for the tile's NR rows; pairs: scratch for the ranks.
-template <int NR>
-void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4,
-                 c10::BFloat16* const* out, uint32_t* pairs_of_t) {
+template <int NR, typename out_t>
+void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4, out_t* const* out,
+                 uint32_t* pairs_of_t) {
   const int64_t pairs = (part.rank + 1) / 2;
   for (int i = 0; i < NR; ++i) {
     const float* ranks = t + i * r4 + part.rank_start;
@@ -216,17 +229,14 @@ void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4,
     const int64_t cols = std::min(kColumns, part.width - first);
     const __mmask16 mask = cols == kColumns ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
     for (int i = 0; i < NR; ++i) {
-      c10::BFloat16* target = out[i] + first;
-      const __m256i bits = _mm256_maskz_loadu_epi16(mask, target);
-      const __m512 current = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-      const __m256bh sum = _mm512_cvtneps_pbh(_mm512_add_ps(current, acc[i]));
-      _mm256_mask_storeu_epi16(target, mask, (__m256i)sum);
+      out_t* target = out[i] + first;
+      store16(target, mask, _mm512_add_ps(load16(target, mask), acc[i]));
     }
   }
 }
 
-template <int NR>
-void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, c10::BFloat16* const* out) {
+template <int NR, typename out_t>
+void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, out_t* const* out) {
   const int64_t r4 = round_up(w.ranks, kTileRanks);
   int64_t most_pairs = 0;
   for (const auto& part : part_list(w)) most_pairs = std::max(most_pairs, (part.rank + 1) / 2);
@@ -234,19 +244,20 @@ void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, c10::BFloat16
   auto* pairs_of_t = reinterpret_cast<uint32_t*>(t + NR * r4);
   shrink_tile<NR>(w, x, t, r4);
   for (const auto& part : part_list(w)) {
-    c10::BFloat16* part_out[NR];
+    out_t* part_out[NR];
     for (int i = 0; i < NR; ++i) part_out[i] = out[i] + part.out_start;
     expand_tile<NR>(part, t, r4, part_out, pairs_of_t);
   }
 }
 
 // The tiled layouts (bf16 on AVX512-BF16).
-void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, c10::BFloat16* out,
-                    int64_t out_cols, const int64_t* rows, int64_t n) {
+template <typename out_t>
+void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, out_t* out, int64_t out_cols,
+                    const int64_t* rows, int64_t n) {
   for (int64_t first = 0; first < n; first += kTileRows) {
     const int tile_rows = static_cast<int>(std::min<int64_t>(kTileRows, n - first));
     const c10::BFloat16* x_rows[kTileRows];
-    c10::BFloat16* out_rows[kTileRows];
+    out_t* out_rows[kTileRows];
     for (int i = 0; i < tile_rows; ++i) {
       x_rows[i] = x + rows[first + i] * w.in;
       out_rows[i] = out + rows[first + i] * out_cols;
@@ -261,7 +272,7 @@ void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, c10::BFloat16*
 }
 #endif
 
-template <typename scalar_t>
+template <typename scalar_t, typename out_t>
 void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
                const std::vector<const LoRAWeights*>& weights) {
   struct Item {
@@ -283,19 +294,18 @@ void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSp
     }
   }
   const scalar_t* x_data = x.data_ptr<scalar_t>();
-  scalar_t* out_data = out.data_ptr<scalar_t>();
+  out_t* out_data = out.data_ptr<out_t>();
   const int64_t out_cols = out.size(1);
   parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Item& item = items[i];
       if (item.weights->tiled) {
 #if defined(__AVX512BF16__)
-        run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data),
-                       reinterpret_cast<c10::BFloat16*>(out_data), out_cols, item.rows,
-                       item.count);
+        run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
+                       out_cols, item.rows, item.count);
 #endif
       } else {
-        run_item_scalar<scalar_t>(*item.weights, x_data, out_data, out_cols, item.rows, item.count);
+        run_item_scalar(*item.weights, x_data, out_data, out_cols, item.rows, item.count);
       }
     }
   });
@@ -321,18 +331,23 @@ void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRAR
   TORCH_CHECK(rows.size() == weights.size(), "one set of rows per adapter");
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x, out [tokens, .]");
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous(), "x and out contiguous");
-  TORCH_CHECK(x.scalar_type() == out.scalar_type(), "x and out in one dtype");
+  TORCH_CHECK(out.scalar_type() == x.scalar_type() || out.scalar_type() == at::kFloat,
+              "out in x's dtype or in fp32");
   for (const LoRAWeights* w : weights) {
     TORCH_CHECK(w->dtype == x.scalar_type() && w->in == x.size(1), "A [R, in] in x's dtype");
     for (const auto& part : part_list(*w)) {
       TORCH_CHECK(part.out_start + part.width <= out.size(1), "a LoRA part past out's columns");
     }
   }
-  if (x.scalar_type() == at::kBFloat16) {
-    add_items<c10::BFloat16>(out, x, rows, weights);
+  if (x.scalar_type() == at::kFloat) {
+    add_items<float, float>(out, x, rows, weights);
   } else {
-    TORCH_CHECK(x.scalar_type() == at::kFloat, "lora_add: bf16 or fp32");
-    add_items<float>(out, x, rows, weights);
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "lora_add: bf16 or fp32");
+    if (out.scalar_type() == at::kFloat) {
+      add_items<c10::BFloat16, float>(out, x, rows, weights);
+    } else {
+      add_items<c10::BFloat16, c10::BFloat16>(out, x, rows, weights);
+    }
   }
 }
 

@@ -48,7 +48,8 @@ struct LoRARowSpan {
 std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_t tokens);
 
 // out [tokens, out] += for each adapter, its rows' update, in fp32 from the rows of
-// x [tokens, in], rounded once into out.
+// x [tokens, in], rounded once into out (in x's dtype, or fp32: the updates a gated
+// gate_up kernel adds before its activation).
 void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
                    const std::vector<const LoRAWeights*>& weights);
 

@@ -93,3 +93,23 @@ def test_gated_leaves_bias_and_other_dtypes_to_the_unfused_ops():
     assert torch.equal(silu_and_mul_linear(x, weight, bias), expected)
     xf, wf = x.float(), weight.float()
     assert torch.equal(silu_and_mul_linear(xf, wf), ops.silu_and_mul(linear(xf, wf)))
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_an_addend_joins_the_sums_before_rounding_and_activation(rows, gated):
+    """LoRA's updates of a gate_up whose kernel fuses the activation: fp32 values added
+    to the fp32 sums, gate then up, in the weight's own column order."""
+    module = load_cpu_kernels()
+    x, weight = randn(rows, 96), randn(128, 96, seed=1) * 0.2
+    addend = torch.randn(rows, 128, generator=torch.Generator().manual_seed(3))
+    pack = module.pack_gated_linear_weight if gated else module.pack_linear_weight
+    actual = module.linear_packed(x, pack(weight), None, gated, addend)
+    sums = torch.nn.functional.linear(x.float(), weight.float()) + addend
+    if gated:
+        gate, up = sums.split(64, dim=-1)
+        sums = torch.nn.functional.silu(gate) * up
+    scale = sums.abs().clamp_min(1.0)
+    assert ((actual.float() - sums).abs() / scale).max() < 2 * 2**-7
+    with pytest.raises(RuntimeError, match="addend"):
+        module.linear_packed(x, pack(weight), None, gated, addend[:, :64].contiguous())

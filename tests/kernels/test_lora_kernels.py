@@ -92,6 +92,28 @@ def test_cpu_ops_pack_bf16_for_the_kernel_and_fp32_for_the_reference():
     assert_close(whole, reference.to(bf16), bf16, "all rows")
 
 
+def test_cpu_kernel_adds_bf16_rows_updates_into_fp32():
+    """The updates a gated gate_up kernel adds to its sums: bf16 rows and weights,
+    summed into an fp32 out (rows of no adapter stay as they were)."""
+    module = load_cpu_kernels()
+    bf16 = torch.bfloat16
+    x = random(len(ROW_ADAPTERS), IN, seed=400).to(bf16)
+    base = random(len(ROW_ADAPTERS), COLUMNS, seed=401)
+    groups = groups_of(
+        lambda a, parts: module.LoRAWeights(
+            a, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+        ),
+        bf16,
+    )
+    out = base.clone()
+    module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups])
+    expected = expected_out(x, base.to(bf16)).float() - base.to(bf16).float() + base
+    # The rows' updates rounded once (bf16 ranks, fp32 sums): well within bf16's ulp
+    assert_close(out, expected, bf16, "fp32 out")
+    untouched = [r for r, i in enumerate(ROW_ADAPTERS) if i is None]
+    assert torch.equal(out[untouched], base[untouched])
+
+
 @pytest.mark.parametrize("rows", [1, 5, 37])
 def test_cpu_kernel_on_many_rows_of_one_adapter(rows):
     """A prefill chunk's rows: split among work items of at most 16 rows, each in tiles
