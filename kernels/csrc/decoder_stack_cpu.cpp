@@ -4,8 +4,6 @@
 
 #include "decoder_stack_cpu.h"
 
-#include <cstring>
-
 #include <tuple>
 #include <utility>
 
@@ -132,14 +130,10 @@ at::Tensor DecoderStack::gate_up_activated(const DecoderLayerWeights& layer, con
     return gate_up.activate(out);
   }
   // The kernel fuses the activation: the updates go into its sums, from fp32 zeros
-  // (rows of no adapter stay zero), in a buffer kept for the next layer and step (a
-  // new one each time, at::zeros, took 1.4% of a 16-row step with 8 adapters).
+  // (rows of no adapter stay zero).
   if (layer.lora[2].empty() || step.slots.empty()) return gate_up.linear(x);
-  const int64_t numel = x.size(0) * gate_up.packed.size(0) * gate_up.packed.size(2);
-  thread_local at::Tensor buffer;
-  if (!buffer.defined() || buffer.numel() < numel) buffer = at::empty({numel}, at::kFloat);
-  at::Tensor updates = buffer.narrow(0, 0, numel).view({x.size(0), -1});
-  std::memset(updates.data_ptr<float>(), 0, numel * sizeof(float));
+  at::Tensor updates = at::zeros({x.size(0), gate_up.packed.size(0) * gate_up.packed.size(2)},
+                                 x.options().dtype(at::kFloat));
   add_lora(layer, 2, updates, x, step);
   return gate_up.linear(x, updates);
 }
