@@ -12,10 +12,9 @@
 //
 // With AVX512-BF16 an adapter's A and B are kept in one buffer, in the order an item
 // reads them: at a decode step the work is reading them (a rank-8 adapter on every
-// projection of a 135M model is 5 MB in bf16), and one stream an item kept the
-// hardware's prefetcher going where four did not (8 rank-8 adapters at batch 16:
-// 0.83 -> 0.85 of the base's throughput; asking for the weights ahead in software
-// changed nothing).
+// projection of a 135M model is 5 MB in bf16), and one stream an item read ~2% faster
+// than four. Asking for the weights ahead in software, one buffer for every slot of a
+// projection, and huge pages measured the same (docs/lora.md).
 
 #include "lora_cpu.h"
 
