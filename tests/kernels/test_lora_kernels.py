@@ -47,6 +47,15 @@ def groups_of(pack, dtype):
     return groups
 
 
+def cpu_pack(a: torch.Tensor, parts: list) -> object:
+    """One adapter's weights packed for the C++ kernel."""
+    module = load_cpu_kernels()
+    assert module is not None
+    return module.LoRAWeights(
+        a, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
+    )
+
+
 def expected_out(x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """The reference in fp64."""
     return add_lora_ref(base.double(), x.double(), groups_of(pack_lora_ref, torch.float64))
@@ -55,16 +64,9 @@ def expected_out(x: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_cpu_kernel_matches_the_reference(dtype):
     module = load_cpu_kernels()
-    assert module is not None
-
-    def pack(a, parts):
-        return module.LoRAWeights(
-            a, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
-        )
-
     x = random(len(ROW_ADAPTERS), IN, seed=100).to(dtype)
     base = random(len(ROW_ADAPTERS), COLUMNS, seed=101).to(dtype)
-    groups = groups_of(pack, dtype)
+    groups = groups_of(cpu_pack, dtype)
     out = base.clone()
     module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups])
     assert_close(out, expected_out(x, base).to(dtype), dtype, "lora_add")
@@ -99,12 +101,7 @@ def test_cpu_kernel_adds_bf16_rows_updates_into_fp32():
     bf16 = torch.bfloat16
     x = random(len(ROW_ADAPTERS), IN, seed=400).to(bf16)
     base = random(len(ROW_ADAPTERS), COLUMNS, seed=401)
-    groups = groups_of(
-        lambda a, parts: module.LoRAWeights(
-            a, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
-        ),
-        bf16,
-    )
+    groups = groups_of(cpu_pack, bf16)
     out = base.clone()
     module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups])
     expected = expected_out(x, base.to(bf16)).float() - base.to(bf16).float() + base
@@ -114,18 +111,16 @@ def test_cpu_kernel_adds_bf16_rows_updates_into_fp32():
     assert torch.equal(out[untouched], base[untouched])
 
 
-@pytest.mark.parametrize("rows", [1, 5, 37])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 37])
 def test_cpu_kernel_on_many_rows_of_one_adapter(rows):
     """A prefill chunk's rows: split among work items of at most 16 rows, each in tiles
-    of up to 4, with a tail tile of every size."""
+    of up to 4 (tiles of every size among the counts, on one thread or two)."""
     module = load_cpu_kernels()
     bf16 = torch.bfloat16
     a, parts = ADAPTERS[1]
     x = random(rows, IN, seed=300).to(bf16)
     base = random(rows, COLUMNS, seed=301).to(bf16)
-    packed = module.LoRAWeights(
-        a.to(bf16), [p[0] for p in parts], [p[1] for p in parts], [p[2].to(bf16) for p in parts]
-    )
+    packed = cpu_pack(a.to(bf16), [(o, k, b.to(bf16)) for o, k, b in parts])
     out = base.clone()
     module.lora_add(out, x, [None], [packed])
     double = pack_lora_ref(a.double(), [(o, k, b.double()) for o, k, b in parts])
