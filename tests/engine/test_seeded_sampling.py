@@ -49,6 +49,12 @@ def test_seeded_tokens_do_not_depend_on_the_thread_count(engine):
     assert len({tuple(t) for t in two}) == len(PROMPTS)
 
 
+# A row's logits are the same in any batch with the CPU kernels (the quantized and packed
+# matmuls sum each dot product in one order whatever the rows). Torch's matmuls, which
+# serve a CPU without AVX512-BF16, take other kernels for one or two rows than for more
+# (seen in bf16 on the 576 x 576 projection and on lm_head), and a logit that moves in
+# its last bits can move a sampled token.
+@pytest.mark.cpu_kernels("quantized_linear")
 def test_seeded_tokens_are_the_same_alone_and_in_a_batch(engine):
     batch = generate(engine, list(range(len(PROMPTS))), 2)
     for i in range(len(PROMPTS)):
