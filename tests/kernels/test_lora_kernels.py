@@ -74,7 +74,7 @@ def test_cpu_kernel_matches_the_reference(dtype):
     assert torch.equal(out[untouched], base[untouched])
 
 
-def test_cpu_ops_pack_bf16_for_the_kernel_and_fp32_for_the_reference():
+def test_cpu_ops_pack_bf16_and_fp32_for_the_kernel_and_fp16_for_the_reference():
     pack, add = cpu_lora_ops(load_cpu_kernels())
     bf16 = torch.bfloat16
     x = random(len(ROW_ADAPTERS), IN, seed=7).to(bf16)
@@ -83,7 +83,8 @@ def test_cpu_ops_pack_bf16_for_the_kernel_and_fp32_for_the_reference():
     assert type(groups[0][1]).__name__ == "LoRAWeights"
     out = add(base.clone(), x, groups)
     assert_close(out, expected_out(x, base).to(bf16), bf16, "bf16 ops")
-    assert type(groups_of(pack, torch.float32)[0][1]).__name__ == "LoRAWeightsRef"
+    assert type(groups_of(pack, torch.float32)[0][1]).__name__ == "LoRAWeights"
+    assert type(groups_of(pack, torch.float16)[0][1]).__name__ == "LoRAWeightsRef"
     # One adapter for every row (rows None), as a single stream's step gives it.
     a, parts = ADAPTERS[0]
     whole = add(
@@ -126,6 +127,24 @@ def test_cpu_kernel_on_many_rows_of_one_adapter(rows):
     double = pack_lora_ref(a.double(), [(o, k, b.double()) for o, k, b in parts])
     reference = add_lora_ref(base.double(), x.double(), [(None, double)])
     assert_close(out, reference.to(bf16), bf16, f"{rows} rows")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("in_features, width", [(100, 150), (16, 64), (5, 3)])
+def test_cpu_kernel_on_any_width(dtype, in_features, width):
+    """Inputs and outputs of every length the kernel's vectors split: four vectors of
+    16 floats, single ones, and the values left over (100 = 64 + 2 x 16 + 4)."""
+    module = load_cpu_kernels()
+    a = random(8, in_features, seed=500) / in_features**0.5
+    b = random(width, 8, seed=501) / 8**0.5
+    x = random(6, in_features, seed=502).to(dtype)
+    base = random(6, width, seed=503).to(dtype)
+    out = base.clone()
+    module.lora_add(out, x, [None], [cpu_pack(a.to(dtype), [(0, 0, b.to(dtype))])])
+    reference = add_lora_ref(
+        base.double(), x.double(), [(None, pack_lora_ref(a.double(), [(0, 0, b.double())]))]
+    )
+    assert_close(out, reference.to(dtype), dtype, f"in {in_features}, width {width}")
 
 
 @pytest.mark.parametrize(
