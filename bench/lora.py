@@ -170,7 +170,9 @@ def main() -> None:
     settings = {k: getattr(args, k) for k in ("model", "dtype", "rank", "adapters", "modules")}
     settings["rounds"] = args.rounds
     settings.update(prompt_len=args.prompt_len, tokens=args.tokens, threads=args.threads)
-    result = portable({"settings": settings, "results": results})
+    from bench.throughput import machine_info
+
+    result = portable({"settings": settings, "machine": machine_info(), "results": results})
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
 
