@@ -31,6 +31,7 @@ from hetero_infer.server.anthropic.messages import (
     thinking_block,
 )
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.json_line import json_line
 from hetero_infer.server.openai.chat_output import MessageDelta
 from hetero_infer.server.openai.responses import prepend
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
@@ -164,4 +165,4 @@ async def _encoded(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return f"event: {name}\ndata: {json_line(data)}\n\n".encode()

@@ -8,11 +8,11 @@ stream's last line (the ollama client raises it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.json_line import json_line
 from hetero_infer.server.ollama.errors import error_body, error_response
 from hetero_infer.server.ollama.generation import Body, Generation
 from hetero_infer.server.openai.responses import prepend
@@ -41,4 +41,4 @@ async def _lines(chunks: AsyncIterator[Body]) -> AsyncIterator[bytes]:
 
 
 def _line(body: dict) -> bytes:
-    return json.dumps(body, ensure_ascii=False).encode() + b"\n"
+    return json_line(body).encode() + b"\n"

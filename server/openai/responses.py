@@ -9,7 +9,6 @@ gets its status code; an error after the status line has gone out comes in-band,
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.errors import APIError, error_response
+from hetero_infer.server.json_line import json_line
 from sse_starlette.sse import EventSourceResponse
 
 if TYPE_CHECKING:
@@ -113,4 +113,4 @@ async def _events(chunks: AsyncIterator[Chunk]) -> AsyncIterator[bytes]:
 
 
 def _event(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json_line(body).encode() + b"\n\n"

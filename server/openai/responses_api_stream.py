@@ -10,12 +10,12 @@ its status code. An error after that comes in-band as an ``error`` event.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.errors import APIError, error_response
+from hetero_infer.server.json_line import json_line
 from hetero_infer.server.openai.responses import Answer, prepend
 from sse_starlette.sse import EventSourceResponse
 
@@ -56,5 +56,5 @@ async def _encoded(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
 
 
 def _encode(event: Event) -> bytes:
-    data = json.dumps(event, ensure_ascii=False)
+    data = json_line(event)
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
