@@ -139,7 +139,8 @@ inline float sum_lanes(Floats16 v) {
   return sum;
 }
 
-// a . b over n values, in four chains of sums (one chain waits on each add before it).
+// a . b over n values, in four independent sums: one sum would wait out each add's
+// latency before the next.
 inline float dot(const float* a, const float* b, int64_t n) {
   Floats16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
   int64_t j = 0;
