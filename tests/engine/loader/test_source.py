@@ -4,6 +4,8 @@ that says what is wrong and how to fix it."""
 from __future__ import annotations
 
 import importlib.util
+import sys
+import types
 from pathlib import Path
 
 import huggingface_hub
@@ -45,6 +47,41 @@ def test_packaged_models_resolve_by_name(tmp_path: Path, monkeypatch: pytest.Mon
     assert source.gguf_file == "gemma-3-270m.gguf" and source.path.stat().st_size > 200e6
     assert resolve_model("gemma-3-270m") == source  # the file joined before
     assert set(PACKAGED_MODELS) == {"smollm2-135m-instruct", "gemma-3-270m"}
+
+
+def chunk_package(monkeypatch: pytest.MonkeyPatch, name: str, fail: bool = False) -> list[Path]:
+    """A stand-in for a chunk package's module: its ``assemble(path)`` writes the file;
+    returns the paths it was asked to write."""
+    written: list[Path] = []
+
+    def assemble(path: Path) -> Path:
+        written.append(path)
+        path.write_bytes(b"GGUF")
+        if fail:
+            raise ValueError("Assembled file sha256 did not match expected value")
+        return path
+
+    monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(assemble=assemble))
+    return written
+
+
+def test_a_chunked_file_appears_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Joined under another name and renamed, so that a process starting beside the one
+    that joins it never reads half a file; a failed join leaves nothing behind."""
+    path = tmp_path / "model" / "model.gguf"
+    written = chunk_package(monkeypatch, "chunks_that_fail", fail=True)
+    with pytest.raises(ValueError, match="sha256"):
+        packaged.assembled_file(path, "chunks_that_fail")
+    assert written and written[0] != path and list(path.parent.iterdir()) == []
+
+    written = chunk_package(monkeypatch, "chunks")
+    assert packaged.assembled_file(path, "chunks") == path
+    assert written[0].parent == path.parent and written[0] != path
+    assert list(path.parent.iterdir()) == [path] and path.read_bytes() == b"GGUF"
+    assert packaged.assembled_file(path, "chunks") == path
+    assert len(written) == 1, "the file is checked once per process"
 
 
 def test_a_packaged_model_not_installed_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
