@@ -80,8 +80,13 @@ system-tools:
 			"\`sudo apt-get install -y$$missing\` (or set HETERO_CHROMIUM to a Chromium)"; \
 	fi
 
+# The tests run in TEST_WORKERS processes (pytest-xdist), each taking whole files, so
+# that a file's module fixtures (a model, transformers' reference outputs) are built
+# once. Most tests are bound by Python rather than by matmuls: on two cores, two
+# workers take about half the time of one.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(PROMTOOL) system-tools
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The checks for a day with an NVIDIA GPU, under 8 minutes on one (bench/gpu_check.py):
 # the tests marked cuda, then the kernel benchmark (decode attention, RMSNorm, quantized

@@ -4,11 +4,24 @@ features this CPU lacks (kernels/cpu_isa.py decides, as the engine does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
 
-import pytest
-import torch
-from hetero_infer.kernels import cpu_isa
+from hetero_infer.engine.process_settings import set_openmp_wait_policy
+
+# Before torch loads. `make test`'s workers (pytest-xdist) share the cores: each takes
+# its share of them for torch's threads (an OMP_NUM_THREADS set before wins; the kernel
+# tests set their own counts), where two threads each kept the two workers waiting on
+# each other; and OpenMP threads spin only briefly between parallel regions, as the
+# engine's entry points have them do (engine/process_settings.py).
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+set_openmp_wait_policy()
+
+from collections.abc import Iterable  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hetero_infer.kernels import cpu_isa  # noqa: E402
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -33,3 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = cpu_kernels_skip(item.iter_markers("cpu_kernels"))
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+    # The files with slow tests first: `make test`'s workers take whole files in this
+    # order, and a long file taken last leaves one worker running it alone at the end.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
