@@ -82,11 +82,13 @@ system-tools:
 
 # The tests run in TEST_WORKERS processes (pytest-xdist), each taking whole files, so
 # that a file's module fixtures (a model, transformers' reference outputs) are built
-# once. Most tests are bound by Python rather than by matmuls: on two cores, two
-# workers take about half the time of one.
+# once, in the order tests/conftest.py gives them: the files with slow tests first
+# (xdist's own order puts the files with the most tests first). Most tests are bound
+# by Python rather than by matmuls: on two cores, two workers take about half the time
+# of one.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(PROMTOOL) system-tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The checks for a day with an NVIDIA GPU, under 8 minutes on one (bench/gpu_check.py):
 # the tests marked cuda, then the kernel benchmark (decode attention, RMSNorm, quantized
