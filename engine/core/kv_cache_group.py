@@ -87,6 +87,8 @@ class KVCacheGroup:
 
     def fork(self, parent: Sequence, child: Sequence, num_tokens: int) -> None:
         """Let ``child`` share the blocks of ``parent`` that hold its first ``num_tokens``."""
+        # The window kept before the prompt's end is the parent's (_out_of_window).
+        assert self.window is None or child.num_prompt_tokens == parent.num_prompt_tokens
         shared = self.table(parent)[: -(-num_tokens // self.block_size)]
         for block_id in shared:
             if block_id != self.null:
@@ -104,12 +106,27 @@ class KVCacheGroup:
         """The table's entries that hold blocks no later query of the sequence sees, but
         for the window before its prompt's last full block: the sequence keeps those
         until it ends, so that a request with the same prompt (a retry, n > 1, a
-        batch) finds them in the cache the way it finds the global blocks."""
+        batch) finds them in the cache the way it finds the global blocks.
+
+        Blocks leave in order, a cache hit's table is NULL_BLOCK up to its window
+        (take_cached) and a fork shares its parent's prompt, so left of the window (the
+        prompt's window aside) a table is NULL_BLOCK up to the blocks that left since
+        the last step: the scan goes down from the window's edge to the first
+        NULL_BLOCK, a step's cost independent of the context's length."""
         table = self.table(seq)
-        kept = self.first_kept(seq.num_computed_tokens)
         prompt_blocks = (seq.num_prompt_tokens - 1) // self.block_size
-        prompt_window = range(self.first_kept(prompt_blocks * self.block_size), prompt_blocks)
-        return [i for i in range(kept) if table[i] != self.null and i not in prompt_window]
+        prompt_window_start = self.first_kept(prompt_blocks * self.block_size)
+        leaving = []
+        i = self.first_kept(seq.num_computed_tokens) - 1
+        while i >= 0:
+            if prompt_window_start <= i < prompt_blocks:
+                i = prompt_window_start - 1
+            elif table[i] == self.null:
+                break
+            else:
+                leaving.append(i)
+                i -= 1
+        return leaving[::-1]
 
     def _needs_copy_on_write(self, seq: Sequence) -> bool:
         table = self.table(seq)

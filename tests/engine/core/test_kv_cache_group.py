@@ -5,6 +5,8 @@ test_block_manager.py: allocate, advance ``num_computed_tokens``, register."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
@@ -150,6 +152,56 @@ def test_swap_moves_only_the_blocks_in_the_window() -> None:
     assert [gpu for _, gpu in moves.swap_in] == resident(seq.block_tables[1])
     assert len(bm.sliding.pool.free_cpu_blocks) == 20  # every CPU block back
     bm.free(seq)
+    assert sliding_used(bm) == 0
+
+
+def left_behind(group, seq) -> list[int]:
+    """Entries a step should have given back by now: every block left of the window but
+    the window before the prompt's last full block (a whole scan of the table)."""
+    kept = group.first_kept(seq.num_computed_tokens)
+    prompt_blocks = (seq.num_prompt_tokens - 1) // BS
+    aside = range(group.first_kept(prompt_blocks * BS), prompt_blocks)
+    table = seq.block_tables[1]
+    return [i for i in range(kept) if table[i] != NULL_BLOCK and i not in aside]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_block_left_of_the_window_goes_back(seed: int) -> None:
+    """Chunks of any size, prefix hits and n > 1's forks: the blocks that left the
+    window are given back at the next step, however far back they are."""
+    rng = random.Random(seed)
+    bm = manager(num_sliding_blocks=200)
+    group = bm.sliding
+    finished: list[list[int]] = []
+    for n in range(8):
+        if finished and rng.random() < 0.5:  # a next turn: a prefix hit, then more
+            prompt = rng.choice(finished) + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 9))
+            ]
+        else:
+            prompt = [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+        seq = make_seq(f"s{n}", prompt)
+        bm.allocate_cached_prefix(seq)
+        live = [seq]
+        for _ in range(rng.randrange(1, 30)):
+            for s in list(live):
+                if s.num_uncomputed_tokens == 0:
+                    s.token_ids.append(rng.randrange(1000))
+                chunk = rng.randrange(1, s.num_uncomputed_tokens + 1)
+                bm.allocate_slots(s, chunk)
+                assert left_behind(group, s) == []
+                s.num_computed_tokens += chunk
+                bm.register_full_blocks(s)
+                if s is seq and s.num_computed_tokens == s.num_tokens == s.num_prompt_tokens:
+                    # n > 1, as the scheduler forks: the prompt's last token recomputed
+                    for i in range(rng.randrange(3)):
+                        child = make_seq(f"s{n}.{i}", prompt)
+                        bm.fork(seq, child, seq.num_tokens - 1)
+                        child.num_computed_tokens = seq.num_tokens - 1
+                        live.append(child)
+        finished.append(list(seq.token_ids[: seq.num_computed_tokens]))
+        for s in live:
+            bm.free(s)
     assert sliding_used(bm) == 0
 
 
