@@ -4,7 +4,8 @@ for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.p
 
 The C++ kernels (kernels/csrc) are compiled with -march=native. The three that need an
 extension of AVX-512 are compiled only where the compiler targets it: each sits inside
-an ``#if defined(__AVX512BF16__) ...`` and reports it through ``<name>_available()``.
+an ``#if defined(__AVX512BF16__)`` (the quantized one: ``__AVX512VNNI__`` and
+``__AVX512BW__``) and reports it through ``<name>_available()``.
 Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
 for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
 per-token kernel for bf16 prefill attention. KERNEL_FEATURES names each one's
@@ -21,8 +22,9 @@ from hetero_infer.kernels import cpu_build
 
 # Per kernel of the extension that needs ISA extensions: their /proc/cpuinfo flags.
 KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
-    # VPDPBUSD on 512-bit registers, byte shuffles, the bf16 stores of the result
-    "quantized_linear": ("avx512bw", "avx512_vnni", "avx512_bf16"),
+    # VPDPBUSD on 512-bit registers and byte shuffles (a bf16 result is rounded by
+    # VCVTNEPS2BF16 where there is one, else by integer arithmetic)
+    "quantized_linear": ("avx512bw", "avx512_vnni"),
     # VDPBF16PS: bf16 pairs multiplied and summed in fp32
     "linear_packed": ("avx512_bf16",),
     "prefill_attention": ("avx512_bf16",),

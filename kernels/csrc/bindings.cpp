@@ -31,7 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false,
         py::arg("addend") = std::nullopt, without_gil());
   m.def("quantized_linear_available", &quantized_linear_available,
-        "whether quantized_linear was built (AVX512-VNNI, -BW and -BF16)");
+        "whether quantized_linear was built (AVX512-VNNI and -BW)");
   m.def("pack_quantized_weight", &pack_quantized_weight,
         "a GGUF weight's blocks [N, row_bytes] (or int8 rows and their scales) in "
         "quantized_linear's panels",

@@ -55,7 +55,9 @@
 
 #include "parallel_by_work.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+// AVX512-BF16 is not needed (Cascade Lake and Ice Lake have VNNI without it): only a
+// bf16 output's rounding would use it, and integer arithmetic rounds the same.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANTIZED_LINEAR_BUILT 1
 #include <immintrin.h>
 #endif
@@ -447,7 +449,17 @@ Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QTy
 
 inline void store16(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
 inline void store16(at::BFloat16* out, __m512 v) {  // round to nearest even
+#if defined(__AVX512BF16__)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  // bits + 0x7FFF + (bit 16), the top half: load_row.h's bf16_bits, 16 lanes at once
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+#endif
 }
 
 inline __m512 load_fp16(const uint8_t* p) {
@@ -778,7 +790,7 @@ void with_qtype(QType t, const F& f) {
 // instructions instead of one).
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
                             const std::optional<at::Tensor>& bias, int64_t activation_bits) {
-  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI");
+  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
   const QType t = parse_qtype(qtype);
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
   const bool wide = activation_bits == 16;
@@ -856,7 +868,7 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
                               const std::vector<const uint8_t*>& weights, int64_t panels,
                               int64_t panel_bytes, const std::string& qtype,
                               int64_t activation_bits, at::Tensor& out) {
-  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI");
+  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
   const QType t = parse_qtype(qtype);
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
