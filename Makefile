@@ -6,7 +6,7 @@ PYTHON ?= python3
 #   make serve TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-PROMPT ?= Which city is the capital of France?
+PROMPT ?= What is the capital of France? Answer with one word.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 

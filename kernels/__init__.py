@@ -71,6 +71,7 @@ _EXPORTS = {
     "greedy_pick_ref": "greedy",
     # what the CPU computes in, for the engine's default dtype
     "has_bf16_matmul": "cpu_isa",
+    "kernel_unavailable": "cpu_isa",
 }
 
 __all__ = ["BACKENDS", *_EXPORTS]

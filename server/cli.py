@@ -3,7 +3,7 @@
     hetero-infer serve --port 8000 --api-key secret     (also: hetero-infer --serve)
     hetero-infer serve ./my-model-folder                (the model, as `vllm serve MODEL`)
     hetero-infer --input "Hello" --max-tokens 50
-    hetero-infer --input "Which city is the capital of France?" --chat
+    hetero-infer --input "What is the capital of France? Answer with one word." --chat
 
 Settings come from flags, then HETERO_* environment variables (HETERO_PORT,
 HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then the --config file, then defaults.

@@ -106,7 +106,7 @@ def check_greedy_in_regime(
 def test_smollm2_answers_the_capital_of_france():
     engine = LLMEngine()
     prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Which city is the capital of France?"}]
+        [{"role": "user", "content": "What is the capital of France? Answer with one word."}]
     )
     out = engine.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0))[0]
     assert "Paris" in out.text and out.finish_reason == "stop"

@@ -35,7 +35,7 @@ def test_default_model_answers_through_the_sdk(tmp_path):
         assert names == ["SmolLM2-135M-Instruct", "hetero-infer"]
         reply = client.chat.completions.create(
             model="SmolLM2-135M-Instruct",
-            messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+            messages=[{"role": "user", "content": "What is the capital of France? Answer with one word."}],
             max_tokens=30,
             temperature=0,
         )
