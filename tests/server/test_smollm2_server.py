@@ -14,6 +14,10 @@ from tests.server.conftest import REPO_ROOT, ServerProcess, free_port
 pytestmark = pytest.mark.slow
 
 
+# Answered "Paris" in bf16 and fp32 alike, each token ahead by over 1.6 nats: no near-tie.
+QUESTION = "What is the capital of France? Answer with one word."
+
+
 def test_default_model_answers_through_the_sdk(tmp_path):
     port = free_port()
     log_path = tmp_path / "hetero_infer.server.log"
@@ -35,7 +39,7 @@ def test_default_model_answers_through_the_sdk(tmp_path):
         assert names == ["SmolLM2-135M-Instruct", "hetero-infer"]
         reply = client.chat.completions.create(
             model="SmolLM2-135M-Instruct",
-            messages=[{"role": "user", "content": "What is the capital of France? Answer with one word."}],
+            messages=[{"role": "user", "content": QUESTION}],
             max_tokens=30,
             temperature=0,
         )
