@@ -16,7 +16,7 @@ from hetero_infer.engine import loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf_header import gguf_file_type
-from hetero_infer.engine.loader.int8 import checkpoint_quantization
+from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.speculative_config import SpeculativeConfig
 from hetero_infer.kernels import has_bf16_matmul, kernel_unavailable, kv_cache_torch_dtype
@@ -94,9 +94,10 @@ def quantized_on_cpu(
         return False
     if not config.cpu_kernels or kernel_unavailable("quantized_linear") is not None:
         return False
-    if source.is_gguf:
+    quantized_by = checkpoint_quantized_by(source)
+    if quantized_by == "gguf":
         return gguf_file_type(source.path) in KERNEL_FILE_TYPES
-    return config.quantization == "int8" or checkpoint_quantization(source.folder) is not None
+    return config.quantization == "int8" or quantized_by is not None
 
 
 def resolve_kv_cache_dtype(

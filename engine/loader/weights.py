@@ -18,6 +18,15 @@ from hetero_infer.kernels import QuantizedWeight
 logger = logging.getLogger(__name__)
 
 
+def checkpoint_quantized_by(source: ModelSource) -> str | None:
+    """How the checkpoint's weights are quantized as stored: "gguf", "compressed-tensors"
+    (int8), or None for float weights."""
+    if source.is_gguf:
+        return "gguf"
+    quantized = int8.checkpoint_quantization(source.path) is not None
+    return int8.COMPRESSED_TENSORS if quantized else None
+
+
 def load_state_dict(
     source: ModelSource,
     dtype: torch.dtype,

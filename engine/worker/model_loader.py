@@ -13,7 +13,8 @@ from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS, checkpoint_quantization
+from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS
+from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
 from hetero_infer.engine.models.sharding import shard_state_dict
 from hetero_infer.kernels import Kernels, select_kernels
@@ -38,9 +39,7 @@ def keeps_quantized(
     same weights; a quantization named explicitly is kept in fp32 too. With tensor
     parallelism "auto" dequantizes (the ranks split float weights; EngineConfig refuses
     a quantization named explicitly)."""
-    quantized_by = "gguf" if source.is_gguf else None
-    if not source.is_gguf and checkpoint_quantization(source.folder) is not None:
-        quantized_by = COMPRESSED_TENSORS
+    quantized_by = checkpoint_quantized_by(source)
     if quantization in ("gguf", COMPRESSED_TENSORS) and quantized_by != quantization:
         raise ConfigError(
             f"quantization {quantization!r} does not match {source.path}, which is "
