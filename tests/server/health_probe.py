@@ -18,25 +18,31 @@ import httpx
 
 @dataclass
 class ProbeResult:
-    probes: int
-    max_latency: float  # seconds
+    latencies: list[float]  # seconds, one a probe, in order
     failures: list[str]  # answers other than 200
+
+    @property
+    def probes(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def max_latency(self) -> float:
+        return max(self.latencies, default=0.0)
 
 
 def _poll(url: str, period: float, started, stop, results) -> None:
-    probes, max_latency, failures = 0, 0.0, []
+    latencies, failures = [], []
     with httpx.Client(base_url=url, timeout=10) as http:
         http.get("/healthz")  # connects, so that no probe counts the connection's set-up
         started.set()
         while not stop.is_set():
             started = time.perf_counter()
             response = http.get("/healthz")
-            max_latency = max(max_latency, time.perf_counter() - started)
-            probes += 1
+            latencies.append(time.perf_counter() - started)
             if response.status_code != 200:
                 failures.append(f"{response.status_code} {response.text}")
             stop.wait(period)
-    results.put(ProbeResult(probes, max_latency, failures))
+    results.put(ProbeResult(latencies, failures))
 
 
 class HealthProbe:

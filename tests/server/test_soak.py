@@ -10,7 +10,7 @@ Afterwards: every request that stayed got a whole, well-formed answer (each choi
 finished, stop strings cut, JSON mode's output valid, greedy answers the exact text the
 engine gives alone), every bad one a 400 in OpenAI's shape, no 5xx; nothing runs or
 waits and no KV block is in use; the process's memory grew by no more than a bound after
-the warm-up (the same mix, a few thousand requests); and /healthz answered within 100 ms
+the warm-up (the same mix, a few thousand requests); and /healthz answered within 200 ms
 throughout, as nothing holds the event loop up: not a step, nor the garbage collector.
 """
 
@@ -45,7 +45,11 @@ CONCURRENCY = 24
 DISCONNECT_SHARE = 0.3
 BAD_SHARE = 0.05
 HEALTH_PERIOD = 0.05
-HEALTH_LIMIT = 0.1
+# A full garbage collection of the startup heap (what the server freezes once ready)
+# holds the event loop 200-430 ms, and once in the soak is enough to show. Without such
+# a stall the slowest probe takes 20-50 ms alone, and up to ~110 ms while the other test worker
+# shares the two cores: the probe's own process waits for one.
+HEALTH_LIMIT = 0.2
 # The server's resident memory may grow this much from after the warm-up to the end.
 # The warm-up is the same mix, long enough that the engine's store of recent finished
 # outputs (LLMEngine.get_output: the last MAX_FINISHED_KEPT choices) is full, so the
@@ -329,12 +333,13 @@ def test_soak(server_process_factory, reference_engine: LLMEngine, monkeypatch):
         wait_until(lambda: is_idle(http), 10, "the server to be idle after the soak")
         final = gauges(http)
     rss_end = resident_mib(pid)
+    slowest_ms = [round(seconds * 1000) for seconds in sorted(health.latencies)[-3:]]
     print(
         f"\nsoak: {len(warmup)} warm-up requests, then {len(jobs)} in {elapsed:.1f} s, "
         f"{dict(figures.outcomes)}, "
         f"statuses {dict(figures.statuses)}, {figures.stopped_by_string} choices cut by a "
-        f"stop string; /healthz {health.probes} probes, slowest "
-        f"{health.max_latency * 1000:.0f} ms; RSS {rss_start:.0f} MiB at start, "
+        f"stop string; /healthz {health.probes} probes, slowest (ms) "
+        f"{slowest_ms}; RSS {rss_start:.0f} MiB at start, "
         f"{rss_warm:.0f} after the warm-up, {rss_end:.0f} at the end; gauges {final}"
     )
     outcomes = figures.outcomes
