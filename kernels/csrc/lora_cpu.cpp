@@ -10,11 +10,13 @@
 // expand pass over all adapters, each a parallel loop over small items, took 17-25 us a
 // call at a decode step's two rows per adapter, most of it fixed, at 120 calls a step.)
 //
-// With AVX512-BF16 an adapter's A and B are kept in one buffer, in the order an item
-// reads them: at a decode step the work is reading them (a rank-8 adapter on every
-// projection of a 135M model is 5 MB in bf16), and one stream an item read ~2% faster
-// than four. Asking for the weights ahead in software, one buffer for every slot of a
-// projection, and huge pages measured the same (docs/lora.md).
+// In bf16 with AVX-512 (BW) an adapter's A and B are tiled, in one buffer, in the order
+// an item reads them, and multiplied in bf16 pairs (VDPBF16PS, or two FMAs on the pairs
+// widened to fp32 where the CPU lacks AVX512-BF16: Cascade Lake, Ice Lake). At a decode
+// step the work is reading them (a rank-8 adapter on every projection of a 135M model is
+// 5 MB in bf16), and one stream an item read ~2% faster than four. Asking for the
+// weights ahead in software, one buffer for every slot of a projection, and huge pages
+// measured the same (docs/lora.md).
 
 #include "lora_cpu.h"
 
@@ -24,9 +26,9 @@
 
 #include "load_row.h"
 #include "parallel_by_work.h"
+#include "vector_math.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
+#if defined(__AVX512BW__)
 constexpr bool kTiled = true;
 #else
 constexpr bool kTiled = false;
@@ -212,7 +214,7 @@ void run_item_portable(const LoRAWeights& w, const scalar_t* x, out_t* out, int6
   }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
 // t[i * r4 + k] = row i of x . row k of A, in fp32, for the tile's NR rows and all of
 // A's rows (A in its tiled layout).
 template <int NR>
@@ -229,13 +231,11 @@ void shrink_tile(const LoRAWeights& w, const c10::BFloat16* const* x, float* t, 
     for (int64_t c = 0; c < chunks; ++c) {
       const char* chunk = a + (tile * chunks + c) * kTileBytes;
       const __mmask32 mask = c + 1 < chunks ? ~0u : last;
-      __m512bh xv[NR];
-      for (int i = 0; i < NR; ++i) {
-        xv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x[i] + c * kChunk);
-      }
+      __m512i xv[NR];
+      for (int i = 0; i < NR; ++i) xv[i] = _mm512_maskz_loadu_epi16(mask, x[i] + c * kChunk);
       for (int64_t k = 0; k < kTileRanks; ++k) {
-        const __m512bh av = (__m512bh)_mm512_loadu_si512(chunk + k * 64);
-        for (int i = 0; i < NR; ++i) acc[k][i] = _mm512_dpbf16_ps(acc[k][i], av, xv[i]);
+        const __m512i av = _mm512_loadu_si512(chunk + k * 64);
+        for (int i = 0; i < NR; ++i) acc[k][i] = dot_bf16_pairs(acc[k][i], av, xv[i]);
       }
     }
     for (int64_t k = 0; k < kTileRanks; ++k) {
@@ -251,7 +251,7 @@ inline __m512 load16(const c10::BFloat16* row, __mmask16 mask) {
 }
 inline __m512 load16(const float* row, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, row); }
 inline void store16(c10::BFloat16* row, __mmask16 mask, __m512 values) {
-  _mm256_mask_storeu_epi16(row, mask, (__m256i)_mm512_cvtneps_pbh(values));
+  _mm256_mask_storeu_epi16(row, mask, round_to_bf16(values));
 }
 inline void store16(float* row, __mmask16 mask, __m512 values) {
   _mm512_mask_storeu_ps(row, mask, values);
@@ -276,10 +276,10 @@ void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4, out_
     __m512 acc[NR];
     for (__m512& sum : acc) sum = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < pairs; ++kp) {
-      const __m512bh bv = (__m512bh)_mm512_loadu_si512(block + kp * kColumns);
+      const __m512i bv = _mm512_loadu_si512(block + kp * kColumns);
       for (int i = 0; i < NR; ++i) {
         const __m512i tv = _mm512_set1_epi32(static_cast<int>(pairs_of_t[i * pairs + kp]));
-        acc[i] = _mm512_dpbf16_ps(acc[i], bv, (__m512bh)tv);
+        acc[i] = dot_bf16_pairs(acc[i], bv, tv);
       }
     }
     const int64_t cols = std::min(kColumns, part.width - first);
@@ -306,7 +306,7 @@ void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, out_t* const*
   }
 }
 
-// The tiled layouts (bf16 on AVX512-BF16).
+// The tiled layouts (bf16 on AVX-512).
 template <typename out_t>
 void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, out_t* out, int64_t out_cols,
                     const int64_t* rows, int64_t n) {
@@ -356,7 +356,7 @@ void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSp
     for (int64_t i = begin; i < end; ++i) {
       const Item& item = items[i];
       if (item.weights->tiled) {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
         run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
                        out_cols, item.rows, item.count);
 #endif

@@ -30,7 +30,7 @@ struct LoRAWeights {
   at::ScalarType dtype;
   int64_t in, ranks;  // A's shape [R, in] as given
   int64_t elements;   // of A and the Bs: what the threads' shares are weighed by
-  bool tiled;         // the AVX512-BF16 layouts (below); otherwise A as given, fp32 B^T
+  bool tiled;         // the AVX-512 bf16 layouts (below); otherwise A as given, fp32 B^T
   const void* a;
   int num_parts;
   std::array<Part, kMaxParts> parts;

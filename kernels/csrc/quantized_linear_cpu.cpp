@@ -54,9 +54,11 @@
 #include <vector>
 
 #include "parallel_by_work.h"
+#include "vector_math.h"
 
 // AVX512-BF16 is not needed (Cascade Lake and Ice Lake have VNNI without it): only a
-// bf16 output's rounding would use it, and integer arithmetic rounds the same.
+// bf16 output's rounding would use it, and integer arithmetic rounds the same
+// (vector_math.h's round_to_bf16).
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANTIZED_LINEAR_BUILT 1
 #include <immintrin.h>
@@ -448,18 +450,8 @@ Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QTy
 }
 
 inline void store16(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
-inline void store16(at::BFloat16* out, __m512 v) {  // round to nearest even
-#if defined(__AVX512BF16__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
-#else
-  // bits + 0x7FFF + (bit 16), the top half: load_row.h's bf16_bits, 16 lanes at once
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-#endif
+inline void store16(at::BFloat16* out, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), round_to_bf16(v));
 }
 
 inline __m512 load_fp16(const uint8_t* p) {

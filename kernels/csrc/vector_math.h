@@ -57,4 +57,33 @@ inline __m512 silu_mul16(__m512 gate, __m512 up) {
   const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gate), _mm512_set1_ps(87.f)));
   return _mm512_div_ps(_mm512_mul_ps(gate, up), _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
+
+#if defined(__AVX512BW__)
+// 16 fp32 lanes rounded to bf16 (to nearest even), as 16 words.
+inline __m256i round_to_bf16(__m512 values) {
+#if defined(__AVX512BF16__)
+  return (__m256i)_mm512_cvtneps_pbh(values);
+#else
+  // bits + 0x7FFF + (bit 16), the top half: load_row.h's bf16_bits, 16 lanes at once
+  const __m512i bits = _mm512_castps_si512(values);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+#endif
+}
+
+// acc + a[2l] * b[2l] + a[2l + 1] * b[2l + 1] in each lane l, a and b 32 bf16 values:
+// VDPBF16PS, or where the CPU lacks it, each value widened to fp32 (a shift: bf16 is
+// fp32's top half) and two FMAs.
+inline __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
+#if defined(__AVX512BF16__)
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const auto even = [](__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); };
+  const auto odd = [&](__m512i v) { return _mm512_castsi512_ps(_mm512_and_si512(v, high)); };
+  return _mm512_fmadd_ps(odd(a), odd(b), _mm512_fmadd_ps(even(a), even(b), acc));
+#endif
+}
+#endif  // __AVX512BW__
 #endif
