@@ -4,8 +4,9 @@ for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.p
 
 The C++ kernels (kernels/csrc) are compiled with -march=native. The three that need an
 extension of AVX-512 are compiled only where the compiler targets it: each sits inside
-an ``#if defined(__AVX512BF16__)`` (the quantized one: ``__AVX512VNNI__`` and
-``__AVX512BW__``) and reports it through ``<name>_available()``.
+an ``#if defined(...)`` of its macros (the bf16 linear layer: ``__AVX512BW__``; the
+quantized one: ``__AVX512VNNI__`` and ``__AVX512BW__``; prefill attention:
+``__AVX512BF16__``) and reports it through ``<name>_available()``.
 Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
 for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
 per-token kernel for bf16 prefill attention. KERNEL_FEATURES names each one's
@@ -25,8 +26,9 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     # VPDPBUSD on 512-bit registers and byte shuffles (a bf16 result is rounded by
     # VCVTNEPS2BF16 where there is one, else by integer arithmetic)
     "quantized_linear": ("avx512bw", "avx512_vnni"),
-    # VDPBF16PS: bf16 pairs multiplied and summed in fp32
-    "linear_packed": ("avx512_bf16",),
+    # bf16 pairs multiplied and summed in fp32: by VDPBF16PS where there is one, else
+    # widened to fp32 by a shift and multiplied by FMAs (vector_math.h's dot_bf16_pairs)
+    "linear_packed": ("avx512bw",),
     "prefill_attention": ("avx512_bf16",),
 }
 # The compiler's macro for each flag (what the C++ guards test).

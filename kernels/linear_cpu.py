@@ -1,6 +1,6 @@
 """bf16 linear layers on the CPU with weights packed once, when the model is loaded.
 
-Where the C++ kernels are built with AVX512-BF16 (kernels/csrc/linear_cpu.cpp), a
+Where the C++ kernels are built with AVX-512 (kernels/csrc/linear_cpu.cpp), a
 weight whose output count is a multiple of 32 and input count even is packed into
 that kernel's panels: in the offline benchmark's step shapes, with weights streamed
 from memory as in a real step, it ran 350-440 GFLOP/s at 32-128 rows where oneDNN ran
@@ -66,7 +66,7 @@ def bf16_cpu_matrix(weight: torch.Tensor) -> bool:
 
 
 def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
-    """Whether the AVX512-BF16 kernel takes this weight [out, in]."""
+    """Whether the bf16 kernel takes this weight [out, in]."""
     return (
         module is not None
         and module.linear_packed_available()

@@ -1,8 +1,9 @@
-// y = x W^T + b in bf16 on AVX512-BF16, with W packed once into panels of 32 outputs.
+// y = x W^T + b in bf16 on AVX-512, with W packed once into panels of 32 outputs.
 //
 // A panel holds, for each pair of input features, the 32 outputs' weight pairs side by
-// side: one 64-byte load gives 16 lanes of (w[j][2k], w[j][2k + 1]), and the dot
-// instruction multiplies them with one broadcast pair of x and sums in fp32. A tile of
+// side: one 64-byte load gives 16 lanes of (w[j][2k], w[j][2k + 1]), and AVX512-BF16's
+// dot instruction multiplies them with one broadcast pair of x and sums in fp32 (where
+// a CPU lacks it, vector_math.h's dot_bf16_pairs widens the pairs and uses FMAs). A tile of
 // 8 rows x 32 outputs keeps 16 sums in registers over the whole input; a thread walks
 // its panels in memory order, each panel read from memory once for all rows while the
 // next is asked for ahead of use. oneDNN's bf16 matmul on its own packed weights
@@ -23,17 +24,13 @@
 
 #include "vector_math.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
-
 namespace {
 constexpr int64_t kPanel = 32;  // outputs per panel
 constexpr int64_t kTileRows = 8;
 }  // namespace
 
 bool linear_packed_available() {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
   return true;
 #else
   return false;
@@ -79,7 +76,7 @@ at::Tensor pack_gated_linear_weight(const at::Tensor& weight) {
   return pack_linear_weight(weight.index_select(0, order));
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
 namespace {
 
 inline __m512 load_bf16(const at::BFloat16* p) {
@@ -114,12 +111,12 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
       _mm_prefetch(ahead + kp * 128, _MM_HINT_T1);
       _mm_prefetch(ahead + kp * 128 + 64, _MM_HINT_T1);
     }
-    const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(panel + kp * kPanel);
-    const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(panel + kp * kPanel + 16);
+    const __m512i w_lo = _mm512_loadu_si512(panel + kp * kPanel);
+    const __m512i w_hi = _mm512_loadu_si512(panel + kp * kPanel + 16);
     for (int r = 0; r < ROWS; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * pairs + kp]));
-      sum[r][0] = _mm512_dpbf16_ps(sum[r][0], w_lo, xv);
-      sum[r][1] = _mm512_dpbf16_ps(sum[r][1], w_hi, xv);
+      const __m512i xv = _mm512_set1_epi32(static_cast<int>(x[r * pairs + kp]));
+      sum[r][0] = dot_bf16_pairs(sum[r][0], w_lo, xv);
+      sum[r][1] = dot_bf16_pairs(sum[r][1], w_hi, xv);
     }
   }
   if (add.lo) {
@@ -129,11 +126,12 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
     }
   }
   for (int r = 0; r < ROWS; ++r) {  // round to nearest even, as torch's bf16 matmul
+    auto* row = reinterpret_cast<__m256i*>(out + r * out_stride);
     if constexpr (GATED) {
-      const __m256bh y = _mm512_cvtneps_pbh(silu_mul16(sum[r][0], sum[r][1]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride), (__m256i)y);
+      _mm256_storeu_si256(row, round_to_bf16(silu_mul16(sum[r][0], sum[r][1])));
     } else {
-      _mm512_storeu_si512(out + r * out_stride, (__m512i)_mm512_cvtne2ps_pbh(sum[r][1], sum[r][0]));
+      _mm256_storeu_si256(row, round_to_bf16(sum[r][0]));
+      _mm256_storeu_si256(row + 1, round_to_bf16(sum[r][1]));
     }
   }
 }
@@ -160,7 +158,7 @@ inline void multiply_rows(int64_t rows, const uint32_t* x, int64_t pairs, const 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated,
                          const std::optional<at::Tensor>& addend) {
-  TORCH_CHECK(linear_packed_available(), "built without AVX512-BF16");
+  TORCH_CHECK(linear_packed_available(), "built without AVX-512 (BW)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x [M, K] bf16");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) * 2 == x.size(1),
               "packed weight does not fit x");
@@ -181,7 +179,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
   }
   const int64_t out_cols = gated ? n / 2 : n, panel_cols = gated ? kPanel / 2 : kPanel;
   auto out = at::empty({rows, out_cols}, x.options());
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>());
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const at::BFloat16* bp = has_bias ? b.data_ptr<at::BFloat16>() : nullptr;
