@@ -45,7 +45,7 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     source = loader.resolve_model(config.model)
     model_config = ModelConfig.from_hf(loader.load_config(source))
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device, quantized_on_cpu(config, source, device))
+    dtype = resolve_dtype(config.dtype, device, bf16_kernels_on_cpu(config, source, device))
     return EngineSetup(
         config=config,
         source=source,
@@ -66,20 +66,31 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device, quantized: bool = False) -> torch.dtype:
-    """``quantized``: the model's projections would stay quantized on the CPU's kernel
-    (quantized_on_cpu)."""
+def resolve_dtype(dtype: str, device: torch.device, bf16_kernels: bool = False) -> torch.dtype:
+    """``bf16_kernels``: the CPU's own kernels would run the model's projections in bf16
+    (bf16_kernels_on_cpu)."""
     if dtype == "auto":
-        # bf16 halves the bytes a decode step reads and doubles matmul throughput where
-        # the CPU computes in bf16; elsewhere bf16 matmuls are emulated and slower than
-        # fp32. Quantized projections are the exception: their int8 kernel needs no
-        # bf16 arithmetic, and in fp32 they would be dequantized (to stay exact against
-        # transformers). On a Cascade Lake Xeon, SmolLM2's Q4_1 file decoded one
-        # stream at 139 tokens/s in bf16, 21 in fp32.
-        if device.type == "cpu" and not has_bf16_matmul() and not quantized:
+        # bf16 halves the bytes a decode step reads. Where the CPU lacks bf16 instructions
+        # torch emulates bf16 matmuls, slower than fp32, but our kernels need none: the
+        # int8 kernel on quantized projections (in fp32 they would be dequantized, to
+        # stay exact against transformers), and the bf16 linear kernel, which widens the
+        # pairs to fp32. On a Cascade Lake Xeon SmolLM2's Q4_1 file decoded one stream at
+        # 139 tokens/s in bf16, 21 in fp32; its float weights 40 against 12.
+        if device.type == "cpu" and not has_bf16_matmul() and not bf16_kernels:
             return torch.float32
         return torch.bfloat16
     return getattr(torch, dtype)
+
+
+def bf16_kernels_on_cpu(
+    config: EngineConfig, source: loader.ModelSource, device: torch.device
+) -> bool:
+    """Whether the CPU's own kernels would run the model's projections in bf16: the int8
+    kernel on projections kept quantized (quantized_on_cpu), or the bf16 linear kernel
+    on the others (it needs AVX-512, not AVX512-BF16)."""
+    if device.type != "cpu" or not config.cpu_kernels:
+        return False
+    return kernel_unavailable("linear_packed") is None or quantized_on_cpu(config, source, device)
 
 
 def quantized_on_cpu(
