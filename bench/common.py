@@ -1,6 +1,6 @@
 """What the benchmarks share: where results go, how a ``--model`` name becomes a
-folder, thread counts for their subprocesses, integer lists on the command line, and
-the text tables and charts they write.
+folder, thread counts for their subprocesses, integer lists on the command line, the
+summary of an A/B benchmark's rounds, and the text tables and charts they write.
 
 Only the standard library is imported at the top: bench.roofline imports this module
 before torch, whose OpenMP settings must be made before it loads (see
@@ -10,6 +10,7 @@ before torch, whose OpenMP settings must be made before it loads (see
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -88,6 +89,24 @@ def thread_env(threads: int) -> dict[str, str]:
     thread torch was not told about (transformers' continuous batching loop, a server's
     workers) takes its team size from them."""
     return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+# ---- an A/B benchmark's interleaved rounds ----
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ab_summary(rounds: dict[str, list[float]], a: str, b: str, unit: str) -> dict[str, Any]:
+    """Two systems' figures over the same rounds (``rounds[a]``, ``rounds[b]``, in
+    ``unit``): each one's median and range and its rounds, and those of the rounds'
+    ratios a / b (a round's ratio compares what ran under the same load)."""
+    ratios = [x / y for x, y in zip(rounds[a], rounds[b], strict=True)]
+    return {
+        unit: {k: {**spread(v), "rounds": v} for k, v in rounds.items()},
+        f"ratio_{a}_over_{b}": {**spread(ratios), "rounds": ratios},
+    }
 
 
 # ---- tables ----

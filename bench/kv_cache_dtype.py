@@ -30,7 +30,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-from bench.common import parse_ints, resolve_model
+from bench.common import parse_ints, resolve_model, spread
 from bench.roofline import blocks_needed, time_decode_step
 
 KINDS = ("auto", "int8")
@@ -50,10 +50,6 @@ def build_engine(model: str, dtype: str, kv_cache_dtype: str, batch: int, contex
     )
     apply_process_settings(config)
     return LLMEngine(config)
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

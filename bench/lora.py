@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-from bench.common import portable, resolve_model
+from bench.common import ab_summary, portable, resolve_model
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -93,10 +92,6 @@ def tokens_per_second(engine: Any, prompts: list[list[int]], loras: list, tokens
     return sum(len(o.token_ids) for o in outputs) / elapsed
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model = resolve_model(args.model)
@@ -133,14 +128,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     speed = tokens_per_second(lora, prompts, loras, args.tokens)
                 rounds[case][kind].append(speed)
-    results = {}
-    for case, by_kind in rounds.items():
-        ratios = [a / b for a, b in zip(by_kind["lora"], by_kind["base"], strict=True)]
-        results[case] = {
-            "tokens_per_second": {k: {**spread(v), "rounds": v} for k, v in by_kind.items()},
-            "ratio_lora_over_base": {**spread(ratios), "rounds": ratios},
-        }
-    return results
+    return {
+        case: ab_summary(by_kind, "lora", "base", "tokens_per_second")
+        for case, by_kind in rounds.items()
+    }
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-from bench.common import portable, resolve_model_folder
+from bench.common import ab_summary, portable, resolve_model_folder
 
 DTYPES = ("float32", "bfloat16")
 
@@ -63,10 +62,6 @@ def tokens_per_second(engine: Any, prompts: list[list[int]], tokens: int) -> flo
     return sum(len(o.token_ids) for o in outputs) / elapsed
 
 
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     folder = resolve_model_folder(args.model)
@@ -91,14 +86,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for case, (prompts, tokens) in cases.items():
             for dtype in order:
                 rounds[case][dtype].append(tokens_per_second(engines[dtype], prompts, tokens))
-    results = {}
-    for case, by_dtype in rounds.items():
-        ratios = [b / f for b, f in zip(by_dtype["bfloat16"], by_dtype["float32"], strict=True)]
-        results[case] = {
-            "tokens_per_second": {k: {**spread(v), "rounds": v} for k, v in by_dtype.items()},
-            "ratio_bf16_over_fp32": {**spread(ratios), "rounds": ratios},
-        }
-    return results
+    return {
+        case: ab_summary(by_dtype, "bfloat16", "float32", "tokens_per_second")
+        for case, by_dtype in rounds.items()
+    }
 
 
 def main() -> None:
@@ -111,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     results = run(args)
     for case, r in results.items():
-        speeds, ratio = r["tokens_per_second"], r["ratio_bf16_over_fp32"]
+        speeds, ratio = r["tokens_per_second"], r["ratio_bfloat16_over_float32"]
         print(
             f"{case}: fp32 {speeds['float32']['median']:.1f} tok/s, bf16 "
             f"{speeds['bfloat16']['median']:.1f} tok/s; bf16 / fp32 {ratio['median']:.2f} "
