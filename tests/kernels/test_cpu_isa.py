@@ -96,10 +96,10 @@ def test_the_features_are_those_the_cpp_guards_test(kernel):
 )
 def test_the_quantized_kernel_names_what_a_cpu_lacks(flags, missing):
     assert cpu_isa.missing_features("quantized_linear", flags) == missing
-    # The bf16 linear layer multiplies without AVX512-BF16 too; prefill attention not.
-    assert cpu_isa.missing_features("linear_packed", flags) == missing[:1]
-    bf16 = [] if "avx512_bf16" in flags else ["avx512_bf16"]
-    assert cpu_isa.missing_features("prefill_attention", flags) == bf16
+    # The bf16 kernels multiply without AVX512-BF16 too: they need AVX-512's -BW only.
+    bw = [] if "avx512bw" in flags else ["avx512bw"]
+    assert cpu_isa.missing_features("linear_packed", flags) == bw
+    assert cpu_isa.missing_features("prefill_attention", flags) == bw
     reason = cpu_isa.kernel_unavailable("quantized_linear", flags)
     if missing:
         assert reason == f"quantized_linear needs {', '.join(missing)}, which this CPU lacks"
