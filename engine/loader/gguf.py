@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import transformers
 from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.loader.gguf_header import read_gguf_header
 from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
 from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
 from hetero_infer.engine.loader.source import ModelSource
@@ -107,9 +108,7 @@ def gguf_metadata_folder(source: ModelSource) -> Path:
         config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
         if config.model_type == "phi3":
-            import gguf
-
-            phi3_rope_from_gguf(gguf.GGUFReader(source.path), config)
+            phi3_rope_from_gguf(read_gguf_header(source.path), config)
     else:
         tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(source.folder, **kwargs)
     try:
@@ -170,13 +169,6 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_field(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    return field.contents()
-
-
 def load_gguf(
     path: Path, dtype: torch.dtype, keep_quantized: bool = False
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
@@ -186,12 +178,12 @@ def load_gguf(
     as bytes)."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
-    arch = _gguf_field(reader, "general.architecture")
-    n_head = _gguf_field(reader, f"{arch}.attention.head_count")
-    n_kv_head = _gguf_field(reader, f"{arch}.attention.head_count_kv") or n_head
+    header = read_gguf_header(path)
+    arch = header.fields.get("general.architecture")
+    n_head = header.fields.get(f"{arch}.attention.head_count")
+    n_kv_head = header.fields.get(f"{arch}.attention.head_count_kv") or n_head
     family = BY_GGUF_ARCH.get(arch)
-    if family is not None and _gguf_field(reader, f"{arch}.expert_count"):
+    if family is not None and header.fields.get(f"{arch}.expert_count"):
         family = BY_GGUF_MOE_ARCH.get(arch, family)  # llama.cpp files Mixtral as "llama"
     if family is None:
         supported = ", ".join(BY_GGUF_ARCH)
@@ -202,7 +194,7 @@ def load_gguf(
     parts = gguf_layer_parts(family)
 
     state_dict: dict[str, torch.Tensor | QuantizedWeight] = {}
-    for tensor in reader.tensors:
+    for tensor in header.tensors:
         hf_name = gguf_hf_name(tensor.name, parts)
         if hf_name is None:
             continue
@@ -218,7 +210,7 @@ def load_gguf(
             state_dict |= expert_tensors(tensor, hf_name, shape, dtype, keep_quantized)
             continue
         if keep_quantized and qtype in GGUF_TYPES and len(shape) == 2:
-            # A copy: the reader's arrays are views into the read-only memory map.
+            # A copy: the header's arrays are views into the read-only memory map.
             blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
             weight = QuantizedWeight(qtype, blocks, shape)
             if heads is not None:

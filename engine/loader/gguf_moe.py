@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import transformers
+from hetero_infer.engine.loader.gguf_header import read_gguf_header
 
 # llama.cpp's architecture -> transformers' config class, and whether its top-k weights
 # are renormalized
@@ -24,29 +25,22 @@ MOE_CONFIGS: dict[str, tuple[type, bool]] = {
 }
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
 def moe_gguf_config(path: Path) -> transformers.PretrainedConfig | None:
     """The HF config of a mixture-of-experts GGUF file, or None for another file."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture")
-    experts = _field(reader, f"{arch}.expert_count")
+    header = read_gguf_header(path)
+    arch = header.fields.get("general.architecture")
+    experts = header.fields.get(f"{arch}.expert_count")
     if arch not in MOE_CONFIGS or not experts:
         return None
     config_class, renormalize = MOE_CONFIGS[arch]
 
     def get(key: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{key}", default)
+        return header.fields.get(f"{arch}.{key}", default)
 
     heads = get("attention.head_count")
     hidden = get("embedding_length")
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    names = {tensor.name for tensor in reader.tensors}
+    tokens = header.fields.get("tokenizer.ggml.tokens") or []
+    names = {tensor.name for tensor in header.tensors}
     settings: dict[str, Any] = dict(
         vocab_size=len(tokens) or get("vocab_size"),
         hidden_size=hidden,
@@ -58,9 +52,9 @@ def moe_gguf_config(path: Path) -> transformers.PretrainedConfig | None:
         rope_parameters={"rope_type": "default", "rope_theta": float(get("rope.freq_base", 1e4))},
         num_experts_per_tok=get("expert_used_count"),
         tie_word_embeddings="output.weight" not in names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+        bos_token_id=header.fields.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=header.fields.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=header.fields.get("tokenizer.ggml.padding_token_id"),
     )
     expert_width = get("expert_feed_forward_length") or get("feed_forward_length")
     if arch == "llama":  # Mixtral

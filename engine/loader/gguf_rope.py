@@ -7,26 +7,21 @@ for every position, and no error to say so."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import transformers
+from hetero_infer.engine.loader.gguf_header import GGUFHeader
 
 
-def phi3_rope_from_gguf(reader: Any, config: transformers.PretrainedConfig) -> None:
+def phi3_rope_from_gguf(header: GGUFHeader, config: transformers.PretrainedConfig) -> None:
     """Set ``config``'s partial rotary factor and LongRoPE parameters from a Phi-3 GGUF
-    file's metadata and factor tensors (``reader``: gguf.GGUFReader), where it has them."""
-
-    def field(key: str) -> Any:
-        found = reader.fields.get(key)
-        return None if found is None else found.contents()
-
+    file's metadata and factor tensors, where it has them."""
+    field = header.fields.get
     head_dim = config.hidden_size // config.num_attention_heads
     rope = dict(getattr(config, "rope_parameters", None) or {})
     rotary_dim = field("phi3.rope.dimension_count") or head_dim
     if rotary_dim != head_dim:
         rope["partial_rotary_factor"] = rotary_dim / head_dim
     factors = {
-        t.name: [float(x) for x in t.data] for t in reader.tensors if "rope_factors" in t.name
+        t.name: [float(x) for x in t.data] for t in header.tensors if "rope_factors" in t.name
     }
     if factors:
         rope |= {

@@ -120,13 +120,12 @@ def _quantization_level(
 def _gguf_file_type(path: str, mtime_ns: int) -> str:
     """The GGUF file's type ("Q4_1", "F16"): read once per file version."""
     try:
-        import gguf
+        from hetero_infer.engine.loader.gguf_header import gguf_file_type
 
-        field = gguf.GGUFReader(path).fields["general.file_type"]
-        name = gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name
+        name = gguf_file_type(Path(path))
     except Exception:  # an unreadable header only costs the listing its level
         return "unknown"
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    return "unknown" if name is None else name.removeprefix("ALL_")
 
 
 @cache

@@ -15,6 +15,7 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine
 from hetero_infer.engine.loader import resolve_model, with_family_chat
+from hetero_infer.engine.loader.gguf import gguf_metadata_folder
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 
 from tests.engine.test_quantized_smollm2 import QUANTIZED_KERNEL, agreement, teacher_forced
@@ -37,13 +38,18 @@ SLIDING_WINDOW = 512
 def reference():
     """(prompts, transformers' greedy outputs) for Gemma loaded from the same GGUF."""
     source = resolve_model(MODEL)
-    kwargs = dict(gguf_file=source.gguf_file)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+    # transformers' own conversion of the file's config and tokenizer, as the engine
+    # keeps it: each conversion reads the file's 262,144 tokens through gguf-py (20-30 s).
+    metadata = gguf_metadata_folder(source)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(metadata)
     # The file carries no chat template: the engine gives its tokenizer Gemma's, and
     # ends a turn at <end_of_turn> too.
     assert with_family_chat(tokenizer, "Gemma3ForCausalLM") == (106,)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.folder, dtype=torch.float32, **kwargs
+        source.folder,
+        config=transformers.AutoConfig.from_pretrained(metadata),
+        dtype=torch.float32,
+        gguf_file=source.gguf_file,
     ).eval()
     assert model.config.sliding_window == SLIDING_WINDOW
     prompts = build_prompts(tokenizer) + [tokenizer(DOCUMENT * 8)["input_ids"]]

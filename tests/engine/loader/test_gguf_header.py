@@ -1,5 +1,6 @@
-"""engine/loader/gguf_header.py: a GGUF file's ``general.file_type``, read from the
-file's head past fields of every kind, as gguf-py's full reader reads it."""
+"""engine/loader/gguf_header.py: a GGUF file's fields and tensors as gguf-py's own
+reader reads them, and its ``general.file_type`` read from the file's head past fields
+of every kind."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 import gguf
 import pytest
 from hetero_infer.engine.loader import resolve_model
-from hetero_infer.engine.loader.gguf_header import gguf_file_type
+from hetero_infer.engine.loader.gguf_header import gguf_file_type, read_gguf_header
+
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
 
 def write_gguf(path: Path, file_type: int | None) -> Path:
     """A GGUF file with fields of each kind before its file type (strings, arrays of
-    strings and of numbers, scalars) and one small tensor."""
+    strings and of numbers, scalars), a tensor of floats and one of Q8_0 blocks."""
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_string("general.name", "tiny")
     writer.add_array("tokenizer.ggml.tokens", ["<s>", "é", "a" * 300])
@@ -24,7 +27,11 @@ def write_gguf(path: Path, file_type: int | None) -> Path:
     if file_type is not None:
         writer.add_file_type(file_type)
     writer.add_uint32("llama.block_count", 1)
-    writer.add_tensor("token_embd.weight", gguf.np.zeros((4, 32), dtype=gguf.np.float32))
+    writer.add_tensor(
+        "token_embd.weight", gguf.np.arange(128, dtype=gguf.np.float32).reshape(4, 32)
+    )
+    blocks = gguf.quants.quantize(gguf.np.linspace(-1, 1, 2 * 64, dtype=gguf.np.float32), Q8_0)
+    writer.add_tensor("blk.0.ffn_down.weight", blocks.reshape(2, -1), raw_dtype=Q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -51,3 +58,39 @@ def test_not_a_gguf_file(tmp_path) -> None:
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     assert gguf_file_type(path) is None
+
+
+def assert_reads_as_gguf_py_does(path: Path) -> None:
+    ours, theirs = read_gguf_header(path), gguf.GGUFReader(path)
+    keys = [key for key in theirs.fields if not key.startswith("GGUF.")]
+    assert list(ours.fields) == keys
+    for key in keys:
+        assert ours.fields[key] == theirs.fields[key].contents(), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.tensor_type == reference.tensor_type, mine.name
+        assert mine.shape == tuple(int(d) for d in reference.shape), mine.name
+        assert mine.data.dtype == reference.data.dtype, mine.name
+        assert gguf.np.array_equal(mine.data, reference.data), mine.name
+
+
+def test_fields_and_tensors_of_every_kind(tmp_path) -> None:
+    path = write_gguf(tmp_path / "tiny.gguf", 3)
+    assert_reads_as_gguf_py_does(path)
+    header = read_gguf_header(path)
+    assert header.fields["tokenizer.ggml.tokens"] == ["<s>", "é", "a" * 300]
+    assert header.tensors[1].data.shape == (2, 68)  # Q8_0: 2 blocks of 34 bytes a row
+
+
+@pytest.mark.slow
+def test_the_packaged_files_read_as_gguf_py_reads_them() -> None:
+    """SmolLM2's Q4_1 file and Gemma 3's Q4_K_M one (262,144 tokens)."""
+    for name in (None, "gemma-3-270m"):
+        assert_reads_as_gguf_py_does(resolve_model(name).path)
+
+
+def test_not_a_gguf_file_is_refused(tmp_path) -> None:
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf_header(path)

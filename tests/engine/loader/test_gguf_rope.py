@@ -9,6 +9,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import transformers
+from hetero_infer.engine.loader.gguf_header import read_gguf_header
 from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
 from hetero_infer.engine.models.config import ModelConfig
 
@@ -47,7 +48,7 @@ def test_phi3_rope_settings_come_from_the_file(tmp_path: Path) -> None:
     config = converted(original)
     assert ModelConfig.from_hf(config).rotary_dim is None
     path = write_phi3_rope(tmp_path / "phi3.gguf", original, rotary_dim=18)
-    phi3_rope_from_gguf(gguf.GGUFReader(path), config)
+    phi3_rope_from_gguf(read_gguf_header(path), config)
     ours, expected = ModelConfig.from_hf(config), ModelConfig.from_hf(original)
     assert ours.rotary_dim == expected.rotary_dim == 18
     assert ours.rope_scaling["rope_type"] == "longrope"
@@ -69,6 +70,6 @@ def test_a_plain_phi3_file_keeps_plain_rope(tmp_path: Path) -> None:
         step()
     writer.write_tensors_to_file()
     writer.close()
-    phi3_rope_from_gguf(gguf.GGUFReader(tmp_path / "plain.gguf"), config)
+    phi3_rope_from_gguf(read_gguf_header(tmp_path / "plain.gguf"), config)
     ours = ModelConfig.from_hf(config)
     assert ours.rotary_dim is None and ours.rope_scaling is None
