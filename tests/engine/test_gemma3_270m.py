@@ -11,11 +11,8 @@ text, bf16 stays close to fp32 (the measure test_quantized_smollm2.py uses).
 from __future__ import annotations
 
 import pytest
-import torch
-import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine
 from hetero_infer.engine.loader import resolve_model, with_family_chat
-from hetero_infer.engine.loader.gguf import gguf_metadata_folder
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 
 from tests.engine.test_quantized_smollm2 import QUANTIZED_KERNEL, agreement, teacher_forced
@@ -26,7 +23,7 @@ from tests.engine.test_smollm2 import (
     build_prompts,
     check_greedy_in_regime,
 )
-from tests.reference import transformers_greedy
+from tests.reference import transformers_from_gguf, transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -37,20 +34,10 @@ SLIDING_WINDOW = 512
 @pytest.fixture(scope="module")
 def reference():
     """(prompts, transformers' greedy outputs) for Gemma loaded from the same GGUF."""
-    source = resolve_model(MODEL)
-    # transformers' own conversion of the file's config and tokenizer, as the engine
-    # keeps it: each conversion reads the file's 262,144 tokens through gguf-py (20-30 s).
-    metadata = gguf_metadata_folder(source)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(metadata)
+    tokenizer, model = transformers_from_gguf(resolve_model(MODEL))
     # The file carries no chat template: the engine gives its tokenizer Gemma's, and
     # ends a turn at <end_of_turn> too.
     assert with_family_chat(tokenizer, "Gemma3ForCausalLM") == (106,)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.folder,
-        config=transformers.AutoConfig.from_pretrained(metadata),
-        dtype=torch.float32,
-        gguf_file=source.gguf_file,
-    ).eval()
     assert model.config.sliding_window == SLIDING_WINDOW
     prompts = build_prompts(tokenizer) + [tokenizer(DOCUMENT * 8)["input_ids"]]
     assert max(len(p) for p in prompts) > SLIDING_WINDOW

@@ -8,12 +8,10 @@ small enough to force preemption, prompts are chunked, and prefixes are shared.
 from __future__ import annotations
 
 import pytest
-import torch
-import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.loader import resolve_model
 
-from tests.reference import transformers_greedy
+from tests.reference import transformers_from_gguf, transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -57,12 +55,7 @@ def build_prompts(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def reference():
     """(prompts, transformers' greedy outputs) for SmolLM2 loaded from the same GGUF."""
-    source = resolve_model(None)
-    kwargs = dict(gguf_file=source.gguf_file)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.folder, dtype=torch.float32, **kwargs
-    ).eval()
+    tokenizer, model = transformers_from_gguf(resolve_model(None))
     prompts = build_prompts(tokenizer)
     assert len(prompts) == 16 and max(len(p) for p in prompts) > 200
     return prompts, transformers_greedy(model, prompts, MAX_NEW_TOKENS)
