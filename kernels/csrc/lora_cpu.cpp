@@ -21,6 +21,7 @@
 #include "lora_cpu.h"
 
 #include <algorithm>
+#include <bit>
 #include <span>
 #include <utility>
 
@@ -257,17 +258,28 @@ inline void store16(float* row, __mmask16 mask, __m512 values) {
   _mm512_mask_storeu_ps(row, mask, values);
 }
 
-// out[i][0 .. width) += row i's ranks of the part (rounded to bf16, as the reference
-// rounds the shrunk rows) . B, for the tile's NR rows; pairs: scratch for the ranks.
+// Two of a row's ranks rounded to bf16 (as the reference rounds the shrunk rows), as a
+// pair for LanePairs::dot.
+inline ScalarPair rounded_pair(float even, float odd) {
+#if defined(__AVX512BF16__)
+  return bf16_bits(even) | (uint32_t{bf16_bits(odd)} << 16);
+#else
+  const auto widen = [](uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); };
+  return {widen(bf16_bits(even)), widen(bf16_bits(odd))};
+#endif
+}
+
+// out[i][0 .. width) += row i's ranks of the part (rounded to bf16) . B, for the tile's
+// NR rows; pairs: scratch for the ranks.
 template <int NR, typename out_t>
 void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4, out_t* const* out,
-                 uint32_t* pairs_of_t) {
+                 ScalarPair* pairs_of_t) {
   const int64_t pairs = (part.rank + 1) / 2;
   for (int i = 0; i < NR; ++i) {
     const float* ranks = t + i * r4 + part.rank_start;
     for (int64_t kp = 0; kp < pairs; ++kp) {
       const float hi = 2 * kp + 1 < part.rank ? ranks[2 * kp + 1] : 0.f;
-      pairs_of_t[i * pairs + kp] = bf16_bits(ranks[2 * kp]) | (uint32_t{bf16_bits(hi)} << 16);
+      pairs_of_t[i * pairs + kp] = rounded_pair(ranks[2 * kp], hi);
     }
   }
   const auto* b = static_cast<const uint32_t*>(part.b);
@@ -276,11 +288,8 @@ void expand_tile(const LoRAWeights::Part& part, const float* t, int64_t r4, out_
     __m512 acc[NR];
     for (__m512& sum : acc) sum = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < pairs; ++kp) {
-      const __m512i bv = _mm512_loadu_si512(block + kp * kColumns);
-      for (int i = 0; i < NR; ++i) {
-        const __m512i tv = _mm512_set1_epi32(static_cast<int>(pairs_of_t[i * pairs + kp]));
-        acc[i] = dot_bf16_pairs(acc[i], bv, tv);
-      }
+      const LanePairs bv(block + kp * kColumns);
+      for (int i = 0; i < NR; ++i) acc[i] = bv.dot(acc[i], pairs_of_t[i * pairs + kp]);
     }
     const int64_t cols = std::min(kColumns, part.width - first);
     const __mmask16 mask = cols == kColumns ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
@@ -296,8 +305,9 @@ void run_tile(const LoRAWeights& w, const c10::BFloat16* const* x, out_t* const*
   const int64_t r4 = round_up(w.ranks, kTileRanks);
   int64_t most_pairs = 0;
   for (const auto& part : part_list(w)) most_pairs = std::max(most_pairs, (part.rank + 1) / 2);
-  float* t = scratch(NR * r4 + NR * most_pairs).data();
-  auto* pairs_of_t = reinterpret_cast<uint32_t*>(t + NR * r4);
+  constexpr int64_t floats_a_pair = sizeof(ScalarPair) / sizeof(float);
+  float* t = scratch(NR * r4 + NR * most_pairs * floats_a_pair).data();
+  auto* pairs_of_t = reinterpret_cast<ScalarPair*>(t + NR * r4);
   shrink_tile<NR>(w, x, t, r4);
   for (const auto& part : part_list(w)) {
     out_t* part_out[NR];
