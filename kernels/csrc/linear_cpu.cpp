@@ -3,13 +3,13 @@
 // A panel holds, for each pair of input features, the 32 outputs' weight pairs side by
 // side: one 64-byte load gives 16 lanes of (w[j][2k], w[j][2k + 1]), and AVX512-BF16's
 // dot instruction multiplies them with one broadcast pair of x and sums in fp32 (where
-// a CPU lacks it, two FMAs in fp32: vector_math.h's LanePairs). A tile of 8 rows x 32 outputs
-// keeps 16 sums in registers over the whole input; a thread walks its panels in memory
-// order, each panel read from memory once for all rows while the next is asked for
-// ahead of use. oneDNN's bf16 matmul on its own packed weights
-// reached 290-370 GFLOP/s on a step's 32-128 rows with weights not in cache, and
-// 140-220 at 5-8 rows; this 350-440 and 220-270 (the machine's peak: ~430). At 1-4 rows
-// it also beats a matrix-vector kernel that streamed the unpacked rows.
+// a CPU lacks it, two FMAs in fp32: vector_math.h's LanePairs). A tile of 8 rows x 32
+// outputs keeps 16 sums in registers over the whole input; a thread walks its panels in
+// memory order, each panel read from memory once for all rows while the next is asked
+// for ahead of use. oneDNN's bf16 matmul on its own packed weights reached 290-370
+// GFLOP/s on a step's 32-128 rows with weights not in cache, and 140-220 at 5-8 rows;
+// this 350-440 and 220-270 (the machine's peak: ~430). At 1-4 rows it also beats a
+// matrix-vector kernel that streamed the unpacked rows.
 //
 // A merged gate_up weight can be packed "gated": each panel then holds 16 gate
 // outputs and the 16 up outputs of the same features, and the tile writes
@@ -173,7 +173,7 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
 #if defined(__AVX512BF16__)
   auto xc = x.contiguous();
 #else
-  auto xc = x.to(at::kFloat).contiguous();  // x's pairs in fp32, as LanePairs::dot takes them
+  auto xc = x.to(at::kFloat).contiguous();  // fp32 pairs, as LanePairs::dot takes them
 #endif
   if (addend.has_value()) {
     TORCH_CHECK(addend->scalar_type() == at::kFloat && addend->is_contiguous() &&

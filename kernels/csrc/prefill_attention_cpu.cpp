@@ -2,17 +2,19 @@
 //
 // A chunk's query tokens all read the same keys and values, so here they are read in
 // tiles of 16 tokens against tiles of 16 keys, as matrix products on bf16 pairs
-// (vector_math.h's LanePairs: AVX512-BF16's dot instruction, or FMAs), with an
-// online softmax (flash attention): the decode kernel, one
-// token at a time, re-reads every key per token and reduces each dot product across
-// lanes. Two passes, each split among torch's threads by its work:
+// (vector_math.h's LanePairs: AVX512-BF16's dot instruction, or FMAs), with an online
+// softmax (flash attention): the decode kernel, one token at a time, re-reads every
+// key per token and reduces each dot product across lanes. Two passes, each split
+// among torch's threads by its work:
 // 1. per (chunk, KV head), the keys are laid out with a tile's 16 keys across the
 //    lanes (pairs of dims per lane, as the instruction multiplies pairs), and the
 //    values with pairs of keys per lane;
 // 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
 //    small keep both threads busy when a step holds a single long chunk.
 // The probabilities are rounded to bf16 for the value product, as GPU flash attention
-// does, where the dot instruction takes them (kept in fp32 for the FMAs elsewhere). Scores may be soft-capped (Gemma 2) before the softmax.
+// does, where the dot instruction takes them; the FMAs take them in fp32 (rounded, they
+// cost SmolLM2 +1% perplexity there). Scores may be soft-capped (Gemma 2) before the
+// softmax.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -100,7 +100,8 @@ struct LanePairs {
   LanePairs() = default;
   explicit LanePairs(const void* p) : pairs(_mm512_loadu_si512(p)) {}
   __m512 dot(__m512 acc, ScalarPair x) const {
-    return _mm512_dpbf16_ps(acc, (__m512bh)pairs, (__m512bh)_mm512_set1_epi32(static_cast<int>(x)));
+    const __m512i broadcast = _mm512_set1_epi32(static_cast<int>(x));
+    return _mm512_dpbf16_ps(acc, (__m512bh)pairs, (__m512bh)broadcast);
   }
 };
 
@@ -119,10 +120,12 @@ struct LanePairs {
   explicit LanePairs(const void* p) {
     const __m512i pairs = _mm512_loadu_si512(p);
     even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-    odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
   }
   __m512 dot(__m512 acc, const ScalarPair& x) const {
-    return _mm512_fmadd_ps(odd, _mm512_set1_ps(x.odd), _mm512_fmadd_ps(even, _mm512_set1_ps(x.even), acc));
+    const __m512 first = _mm512_fmadd_ps(even, _mm512_set1_ps(x.even), acc);
+    return _mm512_fmadd_ps(odd, _mm512_set1_ps(x.odd), first);
   }
 };
 
