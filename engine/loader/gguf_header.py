@@ -96,20 +96,6 @@ class _Cursor:
         start, self.offset = self.offset, self.offset + count * dtype.itemsize
         return np.frombuffer(self.buffer, dtype, count, start).tolist()
 
-    def skip(self, value_type: int) -> None:
-        if value_type == _STRING:
-            length = self.number("<Q")
-            self.offset += length
-        elif value_type == _ARRAY:
-            element_type, count = self.number("<I"), self.number("<Q")
-            if element_type in _FORMATS:
-                self.offset += struct.calcsize(_FORMATS[element_type]) * count
-            else:
-                for _ in range(count):
-                    self.skip(element_type)
-        else:
-            self.offset += struct.calcsize(_FORMATS[value_type])
-
 
 def _open(path: Path | str) -> tuple[_Cursor, int, int] | None:
     """A cursor on the file mapped read-only, past the fixed part of a GGUF header
@@ -174,5 +160,5 @@ def gguf_file_type(path: Path) -> str | None:
                 return gguf.LlamaFileType(cursor.value(value_type)).name.removeprefix("MOSTLY_")
             except ValueError:
                 return None
-        cursor.skip(value_type)
+        cursor.value(value_type)  # read past it
     return None
