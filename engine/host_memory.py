@@ -36,10 +36,9 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     Nothing is written up front: the kernel hands out a mapping's pages zeroed when they
     are first touched (as huge pages, where advised). Zeroing the default 2 GiB cache
     took 0.3 s of every start and made all of it resident at once; now the blocks the
-    cache hands out come in as they are first written, as torch.empty's memory would
-    (vLLM's CPU cache is torch.empty) but certainly zero.
+    cache hands out come in as they are first written.
     """
-    nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE)  # room to start on a huge page's boundary
