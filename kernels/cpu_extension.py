@@ -5,7 +5,7 @@ machine (see kernels/cpu_build.py); they load here in well under a second. Where
 usable build was installed (torch was not importable at build time, the sources or
 torch changed since, or this CPU lacks an instruction the build used), torch's
 cpp_extension compiles them on first use, keeping the library under
-TORCH_EXTENSIONS_DIR, so only the first process on a machine pays (about a minute on
+TORCH_EXTENSIONS_DIR, so only the first process on a machine pays (about two minutes on
 2 cores). Where that fails too (no compiler) a warning says so once and the torch code
 runs instead, with the same results, more slowly. Whether to use them at all is the
 engine's setting (``cpu_kernels``), passed to kernels/selection.py, which loads them
@@ -60,7 +60,7 @@ def _build_now() -> ModuleType | None:
     cpu_build.put_ninja_on_path()
     from torch.utils import cpp_extension
 
-    logger.info("compiling the CPU kernels (once per machine; about a minute)")
+    logger.info("compiling the CPU kernels (once per machine; a few minutes)")
     try:
         return cpp_extension.load(
             name=cpu_build.EXTENSION_NAME,
