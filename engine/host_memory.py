@@ -39,9 +39,12 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     cache hands out come in as they are first written.
     """
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
+    if nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # Windows' mmap takes no flags
         return torch.zeros(shape, dtype=dtype)
-    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE)  # room to start on a huge page's boundary
+    # Private: a shared anonymous mapping (mmap's default) is shmem, whose huge pages
+    # Linux governs apart (shmem_enabled, "never" by default), and a child would share it.
+    # Its size leaves room to start on a huge page's boundary.
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     memory = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
     offset = -memory.data_ptr() % HUGE_PAGE
     length = nbytes // HUGE_PAGE * HUGE_PAGE

@@ -22,13 +22,16 @@ THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def huge_page_advised(start: int, end: int) -> bool:
-    """Whether every mapping of this process that overlaps [start, end) is marked for
+    """Whether every mapping of this process that overlaps [start, end) is private (a
+    shared anonymous one is shmem, whose huge pages Linux governs apart) and marked for
     transparent huge pages (madvise MADV_HUGEPAGE: "hg" in its VmFlags)."""
     flags, overlaps = [], False
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        if m := re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line):
+        if m := re.match(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ", line):
             lo, hi = int(m[1], 16), int(m[2], 16)
             overlaps = lo < end and hi > start
+            if overlaps:
+                flags.append(m[3].endswith("p"))
         elif overlaps and line.startswith("VmFlags:"):
             flags.append("hg" in line.split()[1:])
     return bool(flags) and all(flags)
