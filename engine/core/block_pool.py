@@ -30,9 +30,9 @@ class Block:
 
 
 class LazyBlocks(Sequence[Block]):
-    """The pool's blocks, by id, each made when first asked for: a small model's default
-    cache holds ~10^5 blocks (a tiny test model's 262k), most of them never handed out,
-    and making them all took 0.3 s of the engine's start."""
+    """The pool's blocks, by id, each made when first asked for. The default cache's
+    bytes hold very many blocks of a small model's KV (262k of a tiny test model's),
+    most of them never handed out, and making them all took 0.3 s of its start."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
