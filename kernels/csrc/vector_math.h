@@ -72,17 +72,26 @@ inline __m256i round_to_bf16(__m512 values) {
 #endif
 }
 
+#if !defined(__AVX512BF16__)
+// 16 lanes of bf16 pairs widened to fp32 (bf16 is fp32's top half): each lane's first
+// value (shifted up), and its second (the low half masked off).
+inline __m512 first_of_pairs(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
+inline __m512 second_of_pairs(__m512i pairs) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+}
+#endif
+
 // acc + a[2l] * b[2l] + a[2l + 1] * b[2l + 1] in each lane l, a and b 32 bf16 values:
-// VDPBF16PS, or where the CPU lacks it, each value widened to fp32 (a shift: bf16 is
-// fp32's top half) and two FMAs.
+// VDPBF16PS, or where the CPU lacks it, each value widened to fp32 and two FMAs.
 inline __m512 dot_bf16_pairs(__m512 acc, __m512i a, __m512i b) {
 #if defined(__AVX512BF16__)
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 #else
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  const auto even = [](__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); };
-  const auto odd = [&](__m512i v) { return _mm512_castsi512_ps(_mm512_and_si512(v, high)); };
-  return _mm512_fmadd_ps(odd(a), odd(b), _mm512_fmadd_ps(even(a), even(b), acc));
+  const __m512 first = _mm512_fmadd_ps(first_of_pairs(a), first_of_pairs(b), acc);
+  return _mm512_fmadd_ps(second_of_pairs(a), second_of_pairs(b), first);
 #endif
 }
 
@@ -119,9 +128,8 @@ struct LanePairs {
   LanePairs() = default;
   explicit LanePairs(const void* p) {
     const __m512i pairs = _mm512_loadu_si512(p);
-    even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+    even = first_of_pairs(pairs);
+    odd = second_of_pairs(pairs);
   }
   __m512 dot(__m512 acc, const ScalarPair& x) const {
     const __m512 first = _mm512_fmadd_ps(even, _mm512_set1_ps(x.even), acc);
