@@ -27,6 +27,23 @@ at::Tensor pack_gated_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated,
                          const std::optional<at::Tensor>& addend = std::nullopt);
+// linear_packed taken apart: its checks and output made once, its panels then run in
+// shares (run_share(t, n) for t in 0 .. n - 1, from any threads), so that a parallel
+// region can run them beside other work (one_region.h).
+class PackedLinearWork {
+ public:
+  PackedLinearWork(const at::Tensor& x, const at::Tensor& packed,
+                   const std::optional<at::Tensor>& bias, bool gated,
+                   const std::optional<at::Tensor>& addend);
+  void run_share(int64_t thread, int64_t threads) const;
+
+  at::Tensor out;  // [M, N], or [M, N / 2] where gated
+
+ private:
+  bool gated_;
+  int64_t rows_, pairs_, panels_;
+  at::Tensor x_, packed_, bias_, addend_;
+};
 bool quantized_linear_available();
 at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
                                  const std::optional<at::Tensor>& scales);

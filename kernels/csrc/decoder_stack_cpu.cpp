@@ -9,6 +9,7 @@
 
 #include "cpu_kernels.h"
 #include "moe_cpu.h"
+#include "one_region.h"
 
 namespace {
 
@@ -36,6 +37,29 @@ at::Tensor PackedLinear::linear(const at::Tensor& x, const std::optional<at::Ten
   TORCH_CHECK(qtype.empty() || !addend.has_value(), "an addend on a quantized projection");
   return qtype.empty() ? linear_packed(x, packed, bias, gated, addend)
                        : quantized_linear(x, packed, qtype, bias, activation_bits);
+}
+
+at::Tensor PackedLinear::linear(const at::Tensor& x, const StepLoRA& lora) const {
+  if (lora.weights.empty()) return linear(x);
+  if (!qtype.empty()) {
+    at::Tensor out = linear(x);
+    lora_add_rows(out, x, lora.rows, lora.weights);
+    return out;
+  }
+  if (gated) {  // the updates first, into the sums the kernel adds before its activation
+    at::Tensor updates =
+        at::empty({x.size(0), packed.size(0) * packed.size(2)}, x.options().dtype(at::kFloat));
+    const LoRAWork updating(updates, x, lora.rows, lora.weights, /*assign=*/true);
+    const PackedLinearWork projecting(x, packed, std::nullopt, true, updates);
+    in_one_region([&](int64_t t, int64_t n) { updating.run_share(t, n); },
+                  [&](int64_t t, int64_t n) { projecting.run_share(t, n); });
+    return projecting.out;
+  }
+  const PackedLinearWork projecting(x, packed, bias, false, std::nullopt);
+  const LoRAWork updating(projecting.out, x, lora.rows, lora.weights);
+  in_one_region([&](int64_t t, int64_t n) { projecting.run_share(t, n); },
+                [&](int64_t t, int64_t n) { updating.run_share(t, n); });
+  return projecting.out;
 }
 
 at::Tensor PackedLinear::activate(const at::Tensor& out) const {
@@ -104,38 +128,17 @@ void DecoderStack::remove_lora(int64_t slot) {
   }
 }
 
-void DecoderStack::add_lora(const DecoderLayerWeights& layer, int projection, at::Tensor& out,
-                            const at::Tensor& x, const LoRARows& step) const {
+StepLoRA DecoderStack::step_lora(const DecoderLayerWeights& layer, int projection,
+                                 const LoRARows& step) const {
+  StepLoRA lora;
   const auto& by_slot = layer.lora[projection];
-  if (by_slot.empty()) return;
-  std::vector<LoRARowSpan> rows;
-  std::vector<const LoRAWeights*> weights;
-  rows.reserve(step.slots.size());
-  weights.reserve(step.slots.size());
-  for (size_t g = 0; g < step.slots.size(); ++g) {
+  for (size_t g = 0; g < step.slots.size() && !by_slot.empty(); ++g) {
     const int64_t slot = step.slots[g];
     if (slot < 0 || slot >= static_cast<int64_t>(by_slot.size()) || !by_slot[slot]) continue;
-    rows.push_back({step.rows[g].data(), static_cast<int64_t>(step.rows[g].size())});
-    weights.push_back(by_slot[slot].get());
+    lora.rows.push_back({step.rows[g].data(), static_cast<int64_t>(step.rows[g].size())});
+    lora.weights.push_back(by_slot[slot].get());
   }
-  if (!weights.empty()) lora_add_rows(out, x, rows, weights);
-}
-
-at::Tensor DecoderStack::gate_up_activated(const DecoderLayerWeights& layer, const at::Tensor& x,
-                                           const LoRARows& step) const {
-  const PackedLinear& gate_up = *layer.gate_up;
-  if (!gate_up.gated) {
-    at::Tensor out = gate_up.linear(x);
-    add_lora(layer, 2, out, x, step);
-    return gate_up.activate(out);
-  }
-  // The kernel fuses the activation: the updates go into its sums, from fp32 zeros
-  // (rows of no adapter stay zero).
-  if (layer.lora[2].empty() || step.slots.empty()) return gate_up.linear(x);
-  at::Tensor updates = at::zeros({x.size(0), gate_up.packed.size(0) * gate_up.packed.size(2)},
-                                 x.options().dtype(at::kFloat));
-  add_lora(layer, 2, updates, x, step);
-  return gate_up.linear(x, updates);
+  return lora;
 }
 
 at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& weight) const {
@@ -168,9 +171,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     } else {
       std::tie(normed, residual) = fused_add_rms_norm(hidden, residual, layer.input_norm, eps_);
     }
-    at::Tensor qkv = layer.qkv.linear(normed);
-    add_lora(layer, 0, qkv, normed, lora);
-    qkv = layer.qkv.activate(qkv);
+    const at::Tensor qkv = layer.qkv.activate(layer.qkv.linear(normed, step_lora(layer, 0, lora)));
     at::Tensor q = qkv.narrow(1, 0, q_size);
     at::Tensor k = qkv.narrow(1, q_size, kv_size);
     if (layer.qk_norm_across_heads) {  // as RMSNorm.each_row over the whole projection
@@ -192,19 +193,17 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
         decode_attention(q, k_cache, v_cache, own_group ? *sliding_block_tables : block_tables,
                          context_lens, scale_, layer.window, softcap_);
     const at::Tensor attended = attention.reshape({tokens, q_size});
-    at::Tensor projected = layer.o.linear(attended);
-    add_lora(layer, 1, projected, attended, lora);
-    projected = layer.o.activate(projected);
+    at::Tensor projected = layer.o.activate(layer.o.linear(attended, step_lora(layer, 1, lora)));
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);
     std::tie(normed, residual) =
         fused_add_rms_norm(projected, residual, layer.post_attention_norm, eps_);
     if (layer.moe) {
       hidden = layer.moe->forward(normed);
     } else {
-      const at::Tensor activated = gate_up_activated(layer, normed, lora);
-      hidden = layer.down->linear(activated);
-      add_lora(layer, 3, hidden, activated, lora);
-      hidden = layer.down->activate(hidden);
+      // a gate_up kernel that fuses the activation takes the updates before it
+      const at::Tensor activated =
+          layer.gate_up->activate(layer.gate_up->linear(normed, step_lora(layer, 2, lora)));
+      hidden = layer.down->activate(layer.down->linear(activated, step_lora(layer, 3, lora)));
     }
     if (layer.mlp_output_norm) hidden = rms_norm(hidden, *layer.mlp_output_norm, eps_);
   }

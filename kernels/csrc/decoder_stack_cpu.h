@@ -14,6 +14,12 @@
 
 class MoeBlock;  // moe_cpu.h
 
+// A step's LoRA adapters on one projection: each one's rows and its weights there.
+struct StepLoRA {
+  std::vector<LoRARowSpan> rows;
+  std::vector<const LoRAWeights*> weights;
+};
+
 // The activation-and-mul a merged gate_up projection's output goes through after the
 // kernel, where the kernel does not fuse it.
 enum class GatedActivation { kNone, kSilu, kGeluTanh };
@@ -31,6 +37,9 @@ struct PackedLinear {
   // fp32 [tokens, out] added before the kernel rounds or activates (bf16 panels only).
   at::Tensor linear(const at::Tensor& x,
                     const std::optional<at::Tensor>& addend = std::nullopt) const;
+  // linear with the LoRA updates of x's rows added (where the kernel fuses gate_up's
+  // activation, to its sums before it); on bf16 panels in the kernel's parallel region.
+  at::Tensor linear(const at::Tensor& x, const StepLoRA& lora) const;
   at::Tensor activate(const at::Tensor& out) const;
 
   at::Tensor packed;
@@ -107,12 +116,9 @@ class DecoderStack {
   // RMSNorm over each head_dim values of x [tokens, n * head_dim], as RMSNorm.each_row:
   // the rows made contiguous, normed as a [tokens * n, head_dim] batch.
   at::Tensor norm_each_head(const at::Tensor& x, const at::Tensor& weight) const;
-  // out += the step's LoRA updates of projection ``projection`` of ``layer``
-  void add_lora(const DecoderLayerWeights& layer, int projection, at::Tensor& out,
-                const at::Tensor& x, const LoRARows& step) const;
-  // The MLP's gate_up and activation, with the step's LoRA updates before the latter
-  at::Tensor gate_up_activated(const DecoderLayerWeights& layer, const at::Tensor& x,
-                               const LoRARows& step) const;
+  // The step's LoRA adapters on projection ``projection`` of ``layer``
+  StepLoRA step_lora(const DecoderLayerWeights& layer, int projection,
+                     const LoRARows& step) const;
 
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, scale_;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "cpu_kernels.h"
 #include "vector_math.h"
 
 namespace {
@@ -151,71 +152,90 @@ inline void multiply_rows(int64_t rows, const ScalarPair* x, int64_t pairs, cons
 }  // namespace
 #endif
 
+PackedLinearWork::PackedLinearWork(const at::Tensor& x, const at::Tensor& packed,
+                                   const std::optional<at::Tensor>& bias, bool gated,
+                                   const std::optional<at::Tensor>& addend)
+    : gated_(gated) {
+  TORCH_CHECK(linear_packed_available(), "built without AVX-512 (BW)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x [M, K] bf16");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) * 2 == x.size(1),
+              "packed weight does not fit x");
+  rows_ = x.size(0);
+  pairs_ = packed.size(1);
+  panels_ = packed.size(0);
+  const int64_t n = panels_ * kPanel;
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!(gated && has_bias), "a gated weight takes no bias");
+  if (has_bias) {
+    bias_ = bias->contiguous();
+    TORCH_CHECK(bias_.scalar_type() == at::kBFloat16 && bias_.numel() == n, "bias [N] bf16");
+  }
+#if defined(__AVX512BF16__)
+  x_ = x.contiguous();
+#else
+  x_ = x.to(at::kFloat).contiguous();  // fp32 pairs, as LanePairs::dot takes them
+#endif
+  if (addend.has_value()) {
+    TORCH_CHECK(addend->scalar_type() == at::kFloat && addend->is_contiguous() &&
+                    addend->dim() == 2 && addend->size(0) == rows_ && addend->size(1) == n,
+                "addend: fp32 [M, N], contiguous");
+    addend_ = *addend;
+  }
+  packed_ = packed;
+  out = at::empty({rows_, gated ? n / 2 : n}, x.options());
+}
+
+void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
+#if defined(__AVX512BW__)
+  // as at::parallel_for(0, panels, 1) would split them
+  const int64_t chunk = (panels_ + threads - 1) / threads;
+  const int64_t begin = thread * chunk, end = std::min(panels_, begin + chunk);
+  const int64_t n = panels_ * kPanel, pairs = pairs_, rows = rows_;
+  const int64_t out_cols = gated_ ? n / 2 : n, panel_cols = gated_ ? kPanel / 2 : kPanel;
+  const ScalarPair* xp = reinterpret_cast<const ScalarPair*>(x_.data_ptr());
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed_.data_ptr<int32_t>());
+  const at::BFloat16* bp = bias_.defined() ? bias_.data_ptr<at::BFloat16>() : nullptr;
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* ap = addend_.defined() ? addend_.data_ptr<float>() : nullptr;
+  for (int64_t p = begin; p < end; ++p) {
+    const uint32_t* panel = wp + p * pairs * kPanel;
+    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + pairs * kPanel) : nullptr;
+    // Rows spread evenly over the fewest tiles (17 rows: 6 + 6 + 5, not 8 + 8 + 1): a
+    // tile of few rows waits on its few chains of dot instructions.
+    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+    for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
+      const int64_t count = rows / tiles + (t < rows % tiles ? 1 : 0);
+      const at::BFloat16* panel_bias = bp ? bp + p * kPanel : nullptr;
+      // The first tile of a panel asks for the next panel; later ones find it there.
+      const char* ahead = r0 == 0 ? next : nullptr;
+      uint16_t* tile_out = op + r0 * out_cols + p * panel_cols;
+      Addend add;
+      if (ap) {  // the panel's columns: a gated one's 16 gates and their 16 ups, or 32 in a row
+        add.lo = ap + r0 * n + p * panel_cols;
+        add.hi = gated_ ? add.lo + n / 2 : add.lo + 16;
+        add.stride = n;
+      }
+      if (gated_) {
+        multiply_rows<true>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
+      } else {
+        multiply_rows<false>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
+      }
+      r0 += count;
+    }
+  }
+#endif
+}
+
 // x [M, K] bf16, packed from pack_linear_weight, bias [N] bf16 or undefined -> [M, N];
 // gated (packed from pack_gated_linear_weight, no bias) -> silu(gate) * up, [M, N / 2].
 // addend: fp32 [M, N] (gate, then up, where gated) added to the sums before either.
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated,
                          const std::optional<at::Tensor>& addend) {
-  TORCH_CHECK(linear_packed_available(), "built without AVX-512 (BW)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x [M, K] bf16");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) * 2 == x.size(1),
-              "packed weight does not fit x");
-  const int64_t rows = x.size(0), pairs = packed.size(1), panels = packed.size(0);
-  const int64_t n = panels * kPanel;
-  const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!(gated && has_bias), "a gated weight takes no bias");
-  at::Tensor b;
-  if (has_bias) {
-    b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias [N] bf16");
-  }
-#if defined(__AVX512BF16__)
-  auto xc = x.contiguous();
-#else
-  auto xc = x.to(at::kFloat).contiguous();  // fp32 pairs, as LanePairs::dot takes them
-#endif
-  if (addend.has_value()) {
-    TORCH_CHECK(addend->scalar_type() == at::kFloat && addend->is_contiguous() &&
-                    addend->dim() == 2 && addend->size(0) == rows && addend->size(1) == n,
-                "addend: fp32 [M, N], contiguous");
-  }
-  const int64_t out_cols = gated ? n / 2 : n, panel_cols = gated ? kPanel / 2 : kPanel;
-  auto out = at::empty({rows, out_cols}, x.options());
-#if defined(__AVX512BW__)
-  const ScalarPair* xp = reinterpret_cast<const ScalarPair*>(xc.data_ptr());
-  const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
-  const at::BFloat16* bp = has_bias ? b.data_ptr<at::BFloat16>() : nullptr;
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const float* ap = addend.has_value() ? addend->data_ptr<float>() : nullptr;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const uint32_t* panel = wp + p * pairs * kPanel;
-      const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + pairs * kPanel) : nullptr;
-      // Rows spread evenly over the fewest tiles (17 rows: 6 + 6 + 5, not 8 + 8 + 1): a
-      // tile of few rows waits on its few chains of dot instructions.
-      const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-      for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
-        const int64_t count = rows / tiles + (t < rows % tiles ? 1 : 0);
-        const at::BFloat16* panel_bias = bp ? bp + p * kPanel : nullptr;
-        // The first tile of a panel asks for the next panel; later ones find it there.
-        const char* ahead = r0 == 0 ? next : nullptr;
-        uint16_t* tile_out = op + r0 * out_cols + p * panel_cols;
-        Addend add;
-        if (ap) {  // the panel's columns: a gated one's 16 gates and their 16 ups, or 32 in a row
-          add.lo = ap + r0 * n + p * panel_cols;
-          add.hi = gated ? add.lo + n / 2 : add.lo + 16;
-          add.stride = n;
-        }
-        if (gated) {
-          multiply_rows<true>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
-        } else {
-          multiply_rows<false>(count, xp + r0 * pairs, pairs, panel, panel_bias, ahead, tile_out, out_cols, add);
-        }
-        r0 += count;
-      }
-    }
+  const PackedLinearWork work(x, packed, bias, gated, addend);
+  const int64_t threads = at::get_num_threads();
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t thread = begin; thread < end; ++thread) work.run_share(thread, threads);
   });
-#endif
-  return out;
+  return work.out;
 }

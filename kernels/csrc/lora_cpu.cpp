@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <span>
 #include <utility>
 
@@ -338,43 +339,32 @@ void run_item_tiled(const LoRAWeights& w, const c10::BFloat16* x, out_t* out, in
 }
 #endif
 
+// Row `row` of out set to zeros (whose bits are 0 in fp32 and bf16 alike).
+void zero_row(const at::Tensor& out, int64_t row) {
+  const int64_t bytes = out.size(1) * out.element_size();
+  std::memset(static_cast<char*>(out.data_ptr()) + row * bytes, 0, bytes);
+}
+
 template <typename scalar_t, typename out_t>
-void add_items(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
-               const std::vector<const LoRAWeights*>& weights) {
-  struct Item {
-    const LoRAWeights* weights;
-    const int64_t* rows;
-    int64_t count;
-  };
-  int64_t total = 0;
-  for (const LoRARowSpan& span : rows) total += span.count;
-  const int64_t threads = at::get_num_threads();
-  const int64_t per_item = std::clamp<int64_t>((total + threads - 1) / threads, 1, kItemRows);
-  std::vector<Item> items;
-  std::vector<int64_t> work;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    for (int64_t first = 0; first < rows[g].count; first += per_item) {
-      const int64_t count = std::min(per_item, rows[g].count - first);
-      items.push_back({weights[g], rows[g].rows + first, count});
-      work.push_back(weights[g]->elements * (kRowsPerRead + count));
-    }
-  }
+void run_items(std::span<const LoRAWork::Item> items, const at::Tensor& x, const at::Tensor& out,
+               bool assign) {
   const scalar_t* x_data = x.data_ptr<scalar_t>();
   out_t* out_data = out.data_ptr<out_t>();
   const int64_t out_cols = out.size(1);
-  parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const Item& item = items[i];
-      if (item.weights->tiled) {
-#if defined(__AVX512BW__)
-        run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
-                       out_cols, item.rows, item.count);
-#endif
-      } else {
-        run_item_portable(*item.weights, x_data, out_data, out_cols, item.rows, item.count);
-      }
+  for (const LoRAWork::Item& item_ref : items) {
+    const LoRAWork::Item* item = &item_ref;
+    if (assign) {
+      for (int64_t i = 0; i < item->count; ++i) zero_row(out, item->rows[i]);
     }
-  });
+    if (item->weights->tiled) {
+#if defined(__AVX512BW__)
+      run_item_tiled(*item->weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
+                     out_cols, item->rows, item->count);
+#endif
+    } else {
+      run_item_portable(*item->weights, x_data, out_data, out_cols, item->rows, item->count);
+    }
+  }
 }
 
 }  // namespace
@@ -392,8 +382,9 @@ std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_
   return list;
 }
 
-void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
-                   const std::vector<const LoRAWeights*>& weights) {
+LoRAWork::LoRAWork(const at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+                   const std::vector<const LoRAWeights*>& weights, bool assign)
+    : out_(out), x_(x), assign_(assign) {
   TORCH_CHECK(rows.size() == weights.size(), "one set of rows per adapter");
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0), "x, out [tokens, .]");
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous(), "x and out contiguous");
@@ -405,16 +396,61 @@ void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRAR
       TORCH_CHECK(part.out_start + part.width <= out.size(1), "a LoRA part past out's columns");
     }
   }
-  if (x.scalar_type() == at::kFloat) {
-    add_items<float, float>(out, x, rows, weights);
-  } else {
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "lora_add: bf16 or fp32");
-    if (out.scalar_type() == at::kFloat) {
-      add_items<c10::BFloat16, float>(out, x, rows, weights);
-    } else {
-      add_items<c10::BFloat16, c10::BFloat16>(out, x, rows, weights);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "lora_add: bf16 or fp32");
+  // An item is some of one adapter's rows: as many as make one item per thread where
+  // an adapter has few, at most kItemRows.
+  int64_t total = 0;
+  for (const LoRARowSpan& span : rows) total += span.count;
+  const int64_t threads = at::get_num_threads();
+  const int64_t per_item = std::clamp<int64_t>((total + threads - 1) / threads, 1, kItemRows);
+  std::vector<int64_t> work;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    for (int64_t first = 0; first < rows[g].count; first += per_item) {
+      const int64_t count = std::min(per_item, rows[g].count - first);
+      items_.push_back({weights[g], rows[g].rows + first, count});
+      work.push_back(weights[g]->elements * (kRowsPerRead + count));
     }
   }
+  shares_ = WorkShares(work);
+  if (assign) {  // the rows of no adapter, to be zeroed
+    std::vector<bool> taken(out.size(0), false);
+    for (const LoRARowSpan& span : rows) {
+      for (int64_t i = 0; i < span.count; ++i) taken[span.rows[i]] = true;
+    }
+    for (int64_t row = 0; row < out.size(0); ++row) {
+      if (!taken[row]) idle_rows_.push_back(row);
+    }
+  }
+}
+
+void LoRAWork::run_share(int64_t thread, int64_t threads) const {
+  const int64_t first = shares_.first(thread, threads), last = shares_.first(thread + 1, threads);
+  const std::span<const Item> items(items_.data() + first, last - first);
+  if (x_.scalar_type() == at::kFloat) {
+    run_items<float, float>(items, x_, out_, assign_);
+  } else if (out_.scalar_type() == at::kFloat) {
+    run_items<c10::BFloat16, float>(items, x_, out_, assign_);
+  } else {
+    run_items<c10::BFloat16, c10::BFloat16>(items, x_, out_, assign_);
+  }
+  const int64_t idle = static_cast<int64_t>(idle_rows_.size());
+  for (int64_t i = idle * thread / threads; i < idle * (thread + 1) / threads; ++i) {
+    zero_row(out_, idle_rows_[i]);
+  }
+}
+
+int64_t LoRAWork::useful_shares() const {
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), shares_.items()));
+}
+
+void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+                   const std::vector<const LoRAWeights*>& weights) {
+  const LoRAWork work(out, x, rows, weights);
+  const int64_t shares = work.useful_shares();
+  at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t share = begin; share < end; ++share) work.run_share(share, shares);
+  });
 }
 
 void lora_add(at::Tensor& out, const at::Tensor& x,

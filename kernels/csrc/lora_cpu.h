@@ -9,6 +9,8 @@
 #include <optional>
 #include <vector>
 
+#include "parallel_by_work.h"
+
 // One adapter's weights on one merged projection: A of its parts stacked [R, in], and
 // per part the first output column, the first column of the shrunk activations, and
 // B [width, rank] (the scaling folded in). bf16 or fp32, all the same dtype, kept in
@@ -46,6 +48,34 @@ struct LoRARowSpan {
 
 // A set of rows as a list (checked to lie in [0, tokens)); none: every row.
 std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_t tokens);
+
+// lora_add_rows taken apart: its checks and work items made once, the items then run in
+// shares (run_share(t, n) for t in 0 .. n - 1, from any threads), so that a parallel
+// region can run them beside other work: the base projection's (one_region.h).
+// assign: out's rows are set to their updates, not added to, and rows of no adapter set
+// to zero (an update buffer needs no zeroing before).
+class LoRAWork {
+ public:
+  LoRAWork(const at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
+           const std::vector<const LoRAWeights*>& weights, bool assign = false);
+  void run_share(int64_t thread, int64_t threads) const;
+  // The shares worth a thread each: one where there is only one item
+  int64_t useful_shares() const;
+
+  // Some of one adapter's rows (up to 16): their shrink, then their expand
+  struct Item {
+    const LoRAWeights* weights;
+    const int64_t* rows;
+    int64_t count;
+  };
+
+ private:
+  at::Tensor out_, x_;
+  bool assign_;
+  std::vector<Item> items_;
+  WorkShares shares_;
+  std::vector<int64_t> idle_rows_;  // assign: the rows of no adapter
+};
 
 // out [tokens, out] += for each adapter, its rows' update, in fp32 from the rows of
 // x [tokens, in], rounded once into out (in x's dtype, or fp32: the updates a gated
