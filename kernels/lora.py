@@ -60,11 +60,16 @@ def add_lora_ref(out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup]
     return out
 
 
-def cpu_lora_ops(module: Any) -> tuple[Any, Any]:
-    """(pack_lora, add_lora) of the C++ kernel (csrc/lora_cpu.cpp) for bf16 and fp32
-    weights on the CPU, the reference for the others. (fp32 is what a CPU without
-    AVX512-BF16 serves in: there the reference's gathers and small matmuls, one set per
-    adapter and projection, made a decode step of 16 rows on 8 adapters 1.5x as long.)"""
+def colocate_lora_ref(weights: Sequence[Any]) -> None:
+    """Where the weights lie does not matter to the reference."""
+
+
+def cpu_lora_ops(module: Any) -> tuple[Any, Any, Any]:
+    """(pack_lora, add_lora, colocate_lora) of the C++ kernel (csrc/lora_cpu.cpp) for
+    bf16 and fp32 weights on the CPU, the reference for the others. (fp32 is what a CPU
+    without AVX512-BF16 serves in: there the reference's gathers and small matmuls, one
+    set per adapter and projection, made a decode step of 16 rows on 8 adapters 1.5x as
+    long.)"""
 
     def pack_lora(a: torch.Tensor, parts: Sequence[LoRAPart]) -> Any:
         if a.dtype not in (torch.bfloat16, torch.float32) or not a.is_cpu:
@@ -78,4 +83,8 @@ def cpu_lora_ops(module: Any) -> tuple[Any, Any]:
         module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups])
         return out
 
-    return pack_lora, add_lora
+    def colocate_lora(weights: Sequence[Any]) -> None:
+        if weights and isinstance(weights[0], module.LoRAWeights):
+            module.colocate_lora(list(weights))
+
+    return pack_lora, add_lora, colocate_lora

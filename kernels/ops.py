@@ -26,6 +26,7 @@ from hetero_infer.kernels.lora import (
     LoRAGroup,
     LoRAPart,
     add_lora_ref,
+    colocate_lora_ref,
     cpu_lora_ops,
     pack_lora_ref,
 )
@@ -94,6 +95,9 @@ class KernelOps:
     # rows, changed in place (kernels/lora.py)
     pack_lora: Callable[[Tensor, list[LoRAPart]], Any] = pack_lora_ref
     add_lora: Callable[[Tensor, Tensor, list[LoRAGroup]], Tensor] = add_lora_ref
+    # One projection's adapters' packed weights, in the order a step reads them, moved
+    # next to each other in memory (in place), where the kernel reads them faster so
+    colocate_lora: Callable[[list[Any]], None] = colocate_lora_ref
     # The model's layers, packed, -> one call for the steps it serves, or None
     # (kernels/decoder_stack.py)
     pack_decoder_stack: Callable[[DecoderStackSpec], DecoderStackFn | None] = no_decoder_stack
@@ -173,10 +177,11 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
     def uniforms(keys: Tensor, counters: Tensor) -> Tensor:
         return module.philox_uniform(keys, counters)
 
-    pack_lora, add_lora = cpu_lora_ops(module)
+    pack_lora, add_lora, colocate_lora = cpu_lora_ops(module)
     return packed.replace(
         pack_lora=pack_lora,
         add_lora=add_lora,
+        colocate_lora=colocate_lora,
         rms_norm=rms_norm,
         fused_add_rms_norm=fused_add_rms_norm,
         rotary=rotary,

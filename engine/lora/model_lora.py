@@ -80,6 +80,7 @@ class ModelLoRA:
     def __init__(self, model: torch.nn.Module, ops: KernelOps) -> None:
         self.step = LoRAStep()
         self.pack_lora = ops.pack_lora
+        self.colocate_lora = ops.colocate_lora
         self.layers: dict[tuple[int, str], LoRALayer] = {}
         self.listeners: list[SlotListener] = []
         if model.config.moe is not None:
@@ -112,14 +113,21 @@ class ModelLoRA:
             )
             self.layers[(layer, name)].slots[slot] = packed
             placed[(layer, PROJECTIONS.index(name))] = packed
+            self._colocate(self.layers[(layer, name)])
         for listener in self.listeners:
             listener(slot, placed)
 
     def remove(self, slot: int) -> None:
         for layer in self.layers.values():
-            layer.slots.pop(slot, None)
+            if layer.slots.pop(slot, None) is not None:
+                self._colocate(layer)
         for listener in self.listeners:
             listener(slot, None)
+
+    def _colocate(self, layer: LoRALayer) -> None:
+        """The projection's adapters' weights side by side, in slot order: the order a
+        step's rows take them in (step_groups)."""
+        self.colocate_lora([layer.slots[slot] for slot in sorted(layer.slots)])
 
     def use(self, groups: StepGroups) -> None:
         """The next forward pass's rows by adapter ([]: the base model for every row)."""

@@ -52,6 +52,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<at::Tensor, std::vector<int64_t>, std::vector<int64_t>,
                     std::vector<at::Tensor>>(),
            py::arg("a"), py::arg("out_starts"), py::arg("rank_starts"), py::arg("bs"));
+  m.def("colocate_lora", &colocate_lora,
+        "one projection's adapters' LoRA weights moved into one buffer, in order",
+        py::arg("weights"));
   m.def("lora_add", &lora_add, "out += each LoRA adapter's update of its rows (grouped)",
         py::arg("out"), py::arg("x"), py::arg("rows"), py::arg("weights"), without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")

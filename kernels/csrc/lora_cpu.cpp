@@ -111,6 +111,28 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
   for (int p = 0; p < num_parts; ++p) parts[p].b = storage[p + 1].data_ptr();
 }
 
+void colocate_lora(const std::vector<std::shared_ptr<LoRAWeights>>& weights) {
+  constexpr int64_t kAlign = 64;  // a cache line: no two tensors share one
+  int64_t total = 0;
+  for (const auto& w : weights) {
+    for (const at::Tensor& t : w->storage) total += round_up(t.nbytes(), kAlign);
+  }
+  if (total == 0) return;
+  const at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  int64_t offset = 0;
+  for (const auto& w : weights) {
+    for (at::Tensor& t : w->storage) {
+      const int64_t bytes = t.nbytes();
+      at::Tensor moved = buffer.narrow(0, offset, bytes).view(t.scalar_type()).view(t.sizes());
+      moved.copy_(t);
+      t = moved;
+      offset += round_up(bytes, kAlign);
+    }
+    w->a = w->storage[0].data_ptr();
+    for (int p = 0; p < w->num_parts; ++p) w->parts[p].b = w->storage[p + 1].data_ptr();
+  }
+}
+
 namespace {
 
 std::span<const LoRAWeights::Part> part_list(const LoRAWeights& w) {

