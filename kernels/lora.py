@@ -43,9 +43,14 @@ def pack_lora_ref(a: torch.Tensor, parts: Sequence[LoRAPart]) -> LoRAWeightsRef:
     return LoRAWeightsRef(a, tuple(parts))
 
 
-def add_lora_ref(out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup]) -> torch.Tensor:
+def add_lora_ref(
+    out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup], assign: bool = False
+) -> torch.Tensor:
     """out [rows, out_features] += each group's update of its rows of x [rows, in];
-    returns out (changed in place)."""
+    returns out (changed in place). assign: out is set to the updates (zero on rows of
+    no adapter), whatever it held."""
+    if assign:
+        out.zero_()
     for rows, (a, parts) in groups:
         xs = x if rows is None else x.index_select(0, rows)
         shrunk = xs @ a.T  # [group rows, R]
@@ -77,10 +82,12 @@ def cpu_lora_ops(module: Any) -> tuple[Any, Any, Any]:
         starts = [p[0] for p in parts], [p[1] for p in parts]
         return module.LoRAWeights(a, *starts, [p[2] for p in parts])
 
-    def add_lora(out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup]) -> torch.Tensor:
+    def add_lora(
+        out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup], assign: bool = False
+    ) -> torch.Tensor:
         if not groups or isinstance(groups[0][1], LoRAWeightsRef):
-            return add_lora_ref(out, x, groups)
-        module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups])
+            return add_lora_ref(out, x, groups, assign)
+        module.lora_add(out, x, [rows for rows, _ in groups], [w for _, w in groups], assign)
         return out
 
     def colocate_lora(weights: Sequence[Any]) -> None:

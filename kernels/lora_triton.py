@@ -100,10 +100,13 @@ def pack_lora_triton(a: torch.Tensor, parts: Sequence[LoRAPart]) -> LoRAWeightsT
 
 
 def add_lora_triton(
-    out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup]
+    out: torch.Tensor, x: torch.Tensor, groups: Sequence[LoRAGroup], assign: bool = False
 ) -> torch.Tensor:
     """out [tokens, n] += each group's update of its rows of x [tokens, in] (groups as
-    kernels/lora.py's, their weights packed by pack_lora_triton); returns out."""
+    kernels/lora.py's, their weights packed by pack_lora_triton); returns out. assign:
+    out is set to the updates (zero on rows of no adapter)."""
+    if assign:
+        out.zero_()
     assert out.dim() == 2 and x.dim() == 2 and out.shape[0] == x.shape[0]
     assert out.stride(1) == 1 and x.stride(1) == 1, "rows must be contiguous"
     for rows, weights in groups:

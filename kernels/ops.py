@@ -23,7 +23,6 @@ from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec,
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
 from hetero_infer.kernels.lora import (
-    LoRAGroup,
     LoRAPart,
     add_lora_ref,
     colocate_lora_ref,
@@ -91,10 +90,10 @@ class KernelOps:
         _no_fused_kernel
     )
     # (A [R, in], parts) -> one adapter's LoRA weights on a projection, packed; and
-    # (out [rows, n], x [rows, in], groups) -> out plus each adapter's update of its
-    # rows, changed in place (kernels/lora.py)
+    # (out [rows, n], x [rows, in], groups[, assign]) -> out plus each adapter's update
+    # of its rows (assign: the updates alone), changed in place (kernels/lora.py)
     pack_lora: Callable[[Tensor, list[LoRAPart]], Any] = pack_lora_ref
-    add_lora: Callable[[Tensor, Tensor, list[LoRAGroup]], Tensor] = add_lora_ref
+    add_lora: Callable[..., Tensor] = add_lora_ref
     # One projection's adapters' packed weights, in the order a step reads them, moved
     # next to each other in memory (in place), where the kernel reads them faster so
     colocate_lora: Callable[[list[Any]], None] = colocate_lora_ref

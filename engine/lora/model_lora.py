@@ -65,8 +65,8 @@ class LoRALayer:
             return packed(x)
         if getattr(packed, "gated", False):  # the kernel fuses gate_up's activation
             rows = x.reshape(-1, x.shape[-1])
-            updates = rows.new_zeros(rows.shape[0], 2 * packed.out_features, dtype=torch.float32)
-            return packed(x, addend=self.add_lora(updates, rows, groups))
+            updates = rows.new_empty(rows.shape[0], 2 * packed.out_features, dtype=torch.float32)
+            return packed(x, addend=self.add_lora(updates, rows, groups, assign=True))
         out = self.add_lora(unfused(packed)(x), x, groups)
         return packed.activation_and_mul(out) if isinstance(packed, GatedLinear) else out
 

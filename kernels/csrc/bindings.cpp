@@ -56,7 +56,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one projection's adapters' LoRA weights moved into one buffer, in order",
         py::arg("weights"));
   m.def("lora_add", &lora_add, "out += each LoRA adapter's update of its rows (grouped)",
-        py::arg("out"), py::arg("x"), py::arg("rows"), py::arg("weights"), without_gil());
+        py::arg("out"), py::arg("x"), py::arg("rows"), py::arg("weights"),
+        py::arg("assign") = false, without_gil());
   py::class_<PackedLinear>(m, "PackedLinear")
       .def(py::init<at::Tensor, std::string, std::optional<at::Tensor>, bool,
                     const std::string&, int64_t>(),

@@ -467,8 +467,8 @@ int64_t LoRAWork::useful_shares() const {
 }
 
 void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
-                   const std::vector<const LoRAWeights*>& weights) {
-  const LoRAWork work(out, x, rows, weights);
+                   const std::vector<const LoRAWeights*>& weights, bool assign) {
+  const LoRAWork work(out, x, rows, weights, assign);
   const int64_t shares = work.useful_shares();
   at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
     for (int64_t share = begin; share < end; ++share) work.run_share(share, shares);
@@ -477,7 +477,7 @@ void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRAR
 
 void lora_add(at::Tensor& out, const at::Tensor& x,
               const std::vector<std::optional<at::Tensor>>& rows,
-              const std::vector<std::shared_ptr<LoRAWeights>>& weights) {
+              const std::vector<std::shared_ptr<LoRAWeights>>& weights, bool assign) {
   TORCH_CHECK(rows.size() == weights.size(), "one set of rows per adapter");
   TORCH_CHECK(x.dim() == 2, "x [tokens, in]");
   std::vector<std::vector<int64_t>> lists;
@@ -488,5 +488,5 @@ void lora_add(at::Tensor& out, const at::Tensor& x,
     spans.push_back({lists[g].data(), static_cast<int64_t>(lists[g].size())});
     raw.push_back(weights[g].get());
   }
-  lora_add_rows(out, x.contiguous(), spans, raw);
+  lora_add_rows(out, x.contiguous(), spans, raw, assign);
 }

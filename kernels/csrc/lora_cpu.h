@@ -88,9 +88,10 @@ class LoRAWork {
 // x [tokens, in], rounded once into out (in x's dtype, or fp32: the updates a gated
 // gate_up kernel adds before its activation).
 void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
-                   const std::vector<const LoRAWeights*>& weights);
+                   const std::vector<const LoRAWeights*>& weights, bool assign = false);
 
-// lora_add_rows with each adapter's rows as a tensor (null: every row).
+// lora_add_rows with each adapter's rows as a tensor (null: every row); assign as
+// LoRAWork's.
 void lora_add(at::Tensor& out, const at::Tensor& x,
               const std::vector<std::optional<at::Tensor>>& rows,
-              const std::vector<std::shared_ptr<LoRAWeights>>& weights);
+              const std::vector<std::shared_ptr<LoRAWeights>>& weights, bool assign);

@@ -89,6 +89,23 @@ def test_colocated_weights_give_the_same_updates(dtype):
     assert torch.equal(add(base.clone(), x, groups), before)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_assign_sets_out_to_the_updates_alone(dtype):
+    """assign (a gated gate_up's fp32 updates): whatever out held, it ends as the updates
+    added to zeros, and zero on the rows of no adapter."""
+    pack, add, _ = cpu_lora_ops(load_cpu_kernels())
+    x = random(len(ROW_ADAPTERS), IN, seed=40).to(dtype)
+    groups = groups_of(pack, dtype)
+    garbage = torch.full((len(ROW_ADAPTERS), COLUMNS), float("nan"))
+    assigned = add(garbage, x, groups, assign=True)
+    assert torch.equal(assigned, add(torch.zeros(len(ROW_ADAPTERS), COLUMNS), x, groups))
+    untouched = [r for r, i in enumerate(ROW_ADAPTERS) if i is None]
+    assert not assigned[untouched].any()
+    reference_groups = groups_of(pack_lora_ref, torch.float32)
+    reference = add_lora_ref(garbage.clone(), x.float(), reference_groups, assign=True)
+    assert torch.equal(reference[untouched], assigned[untouched])
+
+
 def test_cpu_ops_pack_bf16_and_fp32_for_the_kernel_and_fp16_for_the_reference():
     pack, add, _ = cpu_lora_ops(load_cpu_kernels())
     bf16 = torch.bfloat16
