@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -29,13 +30,14 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& addend = std::nullopt);
 // linear_packed taken apart: its checks and output made once, its panels then run in
 // shares (run_share(t, n) for t in 0 .. n - 1, from any threads), so that a parallel
-// region can run them beside other work (one_region.h).
+// region can run them beside other work (work_in_shares.h).
 class PackedLinearWork {
  public:
   PackedLinearWork(const at::Tensor& x, const at::Tensor& packed,
                    const std::optional<at::Tensor>& bias, bool gated,
                    const std::optional<at::Tensor>& addend);
   void run_share(int64_t thread, int64_t threads) const;
+  int64_t useful_shares() const;  // a thread's worth each: no more than the panels
 
   at::Tensor out;  // [M, N], or [M, N / 2] where gated
 
@@ -49,6 +51,23 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
                                  const std::optional<at::Tensor>& scales);
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
                             const std::optional<at::Tensor>& bias, int64_t activation_bits = 8);
+// quantized_linear taken apart as PackedLinearWork takes linear_packed: its checks,
+// output and quantized activations made once (x's quantization a parallel region of its
+// own), its panels then run in shares.
+class QuantizedLinearWork {
+ public:
+  QuantizedLinearWork(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
+                      const std::optional<at::Tensor>& bias, int64_t activation_bits);
+  void run_share(int64_t thread, int64_t threads) const;
+  // A thread's worth each: few enough that each has at least kMinThreadWork
+  int64_t useful_shares() const;
+
+  at::Tensor out;  // [M, N] in x's dtype
+
+ private:
+  struct Plan;  // quantized_linear_cpu.cpp's
+  std::shared_ptr<const Plan> plan_;
+};
 // quantized_linear over several packed weights, each on its own run of x's rows (fp32),
 // into out [R, N] fp32, in one parallel pass: a mixture-of-experts step's experts.
 void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& row_offsets,

@@ -9,7 +9,7 @@
 
 #include "cpu_kernels.h"
 #include "moe_cpu.h"
-#include "one_region.h"
+#include "work_in_shares.h"
 
 namespace {
 
@@ -42,23 +42,22 @@ at::Tensor PackedLinear::linear(const at::Tensor& x, const std::optional<at::Ten
 at::Tensor PackedLinear::linear(const at::Tensor& x, const StepLoRA& lora) const {
   if (lora.weights.empty()) return linear(x);
   if (!qtype.empty()) {
-    at::Tensor out = linear(x);
-    lora_add_rows(out, x, lora.rows, lora.weights);
-    return out;
+    const QuantizedLinearWork projecting(x, packed, qtype, bias, activation_bits);
+    const LoRAWork updating(projecting.out, x, lora.rows, lora.weights);
+    in_one_region(projecting, updating);
+    return projecting.out;
   }
   if (gated) {  // the updates first, into the sums the kernel adds before its activation
     at::Tensor updates =
         at::empty({x.size(0), packed.size(0) * packed.size(2)}, x.options().dtype(at::kFloat));
     const LoRAWork updating(updates, x, lora.rows, lora.weights, /*assign=*/true);
     const PackedLinearWork projecting(x, packed, std::nullopt, true, updates);
-    in_one_region([&](int64_t t, int64_t n) { updating.run_share(t, n); },
-                  [&](int64_t t, int64_t n) { projecting.run_share(t, n); });
+    in_one_region(updating, projecting);
     return projecting.out;
   }
   const PackedLinearWork projecting(x, packed, bias, false, std::nullopt);
   const LoRAWork updating(projecting.out, x, lora.rows, lora.weights);
-  in_one_region([&](int64_t t, int64_t n) { projecting.run_share(t, n); },
-                [&](int64_t t, int64_t n) { updating.run_share(t, n); });
+  in_one_region(projecting, updating);
   return projecting.out;
 }
 

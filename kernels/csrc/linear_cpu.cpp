@@ -24,6 +24,7 @@
 
 #include "cpu_kernels.h"
 #include "vector_math.h"
+#include "work_in_shares.h"
 
 namespace {
 constexpr int64_t kPanel = 32;  // outputs per panel
@@ -226,6 +227,10 @@ void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
 #endif
 }
 
+int64_t PackedLinearWork::useful_shares() const {
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), panels_));
+}
+
 // x [M, K] bf16, packed from pack_linear_weight, bias [N] bf16 or undefined -> [M, N];
 // gated (packed from pack_gated_linear_weight, no bias) -> silu(gate) * up, [M, N / 2].
 // addend: fp32 [M, N] (gate, then up, where gated) added to the sums before either.
@@ -233,9 +238,6 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, bool gated,
                          const std::optional<at::Tensor>& addend) {
   const PackedLinearWork work(x, packed, bias, gated, addend);
-  const int64_t threads = at::get_num_threads();
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t thread = begin; thread < end; ++thread) work.run_share(thread, threads);
-  });
+  run_in_shares(work);
   return work.out;
 }

@@ -29,6 +29,7 @@
 #include "load_row.h"
 #include "parallel_by_work.h"
 #include "vector_math.h"
+#include "work_in_shares.h"
 
 #if defined(__AVX512BW__)
 constexpr bool kTiled = true;
@@ -478,11 +479,7 @@ int64_t LoRAWork::useful_shares() const {
 
 void lora_add_rows(at::Tensor& out, const at::Tensor& x, const std::vector<LoRARowSpan>& rows,
                    const std::vector<const LoRAWeights*>& weights, bool assign) {
-  const LoRAWork work(out, x, rows, weights, assign);
-  const int64_t shares = work.useful_shares();
-  at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t share = begin; share < end; ++share) work.run_share(share, shares);
-  });
+  run_in_shares(LoRAWork(out, x, rows, weights, assign));
 }
 
 void lora_add(at::Tensor& out, const at::Tensor& x,

@@ -58,7 +58,7 @@ std::vector<int64_t> lora_row_list(const std::optional<at::Tensor>& rows, int64_
 
 // lora_add_rows taken apart: its checks and work items made once, the items then run in
 // shares (run_share(t, n) for t in 0 .. n - 1, from any threads), so that a parallel
-// region can run them beside other work: the base projection's (one_region.h).
+// region can run them beside other work: the base projection's (work_in_shares.h).
 // assign: out's rows are set to their updates, not added to, and rows of no adapter set
 // to zero (an update buffer needs no zeroing before).
 class LoRAWork {

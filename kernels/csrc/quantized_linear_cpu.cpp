@@ -53,8 +53,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "parallel_by_work.h"
 #include "vector_math.h"
+#include "work_in_shares.h"
 
 // AVX512-BF16 is not needed (Cascade Lake and Ice Lake have VNNI without it): only a
 // bf16 output's rounding would use it, and integer arithmetic rounds the same
@@ -742,18 +744,34 @@ void multiply_range(const Activations& a, int64_t rows, const uint8_t* packed, i
   }
 }
 
+// The least panels a thread takes: waking the other thread for fewer costs more than it
+// saves (kMinThreadWork).
+int64_t panel_grain(int64_t rows, int64_t panel_bytes) {
+  return std::max<int64_t>(1, kMinThreadWork / (panel_bytes * rows));
+}
+
+// The threads worth waking for `panels` panels: each takes at least a grain of them.
+int64_t panel_shares(int64_t rows, int64_t panels, int64_t panel_bytes, int64_t threads) {
+  const int64_t grain = panel_grain(rows, panel_bytes);
+  return std::max<int64_t>(1, std::min(threads, (panels + grain - 1) / grain));
+}
+
+// Share `thread` of `threads` of the panels (none past the shares worth a thread), as
+// at::parallel_for(0, panels, grain) splits them.
 template <QType T, bool WIDE, typename out_t>
-void multiply(const Activations& a, int64_t rows, const uint8_t* packed, int64_t panels,
-              int64_t panel_bytes, const float* bias, out_t* out) {
+void multiply_share(const Activations& a, int64_t rows, const uint8_t* packed, int64_t panels,
+                    int64_t panel_bytes, const float* bias, out_t* out, int64_t thread,
+                    int64_t threads) {
+  const int64_t used = panel_shares(rows, panels, panel_bytes, threads);
+  if (thread >= used) return;
+  const int64_t chunk = (panels + used - 1) / used;
+  const int64_t begin = thread * chunk, end = std::min(panels, begin + chunk);
   const int64_t n = panels * kPanel;
-  const int64_t grain = std::max<int64_t>(1, kMinThreadWork / (panel_bytes * rows));
-  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-    if (rows <= kFewRows) {
-      multiply_range<T, WIDE, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
-    } else {
-      multiply_range<T, WIDE, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
-    }
-  });
+  if (rows <= kFewRows) {
+    multiply_range<T, WIDE, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+  } else {
+    multiply_range<T, WIDE, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
+  }
 }
 
 // Calls f with the QType as a compile-time constant.
@@ -775,6 +793,95 @@ void with_qtype(QType t, const F& f) {
 }  // namespace
 #endif
 
+struct QuantizedLinearWork::Plan {
+  QType type;
+  bool wide;
+  int64_t rows, panels, panel_bytes;
+  at::Tensor packed, bias, activations;  // activations: the buffer `quantized` points into
+#if defined(QUANTIZED_LINEAR_BUILT)
+  Activations quantized;
+#endif
+};
+
+QuantizedLinearWork::QuantizedLinearWork(const at::Tensor& x, const at::Tensor& packed,
+                                         const std::string& qtype,
+                                         const std::optional<at::Tensor>& bias,
+                                         int64_t activation_bits) {
+  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
+  auto made = std::make_shared<Plan>();
+  plan_ = made;
+  Plan& plan = *made;
+  plan.type = parse_qtype(qtype);
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
+  plan.wide = activation_bits == 16;
+  TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              "x [M, K] bf16 or fp32 on the CPU");
+  const int64_t rows = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % file_block_values(plan.type) == 0, "K must be whole ", qtype, " blocks");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) == kPanel * packed_row_bytes(plan.type, k),
+              "packed weight does not fit x");
+  plan.rows = rows;
+  plan.panels = packed.size(0);
+  plan.panel_bytes = packed.size(1);
+  plan.packed = packed;
+  const int64_t n = plan.panels * kPanel;
+  if (bias.has_value() && bias->defined()) {
+    plan.bias = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(plan.bias.numel() == n, "bias [N]");
+  }
+  out = at::empty({rows, n}, x.options());
+#if defined(QUANTIZED_LINEAR_BUILT)
+  if (rows == 0) return;
+  const at::Tensor xc = x.contiguous();
+  plan.quantized =
+      x.scalar_type() == at::kFloat
+          ? quantize_activations(xc.data_ptr<float>(), rows, k, plan.type, plan.wide,
+                                 plan.activations)
+          : quantize_activations(xc.data_ptr<at::BFloat16>(), rows, k, plan.type, plan.wide,
+                                 plan.activations);
+#endif
+}
+
+void QuantizedLinearWork::run_share(int64_t thread, int64_t threads) const {
+#if defined(QUANTIZED_LINEAR_BUILT)
+  const Plan& plan = *plan_;
+  if (plan.rows == 0) return;
+  const float* bp = plan.bias.defined() ? plan.bias.data_ptr<float>() : nullptr;
+  const uint8_t* wp = plan.packed.data_ptr<uint8_t>();
+  auto run = [&](auto* op) {
+    using out_t = std::remove_pointer_t<decltype(op)>;
+    auto with = [&](auto type) {
+      constexpr QType T = decltype(type)::value;
+      if (plan.wide) {
+        multiply_share<T, true, out_t>(plan.quantized, plan.rows, wp, plan.panels,
+                                       plan.panel_bytes, bp, op, thread, threads);
+      } else {
+        multiply_share<T, false, out_t>(plan.quantized, plan.rows, wp, plan.panels,
+                                        plan.panel_bytes, bp, op, thread, threads);
+      }
+    };
+    with_qtype(plan.type, with);
+  };
+  if (out.scalar_type() == at::kFloat) {
+    run(out.data_ptr<float>());
+  } else {
+    run(out.data_ptr<at::BFloat16>());
+  }
+#endif
+}
+
+int64_t QuantizedLinearWork::useful_shares() const {
+#if defined(QUANTIZED_LINEAR_BUILT)
+  const Plan& plan = *plan_;
+  if (plan.rows == 0) return 1;
+  return panel_shares(plan.rows, plan.panels, plan.panel_bytes, at::get_num_threads());
+#else
+  return 1;
+#endif
+}
+
 // x [M, K] bf16 or fp32, packed from pack_quantized_weight(qtype), bias [N] or None
 // -> [M, N] in x's dtype. activation_bits: x quantized per block of 32 to int8 (8), or
 // to 16 bits (16: 256x finer steps, for activations whose blocks hold an outlier that
@@ -782,54 +889,9 @@ void with_qtype(QType t, const F& f) {
 // instructions instead of one).
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const std::string& qtype,
                             const std::optional<at::Tensor>& bias, int64_t activation_bits) {
-  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
-  const QType t = parse_qtype(qtype);
-  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
-  const bool wide = activation_bits == 16;
-  TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
-                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
-              "x [M, K] bf16 or fp32 on the CPU");
-  const int64_t rows = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.size(1) == kPanel * packed_row_bytes(t, k),
-              "packed weight does not fit x");
-  const int64_t panels = packed.size(0), n = panels * kPanel;
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == n, "bias [N]");
-  }
-  auto out = at::empty({rows, n}, x.options());
-  if (rows == 0) return out;
-#if defined(QUANTIZED_LINEAR_BUILT)
-  auto xc = x.contiguous();
-  at::Tensor buffer;
-  const Activations a =
-      x.scalar_type() == at::kFloat
-          ? quantize_activations(xc.data_ptr<float>(), rows, k, t, wide, buffer)
-          : quantize_activations(xc.data_ptr<at::BFloat16>(), rows, k, t, wide, buffer);
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const int64_t panel_bytes = packed.size(1);
-  auto run = [&](auto* op) {
-    using out_t = std::remove_pointer_t<decltype(op)>;
-    auto with = [&](auto type) {
-      if (wide) {
-        multiply<decltype(type)::value, true, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
-      } else {
-        multiply<decltype(type)::value, false, out_t>(a, rows, wp, panels, panel_bytes, bp, op);
-      }
-    };
-    with_qtype(t, with);
-  };
-  if (x.scalar_type() == at::kFloat) {
-    run(out.data_ptr<float>());
-  } else {
-    run(out.data_ptr<at::BFloat16>());
-  }
-#endif
-  return out;
+  const QuantizedLinearWork work(x, packed, qtype, bias, activation_bits);
+  run_in_shares(work);
+  return work.out;
 }
 
 #if defined(QUANTIZED_LINEAR_BUILT)
