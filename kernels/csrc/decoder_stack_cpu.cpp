@@ -51,7 +51,7 @@ at::Tensor PackedLinear::linear(const at::Tensor& x, const StepLoRA& lora) const
     at::Tensor updates =
         at::empty({x.size(0), packed.size(0) * packed.size(2)}, x.options().dtype(at::kFloat));
     const LoRAWork updating(updates, x, lora.rows, lora.weights, /*assign=*/true);
-    const PackedLinearWork projecting(x, packed, std::nullopt, true, updates);
+    const PackedLinearWork projecting(x, packed, bias, true, updates);
     in_one_region(updating, projecting);
     return projecting.out;
   }

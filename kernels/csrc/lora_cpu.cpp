@@ -6,7 +6,8 @@
 // A work item is some of one adapter's rows (up to kItemRows): their shrink, then their
 // expand, kTileRows rows at a time, so that each vector of weights read is dotted with
 // all of them and an item needs nothing from another. The items go to the threads in
-// runs of about equal work, one parallel loop a call. (Before, a shrink pass and an
+// runs of about equal work (LoRAWork's shares), in a parallel region of their own or in
+// the base projection's, after its share (work_in_shares.h). (Before, a shrink pass and an
 // expand pass over all adapters, each a parallel loop over small items, took 17-25 us a
 // call at a decode step's two rows per adapter, most of it fixed, at 120 calls a step.)
 //
@@ -27,7 +28,6 @@
 #include <utility>
 
 #include "load_row.h"
-#include "parallel_by_work.h"
 #include "vector_math.h"
 #include "work_in_shares.h"
 
@@ -384,18 +384,17 @@ void run_items(std::span<const LoRAWork::Item> items, const at::Tensor& x, const
   const scalar_t* x_data = x.data_ptr<scalar_t>();
   out_t* out_data = out.data_ptr<out_t>();
   const int64_t out_cols = out.size(1);
-  for (const LoRAWork::Item& item_ref : items) {
-    const LoRAWork::Item* item = &item_ref;
+  for (const LoRAWork::Item& item : items) {
     if (assign) {
-      for (int64_t i = 0; i < item->count; ++i) zero_row(out, item->rows[i]);
+      for (int64_t i = 0; i < item.count; ++i) zero_row(out, item.rows[i]);
     }
-    if (item->weights->tiled) {
+    if (item.weights->tiled) {
 #if defined(__AVX512BW__)
-      run_item_tiled(*item->weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
-                     out_cols, item->rows, item->count);
+      run_item_tiled(*item.weights, reinterpret_cast<const c10::BFloat16*>(x_data), out_data,
+                     out_cols, item.rows, item.count);
 #endif
     } else {
-      run_item_portable(*item->weights, x_data, out_data, out_cols, item->rows, item->count);
+      run_item_portable(*item.weights, x_data, out_data, out_cols, item.rows, item.count);
     }
   }
 }
