@@ -6,8 +6,10 @@ as their ``lora`` hook (engine/models/layers.py): a step whose rows use no adapt
 runs the base projection as it is; otherwise the base projection runs once over all
 rows and each adapter's update is added to its own rows, grouped by adapter
 (KernelOps.add_lora). A merged gate_up takes its updates before its activation: where
-its kernel fuses the activation (a gated KernelLinear), the updates are summed into
-fp32 zeros and the kernel adds them to its sums before activating.
+its kernel fuses the activation (a gated KernelLinear), the updates are set into an
+fp32 buffer (add_lora's assign) and the kernel adds them to its sums before activating.
+After every load and unload, a projection's adapters' weights are laid side by side in
+slot order (KernelOps.colocate_lora), the order a step reads them in.
 """
 
 from __future__ import annotations
