@@ -188,9 +188,7 @@ PackedLinearWork::PackedLinearWork(const at::Tensor& x, const at::Tensor& packed
 
 void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
 #if defined(__AVX512BW__)
-  // as at::parallel_for(0, panels, 1) would split them
-  const int64_t chunk = (panels_ + threads - 1) / threads;
-  const int64_t begin = thread * chunk, end = std::min(panels_, begin + chunk);
+  const auto [begin, end] = even_share(panels_, thread, threads);
   const int64_t n = panels_ * kPanel, pairs = pairs_, rows = rows_;
   const int64_t out_cols = gated_ ? n / 2 : n, panel_cols = gated_ ? kPanel / 2 : kPanel;
   const ScalarPair* xp = reinterpret_cast<const ScalarPair*>(x_.data_ptr());

@@ -764,8 +764,7 @@ void multiply_share(const Activations& a, int64_t rows, const uint8_t* packed, i
                     int64_t threads) {
   const int64_t used = panel_shares(rows, panels, panel_bytes, threads);
   if (thread >= used) return;
-  const int64_t chunk = (panels + used - 1) / used;
-  const int64_t begin = thread * chunk, end = std::min(panels, begin + chunk);
+  const auto [begin, end] = even_share(panels, thread, used);
   const int64_t n = panels * kPanel;
   if (rows <= kFewRows) {
     multiply_range<T, WIDE, 1>(a, rows, packed, begin, end, panel_bytes, bias, out, n);

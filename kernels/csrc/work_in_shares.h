@@ -19,6 +19,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+
+// Share `share` of `shares` of items 0 .. items - 1, as at::parallel_for splits a range:
+// runs of ceil(items / shares), the last ones shorter or empty.
+inline std::pair<int64_t, int64_t> even_share(int64_t items, int64_t share, int64_t shares) {
+  const int64_t chunk = (items + shares - 1) / shares;
+  const int64_t begin = std::min(items, share * chunk);
+  return {begin, std::min(items, begin + chunk)};
+}
 
 // All of `work`, a share per thread (one thread, with no region, where one is all it is
 // worth: as at::parallel_for runs a range of one task).
