@@ -26,7 +26,9 @@ _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
 @cache
 def _read(name: str) -> bytes:
-    return resources.files("server").joinpath("static", name).read_bytes()
+    # The installed package's name: the source folder's ("server") is importable only
+    # from a checkout's root.
+    return resources.files("hetero_infer.server").joinpath("static", name).read_bytes()
 
 
 def _asset(name: str) -> Response:
