@@ -60,7 +60,13 @@ class DecoderForCausalLM(nn.Module):
         self.num_kv_heads = local.num_kv_heads
         self.head_dim = config.head_dim
         self.sliding_windows = set(config.sliding_windows)
-        self.embed_tokens = nn.Embedding(local.vocab_size, config.hidden_size)
+        # Given its (empty) weight: nn.Embedding's own random init, on the meta device the
+        # model is built on, would import torch._dynamo, and Triton with it, for nothing.
+        self.embed_tokens = nn.Embedding(
+            local.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(local.vocab_size, config.hidden_size),
+        )
         sparse = config.moe.sparse_layers if config.moe else (False,) * config.num_layers
         self.layers = nn.ModuleList(
             DecoderLayer(
