@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.distributed.rendezvous import LOOPBACK, Rendezvous
 from torch._C._distributed_c10d import (
     AllreduceOptions,
     BroadcastOptions,
@@ -38,7 +36,6 @@ from torch._C._distributed_c10d import (
     TCPStore,
 )
 
-LOOPBACK = "127.0.0.1"
 # A step's collectives wait for the slowest rank's share of one layer: seconds at most.
 # Past this a rank is taken for hung and the step fails rather than blocking for ever.
 STEP_TIMEOUT = timedelta(minutes=5)
@@ -46,37 +43,6 @@ STEP_TIMEOUT = timedelta(minutes=5)
 IDLE_TIMEOUT = timedelta(days=365)
 # Starting the ranks: loading the model on each one comes after this.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the ranks meet, and who this one is."""
-
-    rank: int
-    world_size: int
-    host: str = LOOPBACK
-    port: int = 0
-    # torchrun's agent hosts the store itself; otherwise rank 0 does.
-    launcher_hosts_store: bool = False
-    # The GPU this rank uses, where there are several (torchrun's LOCAL_RANK).
-    local_rank: int = 0
-
-    @classmethod
-    def from_torchrun_env(cls, environ: Mapping[str, str]) -> Rendezvous | None:
-        """The rendezvous torchrun set up (None when not started by torchrun)."""
-        if "RANK" not in environ or "WORLD_SIZE" not in environ:
-            return None
-        try:
-            return cls(
-                rank=int(environ["RANK"]),
-                world_size=int(environ["WORLD_SIZE"]),
-                host=environ.get("MASTER_ADDR", LOOPBACK),
-                port=int(environ.get("MASTER_PORT", "29500")),
-                launcher_hosts_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-                local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"torchrun's environment: {exc}") from exc
 
 
 def listen_on_loopback() -> socket.socket:

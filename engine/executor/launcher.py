@@ -24,11 +24,11 @@ import torch
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import (
     RENDEZVOUS_TIMEOUT,
-    Rendezvous,
     TensorParallelGroup,
     connect_store,
     listen_on_loopback,
 )
+from hetero_infer.engine.distributed.rendezvous import Rendezvous
 from hetero_infer.engine.exceptions import ExecutionError
 from hetero_infer.engine.setup import EngineSetup
 from torch._C._distributed_c10d import Store

@@ -21,10 +21,10 @@ import sys
 import torch
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import (
-    Rendezvous,
     TensorParallelGroup,
     connect_store,
 )
+from hetero_infer.engine.distributed.rendezvous import Rendezvous
 from hetero_infer.engine.distributed.step_broadcast import Command, Step, StepReceiver
 from hetero_infer.engine.executor.launcher import joined_key
 from hetero_infer.engine.setup import resolve_setup
