@@ -231,6 +231,12 @@ class AsyncEngine:
             self._aborts.add(request_id)
         self._work.set()
 
+    def end_all(self, error: BaseException) -> None:
+        """Every request in hand ends: its generate() raises ``error`` (the server's
+        way to say why, at shutdown) and aborts it in the engine."""
+        for queue in self._queues.values():
+            queue.put_nowait(error)
+
     # ---- the loop ----
 
     async def _run(self) -> None:
@@ -248,8 +254,7 @@ class AsyncEngine:
                 calls, self._calls = self._calls, []
             for future in [item.accepted for item in new] + [done for _, done in calls]:
                 settle(future, error)
-            for queue in self._queues.values():
-                queue.put_nowait(error)
+            self.end_all(error)
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """The engine thread: take requests, step while there is work, hand the outputs

@@ -121,3 +121,19 @@ def release_freed_memory() -> None:
         return
     malloc_trim.argtypes = [ctypes.c_size_t]
     malloc_trim(0)
+
+
+# Where a container's memory limit is (cgroup v2): "max" where there is none.
+CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
+
+
+def memory_limit() -> int:
+    """The bytes of memory this process can have: the machine's, or its container's
+    limit where that is lower (a Kubernetes pod's, which kills what goes past it)."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open(CGROUP_MEMORY_MAX) as limit:
+            text = limit.read().strip()
+    except OSError:
+        return machine
+    return min(machine, int(text)) if text.isdigit() else machine

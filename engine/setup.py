@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hetero_infer.engine import loader
+from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
 from hetero_infer.engine.loader.gguf_header import gguf_file_type
 from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import ModelConfig
@@ -45,6 +45,7 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     source = loader.resolve_model(config.model)
     model_config = ModelConfig.from_hf(loader.load_config(source))
     device = resolve_device(config.device)
+    check_host_memory(config, source, device)
     dtype = resolve_dtype(config.dtype, device, bf16_kernels_on_cpu(config, source, device))
     return EngineSetup(
         config=config,
@@ -64,6 +65,25 @@ def resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available")
     return torch.device(device)
+
+
+def check_host_memory(
+    config: EngineConfig, source: loader.ModelSource, device: torch.device
+) -> None:
+    """On the CPU, the KV cache (kv_cache_memory) and the weights must fit in the memory
+    the process can have. Linux would grant a larger cache (it overcommits) and kill
+    the process once requests filled it: an OutOfMemoryError at start instead."""
+    if device.type != "cpu" or config.max_num_blocks:
+        return
+    limit = host_memory.memory_limit()
+    weights = source.weight_bytes()
+    if config.kv_cache_memory + weights > limit:
+        raise OutOfMemoryError(
+            f"kv_cache_memory ({config.kv_cache_memory / 2**30:.1f} GiB) and the model's "
+            f"weights ({weights / 2**30:.1f} GiB) are more than the "
+            f"{limit / 2**30:.1f} GiB of memory this process can have: lower "
+            "--kv-cache-memory"
+        )
 
 
 def resolve_dtype(dtype: str, device: torch.device, bf16_kernels: bool = False) -> torch.dtype:

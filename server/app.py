@@ -2,7 +2,8 @@
 
 The model loads in a background thread after the socket opens, so /healthz
 answers (200) while loading and /readyz turns 200 only once the engine has
-loaded and served a warm-up request.
+loaded and served a warm-up request. An engine that cannot start leaves /healthz at
+503; a server process (serve.py) then exits, saying why.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ class ServerState:
     ready: bool = False
     draining: bool = False
     load_error: BaseException | None = None
+    # How a server process ends once its engine has failed to start (serve.py); an
+    # app embedded elsewhere (None) keeps answering 503.
+    stop_process: Callable[[], None] | None = None
 
     @property
     def is_dead(self) -> bool:
@@ -111,9 +115,26 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
         logger.info("ready to serve %s", ", ".join(state.settings.model_names))
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:
+    except Exception as exc:
         state.load_error = exc
-        logger.exception("the engine failed to start")
+        log_start_failure(exc)
+        if state.stop_process is not None:
+            state.stop_process()
+
+
+def start_failure(exc: BaseException) -> str:
+    """Why the engine could not start, in one line. The engine's errors about what it
+    was given (ValueError: a model not found, an architecture not served, settings
+    that cannot work) say it themselves; anything else is named by its type too."""
+    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())  # a library's message may run over several lines
+
+
+def log_start_failure(exc: BaseException) -> None:
+    """The failure's line, with the traceback of anything but a ValueError (a bug, or
+    a broken file)."""
+    traceback = None if isinstance(exc, ValueError) else exc
+    logger.error("the engine failed to start: %s", start_failure(exc), exc_info=traceback)
 
 
 def _freeze_startup_heap() -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from hetero_infer.engine.config import EngineConfig, read_section
 from hetero_infer.engine.process_settings import apply_process_settings, set_openmp_wait_policy
 from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.server.listen import bind_socket
 from hetero_infer.server.settings import ServerSettings
 
 ENV_PREFIX = "HETERO_"
@@ -232,7 +233,7 @@ def under_torchrun(
     """Under torchrun (its RANK and WORLD_SIZE set, more than one rank), the config for
     ranks it started, and this process's rank; otherwise the config as it is and 0.
     Rank 0 runs the engine (and the server); the others only their share of the model."""
-    from hetero_infer.engine.distributed.process_group import Rendezvous
+    from hetero_infer.engine.distributed.rendezvous import Rendezvous
 
     rendezvous = Rendezvous.from_torchrun_env(environ)
     if rendezvous is None or rendezvous.world_size == 1:
@@ -247,7 +248,7 @@ def under_torchrun(
 
 def run_torchrun_worker(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> int:
     """A rank other than 0 under torchrun: its share of the model until rank 0 stops."""
-    from hetero_infer.engine.distributed.process_group import Rendezvous
+    from hetero_infer.engine.distributed.rendezvous import Rendezvous
     from hetero_infer.engine.executor.rank_worker import run_worker
 
     rendezvous = Rendezvous.from_torchrun_env(environ)
@@ -273,11 +274,16 @@ def serve_main(argv: list[str]) -> int:
     if rank > 0:
         return run_torchrun_worker(engine_config)
     settings = dataclasses.replace(settings, engine=engine_config)
+    try:
+        listener = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        where = f"{settings.host}:{settings.port}"
+        print(f"error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     apply_process_settings(settings.engine)
     from hetero_infer.server.serve import serve  # uvicorn (and torch) are only needed here
 
-    serve(settings)
-    return 0
+    return serve(settings, listener)
 
 
 def build_parser() -> argparse.ArgumentParser:

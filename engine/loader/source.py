@@ -4,6 +4,7 @@ the small chat model among those."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,12 @@ class ModelSource:
     def is_gguf(self) -> bool:
         return self.gguf_file is not None
 
+    def weight_bytes(self) -> int:
+        """The size of the weights' files: the least memory the loaded model takes."""
+        if self.is_gguf:
+            return self.path.stat().st_size
+        return sum(p.stat().st_size for p in self.folder.glob("*.safetensors"))
+
 
 def default_model_path() -> Path:
     """The GGUF file of the model used when none is named (SmolLM2-135M-Instruct)."""
@@ -74,8 +81,8 @@ def resolve_model(model: str | None) -> ModelSource:
         )
     except Exception as e:  # any hub failure means the same to the user: cannot load it
         raise ModelNotFoundError(
-            f"model {model!r}: not a local folder or .gguf file, and the hub download "
-            f"failed: {type(e).__name__}: {e}"
+            f"model {model!r}: not a local folder or .gguf file{_packaged_hint(model)}, "
+            f"and the hub download failed: {type(e).__name__}: {e}"
         ) from e
     folder = Path(folder)
     if not any(folder.glob("*.safetensors")) or not (folder / "config.json").is_file():
@@ -85,6 +92,13 @@ def resolve_model(model: str | None) -> ModelSource:
         )
     logger.info("model %s downloaded to %s", model, folder)
     return ModelSource(path=folder)
+
+
+def _packaged_hint(model: str) -> str:
+    """A packaged model's name the user may have meant (``gemma-3-270M``), as a hint."""
+    close = difflib.get_close_matches(model.lower(), PACKAGED_MODELS, n=1, cutoff=0.8)
+    packaged = ", ".join(PACKAGED_MODELS)
+    return f" (did you mean {close[0]!r}? the packaged models: {packaged})" if close else ""
 
 
 def _looks_like_path(model: str) -> bool:
