@@ -62,14 +62,17 @@ class GenerationDefaults:
 
 
 def load_generation_defaults(
-    mode: str, override: Mapping[str, Any] | None, model_folder: Path
+    mode: str,
+    override: Mapping[str, Any] | None,
+    model_folder: Path,
+    packaged: Mapping[str, Any] | None = None,
 ) -> GenerationDefaults:
     """The defaults for ``mode`` ("auto", "vllm" or a folder) with ``override`` on top.
 
     "auto" reads ``model_folder``'s generation_config.json: a safetensors folder's, or
-    the one beside a GGUF file (a GGUF file carries none inside it); without one there
-    are no defaults. A named folder must hold the file. Bad values are a ConfigError
-    naming the file.
+    the one beside a GGUF file (a GGUF file carries none inside it); without one, a
+    packaged model's recommended values (``packaged``, as that file's keys), else none.
+    A named folder must hold the file. Bad values are a ConfigError naming the file.
     """
     values: dict[str, Any] = {}
     sources: list[str] = []
@@ -82,6 +85,9 @@ def load_generation_defaults(
             if values:
                 sources.append(str(path))
             why_none = f"{path} sets none"
+        elif mode == "auto" and packaged:
+            values = _sampling_values(packaged, "the packaged model's")
+            sources.append("the packaged model's card")
         elif mode == "auto":
             why_none = f"no {GENERATION_CONFIG_FILE} in {folder}"
         else:

