@@ -14,6 +14,10 @@ import jinja2
 from hetero_infer.engine.exceptions import ConfigError, ValidationError
 from transformers import PreTrainedTokenizerBase
 
+# A tool's name no prompt holds: whether a template renders tools is whether it is
+# in the prompt (Tokenizer.renders_tools).
+TOOL_PROBE = "tool_probe_5e1c0a9d"
+
 
 class Tokenizer:
     """The engine's view of a tokenizer: ids in, ids out, nothing else.
@@ -46,6 +50,8 @@ class Tokenizer:
         hf = self._hf
         self._special_token_ids = _special_token_ids(hf) if hf is not None else frozenset()
         self._byte_token_ids = _byte_fallback_token_ids(hf) if hf is not None else frozenset()
+        # chat template (None: the tokenizer's own) -> whether it renders tools
+        self._renders_tools: dict[str | None, bool] = {}
 
     @property
     def hf_tokenizer(self) -> PreTrainedTokenizerBase | None:
@@ -134,6 +140,32 @@ class Tokenizer:
         # transformers 5 returns a BatchEncoding here; older versions a plain list.
         ids = out["input_ids"] if isinstance(out, Mapping) else out
         return [int(i) for i in ids]
+
+
+    def renders_tools(self, chat_template: str | None = None) -> bool:
+        """Whether the chat template (``chat_template``, or the tokenizer's own) writes
+        the tools it is given into the prompt. Many do not (SmolLM2's): the prompt is
+        then the same with tools or without. Found by rendering a tool of a name no
+        prompt holds, once per template."""
+        if chat_template not in self._renders_tools:
+            self._renders_tools[chat_template] = self._probe_tools(chat_template)
+        return self._renders_tools[chat_template]
+
+    def _probe_tools(self, chat_template: str | None) -> bool:
+        if self._hf is None:  # no template of its own to probe
+            return True
+        probe = {"type": "function", "function": {"name": TOOL_PROBE, "parameters": {}}}
+        try:
+            text = self._hf.apply_chat_template(
+                [{"role": "user", "content": "Hello"}],
+                tools=[probe],
+                chat_template=chat_template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception:  # the template refuses the probe: a real request will say why
+            return True
+        return TOOL_PROBE in text
 
 
 def _own_parameters(function: Any) -> set[str]:

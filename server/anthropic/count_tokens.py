@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hetero_infer.server.anthropic.chat_translation import chat_request
 from hetero_infer.server.anthropic.messages_request import CountTokensRequest
-from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+from hetero_infer.server.openai.serving import RequestContext
 
 
 def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> int:
@@ -13,10 +13,5 @@ def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> int:
     # What the template sees of the tools, whatever tool_choice says (which decides
     # only how the output is read).
     tools = [tool.model_dump(exclude_none=True) for tool in chat.tools or []]
-    token_ids = chat_prompt(
-        ctx.engine,
-        chat.template_messages(),
-        tools=tools or None,
-        chat_template=ctx.settings.chat_template_text,
-    )
+    token_ids = ctx.chat_prompt(chat.template_messages(), tools=tools or None)
     return len(token_ids)

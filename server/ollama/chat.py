@@ -21,7 +21,7 @@ from hetero_infer.server.ollama.thinking import thinking
 from hetero_infer.server.openai.chat_output import ChatOutputParser
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.reasoning import reasoning_parser
-from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tool_choice import tool_use
 
 
@@ -51,12 +51,8 @@ def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation
     for message, given in zip(messages, body.messages, strict=True):
         if given.thinking:
             message["reasoning_content"] = given.thinking
-    token_ids = chat_prompt(
-        ctx.engine,
-        messages,
-        tools=use.template_tools,
-        chat_template=settings.chat_template_text,
-        template_kwargs=chat.chat_template_kwargs,
+    token_ids = ctx.chat_prompt(
+        messages, tools=use.template_tools, template_kwargs=chat.chat_template_kwargs
     )
     prompt = ctx.engine.input_processor.tokenize(token_ids)
     request = engine_request(ctx, body, chat, prompt, use.keeps_special_tokens)

@@ -21,7 +21,7 @@ from hetero_infer.server.ollama.thinking import thinking
 from hetero_infer.server.openai.chat_output import ChatOutputParser
 from hetero_infer.server.openai.reasoning import reasoning_parser
 from hetero_infer.server.openai.sampling_fields import SamplingFields
-from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+from hetero_infer.server.openai.serving import RequestContext
 
 
 def build_generate(ctx: RequestContext, body: GenerateRequest, model: str) -> Generation:
@@ -41,12 +41,7 @@ def build_generate(ctx: RequestContext, body: GenerateRequest, model: str) -> Ge
         if body.system:
             messages.append({"role": "system", "content": body.system})
         messages.append({"role": "user", "content": body.prompt})
-        token_ids = chat_prompt(
-            ctx.engine,
-            messages,
-            chat_template=ctx.settings.chat_template_text,
-            template_kwargs=template_kwargs or None,
-        )
+        token_ids = ctx.chat_prompt(messages, template_kwargs=template_kwargs or None)
         prompt = processor.tokenize(token_ids)
     if body.context:
         ids = [*body.context, *(prompt.token_ids if prompt else [])]

@@ -38,7 +38,7 @@ from hetero_infer.server.openai.responses import (
     prepend,
     usage,
 )
-from hetero_infer.server.openai.serving import RequestContext, chat_prompt
+from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 
 
@@ -73,11 +73,9 @@ class ChatCompletion:
         """The messages and tools through the chat template, checked, then the params
         (max_tokens fits the context; a constrained tool_choice's schema)."""
         tools = tool_use(body, ctx.settings)
-        token_ids = chat_prompt(
-            ctx.engine,
+        token_ids = ctx.chat_prompt(
             body.template_messages(),
             tools=tools.template_tools,
-            chat_template=ctx.settings.chat_template_text,
             template_kwargs=body.chat_template_kwargs,
         )
         processor = ctx.engine.input_processor

@@ -95,7 +95,7 @@ async def models(request: Request) -> dict[str, Any]:
 @router.post("/tokenize", responses=route_responses(TokenizeResponse))
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     ctx = RequestContext.open(request, body.model)
-    return tokenization.tokenize(ctx.engine, body, ctx.settings.chat_template_text)
+    return tokenization.tokenize(ctx, body)
 
 
 @router.post("/detokenize", responses=route_responses(DetokenizeResponse))

@@ -22,6 +22,7 @@ from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import RequestOutputKind
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.lora import resolve_adapter
+from hetero_infer.server.openai.tool_prompt import with_tool_prompt
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
 
@@ -46,26 +47,6 @@ def check_model(settings: ServerSettings, model: str | None) -> None:
         )
 
 
-def chat_prompt(
-    engine: AsyncEngine,
-    messages: list[dict[str, Any]],
-    *,
-    tools: list[dict[str, Any]] | None = None,
-    chat_template: str | None = None,
-    template_kwargs: dict[str, Any] | None = None,
-) -> list[int]:
-    """The token ids of ``messages`` through the chat template. What the template (or
-    transformers around it) refuses is the caller's input: a 400 naming messages."""
-    try:
-        return engine.tokenizer.apply_chat_template(
-            messages, tools=tools, chat_template=chat_template, template_kwargs=template_kwargs
-        )
-    except ValidationError as exc:
-        raise APIError.from_exception(exc) from exc
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="messages") from exc
-
-
 @dataclass(frozen=True)
 class RequestContext:
     engine: AsyncEngine
@@ -88,6 +69,31 @@ class RequestContext:
         engine = state.require_engine()
         name = state.settings.model_name if lora is None else lora.name
         return cls(engine, state.metrics, name, request, state.settings, lora)
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """The token ids of ``messages`` through the chat template (the server's
+        --chat-template, else the tokenizer's); ``tools`` through it too, or, where it
+        renders none, in a generic tool prompt (tool_prompt.py). What the template (or
+        transformers around it) refuses is the caller's input: a 400 naming messages."""
+        tokenizer = self.engine.tokenizer
+        template = self.settings.chat_template_text
+        if tools and not tokenizer.renders_tools(template):
+            messages = with_tool_prompt(messages, tools, self.settings.tool_call_parser)
+            tools = None
+        try:
+            return tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=template, template_kwargs=template_kwargs
+            )
+        except ValidationError as exc:
+            raise APIError.from_exception(exc) from exc
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from exc
 
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request, observed by the metrics; the engine's

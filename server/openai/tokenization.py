@@ -7,17 +7,21 @@ from typing import Any
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import template_messages
-from hetero_infer.server.openai.serving import chat_prompt
+from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 
 
-def tokenize(
-    engine: AsyncEngine, body: TokenizeRequest, chat_template: str | None = None
-) -> dict[str, Any]:
-    """The tokens of a prompt, or of messages through the chat template (the server's
-    --chat-template where it has one)."""
+def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]:
+    """The tokens of a prompt, or of messages (with their tools) through the chat
+    template, as a chat request would have them."""
+    engine = ctx.engine
     if body.messages is not None:
-        tokens = chat_prompt(engine, template_messages(body.messages), chat_template=chat_template)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        tokens = ctx.chat_prompt(
+            template_messages(body.messages),
+            tools=tools or None,
+            template_kwargs=body.chat_template_kwargs,
+        )
     elif body.prompt is not None:
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:

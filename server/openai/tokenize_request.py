@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.chat_request import ChatMessage
+from typing import Any
+
+from hetero_infer.server.openai.chat_request import ChatMessage, ToolDefinition
 from hetero_infer.server.openai.request_body import RequestBody, TokenId, check_text
 from hetero_infer.server.openai.unsupported_fields import TOKENIZE
 from pydantic import field_validator
@@ -16,6 +18,9 @@ class TokenizeRequest(RequestBody):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    # With messages, as a chat request gives them to the template.
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod

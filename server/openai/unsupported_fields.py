@@ -90,7 +90,5 @@ TOKENIZE = {
     "add_generation_prompt": Unsupported((True,)),
     "continue_final_message": Unsupported((False,)),
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
-    "chat_template_kwargs": _NO,
-    "tools": _NO,
     "mm_processor_kwargs": _NO,
 }

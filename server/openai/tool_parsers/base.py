@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hetero_infer.engine.frontend.stop_strings import partial_match_length
 
@@ -98,12 +98,23 @@ class ContentText:
         return out
 
 
+# A call as a prompt writes it: the function's name and its arguments.
+Call = tuple[str, dict[str, Any]]
+
+
 class ToolParser(ABC):
     """One choice's text -> content and tool calls (see the module's docstring)."""
 
     name: ClassVar[str]
     # Whether the format's markers are special tokens, which decoding must then keep.
     keeps_special_tokens: ClassVar[bool] = False
+
+    @classmethod
+    def write_calls(cls, calls: list[Call]) -> str:
+        """The calls as the model writes them in this format, which the parser reads
+        back as those calls: for prompts that show the model the format (a template
+        that renders no tools, server/openai/tool_prompt.py)."""
+        raise TypeError(f"the {cls.name} parser reads calls it does not write")
 
     def __init__(self) -> None:
         self.num_calls = 0

@@ -3,7 +3,10 @@ number of them, with text around them (Hermes, Qwen2.5, Qwen3 and their template
 
 from __future__ import annotations
 
+import json
+
 from hetero_infer.server.openai.tool_parsers.base import (
+    Call,
     ParsedText,
     StateMachineToolParser,
     split_at_marker,
@@ -16,6 +19,13 @@ CALL_END = "</tool_call>"
 
 class HermesToolParser(StateMachineToolParser):
     name = "hermes"
+
+    @classmethod
+    def write_calls(cls, calls: list[Call]) -> str:
+        return "\n".join(
+            f"{CALL_START}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CALL_END}"
+            for name, arguments in calls
+        )
 
     def __init__(self) -> None:
         super().__init__("content")  # content -> opened -> call -> closing -> content

@@ -8,7 +8,13 @@ decoding usually drops it; the text is read the same with or without it.
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, StateMachineToolParser
+import json
+
+from hetero_infer.server.openai.tool_parsers.base import (
+    Call,
+    ParsedText,
+    StateMachineToolParser,
+)
 from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
 
 PYTHON_TAG = "<|python_tag|>"
@@ -30,6 +36,12 @@ def opens_call(text: str) -> bool | None:
 
 class Llama3JsonToolParser(StateMachineToolParser):
     name = "llama3_json"
+
+    @classmethod
+    def write_calls(cls, calls: list[Call]) -> str:
+        return "; ".join(
+            json.dumps({"name": name, "parameters": arguments}) for name, arguments in calls
+        )
 
     def __init__(self) -> None:
         # start -> call -> between -> (";") next -> call ...; any of them -> content

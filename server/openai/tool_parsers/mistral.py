@@ -5,7 +5,14 @@ way keep special tokens in their text (as vLLM does for this parser)."""
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, ToolParser, split_at_marker
+import json
+
+from hetero_infer.server.openai.tool_parsers.base import (
+    Call,
+    ParsedText,
+    ToolParser,
+    split_at_marker,
+)
 from hetero_infer.server.openai.tool_parsers.json_call import JsonCallArray
 
 MARKER = "[TOOL_CALLS]"
@@ -14,6 +21,11 @@ MARKER = "[TOOL_CALLS]"
 class MistralToolParser(ToolParser):
     name = "mistral"
     keeps_special_tokens = True
+
+    @classmethod
+    def write_calls(cls, calls: list[Call]) -> str:
+        items = [{"name": name, "arguments": arguments} for name, arguments in calls]
+        return MARKER + json.dumps(items)
 
     def __init__(self) -> None:
         super().__init__()

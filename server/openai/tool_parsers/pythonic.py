@@ -15,7 +15,11 @@ import json
 import re
 from typing import Any
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, StateMachineToolParser
+from hetero_infer.server.openai.tool_parsers.base import (
+    Call,
+    ParsedText,
+    StateMachineToolParser,
+)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
@@ -85,6 +89,15 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]] | None:
 
 class PythonicToolParser(StateMachineToolParser):
     name = "pythonic"
+
+    @classmethod
+    def write_calls(cls, calls: list[Call]) -> str:
+        # Python's literals for JSON's values: repr writes True, None, quoted strings.
+        written = (
+            f"{name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+            for name, arguments in calls
+        )
+        return f"[{', '.join(written)}]"
 
     def __init__(self) -> None:
         super().__init__("start")  # start -> call -> next -> call ... -> content
