@@ -125,16 +125,8 @@ class AsyncEngine:
         return self._engine.config.block_size
 
     @property
-    def vocab_size(self) -> int:
-        return self._engine.model_config.vocab_size
-
-    @property
     def model_config(self) -> ModelConfig:
         return self._engine.model_config
-
-    @property
-    def hidden_size(self) -> int:  # of the model's hidden states, and so of its embeddings
-        return self._engine.model_config.hidden_size
 
     @property
     def input_processor(self) -> InputProcessor:
@@ -232,8 +224,7 @@ class AsyncEngine:
         self._work.set()
 
     def end_all(self, error: BaseException) -> None:
-        """Every request in hand ends: its generate() raises ``error`` (the server's
-        way to say why, at shutdown) and aborts it in the engine."""
+        """Every request in hand ends, its generate() raising ``error`` (at shutdown)."""
         for queue in self._queues.values():
             queue.put_nowait(error)
 

@@ -26,7 +26,6 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest, InputPro
 from hetero_infer.engine.frontend.lora_requests import LoRARequests
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
-from hetero_infer.engine.generation_defaults import load_generation_defaults
 from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
@@ -57,12 +56,7 @@ class LLMEngine(LoRARequests):
         self.model_config = setup.model_config
         # The sampling values a request that leaves them out gets (the server's routes
         # apply them; default_sampling_params() gives them to the offline API).
-        self.generation_defaults = load_generation_defaults(
-            config.generation_config,
-            config.override_generation_config,
-            source.folder,
-            loader.packaged_sampling(config.model),
-        )
+        self.generation_defaults = setup.generation_defaults
         logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = setup.max_model_len
         if tokenizer is None or isinstance(tokenizer, str):

@@ -2,9 +2,9 @@
 
 The config is what users write: flat, with "auto" where they leave a choice to us. The
 setup is what the engine runs with: the model's source and its ModelConfig, the
-context length, the device and the dtype, and the speculative config, each resolved
-once, here. LLMEngine and every tensor-parallel rank build from it, so no part of the
-engine resolves a setting again.
+context length, the device and the dtype, the speculative config and the default
+sampling values, each resolved once, here. LLMEngine and every tensor-parallel rank
+build from it, so no part of the engine resolves a setting again.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from hetero_infer.engine import host_memory, loader
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
+from hetero_infer.engine.generation_defaults import GenerationDefaults, load_generation_defaults
 from hetero_infer.engine.loader.gguf_header import gguf_file_type
 from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import ModelConfig
@@ -38,6 +39,7 @@ class EngineSetup:
     dtype: torch.dtype
     kv_cache_dtype: torch.dtype  # the cache tensors' (int8 rows carry their scales)
     speculative: SpeculativeConfig | None
+    generation_defaults: GenerationDefaults
 
 
 def resolve_setup(config: EngineConfig) -> EngineSetup:
@@ -56,6 +58,12 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
         dtype=dtype,
         kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, device, dtype),
         speculative=config.speculative,
+        generation_defaults=load_generation_defaults(
+            config.generation_config,
+            config.override_generation_config,
+            source.folder,
+            loader.packaged_sampling(config.model),
+        ),
     )
 
 

@@ -141,7 +141,6 @@ class Tokenizer:
         ids = out["input_ids"] if isinstance(out, Mapping) else out
         return [int(i) for i in ids]
 
-
     def renders_tools(self, chat_template: str | None = None) -> bool:
         """Whether the chat template (``chat_template``, or the tokenizer's own) writes
         the tools it is given into the prompt. Many do not (SmolLM2's): the prompt is

@@ -22,7 +22,7 @@ from hetero_infer.server.openai.serving import RequestContext
 
 async def embed(ctx: RequestContext, body: EmbedRequest, model: str) -> dict[str, Any]:
     start = time.monotonic()
-    size = ctx.engine.hidden_size
+    size = ctx.engine.model_config.hidden_size
     if body.dimensions is not None and body.dimensions != size:
         raise APIError(
             400,

@@ -30,7 +30,7 @@ class Embeddings:
     @classmethod
     def build(cls, ctx: RequestContext, body: EmbeddingRequest) -> Embeddings:
         """Tokenize and check every input: each must fit in the context."""
-        size = ctx.engine.hidden_size
+        size = ctx.engine.model_config.hidden_size
         if body.dimensions is not None and body.dimensions != size:
             raise APIError(
                 400,

@@ -30,7 +30,7 @@ def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]:
 
 
 def detokenize(engine: AsyncEngine, body: DetokenizeRequest) -> dict[str, Any]:
-    vocab = engine.vocab_size
+    vocab = engine.model_config.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
     return {"prompt": engine.tokenizer.decode(body.tokens)}

@@ -11,6 +11,7 @@ import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.generation_defaults import load_generation_defaults
+from hetero_infer.engine.loader.packaged import packaged_sampling
 from hetero_infer.engine.loader.source import ModelSource
 
 from tests.tiny_models import save_tiny_model
@@ -134,3 +135,20 @@ def test_the_engine_loads_them_and_says_so(tmp_path, caplog):
     engine = LLMEngine(config.replace(generation_config="vllm"))
     assert engine.generation_defaults.values == {}
     assert engine.default_sampling_params().temperature == 1.0
+
+
+def test_a_packaged_models_own_values_where_no_file_says(tmp_path):
+    packaged = {"temperature": 0.2, "top_p": 0.9}
+    defaults = load_generation_defaults("auto", None, tmp_path, packaged)
+    assert defaults.values == packaged and "the packaged model's card" in defaults.describe()
+    write_generation_config(tmp_path, {"temperature": 0.3})  # a file beside it wins
+    assert load_generation_defaults("auto", None, tmp_path, packaged).values == {"temperature": 0.3}
+    assert load_generation_defaults("vllm", None, tmp_path, packaged).values == {}
+    override = load_generation_defaults("auto", {"top_p": 0.5}, tmp_path / "none", packaged)
+    assert override.values == {"temperature": 0.2, "top_p": 0.5}
+
+
+def test_the_embedded_model_samples_as_its_card_says():
+    assert packaged_sampling(None) == {"temperature": 0.2, "top_p": 0.9}
+    assert packaged_sampling("smollm2-135m-instruct") == packaged_sampling(None)
+    assert packaged_sampling("./some-folder") == {}

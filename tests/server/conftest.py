@@ -2,7 +2,8 @@
 
 `start_server()` runs uvicorn in a background thread of this process, so a test can
 reach the engine behind it (`server.engine`, `server.state`); `spawn_server()` runs
-`python -m server.cli serve` as a subprocess, for what needs signals.
+the installed `hetero-infer serve` as a user does (installed_command), for what needs
+signals or the process as a whole.
 """
 
 from __future__ import annotations
@@ -202,21 +203,46 @@ class ServerProcess:
             self.process.wait(timeout=30)
 
 
-def spawn_server(model_dir: Path, log_dir: Path, *extra_args: str) -> ServerProcess:
-    """Run `python -m server.cli serve` on a free port (the caller waits and stops it)."""
-    port = free_port()
+def installed_command() -> list[str]:
+    """The console script the package installs, as a user runs it: `hetero-infer`."""
+    script = Path(sys.executable).with_name("hetero-infer")
+    assert script.is_file(), f"{script} is missing: install the package (make install)"
+    return [str(script)]
+
+
+def user_environment() -> dict[str, str]:
+    """The environment a user's shell gives the server: no PYTHONPATH (the tests' own
+    view of the checkout stays out), no HETERO_* settings, one OpenMP thread unless
+    the tests say otherwise (they share the cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("HETERO_")}
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    return env
+
+
+def spawn_installed(
+    args: list[str], log_dir: Path, port: int | None = None, env: dict[str, str] | None = None
+) -> ServerProcess:
+    """`hetero-infer serve ARGS --host 127.0.0.1 --port PORT` (a free one by default), run
+    from ``log_dir``, outside the checkout, as a user starts it."""
+    port = port or free_port()
     log_path = log_dir / f"server-{port}.log"
+    command = [*installed_command(), "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=log_dir,
+            env=env or user_environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def spawn_server(model_dir: Path, log_dir: Path, *extra_args: str) -> ServerProcess:
+    """The installed server on ``model_dir`` (the caller waits and stops it)."""
     args = [
-        sys.executable,
-        "-m",
-        "hetero_infer.server.cli",
-        "serve",
         "--model",
         str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
         "--served-model-name",
         MODEL_NAME,
         "--max-model-len",
@@ -225,13 +251,7 @@ def spawn_server(model_dir: Path, log_dir: Path, *extra_args: str) -> ServerProc
         str(MAX_NUM_BLOCKS),
         *extra_args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    env = {k: v for k, v in env.items() if not k.startswith("HETERO_")}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    return ServerProcess(f"http://127.0.0.1:{port}", process, log_path)
+    return spawn_installed(args, log_dir)
 
 
 @pytest.fixture

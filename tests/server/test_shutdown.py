@@ -1,17 +1,19 @@
 """SIGTERM drains: streams in flight finish, new work gets 503, the process exits 0.
 
-The server runs as `python -m server.cli serve` in a subprocess, so the signal goes
-through uvicorn's real handlers.
+The server runs as the installed `hetero-infer serve` in a subprocess, so the signal
+goes through uvicorn's real handlers. Past the drain's deadline, requests still running
+end with an error (streams: an error event and [DONE]); a second signal stops at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import httpx
 
-from tests.server.conftest import MODEL_NAME, ServerProcess
+from tests.server.conftest import MODEL_NAME, ServerProcess, spawn_installed
 
 NUM_STREAMS = 8
 MAX_TOKENS = 400
@@ -86,3 +88,74 @@ def test_sigterm_drains_streams(server_process_factory):
         assert usage_chunk["choices"] == []
         assert usage_chunk["usage"]["completion_tokens"] == MAX_TOKENS
     assert proc.process.wait(timeout=60) == 0, proc.log()
+
+
+# ---- the drain's end, and a second signal: on the embedded model, whose streams of
+# this many tokens outlast the waits below on any machine these tests run on.
+LONG_STREAM = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+
+async def read_stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[str]:
+    """A stream's SSE lines, until the server ends it."""
+    lines: list[str] = []
+    async with http.stream("POST", "/v1/completions", json=LONG_STREAM) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line:
+                lines.append(line)
+                started.set()
+    return lines
+
+
+def ended_with_shutdown_error(lines: list[str]) -> str:
+    """The message of the error event a stream cut by the shutdown ends with."""
+    assert lines[-3:-1][0] == "event: error" and lines[-1] == "data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "service_unavailable", error
+    return error["message"]
+
+
+def stream_then_signal(proc: ServerProcess, signals: list[signal.Signals]) -> list[str]:
+    """A long stream, then ``signals`` (the second once the server drains), until the
+    stream ends."""
+
+    async def main() -> list[str]:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=120) as http:
+            started = asyncio.Event()
+            stream = asyncio.create_task(read_stream(http, started))
+            await asyncio.wait_for(started.wait(), 120)
+            first, *more = signals
+            proc.process.send_signal(first)
+            while (await http.get("/readyz")).json()["status"] != "draining":
+                await asyncio.sleep(0.02)
+            for sig in more:
+                proc.process.send_signal(sig)
+            return await asyncio.wait_for(stream, 60)
+
+    return asyncio.run(main())
+
+
+def test_the_drain_deadline_ends_streams_with_an_error(tmp_path):
+    proc = spawn_installed(["--shutdown-timeout", "2"], tmp_path)
+    try:
+        proc.wait_ready(timeout=300)
+        lines = stream_then_signal(proc, [signal.SIGTERM])
+        assert proc.process.wait(timeout=60) == 0, proc.log()
+    finally:
+        proc.kill()
+    assert "shut down (2 s after a signal)" in ended_with_shutdown_error(lines)
+    # uvicorn's own wait for connections did not come on top of the drain's.
+    assert "Waiting for connections to close" not in proc.log()
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    proc = spawn_installed(["--shutdown-timeout", "600"], tmp_path)
+    try:
+        proc.wait_ready(timeout=300)
+        lines = stream_then_signal(proc, [signal.SIGINT, signal.SIGINT])
+        # Long before the drain's 600 s: the second Ctrl-C does not wait for it.
+        assert proc.process.wait(timeout=60) == 128 + signal.SIGINT, proc.log()
+    finally:
+        proc.kill()
+    assert "the server stopped" in ended_with_shutdown_error(lines)
+    assert "Traceback" not in proc.log()

@@ -174,3 +174,19 @@ def test_smollm2_wrapper(smol_tok: Tokenizer) -> None:
             messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
         assert got == smol_tok.encode(rendered, add_special_tokens=False)
+
+
+# A template that writes the tools it is given (as Qwen's and Hermes's do).
+TOOLS_TEMPLATE = (
+    "{% if tools %}{% for tool in tools %}{{ tool.function.name }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+)
+
+
+def test_which_templates_render_tools(smol_tok):
+    """SmolLM2's template ignores tools; one that writes them is told apart, each
+    template probed once."""
+    assert not smol_tok.renders_tools()
+    assert smol_tok.renders_tools(TOOLS_TEMPLATE)
+    assert smol_tok.renders_tools(TOOLS_TEMPLATE)  # from what the first probe found
+    assert not smol_tok.renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
