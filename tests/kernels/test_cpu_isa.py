@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hetero_infer.engine.setup import resolve_dtype
-from hetero_infer.kernels import cpu_build, cpu_isa
+from hetero_infer.kernels import cpu_build, cpu_extension, cpu_isa
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 
 from tests.conftest import cpu_kernels_skip
@@ -126,7 +127,13 @@ def test_the_marker_skips_with_the_gates_reason(monkeypatch):
     marks = [pytest.mark.cpu_kernels("linear_packed", "quantized_linear").mark]
     reasons = [cpu_isa.kernel_unavailable(k) for k in ("linear_packed", "quantized_linear")]
     assert cpu_kernels_skip(marks) == next((r for r in reasons if r is not None), None)
+    # A CPU with the features, and a build that has the kernels (this machine's build
+    # may lack them: it was compiled for this CPU).
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: ICE_LAKE)
+    built = SimpleNamespace(
+        linear_packed_available=lambda: True, quantized_linear_available=lambda: True
+    )
+    monkeypatch.setattr(cpu_extension, "load_cpu_kernels", lambda: built)
     assert cpu_kernels_skip(marks) is None
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: ZEN3)
     assert cpu_kernels_skip(marks) == "linear_packed needs avx512bw, which this CPU lacks"
