@@ -53,3 +53,31 @@ def transformers_embedding(model: torch.nn.Module, prompt: list[int], pooling: s
     hidden = model(torch.tensor([prompt])).last_hidden_state[0]  # [len(prompt), hidden]
     vector = hidden[-1] if pooling == "last" else hidden.mean(dim=0)
     return torch.nn.functional.normalize(vector, dim=0)
+
+
+# Router scores this close are a tie within fp32 rounding: two correct computations
+# (summing in different orders) may pick different experts, and a different token.
+ROUTER_TIE = 1e-4
+
+
+@torch.no_grad()
+def closest_routing_gap(model: torch.nn.Module, token_ids: list[int], top_k: int) -> float:
+    """The smallest gap, over every layer and token of ``token_ids`` in transformers'
+    mixture-of-experts ``model``, between the router's last expert chosen and the best
+    one left out."""
+    gaps: list[float] = []
+
+    def record(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        scores = output if isinstance(output, torch.Tensor) else output[0]
+        top = scores.float().topk(top_k + 1, dim=-1).values
+        gaps.append(float((top[..., top_k - 1] - top[..., top_k]).min()))
+
+    routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    assert routers, "no router found: not a mixture-of-experts model"
+    hooks = [router.register_forward_hook(record) for router in routers]
+    try:
+        model(torch.tensor([token_ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return min(gaps)

@@ -15,7 +15,7 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from tests.reference import transformers_greedy
+from tests.reference import ROUTER_TIE, closest_routing_gap, transformers_greedy
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 MAX_NEW_TOKENS = 24
@@ -35,10 +35,14 @@ def shared_prefix_prompts(seed: int, vocab: int) -> list[list[int]]:
     return [prefix + [rng.randrange(3, vocab) for _ in range(n)] for n in range(1, 17)]
 
 
-def reference_outputs(model_dir, prompts: list[list[int]]) -> list[list[int]]:
+def reference_model(model_dir) -> torch.nn.Module:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def reference_outputs(model_dir, prompts: list[list[int]]) -> list[list[int]]:
     return transformers_greedy(
-        model.eval(), prompts, MAX_NEW_TOKENS, eos_token_id=EOS, pad_token_id=0
+        reference_model(model_dir), prompts, MAX_NEW_TOKENS, eos_token_id=EOS, pad_token_id=0
     )
 
 
@@ -49,6 +53,21 @@ def tiny(request, tmp_path_factory):
     vocab = TINY_MODELS[request.param]().vocab_size
     prompts = random_prompts(1, vocab) + shared_prefix_prompts(2, vocab)
     return folder, prompts, reference_outputs(folder, prompts)
+
+
+def check_same_tokens(folder, prompt: list[int], out: list[int], ref: list[int]) -> None:
+    """Token for token; a mixture of experts may part at a routing tie alone (its
+    router's last expert chosen within fp32 rounding of the next), and only there."""
+    if out == ref:
+        return
+    at = next(i for i in range(len(ref)) if i == len(out) or out[i] != ref[i])
+    model = reference_model(folder)
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    gap = closest_routing_gap(model, prompt + ref[:at], top_k) if top_k else None
+    assert gap is not None and gap < ROUTER_TIE, (
+        f"differs at token {at} ({len(prompt)}-token prompt): {out} != {ref}"
+        + ("" if gap is None else f"; the closest routing gap is {gap:.2e}, no tie")
+    )
 
 
 # Regimes: engine settings, and what must be seen in the stats for the regime to count.
@@ -74,9 +93,10 @@ def test_greedy_matches_transformers(tiny, regime):
     # The second pass finds the first pass's blocks in the prefix cache.
     for _ in range(2):
         outputs = engine.generate(prompts, params, use_tqdm=False)
-        for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
-            assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
-            assert out.finish_reason == ("stop" if ref[-1] == EOS else "length")
+        for prompt, out, ref in zip(prompts, outputs, expected, strict=True):
+            check_same_tokens(folder, prompt, out.token_ids, ref)
+            if out.token_ids == ref:
+                assert out.finish_reason == ("stop" if ref[-1] == EOS else "length")
     assert engine.metrics.max_batch_size > 1
     if must_happen:
         assert engine.metrics.as_dict()[must_happen] > 0
