@@ -61,7 +61,11 @@ class ChatCompletion:
         self.n = request.params.n
         self.include_usage = body.include_usage
         self.continuous_usage = body.continuous_usage
-        self.formatter = LogprobsFormatter(ctx.engine.tokenizer) if body.logprobs else None
+        self.formatter = None
+        if body.logprobs:
+            as_ids = bool(body.return_tokens_as_token_ids)
+            self.formatter = LogprobsFormatter(ctx.engine.tokenizer, as_ids)
+        self.token_ids = bool(body.return_token_ids)
         self.top_logprobs = body.top_logprobs or 0
         self.prompt_tokens = len(request.prompt_token_ids)
         # A grammar constrains the output from its first token: no thinking to split off.
@@ -130,14 +134,17 @@ class ChatCompletion:
                     "stop_reason": final.stop_reason,
                 }
             )
+            if self.token_ids:
+                choices[-1]["token_ids"] = list(final.token_ids)
         generated = sum(len(final.token_ids) for final in finals)
-        return completion_body(
+        body = completion_body(
             "chat.completion",
             self.request.request_id,
             self.ctx.model_name,
             choices,
             usage(self.prompt_tokens, generated),
         )
+        return self._with_prompt_ids(body)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         if self.beam is not None:
@@ -151,15 +158,16 @@ class ChatCompletion:
         for index in range(self.n):
             role = {"role": "assistant", "content": ""}
             choice = {"index": index, "delta": role, "finish_reason": None}
-            yield self._chunk([choice], self._usage_so_far(generated))
+            chunk = self._chunk([choice], self._usage_so_far(generated))
+            yield self._with_prompt_ids(chunk) if index == 0 else chunk
         # Per choice: output tokens (and logprob entries) whose chunk is still to come.
         pending: list[tuple[list[int], list[dict[int, float]]]] = [([], []) for _ in range(self.n)]
         parsers = [self.output_parser() for _ in range(self.n)]
         async for out in prepend(first, outputs):  # deltas
             generated += len(out.delta_token_ids)
             parser = parsers[out.index]
+            pending[out.index][0].extend(out.token_ids)
             if self.formatter is not None:
-                pending[out.index][0].extend(out.token_ids)
                 pending[out.index][1].extend(out.logprobs or [])
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
             if out.finished:
@@ -174,6 +182,8 @@ class ChatCompletion:
                 "finish_reason": _finish_reason(out, parser),
                 "stop_reason": out.stop_reason,
             }
+            if self.token_ids:
+                choice["token_ids"] = pending[out.index][0]
             pending[out.index] = ([], [])
             yield self._chunk([choice], self._usage_so_far(generated))
         if self.include_usage:
@@ -187,6 +197,12 @@ class ChatCompletion:
             body["tool_calls"] = tool_calls_body(message.tool_calls)
         if self.reasoning:
             body["reasoning_content"] = message.reasoning or None
+        return body
+
+    def _with_prompt_ids(self, body: dict[str, Any]) -> dict[str, Any]:
+        """return_token_ids: the prompt's ids, in the answer (a stream's first chunk)."""
+        if self.token_ids:
+            body["prompt_token_ids"] = self.request.prompt_token_ids
         return body
 
     def _usage_so_far(self, generated: int) -> dict[str, int] | None:

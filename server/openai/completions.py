@@ -67,7 +67,10 @@ class Completion:
         self.continuous_usage = body.continuous_usage
         tokenizer = ctx.engine.tokenizer
         self.echoed = [_echo_text(r, tokenizer) if body.echo else "" for r in requests]
-        self.formatter = LogprobsFormatter(tokenizer) if body.logprobs is not None else None
+        self.formatter = None
+        if body.logprobs is not None:
+            self.formatter = LogprobsFormatter(tokenizer, bool(body.return_tokens_as_token_ids))
+        self.token_ids = bool(body.return_token_ids)
         self.prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
 
     @classmethod
@@ -114,7 +117,8 @@ class Completion:
                     if self.echo:
                         ids, entries = self._with_prompt(i, out.prompt_logprobs, ids, entries)
                     logprobs = self.formatter.completion(ids, entries, 0)
-                choices.append(self._choice(i, out, self.echoed[i] + out.text, logprobs))
+                choice = self._choice(i, out, self.echoed[i] + out.text, logprobs)
+                choices.append(self._with_token_ids(choice, i, out.token_ids, first=True))
         generated = sum(len(out.token_ids) for outs in finals for out in outs)
         return self._body(choices, usage(self.prompt_tokens, generated))
 
@@ -143,24 +147,26 @@ class Completion:
         first = not cursor.started
         if first and out.prompt_logprobs is not None:
             cursor.prompt_logprobs = out.prompt_logprobs
+        cursor.pending_ids += out.token_ids
         if self.formatter is not None:
             assert out.logprobs is not None
-            cursor.pending_ids += out.token_ids
             cursor.pending_entries += out.logprobs
         if not (out.delta_text or out.finished or first and self.echo):
             return None
         text = (self.echoed[i] if first else "") + out.delta_text
         logprobs = None
+        new_ids = cursor.pending_ids
         if self.formatter is not None:
-            ids, entries = cursor.pending_ids, cursor.pending_entries
+            ids, entries = new_ids, cursor.pending_entries
             if first and self.echo:
                 ids, entries = self._with_prompt(i, cursor.prompt_logprobs, ids, entries)
             logprobs = self.formatter.completion(ids, entries, cursor.text_offset)
             cursor.text_offset += self.formatter.text_length(ids)
-            cursor.pending_ids, cursor.pending_entries = [], []
+        cursor.pending_ids, cursor.pending_entries = [], []
         cursor.started = True
         running_usage = usage(self.prompt_tokens, generated) if self.continuous_usage else None
-        return self._body([self._choice(i, out, text, logprobs)], running_usage)
+        choice = self._with_token_ids(self._choice(i, out, text, logprobs), i, new_ids, first)
+        return self._body([choice], running_usage)
 
     def _with_prompt(
         self,
@@ -183,6 +189,16 @@ class Completion:
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
         }
+
+    def _with_token_ids(
+        self, choice: dict[str, Any], i: int, token_ids: list[int], first: bool
+    ) -> dict[str, Any]:
+        """return_token_ids: prompt ``i``'s ids (in a choice's first chunk only) and the
+        choice's (a chunk's own)."""
+        if self.token_ids:
+            choice["prompt_token_ids"] = self.requests[i].prompt_token_ids if first else None
+            choice["token_ids"] = list(token_ids)
+        return choice
 
     def _body(
         self, choices: list[dict[str, Any]], usage_value: dict[str, int] | None = None

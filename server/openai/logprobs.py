@@ -26,9 +26,19 @@ def _finite(logprob: float) -> float:
 
 
 class LogprobsFormatter:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, as_token_ids: bool = False) -> None:
+        """``as_token_ids``: tokens shown as "token_id:<id>" (vLLM's
+        return_tokens_as_token_ids), which any token, a piece of a character too, is."""
         self._tokenizer = tokenizer
+        self._as_token_ids = as_token_ids
         self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def shown(self, token_id: int) -> tuple[str, list[int]]:
+        """How the token appears in logprobs: its text and bytes, or its id."""
+        if self._as_token_ids:
+            text = f"token_id:{token_id}"
+            return text, list(text.encode())
+        return self.token(token_id)
 
     def token(self, token_id: int) -> tuple[str, list[int]]:
         """The token's text and its bytes."""
@@ -70,7 +80,7 @@ class LogprobsFormatter:
             "text_offset": [],
         }
         for token_id, entry in zip(token_ids, entries, strict=True):
-            body["tokens"].append(self.token(token_id)[0])
+            body["tokens"].append(self.shown(token_id)[0])
             body["text_offset"].append(text_offset)
             text_offset += self.width(token_id)
             if entry is None:  # the prompt's first token: nothing predicts it
@@ -78,14 +88,14 @@ class LogprobsFormatter:
                 body["top_logprobs"].append(None)
                 continue
             body["token_logprobs"].append(_finite(entry[token_id]))
-            body["top_logprobs"].append({self.token(t)[0]: _finite(lp) for t, lp in entry.items()})
+            body["top_logprobs"].append({self.shown(t)[0]: _finite(lp) for t, lp in entry.items()})
         return body
 
     def chat(self, token_ids: list[int], entries: list[Entry], top: int) -> dict[str, Any]:
         """Chat's logprobs: each token with its ``top`` most likely alternatives."""
         content = []
         for token_id, entry in zip(token_ids, entries, strict=True):
-            text, raw = self.token(token_id)
+            text, raw = self.shown(token_id)
             best = sorted(entry.items(), key=lambda item: -item[1])[:top]
             content.append(
                 {
@@ -98,5 +108,5 @@ class LogprobsFormatter:
         return {"content": content}
 
     def _chat_item(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text, raw = self.token(token_id)
+        text, raw = self.shown(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": raw}

@@ -89,6 +89,11 @@ class SamplingFields(GuidedDecodingFields):
     # This server's own (vLLM, TGI and OpenAI have no such field): seconds the request
     # may take from its arrival, queueing included; it can shorten --request-timeout.
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # vLLM's, for training and evaluation tools: the prompt's and each choice's token
+    # ids in the answer (a stream: the prompt's in its first chunk, each chunk's own);
+    # logprobs' tokens as "token_id:<id>", which any token can be written as.
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)

@@ -22,8 +22,6 @@ _SAMPLING = {
     "bad_words": Unsupported(([],)),
     "prompt_logprobs": _NO,
     "logits_processors": _NO,
-    "return_tokens_as_token_ids": Unsupported((False,)),
-    "return_token_ids": Unsupported((False,)),
     "request_id": _NO,
     "cache_salt": _NO,
     "kv_transfer_params": _NO,
