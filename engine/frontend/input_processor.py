@@ -125,6 +125,18 @@ class InputProcessor:
             )
         return PromptTokens(text, token_ids)
 
+    def truncate(self, prompt: PromptTokens, keep: int) -> PromptTokens:
+        """The prompt's last ``keep`` tokens (-1: as many as the context holds), as
+        vLLM's truncate_prompt_tokens keeps them; a prompt cut loses its text."""
+        keep = self.max_model_len if keep == -1 else keep
+        if keep <= 0:
+            raise ValidationError(
+                "truncate_prompt_tokens must be -1 or at least 1", param="truncate_prompt_tokens"
+            )
+        if len(prompt.token_ids) <= keep:
+            return prompt
+        return PromptTokens(None, prompt.token_ids[-keep:])
+
     def fit_context(self, prompt: PromptTokens, max_tokens: int | None) -> int:
         """OpenAI's context rule, as the server applies it: the prompt and max_tokens
         together fit in max_model_len, and the prompt leaves room for a token. Returns

@@ -98,6 +98,7 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         *,
+        continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
@@ -105,7 +106,8 @@ class Tokenizer:
         """The messages through the chat template: the tokenizer's own, or
         ``chat_template`` (Jinja text) in its place. ``tools`` (OpenAI's function
         definitions) and ``template_kwargs`` (e.g. ``enable_thinking``) are the
-        template's variables."""
+        template's variables. ``continue_final_message``: the last message is left
+        open, for the model to go on with (no generation prompt then)."""
         if not (chat_template or getattr(self._hf, "chat_template", None)):
             raise ValidationError(
                 "this tokenizer has no chat template; send a plain prompt "
@@ -127,6 +129,7 @@ class Tokenizer:
                 tools=tools or None,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 tokenize=True,
                 return_dict=True,
                 **template_kwargs,

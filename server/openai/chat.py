@@ -57,6 +57,7 @@ class ChatCompletion:
         self.ctx = ctx
         self.beam = beam
         self.request = request
+        self.id = body.answer_id(request.request_id, "chatcmpl")
         self.tools = tools
         self.n = request.params.n
         self.include_usage = body.include_usage
@@ -77,13 +78,16 @@ class ChatCompletion:
         """The messages and tools through the chat template, checked, then the params
         (max_tokens fits the context; a constrained tool_choice's schema)."""
         tools = tool_use(body, ctx.settings)
+        body.check_template_flags()
         token_ids = ctx.chat_prompt(
             body.template_messages(),
             tools=tools.template_tools,
-            template_kwargs=body.chat_template_kwargs,
+            template_kwargs=body.template_kwargs(),
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         )
         processor = ctx.engine.input_processor
-        prompt = processor.tokenize(token_ids)
+        prompt = body.truncated(processor.tokenize(token_ids), processor)
         requested = body.max_completion_tokens or body.max_tokens
         defaults = ctx.engine.generation_defaults.sampling
         max_tokens = ctx.max_tokens(prompt, requested)
@@ -139,7 +143,7 @@ class ChatCompletion:
         generated = sum(len(final.token_ids) for final in finals)
         body = completion_body(
             "chat.completion",
-            self.request.request_id,
+            self.id,
             self.ctx.model_name,
             choices,
             usage(self.prompt_tokens, generated),
@@ -223,7 +227,7 @@ class ChatCompletion:
     ) -> Chunk:
         return completion_body(
             "chat.completion.chunk",
-            self.request.request_id,
+            self.id,
             self.ctx.model_name,
             choices,
             usage_value,

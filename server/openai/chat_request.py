@@ -194,6 +194,12 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     # Passed to the chat template (e.g. {"enable_thinking": false}).
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: end with the generation prompt (the default), or leave the last message
+    # open for the model to go on with (a prefilled answer); not both.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # OpenAI's, given to the chat template as vLLM gives it (gpt-oss's reads it).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # OpenAI's, which change nothing here: nothing is stored, and the prompt cache
@@ -201,6 +207,22 @@ class ChatCompletionRequest(SamplingFields):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
+
+    def check_template_flags(self) -> None:
+        """A 400 for add_generation_prompt and continue_final_message that cannot hold."""
+        if self.add_generation_prompt and self.continue_final_message:
+            raise APIError(
+                400,
+                "continue_final_message cannot be used with add_generation_prompt: set "
+                "add_generation_prompt to false to continue the last message",
+                param="continue_final_message",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(
+                400,
+                "continue_final_message continues the last message, which must be the assistant's",
+                param="continue_final_message",
+            )
 
     def unsupported(self) -> None:
         super().unsupported()
@@ -233,6 +255,12 @@ class ChatCompletionRequest(SamplingFields):
     def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         check_texts(value)
         return value
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's variables: reasoning_effort, under the body's own."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def logprobs_params(self) -> dict[str, int]:
         if self.top_logprobs is not None and not self.logprobs:

@@ -81,7 +81,7 @@ class Completion:
             raise APIError(400, "'suffix' is not supported", param="suffix")
         processor = ctx.engine.input_processor
         defaults = ctx.engine.generation_defaults
-        prompts = [processor.tokenize(prompt) for prompt in body.prompts()]
+        prompts = [body.truncated(processor.tokenize(p), processor) for p in body.prompts()]
         requested = body.max_tokens
         if "max_tokens" not in body.model_fields_set and defaults.max_tokens is not None:
             requested = None  # OpenAI's default of 16 gives way to the model's own
@@ -92,15 +92,15 @@ class Completion:
             num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
         else:
             params = body.sampling_params(max_tokens, defaults.sampling)
-        completion_id = new_id("cmpl")
+        engine_id = new_id("cmpl")
         constraint = body.constraint_param()
         requests = [
             processor.request(
-                f"{completion_id}-{i}", prompt, params, body.priority, body.timeout, constraint
+                f"{engine_id}-{i}", prompt, params, body.priority, body.timeout, constraint
             )
             for i, prompt in enumerate(prompts)
         ]
-        return cls(ctx, body, completion_id, requests, beam)
+        return cls(ctx, body, body.answer_id(engine_id, "cmpl"), requests, beam)
 
     async def whole(self) -> dict[str, Any]:
         if self.beam is not None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from hetero_infer.engine.beam_search import BeamSearchParams
+from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
 from hetero_infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_N,
@@ -94,6 +95,10 @@ class SamplingFields(GuidedDecodingFields):
     # logprobs' tokens as "token_id:<id>", which any token can be written as.
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the answer's id is made of it ("cmpl-<id>", "chatcmpl-<id>"); and the
+    # prompt cut to its last tokens (-1: to what the context holds).
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)
@@ -186,6 +191,18 @@ class SamplingFields(GuidedDecodingFields):
             temperature=0.0, output_kind=kind,
         )  # fmt: skip
         return described, search
+
+    def answer_id(self, engine_id: str, prefix: str) -> str:
+        """The answer's id: the engine request's, or made of the body's request_id.
+        Only the answer takes the caller's id: the engine's stay unique, so an id
+        sent again (a retry) is a new request, as in vLLM."""
+        return f"{prefix}-{self.request_id}" if self.request_id else engine_id
+
+    def truncated(self, prompt: PromptTokens, processor: InputProcessor) -> PromptTokens:
+        """The prompt as truncate_prompt_tokens cuts it."""
+        if self.truncate_prompt_tokens is None:
+            return prompt
+        return processor.truncate(prompt, self.truncate_prompt_tokens)
 
     def constraint_param(self) -> str:
         """The field the output's constraint came in (errors compiling it name it)."""

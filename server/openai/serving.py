@@ -76,6 +76,8 @@ class RequestContext:
         *,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """The token ids of ``messages`` through the chat template (the server's
         --chat-template, else the tokenizer's); ``tools`` through it too, or, where it
@@ -88,7 +90,12 @@ class RequestContext:
             tools = None
         try:
             return tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=template, template_kwargs=template_kwargs
+                messages,
+                add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template=template,
+                template_kwargs=template_kwargs,
             )
         except ValidationError as exc:
             raise APIError.from_exception(exc) from exc

@@ -17,12 +17,10 @@ _NO = Unsupported()
 # defaults (what a client that sends every field sends).
 _SAMPLING = {
     "spaces_between_special_tokens": Unsupported((True,)),
-    "truncate_prompt_tokens": _NO,
     "allowed_token_ids": _NO,
     "bad_words": Unsupported(([],)),
     "prompt_logprobs": _NO,
     "logits_processors": _NO,
-    "request_id": _NO,
     "cache_salt": _NO,
     "kv_transfer_params": _NO,
     "vllm_xargs": _NO,
@@ -57,13 +55,10 @@ CHAT = {
     "modalities": Unsupported((["text"],), "may only be ['text']"),
     "prediction": _NO,
     "web_search_options": _NO,
-    "reasoning_effort": _NO,
     "verbosity": _NO,
-    # vLLM's chat template controls: the template always ends with the generation
-    # prompt, adds its own special tokens, and is the server's (--chat-template).
+    # vLLM's chat template controls: the template adds its own special tokens, and is
+    # the server's (--chat-template).
     "echo": Unsupported((False,)),
-    "add_generation_prompt": Unsupported((True,)),
-    "continue_final_message": Unsupported((False,)),
     "add_special_tokens": Unsupported((False,)),
     "documents": _NO,
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),

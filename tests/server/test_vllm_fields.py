@@ -1,6 +1,8 @@
 """vLLM's fields that training and evaluation tools send (TRL, verl, OpenRLHF, SkyRL,
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
-directly: return_token_ids and return_tokens_as_token_ids."""
+directly: return_token_ids, return_tokens_as_token_ids, request_id,
+truncate_prompt_tokens, add_generation_prompt with continue_final_message, and
+reasoning_effort."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 
-from tests.server.conftest import MODEL_NAME, LiveServer
+from tests.server.conftest import MODEL_NAME, LiveServer, start_server
 
 PROMPT = "Hello world and the"
 MESSAGES = [{"role": "user", "content": "Hello there, is it working?"}]
@@ -87,3 +89,104 @@ def test_logprob_tokens_as_token_ids(server: LiveServer, reference_engine: LLMEn
         assert item["token"].startswith("token_id:")
         assert item["bytes"] == list(item["token"].encode())
         assert item["top_logprobs"][0]["token"].startswith("token_id:")
+
+
+# ---- request_id ----
+
+
+def test_request_id_names_the_answer(server: LiveServer):
+    completion = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPT, "request_id": "r-7"})
+    assert completion["id"] == "cmpl-r-7"
+    chat = {**GREEDY, "messages": MESSAGES, "request_id": "r-8"}
+    assert post(server, "/v1/chat/completions", chat)["id"] == "chatcmpl-r-8"
+    assert {c["id"] for c in stream(server, "/v1/chat/completions", chat)} == {"chatcmpl-r-8"}
+    with server.client() as http:
+        too_long = http.post(
+            "/v1/completions", json={**GREEDY, "prompt": PROMPT, "request_id": "x" * 300}
+        )
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "request_id"
+
+
+# ---- truncate_prompt_tokens ----
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(server: LiveServer, reference_engine):
+    ids = reference_engine.tokenizer.encode(PROMPT)
+    expected = run(reference_engine, ids[-3:])
+    body = {**GREEDY, "prompt": PROMPT, "truncate_prompt_tokens": 3}
+    answer = post(server, "/v1/completions", body)
+    assert answer["usage"]["prompt_tokens"] == 3
+    assert answer["choices"][0]["text"] == expected.text
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        {**GREEDY, "messages": MESSAGES, "truncate_prompt_tokens": 4},
+    )
+    assert chat["usage"]["prompt_tokens"] == 4
+    whole = post(
+        server, "/v1/completions", {**GREEDY, "prompt": PROMPT, "truncate_prompt_tokens": -1}
+    )
+    assert whole["usage"]["prompt_tokens"] == len(ids)
+
+
+# ---- add_generation_prompt, continue_final_message, reasoning_effort ----
+
+PREFILLED = [*MESSAGES, {"role": "assistant", "content": "Yes, it is"}]
+
+
+def test_continue_final_message(server: LiveServer, reference_engine):
+    tokenizer = reference_engine.tokenizer
+    prompt = tokenizer.apply_chat_template(
+        PREFILLED, add_generation_prompt=False, continue_final_message=True
+    )
+    assert tokenizer.decode(prompt).endswith("Yes, it is")
+    body = {**GREEDY, "messages": PREFILLED, "return_token_ids": True}
+    answer = post(
+        server,
+        "/v1/chat/completions",
+        {**body, "add_generation_prompt": False, "continue_final_message": True},
+    )
+    assert answer["prompt_token_ids"] == prompt
+    assert answer["choices"][0]["message"]["content"] == run(reference_engine, prompt).text
+    with server.client() as http:
+        both = http.post("/v1/chat/completions", json={**body, "continue_final_message": True})
+        not_assistant = http.post(
+            "/v1/chat/completions",
+            json={
+                **GREEDY,
+                "messages": MESSAGES,
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+            },
+        )
+    for refused in (both, not_assistant):
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "continue_final_message"
+
+
+EFFORT_TEMPLATE = (
+    "<s>{% if reasoning_effort is defined %}effort: {{ reasoning_effort }}\n{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def test_reasoning_effort_reaches_the_template(model_dir):
+    live = start_server(model_dir, chat_template=EFFORT_TEMPLATE)
+    try:
+        body = {
+            **GREEDY,
+            "messages": MESSAGES,
+            "return_token_ids": True,
+            "reasoning_effort": "high",
+        }
+        prompt = post(live, "/v1/chat/completions", body)["prompt_token_ids"]
+        assert live.engine.tokenizer.decode(prompt).startswith("effort: high\n")
+        kwargs = {**body, "chat_template_kwargs": {"reasoning_effort": "low"}}  # its own win
+        low = post(live, "/v1/chat/completions", kwargs)["prompt_token_ids"]
+        assert live.engine.tokenizer.decode(low).startswith("effort: low\n")
+        with live.client() as http:
+            bad = http.post("/v1/chat/completions", json={**body, "reasoning_effort": "max"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+    finally:
+        live.stop()
