@@ -82,6 +82,9 @@ class SamplingParams:
     # What each output holds: everything so far, the step's delta (streams), or only
     # the final output (answers sent whole); see engine/outputs.py.
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's: mixed into the prefix cache's block hashes (its tiers' too), so that only
+    # requests with the same salt share cached blocks (a tenant's, say).
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -148,6 +151,10 @@ class SamplingParams:
                     "json_schema and structured_outputs both constrain the output: give one",
                     param="structured_outputs",
                 )
+        if self.cache_salt is not None and not (
+            isinstance(self.cache_salt, str) and self.cache_salt
+        ):
+            raise ValidationError("cache_salt must be a non-empty string", param="cache_salt")
         if not isinstance(self.logit_bias, dict):
             raise ValidationError("logit_bias must map token ids to biases", param="logit_bias")
         if len(self.logit_bias) > MAX_TOKEN_ID_ENTRIES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import time
 from typing import Any
 
@@ -128,10 +129,17 @@ class Sequence:
     def hash_salt(self) -> int | None:
         """Its first block's parent hash in the prefix cache: set where the same tokens
         make other KV (LongRoPE's long factors; a LoRA adapter, by its fingerprint, which
-        is even), so that the cache never serves one's blocks to the other."""
+        is even), so that the cache never serves one's blocks to the other; and where a
+        request's cache_salt keeps its blocks to requests of the same salt."""
         if self.lora_fingerprint is None:
-            return LONG_ROPE_SALT if self.long_rope else None
-        return self.lora_fingerprint | self.long_rope
+            salt = LONG_ROPE_SALT if self.long_rope else None
+        else:
+            salt = self.lora_fingerprint | self.long_rope
+        cache_salt = self.sampling_params.cache_salt
+        if cache_salt is None:
+            return salt
+        data = cache_salt.encode() + (salt or 0).to_bytes(8, "little")
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
     @property
     def block_table(self) -> list[int]:

@@ -99,6 +99,8 @@ class SamplingFields(GuidedDecodingFields):
     # prompt cut to its last tokens (-1: to what the context holds).
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM's: only requests with the same salt share prefix-cache blocks.
+    cache_salt: str | None = Field(default=None, min_length=1)
     # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)
@@ -231,7 +233,7 @@ class SamplingFields(GuidedDecodingFields):
         }
         names = (
             "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-            "presence_penalty", "frequency_penalty", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "cache_salt",
         )  # fmt: skip
         for name in names:
             value = getattr(self, name)

@@ -21,7 +21,6 @@ _SAMPLING = {
     "bad_words": Unsupported(([],)),
     "prompt_logprobs": _NO,
     "logits_processors": _NO,
-    "cache_salt": _NO,
     "kv_transfer_params": _NO,
     "vllm_xargs": _NO,
     "thinking_token_budget": _NO,

@@ -190,3 +190,28 @@ def test_reasoning_effort_reaches_the_template(model_dir):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
     finally:
         live.stop()
+
+
+# ---- cache_salt ----
+
+# Three full blocks of 16 tokens and a few more.
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 2
+
+
+def test_cache_salt_keeps_cached_blocks_to_its_own(server: LiveServer):
+    engine = server.engine
+
+    def hits_after(**fields: Any) -> int:
+        before = engine.memory_stats()["prefix_cache_hits"]
+        body = {**GREEDY, "max_tokens": 1, "prompt": LONG_PROMPT, **fields}
+        post(server, "/v1/completions", body)
+        return engine.memory_stats()["prefix_cache_hits"] - before
+
+    hits_after()  # the unsalted blocks are cached
+    assert hits_after() > 0
+    assert hits_after(cache_salt="tenant-a") == 0  # salted: none of the unsalted ones
+    assert hits_after(cache_salt="tenant-a") > 0  # its own, the second time
+    assert hits_after(cache_salt="tenant-b") == 0
+    with server.client() as http:
+        empty = http.post("/v1/completions", json={**GREEDY, "prompt": PROMPT, "cache_salt": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "cache_salt"
