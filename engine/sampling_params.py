@@ -18,6 +18,8 @@ GREEDY_EPSILON = 1e-5
 # Stop strings are searched in every step's new text: bound the work a request can ask for.
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+# Bad words are checked against the output at every step.
+MAX_BAD_WORDS = 1024
 # OpenAI's ranges.
 MAX_PENALTY = 2.0
 MAX_LOGIT_BIAS = 100.0
@@ -67,6 +69,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: subtract per occurrence in the output so far
     repetition_penalty: float = 1.0  # vLLM/CTRL: divide (or multiply) logits of seen tokens
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's: the only tokens the output may hold; and words it may not (a word's
+    # last token is excluded where the output so far ends with the rest of it; the
+    # input processor tokenizes them into bad_words_token_ids, with and without a
+    # leading space, as vLLM does).
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     # Per generated token: its logprob and this many top alternatives (0 = only its own).
     logprobs: int | None = None
     # Per prompt token (from the second on): the same, from the prefill's logits.
@@ -155,6 +164,7 @@ class SamplingParams:
             isinstance(self.cache_salt, str) and self.cache_salt
         ):
             raise ValidationError("cache_salt must be a non-empty string", param="cache_salt")
+        self._check_token_lists()
         if not isinstance(self.logit_bias, dict):
             raise ValidationError("logit_bias must map token ids to biases", param="logit_bias")
         if len(self.logit_bias) > MAX_TOKEN_ID_ENTRIES:
@@ -223,9 +233,33 @@ class SamplingParams:
                 param="min_tokens",
             )
 
+    def _check_token_lists(self) -> None:
+        allowed = self.allowed_token_ids
+        if allowed is not None and not (
+            isinstance(allowed, list) and allowed and all(_is_int(t) and t >= 0 for t in allowed)
+        ):
+            raise ValidationError(
+                "allowed_token_ids must be a non-empty list of token ids",
+                param="allowed_token_ids",
+            )
+        words = self.bad_words
+        if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+            raise ValidationError("bad_words must be a list of words", param="bad_words")
+        if len(words) > MAX_BAD_WORDS or any(len(w) > MAX_STOP_STRING_CHARS for w in words):
+            raise ValidationError(
+                f"bad_words: at most {MAX_BAD_WORDS} words of at most "
+                f"{MAX_STOP_STRING_CHARS} characters",
+                param="bad_words",
+            )
+
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the request names must exist: the sampler indexes logits with them."""
-        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+        named = (
+            ("logit_bias", self.logit_bias),
+            ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+        )
+        for name, ids in named:
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ValidationError(

@@ -56,10 +56,24 @@ def append_until_stop(
 
 
 def banned_token_ids(seq: Sequence) -> frozenset[int]:
-    """Tokens the sampler masks out because the sequence may not stop yet (min_tokens)."""
+    """Tokens the sampler masks out: those that would stop the sequence before
+    min_tokens, and those that would complete one of its bad words."""
     params = seq.sampling_params
-    if params.allows_stop(seq.num_output_tokens):
-        return frozenset()
-    if params.ignore_eos:
-        return params.stop_token_set
-    return seq.stop_and_eos_token_ids
+    banned: frozenset[int] = frozenset()
+    if not params.allows_stop(seq.num_output_tokens):
+        banned = params.stop_token_set if params.ignore_eos else seq.stop_and_eos_token_ids
+    if params.bad_words_token_ids:
+        banned = banned | bad_word_endings(seq, params.bad_words_token_ids)
+    return banned
+
+
+def bad_word_endings(seq: Sequence, words: list[list[int]]) -> frozenset[int]:
+    """The last token of each bad word whose other tokens end the output so far."""
+    endings = set()
+    for word in words:
+        before = len(word) - 1
+        if before == 0:
+            endings.add(word[0])
+        elif seq.num_output_tokens >= before and seq.token_ids[-before:] == word[:-1]:
+            endings.add(word[-1])
+    return frozenset(endings)

@@ -15,6 +15,7 @@ whole context.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,17 @@ class InputProcessor:
             )
         return PromptTokens(text, token_ids)
 
+    def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word's tokens, as it starts a text and as it follows a space (most
+        tokenizers give those different first tokens)."""
+        found: list[list[int]] = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in found:
+                    found.append(ids)
+        return found
+
     def truncate(self, prompt: PromptTokens, keep: int) -> PromptTokens:
         """The prompt's last ``keep`` tokens (-1: as many as the context holds), as
         vLLM's truncate_prompt_tokens keeps them; a prompt cut loses its text."""
@@ -177,6 +189,10 @@ class InputProcessor:
         """
         self._check_priority(priority)
         deadline = self._deadline(timeout)
+        if params.bad_words:
+            params = dataclasses.replace(
+                params, bad_words_token_ids=self.bad_words_token_ids(params.bad_words)
+            )
         params.check_vocab(self.vocab_size)
         grammar = None
         if params.json_schema is not None:

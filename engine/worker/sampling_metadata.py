@@ -82,9 +82,10 @@ class SamplingMetadata:
 
 
 def needs_processing(rows: list[ScheduledSequence]) -> bool:
-    """Whether any row has bias, penalties, banned tokens or a grammar."""
+    """Whether any row has bias, penalties, banned or allowed tokens, or a grammar."""
     return any(
         r.grammar_bitmask is not None
+        or r.sampling_params.allowed_token_ids
         or r.banned_token_ids
         or r.sampling_params.logit_bias
         or r.sampling_params.has_penalties
@@ -98,14 +99,30 @@ def _seen(row: ScheduledSequence, ids: list[int] | None) -> list[int]:
 
 
 def _allowed(rows: list[ScheduledSequence], vocab_size: int) -> torch.Tensor | None:
-    """The grammar bit masks [rows, ceil(vocab / 32)] int32 (all ones for rows without
-    a grammar), or None where no row has one."""
-    constrained = [i for i, r in enumerate(rows) if r.grammar_bitmask is not None]
+    """The bit masks [rows, ceil(vocab / 32)] int32 of the tokens each row may take:
+    its grammar's and its allowed_token_ids (both, where it has both); all ones for
+    rows with neither; None where no row has either."""
+    constrained = [
+        i
+        for i, r in enumerate(rows)
+        if r.grammar_bitmask is not None or r.sampling_params.allowed_token_ids
+    ]
     if not constrained:
         return None
     words = -(-vocab_size // 32)
     allowed = torch.full((len(rows), words), -1, dtype=torch.int32)
     for i in constrained:
-        mask = bitmask_words(rows[i].grammar_bitmask, vocab_size)
-        allowed[i, : mask.numel()] = mask
+        if rows[i].grammar_bitmask is not None:
+            mask = bitmask_words(rows[i].grammar_bitmask, vocab_size)
+            allowed[i, : mask.numel()] = mask
+        if ids := rows[i].sampling_params.allowed_token_ids:
+            allowed[i] &= ids_bitmask(ids, words)
     return allowed
+
+
+def ids_bitmask(token_ids: list[int], words: int) -> torch.Tensor:
+    """[words] int32 with the bits of ``token_ids`` set (bit b of word w: token 32 w + b)."""
+    ids = torch.tensor(sorted(set(token_ids)), dtype=torch.int64)
+    bits = torch.zeros(words, dtype=torch.int64)
+    bits.index_put_((ids // 32,), torch.ones_like(ids) << (ids % 32), accumulate=True)
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)  # bit 31: the sign

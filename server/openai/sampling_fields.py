@@ -101,6 +101,9 @@ class SamplingFields(GuidedDecodingFields):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM's: only requests with the same salt share prefix-cache blocks.
     cache_salt: str | None = Field(default=None, min_length=1)
+    # vLLM's: the only tokens the output may hold; words it may not hold.
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    bad_words: list[str] | None = None
     # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)
@@ -234,6 +237,7 @@ class SamplingFields(GuidedDecodingFields):
         names = (
             "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
             "presence_penalty", "frequency_penalty", "repetition_penalty", "cache_salt",
+            "allowed_token_ids", "bad_words",
         )  # fmt: skip
         for name in names:
             value = getattr(self, name)

@@ -17,8 +17,6 @@ _NO = Unsupported()
 # defaults (what a client that sends every field sends).
 _SAMPLING = {
     "spaces_between_special_tokens": Unsupported((True,)),
-    "allowed_token_ids": _NO,
-    "bad_words": Unsupported(([],)),
     "prompt_logprobs": _NO,
     "logits_processors": _NO,
     "kv_transfer_params": _NO,

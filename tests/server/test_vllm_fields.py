@@ -1,8 +1,8 @@
 """vLLM's fields that training and evaluation tools send (TRL, verl, OpenRLHF, SkyRL,
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
 directly: return_token_ids, return_tokens_as_token_ids, request_id,
-truncate_prompt_tokens, add_generation_prompt with continue_final_message, and
-reasoning_effort."""
+truncate_prompt_tokens, add_generation_prompt with continue_final_message,
+reasoning_effort, cache_salt, allowed_token_ids and bad_words."""
 
 from __future__ import annotations
 
@@ -215,3 +215,49 @@ def test_cache_salt_keeps_cached_blocks_to_its_own(server: LiveServer):
     with server.client() as http:
         empty = http.post("/v1/completions", json={**GREEDY, "prompt": PROMPT, "cache_salt": ""})
     assert empty.status_code == 400 and empty.json()["error"]["param"] == "cache_salt"
+
+
+# ---- allowed_token_ids, bad_words ----
+
+
+def test_allowed_token_ids(server: LiveServer, reference_engine: LLMEngine):
+    free = run(reference_engine, PROMPT)
+    # Not the tokens it picks freely: the output must change, and hold only these.
+    allowed = [t for t in range(3, 60) if t not in free.token_ids][:5]
+    expected = run(reference_engine, PROMPT, allowed_token_ids=allowed)
+    assert set(expected.token_ids) <= set(allowed) and expected.token_ids != free.token_ids
+    for sampled in ({}, {"temperature": 1.0, "seed": 3}):
+        body = {**GREEDY, "prompt": PROMPT, "allowed_token_ids": allowed, "return_token_ids": True}
+        [choice] = post(server, "/v1/completions", {**body, **sampled})["choices"]
+        assert set(choice["token_ids"]) <= set(allowed)
+        if not sampled:
+            assert choice["token_ids"] == expected.token_ids
+    with server.client() as http:
+        outside = http.post(
+            "/v1/completions", json={**GREEDY, "prompt": PROMPT, "allowed_token_ids": [10**6]}
+        )
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "allowed_token_ids"
+
+
+def test_bad_words(server: LiveServer, reference_engine: LLMEngine):
+    """With " a" favoured over everything and "a" next, the output is " a a a...";
+    "a a" as a bad word excludes " a" after every " a" (a word's last token, where the
+    rest of it ends the output), so "a" comes between them."""
+    encode = reference_engine.tokenizer.encode
+    spaced, plain = (
+        encode(" a", add_special_tokens=False)[-1],
+        encode("aa", add_special_tokens=False)[-1],
+    )
+    bias = {spaced: 100.0, plain: 90.0}
+    assert run(reference_engine, PROMPT, logit_bias=bias).token_ids == [spaced] * MAX_TOKENS
+    expected = run(reference_engine, PROMPT, logit_bias=bias, bad_words=["a a"])
+    assert expected.token_ids == [spaced, plain] * (MAX_TOKENS // 2)
+    body = {
+        **GREEDY,
+        "prompt": PROMPT,
+        "logit_bias": {str(t): b for t, b in bias.items()},
+        "bad_words": ["a a"],
+        "return_token_ids": True,
+    }
+    [choice] = post(server, "/v1/completions", body)["choices"]
+    assert choice["token_ids"] == expected.token_ids
