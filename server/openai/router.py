@@ -1,5 +1,6 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/responses,
-/v1/embeddings, /v1/models, /tokenize and /detokenize.
+/v1/embeddings, /v1/models, /tokenize and /detokenize; and vLLM's /v1/score and
+/rerank (/v1/rerank).
 
 Each handler only routes: completions.py, chat.py, responses_api.py and embeddings.py
 build the engine requests (through the engine's input processor, which checks them)
@@ -20,6 +21,8 @@ from hetero_infer.server.openai.answers import (
     DetokenizeResponse,
     EmbeddingResponse,
     ModelList,
+    RerankResponse,
+    ScoreResponse,
     TokenizeResponse,
     route_responses,
 )
@@ -39,6 +42,8 @@ from hetero_infer.server.openai.responses_api import (
 from hetero_infer.server.openai.responses_api_answers import DeletedResponse, ResponseObject
 from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_stream import respond_events
+from hetero_infer.server.openai.scoring import rerank, score
+from hetero_infer.server.openai.scoring_request import RerankRequest, ScoreRequest
 from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 
@@ -80,6 +85,18 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     answer = Embeddings.build(RequestContext.open(request, body.model), body)
     return JSONResponse(await answer.whole())
+
+
+@router.post("/v1/score", responses=route_responses(ScoreResponse))
+@router.post("/score", responses=route_responses(ScoreResponse), include_in_schema=False)
+async def scores(body: ScoreRequest, request: Request) -> dict[str, Any]:
+    return await score(RequestContext.open(request, body.model), body)
+
+
+@router.post("/v1/rerank", responses=route_responses(RerankResponse))
+@router.post("/rerank", responses=route_responses(RerankResponse), include_in_schema=False)
+async def reranked(body: RerankRequest, request: Request) -> dict[str, Any]:
+    return await rerank(RequestContext.open(request, body.model), body)
 
 
 @router.get("/v1/models", responses=route_responses(ModelList))

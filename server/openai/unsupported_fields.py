@@ -75,6 +75,14 @@ EMBEDDING = {
     "mm_processor_kwargs": _NO,
 }
 
+SCORE = {
+    "priority": Unsupported((0,)),
+    "mm_processor_kwargs": _NO,
+    "activation": _NO,
+    "use_activation": _NO,
+    "softmax": _NO,
+}
+
 TOKENIZE = {
     "return_token_strs": Unsupported((False,)),
     "add_generation_prompt": Unsupported((True,)),

@@ -24,9 +24,9 @@ ROUTES = {
 # Per route: a field defined elsewhere but not implemented (set), and that field set to
 # a value that changes nothing.
 UNSUPPORTED = {
-    "chat": [("bad_words", ["x"], []), ("add_generation_prompt", False, True),
-             ("functions", [{"name": "f"}], None), ("reasoning_effort", "high", None)],
-    "completions": [("bad_words", ["x"], []), ("prompt_logprobs", 1, None),
+    "chat": [("spaces_between_special_tokens", False, True), ("echo", True, False),
+             ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
+    "completions": [("top_p_min", 0.5, 0.0), ("prompt_logprobs", 1, None),
                     ("add_special_tokens", False, True)],
     "embeddings": [("normalize", False, None), ("truncate_prompt_tokens", 3, None)],
     "tokenize": [("return_token_strs", True, False)],
