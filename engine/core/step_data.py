@@ -15,6 +15,18 @@ from hetero_infer.engine.sampling_params import SamplingParams
 
 # Per token: {token id: logprob} of the token itself, then of its top alternatives.
 Logprobs = dict[int, float]
+
+
+class RankedLogprobs(dict[int, float]):
+    """A prompt token's Logprobs, with the token's rank in the vocabulary (1: the most
+    likely), which vLLM's prompt_logprobs report and its alternatives alone cannot
+    give (the token may not be among them)."""
+
+    def __init__(self, logprobs: Logprobs, rank: int) -> None:
+        super().__init__(logprobs)
+        self.rank = rank
+
+
 # A draft token the draft model has yet to propose: no vocabulary has it, so a slot the
 # runner forgot to fill fails at the embedding instead of verifying a made-up token.
 DRAFT_PLACEHOLDER = -1

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from hetero_infer.engine.core.step_data import Logprobs, ScheduledSequence
+from hetero_infer.engine.core.step_data import Logprobs, RankedLogprobs, ScheduledSequence
 
 
 def prompt_logprobs(
@@ -18,8 +18,9 @@ def prompt_logprobs(
 
     Position p's logits predict prompt token p + 1. Only positions past those the
     sequence has (a recomputed prompt would repeat them). These are the model's raw
-    logprobs, as vLLM gives prompt logprobs. ``hidden``: [num_tokens, hidden];
-    ``compute_logits``: the runner's (hidden rows -> logits).
+    logprobs, as vLLM gives prompt logprobs, with each prompt token's rank.
+    ``hidden``: [num_tokens, hidden]; ``compute_logits``: the runner's (hidden rows ->
+    logits).
     """
     rows: list[int] = []
     targets: list[tuple[ScheduledSequence, int]] = []  # (sequence, prompt token predicted)
@@ -39,7 +40,9 @@ def prompt_logprobs(
     # [len(rows), vocab]
     logprobs = torch.log_softmax(compute_logits(hidden[rows]).float(), dim=-1).cpu()
     token_ids = torch.tensor([item.prompt_token_ids[i] for item, i in targets])
-    chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1).tolist()
+    chosen_values = logprobs.gather(1, token_ids[:, None])
+    ranks = ((logprobs > chosen_values).sum(dim=1) + 1).tolist()
+    chosen = chosen_values.squeeze(1).tolist()
     k_max = max(item.sampling_params.prompt_logprobs or 0 for item, _ in targets)
     top_values, top_ids = logprobs.topk(max(k_max, 1), dim=-1)
     found: dict[str, list[Logprobs]] = {}
@@ -49,5 +52,5 @@ def prompt_logprobs(
         top = zip(top_ids[j, :k].tolist(), top_values[j, :k].tolist(), strict=True)
         for token_id, value in top:
             entry.setdefault(token_id, value)
-        found.setdefault(item.request_id, []).append(entry)
+        found.setdefault(item.request_id, []).append(RankedLogprobs(entry, ranks[j]))
     return found

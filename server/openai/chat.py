@@ -62,10 +62,12 @@ class ChatCompletion:
         self.n = request.params.n
         self.include_usage = body.include_usage
         self.continuous_usage = body.continuous_usage
-        self.formatter = None
-        if body.logprobs:
-            as_ids = bool(body.return_tokens_as_token_ids)
-            self.formatter = LogprobsFormatter(ctx.engine.tokenizer, as_ids)
+        as_ids = bool(body.return_tokens_as_token_ids)
+        tokenizer = ctx.engine.tokenizer
+        self.formatter = LogprobsFormatter(tokenizer, as_ids) if body.logprobs else None
+        self.prompt_formatter = None  # vLLM's prompt_logprobs
+        if body.prompt_logprobs is not None:
+            self.prompt_formatter = self.formatter or LogprobsFormatter(tokenizer, as_ids)
         self.token_ids = bool(body.return_token_ids)
         self.top_logprobs = body.top_logprobs or 0
         self.prompt_tokens = len(request.prompt_token_ids)
@@ -148,7 +150,7 @@ class ChatCompletion:
             choices,
             usage(self.prompt_tokens, generated),
         )
-        return self._with_prompt_ids(body)
+        return self._with_prompt_extras(body, finals[0].prompt_logprobs if finals else None)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         if self.beam is not None:
@@ -163,7 +165,7 @@ class ChatCompletion:
             role = {"role": "assistant", "content": ""}
             choice = {"index": index, "delta": role, "finish_reason": None}
             chunk = self._chunk([choice], self._usage_so_far(generated))
-            yield self._with_prompt_ids(chunk) if index == 0 else chunk
+            yield self._with_prompt_extras(chunk, first.prompt_logprobs) if index == 0 else chunk
         # Per choice: output tokens (and logprob entries) whose chunk is still to come.
         pending: list[tuple[list[int], list[dict[int, float]]]] = [([], []) for _ in range(self.n)]
         parsers = [self.output_parser() for _ in range(self.n)]
@@ -203,10 +205,15 @@ class ChatCompletion:
             body["reasoning_content"] = message.reasoning or None
         return body
 
-    def _with_prompt_ids(self, body: dict[str, Any]) -> dict[str, Any]:
-        """return_token_ids: the prompt's ids, in the answer (a stream's first chunk)."""
+    def _with_prompt_extras(
+        self, body: dict[str, Any], prompt_logprobs: list[dict[int, float] | None] | None
+    ) -> dict[str, Any]:
+        """vLLM's extras of the prompt, in the answer (a stream's first chunk): the ids
+        return_token_ids asks for, and prompt_logprobs."""
         if self.token_ids:
             body["prompt_token_ids"] = self.request.prompt_token_ids
+        if self.prompt_formatter is not None and prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.prompt_formatter.prompt(prompt_logprobs)
         return body
 
     def _usage_so_far(self, generated: int) -> dict[str, int] | None:

@@ -67,9 +67,11 @@ class Completion:
         self.continuous_usage = body.continuous_usage
         tokenizer = ctx.engine.tokenizer
         self.echoed = [_echo_text(r, tokenizer) if body.echo else "" for r in requests]
-        self.formatter = None
-        if body.logprobs is not None:
-            self.formatter = LogprobsFormatter(tokenizer, bool(body.return_tokens_as_token_ids))
+        as_ids = bool(body.return_tokens_as_token_ids)
+        self.formatter = LogprobsFormatter(tokenizer, as_ids) if body.logprobs is not None else None
+        self.prompt_formatter = None  # vLLM's prompt_logprobs
+        if body.prompt_logprobs is not None:
+            self.prompt_formatter = self.formatter or LogprobsFormatter(tokenizer, as_ids)
         self.token_ids = bool(body.return_token_ids)
         self.prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
 
@@ -118,7 +120,9 @@ class Completion:
                         ids, entries = self._with_prompt(i, out.prompt_logprobs, ids, entries)
                     logprobs = self.formatter.completion(ids, entries, 0)
                 choice = self._choice(i, out, self.echoed[i] + out.text, logprobs)
-                choices.append(self._with_token_ids(choice, i, out.token_ids, first=True))
+                choices.append(
+                    self._with_extras(choice, i, out.token_ids, True, out.prompt_logprobs)
+                )
         generated = sum(len(out.token_ids) for outs in finals for out in outs)
         return self._body(choices, usage(self.prompt_tokens, generated))
 
@@ -165,7 +169,8 @@ class Completion:
         cursor.pending_ids, cursor.pending_entries = [], []
         cursor.started = True
         running_usage = usage(self.prompt_tokens, generated) if self.continuous_usage else None
-        choice = self._with_token_ids(self._choice(i, out, text, logprobs), i, new_ids, first)
+        choice = self._choice(i, out, text, logprobs)
+        choice = self._with_extras(choice, i, new_ids, first, cursor.prompt_logprobs)
         return self._body([choice], running_usage)
 
     def _with_prompt(
@@ -190,14 +195,23 @@ class Completion:
             "stop_reason": out.stop_reason,
         }
 
-    def _with_token_ids(
-        self, choice: dict[str, Any], i: int, token_ids: list[int], first: bool
+    def _with_extras(
+        self,
+        choice: dict[str, Any],
+        i: int,
+        token_ids: list[int],
+        first: bool,
+        prompt_logprobs: list[Entry | None] | None,
     ) -> dict[str, Any]:
-        """return_token_ids: prompt ``i``'s ids (in a choice's first chunk only) and the
-        choice's (a chunk's own)."""
+        """vLLM's extras of a choice, or of a chunk of it: return_token_ids' ids of
+        prompt ``i`` (in a choice's first chunk only) and the choice's (a chunk's own),
+        and prompt_logprobs (first chunk only)."""
         if self.token_ids:
             choice["prompt_token_ids"] = self.requests[i].prompt_token_ids if first else None
             choice["token_ids"] = list(token_ids)
+        if self.prompt_formatter is not None:
+            shown = self.prompt_formatter.prompt(prompt_logprobs) if first else None
+            choice["prompt_logprobs"] = shown
         return choice
 
     def _body(

@@ -107,6 +107,41 @@ class LogprobsFormatter:
             )
         return {"content": content}
 
+    def prompt(self, entries: list[Entry | None]) -> list[dict[str, Any] | None]:
+        """vLLM's prompt_logprobs: per prompt token (None for the first, which nothing
+        predicts), its own and its alternatives' {logprob, rank, decoded_token}, keyed
+        by token id; the token's rank is the engine's (RankedLogprobs), the others'
+        their place among these."""
+        body: list[dict[str, Any] | None] = []
+        for entry in entries:
+            if entry is None:
+                body.append(None)
+                continue
+            places = {
+                token_id: place
+                for place, token_id in enumerate(sorted(entry, key=lambda t: -entry[t]), 1)
+            }
+            own = next(iter(entry))  # the prompt token comes first, as in vLLM's
+            places[own] = getattr(entry, "rank", places[own])
+            body.append(
+                {
+                    str(token_id): {
+                        "logprob": _finite(logprob),
+                        "rank": places[token_id],
+                        "decoded_token": self._decoded(token_id),
+                    }
+                    for token_id, logprob in entry.items()
+                }
+            )
+        return body
+
+    def _decoded(self, token_id: int) -> str:
+        """The token as vLLM's prompt_logprobs show it: its decode (a piece of a
+        character as U+FFFD), or its id."""
+        if self._as_token_ids:
+            return self.shown(token_id)[0]
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _chat_item(self, token_id: int, logprob: float) -> dict[str, Any]:
         text, raw = self.shown(token_id)
         return {"token": text, "logprob": _finite(logprob), "bytes": raw}

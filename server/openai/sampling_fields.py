@@ -16,6 +16,7 @@ from hetero_infer.engine.beam_search import BeamSearchParams
 from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
 from hetero_infer.engine.sampling_params import (
     MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
     MAX_N,
     RequestOutputKind,
     SamplingParams,
@@ -95,6 +96,9 @@ class SamplingFields(GuidedDecodingFields):
     # logprobs' tokens as "token_id:<id>", which any token can be written as.
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: each prompt token's logprob, rank and this many alternatives, from the
+    # prefill (a request that asks computes its whole prompt: no prefix-cache hits).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # vLLM's: the answer's id is made of it ("cmpl-<id>", "chatcmpl-<id>"); and the
     # prompt cut to its last tokens (-1: to what the context holds).
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
@@ -246,6 +250,15 @@ class SamplingFields(GuidedDecodingFields):
         if self.logit_bias:
             values["logit_bias"] = _token_bias(self.logit_bias)
         values.update(self.logprobs_params())
+        if self.prompt_logprobs is not None:
+            if values.get("prompt_logprobs", self.prompt_logprobs) != self.prompt_logprobs:
+                raise APIError(
+                    400,
+                    "prompt_logprobs must equal logprobs when echo returns the prompt's "
+                    "logprobs too",
+                    param="prompt_logprobs",
+                )
+            values["prompt_logprobs"] = self.prompt_logprobs
         values["json_schema"] = self.json_schema()
         constraint = self.structured_output()
         if constraint is not None:

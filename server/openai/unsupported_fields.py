@@ -17,7 +17,6 @@ _NO = Unsupported()
 # defaults (what a client that sends every field sends).
 _SAMPLING = {
     "spaces_between_special_tokens": Unsupported((True,)),
-    "prompt_logprobs": _NO,
     "logits_processors": _NO,
     "kv_transfer_params": _NO,
     "vllm_xargs": _NO,

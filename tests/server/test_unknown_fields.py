@@ -26,8 +26,7 @@ ROUTES = {
 UNSUPPORTED = {
     "chat": [("spaces_between_special_tokens", False, True), ("echo", True, False),
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
-    "completions": [("top_p_min", 0.5, 0.0), ("prompt_logprobs", 1, None),
-                    ("add_special_tokens", False, True)],
+    "completions": [("top_p_min", 0.5, 0.0), ("add_special_tokens", False, True)],
     "embeddings": [("normalize", False, None), ("truncate_prompt_tokens", 3, None)],
     "tokenize": [("return_token_strs", True, False)],
     "tokenize-messages": [("add_generation_prompt", False, True)],

@@ -2,18 +2,21 @@
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
 directly: return_token_ids, return_tokens_as_token_ids, request_id,
 truncate_prompt_tokens, add_generation_prompt with continue_final_message,
-reasoning_effort, cache_salt, allowed_token_ids and bad_words."""
+reasoning_effort, cache_salt, allowed_token_ids, bad_words and prompt_logprobs."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
+import torch
+import transformers
 from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import SamplingParams
 
-from tests.server.conftest import MODEL_NAME, LiveServer, start_server
+from tests.server.conftest import MODEL_NAME, LiveServer, make_engine, start_server
 
 PROMPT = "Hello world and the"
 MESSAGES = [{"role": "user", "content": "Hello there, is it working?"}]
@@ -261,3 +264,40 @@ def test_bad_words(server: LiveServer, reference_engine: LLMEngine):
     }
     [choice] = post(server, "/v1/completions", body)["choices"]
     assert choice["token_ids"] == expected.token_ids
+
+
+# ---- prompt_logprobs ----
+
+
+def test_prompt_logprobs_with_ranks(model_dir):
+    """Each prompt token's logprob and rank, and its alternatives', as transformers
+    computes them on the same fp32 weights."""
+    live = start_server(model_dir, engine=make_engine(model_dir, dtype="float32"))
+    try:
+        ids = live.engine.tokenizer.encode(PROMPT)
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        body = {**GREEDY, "prompt": PROMPT, "prompt_logprobs": 2}
+        [choice] = post(live, "/v1/completions", body)["choices"]
+        [first] = stream(live, "/v1/completions", body)[:1]
+        chat = {**GREEDY, "messages": MESSAGES, "prompt_logprobs": 1}
+        chat_logprobs = post(live, "/v1/chat/completions", chat)["prompt_logprobs"]
+    finally:
+        live.stop()
+    shown = choice["prompt_logprobs"]
+    assert first["choices"][0]["prompt_logprobs"] == shown
+    assert len(shown) == len(ids) and shown[0] is None
+    for position, entry in enumerate(shown[1:]):
+        row, token = expected[position], ids[position + 1]
+        top = row.topk(2).indices.tolist()
+        assert set(entry) == {str(t) for t in [token, *top]}
+        assert next(iter(entry)) == str(token)  # the prompt token first, as vLLM's
+        for key, item in entry.items():
+            t = int(key)
+            assert item["logprob"] == pytest.approx(float(row[t]), abs=1e-4)
+            assert item["rank"] == int((row > row[t]).sum()) + 1
+            assert item["decoded_token"] == live.engine.tokenizer.decode(
+                [t], skip_special_tokens=False
+            )
+    assert chat_logprobs[0] is None and all(len(e) in (1, 2) for e in chat_logprobs[1:])
