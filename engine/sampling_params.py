@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.guided_decoding import StructuredOutputsParams
+from hetero_infer.engine.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     import torch
@@ -94,6 +95,8 @@ class SamplingParams:
     # vLLM's: mixed into the prefix cache's block hashes (its tiers' too), so that only
     # requests with the same salt share cached blocks (a tenant's, say).
     cache_salt: str | None = None
+    # vLLM's thinking_token_budget: past it, the thinking section's end mark is forced.
+    thinking_budget: ThinkingBudget | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):

@@ -114,13 +114,18 @@ class Speculator:
     @staticmethod
     def may_draft(seq: Sequence) -> bool:
         """A decode step (only the newest token is uncomputed) of a sequence whose
-        sampling the verifier reproduces exactly."""
+        sampling the verifier reproduces exactly: not where a step's masks depend on
+        the tokens before it (a grammar, a bad word of several tokens, a thinking
+        budget), which the verifier's rows share."""
+        params = seq.sampling_params
         return (
             seq.num_uncomputed_tokens == 1
             and seq.num_output_tokens > 0
             and seq.grammar is None
             and seq.pooling is None
-            and seq.sampling_params.allows_stop(seq.num_output_tokens)
+            and params.allows_stop(seq.num_output_tokens)
+            and params.thinking_budget is None
+            and all(len(word) == 1 for word in params.bad_words_token_ids)
         )
 
     def _state(self, seq: Sequence) -> DraftState:

@@ -59,6 +59,8 @@ class ScheduledSequence:
     # What the sampler needs beyond the params (only where it applies):
     # tokens masked out because the sequence may not stop yet (min_tokens);
     banned_token_ids: frozenset[int] = frozenset()
+    # the one token it must take (a spent thinking budget's end mark);
+    forced_token_id: int | None = None
     # the prompt and output so far, for penalties;
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None

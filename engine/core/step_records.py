@@ -45,6 +45,11 @@ def schedule_entry(
         draft_token_ids=drafts,
         draft_lag_token_ids=draft_lag,
         banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
+        forced_token_id=(
+            params.thinking_budget.forced_token(seq.token_ids)
+            if samples and params.thinking_budget is not None
+            else None
+        ),
         prompt_token_ids=seq.prompt_token_ids if wants_history else None,
         output_token_ids=seq.output_token_ids if params.has_penalties else None,
         grammar_bitmask=(

@@ -24,6 +24,7 @@ from hetero_infer.engine.exceptions import ContextLengthError, ValidationError
 from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.structured_output import StructuredOutput
+from hetero_infer.engine.thinking_budget import ThinkingBudget
 from hetero_infer.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -137,6 +138,16 @@ class InputProcessor:
                     found.append(ids)
         return found
 
+    def thinking_budget(self, tokens: int, start: str, end: str) -> ThinkingBudget:
+        """vLLM's thinking_token_budget for the thinking marks ``start`` and ``end``
+        (the reasoning parser's), as this tokenizer writes them."""
+        encode = self.tokenizer.encode
+        return ThinkingBudget(
+            tokens,
+            tuple(encode(start, add_special_tokens=False)),
+            tuple(encode(end, add_special_tokens=False)),
+        )
+
     def truncate(self, prompt: PromptTokens, keep: int) -> PromptTokens:
         """The prompt's last ``keep`` tokens (-1: as many as the context holds), as
         vLLM's truncate_prompt_tokens keeps them; a prompt cut loses its text."""
@@ -199,6 +210,12 @@ class InputProcessor:
             grammar = self.structured_output.matcher(params.json_schema, schema_param)
         elif params.structured_outputs is not None:
             grammar = self.structured_output.guided_matcher(params.structured_outputs, schema_param)
+        if grammar is not None and params.thinking_budget is not None:
+            # A constrained output has no thinking section to end.
+            raise ValidationError(
+                f"thinking_token_budget cannot be used with {schema_param}",
+                param="thinking_token_budget",
+            )
         return EngineRequest(
             request_id,
             prompt.text,

@@ -86,6 +86,7 @@ def needs_processing(rows: list[ScheduledSequence]) -> bool:
     return any(
         r.grammar_bitmask is not None
         or r.sampling_params.allowed_token_ids
+        or r.forced_token_id is not None
         or r.banned_token_ids
         or r.sampling_params.logit_bias
         or r.sampling_params.has_penalties
@@ -100,18 +101,23 @@ def _seen(row: ScheduledSequence, ids: list[int] | None) -> list[int]:
 
 def _allowed(rows: list[ScheduledSequence], vocab_size: int) -> torch.Tensor | None:
     """The bit masks [rows, ceil(vocab / 32)] int32 of the tokens each row may take:
-    its grammar's and its allowed_token_ids (both, where it has both); all ones for
-    rows with neither; None where no row has either."""
+    its grammar's and its allowed_token_ids (both, where it has both), or only its
+    forced token; all ones for rows with none; None where no row has any."""
     constrained = [
         i
         for i, r in enumerate(rows)
-        if r.grammar_bitmask is not None or r.sampling_params.allowed_token_ids
+        if r.grammar_bitmask is not None
+        or r.sampling_params.allowed_token_ids
+        or r.forced_token_id is not None
     ]
     if not constrained:
         return None
     words = -(-vocab_size // 32)
     allowed = torch.full((len(rows), words), -1, dtype=torch.int32)
     for i in constrained:
+        if rows[i].forced_token_id is not None:
+            allowed[i] = ids_bitmask([rows[i].forced_token_id], words)
+            continue
         if rows[i].grammar_bitmask is not None:
             mask = bitmask_words(rows[i].grammar_bitmask, vocab_size)
             allowed[i, : mask.numel()] = mask

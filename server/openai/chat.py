@@ -106,6 +106,7 @@ class ChatCompletion:
             num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
         else:
             params = body.sampling_params(max_tokens, defaults)
+        params = ctx.thinking_budget(params, body.thinking_token_budget)
         if tools.json_schema is not None:
             params = dataclasses.replace(params, json_schema=tools.json_schema)
         if tools.keeps_special_tokens:

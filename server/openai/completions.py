@@ -94,6 +94,7 @@ class Completion:
             num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
         else:
             params = body.sampling_params(max_tokens, defaults.sampling)
+        params = ctx.thinking_budget(params, body.thinking_token_budget)
         engine_id = new_id("cmpl")
         constraint = body.constraint_param()
         requests = [

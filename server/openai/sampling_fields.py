@@ -108,6 +108,9 @@ class SamplingFields(GuidedDecodingFields):
     # vLLM's: the only tokens the output may hold; words it may not hold.
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     bad_words: list[str] | None = None
+    # vLLM's: the most tokens a thinking section may hold before its end is forced
+    # (RequestContext.thinking_budget; the marks are the reasoning parser's).
+    thinking_token_budget: int | None = Field(default=None, ge=0)
     # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)

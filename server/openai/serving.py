@@ -19,9 +19,10 @@ from hetero_infer.engine.exceptions import EngineError, ValidationError
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import RequestOutputKind
+from hetero_infer.engine.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.lora import resolve_adapter
+from hetero_infer.server.openai.reasoning import THINK_END, THINK_START
 from hetero_infer.server.openai.tool_prompt import with_tool_prompt
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
@@ -101,6 +102,22 @@ class RequestContext:
             raise APIError.from_exception(exc) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from exc
+
+    def thinking_budget(self, params: SamplingParams, budget: int | None) -> SamplingParams:
+        """``params`` with vLLM's thinking_token_budget: the reasoning parser names the
+        thinking marks, so without one the budget is a 400."""
+        if budget is None:
+            return params
+        if self.settings.reasoning_parser is None:
+            raise APIError(
+                400,
+                "thinking_token_budget needs a reasoning parser (--reasoning-parser), "
+                "which names the marks that open and close the thinking",
+                param="thinking_token_budget",
+            )
+        processor = self.engine.input_processor
+        marked = processor.thinking_budget(budget, THINK_START, THINK_END)
+        return dataclasses.replace(params, thinking_budget=marked)
 
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request, observed by the metrics; the engine's

@@ -20,7 +20,6 @@ _SAMPLING = {
     "logits_processors": _NO,
     "kv_transfer_params": _NO,
     "vllm_xargs": _NO,
-    "thinking_token_budget": _NO,
     "top_p_min": Unsupported((0.0, 0)),
     # SGLang's, which its cache-aware router (sglang-router: "Replicas behind a router"
     # in docs/deployment.md) fills into every body it forwards, at these defaults.

@@ -2,7 +2,8 @@
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
 directly: return_token_ids, return_tokens_as_token_ids, request_id,
 truncate_prompt_tokens, add_generation_prompt with continue_final_message,
-reasoning_effort, cache_salt, allowed_token_ids, bad_words and prompt_logprobs."""
+reasoning_effort, cache_salt, allowed_token_ids, bad_words, prompt_logprobs and
+thinking_token_budget."""
 
 from __future__ import annotations
 
@@ -301,3 +302,41 @@ def test_prompt_logprobs_with_ranks(model_dir):
                 [t], skip_special_tokens=False
             )
     assert chat_logprobs[0] is None and all(len(e) in (1, 2) for e in chat_logprobs[1:])
+
+
+# ---- thinking_token_budget ----
+
+
+def test_thinking_token_budget_forces_the_end_mark(model_dir, server, reference_engine):
+    """A prompt that opens the thinking (as DeepSeek-R1's template does), a budget of 3:
+    the model's own 3 tokens, then </think> whatever the model prefers, then the model
+    going on from there as it would from those tokens."""
+    tokenizer = reference_engine.tokenizer
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    prompt = tokenizer.encode(PROMPT) + tokenizer.encode("<think>", add_special_tokens=False)
+    free = run(reference_engine, prompt).token_ids
+    assert free[3 : 3 + len(end)] != end
+    body = {**GREEDY, "prompt": prompt, "thinking_token_budget": 3, "return_token_ids": True}
+    live = start_server(model_dir, reasoning_parser="deepseek_r1")
+    try:
+        [choice] = post(live, "/v1/completions", body)["choices"]
+        streamed = stream(live, "/v1/completions", body)
+        chat = {**GREEDY, "messages": MESSAGES, "thinking_token_budget": 3}
+        with live.client() as http:
+            constrained = http.post(
+                "/v1/chat/completions", json={**chat, "response_format": {"type": "json_object"}}
+            )
+    finally:
+        live.stop()
+    out = choice["token_ids"]
+    assert out[:3] == free[:3] and out[3 : 3 + len(end)] == end
+    after = run(reference_engine, prompt + out[: 3 + len(end)]).token_ids
+    assert out[3 + len(end) :] == after[: len(out) - 3 - len(end)]
+    assert [t for c in streamed for t in c["choices"][0]["token_ids"]] == out
+    # A constrained output has no thinking to end; without a reasoning parser the
+    # server knows no thinking marks: both a 400 naming the field.
+    with server.client() as http:
+        unmarked = http.post("/v1/completions", json=body)
+    for response in (constrained, unmarked):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "thinking_token_budget"

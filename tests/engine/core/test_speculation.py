@@ -25,6 +25,7 @@ from hetero_infer.engine.core.step_records import schedule_entry
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.sampling_params import SamplingParams
 from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.engine.thinking_budget import ThinkingBudget
 from hetero_infer.engine.worker.randomness import Randomness
 from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows
@@ -342,6 +343,23 @@ def test_no_drafts_before_min_tokens_or_with_a_grammar():
         seq.token_ids.append(1)
         seq.num_computed_tokens = seq.num_tokens - 1
         assert Speculator.may_draft(seq) is drafted
+
+
+@pytest.mark.parametrize(
+    ("params", "drafted"),
+    [
+        ({"bad_words_token_ids": [[5]]}, True),  # one token: the same mask at every draft
+        ({"bad_words_token_ids": [[5], [6, 7]]}, False),  # 7's ban depends on the token before
+        ({"thinking_budget": ThinkingBudget(4, (5,), (6,))}, False),
+    ],
+)
+def test_no_drafts_where_a_mask_depends_on_the_tokens_before(params, drafted):
+    """The verifier's rows share the step's masks, right only where a draft cannot
+    change them."""
+    seq = Sequence("a", [1, 2, 1, 2], SamplingParams(max_tokens=20, **params))
+    seq.token_ids.append(1)
+    seq.num_computed_tokens = seq.num_tokens - 1
+    assert Speculator.may_draft(seq) is drafted
 
 
 # ---- the scheduler with a draft model ----
