@@ -10,20 +10,20 @@ the checkpoint's.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.loader import metadata
-from hetero_infer.engine.loader.gguf import GGUF_GLOBAL_NAMES, gguf_layer_parts
 from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
 from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.models.architectures import family_of
+from safetensors.torch import load_file
 
+from tests.engine.loader.test_gguf_families import GGUF_ARCHS, gguf_tensor_name, write_gguf
 from tests.engine.test_exactness import random_prompts, reference_outputs
 from tests.tiny_models import MOE_MODELS, TINY_MODELS, save_tiny_model
 
@@ -37,18 +37,23 @@ def permute_for_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+# A checkpoint's expert tensor: "model.layers.{layer}.{mlp}.experts.{expert}.{proj}.weight"
+# (Mixtral's mlp is "block_sparse_moe", its projections w1/w2/w3).
+EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.(\w+)\.experts\.(\d+)\.(\w+)\.weight")
+
+
 def write_moe_gguf(folder: Path, name: str, qtype: gguf.GGMLQuantizationType | None = None) -> Path:
     """The checkpoint in ``folder`` as a GGUF file with llama.cpp's names and MoE
     metadata; 2-D and 3-D weights as ``qtype`` where given (else F32), norms, biases
-    and the router F32 (as llama-quantize leaves them)."""
+    and the router F32 (as llama-quantize leaves them).
+
+    As llama.cpp's converter does: each layer's experts stacked per projection under
+    the name "model.layers.{layer}.{mlp}.experts.{proj}.weight", and every tensor named
+    by gguf-py's mapping."""
     config = transformers.AutoConfig.from_pretrained(folder)
-    family = family_of(config)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    to_gguf = {hf: part for part, hf in gguf_layer_parts(family).items()}
-    to_gguf_global = {hf: gguf_name for gguf_name, hf in GGUF_GLOBAL_NAMES.items()}
-    arch = family.gguf_arch
+    arch = GGUF_ARCHS[config.architectures[0]]
     path = folder / f"{name}.gguf"
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     experts = getattr(config, "num_experts", None) or config.num_local_experts
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_block_count(config.num_hidden_layers)
@@ -70,37 +75,34 @@ def write_moe_gguf(folder: Path, name: str, qtype: gguf.GGMLQuantizationType | N
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
 
-    def add(gguf_name: str, values: np.ndarray) -> None:
+    def add(hf_name: str, values: np.ndarray) -> None:
+        gguf_name = gguf_tensor_name(hf_name, arch, config.num_hidden_layers)
+        if hf_name.endswith("shared_expert_gate.weight"):
+            values = values.reshape(-1)  # llama.cpp's [hidden]
         keep_float = values.ndim < 2 or "ffn_gate_inp" in gguf_name
         if qtype is None or keep_float:
             writer.add_tensor(gguf_name, np.ascontiguousarray(values, dtype=np.float32))
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
 
-    for hf_name, tensor in model.state_dict().items():
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for hf_name, tensor in load_file(folder / "model.safetensors").items():
         values = tensor.float().numpy()
-        if hf_name in to_gguf_global:
-            add(to_gguf_global[hf_name], values)
+        if (expert := EXPERT_RE.fullmatch(hf_name)) is not None:
+            layer, mlp, index, proj = expert.groups()
+            merged_name = f"model.layers.{layer}.{mlp}.experts.{proj}.weight"
+            stacks.setdefault(merged_name, {})[int(index)] = values
             continue
-        _, _, layer, *rest = hf_name.split(".")
-        part = ".".join(rest)
-        if part == "mlp.experts.gate_up_proj":  # [experts, 2 * width, hidden]
-            add(f"blk.{layer}.ffn_gate_exps.weight", values[:, :width])
-            add(f"blk.{layer}.ffn_up_exps.weight", values[:, width:])
-            continue
-        if part == "mlp.experts.down_proj":
-            add(f"blk.{layer}.ffn_down_exps.weight", values)
-            continue
-        module, kind = part.rsplit(".", 1)
-        gguf_part = to_gguf[module]
-        if gguf_part == "ffn_gate_inp_shexp":
-            values = values.reshape(-1)  # llama.cpp's [hidden]
-        if family.gguf_permuted_qk and gguf_part in ("attn_q", "attn_k"):
-            heads = (
-                config.num_attention_heads if gguf_part == "attn_q" else config.num_key_value_heads
-            )
+        if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads
+            if hf_name.endswith("k_proj.weight"):
+                heads = config.num_key_value_heads
             values = permute_for_llama_cpp(values, heads)
-        add(f"blk.{layer}.{gguf_part}.{kind}", values)
+        add(hf_name, values)
+    for merged_name, per_expert in stacks.items():
+        # by expert number: the file lists them by name (experts.10 before experts.2)
+        assert sorted(per_expert) == list(range(experts)), merged_name
+        add(merged_name, np.stack([per_expert[i] for i in range(experts)]))  # [experts, out, in]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -137,7 +139,5 @@ def test_the_config_from_the_files_metadata_is_the_checkpoints(name: str, tmp_pa
 
 
 def test_a_dense_gguf_file_has_no_moe_config(tmp_path: Path):
-    from tests.engine.loader.test_gguf_families import write_gguf
-
     folder = save_tiny_model("qwen3", tmp_path / "qwen3")
     assert moe_gguf_config(write_gguf(folder, "qwen3")) is None
