@@ -268,10 +268,16 @@ def machine_info() -> dict[str, Any]:
     import transformers
 
     cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                # The vector and matrix extensions a kernel may use: a figure holds
+                # for the CPU kind it was measured on.
+                wanted = ("avx", "amx", "fma", "f16c")
+                flags = sorted(f for f in line.split(":", 1)[1].split() if f.startswith(wanted))
                 break
     except OSError:
         pass
@@ -283,6 +289,7 @@ def machine_info() -> dict[str, Any]:
         commit = ""
     return {
         "cpu": cpu,
+        "cpu_flags": flags,
         "cpu_count": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "platform": platform.platform(),

@@ -97,11 +97,18 @@ class EngineConfig:
     )
     kv_offloading_dir: str | None = setting(
         None,
-        "a directory the evicted blocks are written through to, kept across restarts and "
-        "shared by the replicas that name it (needs kv_offloading_size; docs/kv-tiers.md)",
+        "a directory the cached blocks are written to as they are computed (off the step), "
+        "kept across restarts and shared by the replicas that name it (needs "
+        "kv_offloading_size; docs/kv-tiers.md)",
     )
     kv_offloading_dir_size: float = setting(
         16.0, "GiB kv_offloading_dir may hold; its least recently used files go first"
+    )
+    kv_offloading_flush_timeout: float = setting(
+        10.0,
+        "seconds a graceful stop may spend writing to kv_offloading_dir the cached blocks "
+        "it lacks, so that a restart finds them (each block is written as it is computed; "
+        "these are the last ones)",
     )
     kv_cache_dtype: str = setting(
         "auto",

@@ -65,6 +65,11 @@ def _check_kv_offloading(config: EngineConfig) -> None:
         value = getattr(config, name)
         if not _is_number(value) or not 0 <= value < float("inf"):
             raise ConfigError(f"{name} must be a number of GiB >= 0, got {value!r}")
+    timeout = config.kv_offloading_flush_timeout
+    if not _is_number(timeout) or not 0 <= timeout < float("inf"):
+        raise ConfigError(
+            f"kv_offloading_flush_timeout must be a number of seconds >= 0, got {timeout!r}"
+        )
     directory = config.kv_offloading_dir
     if directory is not None and (not isinstance(directory, str) or not directory):
         raise ConfigError(f"kv_offloading_dir must be a folder's path or null, got {directory!r}")

@@ -165,7 +165,10 @@ class LLMEngine(LoRARequests):
             self.workers.check_alive()
 
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks, if any; the engine cannot step after."""
+        """Write the cached blocks the disk tier lacks (kv_offloading_flush_timeout), and
+        stop the other tensor-parallel ranks, if any; the engine cannot step after."""
+        self.core.apply_tier_moves(unsaved=True)
+        self.runner.kv_cache.close_tiers(self.config.kv_offloading_flush_timeout)
         self.runner.stop_workers()
         if self.workers is not None:
             self.workers.stop()

@@ -123,10 +123,12 @@ class _EngineCollector(Collector):
             moved.add_metric([model, "disk", "out"], stats["kv_tier_disk_bytes_read"])
             errors = CounterMetricFamily(
                 "vllm:kv_tier_disk_errors",
-                "Disk tier writes refused and files refused as corrupt or foreign.",
+                "Disk tier writes refused (write), dropped on a full queue (dropped), and "
+                "files refused as corrupt or foreign (corrupt).",
                 labels=["model_name", "kind"],
             )
             errors.add_metric([model, "write"], stats["kv_tier_disk_write_errors"])
+            errors.add_metric([model, "dropped"], stats["kv_tier_disk_writes_dropped"])
             errors.add_metric([model, "corrupt"], stats["kv_tier_disk_corrupt_files"])
             yield errors
         yield hits

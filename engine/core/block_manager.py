@@ -198,7 +198,9 @@ class BlockManager:
         num_full = min(num_tokens // self.block_size, len(seq.block_table))
         hashes = self.block_hashes(seq, num_full)
         for group in self.groups:
-            group.register(seq, hashes, seq.num_registered_blocks, seq.token_ids)
+            registered = group.register(seq, hashes, seq.num_registered_blocks, seq.token_ids)
+            if self.tiers is not None and registered:
+                self.tiers.persist(group.index, registered)
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     # ---- allocation ----

@@ -84,13 +84,15 @@ class BlockPool:
             return None
         return block_id
 
-    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> None:
-        """Make a full, computed block findable by its hash."""
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Make a full, computed block findable by its hash; whether it was not yet."""
         block = self.blocks[block_id]
-        if block.block_hash is None:
-            block.block_hash = block_hash
-            block.token_ids = token_ids
-            self.cached_blocks.setdefault(block_hash, block_id)
+        if block.block_hash is not None:
+            return False
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        self.cached_blocks.setdefault(block_hash, block_id)
+        return True
 
     def pop_free(self) -> int:
         """Hand out the next free block (evicting what it cached), referenced once."""

@@ -93,6 +93,10 @@ class EngineCore:
         output = self.runner.execute(scheduled)
         block_manager.tier_reads_done(output.tier_reads)
         updates = self.scheduler.update_from_output(scheduled, output)
+        if not self.scheduler.has_unfinished():
+            # No step may come for a while: the blocks this one computed go to the
+            # disk tier now.
+            self.apply_tier_moves()
         counters = self.counters
         counters.num_preemptions += len(scheduled.preempted)
         if not scheduled.is_empty:
@@ -101,6 +105,19 @@ class EngineCore:
             counters.max_batch_size = max(counters.max_batch_size, len(scheduled.scheduled))
             counters.busy_time += time.perf_counter() - started
         return ended + updates
+
+    def apply_tier_moves(self, unsaved: bool = False) -> None:
+        """The tier moves planned since the last step, without a step; ``unsaved``: and
+        those that write every block the pools and host RAM hold that disk does not
+        (a stop's, so that a restart finds them)."""
+        block_manager = self.scheduler.block_manager
+        moves = block_manager.take_tier_moves()
+        if unsaved and block_manager.tiers is not None:
+            pools = [group.pool for group in block_manager.groups]
+            moves += block_manager.tiers.unsaved_moves(pools)
+        if moves:
+            output = self.runner.execute(SchedulerOutput(tier_moves=moves))
+            block_manager.tier_reads_done(output.tier_reads)
 
     def _time_out(self) -> list[SequenceUpdate]:
         """End the requests whose deadline has passed, every choice (Scheduler.time_out).

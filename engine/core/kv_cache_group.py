@@ -137,13 +137,20 @@ class KVCacheGroup:
 
     # ---- the prefix cache ----
 
-    def register(self, seq: Sequence, hashes: list[int], start: int, token_ids: list[int]) -> None:
-        """Make the table's blocks ``start`` .. len(hashes) findable by their hashes."""
+    def register(
+        self, seq: Sequence, hashes: list[int], start: int, token_ids: list[int]
+    ) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Make the table's blocks ``start`` .. len(hashes) findable by their hashes;
+        the (block, hash, tokens) of those that were not yet."""
         table = self.table(seq)
         bs = self.block_size
+        registered = []
         for i in range(start, len(hashes)):
             if table[i] != self.null:
-                self.pool.register(table[i], hashes[i], tuple(token_ids[i * bs : (i + 1) * bs]))
+                tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+                if self.pool.register(table[i], hashes[i], tokens):
+                    registered.append((table[i], hashes[i], tokens))
+        return registered
 
     def find_cached(
         self, hashes: list[int], token_ids: list[int], tiers: TierPlanner | None = None

@@ -114,20 +114,24 @@ class BlockMoves:
 @dataclass
 class TierMoves:
     """One KV cache group's traffic with the prefix cache's RAM and disk tiers
-    (engine/kv/) this step, which the runner does in this order: ``save`` and ``write``
-    read device blocks and host slots before anything writes into them, ``read``
-    stages files into host slots, and ``load`` (after the swap-outs, before swap-ins,
-    copies and the forward pass) writes device blocks."""
+    (engine/kv/) this step, which the runner does in this order: ``save``, ``persist``
+    and ``write`` read device blocks and host slots before anything writes into them
+    (the files are written off the step, from copies), ``read`` stages files into host
+    slots, and ``load`` (after the swap-outs, before swap-ins, copies and the forward
+    pass) writes device blocks."""
 
     group: int
     save: list[tuple[int, int]] = field(default_factory=list)  # device block -> host slot
+    # device block -> file: (block, block hash, the block's tokens) of blocks computed
+    # into the prefix cache since the last step, so that a restart finds them.
+    persist: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     # host slot -> file, and file -> host slot: (slot, block hash, the block's tokens)
     write: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     read: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
     load: list[tuple[int, int]] = field(default_factory=list)  # host slot -> device block
 
     def __bool__(self) -> bool:
-        return bool(self.save or self.write or self.read or self.load)
+        return bool(self.save or self.persist or self.write or self.read or self.load)
 
 
 @dataclass(frozen=True)

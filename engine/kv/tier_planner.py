@@ -1,10 +1,13 @@
-"""The scheduler's side of the prefix cache's tiers: which evicted blocks are saved,
-and which blocks come back from host RAM or disk instead of being recomputed.
+"""The scheduler's side of the prefix cache's tiers: which blocks are saved, and which
+come back from host RAM or disk instead of being recomputed.
 
-A cached block that its pool hands out again (BlockPool.pop_free) is saved first: to a
-host slot (the least recently used one goes), and, with a disk tier, written through
-to its file unless the file exists already. The step's moves are plain lists the runner
-applies before anything writes into the blocks they read (TierMoves says the order).
+With a disk tier, each block computed into the prefix cache is written to its file
+as soon as it is whole (``persist``), so that a restart finds it, evicted or not; a
+stop writes what is still missing (``unsaved_moves``). A cached block that its pool
+hands out again (BlockPool.pop_free) is saved first: to a host slot (the least
+recently used one goes), and through to its file unless the file exists already. The
+step's moves are plain lists the runner applies before anything writes into the
+blocks they read (TierMoves says the order); the files are written off the step.
 
 A prefix lookup (BlockManager.allocate_cached_prefix) takes blocks that left the pool
 from their host slots: each gets a fresh block, registered at once, which the runner
@@ -88,6 +91,32 @@ class TierPlanner:
         moves.save.append((block_id, slot))
         if self.disk is not None and not self.disk.exists(group, block_hash):
             moves.write.append((slot, block_hash, token_ids))
+
+    def persist(self, group: int, registered: list[tuple[int, int, tuple[int, ...]]]) -> None:
+        """Blocks just computed into the prefix cache (block, hash, tokens), to disk
+        unless their files exist: a restart finds them, evicted or not."""
+        if self.disk is None:
+            return
+        moves = self.moves[group]
+        for block_id, block_hash, token_ids in registered:
+            if not self.disk.exists(group, block_hash):
+                moves.persist.append((block_id, block_hash, token_ids))
+
+    def unsaved_moves(self, pools: list[BlockPool]) -> list[TierMoves]:
+        """At a stop: the moves that write every block the pools and host RAM hold and
+        disk does not (a block whose write was dropped, or not yet made)."""
+        if self.disk is None:
+            return []
+        moves = [TierMoves(g) for g in range(len(self.indexes))]
+        for group, (pool, index) in enumerate(zip(pools, self.indexes, strict=True)):
+            for block_hash, block_id in pool.cached_blocks.items():
+                if not self.disk.exists(group, block_hash):
+                    token_ids = pool.blocks[block_id].token_ids
+                    moves[group].persist.append((block_id, block_hash, token_ids))
+            for block_hash, (slot, token_ids) in index.entries.items():
+                if not self.disk.exists(group, block_hash):
+                    moves[group].write.append((slot, block_hash, token_ids))
+        return [m for m in moves if m]
 
     # ---- lookups ----
 

@@ -1,5 +1,6 @@
 """The worker's tiers, built once from the settings: a host buffer per KV cache group
-(host_tier.py) over one disk directory (disk_tier.py), and their counters."""
+(host_tier.py) over one disk directory (disk_tier.py) and its writer thread
+(disk_writer.py), and their counters."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 from hetero_infer.engine.kv.disk_layout import DiskLayout
 from hetero_infer.engine.kv.disk_tier import DiskTier
+from hetero_infer.engine.kv.disk_writer import DiskWriter
 from hetero_infer.engine.kv.fingerprint import kv_fingerprint
 from hetero_infer.engine.kv.host_tier import HostTier
 from hetero_infer.engine.setup import EngineSetup
@@ -19,14 +21,22 @@ GIB = 1024**3
 
 
 class TierStore:
-    def __init__(self, hosts: list[HostTier], disk: DiskTier | None) -> None:
+    def __init__(
+        self, hosts: list[HostTier], disk: DiskTier | None, writer: DiskWriter | None
+    ) -> None:
         self.hosts = hosts
         self.disk = disk
+        self.writer = writer
         self.num_slots = hosts[0].slots.shape[0]
 
     @property
     def layout(self) -> DiskLayout | None:
         return self.disk.layout if self.disk is not None else None
+
+    def close(self, timeout: float) -> None:
+        """The disk writes queued, made within ``timeout`` seconds (a stop's)."""
+        if self.writer is not None:
+            self.writer.close(timeout)
 
     def stats(self) -> dict[str, Any]:
         stats = {
@@ -34,9 +44,10 @@ class TierStore:
             "kv_tier_ram_bytes_saved": sum(h.counters.bytes_saved for h in self.hosts),
             "kv_tier_ram_bytes_loaded": sum(h.counters.bytes_loaded for h in self.hosts),
         }
-        if self.disk is not None:
+        if self.disk is not None and self.writer is not None:
             c = self.disk.counters
             stats.update(
+                kv_tier_disk_writes_dropped=self.writer.dropped,
                 kv_tier_disk_bytes_written=c.bytes_written,
                 kv_tier_disk_bytes_read=c.bytes_read,
                 kv_tier_disk_write_errors=c.write_errors,
@@ -69,7 +80,7 @@ def build_tier_store(
             f"kv_offloading_size: {config.kv_offloading_size} GiB holds no block "
             f"({sum(per_block)} bytes each)"
         )
-    disk = None
+    disk = writer = None
     if config.kv_offloading_dir is not None:
         fingerprint = kv_fingerprint(
             setup.source.path,
@@ -81,11 +92,12 @@ def build_tier_store(
         )
         layout = DiskLayout(config.kv_offloading_dir, fingerprint)
         disk = DiskTier(layout, int(config.kv_offloading_dir_size * GIB))
+        writer = DiskWriter(disk)
         logger.info("KV disk tier: %s (fingerprint %s)", layout.folder, fingerprint)
     pin = device.type == "cuda"
     hosts = [
-        HostTier(g, num_slots, n, block_shape, setup.kv_cache_dtype, disk, pin)
+        HostTier(g, num_slots, n, block_shape, setup.kv_cache_dtype, disk, writer, pin)
         for g, n in enumerate(group_layers)
     ]
     logger.info("KV RAM tier: %d blocks (%.1f MiB)", num_slots, num_slots * sum(per_block) / 2**20)
-    return TierStore(hosts, disk)
+    return TierStore(hosts, disk, writer)

@@ -137,6 +137,11 @@ class ModelKVCache:
         caches = [self.global_cache, self.sliding_cache]
         return [len(c.layers) for c in caches if c is not None]
 
+    def close_tiers(self, timeout: float) -> None:
+        """The disk tier's queued writes, made within ``timeout`` seconds (a stop's)."""
+        if self.tiers is not None:
+            self.tiers.close(timeout)
+
     def copy_blocks(self, out: SchedulerOutput) -> tuple[tuple[int, int, bool], ...]:
         """A step's block moves, per group in an order that reads every block before
         anything writes into it: tier saves (an evicted block, read before it is given

@@ -46,8 +46,21 @@ def prompts(vocab: int, count: int = 4, length: int = 60, seed: int = 0) -> list
 
 
 def run_in_turn(engine: LLMEngine, batch: list[list[int]]) -> list[list[int]]:
-    """Each prompt alone, in order: the later ones evict the earlier ones' blocks."""
-    return [engine.generate([p], GREEDY, use_tqdm=False)[0].token_ids for p in batch]
+    """Each prompt alone, in order: the later ones evict the earlier ones' blocks. The
+    disk tier's files are written (off the step) before the next prompt starts, so
+    what the next finds on disk does not depend on the writer's pace."""
+    outputs = []
+    for prompt in batch:
+        outputs.append(engine.generate([prompt], GREEDY, use_tqdm=False)[0].token_ids)
+        written(engine)
+    return outputs
+
+
+def written(engine: LLMEngine) -> None:
+    """Wait for the disk tier's queued writes, if it has any."""
+    tiers = engine.runner.kv_cache.tiers
+    if tiers is not None and tiers.writer is not None:
+        assert tiers.writer.drain(timeout=60)
 
 
 def assert_nothing_leaked(engine: LLMEngine) -> None:
