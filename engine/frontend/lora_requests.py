@@ -29,15 +29,19 @@ class LoRARequests:
     lora: LoRAManager | None
     scheduler: Scheduler
 
-    def load_lora_adapter(self, name: str, path: str) -> LoRARequest:
+    def load_lora_adapter(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
         """Load the PEFT adapter in folder ``path`` under ``name``: ValidationError naming
-        the problem (and nothing changed) if it cannot be served."""
+        the problem (and nothing changed) if it cannot be served. ``load_inplace``
+        (vLLM's): it replaces an adapter loaded under ``name``, which stays loaded if the
+        new one is refused."""
         if self.lora is None:
             raise lora_disabled()
         if not isinstance(name, str) or not name:
             raise ValidationError("lora_name must be a non-empty string", param="lora_name")
         if not isinstance(path, str) or not path:
             raise ValidationError("lora_path must be a non-empty string", param="lora_path")
+        if load_inplace:
+            return self.lora.replace(name, path, self.lora_slots_in_use())
         return self.lora.load(name, path)
 
     def unload_lora_adapter(self, name: str) -> None:

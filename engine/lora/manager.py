@@ -46,13 +46,32 @@ class LoRAManager:
         """Load the adapter in folder ``path`` as ``name``; ValidationError naming the
         problem (nothing loaded) otherwise."""
         self.registry.check_can_load(name)
-        adapter = read_adapter(name, path, self.model_config, self.max_lora_rank, self.dtype)
+        return self._install(self._read(name, path))
+
+    def replace(self, name: str, path: str, slots_in_use: Iterable[int]) -> LoRARequest:
+        """vLLM's load_inplace: ``name`` serves the adapter in folder ``path`` from now on
+        (loaded as by ``load`` where no adapter has that name). The new adapter is read,
+        checked and sure of a slot before the old one is unloaded, so that one that
+        cannot be served is refused (ValidationError naming the problem) with the old
+        one still loaded and serving: the new files may well be where the old ones were."""
+        if self.registry.resolve(name) is None:
+            return self.load(name, path)
+        adapter = self._read(name, path)
+        in_use = set(slots_in_use)
+        self.registry.check_can_replace(name, in_use)
+        self.unload(name, in_use)
+        return self._install(adapter)
+
+    def _read(self, name: str, path: str) -> LoRAAdapter:
+        return read_adapter(name, path, self.model_config, self.max_lora_rank, self.dtype)
+
+    def _install(self, adapter: LoRAAdapter) -> LoRARequest:
         request = self.registry.add(adapter)
         self.model_lora.install(request.slot, adapter, self.device)
         logger.info(
             "LoRA adapter %r loaded from %s into slot %d (rank %d, %d parameters)",
-            name,
-            path,
+            adapter.name,
+            adapter.path,
             request.slot,
             adapter.rank,
             adapter.num_parameters,

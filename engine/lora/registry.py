@@ -70,6 +70,17 @@ class LoRARegistry:
             )
         return free[0]
 
+    def check_can_replace(self, name: str, slots_in_use: set[int]) -> None:
+        """ValidationError where a new adapter for the loaded ``name`` would find no free
+        slot: the old one's frees at once only if no sequence uses it."""
+        if len(self.slots) < self.max_loras or self.by_name[name].slot not in slots_in_use:
+            return
+        raise ValidationError(
+            f"all {self.max_loras} LoRA slots (max_loras) are in use, {name!r}'s by requests "
+            "still running on it: load it in place once they finish, or unload an adapter",
+            param="lora_name",
+        )
+
     def add(self, adapter: LoRAAdapter) -> LoRARequest:
         slot = self.check_can_load(adapter.name)
         entry = LoadedAdapter(adapter, slot)

@@ -3,8 +3,9 @@
 
 Loading and unloading run on the engine's thread between steps (AsyncEngine.call), so
 a step never sees an adapter half loaded. An adapter that cannot be served is refused
-with a 400 naming the problem and changes nothing; unloading one that is not loaded is
-a 404 (both as vLLM answers). An adapter unloaded while requests run on it lets them
+with a 400 naming the problem and changes nothing (with load_inplace too: the adapter
+loaded under that name stays, serving); unloading one that is not loaded is a 404
+(both as vLLM answers). An adapter unloaded while requests run on it lets them
 finish; new requests naming it get the 404 of an unknown model.
 """
 
@@ -48,13 +49,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> s
     if name in state.settings.model_names:
         raise APIError(400, f"{name!r} is the base model's name", param="lora_name")
 
-    def load(llm) -> None:
-        if body.load_inplace and llm.lora.resolve(name) is not None:
-            llm.unload_lora_adapter(name)
-        llm.load_lora_adapter(name, path)
-
     try:
-        await engine.call(load)
+        await engine.call(lambda llm: llm.load_lora_adapter(name, path, body.load_inplace))
     except ValueError as exc:  # refused: nothing changed
         raise APIError.from_exception(exc) from exc
     return f"Success: LoRA adapter '{name}' added successfully."

@@ -201,6 +201,67 @@ def test_unload_while_requests_run_then_churn_under_load(live, adapters, expecte
         assert text_of(complete(http, "a")) == expected["a"]
 
 
+def load_inplace(http: httpx.Client, name: str, path) -> httpx.Response:
+    body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+    return http.post("/v1/load_lora_adapter", json=body)
+
+
+def test_load_inplace_replaces_only_what_can_be_served(live, adapters, expected, tmp_path):
+    """vLLM's load_inplace: a new adapter that cannot be served is a 400 and the one
+    loaded under that name stays, answering as before; even with its files broken where
+    they lie (an in-place reload's usual case), or its slot held by running requests."""
+    engine = live.engine
+    files = shutil.copytree(adapters["a"], tmp_path / "c")
+    with live.client() as http:
+        assert load_inplace(http, "c", files).status_code == 200  # none yet: a plain load
+        assert text_of(complete(http, "c")) == expected["a"]
+        slots = set(engine.lora.registry.slots)
+        assert len(slots) == engine.lora.max_loras, slots  # "a" and "c": no slot free
+        (files / "adapter_config.json").write_text("{not json")
+        refused = {
+            "nowhere": (tmp_path / "nowhere", "adapter_config.json is missing"),
+            "broken in place": (files, "adapter_config.json is not JSON"),
+            "high": (adapters["high"], "rank 16, above max_lora_rank (8)"),
+            "other": (adapters["other"], "does not fit this model"),
+        }
+        for case, (path, message) in refused.items():
+            response = load_inplace(http, "c", path)
+            assert response.status_code == 400, (case, response.text)
+            assert message in response.json()["error"]["message"], (case, response.text)
+            assert listed(http)["c"]["root"] == str(files), case
+            assert text_of(complete(http, "c")) == expected["a"], case
+        assert set(engine.lora.registry.slots) == slots
+
+    async def while_c_runs() -> list[tuple[int, int]]:
+        async with live.async_client() as client:
+            running = [asyncio.create_task(stream_tokens(client, "c", 200)) for _ in range(3)]
+            slot = engine.lora.resolve("c").slot
+
+            def all_on_c() -> bool:
+                seqs = list(engine.scheduler.sequences.values())
+                return sum(seq.lora_slot == slot for seq in seqs) == 3
+
+            await asyncio.to_thread(wait_until, all_on_c, 60, "requests on the adapter")
+            with live.client() as http:
+                # Its slot frees only once they finish, and no other is free.
+                busy = load_inplace(http, "c", adapters["b"])
+                assert busy.status_code == 400, busy.text
+                assert "by requests still running on it" in busy.json()["error"]["message"]
+                assert text_of(complete(http, "c")) == expected["a"]
+            return list(await asyncio.gather(*running))
+
+    assert asyncio.run(while_c_runs()) == [(200, 200)] * 3
+    with live.client() as http:
+        wait_until(lambda: is_idle(http), 60, "the server to be idle")
+        replaced = load_inplace(http, "c", adapters["b"])
+        assert replaced.status_code == 200, replaced.text
+        assert listed(http)["c"]["root"] == str(adapters["b"])
+        assert text_of(complete(http, "c")) == expected["b"]
+        assert http.post("/v1/unload_lora_adapter", json={"lora_name": "c"}).status_code == 200
+        wait_until(lambda: is_idle(http), 60, "the server to be idle")
+    assert len(engine.lora.registry.slots) == len(slots) - 1  # nothing leaked
+
+
 def test_lora_routes_without_enable_lora(server):
     with server.client() as http:
         body = {"lora_name": "x", "lora_path": "/nowhere"}
