@@ -161,6 +161,8 @@ class BlockManager:
         for group in self.groups:  # the pool's misses filled from the tiers' host RAM
             found.append(group.find_cached(hashes[:num_hit], seq.token_ids, self.tiers))
             num_hit = group.usable_prefix(found[-1])
+        if self.tiers is not None:  # a block from host RAM takes a free one of the pool
+            num_hit = self.tiers.affordable(self.groups, found, num_hit)
         for group, group_found in zip(self.groups, found, strict=True):
             group.take_cached(seq, group_found, num_hit, self.tiers)
         seq.num_computed_tokens = num_hit * self.block_size

@@ -2,8 +2,8 @@
 
 On tiny random checkpoints of each family (tests/tiny_models.py), for 16 prompts from 1 token to
 several hundred, under every scheduling regime that changes how the KV cache is
-filled: plain, chunked prefill, preemption by recompute, preemption by swap, and
-prefix-cache hits.
+filled: plain, chunked prefill, preemption by recompute, preemption by swap,
+prefix-cache hits, and blocks brought back from the prefix cache's RAM and disk tiers.
 """
 
 from __future__ import annotations
@@ -80,13 +80,28 @@ REGIMES = {
         dict(block_size=8, max_num_blocks=41, max_model_len=328, num_cpu_blocks=200),
         "num_preemptions",
     ),
+    # The same small pool: the first pass's blocks are evicted to a few MiB of RAM and
+    # to disk (its directory added below), and the second pass takes them back while
+    # the pool is busy. The tiers move blocks as bytes: one model of each KV layout.
+    "tiers": (
+        dict(block_size=8, max_num_blocks=41, max_model_len=328, kv_offloading_size=0.004),
+        "kv_tier_hit_tokens",
+    ),
 }
 
 
+# Global layers only; and a sliding-window group of its own.
+TIER_FAMILIES = ("llama", "gemma3")
+
+
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_greedy_matches_transformers(tiny, regime):
+def test_greedy_matches_transformers(tiny, regime, tmp_path, request):
     folder, prompts, expected = tiny
     settings, must_happen = REGIMES[regime]
+    if "kv_offloading_size" in settings:
+        if request.node.callspec.params["tiny"] not in TIER_FAMILIES:
+            pytest.skip("the tiers are shown on one model of each KV layout")
+        settings = {**settings, "kv_offloading_dir": str(tmp_path)}
     config = EngineConfig(model=str(folder), dtype="float32", **settings)
     engine = LLMEngine(config)
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
@@ -99,7 +114,7 @@ def test_greedy_matches_transformers(tiny, regime):
                 assert out.finish_reason == ("stop" if ref[-1] == EOS else "length")
     assert engine.metrics.max_batch_size > 1
     if must_happen:
-        assert engine.metrics.as_dict()[must_happen] > 0
+        assert {**engine.metrics.as_dict(), **engine.memory_stats()}[must_happen] > 0
     if regime == "swap":
         assert engine.memory_stats()["swapped_out_blocks"] > 0
     stats = engine.memory_stats()
