@@ -1,5 +1,5 @@
-"""HealthProbe: polls a server's /healthz from a process of its own and keeps the
-slowest answer.
+"""HealthProbe: polls a server's /healthz from a process of its own and keeps how long
+each answer took, for a bound on the slowest ones (``ProbeResult.percentile``).
 
 A process, not a thread of the test: the test's own clients keep its interpreter busy
 (a soak's 24 streams), and a thread there would wait for Python's lock, which would
@@ -9,6 +9,7 @@ imports it anew.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -29,6 +30,16 @@ class ProbeResult:
     def max_latency(self) -> float:
         return max(self.latencies, default=0.0)
 
+    def percentile(self, percent: float) -> float:
+        """The latency ``percent`` % of the probes took at most (the nearest rank: one
+        of the latencies, never an interpolation between two); 0 without probes."""
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent must be in (0, 100], got {percent}")
+        if not self.latencies:
+            return 0.0
+        rank = math.ceil(percent * len(self.latencies) / 100)
+        return sorted(self.latencies)[rank - 1]
+
 
 def _poll(url: str, period: float, started, stop, results) -> None:
     latencies, failures = [], []
@@ -36,9 +47,9 @@ def _poll(url: str, period: float, started, stop, results) -> None:
         http.get("/healthz")  # connects, so that no probe counts the connection's set-up
         started.set()
         while not stop.is_set():
-            started = time.perf_counter()
+            sent = time.perf_counter()
             response = http.get("/healthz")
-            latencies.append(time.perf_counter() - started)
+            latencies.append(time.perf_counter() - sent)
             if response.status_code != 200:
                 failures.append(f"{response.status_code} {response.text}")
             stop.wait(period)
