@@ -1,14 +1,16 @@
 """The int8 KV cache (``kv_cache_dtype="int8"``) against the unrounded one on the real
-models: teacher-forced on a fixed text (tests/engine/test_quantized_smollm2.py's
-measure), the perplexity stays within 1% and the next-token picks agree at 99% or more.
+models: teacher-forced on a fixed text, each token's logprob stays close to the
+unrounded cache's, by the mean |change| per token and the perplexity (the measures
+tests/engine/test_quantized_smollm2.py uses, and why: not the share of top-1 picks
+that agree, which counts near-ties flipped and moved by a few tokens between CPUs).
 
-The picks are compared with fp32 activations, where the cache's rounding is the only
-one that differs: the unrounded cache is then fp32, a stricter reference than a bf16
-cache (which itself agrees with it at 99.75%). With bf16 activations the same measure
-says more about bf16 than about the cache: SmolLM2 flips 3% of its picks between two
-bf16 kernels for the same attention (the C++ and the torch one), with an unrounded
-cache, so the bf16 runs are held to their measured levels. Greedy free-running output
-is not compared token for token: a near-tie anywhere flips the rest of a generation.
+With fp32 activations the cache's rounding is the only one that differs: the unrounded
+cache is then fp32, a stricter reference than a bf16 cache. With bf16 activations the
+two runs also take different attention kernels on some CPUs (the int8 cache's reads its
+rows, the unrounded one's may run tiled) that round their intermediates to bf16
+differently, so their bound holds bf16's rounding twice besides the cache's. Greedy
+free-running output is not compared token for token: a near-tie anywhere flips the
+rest of a generation.
 """
 
 from __future__ import annotations
@@ -17,23 +19,30 @@ import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine
 
-from tests.engine.test_quantized_smollm2 import TEXT, agreement, teacher_forced
+from tests.engine.test_quantized_smollm2 import (
+    TEXT,
+    logprob_change,
+    perplexity_change,
+    teacher_forced,
+)
 
 pytestmark = pytest.mark.slow
 
 # Gemma-3-270M's sliding layers see 512 tokens: twice the text reaches past them.
 MODELS = {"smollm2": (None, TEXT), "gemma-3-270m": ("gemma-3-270m", TEXT + "\n\n" + TEXT)}
-# Measured top-1 agreement with the unrounded cache (a scale per 32 values, keys
-# rotated): fp32 activations 99.5% (SmolLM2, 404 of 406 tokens; Gemma, 805 of 809);
-# bf16 96.3% and 98.3%. Perplexity within 0.1%, but SmolLM2 in bf16 +0.85%. Each rate
-# moves by a token or two with the order of the kernel's sums; SmolLM2 in bf16 95.1% on
-# a Cascade Lake Xeon, where its unrounded cache's prefill takes the tiled kernel and
-# the int8 one per-token rows.
-LEAST_AGREEMENT = {
-    ("smollm2", "float32"): 0.99,
-    ("gemma-3-270m", "float32"): 0.99,
-    ("smollm2", "bfloat16"): 0.945,
-    ("gemma-3-270m", "bfloat16"): 0.975,
+# The most mean |change| of a token's logprob allowed, in nats. Measured (406 and 809
+# tokens; keys rotated, a scale per 32 values): fp32 activations, SmolLM2 0.011
+# (perplexity +0.20%), Gemma 0.0072 (+0.00%); bf16, SmolLM2 0.040 (+0.55%), Gemma 0.025 (-0.08%).
+# int8's steps are 1/127 of each group's largest value: one bit fewer (1/63) doubles
+# the cache's error, which the fp32 bounds do not allow. bf16's own rounding gives
+# 0.031-0.033 per run (test_quantized_smollm2.py, test_gemma3_270m.py); two runs
+# rounded apart (sqrt(2) x 0.033 = 0.047) with the cache's on top are the bf16 bounds'
+# scale, whatever kernels each cache takes.
+MOST_CHANGE = {
+    ("smollm2", "float32"): 0.018,
+    ("gemma-3-270m", "float32"): 0.012,
+    ("smollm2", "bfloat16"): 0.065,
+    ("gemma-3-270m", "bfloat16"): 0.065,
 }
 
 
@@ -48,12 +57,13 @@ def engine_for(model: str | None, dtype: str, kv_cache_dtype: str) -> LLMEngine:
     return LLMEngine(config)
 
 
-@pytest.mark.parametrize(("name", "dtype"), sorted(LEAST_AGREEMENT))
+@pytest.mark.parametrize(("name", "dtype"), sorted(MOST_CHANGE))
 def test_int8_kv_matches_the_unrounded_cache_teacher_forced(name, dtype):
     model, text = MODELS[name]
-    ppl_ref, top_ref = teacher_forced(engine_for(model, dtype, "auto"), text)
+    unrounded = teacher_forced(engine_for(model, dtype, "auto"), text)
     engine = engine_for(model, dtype, "int8")
     assert all(k.dtype == torch.int8 for k, _ in engine.runner.kv_caches)
-    ppl, top = teacher_forced(engine, text)
-    assert abs(ppl / ppl_ref - 1) < 0.01, (ppl, ppl_ref)
-    assert agreement(top, top_ref) >= LEAST_AGREEMENT[name, dtype]
+    logprobs = teacher_forced(engine, text)
+    change = logprob_change(unrounded, logprobs)
+    assert change < MOST_CHANGE[name, dtype], change
+    assert abs(perplexity_change(unrounded, logprobs)) < 0.01

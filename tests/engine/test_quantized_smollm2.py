@@ -1,10 +1,22 @@
 """The embedded SmolLM2 with its Q4_1 weights kept quantized (and its weights quantized
 to int8 at load), against the same engine on the dequantized weights in fp32.
 
-Teacher-forced on a fixed text (prompt logprobs: every position sees the same
-context in both engines), the quantized model must pick the same next token almost
-everywhere and reach the same perplexity within 0.5%. Free-running greedy outputs are
-compared too, where the activations are fp32 in both.
+Teacher-forced on a fixed text (prompt logprobs: every position sees the same context
+in both engines, and both score the same tokens), each token's logprob must stay close
+to fp32's: the mean |change| per token, and the perplexity. Greedy decoding is measured
+alike, where the activations are fp32 in both: the reference scores the tokens the
+quantized engine chose as it decoded, so a first differing pick does not part the rest.
+
+Why not the share of top-1 picks that agree: it counts the near-ties that flipped, a
+dozen of some 400 tokens, which any change in the order of a kernel's sums moves by a
+few (95.3% to 97.8% for the same bf16 run across CPUs and kernels), so its floors were
+lowered CPU by CPU. The mean change averages every token (its standard error is ~5% of
+it), and what sets it is the format's rounding of each value (bf16's 8 significant
+bits, int8's 255 steps), which every CPU's kernels do alike; where they round the
+intermediates differently (attention probabilities in bf16 or in fp32) they add or
+leave out a few roundings of the same size. Each bound sits about 1.5x above the error
+its format gives, and below what the format one bit coarser gives (every rounding
+twice as large): a wrong scale or a coarser rounding fails it.
 
 On a CPU where the quantized kernel does not run (it needs AVX512-VNNI and -BW:
 kernels/cpu_isa.py) the engine dequantizes those weights at load instead, and the same
@@ -39,31 +51,57 @@ def build_engine(**settings) -> LLMEngine:
     return LLMEngine(EngineConfig(max_num_blocks=512, max_model_len=2048, **settings))
 
 
-def teacher_forced(engine: LLMEngine, text: str = TEXT) -> tuple[float, list[int]]:
-    """(perplexity of ``text``, the top-1 token predicted at each position)."""
-    sampling = SamplingParams(max_tokens=1, prompt_logprobs=1)
+def teacher_forced(engine: LLMEngine, text: str = TEXT) -> list[float]:
+    """The logprob ``engine`` gives each token of ``text`` after the first, given the
+    tokens before it."""
+    sampling = SamplingParams(max_tokens=1, prompt_logprobs=0)
     out = engine.generate([text], sampling, use_tqdm=False)[0]
     ids, logprobs = out.prompt_token_ids, out.prompt_logprobs
-    own = [logprobs[i][ids[i]] for i in range(1, len(ids))]
-    top = [max(logprobs[i], key=logprobs[i].get) for i in range(1, len(ids))]
-    return math.exp(-sum(own) / len(own)), top
+    return [logprobs[i][ids[i]] for i in range(1, len(ids))]
 
 
-def greedy(engine: LLMEngine) -> list[list[int]]:
+def logprob_change(reference: list[float], logprobs: list[float]) -> float:
+    """The mean |change| of the same tokens' logprobs, in nats."""
+    pairs = zip(reference, logprobs, strict=True)
+    return sum(abs(a - b) for a, b in pairs) / len(reference)
+
+
+def perplexity_change(reference: list[float], logprobs: list[float]) -> float:
+    """The relative change of the same tokens' perplexity."""
+    return math.exp((sum(reference) - sum(logprobs)) / len(reference)) - 1
+
+
+def greedy_scored(engine: LLMEngine, reference: LLMEngine) -> tuple[list[float], list[float]]:
+    """(``reference``'s logprobs of ``engine``'s greedy tokens, teacher-forced on them;
+    ``engine``'s own, each as it decoded it)."""
     tokenizer = engine.tokenizer
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True
+            )
+        )
         for q in QUESTIONS + [DOCUMENT + q for q in QUESTIONS]
     ]
-    sampling = SamplingParams(max_tokens=48, temperature=0)
-    return [o.token_ids for o in engine.generate(prompts, sampling, use_tqdm=False)]
+    sampling = SamplingParams(max_tokens=48, temperature=0, logprobs=0)
+    outputs = engine.generate(prompts, sampling, use_tqdm=False)
+    forced = [prompt + out.token_ids for prompt, out in zip(prompts, outputs, strict=True)]
+    scoring = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    scored = reference.generate(forced, scoring, use_tqdm=False)
+    theirs, own = [], []
+    for prompt, out, ref in zip(prompts, outputs, scored, strict=True):
+        for i, token in enumerate(out.token_ids):
+            theirs.append(ref.prompt_logprobs[len(prompt) + i][token])
+            own.append(out.logprobs[i][token])
+    return theirs, own
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[float, list[int], list[list[int]]]:
+def reference() -> tuple[list[float], LLMEngine]:
+    """fp32's teacher-forced logprobs, and its engine (to score other engines' tokens)."""
     engine = build_engine(dtype="float32")  # auto dequantizes in fp32
     assert not any(isinstance(m.packed, QuantizedLinear) for m in linear_layers(engine))
-    return (*teacher_forced(engine), greedy(engine))
+    return teacher_forced(engine), engine
 
 
 def linear_layers(engine: LLMEngine) -> list:
@@ -85,38 +123,41 @@ def check_kept_quantized(layers: list, qtype: str | None = None) -> None:
         assert all(m.weight.numel() > 0 for m in layers)
 
 
-def agreement(a: list[int], b: list[int]) -> float:
-    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-
-
 def test_quantized_bf16_matches_fp32_teacher_forced(reference) -> None:
-    ppl_ref, top_ref, _ = reference
+    fp32, _ = reference
     engine = build_engine(dtype="bfloat16")
     check_kept_quantized(linear_layers(engine))
-    ppl, top = teacher_forced(engine)
-    # Measured: perplexity +0.20%, top-1 agreement 97.5% (bf16 on the dequantized
-    # weights, no quantized kernel: +0.15%, 97.8%). On a Cascade Lake Xeon (no
-    # AVX512-BF16: the bf16 kernels widen pairs for FMAs, and the tiled prefill attention
-    # keeps its probabilities in fp32) +0.08%, 95.3%; with per-token attention rows
-    # +0.26%, 95.6% with one thread and 96.3% with two, every flip a near-tie of the
-    # reference's (<= 0.32 nats).
-    assert abs(ppl / ppl_ref - 1) < 0.005
-    assert agreement(top, top_ref) > 0.94
+    logprobs = teacher_forced(engine)
+    # Measured (406 tokens): on the dequantized weights (AVX2, torch's bf16 kernels)
+    # mean |change| 0.031 nats, perplexity -0.18%; kept quantized, the kernel's int8
+    # activations per 32 values (its torch reference in their place) round more than
+    # bf16 does: 0.066, +0.44%. Which of the two runs is the CPU's ISA's choice, and the
+    # bound is that format's. The perplexity moves by rms / sqrt(406) per run (0.2%,
+    # 0.45%) with any rounding change; top-1 agreement was 95.3-97.8% across CPUs.
+    change = logprob_change(fp32, logprobs)
+    assert change < (0.1 if QUANTIZED_KERNEL else 0.05), change
+    assert abs(perplexity_change(fp32, logprobs)) < 0.01
 
 
 def test_quantized_fp32_greedy_matches_dequantized_fp32(reference) -> None:
-    ppl_ref, top_ref, greedy_ref = reference
+    fp32, fp32_engine = reference
     engine = build_engine(dtype="float32", quantization="gguf")
     check_kept_quantized(linear_layers(engine))
-    ppl, top = teacher_forced(engine)
-    assert abs(ppl / ppl_ref - 1) < 0.005
-    assert agreement(top, top_ref) > 0.97
-    outputs = greedy(engine)
-    pairs = zip(outputs, greedy_ref, strict=True)
-    same = sum(x == y for a, b in pairs for x, y in zip(a, b, strict=False))
-    # Free-running, the int8 activations' first near-tie flip changes what follows:
-    # 49.6% of the tokens matched on a Cascade Lake Xeon (teacher-forced: 97.5%).
-    assert same / sum(len(b) for b in greedy_ref) > 0.4
+    logprobs = teacher_forced(engine)
+    # The kernel's int8 activations per 32 values are the only rounding fp32 does not
+    # do: with its torch reference in its place, mean |change| 0.057 nats, perplexity
+    # +0.50% teacher-forced, and 0.032 on the 446 tokens greedy decoding chose for the
+    # 12 prompts (its own picks, mostly confident: less to move).
+    # Without the kernel both engines run the same fp32 weights: 0 here (3e-7 between
+    # fp32's decoding and its prefill).
+    most = 0.09 if QUANTIZED_KERNEL else 1e-4
+    change = logprob_change(fp32, logprobs)
+    assert change < most, change
+    assert abs(perplexity_change(fp32, logprobs)) < 0.01
+    # Greedy: the reference scores the tokens this engine chose as it decoded them.
+    theirs, own = greedy_scored(engine, fp32_engine)
+    change = logprob_change(theirs, own)
+    assert change < (0.05 if QUANTIZED_KERNEL else 1e-4), change
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +177,17 @@ def safetensors_copy(tmp_path_factory) -> Path:
 
 
 def test_int8_at_load_matches_fp32_teacher_forced(reference, safetensors_copy) -> None:
-    ppl_ref, top_ref, _ = reference
+    fp32, _ = reference
     engine = build_engine(model=str(safetensors_copy), dtype="bfloat16", quantization="int8")
     check_kept_quantized(linear_layers(engine), INT8)
-    ppl, top = teacher_forced(engine)
-    # Measured: perplexity -0.07%, top-1 agreement 94.8% (fp32 activations: +0.18%,
-    # 96.1%). Lower than Q4_1 kept as it is, which computes the reference's own
+    logprobs = teacher_forced(engine)
+    # Measured: mean |change| 0.066 nats, perplexity +0.07% (fp32 activations: 0.058,
+    # +0.01%). Larger than Q4_1 kept as it is, which computes the reference's own
     # weights: one scale per row of 576+ values re-rounds weights that sit on Q4_1's
-    # per-32 grid (0.85% relative error per matrix). On a Cascade Lake Xeon +0.50%,
-    # 94.8% with the tiled prefill attention, +0.23%, 96.1% with per-token rows (both
-    # in fp32 on bf16 inputs: the order of the sums alone moves these 406 tokens).
-    assert abs(ppl / ppl_ref - 1) < 0.0075
-    assert agreement(top, top_ref) > 0.93
+    # per-32 grid (0.85% relative error per matrix); the int8 rounding's 0.058 and
+    # bf16's 0.031 add up as independent errors (sqrt(0.058^2 + 0.031^2) = 0.066).
+    # The perplexity of these tokens moves by a few 0.1% with the order of the sums
+    # (+0.23% to +0.50% on a Cascade Lake Xeon).
+    change = logprob_change(fp32, logprobs)
+    assert change < 0.1, change
+    assert abs(perplexity_change(fp32, logprobs)) < 0.0075
