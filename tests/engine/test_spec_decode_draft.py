@@ -7,8 +7,9 @@ accepted) and with a perturbed copy of it (drafts partly accepted). With samplin
 features the greedy tokens are plain decoding's, seeded sampling repeats itself, and
 the logprobs of rejection-sampled tokens are the target's. Sampling keeps the
 target's distribution with a draft whose distribution differs (a chi-square test that
-a verifier accepting every draft fails). A draft model with another vocabulary,
-tokenizer or length is refused at start-up.
+a verifier accepting every draft fails), with temperature and bias and with each of
+top-k, top-p, min-p and the presence, frequency and repetition penalties. A draft
+model with another vocabulary, tokenizer or length is refused at start-up.
 """
 
 from __future__ import annotations
@@ -174,11 +175,17 @@ def _first_tokens(engine: LLMEngine) -> list[tuple[int, ...]]:
 
 
 @pytest.fixture(scope="module")
-def sampled(llama_pair):
+def engines(llama_pair) -> tuple[LLMEngine, LLMEngine]:
+    """(plain, speculative) engines of the tiny Llama, its perturbed copy the draft."""
     folder, draft = llama_pair
     config = EngineConfig(model=str(folder), dtype="float32")
-    speculative = LLMEngine(config.replace(speculative_config=spec(draft)))
-    return speculative, _first_tokens(LLMEngine(config))
+    return LLMEngine(config), LLMEngine(config.replace(speculative_config=spec(draft)))
+
+
+@pytest.fixture(scope="module")
+def sampled(engines):
+    plain, speculative = engines
+    return speculative, _first_tokens(plain)
 
 
 def test_sampling_with_a_draft_model_keeps_the_distribution(sampled):
@@ -201,6 +208,77 @@ def test_the_distribution_check_catches_accepting_every_draft(sampled, monkeypat
 
     monkeypatch.setattr(model_runner, "rejection_sample", accept_all)
     assert _worst_position(plain_tokens, _first_tokens(speculative)) > 1.0
+
+
+# Each sampling feature on its own, set so that it moves the distribution a lot: the
+# verifier must apply it to the target's distribution as plain sampling does (a
+# verifier that left it out gives a distribution these tests tell apart). The
+# truncations at a high temperature, where they cut off a candidate often drawn
+# without them. The penalties after a prompt of other tokens: they fall on the tokens
+# the output has drawn so far, drafts among them (a candidate in the prompt would be
+# penalised the same way at every position).
+OTHER_TOKENS = [50, 60, 70, 80]
+FEATURES = {
+    "top_k": (CANDIDATES * 6, {"temperature": 4.0, "top_k": 2}),
+    "top_p": (CANDIDATES * 6, {"temperature": 2.0, "top_p": 0.5}),
+    "min_p": (CANDIDATES * 6, {"temperature": 4.0, "min_p": 0.3}),
+    "presence_penalty": (OTHER_TOKENS * 6, {"temperature": 1.5, "presence_penalty": 2.0}),
+    "frequency_penalty": (OTHER_TOKENS * 6, {"temperature": 1.5, "frequency_penalty": 2.0}),
+    "repetition_penalty": (OTHER_TOKENS * 6, {"temperature": 2.0, "repetition_penalty": 1.1}),
+}
+# Half the samples of the check above, to keep six cases quick: each feature moves the
+# distribution far enough that a verifier accepting every draft, or leaving the
+# feature out, still fails by a wide margin.
+FEATURE_SAMPLES = 500
+
+
+def _feature_tokens(
+    engine: LLMEngine, prompt: list[int], **settings: float
+) -> list[tuple[int, ...]]:
+    params = SamplingParams(max_tokens=4, logit_bias=BIASED, **settings)
+    outputs = engine.generate([prompt] * FEATURE_SAMPLES, params, use_tqdm=False)
+    return [tuple(o.token_ids) for o in outputs]
+
+
+@pytest.fixture(scope="module", params=sorted(FEATURES))
+def feature(request, engines):
+    """(speculative engine, prompt, sampling settings, plain engine's tokens with them)
+    per feature."""
+    plain, speculative = engines
+    prompt, settings = FEATURES[request.param]
+    return speculative, prompt, settings, _feature_tokens(plain, prompt, **settings)
+
+
+def test_each_feature_moves_the_distribution(feature, engines):
+    """Plain sampling without the feature draws a distribution the check tells apart:
+    what a verifier that leaves the feature out would draw at drafted positions."""
+    _, prompt, settings, plain_tokens = feature
+    temperature_only = {"temperature": settings["temperature"]}
+    without = _feature_tokens(engines[0], prompt, **temperature_only)
+    assert _worst_position(plain_tokens, without) > 1.0
+
+
+def test_sampling_with_a_draft_model_keeps_each_features_distribution(feature):
+    speculative, prompt, settings, plain_tokens = feature
+    before = dataclasses.replace(speculative.metrics.spec_decode)
+    drafted = _feature_tokens(speculative, prompt, **settings)
+    after = speculative.metrics.spec_decode
+    # Drafts both accepted and rejected often, in this feature's requests.
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    rate = accepted / (after.num_draft_tokens - before.num_draft_tokens)
+    assert 0.1 < rate < 0.9, rate
+    assert _worst_position(plain_tokens, drafted) < 1.0
+
+
+def test_the_check_catches_accepting_every_draft_with_each_feature(feature, monkeypatch):
+    speculative, prompt, settings, plain_tokens = feature
+
+    def accept_all(target_probs, draft_probs, drafts, bonus, *args):
+        return [*drafts, bonus]
+
+    monkeypatch.setattr(model_runner, "rejection_sample", accept_all)
+    drafted = _feature_tokens(speculative, prompt, **settings)
+    assert _worst_position(plain_tokens, drafted) > 1.0
 
 
 # ---- refusals ----
