@@ -80,25 +80,27 @@ REGIMES = {
         dict(block_size=8, max_num_blocks=41, max_model_len=328, num_cpu_blocks=200),
         "num_preemptions",
     ),
-    # The same small pool: the first pass's blocks are evicted to a few MiB of RAM and
-    # to disk (its directory added below), and the second pass takes them back while
-    # the pool is busy. The tiers move blocks as bytes: one model of each KV layout.
-    "tiers": (
-        dict(block_size=8, max_num_blocks=41, max_model_len=328, kv_offloading_size=0.004),
-        "kv_tier_hit_tokens",
-    ),
 }
+# The recompute regime's small pool, with the prefix cache's tiers: the first pass's
+# blocks are evicted to a few MiB of RAM and to disk (its directory added below), and
+# the second pass takes them back while the pool is busy. The tiers move blocks as
+# bytes: one model of each KV layout shows them. Not among REGIMES, which other files'
+# matrices (speculation, LoRA) share.
+TIERS = (
+    dict(block_size=8, max_num_blocks=41, max_model_len=328, kv_offloading_size=0.004),
+    "kv_tier_hit_tokens",
+)
 
 
 # Global layers only; and a sliding-window group of its own.
 TIER_FAMILIES = ("llama", "gemma3")
 
 
-@pytest.mark.parametrize("regime", sorted(REGIMES))
+@pytest.mark.parametrize("regime", [*sorted(REGIMES), "tiers"])
 def test_greedy_matches_transformers(tiny, regime, tmp_path, request):
     folder, prompts, expected = tiny
-    settings, must_happen = REGIMES[regime]
-    if "kv_offloading_size" in settings:
+    settings, must_happen = TIERS if regime == "tiers" else REGIMES[regime]
+    if regime == "tiers":
         if request.node.callspec.params["tiny"] not in TIER_FAMILIES:
             pytest.skip("the tiers are shown on one model of each KV layout")
         settings = {**settings, "kv_offloading_dir": str(tmp_path)}
