@@ -182,6 +182,19 @@ class KVCacheGroup:
                 best = k
         return best
 
+    def can_take(self, found: list[Any], num_blocks: int) -> bool:
+        """Whether ``take_cached`` can take the first ``num_blocks`` of ``found`` now:
+        each block from host RAM needs a fresh block of the pool, and each cached block
+        no sequence holds leaves the free list, so together they must fit in the free
+        blocks; and the window before a shorter prefix must be there too."""
+        kept = self.first_kept(num_blocks * self.block_size)
+        taken = found[kept:num_blocks]
+        if len(taken) < num_blocks - kept or any(entry is None for entry in taken):
+            return False
+        blocks = self.pool.blocks
+        needed = sum(1 for e in taken if not isinstance(e, int) or blocks[e].ref_count == 0)
+        return needed <= self.pool.num_free_blocks
+
     def take_cached(
         self,
         seq: Sequence,

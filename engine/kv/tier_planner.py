@@ -146,24 +146,10 @@ class TierPlanner:
         return out
 
     def affordable(self, groups: list[KVCacheGroup], found: list[list[Any]], num_hit: int) -> int:
-        """The longest prefix, up to ``num_hit`` blocks, that every group can take now:
-        each block from host RAM needs a fresh block of the pool, and each cached block
-        no sequence holds leaves the free list, so together they must fit in the free
-        blocks (a busy pool has few)."""
-
-        def fits(group: KVCacheGroup, entries: list[Any], k: int) -> bool:
-            kept = group.first_kept(k * self.block_size)
-            taken = entries[kept:k]
-            if len(taken) < k - kept or any(entry is None for entry in taken):
-                return False  # a shorter prefix needs a window block the cache lacks
-            pool = group.pool
-            needed = sum(
-                1 for e in taken if not isinstance(e, int) or pool.blocks[e].ref_count == 0
-            )
-            return needed <= pool.num_free_blocks
-
+        """The longest prefix, up to ``num_hit`` blocks, that every group's pool can
+        give now (KVCacheGroup.can_take: a busy pool has few free blocks)."""
         while num_hit > 0 and not all(
-            fits(group, entries, num_hit) for group, entries in zip(groups, found, strict=True)
+            group.can_take(entries, num_hit) for group, entries in zip(groups, found, strict=True)
         ):
             num_hit -= 1
         return num_hit

@@ -17,7 +17,8 @@ PACKAGE = "hetero_infer"
 FLOORS = [
     # settings and plain data
     {"exceptions", "choices", "sampling_params", "speculative_config", "generation_defaults",
-     "structured_output", "guided_decoding", "host_memory", "config_checks", "config"},
+     "structured_output", "guided_decoding", "thinking_budget", "host_memory", "config_checks",
+     "config"},
     {"models"},  # the model code, and how a checkpoint splits over ranks
     {"loader", "tokenizer"},  # checkpoints and tokenizers
     {"setup"},  # a config resolved on this machine
