@@ -21,22 +21,20 @@ from hetero_infer.engine.kv.block_file import file_bytes
 from tests.engine.kv.tier_engines import (
     BLOCK_SIZE,
     assert_nothing_leaked,
+    block_files,
     bytes_per_slot,
-    prompts,
     run_in_turn,
     tier_config,
+    tiny_llama_run,
 )
-from tests.tiny_models import TINY_MODELS, save_tiny_model
+from tests.tiny_models import save_tiny_model
 
 MODEL = "llama"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = save_tiny_model(MODEL, tmp_path_factory.mktemp(MODEL))
-    batch = prompts(TINY_MODELS[MODEL]().vocab_size, seed=3)
-    expected = run_in_turn(LLMEngine(tier_config(folder, MODEL)), batch)
-    return folder, batch, expected
+    return tiny_llama_run(tmp_path_factory, count=4, seed=3)
 
 
 def fill_disk(folder, batch, expected, directory) -> LLMEngine:
@@ -44,10 +42,6 @@ def fill_disk(folder, batch, expected, directory) -> LLMEngine:
     engine = LLMEngine(tier_config(folder, MODEL, ram_slots=64, disk=directory))
     assert run_in_turn(engine, batch) == expected
     return engine
-
-
-def entries(directory) -> list:
-    return sorted(directory.rglob("*.kv"))
 
 
 def serve_again(folder, batch, expected, directory) -> dict:
@@ -62,7 +56,7 @@ def serve_again(folder, batch, expected, directory) -> dict:
 def test_a_damaged_file_is_recomputed(tiny, tmp_path, damage):
     folder, batch, expected = tiny
     fill_disk(folder, batch, expected, tmp_path)
-    files = entries(tmp_path)
+    files = block_files(tmp_path)
     assert files
     for path in files:  # every file: whichever block comes first is refused
         data = bytearray(path.read_bytes())
@@ -81,13 +75,13 @@ def test_another_models_file_is_never_read(tiny, tmp_path):
     other = save_tiny_model(MODEL, tmp_path / "other", seed=1)  # same shapes, other weights
     other_dir = tmp_path / "tiers"
     fill_disk(folder, batch, expected, other_dir)
-    ours = {p.name: p for p in entries(other_dir)}
+    ours = {p.name: p for p in block_files(other_dir)}
     our_folder = next(iter(ours.values())).parent.parent
     # The other model's files for the same prompts (the directory's key names them
     # alike), copied over ours.
     other_engine = LLMEngine(tier_config(other, MODEL, ram_slots=64, disk=other_dir))
     run_in_turn(other_engine, batch)
-    theirs = [p for p in entries(other_dir) if p.parent.parent != our_folder]
+    theirs = [p for p in block_files(other_dir) if p.parent.parent != our_folder]
     assert theirs
     for path in theirs:
         if path.name in ours:
@@ -105,7 +99,7 @@ def test_a_full_disk_refuses_writes_and_serving_goes_on(tiny, tmp_path, caplog):
     stats = engine.memory_stats()
     assert stats["kv_tier_disk_write_errors"] > 1 and stats["kv_tier_disk_bytes_written"] == 0
     assert len([r for r in caplog.records if "KV disk tier" in r.message]) == 1
-    assert not entries(tmp_path) and not list(tmp_path.rglob(".tmp-*"))
+    assert not block_files(tmp_path) and not list(tmp_path.rglob(".tmp-*"))
     assert_nothing_leaked(engine)
 
 
@@ -152,7 +146,7 @@ def test_a_writer_killed_mid_write_leaves_no_entry(tiny, tmp_path):
     finally:
         writer.kill()  # SIGKILL: no cleanup runs
         writer.wait()
-    assert not entries(tmp_path)
+    assert not block_files(tmp_path)
     stats = serve_again(folder, batch, expected, tmp_path)
     assert stats["kv_tier_disk_hits"] == 0
     assert list(tmp_path.rglob(".tmp-*")) == temps  # still a temporary file, never an entry
@@ -196,7 +190,7 @@ def test_a_disk_that_fills_up_mid_file(tiny, tmp_path, monkeypatch, caplog):
     monkeypatch.undo()
     assert engine.memory_stats()["kv_tier_disk_write_errors"] > 1
     assert len([r for r in caplog.records if "KV disk tier" in r.message]) == 1
-    assert len(entries(tmp_path)) == 2 and not list(tmp_path.rglob(".tmp-*"))
+    assert len(block_files(tmp_path)) == 2 and not list(tmp_path.rglob(".tmp-*"))
     assert_nothing_leaked(engine)
     # The first two blocks written were the first prompt's first two.
     assert serve_again(folder, batch, expected, tmp_path)["kv_tier_disk_hits"] == 2
@@ -227,6 +221,6 @@ def test_two_processes_write_one_directory_at_once(tiny, tmp_path):
         for seed in ("10", "11")
     ]
     assert [w.wait(timeout=300) for w in writers] == [0, 0]
-    assert entries(tmp_path) and not list(tmp_path.rglob(".tmp-*"))
+    assert block_files(tmp_path) and not list(tmp_path.rglob(".tmp-*"))
     stats = serve_again(folder, batch, expected, tmp_path)
     assert stats["kv_tier_disk_hits"] > 0 and stats["kv_tier_disk_corrupt_files"] == 0

@@ -10,25 +10,19 @@ from hetero_infer.engine import LLMEngine
 from tests.engine.kv.tier_engines import (
     BLOCK_SIZE,
     assert_nothing_leaked,
-    prompts,
+    block_files,
     run_in_turn,
     tier_config,
+    tiny_llama_run,
 )
-from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 MODEL = "llama"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = save_tiny_model(MODEL, tmp_path_factory.mktemp(MODEL))
-    [prompt] = prompts(TINY_MODELS[MODEL]().vocab_size, count=1, seed=5)
-    [expected] = run_in_turn(LLMEngine(tier_config(folder, MODEL)), [prompt])
+    folder, [prompt], [expected] = tiny_llama_run(tmp_path_factory, count=1, seed=5)
     return folder, prompt, expected
-
-
-def files(directory) -> list:
-    return sorted(directory.rglob("*.kv"))
 
 
 def serve_again(folder, prompt, expected, directory) -> dict:
@@ -50,7 +44,7 @@ def test_a_computed_block_is_on_disk_without_an_eviction(tiny, tmp_path):
     first = LLMEngine(tier_config(folder, MODEL, ram_slots=64, disk=tmp_path))
     assert run_in_turn(first, [prompt]) == [expected]
     assert first.memory_stats()["kv_tier_ram_blocks"] == 0  # nothing evicted
-    assert len(files(tmp_path)) == (len(prompt) + len(expected) - 1) // BLOCK_SIZE
+    assert len(block_files(tmp_path)) == (len(prompt) + len(expected) - 1) // BLOCK_SIZE
     serve_again(folder, prompt, expected, tmp_path)
 
 
@@ -62,7 +56,7 @@ def test_a_stop_writes_what_disk_lacks(tiny, tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(writer, "max_pending_bytes", 0)  # every write dropped
         assert run_in_turn(first, [prompt]) == [expected]
-    assert not files(tmp_path) and first.memory_stats()["kv_tier_disk_writes_dropped"] > 0
+    assert not block_files(tmp_path) and first.memory_stats()["kv_tier_disk_writes_dropped"] > 0
     first.shutdown()
-    assert len(files(tmp_path)) == (len(prompt) + len(expected) - 1) // BLOCK_SIZE
+    assert len(block_files(tmp_path)) == (len(prompt) + len(expected) - 1) // BLOCK_SIZE
     serve_again(folder, prompt, expected, tmp_path)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
+from tests.tiny_models import TINY_MODELS, save_tiny_model
+
 BLOCK_SIZE = 4
 NUM_BLOCKS = 48  # 192 tokens: three 60-token prompts and their answers evict the first
 MAX_MODEL_LEN = 160
@@ -43,6 +45,20 @@ def tier_config(
 def prompts(vocab: int, count: int = 4, length: int = 60, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def tiny_llama_run(
+    tmp_path_factory, count: int, seed: int
+) -> tuple[Path, list[list[int]], list[list[int]]]:
+    """A tiny Llama's folder, ``count`` prompts and its outputs without tiers."""
+    folder = save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+    batch = prompts(TINY_MODELS["llama"]().vocab_size, count=count, seed=seed)
+    return folder, batch, run_in_turn(LLMEngine(tier_config(folder, "llama")), batch)
+
+
+def block_files(directory: Path) -> list[Path]:
+    """The disk tier's entries under ``directory`` (not its temporary files)."""
+    return sorted(directory.rglob("*.kv"))
 
 
 def run_in_turn(engine: LLMEngine, batch: list[list[int]]) -> list[list[int]]:
