@@ -1,20 +1,28 @@
-"""bench.report: the tables of docs/benchmarks.md are its renderers' output of the
-committed result files (no figure is copied by hand), and the renderers on made-up
-results."""
+"""bench.report: the tables and figures of README.md and docs/*.md are its renderers'
+output of the committed result files (no figure is copied by hand), and the renderers
+on made-up results."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import peers, report
 
 
-def test_the_benchmark_page_tables_are_rendered_from_the_committed_results() -> None:
-    text = report.PAGE.read_text()
-    blocks = report._BLOCK.findall(text)
-    assert blocks, f"{report.PAGE} has no generated tables"
-    assert report.render(text) == text, "run: python -m bench.report"
+def test_every_page_is_rendered_from_the_committed_results() -> None:
+    tables = figures = 0
+    for page in report.PAGES:
+        text = page.read_text()
+        tables += len(report._BLOCK.findall(text))
+        figures += len(report._FIGURE.findall(text))
+        assert report.render(text) == text, f"{page}: run python -m bench.report"
+    # Counted so that the test cannot pass on pages that lost their comments.
+    benchmarks = report.REPO_ROOT / "docs" / "benchmarks.md"
+    assert report._BLOCK.findall(benchmarks.read_text()), f"{benchmarks} has no generated tables"
+    assert tables > 0 and figures > 0, f"{tables} generated tables, {figures} figures"
 
 
 def _peers_result(ours: list[float], theirs: list[float]) -> dict:
@@ -57,3 +65,28 @@ def test_main_checks_then_rewrites_the_page_it_is_given(tmp_path: Path) -> None:
     assert report.main(["--page", str(page)]) == 0
     assert "stale" not in page.read_text()
     assert report.main(["--check", "--page", str(page)]) == 0
+
+
+def test_a_figure_is_the_number_at_its_path_then_the_range_of_its_rounds(tmp_path: Path) -> None:
+    result = {"runs": [{"ratio": 4.126, "rounds": [3.342, 5.123, 4.0]}], "share": 0.8355}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    figure = (
+        "<!-- bench.figure: r.json runs.0.ratio runs.0.rounds 0.00x -->3.83x<!-- /bench.figure -->"
+    )
+    text = (
+        f"ran {figure} as fast, at <!-- bench.figure: r.json\nshare 0% -->1%<!-- /bench.figure -->."
+    )
+    out = report.render(text, tmp_path)
+    assert ">4.13x (3.34-5.12)<" in out and ">84%<" in out and "3.83x" not in out
+    assert report.render(out, tmp_path) == out
+    assert report.render_figure({"n": 4022.3}, "n", None, "0 GB/s") == "4,022 GB/s"
+
+
+def test_a_figure_comment_that_is_malformed_or_starts_a_line_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "r.json").write_text(json.dumps({"ratio": 2.0}))
+    with pytest.raises(ValueError, match="malformed"):
+        report.render("a <!-- bench.figure: r.json ratio -->2x<!-- /bench.figure -->", tmp_path)
+    with pytest.raises(ValueError, match="starts a line"):
+        report.render("a\n<!-- bench.figure: r.json ratio 0x -->2x<!-- /bench.figure -->", tmp_path)
+    with pytest.raises(ValueError, match="no number"):
+        report.render("a <!-- bench.figure: r.json speed 0x -->2x<!-- /bench.figure -->", tmp_path)
