@@ -12,7 +12,7 @@ tokens chained to every block before them. A new sequence takes the longest cach
 prefix whose global blocks are all cached and whose sliding blocks are cached for the
 window before its end: a chat's next turn finds the last turn's blocks in both.
 
-Evicted blocks can be kept in host RAM and on disk (engine/kv/tier_planner.py). Block
+Evicted blocks can be kept in host RAM and on disk (prefix_tiers.PrefixTiers). Block
 hashes are keyed with a random key per block manager (so per process and replica), or
 the key a disk tier's directory keeps for its replicas (kv/disk_layout.py). Python's
 hash of a tuple of ints is the same in every process: unkeyed, anyone could work out
@@ -35,7 +35,7 @@ from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import BlockMoves, TierMoves
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.kv.tier_planner import TierPlanner
+    from hetero_infer.engine.core.prefix_tiers import PrefixTiers
 
 __all__ = ["Block", "BlockManager"]
 
@@ -49,7 +49,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
         num_sliding_blocks: int = 0,
-        tiers: TierPlanner | None = None,
+        tiers: PrefixTiers | None = None,
         hash_key: bytes | None = None,
     ) -> None:
         """``sliding_window``: the window of a model that mixes sliding-window layers
@@ -177,7 +177,7 @@ class BlockManager:
             self.tiers.record_lookup(num_tokens, num_hit_tokens)
 
     def waits_for_tier_reads(self, seq: Sequence) -> bool:
-        """Whether a waiting sequence waits for its prefix's disk reads (TierPlanner)."""
+        """Whether a waiting sequence waits for its prefix's disk reads (PrefixTiers)."""
         return self.tiers is not None and self.tiers.needs_reads(self, seq)
 
     def take_tier_moves(self) -> list[TierMoves]:

@@ -18,7 +18,7 @@ from hetero_infer.engine.core.block_pool import NULL_BLOCK, BlockPool
 from hetero_infer.engine.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.kv.tier_planner import TierPlanner
+    from hetero_infer.engine.core.prefix_tiers import PrefixTiers
 
 BlockPair = tuple[int, int]
 
@@ -153,7 +153,7 @@ class KVCacheGroup:
         return registered
 
     def find_cached(
-        self, hashes: list[int], token_ids: list[int], tiers: TierPlanner | None = None
+        self, hashes: list[int], token_ids: list[int], tiers: PrefixTiers | None = None
     ) -> list[Any]:
         """Per hashed block, its cached block in this group's pool, or else the tiers'
         host slot that holds it, or None; without a window, only up to the first miss
@@ -200,7 +200,7 @@ class KVCacheGroup:
         seq: Sequence,
         found: list[Any],
         num_blocks: int,
-        tiers: TierPlanner | None = None,
+        tiers: PrefixTiers | None = None,
     ) -> None:
         """Start the sequence's table with the first ``num_blocks`` cached blocks (those
         left of the window as NULL_BLOCK). An entry that is not a block id is a tier's

@@ -55,6 +55,8 @@ class TierCounters:
 
 
 class TierPlanner:
+    """The tiers' PrefixTiers (engine/core/prefix_tiers.py): host slots, then disk."""
+
     def __init__(
         self, num_groups: int, num_slots: int, block_size: int, disk: DiskLayout | None
     ) -> None:

@@ -23,10 +23,12 @@ FLOORS = [
     {"loader", "tokenizer"},  # checkpoints and tokenizers
     {"setup"},  # a config resolved on this machine
     {"lora"},  # LoRA adapters: read, checked, in slots beside the model's projections
-    # scheduling (pure Python): sequences, blocks, speculation's drafts; beside it the
-    # prefix cache's RAM and disk tiers, whose planner the block manager drives (their
-    # store, which moves the bytes, is the runner's)
-    {"core", "kv"},
+    # scheduling (pure Python): sequences, blocks, speculation's drafts; the prefix
+    # cache's tiers as a protocol (core/prefix_tiers.py) the block manager drives
+    {"core"},
+    # the prefix cache's RAM and disk tiers: the planner that implements that protocol,
+    # and the store that moves the bytes, which is the runner's
+    {"kv"},
     {"distributed"},  # tensor parallelism's communication
     {"worker"},  # the runner: the model, its KV cache, sampling, drafts' verification
     {"executor"},  # tensor-parallel ranks: started, and serving rank 0's commands

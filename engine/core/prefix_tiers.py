@@ -1,0 +1,58 @@
+"""What the block manager asks of the prefix cache's tiers (host RAM, disk), as a
+protocol: the scheduling core drives them without knowing how they keep blocks
+(engine/kv/tier_planner.py implements it). A tier's hit is opaque here: a lookup puts
+it among a group's found blocks, and ``load`` turns it into a block of the pool.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hetero_infer.engine.core.block_pool import BlockPool
+from hetero_infer.engine.core.step_data import TierMoves
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.core.block_manager import BlockManager
+    from hetero_infer.engine.core.kv_cache_group import KVCacheGroup
+    from hetero_infer.engine.core.sequence import Sequence
+
+# A block just computed into the prefix cache: (block id, block hash, its token ids).
+Registered = tuple[int, int, tuple[int, ...]]
+
+
+class PrefixTiers(Protocol):
+    def attach(self, pools: list[BlockPool]) -> None:
+        """Take each group's pool's evicted blocks from now on (BlockPool.on_evict)."""
+
+    def persist(self, group: int, registered: list[Registered]) -> None:
+        """Blocks just computed into the group's prefix cache, to keep past a restart."""
+
+    def unsaved_moves(self, pools: list[BlockPool]) -> list[TierMoves]:
+        """At a stop: the moves that keep every block not kept yet."""
+
+    def find(
+        self, group: int, found: list[Any], hashes: list[int], token_ids: list[int], window: bool
+    ) -> list[Any]:
+        """``found`` (the pool's hits, None for a miss) with the tiers' hits filling
+        misses; without a window, up to the first block neither holds."""
+
+    def affordable(self, groups: list[KVCacheGroup], found: list[list[Any]], num_hit: int) -> int:
+        """The longest prefix, up to ``num_hit`` blocks, every group's pool can give now."""
+
+    def load(self, group: int, pool: BlockPool, hit: Any) -> int:
+        """A fresh block of the pool for a tier's hit, filled before the next forward pass."""
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """An admitted sequence's lookup, for the counts."""
+
+    def needs_reads(self, bm: BlockManager, seq: Sequence) -> bool:
+        """Whether a waiting sequence waits a step for its prefix's slower tier."""
+
+    def reads_done(self, results: tuple[tuple[int, int, bool], ...]) -> None:
+        """The runner's word on the step's reads: (group, hash, good) each."""
+
+    def take_moves(self) -> list[TierMoves]:
+        """The step's moves, per group that has any."""
+
+    def stats(self) -> dict[str, int]:
+        """Counts for LLMEngine.memory_stats."""
