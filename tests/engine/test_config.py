@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def test_bad_values_name_the_field(field, value):
         EngineConfig(**{field: value})
 
 
-def test_repo_config_json_loads():
-    config = EngineConfig.from_file(REPO / "config.json")
-    assert config == EngineConfig()
+def test_repo_config_json_holds_every_setting_at_its_default():
+    path = REPO / "config.json"
+    names = [field.name for field in dataclasses.fields(EngineConfig)]
+    assert list(json.loads(path.read_text())) == names
+    assert EngineConfig.from_file(path) == EngineConfig()
 
 
 def test_from_file_names_file_and_key(tmp_path):
