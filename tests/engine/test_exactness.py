@@ -81,6 +81,26 @@ REGIMES = {
         "num_preemptions",
     ),
 }
+# The matrices built on REGIMES for a feature around the forward pass (speculation,
+# LoRA) run every regime on one model of each KV layout (global layers only; a
+# sliding-window group of its own), and one regime on each other family, in turn: the
+# feature's code is the same for every family, whose forward pass
+# test_greedy_matches_transformers shows under every regime.
+EVERY_REGIME = ("llama", "gemma3")
+
+
+def skip_outside_family_regimes(family: str, regime: str, families: list[str]) -> None:
+    """Skip unless ``family`` runs ``regime`` in such a matrix over ``families``: every
+    regime for EVERY_REGIME's, one each for the rest, taking the regimes in turn so
+    that each meets several families."""
+    if family in EVERY_REGIME:
+        return
+    regimes = sorted(REGIMES)
+    others = [f for f in families if f not in EVERY_REGIME]
+    if regime != regimes[others.index(family) % len(regimes)]:
+        pytest.skip(f"{regime} is shown on other families (EVERY_REGIME, and one each)")
+
+
 # The recompute regime's small pool, with the prefix cache's tiers: the first pass's
 # blocks are evicted to a few MiB of RAM and to disk (its directory added below), and
 # the second pass takes them back while the pool is busy. The tiers move blocks as

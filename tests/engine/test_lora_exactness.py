@@ -1,8 +1,9 @@
 """LoRA adapters mixed in one batch: greedy fp32 output equals transformers on PEFT's
 merged weights, token for token, for each adapter and for the base model's rows beside
-them, under every scheduling regime of test_exactness (plain, chunked prefill,
-preemption by recompute and by swap) and with prefix-cache hits (a second pass), on
-prompts that share a prefix across adapters.
+them, under the scheduling regimes of test_exactness (plain, chunked prefill, preemption by
+recompute and by swap; every regime on one model of each KV layout, one on Qwen2:
+skip_outside_family_regimes) and with prefix-cache hits (a second pass), on prompts
+that share a prefix across adapters.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.engine.test_exactness import (
     REGIMES,
     random_prompts,
     shared_prefix_prompts,
+    skip_outside_family_regimes,
 )
 from tests.lora_adapters import merged_model, save_adapter
 from tests.reference import transformers_greedy
@@ -74,7 +76,8 @@ def lora_engine(folder, adapters, **settings) -> LLMEngine:
 
 
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_mixed_adapters_match_merged_weights(lora_case, regime):
+def test_mixed_adapters_match_merged_weights(lora_case, regime, request):
+    skip_outside_family_regimes(request.node.callspec.params["lora_case"], regime, MODELS)
     folder, adapters, prompts, assigned, expected = lora_case
     settings, must_happen = REGIMES[regime]
     engine = lora_engine(folder, adapters, **settings)

@@ -1,7 +1,8 @@
 """Speculative decoding (n-gram drafts) on the tiny models, in fp32.
 
 Greedy output equals transformers' token for token under every scheduling regime of
-test_exactness, with drafts proposed, accepted and rejected (a logit bias makes the
+test_exactness (every regime on one model of each KV layout, one on each other family:
+skip_outside_family_regimes), with drafts proposed, accepted and rejected (a logit bias makes the
 random models repeat themselves, which the proposer picks up). With sampling features
 (penalties, logprobs, stop tokens and strings, min_tokens, max_tokens, n > 1, seeds)
 the tokens are the same with and without drafts. Unseeded sampling keeps the target
@@ -21,7 +22,7 @@ import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.worker import model_runner
 
-from tests.engine.test_exactness import EOS, REGIMES
+from tests.engine.test_exactness import EOS, REGIMES, skip_outside_family_regimes
 from tests.reference import transformers_greedy
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
@@ -89,7 +90,9 @@ def greedy_with_and_without_loops(
 
 
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_greedy_with_drafts_matches_transformers(tiny, regime):
+def test_greedy_with_drafts_matches_transformers(tiny, regime, request):
+    family = request.node.callspec.params["tiny"]
+    skip_outside_family_regimes(family, regime, sorted(TINY_MODELS))
     folder, prompts, params, expected = tiny
     settings, must_happen = REGIMES[regime]
     config = EngineConfig(model=str(folder), dtype="float32", speculative_config=SPEC, **settings)

@@ -1,13 +1,15 @@
 """Speculative decoding with a draft model, on the tiny models in fp32.
 
-Greedy output equals transformers' token for token under every scheduling regime of
+Greedy output equals transformers' token for token under the scheduling regimes of
 test_exactness (chunked prefill, preemption by recompute and by swap, prefix-cache
-hits on the second pass), with the target itself as the draft (nearly every draft
-accepted) and with a perturbed copy of it (drafts partly accepted). With sampling
+hits on the second pass; every regime on one model of each KV layout, one on each
+other family: skip_outside_family_regimes), with a perturbed copy of the target as the
+draft (drafts partly accepted) and, on the models of each KV layout, the target itself
+(nearly every draft accepted: whole drafts and their bonus tokens). With sampling
 features the greedy tokens are plain decoding's, seeded sampling repeats itself, and
-the logprobs of rejection-sampled tokens are the target's. Sampling keeps the
-target's distribution with a draft whose distribution differs (a chi-square test that
-a verifier accepting every draft fails), with temperature and bias and with each of
+the logprobs of rejection-sampled tokens are the target's. Sampling keeps the target's
+distribution with a draft whose distribution differs (a chi-square test that a
+verifier accepting every draft fails), with temperature and bias and with each of
 top-k, top-p, min-p and the presence, frequency and repetition penalties. A draft
 model with another vocabulary, tokenizer or length is refused at start-up.
 """
@@ -23,7 +25,12 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.worker import model_runner
 
-from tests.engine.test_exactness import EOS, REGIMES
+from tests.engine.test_exactness import (
+    EOS,
+    EVERY_REGIME,
+    REGIMES,
+    skip_outside_family_regimes,
+)
 from tests.engine.test_spec_decode import (
     BIASED,
     CANDIDATES,
@@ -62,7 +69,11 @@ def tiny(request, tmp_path_factory):
 
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_greedy_with_a_draft_model_matches_transformers(tiny, regime, draft):
+def test_greedy_with_a_draft_model_matches_transformers(tiny, regime, draft, request):
+    family = request.node.callspec.params["tiny"]
+    skip_outside_family_regimes(family, regime, sorted(TINY_MODELS))
+    if draft == "itself" and family not in EVERY_REGIME:
+        pytest.skip("the target as its own draft is accepted whole whatever the family")
     folder, drafts, prompts, params, expected = tiny
     settings, must_happen = REGIMES[regime]
     config = EngineConfig(
@@ -328,20 +339,19 @@ SMOLLM2_QUESTIONS = [
     "List the days of the week.",
     "What is the capital of France?",
 ]
-# Plain, and a small cache with a small step budget: chunked prompts and preemption.
-SMOLLM2_REGIMES = [
-    {},
-    dict(block_size=8, max_num_blocks=16, max_model_len=128, max_num_batched_tokens=48),
-]
+# A small cache with a small step budget: chunked prompts and preemption, beside
+# whole steps of drafts (the tiny models show every regime apart).
+SMOLLM2_SETTINGS = dict(
+    block_size=8, max_num_blocks=16, max_model_len=128, max_num_batched_tokens=48
+)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("settings", SMOLLM2_REGIMES, ids=["plain", "chunked-preempted"])
-def test_smollm2_greedy_with_its_quantized_self_as_the_draft(settings):
+def test_smollm2_greedy_with_its_quantized_self_as_the_draft():
     """The target dequantized to fp32, the draft the same GGUF kept in Q4_1 ("default",
     the embedded model): the tokens are the target's alone, and the draft, close to it,
     is accepted most of the time."""
-    config = EngineConfig(dtype="float32", quantization="none", **settings)
+    config = EngineConfig(dtype="float32", quantization="none", **SMOLLM2_SETTINGS)
     plain = LLMEngine(config)
     prompts = [
         plain.tokenizer.apply_chat_template([{"role": "user", "content": question}])
@@ -357,6 +367,5 @@ def test_smollm2_greedy_with_its_quantized_self_as_the_draft(settings):
         assert out.token_ids == ref.token_ids
     stats = speculative.metrics.spec_decode
     assert stats.acceptance_rate > 0.5, stats
-    if settings:
-        assert speculative.metrics.num_preemptions > 0
+    assert speculative.metrics.num_preemptions > 0
     assert speculative.memory_stats()["used_blocks"] == 0
