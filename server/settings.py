@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetero_infer.engine.config import EngineConfig
-from hetero_infer.server.openai.reasoning import REASONING_PARSERS
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS
+from hetero_infer.server.serving.reasoning import REASONING_PARSERS
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The name the project's own examples send, answered by default beside the model's.

@@ -65,7 +65,7 @@ BYTE_FALLBACK_VOCAB_SIZE = 384
 # It renders the tools, as real templates do, but in a line that does not grow with
 # them: the tiny models' contexts are 512 tokens, and the constraint tests send
 # thousands of tools for the grammar. (A template that renders none gets the generic
-# tool prompt, server/openai/tool_prompt.py, tested on SmolLM2's.)
+# tool prompt, server/serving/tool_prompt.py, tested on SmolLM2's.)
 CHAT_TEMPLATE = (
     "<s>{% if tools %}tools: {{ tools[0]['function']['name'] }} and {{ tools | length - 1 }}"
     " more\n{% endif %}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

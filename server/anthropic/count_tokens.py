@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hetero_infer.server.anthropic.chat_translation import chat_request
 from hetero_infer.server.anthropic.messages_request import CountTokensRequest
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> int:

@@ -19,8 +19,8 @@ from hetero_infer.server.anthropic.chat_translation import chat_request
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat import ChatCompletion
-from hetero_infer.server.openai.chat_output import MessageDelta, tool_calls_body
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.chat_output import MessageDelta, tool_calls_body
+from hetero_infer.server.serving.request_context import RequestContext
 from pydantic_core import from_json
 
 

@@ -32,8 +32,8 @@ from hetero_infer.server.anthropic.messages import (
 )
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.json_line import json_line
-from hetero_infer.server.openai.chat_output import MessageDelta
-from hetero_infer.server.openai.responses import prepend
+from hetero_infer.server.serving.answer_parts import prepend
+from hetero_infer.server.serving.chat_output import MessageDelta
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 # (event name, data)

@@ -22,7 +22,7 @@ from hetero_infer.server.anthropic.errors import AnthropicRoute
 from hetero_infer.server.anthropic.messages import AnthropicMessage
 from hetero_infer.server.anthropic.messages_request import CountTokensRequest, MessagesRequest
 from hetero_infer.server.anthropic.messages_stream import respond
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.request_context import RequestContext
 
 router = APIRouter(route_class=AnthropicRoute, tags=["anthropic"])
 

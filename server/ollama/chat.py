@@ -18,11 +18,11 @@ from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import ChatRequest, OllamaMessage
 from hetero_infer.server.ollama.sampling import engine_request, openai_fields, validated
 from hetero_infer.server.ollama.thinking import thinking
-from hetero_infer.server.openai.chat_output import ChatOutputParser
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
-from hetero_infer.server.openai.reasoning import reasoning_parser
-from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tool_choice import tool_use
+from hetero_infer.server.serving.chat_output import ChatOutputParser
+from hetero_infer.server.serving.reasoning import reasoning_parser
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation:

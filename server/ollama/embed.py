@@ -16,8 +16,8 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import nanoseconds
 from hetero_infer.server.ollama.request_bodies import EmbedRequest
 from hetero_infer.server.openai.embedding_request import MAX_EMBEDDING_INPUTS
-from hetero_infer.server.openai.responses import new_id
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 async def embed(ctx: RequestContext, body: EmbedRequest, model: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ none is given. The served names answer with or without ``:latest``."""
 from __future__ import annotations
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.serving import MAX_ECHOED_NAME
+from hetero_infer.server.serving.request_context import MAX_ECHOED_NAME
 from hetero_infer.server.settings import ServerSettings
 
 LATEST = ":latest"

@@ -15,7 +15,7 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.json_line import json_line
 from hetero_infer.server.ollama.errors import error_body, error_response
 from hetero_infer.server.ollama.generation import Body, Generation
-from hetero_infer.server.openai.responses import prepend
+from hetero_infer.server.serving.answer_parts import prepend
 
 NDJSON = "application/x-ndjson"
 

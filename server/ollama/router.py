@@ -38,7 +38,7 @@ from hetero_infer.server.ollama.request_bodies import (
     GenerateRequest,
     ShowRequest,
 )
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.request_context import RequestContext
 
 router = APIRouter(route_class=OllamaRoute, tags=["ollama"])
 

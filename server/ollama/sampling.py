@@ -15,9 +15,9 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTo
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.options import SAMPLING_FIELDS, option_name
 from hetero_infer.server.ollama.request_bodies import GenerationBody
-from hetero_infer.server.openai.responses import new_id
 from hetero_infer.server.openai.sampling_fields import SamplingFields
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.request_context import RequestContext
 from pydantic import ValidationError as PydanticValidationError
 
 F = TypeVar("F", bound=SamplingFields)

@@ -21,25 +21,20 @@ from hetero_infer.engine.beam_search import BeamSearchParams, num_candidates
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_output import (
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
+from hetero_infer.server.openai.completions import beam_finals, beam_outputs
+from hetero_infer.server.openai.logprobs import LogprobsFormatter
+from hetero_infer.server.openai.responses import Chunk, completion_body, usage
+from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
+from hetero_infer.server.serving.answer_parts import new_id, prepend
+from hetero_infer.server.serving.chat_output import (
     ChatOutputParser,
     MessageDelta,
     tool_calls_body,
     tool_calls_delta,
 )
-from hetero_infer.server.openai.chat_request import ChatCompletionRequest
-from hetero_infer.server.openai.completions import beam_finals, beam_outputs
-from hetero_infer.server.openai.logprobs import LogprobsFormatter
-from hetero_infer.server.openai.reasoning import reasoning_parser
-from hetero_infer.server.openai.responses import (
-    Chunk,
-    completion_body,
-    new_id,
-    prepend,
-    usage,
-)
-from hetero_infer.server.openai.serving import RequestContext
-from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
+from hetero_infer.server.serving.reasoning import reasoning_parser
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 class ChatCompletion:

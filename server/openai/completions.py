@@ -28,8 +28,9 @@ from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.openai.logprobs import Entry, LogprobsFormatter
-from hetero_infer.server.openai.responses import Chunk, completion_body, new_id, usage
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.openai.responses import Chunk, completion_body, usage
+from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 @dataclass

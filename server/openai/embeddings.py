@@ -13,8 +13,8 @@ from typing import Any
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.embedding_request import EmbeddingRequest
-from hetero_infer.server.openai.responses import new_id
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 class Embeddings:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.request_body import RequestBody
 
@@ -66,11 +65,3 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
     except ValueError as exc:  # not loaded: a 404
         raise APIError.from_exception(exc) from exc
     return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
-
-
-def resolve_adapter(request: Request, model: str | None) -> LoRARequest | None:
-    """The loaded adapter a request's ``model`` names, or None."""
-    engine = request.app.state.server.engine
-    if model is None or engine is None or engine.lora is None:
-        return None
-    return engine.lora.resolve(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_infer.server.openai.responses import new_id, now
+from hetero_infer.server.serving.answer_parts import new_id, now
 from hetero_infer.server.settings import ServerSettings
 
 OWNER = "hetero-paged-infer"

@@ -1,5 +1,5 @@
 """The shapes both completion routes answer in: the completion body (whole or one
-chunk), usage, ids, and the SSE stream of chunks.
+chunk), usage, and the SSE stream of chunks (ids and timestamps: serving/answer_parts.py).
 
 A stream is ``data: {chunk}`` per chunk and ``data: [DONE]`` at the end. Its status
 line waits for the first chunk, so a request refused before its first output still
@@ -9,21 +9,19 @@ gets its status code; an error after the status line has gone out comes in-band,
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.errors import APIError, error_response
 from hetero_infer.server.json_line import json_line
+from hetero_infer.server.serving.answer_parts import now, prepend
 from sse_starlette.sse import EventSourceResponse
 
 if TYPE_CHECKING:
-    from hetero_infer.server.openai.serving import RequestContext
+    from hetero_infer.server.serving.request_context import RequestContext
 
 Chunk = dict[str, Any]
-T = TypeVar("T")
 
 
 class Answer(Protocol):
@@ -52,13 +50,6 @@ async def respond(answer: Answer, stream: bool) -> Response:
     return sse_response(chunks if first is None else prepend(first, chunks))
 
 
-async def prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``first``, then the items of ``rest``."""
-    yield first
-    async for item in rest:
-        yield item
-
-
 def completion_body(
     object_type: str,
     completion_id: str,
@@ -85,14 +76,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
 
 
 def sse_response(chunks: AsyncIterator[Chunk]) -> EventSourceResponse:

@@ -19,8 +19,6 @@ from hetero_infer.engine.exceptions import EngineError
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat import ChatCompletion
-from hetero_infer.server.openai.chat_output import MessageDelta
-from hetero_infer.server.openai.responses import now, prepend
 from hetero_infer.server.openai.responses_api_items import (
     chat_messages,
     item_dicts,
@@ -29,7 +27,9 @@ from hetero_infer.server.openai.responses_api_items import (
 from hetero_infer.server.openai.responses_api_output import Event, OutputItems, item_id
 from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_store import ResponseStore, StoredResponse
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.answer_parts import now, prepend
+from hetero_infer.server.serving.chat_output import MessageDelta
+from hetero_infer.server.serving.request_context import RequestContext
 
 # The chat request's field names -> the Responses API's, for errors.
 _RENAMED_PARAMS = {

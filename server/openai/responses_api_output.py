@@ -23,8 +23,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from hetero_infer.server.openai.chat_output import MessageDelta
-from hetero_infer.server.openai.tool_parsers import ToolCallDelta
+from hetero_infer.server.serving.chat_output import MessageDelta
+from hetero_infer.server.serving.tool_parsers import ToolCallDelta
 
 Event = dict[str, Any]
 

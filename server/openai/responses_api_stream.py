@@ -16,7 +16,8 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from hetero_infer.server.errors import APIError, error_response
 from hetero_infer.server.json_line import json_line
-from hetero_infer.server.openai.responses import Answer, prepend
+from hetero_infer.server.openai.responses import Answer
+from hetero_infer.server.serving.answer_parts import prepend
 from sse_starlette.sse import EventSourceResponse
 
 Event = dict[str, Any]

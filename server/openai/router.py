@@ -44,8 +44,8 @@ from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_stream import respond_events
 from hetero_infer.server.openai.scoring import rerank, score
 from hetero_infer.server.openai.scoring_request import RerankRequest, ScoreRequest
-from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
+from hetero_infer.server.serving.request_context import RequestContext
 
 router = APIRouter()
 

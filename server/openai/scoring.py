@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.responses import new_id, now
 from hetero_infer.server.openai.scoring_request import RerankRequest, ScoreRequest
-from hetero_infer.server.openai.serving import RequestContext
+from hetero_infer.server.serving.answer_parts import new_id, now
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 async def embed(

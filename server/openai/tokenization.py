@@ -7,8 +7,8 @@ from typing import Any
 from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import template_messages
-from hetero_infer.server.openai.serving import RequestContext
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
+from hetero_infer.server.serving.request_context import RequestContext
 
 
 def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from hetero_infer.server.openai.chat_request import (
     FunctionDefinition,
     NamedToolChoice,
 )
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS, ToolParser
-from hetero_infer.server.openai.tool_parsers.constrained import (
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS, ToolParser
+from hetero_infer.server.serving.tool_parsers.constrained import (
     NamedToolCallParser,
     RequiredToolCallsParser,
 )

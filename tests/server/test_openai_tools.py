@@ -7,7 +7,7 @@ A random model writes garbage unless constrained, so what is tested how:
 - tool_choice "auto" runs the server's parser (llama3_json here) over what the model
   wrote: a response_format makes the model write a call in that format, and without
   one its plain answer comes back as content, equal to the greedy text. Each parser's
-  reading of every shape is unit-tested in tests/server/openai/tool_parsers;
+  reading of every shape is unit-tested in tests/server/serving/tool_parsers;
 - a conversation with earlier calls and their results is rendered by the template
   (the prompt's token count says so) and answered;
 - reasoning (deepseek_r1): the model's text, never closing its thinking, is

@@ -11,8 +11,8 @@ from hetero_infer.server.anthropic.messages import ending, tool_input
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.anthropic.messages_stream import BlockEvents
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_output import MessageDelta
-from hetero_infer.server.openai.tool_parsers import ToolCallDelta
+from hetero_infer.server.serving.chat_output import MessageDelta
+from hetero_infer.server.serving.tool_parsers import ToolCallDelta
 from pydantic import ValidationError
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -12,7 +12,6 @@ import pytest
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.server.app import build_app
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_output import MessageDelta
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.responses_api import _renamed
 from hetero_infer.server.openai.responses_api_items import (
@@ -24,7 +23,8 @@ from hetero_infer.server.openai.responses_api_output import OutputItems
 from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_store import ResponseStore, StoredResponse
 from hetero_infer.server.openai.responses_api_stream import _encoded, respond_events
-from hetero_infer.server.openai.tool_parsers import ToolCallDelta
+from hetero_infer.server.serving.chat_output import MessageDelta
+from hetero_infer.server.serving.tool_parsers import ToolCallDelta
 from hetero_infer.server.settings import ServerSettings
 
 # ---- OutputItems ----

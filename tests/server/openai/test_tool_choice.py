@@ -8,8 +8,8 @@ import pytest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.tool_choice import NO_PARAMETERS, tool_use
-from hetero_infer.server.openai.tool_parsers.constrained import NamedToolCallParser
-from hetero_infer.server.openai.tool_parsers.mistral import MistralToolParser
+from hetero_infer.server.serving.tool_parsers.constrained import NamedToolCallParser
+from hetero_infer.server.serving.tool_parsers.mistral import MistralToolParser
 from hetero_infer.server.settings import ServerSettings
 
 PARAMETERS = {"type": "object", "properties": {"x": {"type": "integer"}}}

@@ -7,8 +7,8 @@ object; with ``required`` it makes a JSON array of ``{"name", "parameters"}`` ob
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import ParsedText, ToolParser
-from hetero_infer.server.openai.tool_parsers.json_call import JsonCallArray
+from hetero_infer.server.serving.tool_parsers.base import ParsedText, ToolParser
+from hetero_infer.server.serving.tool_parsers.json_call import JsonCallArray
 
 
 class NamedToolCallParser(ToolParser):

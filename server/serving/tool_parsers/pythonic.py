@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from hetero_infer.server.openai.tool_parsers.base import (
+from hetero_infer.server.serving.tool_parsers.base import (
     Call,
     ParsedText,
     StateMachineToolParser,

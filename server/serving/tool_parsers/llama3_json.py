@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 
-from hetero_infer.server.openai.tool_parsers.base import (
+from hetero_infer.server.serving.tool_parsers.base import (
     Call,
     ParsedText,
     StateMachineToolParser,
 )
-from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
+from hetero_infer.server.serving.tool_parsers.json_call import JsonCall
 
 PYTHON_TAG = "<|python_tag|>"
 _NAME_KEY = '"name"'

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS
-from hetero_infer.server.openai.tool_prompt import with_tool_prompt
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
+from hetero_infer.server.serving.tool_prompt import with_tool_prompt
 
 WEATHER = {
     "type": "function",

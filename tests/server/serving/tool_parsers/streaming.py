@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from hetero_infer.server.openai.chat_output import tool_calls_body
-from hetero_infer.server.openai.tool_parsers import ParsedText, ToolCallDelta, ToolParser
+from hetero_infer.server.serving.chat_output import tool_calls_body
+from hetero_infer.server.serving.tool_parsers import ParsedText, ToolCallDelta, ToolParser
 
 Call = tuple[str, str]  # (name, arguments)
 

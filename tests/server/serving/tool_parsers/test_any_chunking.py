@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import random
 
-from hetero_infer.server.openai.reasoning import REASONING_PARSERS, ReasoningDelta, reasoning_parser
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS
-from hetero_infer.server.openai.tool_parsers.constrained import RequiredToolCallsParser
+from hetero_infer.server.serving.reasoning import (
+    REASONING_PARSERS,
+    ReasoningDelta,
+    reasoning_parser,
+)
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
+from hetero_infer.server.serving.tool_parsers.constrained import RequiredToolCallsParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.server.openai.tool_parsers.streaming import random_pieces, run
+from tests.server.serving.tool_parsers.streaming import random_pieces, run
 
 FRAGMENTS = [
     "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<think>", "</think>",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.constrained import (
+from hetero_infer.server.serving.tool_parsers.constrained import (
     NamedToolCallParser,
     RequiredToolCallsParser,
 )
 
-from tests.server.openai.tool_parsers.streaming import check_parse
+from tests.server.serving.tool_parsers.streaming import check_parse
 
 
 def test_named() -> None:

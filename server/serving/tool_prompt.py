@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS, ToolParser
-from hetero_infer.server.openai.tool_parsers.base import Call
-from hetero_infer.server.openai.tool_parsers.hermes import HermesToolParser
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS, ToolParser
+from hetero_infer.server.serving.tool_parsers.base import Call
+from hetero_infer.server.serving.tool_parsers.hermes import HermesToolParser
 
 TOOL_PROMPT = """You can call the following tools. Each is a JSON object with the \
 tool's name, what it does, and a JSON schema of its arguments:

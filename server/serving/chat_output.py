@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.server.openai.reasoning import ThinkTagParser
-from hetero_infer.server.openai.tool_parsers import ParsedText, ToolCallDelta, ToolParser
+from hetero_infer.server.serving.reasoning import ThinkTagParser
+from hetero_infer.server.serving.tool_parsers import ParsedText, ToolCallDelta, ToolParser
 
 
 @dataclass

@@ -3,15 +3,15 @@ shapes of tool calls in whole bodies and stream chunks."""
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.chat_output import (
+from hetero_infer.server.serving.chat_output import (
     ChatOutputParser,
     MessageDelta,
     tool_calls_body,
     tool_calls_delta,
 )
-from hetero_infer.server.openai.reasoning import reasoning_parser
-from hetero_infer.server.openai.tool_parsers import ToolCallDelta
-from hetero_infer.server.openai.tool_parsers.hermes import HermesToolParser
+from hetero_infer.server.serving.reasoning import reasoning_parser
+from hetero_infer.server.serving.tool_parsers import ToolCallDelta
+from hetero_infer.server.serving.tool_parsers.hermes import HermesToolParser
 
 TEXT = (
     "<think>Weather needs the tool.</think>\n\n"

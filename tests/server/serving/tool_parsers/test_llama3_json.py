@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hetero_infer.server.openai.tool_parsers.llama3_json import Llama3JsonToolParser
+from hetero_infer.server.serving.tool_parsers.llama3_json import Llama3JsonToolParser
 
-from tests.server.openai.tool_parsers.streaming import check_parse
+from tests.server.serving.tool_parsers.streaming import check_parse
 
 
 @pytest.mark.parametrize(

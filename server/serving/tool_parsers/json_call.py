@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hetero_infer.server.openai.tool_parsers.base import ToolCallDelta, ToolParser
+    from hetero_infer.server.serving.tool_parsers.base import ToolCallDelta, ToolParser
 
 # llama3_json and vLLM's required-choice schema say "parameters"; the others "arguments".
 ARGUMENT_KEYS = ("arguments", "parameters")

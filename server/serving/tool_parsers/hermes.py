@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
-from hetero_infer.server.openai.tool_parsers.base import (
+from hetero_infer.server.serving.tool_parsers.base import (
     Call,
     ParsedText,
     StateMachineToolParser,
     split_at_marker,
 )
-from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
+from hetero_infer.server.serving.tool_parsers.json_call import JsonCall
 
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from hetero_infer.server.openai.reasoning import ReasoningDelta, reasoning_parser
+from hetero_infer.server.serving.reasoning import ReasoningDelta, reasoning_parser
 
-from tests.server.openai.tool_parsers.streaming import random_pieces
+from tests.server.serving.tool_parsers.streaming import random_pieces
 
 
 def split(name: str, pieces: list[str]) -> tuple[str, str]:

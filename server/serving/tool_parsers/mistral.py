@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 
-from hetero_infer.server.openai.tool_parsers.base import (
+from hetero_infer.server.serving.tool_parsers.base import (
     Call,
     ParsedText,
     ToolParser,
     split_at_marker,
 )
-from hetero_infer.server.openai.tool_parsers.json_call import JsonCallArray
+from hetero_infer.server.serving.tool_parsers.json_call import JsonCallArray
 
 MARKER = "[TOOL_CALLS]"
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hetero_infer.server.openai.tool_parsers import ParsedText
-from hetero_infer.server.openai.tool_parsers.hermes import HermesToolParser
+from hetero_infer.server.serving.tool_parsers import ParsedText
+from hetero_infer.server.serving.tool_parsers.hermes import HermesToolParser
 
-from tests.server.openai.tool_parsers.streaming import check_parse
+from tests.server.serving.tool_parsers.streaming import check_parse
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

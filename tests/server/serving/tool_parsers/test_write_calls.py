@@ -8,11 +8,11 @@ import keyword
 import random
 
 import pytest
-from hetero_infer.server.openai.tool_parsers import TOOL_PARSERS
+from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.server.openai.tool_parsers.streaming import random_pieces, run
+from tests.server.serving.tool_parsers.streaming import random_pieces, run
 
 # Identifiers, as function and parameter names are (pythonic's calls cannot name a
 # keyword argument after a Python keyword).

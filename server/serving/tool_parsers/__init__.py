@@ -6,15 +6,15 @@ Each reads one choice's text, whole or streamed, into content and tool calls
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.tool_parsers.base import (
+from hetero_infer.server.serving.tool_parsers.base import (
     ParsedText,
     ToolCallDelta,
     ToolParser,
 )
-from hetero_infer.server.openai.tool_parsers.hermes import HermesToolParser
-from hetero_infer.server.openai.tool_parsers.llama3_json import Llama3JsonToolParser
-from hetero_infer.server.openai.tool_parsers.mistral import MistralToolParser
-from hetero_infer.server.openai.tool_parsers.pythonic import PythonicToolParser
+from hetero_infer.server.serving.tool_parsers.hermes import HermesToolParser
+from hetero_infer.server.serving.tool_parsers.llama3_json import Llama3JsonToolParser
+from hetero_infer.server.serving.tool_parsers.mistral import MistralToolParser
+from hetero_infer.server.serving.tool_parsers.pythonic import PythonicToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     parser.name: parser

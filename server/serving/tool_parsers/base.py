@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from hetero_infer.engine.frontend.stop_strings import partial_match_length
 
 if TYPE_CHECKING:
-    from hetero_infer.server.openai.tool_parsers.json_call import JsonCall
+    from hetero_infer.server.serving.tool_parsers.json_call import JsonCall
 
 
 @dataclass
@@ -113,7 +113,7 @@ class ToolParser(ABC):
     def write_calls(cls, calls: list[Call]) -> str:
         """The calls as the model writes them in this format, which the parser reads
         back as those calls: for prompts that show the model the format (a template
-        that renders no tools, server/openai/tool_prompt.py)."""
+        that renders no tools, server/serving/tool_prompt.py)."""
         raise TypeError(f"the {cls.name} parser reads calls it does not write")
 
     def __init__(self) -> None:

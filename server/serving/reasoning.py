@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero_infer.server.openai.tool_parsers.base import split_at_marker
+from hetero_infer.server.serving.tool_parsers.base import split_at_marker
 
 THINK_START = "<think>"
 THINK_END = "</think>"

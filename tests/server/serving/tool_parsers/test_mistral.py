@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hetero_infer.server.openai.tool_parsers.mistral import MistralToolParser
+from hetero_infer.server.serving.tool_parsers.mistral import MistralToolParser
 
-from tests.server.openai.tool_parsers.streaming import check_parse
+from tests.server.serving.tool_parsers.streaming import check_parse
 
 CALLS = '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
 

@@ -21,10 +21,9 @@ from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.lora import resolve_adapter
-from hetero_infer.server.openai.reasoning import THINK_END, THINK_START
-from hetero_infer.server.openai.tool_prompt import with_tool_prompt
 from hetero_infer.server.server_metrics import ServerMetrics
+from hetero_infer.server.serving.reasoning import THINK_END, THINK_START
+from hetero_infer.server.serving.tool_prompt import with_tool_prompt
 from hetero_infer.server.settings import ServerSettings
 
 T = TypeVar("T")
@@ -55,7 +54,8 @@ class RequestContext:
     model_name: str  # the name responses report
     connection: Request
     settings: ServerSettings
-    # The LoRA adapter ``model`` names (server/openai/lora.py), None for the base model.
+    # The LoRA adapter ``model`` names (loaded through server/openai/lora.py's routes),
+    # None for the base model.
     lora: LoRARequest | None = None
 
     @classmethod
@@ -64,7 +64,7 @@ class RequestContext:
         LoRA adapter's): 404 for a model not served, 503 while the engine cannot take
         requests."""
         state = request.app.state.server
-        lora = resolve_adapter(request, model)
+        lora = _adapter(state.engine, model)
         if lora is None:
             check_model(state.settings, model)
         engine = state.require_engine()
@@ -172,6 +172,13 @@ class RequestContext:
                 code="request_timeout",
             )
         return finals
+
+
+def _adapter(engine: AsyncEngine | None, model: str | None) -> LoRARequest | None:
+    """The loaded adapter a request's ``model`` names, or None."""
+    if model is None or engine is None or engine.lora is None:
+        return None
+    return engine.lora.resolve(model)
 
 
 async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:

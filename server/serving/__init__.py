@@ -1,0 +1,6 @@
+"""The serving layer under every API family (server/openai, server/anthropic,
+server/ollama): a request's context on its way to the engine (request_context.py), the
+generic tool prompt for templates that render no tools, and the parsing of a choice's
+output into reasoning, content and tool calls (chat_output.py, reasoning.py,
+tool_parsers/). Each family translates its wire format into and out of these, and no
+module here imports a family's."""
