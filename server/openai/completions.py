@@ -30,7 +30,7 @@ from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.openai.logprobs import Entry, LogprobsFormatter
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
 from hetero_infer.server.serving.answer_parts import new_id
-from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.request_context import RequestContext, timed_out_before_first_token
 
 
 @dataclass
@@ -236,13 +236,7 @@ async def beam_outputs(
     except (EngineError, ValueError) as exc:
         raise APIError.from_exception(exc) from exc
     if not outputs:
-        raise APIError(
-            408,
-            "the request ran past its time limit (its timeout, or the server's "
-            "--request-timeout) before its first token",
-            "timeout_error",
-            code="request_timeout",
-        )
+        raise timed_out_before_first_token()
     for output in outputs:
         tracker.observe(output)
         yield output

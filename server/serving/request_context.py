@@ -164,13 +164,7 @@ class RequestContext:
         # A client that stays to read its answer sees "abort" only from a time limit.
         choices = [out for outs in finals for out in outs]
         if choices and all(o.finish_reason == "abort" and not o.token_ids for o in choices):
-            raise APIError(
-                408,
-                "the request ran past its time limit (its timeout, or the server's "
-                "--request-timeout) before its first token",
-                "timeout_error",
-                code="request_timeout",
-            )
+            raise timed_out_before_first_token()
         return finals
 
 
@@ -179,6 +173,17 @@ def _adapter(engine: AsyncEngine | None, model: str | None) -> LoRARequest | Non
     if model is None or engine is None or engine.lora is None:
         return None
     return engine.lora.resolve(model)
+
+
+def timed_out_before_first_token() -> APIError:
+    """A 408: a request whose time limit ended before it had a token to give."""
+    return APIError(
+        408,
+        "the request ran past its time limit (its timeout, or the server's "
+        "--request-timeout) before its first token",
+        "timeout_error",
+        code="request_timeout",
+    )
 
 
 async def _collect(outputs: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
