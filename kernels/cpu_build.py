@@ -24,10 +24,12 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = (
     "bindings.cpp",
     "paged_attention_cpu.cpp",
+    "store_kv_cpu.cpp",
     "prefill_attention_cpu.cpp",
     "elementwise_cpu.cpp",
     "linear_cpu.cpp",
     "quantized_linear_cpu.cpp",
+    "quantized_pack_cpu.cpp",
     "greedy_cpu.cpp",
     "sampler_cpu.cpp",
     "decoder_stack_cpu.cpp",

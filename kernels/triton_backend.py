@@ -20,11 +20,12 @@ from hetero_infer.kernels.lora_triton import add_lora_triton, pack_lora_triton
 from hetero_infer.kernels.moe import MoeLayerSpec
 from hetero_infer.kernels.moe_triton import pack_moe_triton
 from hetero_infer.kernels.ops import KernelOps
-from hetero_infer.kernels.paged_attention_triton import paged_attention_triton, store_kv_triton
+from hetero_infer.kernels.paged_attention_triton import paged_attention_triton
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from hetero_infer.kernels.rotary_triton import rotary_triton
 from hetero_infer.kernels.sampling_triton import sample_triton
+from hetero_infer.kernels.store_kv_triton import store_kv_triton
 
 
 def prepare_triton_attention(

@@ -17,37 +17,26 @@
 // sets its step, leaving its other values few levels) asks for 16-bit activations
 // instead: v = round(x * 32639 / amax), split as v = 256 h + l with h and l int8, each
 // weight word multiplied by both (two VPDPBUSD where one did, 256x finer steps), the
-// group's sum 256 x (h's sum) + l's. Measured on one thread, in cache, on Gemma-3-270M's
-// shapes: at 1 row 5-17% more time than int8, at 8-128 rows 1.4-1.8x.
+// group's sum 256 x (h's sum) + l's (on Gemma-3-270M's shapes, one thread, in cache:
+// 5-17% more time than int8 at 1 row, 1.4-1.8x at 8-128).
 //
-// Why int8 and not tiles of the weight dequantized to bf16 for linear_packed's dot
-// instruction: one VPDPBUSD is 64 multiply-adds where VDPBF16PS is 32, and in cache,
-// at 64-512 rows, one core (Zen 5) ran 750-800 GOP/s on Q8_0 and Q4_0, 700 on Q4_1,
-// 670 on Q4_K and 510 on Q6_K (whose 6-bit unpacking and two scales per block cost
-// more) where the bf16 kernel ran 550 GFLOP/s: a dequantizing kernel, bounded by the
-// bf16 rate, would be slower for every type but maybe Q6_K, and that only by ~10%. At
-// 1 row all are bound by memory; there the per-call costs (the fork of a second
-// thread: ~2.5 us; quantizing x) weigh most on the small 4-bit weights.
+// Why int8 and not the weight dequantized to bf16 for linear_packed's dot instruction:
+// one VPDPBUSD is 64 multiply-adds where VDPBF16PS is 32; in cache, at 64-512 rows, one
+// Zen 5 core ran 510 (Q6_K) to 800 GOP/s here against the bf16 kernel's 550 GFLOP/s. At
+// 1 row all are bound by memory, where the per-call costs (waking a second thread,
+// quantizing x) weigh most on the small 4-bit weights.
 //
-// Layout (pack_quantized_weight): panels of 16 outputs, per block of 32 values their
-// words of 4 values for the 16 lanes, then the blocks' scales, then the super-blocks'.
+// The weights come in panels of 16 outputs (quantized_pack_cpu.cpp lays them out).
 // Tiles: up to 8 rows x 1 panel for up to 16 rows (kFewRows), else 6 rows x 2 panels
 // (24 of the 32 registers hold sums); each weight word is loaded and unpacked once per
-// tile for all its rows. A thread walks its run of panels in memory order and asks for the step
-// after next while it multiplies one.
-//
-// Measured (python -m bench.kernels --cpu-linear: SmolLM2-135M's projections, 2
-// threads, weights streamed from memory, a shared 2-core machine): at 1 row Q8_0 1.9x
-// the bf16 kernel's speed, Q4_0 / Q4_1 2.9x, Q4_K 2.6x, Q6_K 2.4x (42-52 GB/s of
-// weights, bf16 52-56); at 128-512 rows Q8_0 and Q4_0 1.4-1.5x, Q4_1 1.3-1.4x, Q4_K
-// 1.2x, Q6_K 0.9x (1.0-1.5 TFLOP/s, i.e. int8 TOP/s).
+// tile for all its rows. A thread walks its run of panels in memory order and asks for
+// the step after next while it multiplies one.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -55,6 +44,7 @@
 
 #include "cpu_kernels.h"
 #include "parallel_by_work.h"
+#include "quantized_format.h"
 #include "vector_math.h"
 #include "work_in_shares.h"
 
@@ -63,172 +53,23 @@
 // (vector_math.h's round_to_bf16).
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANTIZED_LINEAR_BUILT 1
-#include <immintrin.h>
+#include "quantized_activations.h"  // with <immintrin.h>
+#endif
+
+using namespace quantized_format;
+#if defined(QUANTIZED_LINEAR_BUILT)
+using namespace quantized_activations;
 #endif
 
 namespace {
 
-constexpr int64_t kPanel = 16;   // outputs per panel: one int32 lane each
-constexpr int64_t kBlock = 32;   // values per block of activations, and of weights' scales
-constexpr int64_t kSuper = 256;  // values per K-quant super-block
-constexpr int64_t kBlocksPerSuper = kSuper / kBlock;
-constexpr int64_t kQuantizeGrain = 16;  // activation rows per task
 // A thread's least share of a call, in weight bytes x rows: below it, waking the
 // other thread costs more than it saves (at 1 row, a 192 x 576 Q4_1 weight ran
 // alone 5% faster; SmolLM2's merged projections all split).
 constexpr int64_t kMinThreadWork = 128 << 10;
-
-enum class QType { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, I8 };
-
-QType parse_qtype(const std::string& name) {
-  if (name == "Q8_0") return QType::Q8_0;
-  if (name == "Q4_0") return QType::Q4_0;
-  if (name == "Q4_1") return QType::Q4_1;
-  if (name == "Q5_0") return QType::Q5_0;
-  if (name == "Q5_1") return QType::Q5_1;
-  if (name == "Q4_K") return QType::Q4_K;
-  if (name == "Q5_K") return QType::Q5_K;
-  if (name == "Q6_K") return QType::Q6_K;
-  if (name == "I8") return QType::I8;
-  TORCH_CHECK(false, "quantized_linear does not take ", name);
-}
-
-constexpr bool is_k_quant(QType t) {
-  return t == QType::Q4_K || t == QType::Q5_K || t == QType::Q6_K;
-}
-// A byte per value, offset by 128 when packed: the same panels and dot products.
-constexpr bool is_8_bit(QType t) { return t == QType::Q8_0 || t == QType::I8; }
-// The 4-bit types' nibbles plus a fifth bit per value: their panels add a word of those.
-constexpr bool is_5_bit(QType t) {
-  return t == QType::Q5_0 || t == QType::Q5_1 || t == QType::Q5_K;
-}
-// Q4_K and Q5_K: d, dmin and 6-bit scales and mins per 32 values, packed in 12 bytes.
-constexpr bool has_6_bit_scales(QType t) { return t == QType::Q4_K || t == QType::Q5_K; }
-// One block of one row in the file: its values, its bytes.
-constexpr int64_t file_block_values(QType t) { return is_k_quant(t) ? kSuper : kBlock; }
-constexpr int64_t file_block_bytes(QType t) {
-  switch (t) {
-    case QType::Q8_0: return 34;   // fp16 d, 32 int8
-    case QType::Q4_0: return 18;   // fp16 d, 16 bytes of nibbles
-    case QType::Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles
-    case QType::Q5_0: return 22;   // fp16 d, 4 bytes of fifth bits, 16 of nibbles
-    case QType::Q5_1: return 24;   // fp16 d, fp16 m, 4 bytes of fifth bits, 16 of nibbles
-    case QType::Q4_K: return 144;  // fp16 d, fp16 dmin, 12 of scales and mins, 128 of nibbles
-    case QType::Q5_K: return 176;  // as Q4_K, with 32 bytes of fifth bits before the nibbles
-    case QType::I8: return 32;     // 32 int8; the row's scale comes beside the data
-    default: return 210;           // Q6_K: 128 of low nibbles, 64 of 2-bit highs, 16 scales, d
-  }
-}
-// Per 32 values of a panel's 16 outputs: the values' bytes (Q8_0, I8 a byte each, Q6_K a
-// nibble plus 2 bits, the 5-bit types a nibble plus 1, the others a nibble) and their
-// scales' (see pack_quantized_weight).
-constexpr int64_t value_bytes(QType t) {
-  return is_8_bit(t) ? 512 : t == QType::Q6_K ? 384 : is_5_bit(t) ? 320 : 256;
-}
-constexpr int64_t block_factor_bytes(QType t) {
-  return t == QType::Q4_1 || t == QType::Q5_1 ? 64 : t == QType::I8 ? 0 : 32;
-}
-// Per 256 values of a panel's 16 outputs (K-quants): the super-block's fp16 scales.
-constexpr int64_t super_factor_bytes(QType t) {
-  return has_6_bit_scales(t) ? 64 : t == QType::Q6_K ? 32 : 0;
-}
-// Per panel (I8): the 16 rows' fp32 scales.
-constexpr int64_t panel_factor_bytes(QType t) { return t == QType::I8 ? 64 : 0; }
-// value = d q + m: the dot product also needs the activations' sum, times m.
-constexpr bool has_min(QType t) {
-  return t == QType::Q4_1 || t == QType::Q5_1 || has_6_bit_scales(t);
-}
-// Scales per 32 values (Q6_K has one per 16).
-constexpr int groups(QType t) { return t == QType::Q6_K ? 2 : 1; }
-// What the stored unsigned values are offset by: sum (q - c) x = sum q x - c sum x.
-constexpr int32_t value_offset(QType t) {
-  if (is_8_bit(t)) return 128;
-  return t == QType::Q6_K ? 32 : t == QType::Q5_0 ? 16 : t == QType::Q4_0 ? 8 : 0;
-}
-
-// Packed bytes per output of k inputs: the file's (Q4_K, Q5_K: 4 more per 256 values;
-// I8: k plus its fp32 scale).
-int64_t packed_row_bytes(QType t, int64_t k) {
-  return k / kBlock * (value_bytes(t) + block_factor_bytes(t)) / kPanel +
-         k / kSuper * super_factor_bytes(t) / kPanel + panel_factor_bytes(t) / kPanel;
-}
-
-// One file block of one row, decoded: each value as the kernel multiplies it (Q8_0's
-// int8 plus 128, Q6_K's 6 bits, the 5-bit types' 5, the others' 4) and the fp16 bits /
-// small ints of its scales.
-struct Decoded {
-  uint8_t q[kSuper];
-  uint16_t d, m;       // blocks of 32: scale and (Q4_1, Q5_1) min; K-quants: d and dmin
-  uint8_t scale[16];   // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16
-  uint8_t min[8];      // Q4_K, Q5_K: 6-bit min per 32 values
-};
-
-void decode(QType t, const uint8_t* block, Decoded& out) {
-  switch (t) {
-    case QType::Q8_0:
-      std::memcpy(&out.d, block, 2);
-      for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[2 + i] ^ 0x80);
-      break;
-    case QType::I8:
-      for (int i = 0; i < 32; ++i) out.q[i] = static_cast<uint8_t>(block[i] ^ 0x80);
-      break;
-    case QType::Q4_0:
-    case QType::Q4_1:
-    case QType::Q5_0:
-    case QType::Q5_1: {  // d, (m), (the 5-bit types: 32 fifth bits), 16 bytes of nibbles
-      const uint8_t* highs = block + (has_min(t) ? 4 : 2);
-      const uint8_t* nibbles = highs + (is_5_bit(t) ? 4 : 0);
-      std::memcpy(&out.d, block, 2);
-      if (has_min(t)) std::memcpy(&out.m, block + 2, 2);
-      for (int i = 0; i < 16; ++i) {
-        out.q[i] = nibbles[i] & 0x0F;
-        out.q[i + 16] = nibbles[i] >> 4;
-      }
-      if (is_5_bit(t)) {  // value i's: bit i of a little-endian uint32
-        for (int i = 0; i < 32; ++i) out.q[i] |= ((highs[i / 8] >> (i % 8)) & 1) << 4;
-      }
-      break;
-    }
-    case QType::Q4_K:
-    case QType::Q5_K: {  // d, dmin, 12 bytes of 6-bit scales and mins, (Q5_K: 32 bytes of
-                         // fifth bits), 128 of nibbles
-      std::memcpy(&out.d, block, 2);
-      std::memcpy(&out.m, block + 2, 2);
-      const uint8_t* s = block + 4;
-      for (int j = 0; j < 4; ++j) {
-        out.scale[j] = s[j] & 63;
-        out.min[j] = s[j + 4] & 63;
-        out.scale[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
-        out.min[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-      }
-      const uint8_t* qh = block + 16;  // Q5_K: bit p of byte i is value 32p + i's fifth
-      const uint8_t* qs = qh + (t == QType::Q5_K ? 32 : 0);
-      for (int p = 0; p < 4; ++p) {  // 32 bytes per 64 values: low nibbles, then high
-        for (int i = 0; i < 32; ++i) {
-          out.q[64 * p + i] = qs[32 * p + i] & 0x0F;
-          out.q[64 * p + 32 + i] = qs[32 * p + i] >> 4;
-        }
-      }
-      if (t == QType::Q5_K) {
-        for (int v = 0; v < kSuper; ++v) out.q[v] |= ((qh[v % 32] >> (v / 32)) & 1) << 4;
-      }
-      break;
-    }
-    case QType::Q6_K: {  // 128 bytes of low nibbles, 64 of 2-bit highs, 16 scales, d
-      const uint8_t *ql = block, *qh = block + 128;
-      std::memcpy(out.scale, block + 192, 16);
-      std::memcpy(&out.d, block + 208, 2);
-      for (int h = 0; h < 2; ++h) {  // halves of 128 values
-        for (int v = 0; v < 128; ++v) {
-          const int low = (ql[64 * h + v % 64] >> (4 * (v / 64))) & 0x0F;
-          const int high = (qh[32 * h + v % 32] >> (2 * (v / 32))) & 0x03;
-          out.q[128 * h + v] = static_cast<uint8_t>(low | high << 4);
-        }
-      }
-      break;
-    }
-  }
-}
+// quantized_linear_grouped's unit of work: about 256 KiB of weights, an even count of
+// panels (the 2-panel steps).
+constexpr int64_t kGroupedUnitBytes = 256 << 10;
 
 }  // namespace
 
@@ -240,216 +81,8 @@ bool quantized_linear_available() {
 #endif
 }
 
-// data uint8 [N, row_bytes] (each row its file blocks; I8: its int8 values as bytes,
-// with `scales` fp32 [N]), N % 16 == 0 -> uint8 [N / 16, panel bytes]: panel p holds
-// outputs 16p .. 16p + 15 in three parts (I8: values, then the 16 scales).
-//
-// Values, per block of 32: [words][16 outputs][4 bytes], so that one 64-byte load
-// gives each of the 16 int32 lanes one output's 4 bytes.
-//   Q8_0, I8: 8 words, word w = values 4w .. 4w + 3 plus 128 (unsigned bytes).
-//   4-bit: 4 words of nibbles, word w = values 4w .. 4w + 3 in the low nibbles and
-//     16 + 4w .. 16 + 4w + 3 in the high ones (Q4_0/Q4_1: the file's bytes 4w .. 4w + 3).
-//   Q6_K: the low 4 bits as the 4-bit types, then two words of the top 2 bits: byte t
-//     of the first holds those of values 4w + t (w = 0..3) at bits 2w, 2w + 1; the
-//     second those of values 16 + 4w + t.
-//   5-bit (Q5_0, Q5_1, Q5_K): the low 4 bits as the 4-bit types, then one word of the
-//     fifth bits: byte t holds those of values 4w + t (w = 0..3) at bit w and of values
-//     16 + 4w + t at bit 4 + w.
-// Block factors, per block of 32, [16 outputs] each: Q8_0/Q4_0/Q5_0: fp16 scale;
-//   Q4_1/Q5_1: fp16 scale, then fp16 min; Q4_K/Q5_K: 6-bit scale, then 6-bit min, a
-//   byte each; Q6_K: the two int8 scales of its halves.
-// Super-block factors (K-quants), per 256 values: Q4_K/Q5_K: fp16 d, then fp16 dmin;
-//   Q6_K: fp16 d.
-// The same bytes as the file's (Q4_K, Q5_K: 4 more per 256 values: their 6-bit scales
-// take a byte each).
-at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtype,
-                                 const std::optional<at::Tensor>& scales) {
-  const QType t = parse_qtype(qtype);
-  TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kByte, "data [N, row_bytes] uint8");
-  const int64_t n = data.size(0), row_bytes = data.size(1), fb = file_block_bytes(t);
-  TORCH_CHECK((t == QType::I8) == (scales.has_value() && scales->defined()),
-              "scales [N] go with I8 weights, and only with them");
-  at::Tensor row_scales;
-  if (t == QType::I8) {
-    row_scales = scales->to(at::kFloat).contiguous();
-    TORCH_CHECK(row_scales.numel() == n, "scales [N]");
-  }
-  TORCH_CHECK(n % kPanel == 0, "N must be a multiple of 16");
-  TORCH_CHECK(row_bytes % fb == 0, "row_bytes must be whole ", qtype, " blocks");
-  const int64_t k = row_bytes / fb * file_block_values(t), blocks = k / kBlock;
-  auto src_t = data.contiguous();
-  const int64_t panel_bytes = kPanel * packed_row_bytes(t, k);
-  auto packed = at::zeros({n / kPanel, panel_bytes}, data.options());
-  const uint8_t* src = src_t.data_ptr<uint8_t>();
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  const int64_t vb = value_bytes(t), bfb = block_factor_bytes(t), sfb = super_factor_bytes(t);
-  at::parallel_for(0, n / kPanel, 1, [&](int64_t begin, int64_t end) {
-    Decoded dec;
-    for (int64_t p = begin; p < end; ++p) {
-      uint8_t* values = dst + p * panel_bytes;
-      uint8_t* block_factors = values + blocks * vb;
-      uint8_t* super_factors = block_factors + blocks * bfb;
-      if (t == QType::I8) {
-        std::memcpy(super_factors, row_scales.data_ptr<float>() + p * kPanel, 4 * kPanel);
-      }
-      for (int64_t j = 0; j < kPanel; ++j) {
-        const uint8_t* row = src + (p * kPanel + j) * row_bytes;
-        for (int64_t f = 0; f < row_bytes / fb; ++f) {
-          decode(t, row + f * fb, dec);
-          const int64_t first = f * file_block_values(t) / kBlock;  // its first block of 32
-          if (is_k_quant(t)) {
-            uint16_t* s = reinterpret_cast<uint16_t*>(super_factors + f * sfb);
-            s[j] = dec.d;
-            if (has_min(t)) s[kPanel + j] = dec.m;
-          }
-          for (int64_t i = 0; i < file_block_values(t) / kBlock; ++i) {
-            const uint8_t* q = dec.q + i * kBlock;
-            const int64_t b = first + i;
-            uint8_t* v = values + b * vb;
-            uint8_t* bf = block_factors + b * bfb;
-            if (is_8_bit(t)) {
-              for (int w = 0; w < 8; ++w) std::memcpy(v + (w * kPanel + j) * 4, q + 4 * w, 4);
-            } else {
-              for (int w = 0; w < 4; ++w) {
-                for (int c = 0; c < 4; ++c) {
-                  const int low = q[4 * w + c] & 0x0F, high = q[16 + 4 * w + c] & 0x0F;
-                  v[(w * kPanel + j) * 4 + c] = static_cast<uint8_t>(low | high << 4);
-                }
-              }
-            }
-            if (is_5_bit(t)) {
-              for (int c = 0; c < 4; ++c) {
-                uint8_t highs = 0;
-                for (int w = 0; w < 4; ++w) {
-                  highs |= (q[4 * w + c] >> 4) << w | (q[16 + 4 * w + c] >> 4) << (4 + w);
-                }
-                v[4 * 64 + j * 4 + c] = highs;
-              }
-            }
-            if (t == QType::Q6_K) {
-              for (int g = 0; g < 2; ++g) {
-                for (int c = 0; c < 4; ++c) {
-                  uint8_t highs = 0;
-                  for (int w = 0; w < 4; ++w) highs |= (q[16 * g + 4 * w + c] >> 4) << (2 * w);
-                  v[4 * 64 + g * 64 + j * 4 + c] = highs;
-                }
-                bf[g * kPanel + j] = dec.scale[2 * i + g];
-              }
-            } else if (has_6_bit_scales(t)) {
-              bf[j] = dec.scale[i];
-              bf[kPanel + j] = dec.min[i];
-            } else if (t != QType::I8) {
-              uint16_t* s = reinterpret_cast<uint16_t*>(bf);
-              s[j] = dec.d;
-              if (has_min(t)) s[kPanel + j] = dec.m;
-            }
-          }
-        }
-      }
-    }
-  });
-  return packed;
-}
-
 #if defined(QUANTIZED_LINEAR_BUILT)
 namespace {
-
-// The activations quantized per block of 32: int8 values and, per row and block, the
-// fp32 scale, per half block the int32 added to a scale group's int sum before
-// scaling (minus the weights' offset times the values' sum: one group per block but
-// Q6_K's two, the second then 0), and for the types with mins, scale times the
-// values' sum. Wide (16-bit) activations are each 256 x a high int8 plus a low one,
-// both multiplied by the same weight bytes (see quantize_row).
-struct Activations {
-  const int8_t* values;   // [M, K]: the int8 values, or the wide values' high bytes
-  const float* scale;     // [M, blocks]
-  const int32_t* offset;  // [M, blocks, 2]
-  const float* sum;       // [M, blocks]
-  int64_t k, blocks;
-  const int8_t* low;      // [M, K]: the wide values' low bytes (null for int8)
-};
-
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const at::BFloat16* x) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// The largest quantized magnitude: int8's 127, or for wide activations 127 x 257 =
-// 32639, the most whose high byte (v + 128) >> 8 stays within int8's -127 .. 127.
-template <bool WIDE>
-constexpr float kLevels = WIDE ? 32639.f : 127.f;
-
-// Stores 16 quantized values: as int8, or (WIDE) as their high bytes h = (v + 128) >> 8
-// in `q` and low bytes v - 256 h (-128 .. 127) in `low`.
-template <bool WIDE>
-inline void store_values(__m512i v, int8_t* q, int8_t* low) {
-  if constexpr (WIDE) {
-    const __m512i high = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(128)), 8);
-    const __m512i rest = _mm512_sub_epi32(v, _mm512_slli_epi32(high, 8));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(high));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtepi32_epi8(rest));
-  } else {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(v));
-  }
-}
-
-// One row: v = round-half-even(x * (L / amax)) per block, scale amax / L, L = kLevels.
-// L / amax is one IEEE division (the intrinsic, which -ffast-math does not turn into
-// a reciprocal), so that kernels/linear_quantized.py's reference (quantize_activations)
-// rounds to the same integers. Wide values' sums stay within int32: 32 x 32639 x 128
-// (Q8_0's offset) is 2^27.
-template <bool WIDE, typename scalar_t>
-void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, int8_t* low,
-                  float* scale, int32_t* offset, float* sum) {
-  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  const int32_t c = -value_offset(t);
-  const float levels = kLevels<WIDE>;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m512 lo = load16(x + b * kBlock), hi = load16(x + b * kBlock + 16);
-    const float amax = _mm512_reduce_max_ps(
-        _mm512_max_ps(_mm512_and_ps(lo, magnitude), _mm512_and_ps(hi, magnitude)));
-    const float inv =
-        amax > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(levels), _mm_set_ss(amax))) : 0.f;
-    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
-    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
-    int8_t* low_b = WIDE ? low + b * kBlock : nullptr;
-    store_values<WIDE>(qlo, q + b * kBlock, low_b);
-    store_values<WIDE>(qhi, q + b * kBlock + 16, WIDE ? low_b + 16 : nullptr);
-    const int32_t s_lo = _mm512_reduce_add_epi32(qlo), s_hi = _mm512_reduce_add_epi32(qhi);
-    scale[b] = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(amax), _mm_set_ss(levels)));
-    offset[2 * b] = groups(t) == 2 ? c * s_lo : c * (s_lo + s_hi);
-    offset[2 * b + 1] = groups(t) == 2 ? c * s_hi : 0;
-    sum[b] = scale[b] * static_cast<float>(s_lo + s_hi);
-  }
-}
-
-// x [rows, K] quantized row by row (quantize_row) into one buffer, which `buffer` holds:
-// values [rows, K] int8 (wide: their high bytes, then their low bytes [rows, K]), then per
-// block the scales, 2 offsets and sums, 4 bytes each (K % 32 == 0: all aligned).
-template <typename scalar_t>
-Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QType t, bool wide,
-                                 at::Tensor& buffer) {
-  const int64_t blocks = k / kBlock, value_planes = wide ? 2 : 1;
-  buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks}, at::kByte);
-  int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
-  int8_t* low = wide ? q + rows * k : nullptr;
-  float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);
-  int32_t* offsets = reinterpret_cast<int32_t*>(scale + rows * blocks);
-  float* sums = reinterpret_cast<float*>(offsets + 2 * rows * blocks);
-  at::parallel_for(0, rows, kQuantizeGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (wide) {
-        quantize_row<true>(x + r * k, blocks, t, q + r * k, low + r * k, scale + r * blocks,
-                           offsets + 2 * r * blocks, sums + r * blocks);
-      } else {
-        quantize_row<false>(x + r * k, blocks, t, q + r * k, nullptr, scale + r * blocks,
-                            offsets + 2 * r * blocks, sums + r * blocks);
-      }
-    }
-  });
-  return Activations{q, scale, offsets, sums, k, blocks, low};
-}
 
 inline void store16(float* out, __m512 v) { _mm512_storeu_ps(out, v); }
 inline void store16(at::BFloat16* out, __m512 v) {
@@ -892,23 +525,6 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& packed, const
   run_in_shares(work);
   return work.out;
 }
-
-#if defined(QUANTIZED_LINEAR_BUILT)
-namespace {
-
-// The activations of rows row0 .. of a.
-Activations rows_from(const Activations& a, int64_t row0) {
-  return Activations{a.values + row0 * a.k,       a.scale + row0 * a.blocks,
-                     a.offset + row0 * a.blocks * 2, a.sum + row0 * a.blocks,
-                     a.k,                           a.blocks,
-                     a.low ? a.low + row0 * a.k : nullptr};
-}
-
-// Panels per unit of work: about 256 KiB of weights, an even count (the 2-panel steps).
-constexpr int64_t kGroupedUnitBytes = 256 << 10;
-
-}  // namespace
-#endif
 
 // x [R, K] fp32 whose rows come in groups (group g: rows row_offsets[g] ..
 // row_offsets[g + 1] - 1), each group times its own packed weight (weights[g]: `panels`

@@ -21,8 +21,8 @@ from hetero_infer.kernels.paged_attention import (  # noqa: E402
 from hetero_infer.kernels.paged_attention_triton import (  # noqa: E402
     AttentionTiles,
     paged_attention_triton,
-    store_kv_triton,
 )
+from hetero_infer.kernels.store_kv_triton import store_kv_triton  # noqa: E402
 
 from tests.kernels.batches import Batch, make_batch, quantized  # noqa: E402
 from tests.kernels.checks import assert_close  # noqa: E402

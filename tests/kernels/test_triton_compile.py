@@ -164,7 +164,7 @@ VARIANTS = [
     ),
     (
         "store_kv",
-        "hetero_infer.kernels.paged_attention_triton:_store_kv_kernel",
+        "hetero_infer.kernels.store_kv_triton:_store_kv_kernel",
         {
             **{n: "*bf16" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")},
             "slot_mapping_ptr": "*i64",
@@ -174,7 +174,7 @@ VARIANTS = [
     ),
     (
         "store_kv-int8",
-        "hetero_infer.kernels.paged_attention_triton:_store_kv_kernel",
+        "hetero_infer.kernels.store_kv_triton:_store_kv_kernel",
         {
             **{n: "*bf16" for n in ("key_ptr", "value_ptr")},
             **{n: "*i8" for n in ("k_cache_ptr", "v_cache_ptr")},
@@ -185,7 +185,7 @@ VARIANTS = [
     ),
     (
         "store_kv-fp8",
-        "hetero_infer.kernels.paged_attention_triton:_store_kv_kernel",
+        "hetero_infer.kernels.store_kv_triton:_store_kv_kernel",
         {
             **{n: "*bf16" for n in ("key_ptr", "value_ptr")},
             **{n: "*fp8e4nv" for n in ("k_cache_ptr", "v_cache_ptr")},
