@@ -9,20 +9,39 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
 
 from hetero_infer.engine.beam_search import BeamSearch, BeamSearchParams
 from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.async_engine import AsyncEngine
     from hetero_infer.engine.frontend.input_processor import EngineRequest
-    from hetero_infer.engine.llm_engine import LLMEngine
+    from hetero_infer.engine.sampling_params import SamplingParams
+    from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
+
+
+# What the searches ask of the engines they run through (LLMEngine and AsyncEngine,
+# which call them: this module imports neither).
+class OfflineEngine(Protocol):
+    tokenizer: Tokenizer
+    max_model_len: int
+
+    def generate(
+        self, prompts: list[list[int]], sampling_params: list[SamplingParams], use_tqdm: bool = ...
+    ) -> list[RequestOutput]: ...
+
+
+class ServingEngine(Protocol):
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
 
 
 def beam_search(
-    engine: LLMEngine, prompts: list[list[int]], params: BeamSearchParams
+    engine: OfflineEngine, prompts: list[list[int]], params: BeamSearchParams
 ) -> list[list[RequestOutput]]:
     """Search each prompt (token ids); each one's outputs, best first. The searches run
     in step: a round's requests of every prompt share the engine's batches."""
@@ -54,7 +73,7 @@ def beam_search(
 
 
 async def beam_search_async(
-    engine: AsyncEngine, request: EngineRequest, params: BeamSearchParams
+    engine: ServingEngine, request: EngineRequest, params: BeamSearchParams
 ) -> list[RequestOutput]:
     """Search one checked request's prompt (its priority and time limit apply to every
     round; its own params are not read); its outputs, best first. Errors as
@@ -105,7 +124,7 @@ def _advance(search: BeamSearch, finals: list[RequestOutput]) -> None:
         search.advance([out.logprobs[0] for out in finals])  # type: ignore[index]
 
 
-async def _final_output(engine: AsyncEngine, request: EngineRequest) -> RequestOutput:
+async def _final_output(engine: ServingEngine, request: EngineRequest) -> RequestOutput:
     final = None
     async for output in engine.generate(request):
         final = output
