@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.adapters):
             modules = tuple(args.modules.split(","))
             folder = write_adapter(Path(tmp) / f"a{i}", lora.model_config, args.rank, i, modules)
-            lora.load_lora_adapter(f"a{i}", str(folder))
+            lora.adapters.load(f"a{i}", str(folder))
             names.append(f"a{i}")
     vocab = lora.model_config.vocab_size
     generator = torch.Generator().manual_seed(0)

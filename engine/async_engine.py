@@ -216,7 +216,7 @@ class AsyncEngine:
         return self._engine.lora
 
     def lora_requests_info(self) -> tuple[list[str], list[str]]:
-        return self._engine.lora_requests_info()
+        return self._engine.adapters.requests_info()
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine(LoRARequests):
+class LLMEngine:
     def __init__(
         self, config: EngineConfig | None = None, tokenizer: Any = None, **overrides: Any
     ) -> None:
@@ -71,6 +71,7 @@ class LLMEngine(LoRARequests):
         built = build_core(setup, tokenizer)
         self.core, self.runner, self.workers = built.core, built.runner, built.workers
         self.metrics, self.lora = built.metrics, built.lora
+        self.adapters = LoRARequests(self.lora, built.core.scheduler)  # loaded by name
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.structured_output,
@@ -101,14 +102,14 @@ class LLMEngine(LoRARequests):
         mini-infer form: ``add_request(prompt=..., max_tokens=..., sampling_params=...)``).
         ``priority`` (lower first) needs scheduling_policy "priority"; ``timeout``
         (seconds) ends the request early, as request_timeout does. ``lora_request``: the
-        LoRA adapter to run with, by name or as load_lora_adapter returned it.
+        LoRA adapter to run with, by name or as adapters.load returned it.
         """
         params = sampling_params or SamplingParams()
         if max_tokens is not None and isinstance(params, SamplingParams):
             params = dataclasses.replace(params, max_tokens=max_tokens)
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        lora = self.lora_request(lora_request)
+        lora = self.adapters.resolve(lora_request)
         request = self.input_processor.process(request_id, prompt, params, priority, timeout, lora)
         return self.add_processed(request)
 
@@ -120,7 +121,7 @@ class LLMEngine(LoRARequests):
             raise ValidationError(
                 f"request_id {request.request_id!r} is already in use", param="request_id"
             )
-        self.check_lora(request.lora)  # still loaded: it may have gone since it was named
+        self.adapters.check(request.lora)  # still loaded: it may have gone since it was named
         seqs, lora = [], request.lora
         for index, seq_id in enumerate(parent.choice_ids):
             grammar = request.grammar
@@ -189,8 +190,7 @@ class LLMEngine(LoRARequests):
         if self.runner.kv_cache.tiers is not None:
             stats.update(self.runner.kv_cache.tiers.stats())
         # KV slots held vs tokens stored: paging wastes at most each last block's tail.
-        allocated = sum(len(seq.block_table) for seq in self.scheduler.running)
-        allocated *= self.config.block_size
+        allocated = sum(len(s.block_table) for s in self.scheduler.running) * self.config.block_size
         filled = sum(seq.num_computed_tokens for seq in self.scheduler.running)
         stats.update(
             num_sequences=self.scheduler.num_unfinished,
@@ -216,7 +216,7 @@ class LLMEngine(LoRARequests):
         processed = self.output_processor.process(self.core.step())
         # A stop string the output processor found ends its sequence.
         self.core.finish(processed.stopped, SequenceStatus.FINISHED_STOPPED)
-        self.free_unloaded_loras()
+        self.adapters.free_unloaded()
         return processed.outputs
 
     @property

@@ -104,7 +104,7 @@ async def _load(state: ServerState, engine: LLMEngine | None) -> None:
             state.engine = AsyncEngine(engine, max_pending)
         state.engine.start()
         for name, path in state.settings.lora_modules:  # --lora-modules: a bad one stops us
-            await state.engine.call(lambda llm, n=name, p=path: llm.load_lora_adapter(n, p))
+            await state.engine.call(lambda llm, n=name, p=path: llm.adapters.load(n, p))
         # One real request through the whole path before we call ourselves ready.
         params = SamplingParams(max_tokens=1, temperature=0.0)
         warmup = state.engine.input_processor.process("warmup", [0], params)

@@ -1,7 +1,7 @@
-"""The engine's LoRA side as its callers see it: adapters loaded and unloaded by name,
-a request's adapter named or resolved, and which adapters the queues hold (vLLM's
-vllm:lora_requests_info). LLMEngine takes these methods; they run on the engine's
-thread, between steps.
+"""The engine's LoRA side as its callers see it (LLMEngine.adapters): adapters loaded
+and unloaded by name, a request's adapter named or resolved, and which adapters the
+queues hold (vLLM's vllm:lora_requests_info). Its calls run on the engine's thread,
+between steps.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ def lora_disabled() -> ValidationError:
 
 
 class LoRARequests:
-    """Mixed into LLMEngine: ``lora`` (None unless enable_lora) and ``scheduler``."""
+    def __init__(self, lora: LoRAManager | None, scheduler: Scheduler) -> None:
+        """``lora``: the adapters' slots, None unless enable_lora; ``scheduler``: whose
+        sequences hold slots."""
+        self.lora = lora
+        self.scheduler = scheduler
 
-    lora: LoRAManager | None
-    scheduler: Scheduler
-
-    def load_lora_adapter(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
+    def load(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
         """Load the PEFT adapter in folder ``path`` under ``name``: ValidationError naming
         the problem (and nothing changed) if it cannot be served. ``load_inplace``
         (vLLM's): it replaces an adapter loaded under ``name``, which stays loaded if the
@@ -41,20 +42,20 @@ class LoRARequests:
         if not isinstance(path, str) or not path:
             raise ValidationError("lora_path must be a non-empty string", param="lora_path")
         if load_inplace:
-            return self.lora.replace(name, path, self.lora_slots_in_use())
+            return self.lora.replace(name, path, self.slots_in_use())
         return self.lora.load(name, path)
 
-    def unload_lora_adapter(self, name: str) -> None:
+    def unload(self, name: str) -> None:
         """Unload ``name`` (LoRANotFoundError if none is loaded): requests already running
         on it finish with it; new ones are refused."""
         if self.lora is None:
             raise lora_disabled()
-        self.lora.unload(name, self.lora_slots_in_use())
+        self.lora.unload(name, self.slots_in_use())
 
-    def lora_adapters(self) -> list[LoRAAdapter]:
+    def loaded(self) -> list[LoRAAdapter]:
         return [] if self.lora is None else self.lora.adapters
 
-    def lora_request(self, lora: LoRARequest | str | None) -> LoRARequest | None:
+    def resolve(self, lora: LoRARequest | str | None) -> LoRARequest | None:
         """A request's adapter, given by name or as resolved before."""
         if lora is None or isinstance(lora, LoRARequest):
             return lora
@@ -65,7 +66,7 @@ class LoRARequests:
             raise LoRANotFoundError(f"LoRA adapter {lora!r} is not loaded")
         return resolved
 
-    def check_lora(self, lora: LoRARequest | None) -> None:
+    def check(self, lora: LoRARequest | None) -> None:
         """Before a request is queued: its adapter is still the one loaded."""
         if lora is None:
             return
@@ -73,15 +74,15 @@ class LoRARequests:
             raise lora_disabled()
         self.lora.check(lora)
 
-    def lora_slots_in_use(self) -> set[int]:
+    def slots_in_use(self) -> set[int]:
         return {seq.lora_slot for seq in self.scheduler.sequences.values()}
 
-    def free_unloaded_loras(self) -> None:
+    def free_unloaded(self) -> None:
         """After a step: the unloaded adapters' slots whose last request has finished."""
         if self.lora is not None and self.lora.has_retiring:
-            self.lora.free_unused(self.lora_slots_in_use())
+            self.lora.free_unused(self.slots_in_use())
 
-    def lora_requests_info(self) -> tuple[list[str], list[str]]:
+    def requests_info(self) -> tuple[list[str], list[str]]:
         """The adapters of the running and of the waiting requests, by name (sorted)."""
         if self.lora is None:
             return [], []

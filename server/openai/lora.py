@@ -49,7 +49,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> s
         raise APIError(400, f"{name!r} is the base model's name", param="lora_name")
 
     try:
-        await engine.call(lambda llm: llm.load_lora_adapter(name, path, body.load_inplace))
+        await engine.call(lambda llm: llm.adapters.load(name, path, body.load_inplace))
     except ValueError as exc:  # refused: nothing changed
         raise APIError.from_exception(exc) from exc
     return f"Success: LoRA adapter '{name}' added successfully."
@@ -61,7 +61,7 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
     if engine.lora is None:
         raise lora_not_enabled()
     try:
-        await engine.call(lambda llm: llm.unload_lora_adapter(body.lora_name))
+        await engine.call(lambda llm: llm.adapters.unload(body.lora_name))
     except ValueError as exc:  # not loaded: a 404
         raise APIError.from_exception(exc) from exc
     return f"Success: LoRA adapter '{body.lora_name}' removed successfully."

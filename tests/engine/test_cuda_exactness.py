@@ -83,5 +83,5 @@ def test_lora_on_cuda_matches_merged_weights(tmp_path):
     )
     engine = LLMEngine(config)
     for name, path in adapters.items():
-        engine.load_lora_adapter(name, str(path))
+        engine.adapters.load(name, str(path))
     assert_matches(engine, prompts, expected, requests=names)

@@ -52,7 +52,7 @@ def expected(folder, adapter, prompts):
 def test_refused_adapters_name_the_problem_and_change_nothing(case, tmp_path):
     root, folder, a, _, for_other = case
     engine = make_engine(folder, max_lora_rank=8)
-    engine.load_lora_adapter("a", str(a))
+    engine.adapters.load("a", str(a))
     missing = shutil.copytree(a, tmp_path / "missing")
     (missing / "adapter_model.safetensors").unlink()
     high = save_adapter(folder, tmp_path / "high", seed=4, rank=16)
@@ -68,35 +68,35 @@ def test_refused_adapters_name_the_problem_and_change_nothing(case, tmp_path):
     }
     for name, (path, message) in refusals.items():
         with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            engine.load_lora_adapter(name, path)
-    assert [adapter.name for adapter in engine.lora_adapters()] == ["a"]
+            engine.adapters.load(name, path)
+    assert [adapter.name for adapter in engine.adapters.loaded()] == ["a"]
     assert set(engine.lora.registry.slots) == {1}  # no slot taken by a refusal
     with pytest.raises(LoRANotFoundError, match="'nope' is not loaded"):
         engine.add_request([5, 6, 7], lora_request="nope")
     with pytest.raises(LoRANotFoundError, match="'nope' is not loaded"):
-        engine.unload_lora_adapter("nope")
+        engine.adapters.unload("nope")
     assert not engine.has_pending_work()
     disabled = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
     with pytest.raises(ValidationError, match="not enabled"):
-        disabled.load_lora_adapter("a", str(a))
+        disabled.adapters.load("a", str(a))
 
 
 def test_max_loras_slots(case):
     _, folder, a, b, _ = case
     engine = make_engine(folder, max_loras=1)
-    engine.load_lora_adapter("a", str(a))
+    engine.adapters.load("a", str(a))
     with pytest.raises(ValidationError, match="all 1 LoRA slots"):
-        engine.load_lora_adapter("b", str(b))
-    engine.unload_lora_adapter("a")
-    engine.load_lora_adapter("b", str(b))  # the slot is free again
-    assert [adapter.name for adapter in engine.lora_adapters()] == ["b"]
+        engine.adapters.load("b", str(b))
+    engine.adapters.unload("a")
+    engine.adapters.load("b", str(b))  # the slot is free again
+    assert [adapter.name for adapter in engine.adapters.loaded()] == ["b"]
 
 
 def test_prefix_cache_is_keyed_by_adapter(case):
     _, folder, a, b, _ = case
     engine = make_engine(folder)
-    engine.load_lora_adapter("a", str(a))
-    engine.load_lora_adapter("b", str(b))
+    engine.adapters.load("a", str(a))
+    engine.adapters.load("b", str(b))
     prompt = list(range(3, 70))  # 4 full blocks
     hits = lambda: engine.memory_stats()["prefix_cache_hits"]  # noqa: E731
     assert greedy(engine, [prompt], "a") == expected(folder, a, [prompt])
@@ -123,14 +123,14 @@ def test_block_hashes_are_salted_by_adapter():
 def test_unloading_while_requests_use_it(case):
     _, folder, a, _, _ = case
     engine = make_engine(folder)
-    engine.load_lora_adapter("a", str(a))
+    engine.adapters.load("a", str(a))
     prompts = [[5 + i, 9, 11, 40 + i] for i in range(4)]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     ids = [engine.add_request(p, params, lora_request="a") for p in prompts]
     for _ in range(3):
         engine.step()
-    engine.unload_lora_adapter("a")
-    assert engine.lora_adapters() == []
+    engine.adapters.unload("a")
+    assert engine.adapters.loaded() == []
     with pytest.raises(LoRANotFoundError, match="not loaded"):
         engine.add_request([5, 6], params, lora_request="a")
     assert engine.lora.registry.slots  # still held: its requests are running
@@ -141,5 +141,5 @@ def test_unloading_while_requests_use_it(case):
     assert not engine.lora.registry.slots and not engine.runner.lora.slot_weights(1)
     stats = engine.memory_stats()
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
-    engine.load_lora_adapter("a", str(a))  # loads again, into the freed slot
+    engine.adapters.load("a", str(a))  # loads again, into the freed slot
     assert greedy(engine, prompts, "a") == outputs

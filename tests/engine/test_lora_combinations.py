@@ -45,7 +45,7 @@ def case(tmp_path_factory):
 
 def load_adapters(engine: LLMEngine, adapters: dict) -> LLMEngine:
     for name, path in adapters.items():
-        engine.load_lora_adapter(name, str(path))
+        engine.adapters.load(name, str(path))
     return engine
 
 

@@ -71,7 +71,7 @@ def lora_engine(folder, adapters, **settings) -> LLMEngine:
     )
     engine = LLMEngine(config)
     for name, path in adapters.items():
-        engine.load_lora_adapter(name, str(path))
+        engine.adapters.load(name, str(path))
     return engine
 
 

@@ -38,9 +38,9 @@ def test_lora_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization, 
         max_loras=2,
     )
     engine = LLMEngine(config)
-    engine.load_lora_adapter("a", str(save_adapter(model_dir, tmp_path / "a", seed=5)))
+    engine.adapters.load("a", str(save_adapter(model_dir, tmp_path / "a", seed=5)))
     attention_only = dict(seed=6, rank=16, modules=["q_proj", "k_proj", "o_proj"])
-    engine.load_lora_adapter("b", str(save_adapter(model_dir, tmp_path / "b", **attention_only)))
+    engine.adapters.load("b", str(save_adapter(model_dir, tmp_path / "b", **attention_only)))
     runner = engine.runner
     assert runner.fast_path is not None and runner.fast_path.takes_lora
     lengths = [(40, 1), (7, 1), (100, 1), (12, 1)]

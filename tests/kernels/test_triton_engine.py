@@ -158,7 +158,7 @@ def test_engine_triton_lora_matches_torch_path(tiny, monkeypatch, tmp_path):
     def run(backend: str, loras: list) -> list:
         engine = LLMEngine(make_engine(folder, backend).config.replace(enable_lora=True))
         for name, path in adapters.items():
-            engine.load_lora_adapter(name, str(path))
+            engine.adapters.load(name, str(path))
         params = SamplingParams(max_tokens=4, temperature=0.0)
         outputs = engine.generate(prompts, params, use_tqdm=False, lora_request=loras)
         return [out.token_ids for out in outputs]

@@ -22,7 +22,7 @@ def scrape(engine: LLMEngine) -> dict[tuple[str, tuple], float]:
         rejections={},
         block_size=engine.config.block_size,
         lora=None,
-        lora_requests_info=engine.lora_requests_info,
+        lora_requests_info=engine.adapters.requests_info,
     )
     server = ServerMetrics()
     server.bind(lambda: view, "tiny")

@@ -46,7 +46,7 @@ def expected(model_dir, adapters):
     answers = {}
     for name in (None, "a", "b"):
         if name is not None:
-            engine.load_lora_adapter(name, str(adapters[name]))
+            engine.adapters.load(name, str(adapters[name]))
         [out] = engine.generate([PROMPT], params, use_tqdm=False, lora_request=name)
         answers[name] = out.text
     assert len(set(answers.values())) == 3
