@@ -69,8 +69,9 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         config.block_size,
         num_cpu_blocks=config.num_cpu_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
-        sliding_window=runner.sliding_window,
-        num_sliding_blocks=runner.num_sliding_blocks,
+        later_groups=list(zip(runner.kv_layout.group_windows, runner.group_blocks, strict=True))[
+            1:
+        ],
         tiers=tiers,
         hash_key=hash_key,
     )

@@ -26,19 +26,20 @@ class AttentionInputs:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cu_seqlens of the query chunks
     max_query_len: int
     max_context_len: int
-    # Where the sliding-window layers' KV has a cache group of its own: the same step
-    # over that group's block tables (slot_mapping and block_tables differ, the rest is
-    # the same), as the backend's metadata too once prepared. None: one group.
-    sliding: AttentionInputs | None = field(default=None, kw_only=True)
+    # The same step in each later KV cache group (1, 2, ...: e.g. the sliding-window
+    # layers' own), over that group's block tables (slot_mapping and block_tables
+    # differ, the rest is the same), as the backend's metadata too once prepared.
+    later_groups: tuple[AttentionInputs, ...] = field(default=(), kw_only=True)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
 
-    def for_window(self, window: int | None) -> AttentionInputs:
-        """The metadata a layer with this window (None: global attention) reads."""
-        if window is not None and self.sliding is not None:
-            return self.sliding
+    def for_group(self, group: int) -> AttentionInputs:
+        """The metadata a layer of this KV cache group reads: a step over one group
+        serves every layer (a draft model keeps one cache for all of its layers)."""
+        if 0 < group <= len(self.later_groups):
+            return self.later_groups[group - 1]
         return self
 
     def common_fields(self) -> dict[str, Any]:
@@ -80,9 +81,10 @@ class AttentionBackend(Generic[Metadata]):
     def prepare_step(
         self, inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
     ) -> Metadata:
-        """``prepare`` for every KV cache group of the step: the sliding group's metadata
-        goes in the global one's ``sliding``."""
+        """``prepare`` for every KV cache group of the step: the later groups' metadata
+        goes in the first one's ``later_groups``."""
         meta = self.prepare(inputs, block_size, sliding_windows)
-        if inputs.sliding is None:
+        if not inputs.later_groups:
             return meta
-        return replace(meta, sliding=self.prepare(inputs.sliding, block_size, sliding_windows))
+        later = tuple(self.prepare(g, block_size, sliding_windows) for g in inputs.later_groups)
+        return replace(meta, later_groups=later)

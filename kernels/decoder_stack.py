@@ -32,6 +32,9 @@ class DecoderLayerSpec:
     gate_up: LinearFn | None  # -> activation(gate) * up; None in a sparse layer
     down: LinearFn | None
     sliding_window: int | None
+    # This layer's KV cache group: the step's block tables and slots it reads
+    # (AttentionInputs.for_group)
+    kv_group: int
     # This layer's RoPE tables (cos, sin), fp32 [max_positions, head_dim]: the global
     # ones, or a sliding-window layer's own (Gemma 3's second base)
     rope: tuple[torch.Tensor, torch.Tensor]

@@ -73,17 +73,15 @@ class CpuDecoderStack:
         meta: CpuAttentionMetadata,
         lora_groups: Sequence[tuple[int, torch.Tensor | None]] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        sliding = meta.sliding
+        groups = (meta, *meta.later_groups)
         return self.stack.forward(
             x,
             positions,
             [k for k, _ in kv_caches],
             [v for _, v in kv_caches],
-            meta.token_block_tables,
+            [group.token_block_tables for group in groups],
             meta.token_context_lens,
-            meta.slot_mapping,
-            None if sliding is None else sliding.token_block_tables,
-            None if sliding is None else sliding.slot_mapping,
+            [group.slot_mapping for group in groups],
             [slot for slot, _ in lora_groups],
             [rows for _, rows in lora_groups],
         )
@@ -143,6 +141,7 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
             layer.post_attention_norm,
             *linears,
             layer.sliding_window or 0,
+            layer.kv_group,
             *layer.rope,
             q_norm=layer.q_norm,
             k_norm=layer.k_norm,

@@ -1,16 +1,17 @@
 """Paged KV allocator: fixed-size blocks, reference counts, prefix caching, swap.
 
 A sequence's block tables list the physical blocks that hold its KV, in logical order,
-one table per KV cache group (core/kv_cache_group.py): the global-attention layers',
-and for a model that mixes in sliding-window layers, theirs, whose blocks go back to
-their own pool as they leave the window. Pure Python: the model runner does the actual
-copies that ``allocate_slots`` (copy-on-write), ``swap_out`` and ``swap_in`` return
-(the sliding group's gather in ``sliding_moves`` until the scheduler takes them).
+one table per KV cache group (core/kv_cache_group.py), by index: the first keeps every
+token's KV; a later one may keep a window's (a model's sliding-window layers'), its
+blocks going back to its own pool as they leave the window. Pure Python: the model
+runner does the actual copies that ``allocate_slots`` (copy-on-write), ``swap_out`` and
+``swap_in`` return for the first group (the later groups' gather in
+``later_group_moves`` until the scheduler takes them).
 
 Prefix caching (core/block_pool.py) keeps freed full blocks findable by a hash of their
 tokens chained to every block before them. A new sequence takes the longest cached
-prefix whose global blocks are all cached and whose sliding blocks are cached for the
-window before its end: a chat's next turn finds the last turn's blocks in both.
+prefix whose blocks are all cached in each whole group and cached for the window before
+its end in each windowed one: a chat's next turn finds the last turn's blocks in both.
 
 Evicted blocks can be kept in host RAM and on disk (prefix_tiers.PrefixTiers). Block
 hashes are keyed with a random key per block manager (so per process and replica), or
@@ -47,25 +48,25 @@ class BlockManager:
         block_size: int,
         num_cpu_blocks: int = 0,
         enable_prefix_caching: bool = True,
-        sliding_window: int | None = None,
-        num_sliding_blocks: int = 0,
+        later_groups: Seq[tuple[int | None, int]] = (),
         tiers: PrefixTiers | None = None,
         hash_key: bytes | None = None,
     ) -> None:
-        """``sliding_window``: the window of a model that mixes sliding-window layers
-        with global ones; their KV gets a pool of its own, of ``num_sliding_blocks``
-        blocks (one the null block). ``tiers``, ``hash_key``: see the module's doc."""
+        """``num_blocks``: the first group's; ``later_groups``: (window or None, blocks)
+        of each later KV cache group (engine/models/kv_layout.py), a windowed one's
+        blocks counting its null block. ``tiers``, ``hash_key``: see the module's doc."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         pool = BlockPool(num_blocks, num_cpu_blocks)
         self.groups = [KVCacheGroup(0, pool, block_size, None)]
-        if sliding_window is not None:
-            sliding_pool = BlockPool(num_sliding_blocks, num_cpu_blocks + 1, reserve_null=True)
-            self.groups.append(KVCacheGroup(1, sliding_pool, block_size, sliding_window))
-        # The sliding group's copies since the scheduler last took them.
-        self.sliding_moves = BlockMoves()
-        # The global group's pool, by the names callers read.
+        for index, (window, group_blocks) in enumerate(later_groups, 1):
+            windowed = window is not None  # a windowed group's null block: one more CPU block
+            group_pool = BlockPool(group_blocks, num_cpu_blocks + windowed, reserve_null=windowed)
+            self.groups.append(KVCacheGroup(index, group_pool, block_size, window))
+        # The later groups' copies since the scheduler last took them.
+        self.later_group_moves = [BlockMoves() for _ in self.groups[1:]]
+        # The first group's pool, by the names callers read.
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.blocks = pool.blocks
@@ -81,11 +82,7 @@ class BlockManager:
         self.prefix_hits = 0  # of those, tokens found
         self.swapped_out_blocks = 0  # blocks ever copied to CPU
 
-    @property
-    def sliding(self) -> KVCacheGroup | None:
-        return self.groups[1] if len(self.groups) > 1 else None
-
-    # ---- accounting (of the global group, which holds every computed token) ----
+    # ---- accounting (of the first group, which holds every computed token) ----
 
     @property
     def num_free_blocks(self) -> int:
@@ -115,10 +112,10 @@ class BlockManager:
             if self.prefix_queries
             else 0.0,
         }
-        if self.sliding is not None:
-            pool = self.sliding.pool
-            stats["sliding_total_blocks"] = pool.num_blocks - pool.num_reserved
-            stats["sliding_used_blocks"] = pool.num_used_blocks
+        for group in self.groups[1:]:  # e.g. "group1_used_blocks"
+            pool = group.pool
+            stats[f"group{group.index}_total_blocks"] = pool.num_blocks - pool.num_reserved
+            stats[f"group{group.index}_used_blocks"] = pool.num_used_blocks
         return stats
 
     # ---- prefix caching ----
@@ -208,7 +205,7 @@ class BlockManager:
     # ---- allocation ----
 
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """New global blocks the sequence needs to hold its next ``num_new_tokens`` tokens."""
+        """New first-group blocks the sequence needs to hold its next ``num_new_tokens`` tokens."""
         return self.groups[0].num_blocks_needed(seq, num_new_tokens)
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -218,11 +215,11 @@ class BlockManager:
         )
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[BlockPair]:
-        """Grow the block tables for the next tokens; return the global group's (src,
+        """Grow the block tables for the next tokens; return the first group's (src,
         dst) block copies (copy-on-write of a shared, partly filled last block)."""
         assert self.can_allocate_slots(seq, num_new_tokens)
-        if self.sliding is not None:
-            self.sliding_moves.copy += self.sliding.allocate_slots(seq, num_new_tokens)
+        for group, moves in self._later_groups():
+            moves.copy += group.allocate_slots(seq, num_new_tokens)
         return self.groups[0].allocate_slots(seq, num_new_tokens)
 
     def free_uncomputed_blocks(self, seq: Sequence) -> None:
@@ -253,16 +250,19 @@ class BlockManager:
     def forget_copies_into(self, seq: Sequence, copies: list[BlockPair]) -> None:
         """Drop this step's copy-on-write copies into the sequence's own blocks (before
         it is preempted: they are freed, and may be handed out again in the step)."""
-        # strict=False: a model without a sliding group has one group, and no copies there.
-        for group, group_copies in zip(
-            self.groups, (copies, self.sliding_moves.copy), strict=False
-        ):
+        later_copies = [moves.copy for moves in self.later_group_moves]
+        for group, group_copies in zip(self.groups, [copies, *later_copies], strict=True):
             own = set(group.table(seq))
             group_copies[:] = [c for c in group_copies if c[1] not in own]
 
-    def take_sliding_moves(self) -> BlockMoves:
-        moves, self.sliding_moves = self.sliding_moves, BlockMoves()
+    def take_later_group_moves(self) -> list[BlockMoves]:
+        moves = self.later_group_moves
+        self.later_group_moves = [BlockMoves() for _ in moves]
         return moves
+
+    def _later_groups(self) -> zip[tuple[KVCacheGroup, BlockMoves]]:
+        """Each group after the first, with its copies since the scheduler took them."""
+        return zip(self.groups[1:], self.later_group_moves, strict=True)
 
     # ---- swap ----
 
@@ -270,11 +270,11 @@ class BlockManager:
         return all(group.can_swap_out(seq) for group in self.groups)
 
     def swap_out(self, seq: Sequence) -> list[BlockPair]:
-        """Move a sequence's KV to CPU blocks; return the global group's (gpu_block,
+        """Move a sequence's KV to CPU blocks; return the first group's (gpu_block,
         cpu_block) copies."""
         assert self.can_swap_out(seq)
-        if self.sliding is not None:
-            self.sliding_moves.swap_out += self.sliding.swap_out(seq)
+        for group, moves in self._later_groups():
+            moves.swap_out += group.swap_out(seq)
         mapping = self.groups[0].swap_out(seq)
         self.swapped_out_blocks += len(mapping)
         seq.num_registered_blocks = 0
@@ -287,10 +287,10 @@ class BlockManager:
         )
 
     def swap_in(self, seq: Sequence) -> list[BlockPair]:
-        """Bring a swapped sequence's KV back; return the global group's (cpu_block,
+        """Bring a swapped sequence's KV back; return the first group's (cpu_block,
         gpu_block) copies."""
-        if self.sliding is not None:
-            self.sliding_moves.swap_in += self.sliding.swap_in(seq)
+        for group, moves in self._later_groups():
+            moves.swap_in += group.swap_in(seq)
         seq.num_registered_blocks = 0
         return self.groups[0].swap_in(seq)
 

@@ -1,13 +1,13 @@
 """One KV cache group: the layers that share block tables, their pool, and each
 sequence's table in it.
 
-A model whose layers all attend to the whole context has one group. A model that mixes
-sliding-window layers with global ones (Gemma 2 and 3) has two: the global layers
-keep every token's KV, the sliding layers only what their window still sees. Both
-tables of a sequence index the same logical blocks (block i holds tokens i * block_size
-onwards); in the sliding group a block that has left the window goes back to its pool
-and its entry becomes NULL_BLOCK, so that group's memory per sequence is bounded by the
-window. The block manager drives the groups together (core/block_manager.py).
+Which layers share a group, and what it keeps, is the model's KV layout
+(engine/models/kv_layout.py): a group keeps every token's KV, or only what a window
+still sees. Every table of a sequence indexes the same logical blocks (block i holds
+tokens i * block_size onwards); in a windowed group a block that has left the window
+goes back to its pool and its entry becomes NULL_BLOCK, so that group's memory per
+sequence is bounded by the window. The block manager drives the groups together
+(core/block_manager.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class KVCacheGroup:
     def __init__(self, index: int, pool: BlockPool, block_size: int, window: int | None) -> None:
         """``index``: the group's table in ``Sequence.block_tables``; ``window``: the
         keys a query sees (None: all of them)."""
-        assert window is None or pool.num_reserved == 1, "a sliding group needs a null block"
+        assert window is None or pool.num_reserved == 1, "a windowed group needs a null block"
         self.index = index
         self.pool = pool
         self.block_size = block_size
@@ -36,7 +36,14 @@ class KVCacheGroup:
         self.null = NULL_BLOCK if window is not None else None
 
     def table(self, seq: Sequence) -> list[int]:
-        return seq.block_tables[self.index]
+        tables = seq.block_tables
+        while len(tables) <= self.index:  # the sequence's first blocks in this group
+            tables.append([])
+        return tables[self.index]
+
+    def set_table(self, seq: Sequence, table: list[int]) -> None:
+        self.table(seq)
+        seq.block_tables[self.index] = table
 
     def first_kept(self, position: int) -> int:
         """The first logical block a query at ``position`` (or later) still sees."""
@@ -93,14 +100,14 @@ class KVCacheGroup:
         for block_id in shared:
             if block_id != self.null:
                 self.pool.take(block_id)
-        child.block_tables[self.index] = list(shared)
+        self.set_table(child, list(shared))
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks, its last ones to be evicted first."""
         for block_id in reversed(self.table(seq)):
             if block_id != self.null:
                 self.pool.release(block_id)
-        seq.block_tables[self.index] = []
+        self.set_table(seq, [])
 
     def _out_of_window(self, seq: Sequence) -> list[int]:
         """The table's entries that hold blocks no later query of the sequence sees, but
@@ -219,7 +226,7 @@ class KVCacheGroup:
         for i in from_tier:
             assert tiers is not None
             table[i] = tiers.load(self.index, self.pool, found[i])
-        seq.block_tables[self.index] = table
+        self.set_table(seq, table)
 
     # ---- swap ----
 
@@ -238,7 +245,7 @@ class KVCacheGroup:
         ]
         mapping = [pair for pair in zip(table, cpu_table, strict=True) if pair[0] != self.null]
         self.free(seq)
-        seq.block_tables[self.index] = cpu_table
+        self.set_table(seq, cpu_table)
         return mapping
 
     def blocks_to_swap_in(self, seq: Sequence, num_new_tokens: int) -> int:
@@ -253,10 +260,10 @@ class KVCacheGroup:
         ]
         mapping = [pair for pair in zip(cpu_table, table, strict=True) if pair[0] != self.null]
         self.pool.free_cpu_blocks.extend(cpu for cpu, _ in reversed(mapping))
-        seq.block_tables[self.index] = table
+        self.set_table(seq, table)
         return mapping
 
     def free_swapped(self, seq: Sequence) -> None:
         """Release the CPU blocks of a swapped sequence."""
         self.pool.free_cpu_blocks.extend(b for b in reversed(self.table(seq)) if b != self.null)
-        seq.block_tables[self.index] = []
+        self.set_table(seq, [])

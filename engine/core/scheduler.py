@@ -85,7 +85,7 @@ class Scheduler(SequenceQueues):
                 drafts = self.speculator.schedule_drafts(
                     steps, budget, len(self.running), self.block_manager, out, self.max_model_len
                 )
-        out.sliding_moves.extend(self.block_manager.take_sliding_moves())
+        out.later_group_moves.extend(self.block_manager.take_later_group_moves())
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
         out.scheduled.extend(
             schedule_entry(seq, num_new, drafts.get(seq.request_id), draft_model)

@@ -81,9 +81,9 @@ class Sequence:
         # decode steps went without drafts, and catches up when it next drafts).
         self.num_draft_computed_tokens = 0
         # Physical KV block ids, in logical order (GPU blocks, or CPU blocks while
-        # swapped), per KV cache group (core/kv_cache_group.py): the global-attention
-        # layers', then the sliding-window layers' (empty where the model has none).
-        self.block_tables: list[list[int]] = [[], []]
+        # swapped), per KV cache group by index (core/kv_cache_group.py; a group adds
+        # its table when it first gives the sequence blocks).
+        self.block_tables: list[list[int]] = [[]]
         # Prefix-cache bookkeeping: chained hashes of full token blocks, and how
         # many of this sequence's blocks are registered in the cache.
         self.block_hashes: list[int] = []
@@ -143,7 +143,7 @@ class Sequence:
 
     @property
     def block_table(self) -> list[int]:
-        """The global-attention layers' block table: every computed token's block."""
+        """The first KV cache group's table: every computed token's block."""
         return self.block_tables[0]
 
     @block_table.setter

@@ -41,7 +41,8 @@ class ScheduledSequence:
     # the first.
     token_ids: list[int]
     start: int
-    block_table: list[int]
+    # Its block table in each KV cache group (engine/models/kv_layout.py), by index.
+    block_tables: list[list[int]]
     # Whether this step reaches the sequence's last token, so a token is sampled (never
     # for an embedding request).
     samples: bool
@@ -74,12 +75,15 @@ class ScheduledSequence:
     # token, so the pooled vector is returned instead of a sampled token.
     pooling: str | None = None
     returns_embedding: bool = False
-    # The sliding-window layers' block table, where they have their own (empty: none).
-    sliding_block_table: list[int] = field(default_factory=list)
     # LongRoPE: its tokens take the long factors (Sequence.long_rope).
     long_rope: bool = False
     # The slot of the LoRA adapter its rows take (0: none; engine/lora/).
     lora_slot: int = 0
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's table: every computed token's block."""
+        return self.block_tables[0]
 
     @property
     def num_new_tokens(self) -> int:
@@ -137,12 +141,13 @@ class TierMoves:
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
-    # Block copies the model runner does before the forward pass, in this order.
+    # Block copies the model runner does before the forward pass, in this order, in the
+    # first KV cache group (the only one of most models).
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # gpu -> cpu
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> gpu
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # gpu -> gpu
-    # The same for the sliding-window layers' blocks, where they have their own.
-    sliding_moves: BlockMoves = field(default_factory=BlockMoves)
+    # The same in each later group (1, 2, ...: e.g. the sliding-window layers').
+    later_group_moves: list[BlockMoves] = field(default_factory=list)
     # The prefix cache's tier traffic, per KV cache group that has any.
     tier_moves: list[TierMoves] = field(default_factory=list)
     # Ids of sequences preempted this step, and of those finished since the last step
@@ -150,10 +155,12 @@ class SchedulerOutput:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
 
-    @property
-    def global_moves(self) -> BlockMoves:
-        """The global-attention layers' block copies (the blocks_to_* lists)."""
-        return BlockMoves(self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)
+    def group_moves(self, group: int) -> BlockMoves:
+        """The block copies in one KV cache group (none where the step has none there)."""
+        if group == 0:
+            return BlockMoves(self.blocks_to_swap_out, self.blocks_to_swap_in, self.blocks_to_copy)
+        later = self.later_group_moves
+        return later[group - 1] if group <= len(later) else BlockMoves()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -31,14 +31,16 @@ class Command(enum.IntEnum):
     LOGITS = 2
 
 
-HEADER_SIZE = 14
+# The command, the step's five sizes, its KV cache groups and three copy counts in each
+# of up to three groups.
+HEADER_SIZE = 16
 
 
 @dataclass
 class Step:
     """A step as a worker receives it: the block copies and the forward pass's inputs."""
 
-    copies: SchedulerOutput  # only its block copies (blocks_to_*, sliding_moves) are set
+    copies: SchedulerOutput  # only its block copies (blocks_to_*, later_group_moves) are set
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     attention_inputs: AttentionInputs
@@ -59,10 +61,11 @@ class StepSender:
     ) -> None:
         num_tokens = input_ids.shape[0]
         num_seqs, max_blocks = attention.block_tables.shape
-        moves = out.sliding_moves
-        copies = [out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy]
-        copies += [moves.swap_out, moves.swap_in, moves.copy]
-        sliding = attention.sliding
+        groups = (attention, *attention.later_groups)  # per KV cache group, by index
+        copies = []
+        for group in range(len(groups)):
+            moves = out.group_moves(group)
+            copies += [moves.swap_out, moves.swap_in, moves.copy]
         self._send_header(
             Command.STEP,
             num_tokens,
@@ -70,7 +73,7 @@ class StepSender:
             max_blocks,
             attention.max_query_len,
             attention.max_context_len,
-            sliding is not None,
+            len(groups),
             *(len(pairs) for pairs in copies),
         )
         device = input_ids.device
@@ -79,13 +82,11 @@ class StepSender:
             torch.tensor(pairs, dtype=torch.long).to(device),
             input_ids,
             positions,
-            attention.slot_mapping,
-            attention.block_tables.flatten().long(),
             attention.context_lens.long(),
             attention.query_start_loc.long(),
         ]
-        if sliding is not None:  # the sliding-window layers' own tables
-            parts += [sliding.slot_mapping, sliding.block_tables.flatten().long()]
+        for group in groups:
+            parts += [group.slot_mapping, group.block_tables.flatten().long()]
         self.tp.broadcast(torch.cat(parts))
 
     def send_logits(self, hidden: torch.Tensor) -> None:
@@ -124,37 +125,34 @@ class StepReceiver:
         return Command(command), None
 
     def _receive_step(self, sizes: list[int]) -> Step:
-        num_tokens, num_seqs, max_blocks, max_query_len, max_context_len = sizes[:5]
-        has_sliding = bool(sizes[5])
-        num_copies = sizes[6:12]
-        lengths = [2 * n for n in num_copies] + [num_tokens] * 3
-        lengths += [num_seqs * max_blocks, num_seqs, num_seqs + 1]
-        if has_sliding:
-            lengths += [num_tokens, num_seqs * max_blocks]
+        num_tokens, num_seqs, max_blocks, max_query_len, max_context_len, num_groups = sizes[:6]
+        num_copies = sizes[6 : 6 + 3 * num_groups]
+        lengths = [2 * sum(num_copies), num_tokens, num_tokens, num_seqs, num_seqs + 1]
+        lengths += [num_tokens, num_seqs * max_blocks] * num_groups
         payload = torch.empty(sum(lengths), dtype=torch.long, device=self.tp.device)
-        parts = self.tp.broadcast(payload).split(lengths)
-        pairs = [[(src, dst) for src, dst in t.view(-1, 2).tolist()] for t in parts[:6]]
-        input_ids, positions, slots, tables, lens, starts = parts[6:12]
-        attention = AttentionInputs(
-            slot_mapping=slots,
-            block_tables=tables.view(num_seqs, max_blocks).int(),
-            context_lens=lens.int(),
-            query_start_loc=starts.int(),
-            max_query_len=max_query_len,
-            max_context_len=max_context_len,
+        pair_list, input_ids, positions, lens, starts, *tables = self.tp.broadcast(payload).split(
+            lengths
         )
-        if has_sliding:
-            sliding_slots, sliding_tables = parts[12:]
-            sliding = replace(
-                attention,
-                slot_mapping=sliding_slots,
-                block_tables=sliding_tables.view(num_seqs, max_blocks).int(),
+        pairs = [
+            [(src, dst) for src, dst in t.view(-1, 2).tolist()]
+            for t in pair_list.split([2 * n for n in num_copies])
+        ]
+        groups = [
+            AttentionInputs(
+                slot_mapping=slots,
+                block_tables=group_tables.view(num_seqs, max_blocks).int(),
+                context_lens=lens.int(),
+                query_start_loc=starts.int(),
+                max_query_len=max_query_len,
+                max_context_len=max_context_len,
             )
-            attention = replace(attention, sliding=sliding)
+            for slots, group_tables in zip(tables[::2], tables[1::2], strict=True)
+        ]
+        attention = replace(groups[0], later_groups=tuple(groups[1:]))
         copies = SchedulerOutput(
             blocks_to_swap_out=pairs[0],
             blocks_to_swap_in=pairs[1],
             blocks_to_copy=pairs[2],
-            sliding_moves=BlockMoves(*pairs[3:]),
+            later_group_moves=[BlockMoves(*pairs[i : i + 3]) for i in range(3, len(pairs), 3)],
         )
         return Step(copies, input_ids, positions, attention)

@@ -13,6 +13,7 @@ from typing import Any
 
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import family_of
+from hetero_infer.engine.models.kv_layout import KVLayout
 from hetero_infer.engine.models.moe_config import MoeSettings, moe_settings
 
 
@@ -147,6 +148,11 @@ class ModelConfig:
     def softmax_scale(self) -> float:
         """Attention's softmax scale."""
         return self.head_dim**-0.5 if self.attention_scale is None else self.attention_scale
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The layers' KV cache groups (kv_layout.py)."""
+        return KVLayout.of(self.sliding_windows)
 
     def resolve_max_model_len(self, requested: int | None) -> int:
         """The context length to serve: ``requested`` (the engine's max_model_len), which

@@ -70,9 +70,9 @@ class DecoderForCausalLM(nn.Module):
         sparse = config.moe.sparse_layers if config.moe else (False,) * config.num_layers
         self.layers = nn.ModuleList(
             DecoderLayer(
-                local, w, kernels, all_reduce, SparseMoe(local, kernels.ops) if moe else None
+                local, i, kernels, all_reduce, SparseMoe(local, kernels.ops) if moe else None
             )
-            for w, moe in zip(config.sliding_windows, sparse, strict=True)
+            for i, moe in enumerate(sparse)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels.ops)
         self.tie_word_embeddings = config.tie_word_embeddings
@@ -231,6 +231,7 @@ class DecoderForCausalLM(nn.Module):
                 moe=None if isinstance(layer.mlp, MLP) else layer.mlp.fused,
                 qk_norm_across_heads=self.config.qk_norm_across_heads,
                 sliding_window=layer.self_attn.sliding_window,
+                kv_group=layer.self_attn.kv_group,
                 rope=rope,
                 activation=self.config.hidden_act,
                 q_norm=weight(layer.self_attn.q_norm),

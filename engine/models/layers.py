@@ -73,10 +73,11 @@ class Attention(DirectCall, nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        sliding_window: int | None,
+        layer: int,
         kernels: Kernels,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        """``layer``: the layer's index, for its attention window and KV cache group."""
         super().__init__()
         # Tensor parallel: o_proj's output is this rank's partial sum.
         self.all_reduce = all_reduce
@@ -88,7 +89,8 @@ class Attention(DirectCall, nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = config.softmax_scale
-        self.sliding_window = sliding_window
+        self.sliding_window = config.sliding_windows[layer]
+        self.kv_group = config.kv_layout.layer_groups[layer]
         self.softcap = config.attn_logit_softcap
         pack = kernels.ops.pack_linear
         qkv_size = self.q_size + 2 * self.kv_size
@@ -123,7 +125,7 @@ class Attention(DirectCall, nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k, *rope)
         k_cache, v_cache = kv_cache
-        meta = meta.for_window(self.sliding_window)  # this layer's KV cache group
+        meta = meta.for_group(self.kv_group)
         self.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = self.backend.forward(
             q, k_cache, v_cache, meta, self.scale, self.sliding_window, self.softcap
@@ -187,7 +189,7 @@ class DecoderLayer(DirectCall, nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        sliding_window: int | None,
+        layer: int,
         kernels: Kernels,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
         mlp: nn.Module | None = None,
@@ -195,7 +197,7 @@ class DecoderLayer(DirectCall, nn.Module):
         super().__init__()
         ops = kernels.ops
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, sliding_window, kernels, all_reduce)
+        self.self_attn = Attention(config, layer, kernels, all_reduce)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         # ``mlp``: a mixture-of-experts layer's experts (models/moe.py), in place of the
         # dense MLP.

@@ -86,7 +86,7 @@ class DraftRunner:
         tokens filled in, and for the sampling ones among them the draft's probabilities
         q [num_drafts, vocab] by request id."""
         assert self.kv_cache is not None
-        self.kv_cache.copy_blocks(out.global_moves)  # the same copies as the target's
+        self.kv_cache.copy_blocks(out.group_moves(0))  # the same copies as the target's
         joined = [s for s in out.scheduled if s.draft_lag_token_ids is not None]
         if not joined:
             return out.scheduled, {}
@@ -95,7 +95,7 @@ class DraftRunner:
             lag = list(s.draft_lag_token_ids or ())
             own = s.token_ids[: s.num_new_tokens - s.num_draft_tokens]
             chunks.append(
-                Chunk(lag + own, s.start - len(lag), s.block_table, s.num_draft_tokens > 0)
+                Chunk(lag + own, s.start - len(lag), [s.block_table], s.num_draft_tokens > 0)
             )
         active = [s for s in joined if s.num_draft_tokens]
         proposed: dict[str, list[int]] = {s.request_id: [] for s in active}
@@ -127,7 +127,7 @@ class DraftRunner:
                 Chunk(
                     [proposed[s.request_id][-1]],
                     s.start + len(proposed[s.request_id]),
-                    s.block_table,
+                    [s.block_table],
                     True,
                 )
                 for s in active

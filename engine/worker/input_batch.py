@@ -24,13 +24,11 @@ class Chunk(NamedTuple):
 
     token_ids: list[int]  # the tokens computed
     start: int  # the position of the first
-    block_table: list[int]
+    block_tables: list[list[int]]  # per KV cache group (engine/models/kv_layout.py)
     samples: bool  # whether its last token's logits are kept for sampling
     # Draft tokens at the end of token_ids: their logits are kept too (speculative
     # decoding verifies them), the last 1 + num_draft_tokens positions' in all.
     num_draft_tokens: int = 0
-    # The sliding-window layers' block table, where they have a KV cache group of their own.
-    sliding_block_table: list[int] | None = None
     # Added to its positions for the RoPE table rows its tokens take (LongRoPE's long
     # factors follow the short ones in the tables).
     rope_offset: int = 0
@@ -57,15 +55,14 @@ class InputBatcher:
         device: torch.device,
         attention: AttentionBackend,
         sliding_windows: set[int | None],
-        sliding_group: bool = False,
+        num_kv_groups: int = 1,
     ) -> None:
-        """``sliding_group``: whether the sliding-window layers have a KV cache group of
-        their own, whose block tables the chunks carry too."""
+        """``num_kv_groups``: the KV cache groups whose block tables the chunks carry."""
         self.block_size = block_size
         self.device = device
         self.attention = attention
         self.sliding_windows = sliding_windows
-        self.sliding_group = sliding_group
+        self.num_kv_groups = num_kv_groups
 
     def build(self, chunks: list[Chunk]) -> ModelInputs:
         bs = self.block_size
@@ -84,8 +81,11 @@ class InputBatcher:
         context_lens = starts + query_lens
         max_context_len = int(context_lens.max())
         max_blocks = -(-max_context_len // bs)
-        layout = (token_seq, positions, max_blocks)
-        block_tables, slot_mapping = self._tables([c.block_table for c in chunks], *layout)
+        # Each group's tables, and each token's cache slot in them.
+        groups = [
+            self._tables([c.block_tables[g] for c in chunks], token_seq, positions, max_blocks)
+            for g in range(self.num_kv_groups)
+        ]
         num_rows = np.fromiter(
             (1 + c.num_draft_tokens if c.samples else 0 for c in chunks), np.int64, num_seqs
         )
@@ -95,6 +95,7 @@ class InputBatcher:
         row_in_seq = np.arange(int(num_rows.sum())) - first_row[row_seq]
         logits_indices = query_start_loc[1:][row_seq] - num_rows[row_seq] + row_in_seq
 
+        (block_tables, slot_mapping), *later = groups
         attention_inputs = AttentionInputs(
             slot_mapping=self._tensor(slot_mapping),
             block_tables=self._tensor(block_tables, torch.int32),
@@ -103,15 +104,16 @@ class InputBatcher:
             max_query_len=int(query_lens.max()),
             max_context_len=max_context_len,
         )
-        if self.sliding_group:
-            tables = [c.sliding_block_table or [] for c in chunks]
-            sliding_tables, sliding_slots = self._tables(tables, *layout)
+        if later:  # the same step over each later group's tables
             attention_inputs = replace(
                 attention_inputs,
-                sliding=replace(
-                    attention_inputs,
-                    slot_mapping=self._tensor(sliding_slots),
-                    block_tables=self._tensor(sliding_tables, torch.int32),
+                later_groups=tuple(
+                    replace(
+                        attention_inputs,
+                        slot_mapping=self._tensor(slots),
+                        block_tables=self._tensor(tables, torch.int32),
+                    )
+                    for tables, slots in later
                 ),
             )
         rope_offsets = np.fromiter((c.rope_offset for c in chunks), np.int64, num_seqs)
@@ -150,7 +152,7 @@ class InputBatcher:
             num_blocks = -(-(cached + new) // self.block_size)
             table = list(range(next_block, next_block + num_blocks))
             next_block += num_blocks
-            chunks.append(Chunk([0] * new, cached, table, True, 0, table))
+            chunks.append(Chunk([0] * new, cached, [table] * self.num_kv_groups, True))
         return self.build(chunks)
 
     def _tensor(self, values: np.ndarray, dtype: torch.dtype = torch.long) -> torch.Tensor:

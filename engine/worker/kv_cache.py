@@ -2,9 +2,8 @@
 
 The scheduler decides which blocks move; this applies its copies before a step's
 forward pass. An int8 cache keeps each row's scales inside the row (kernels/kv_quant.py),
-so a block's copy or swap moves its scales with it. A model whose sliding-window layers
-have a KV cache group of their own (core/kv_cache_group.py) has one of these per group,
-each over its layers.
+so a block's copy or swap moves its scales with it. A model with more than one KV cache
+group (engine/models/kv_layout.py) has one of these per group, each over its layers.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import torch
 from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
 from hetero_infer.engine.host_memory import zeros_on_huge_pages
 from hetero_infer.engine.kv.tier_store import TierStore
+from hetero_infer.engine.models.kv_layout import KVLayout
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 
@@ -78,64 +78,43 @@ def layer_caches(kv_cache: torch.Tensor) -> list[LayerCache]:
     return [(kv_cache[i, 0], kv_cache[i, 1]) for i in range(kv_cache.shape[0])]
 
 
-def sliding_group_window(layer_windows: tuple[int | None, ...]) -> int | None:
-    """The window of the sliding-window layers' own KV cache group, or None where the
-    model has none: its layers all attend globally, or all slide (a sliding group needs
-    the global one's tables beside it, which then hold no KV; such a model keeps one
-    group). Different windows share the group, sized by the widest."""
-    windows = [w for w in layer_windows if w is not None]
-    if not windows or len(windows) == len(layer_windows):
-        return None
-    return max(windows)
-
-
-def in_sliding_group(layer_windows: tuple[int | None, ...]) -> list[bool]:
-    """Per layer, whether its KV is in the sliding-window layers' own group."""
-    own_group = sliding_group_window(layer_windows) is not None
-    return [own_group and w is not None for w in layer_windows]
-
-
 class ModelKVCache:
-    """Every layer's KV cache, by KV cache group: the global layers' blocks, and where
-    the sliding-window layers have a group of their own, theirs (core/kv_cache_group.py)."""
+    """Every layer's KV cache, by KV cache group (engine/models/kv_layout.py): each
+    group's blocks over its layers."""
 
     def __init__(
         self,
-        layer_windows: tuple[int | None, ...],
-        num_blocks: int,
-        num_sliding_blocks: int,
+        layout: KVLayout,
+        group_blocks: list[int],
         num_cpu_blocks: int,
         block_shape: tuple[int, int, int],
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        sliding = in_sliding_group(layer_windows)
-        own_group = any(sliding)
-        self.global_cache = KVCache(
-            sliding.count(False), num_blocks, num_cpu_blocks, block_shape, dtype, device
-        )
-        self.sliding_cache = None
-        if own_group:
-            # Block 0 of each pool is the null block (core/block_pool.py).
-            self.sliding_cache = KVCache(
-                sliding.count(True),
-                num_sliding_blocks,
-                num_cpu_blocks + 1,
+        self.groups = [
+            # A windowed group's pool has a null block (core/block_pool.py): one more
+            # CPU block too.
+            KVCache(
+                layout.num_layers_in(group),
+                num_blocks,
+                num_cpu_blocks + (window is not None),
                 block_shape,
                 dtype,
                 device,
             )
-        global_layers = iter(self.global_cache.layers)
-        sliding_layers = iter(self.sliding_cache.layers if self.sliding_cache else ())
-        self.layers = [next(sliding_layers if s else global_layers) for s in sliding]
+            for group, (window, num_blocks) in enumerate(
+                zip(layout.group_windows, group_blocks, strict=True)
+            )
+        ]
+        group_layers = [iter(cache.layers) for cache in self.groups]
+        self.layers = [next(group_layers[group]) for group in layout.layer_groups]
         # The prefix cache's RAM and disk tiers (engine/kv/), where there are any.
         self.tiers: TierStore | None = None
 
     @property
     def group_layers(self) -> list[int]:
-        """The layers of each KV cache group, global first."""
-        caches = [self.global_cache, self.sliding_cache]
-        return [len(c.layers) for c in caches if c is not None]
+        """The layers of each KV cache group."""
+        return [len(cache.layers) for cache in self.groups]
 
     def close_tiers(self, timeout: float) -> None:
         """The disk tier's queued writes, made within ``timeout`` seconds (a stop's)."""
@@ -149,10 +128,8 @@ class ModelKVCache:
         outcomes (TierMoves)."""
         tier_moves = {m.group: m for m in out.tier_moves}
         reads: list[tuple[int, int, bool]] = []
-        caches = [(self.global_cache, out.global_moves)]
-        if self.sliding_cache is not None:
-            caches.append((self.sliding_cache, out.sliding_moves))
-        for group, (cache, moves) in enumerate(caches):
+        for group, cache in enumerate(self.groups):
+            moves = out.group_moves(group)
             tier = tier_moves.get(group)
             host = self.tiers.hosts[group] if self.tiers is not None and tier else None
             if host is not None:

@@ -6,7 +6,7 @@ after the weights and the largest step's activations (measured by running one).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from hetero_infer.engine.config import EngineConfig
@@ -44,10 +44,10 @@ def kv_cache_budget(
     return budget
 
 
-def sliding_blocks_needed(config: EngineConfig, window: int) -> int:
-    """The most blocks the sliding-window layers' group holds for running sequences,
-    its null block included: per sequence the window's blocks and the one after them,
-    and its prompt's last window (core/kv_cache_group.py), plus the step's new tokens."""
+def windowed_blocks_needed(config: EngineConfig, window: int) -> int:
+    """The most blocks a windowed KV cache group holds for running sequences, its null
+    block included: per sequence the window's blocks and the one after them, and its
+    prompt's last window (core/kv_cache_group.py), plus the step's new tokens."""
     bs = config.block_size
     per_sequence = 2 * -(-(window - 1) // bs) + 2
     return 1 + config.max_num_seqs * per_sequence + -(-config.max_num_batched_tokens // bs)
@@ -56,35 +56,37 @@ def sliding_blocks_needed(config: EngineConfig, window: int) -> int:
 def pool_sizes(
     config: EngineConfig,
     budget: Callable[[], int],
-    global_block_bytes: int,
-    sliding_block_bytes: int,
-    window: int | None,
-) -> tuple[int, int]:
-    """(global blocks, sliding blocks; 0 without a sliding group). max_num_blocks sets
-    the global pool, else the budget does. The sliding pool gets what its running
-    sequences can ever hold, never more blocks than the global pool (it holds fewer of
-    each sequence's), and the global pool the rest: its tokens are what bounds how many
-    a server can hold at once."""
-    both = global_block_bytes + sliding_block_bytes
-    needed = 0 if window is None else sliding_blocks_needed(config, window)
+    group_block_bytes: Sequence[int],
+    group_windows: Sequence[int | None],
+) -> list[int]:
+    """The blocks of each KV cache group (engine/models/kv_layout.py), given the bytes
+    of one block of each. max_num_blocks sets the first group's pool, else the budget
+    does. A windowed group gets what its running sequences can ever hold, never more
+    blocks than the first group plus its null block (it holds fewer of each
+    sequence's); every whole group as many as the first, the most that fit beside
+    them: their tokens are what bounds how many a server can hold at once."""
+    caps = [None if w is None else windowed_blocks_needed(config, w) for w in group_windows]
+
+    def sizes(num_blocks: int) -> list[int]:
+        return [num_blocks if cap is None else min(num_blocks + 1, cap) for cap in caps]
+
+    def cost(num_blocks: int) -> int:
+        return sum(n * b for n, b in zip(sizes(num_blocks), group_block_bytes, strict=True))
+
     if config.max_num_blocks:
-        num_blocks = config.max_num_blocks
-    else:
-        total = budget()
-        if window is None:
-            num_blocks = total // global_block_bytes
-        elif needed * both >= total:
-            num_blocks = (total - sliding_block_bytes) // both
-        else:
-            num_blocks = (total - needed * sliding_block_bytes) // global_block_bytes
-        if num_blocks < 1:
-            raise OutOfMemoryError(
-                f"no memory left for the KV cache (budget {total} bytes, one block needs "
-                f"{both}); raise kv_cache_memory or gpu_memory_utilization"
-            )
-    if window is None:
-        return int(num_blocks), 0
-    return int(num_blocks), min(int(num_blocks) + 1, needed)
+        return sizes(config.max_num_blocks)
+    total = budget()
+    # The most blocks that fit: the cost grows with the count, so a bisection finds it.
+    low, high = 0, max(0, total) // group_block_bytes[0]
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if cost(middle) <= total else (low, middle - 1)
+    if low < 1:
+        raise OutOfMemoryError(
+            f"no memory left for the KV cache (budget {total} bytes, one block needs "
+            f"{cost(1)}); raise kv_cache_memory or gpu_memory_utilization"
+        )
+    return sizes(low)
 
 
 @torch.inference_mode()

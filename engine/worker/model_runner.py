@@ -31,12 +31,7 @@ from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
-from hetero_infer.engine.worker.kv_cache import (
-    ModelKVCache,
-    bytes_per_block,
-    in_sliding_group,
-    sliding_group_window,
-)
+from hetero_infer.engine.worker.kv_cache import ModelKVCache, bytes_per_block
 from hetero_infer.engine.worker.kv_sizing import kv_cache_budget, pool_sizes, profile_step_memory
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
@@ -75,16 +70,14 @@ class ModelRunner:
         # LongRoPE's long factors' rows in the RoPE tables: after the short ones'.
         self.long_rope_rows = setup.model_config.max_position_embeddings
         self.block_size = config.block_size
-        # The sliding-window layers' own KV cache group, where the model mixes them with
-        # global ones (core/kv_cache_group.py): its window, else None.
-        layer_windows = setup.model_config.sliding_windows
-        self.sliding_window = sliding_group_window(layer_windows)
+        # Which layers share a KV cache group, and what each group keeps.
+        self.kv_layout = setup.model_config.kv_layout
         self.inputs = InputBatcher(
             config.block_size,
             self.device,
             self.attention,
             self.model.sliding_windows,
-            sliding_group=self.sliding_window is not None,
+            self.kv_layout.num_groups,
         )
         self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
         self.randomness = Randomness(config.seed, kernels.ops.uniforms)
@@ -98,30 +91,31 @@ class ModelRunner:
             self.model.num_kv_heads,
             stored_head_size(self.model.head_dim, self.kv_dtype),
         )
-        num_sliding = sum(in_sliding_group(layer_windows))
-        self.bytes_per_block = bytes_per_block(
-            self.model.num_layers - num_sliding, self.block_shape, self.kv_dtype
-        )
+        group_block_bytes = [
+            bytes_per_block(n, self.block_shape, self.kv_dtype)
+            for n in map(self.kv_layout.num_layers_in, range(self.kv_layout.num_groups))
+        ]
+        self.bytes_per_block = group_block_bytes[0]
         self.drafter: DraftRunner | None = None
         if draft is not None:
             self.drafter = DraftRunner(draft, kernels, self.device, self.dtype, config.block_size)
             # A block id holds the target's and the draft's KV of the same tokens.
             self.bytes_per_block += self.drafter.bytes_per_block
-        self.num_blocks, self.num_sliding_blocks = pool_sizes(
+            group_block_bytes[0] = self.bytes_per_block
+        # The blocks of each group; the first group's are what the scheduler counts.
+        self.group_blocks = pool_sizes(
             config,
             lambda: kv_cache_budget(config, self.device, self._profile_step_memory),
-            self.bytes_per_block,
-            bytes_per_block(num_sliding, self.block_shape, self.kv_dtype),
-            self.sliding_window,
+            group_block_bytes,
+            self.kv_layout.group_windows,
         )
         if tp is not None:
             # One block table addresses every rank's cache: all hold the same blocks.
-            self.num_blocks = tp.all_reduce_min(self.num_blocks)
-            self.num_sliding_blocks = tp.all_reduce_min(self.num_sliding_blocks)
+            self.group_blocks = [tp.all_reduce_min(n) for n in self.group_blocks]
+        self.num_blocks = self.group_blocks[0]
         self.kv_cache = ModelKVCache(
-            layer_windows,
-            self.num_blocks,
-            self.num_sliding_blocks,
+            self.kv_layout,
+            self.group_blocks,
             config.num_cpu_blocks,
             self.block_shape,
             self.kv_dtype,
@@ -156,10 +150,9 @@ class ModelRunner:
                 Chunk(
                     s.token_ids,
                     s.start,
-                    s.block_table,
+                    s.block_tables,
                     s.samples,
                     s.num_draft_tokens,
-                    s.sliding_block_table,
                     self.long_rope_rows if s.long_rope else 0,
                     s.lora_slot,
                 )
@@ -212,10 +205,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             if self.config.enforce_eager or not self.attention.supports_cuda_graphs:
                 return None
-            if self.sliding_window is not None or self.model.config.moe is not None:
+            if self.kv_layout.num_groups > 1 or self.model.config.moe is not None:
                 # The graphs' static buffers hold one group's block tables; experts'
                 # work is sized on the host per step (kernels/moe_triton.py).
-                logger.info("CUDA graphs off: sliding layers' own KV, or routed experts")
+                logger.info("CUDA graphs off: more than one KV cache group, or routed experts")
                 return None
             return DecodeGraphs.capture(self)
         return decoder_stack_path(self.model, kernels, self.kv_caches, self.lora)

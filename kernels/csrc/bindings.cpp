@@ -82,7 +82,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("softcap") = 0.0)
       .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order",
            py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
-           py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("cos"),
+           py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("kv_group"),
+           py::arg("cos"),
            py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
            py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none(),
            py::arg("qk_norm_across_heads") = false, py::arg("moe") = nullptr)
@@ -92,9 +93,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecoderStack::forward,
            "a decode step's layers: (hidden, residual) before the final norm", py::arg("x"),
            py::arg("positions"), py::arg("k_caches"), py::arg("v_caches"),
-           py::arg("block_tables"), py::arg("context_lens"), py::arg("slot_mapping"),
-           py::arg("sliding_block_tables") = py::none(),
-           py::arg("sliding_slot_mapping") = py::none(),
+           py::arg("block_tables"), py::arg("context_lens"), py::arg("slot_mappings"),
            py::arg("lora_slots") = std::vector<int64_t>{},
            py::arg("lora_rows") = std::vector<std::optional<at::Tensor>>{}, without_gil());
 }

@@ -92,7 +92,8 @@ DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head
 
 void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
                              PackedLinear qkv, PackedLinear o, std::optional<PackedLinear> gate_up,
-                             std::optional<PackedLinear> down, int64_t window, at::Tensor cos,
+                             std::optional<PackedLinear> down, int64_t window, int64_t kv_group,
+                             at::Tensor cos,
                              at::Tensor sin, std::optional<at::Tensor> q_norm,
                              std::optional<at::Tensor> k_norm,
                              std::optional<at::Tensor> attn_output_norm,
@@ -102,7 +103,7 @@ void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_no
               "a layer has either a dense MLP (gate_up and down) or a mixture-of-experts block");
   layers_.push_back(DecoderLayerWeights{
       std::move(input_norm), std::move(post_attention_norm), std::move(qkv), std::move(o),
-      std::move(gate_up), std::move(down), window, std::move(cos), std::move(sin),
+      std::move(gate_up), std::move(down), window, kv_group, std::move(cos), std::move(sin),
       std::move(q_norm), std::move(k_norm), std::move(attn_output_norm),
       std::move(mlp_output_norm), qk_norm_across_heads, std::move(moe)});
 }
@@ -146,16 +147,15 @@ at::Tensor DecoderStack::norm_each_head(const at::Tensor& x, const at::Tensor& w
 
 std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
     const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
-    const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
-    const at::Tensor& context_lens, const at::Tensor& slot_mapping,
-    const std::optional<at::Tensor>& sliding_block_tables,
-    const std::optional<at::Tensor>& sliding_slot_mapping, const std::vector<int64_t>& lora_slots,
+    const std::vector<at::Tensor>& v_caches, const std::vector<at::Tensor>& block_tables,
+    const at::Tensor& context_lens, const std::vector<at::Tensor>& slot_mappings,
+    const std::vector<int64_t>& lora_slots,
     const std::vector<std::optional<at::Tensor>>& lora_rows) const {
   TORCH_CHECK(lora_slots.size() == lora_rows.size(), "one set of rows per LoRA slot");
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one key and one value cache per layer");
-  TORCH_CHECK(sliding_block_tables.has_value() == sliding_slot_mapping.has_value(),
-              "the sliding group's block tables and slot mapping come together");
+  TORCH_CHECK(!block_tables.empty() && block_tables.size() == slot_mappings.size(),
+              "one set of block tables and one slot mapping per KV cache group");
   TORCH_CHECK(x.dim() == 2, "x [tokens, hidden]");
   const int64_t tokens = x.size(0);
   LoRARows lora{lora_slots, {}};
@@ -186,11 +186,11 @@ std::tuple<at::Tensor, at::Tensor> DecoderStack::forward(
                              .view({tokens, num_kv_heads_, head_dim_});
     std::tie(q, k) = rotary(positions, q, k, layer.cos, layer.sin, /*is_neox=*/true);
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
-    const bool own_group = layer.window > 0 && sliding_block_tables.has_value();
-    store_kv(k, v, k_cache, v_cache, own_group ? *sliding_slot_mapping : slot_mapping);
-    const at::Tensor attention =
-        decode_attention(q, k_cache, v_cache, own_group ? *sliding_block_tables : block_tables,
-                         context_lens, scale_, layer.window, softcap_);
+    const size_t group =
+        static_cast<size_t>(layer.kv_group) < block_tables.size() ? layer.kv_group : 0;
+    store_kv(k, v, k_cache, v_cache, slot_mappings[group]);
+    const at::Tensor attention = decode_attention(q, k_cache, v_cache, block_tables[group],
+                                                  context_lens, scale_, layer.window, softcap_);
     const at::Tensor attended = attention.reshape({tokens, q_size});
     at::Tensor projected = layer.o.activate(layer.o.linear(attended, step_lora(layer, 1, lora)));
     if (layer.attn_output_norm) projected = rms_norm(projected, *layer.attn_output_norm, eps_);

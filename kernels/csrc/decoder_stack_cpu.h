@@ -58,6 +58,7 @@ struct DecoderLayerWeights {
   PackedLinear qkv, o;
   std::optional<PackedLinear> gate_up, down;  // the dense MLP; none in a sparse layer
   int64_t window;        // sliding window, 0 for none
+  int64_t kv_group;      // the KV cache group whose block tables and slots it reads
   at::Tensor cos, sin;   // this layer's RoPE tables, fp32 [max_positions, head_dim]
   // The parts past Llama's, where the model has them: RMSNorms over each head of q and
   // k before RoPE (Qwen3, Gemma 3), or over all heads at once (OLMoE), and on the
@@ -88,7 +89,7 @@ class DecoderStack {
   // gate_up and down: the dense MLP's, or none where `moe` (a sparse layer's) is given.
   void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
                  PackedLinear o, std::optional<PackedLinear> gate_up,
-                 std::optional<PackedLinear> down, int64_t window, at::Tensor cos,
+                 std::optional<PackedLinear> down, int64_t window, int64_t kv_group, at::Tensor cos,
                  at::Tensor sin, std::optional<at::Tensor> q_norm,
                  std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
                  std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
@@ -102,14 +103,14 @@ class DecoderStack {
 
   // x [tokens, hidden] (the embedded tokens) -> (the last layer's output, the residual
   // stream before it), as the layers one by one give them: the final norm adds the two.
-  // The sliding-window layers read sliding_block_tables and sliding_slot_mapping where
-  // their KV has a cache group of its own, the others' tables where it has not.
+  // block_tables and slot_mappings: one of each per KV cache group, by index; a layer
+  // reads its group's (the first group's where the step has only that one: a draft
+  // model keeps one cache for all of its layers).
   std::tuple<at::Tensor, at::Tensor> forward(
       const at::Tensor& x, const at::Tensor& positions, const std::vector<at::Tensor>& k_caches,
-      const std::vector<at::Tensor>& v_caches, const at::Tensor& block_tables,
-      const at::Tensor& context_lens, const at::Tensor& slot_mapping,
-      const std::optional<at::Tensor>& sliding_block_tables,
-      const std::optional<at::Tensor>& sliding_slot_mapping, const std::vector<int64_t>& lora_slots,
+      const std::vector<at::Tensor>& v_caches, const std::vector<at::Tensor>& block_tables,
+      const at::Tensor& context_lens, const std::vector<at::Tensor>& slot_mappings,
+      const std::vector<int64_t>& lora_slots,
       const std::vector<std::optional<at::Tensor>>& lora_rows) const;
 
  private:

@@ -76,5 +76,5 @@ def test_all_sliding_greedy_matches_transformers(sliding_mistral, regime):
     if must_happen:
         assert stats[must_happen] > 0
     # One group: the layers' KV shares the global pool.
-    assert "sliding_total_blocks" not in stats
+    assert "group1_total_blocks" not in stats
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0

@@ -45,14 +45,14 @@ def test_swap_brings_int8_blocks_back_as_they_were(name, tmp_path):
     swap, _ = REGIMES["swap"]
     engine = LLMEngine(EngineConfig(model=str(folder), **INT8, **swap))
     assert int8_blocks(engine)
-    assert engine.runner.kv_cache.global_cache.cpu_blocks.dtype == torch.int8
+    assert engine.runner.kv_cache.groups[0].cpu_blocks.dtype == torch.int8
     outputs = engine.generate(prompts, params, use_tqdm=False)
     for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
         assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
     stats = engine.memory_stats()
     assert engine.metrics.num_preemptions > 0 and stats["swapped_out_blocks"] > 0
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
-    assert stats.get("sliding_used_blocks", 0) == 0
+    assert stats.get("group1_used_blocks", 0) == 0
 
 
 def test_two_ranks_round_their_heads_as_one_process(tmp_path):

@@ -44,14 +44,14 @@ def test_sliding_layers_hold_only_the_window(gemma3):
                 outputs[out.request_id] = out.token_ids
         stats = engine.memory_stats()
         peak_global = max(peak_global, stats["used_blocks"])
-        peak_sliding = max(peak_sliding, stats["sliding_used_blocks"])
+        peak_sliding = max(peak_sliding, stats["group1_used_blocks"])
     # The global layers hold every token (up to 210 a sequence); the sliding ones a
     # window's blocks and the one after, and the prompt's last window, besides the
     # step's chunk (64 tokens at most).
     assert peak_global >= (150 + 59) // BLOCK_SIZE
     per_sequence = 2 * -(-(WINDOW - 1) // BLOCK_SIZE) + 2
     assert peak_sliding <= 3 * per_sequence + 64 // BLOCK_SIZE
-    assert engine.memory_stats()["sliding_used_blocks"] == 0
+    assert engine.memory_stats()["group1_used_blocks"] == 0
     expected = reference_outputs(gemma3, prompts)
     for i, ref in enumerate(expected):  # transformers' run stops at eos or 24 tokens
         assert outputs[str(i)][: len(ref)] == ref

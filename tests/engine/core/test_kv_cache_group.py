@@ -11,7 +11,7 @@ import pytest
 from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.block_pool import NULL_BLOCK
-from hetero_infer.engine.worker.kv_sizing import pool_sizes, sliding_blocks_needed
+from hetero_infer.engine.worker.kv_sizing import pool_sizes, windowed_blocks_needed
 
 from tests.engine.core.test_block_manager import compute, make_seq
 
@@ -24,8 +24,7 @@ def manager(num_sliding_blocks: int = 32, num_cpu_blocks: int = 0) -> BlockManag
         num_blocks=64,
         block_size=BS,
         num_cpu_blocks=num_cpu_blocks,
-        sliding_window=WINDOW,
-        num_sliding_blocks=num_sliding_blocks,
+        later_groups=[(WINDOW, num_sliding_blocks)],
     )
 
 
@@ -34,7 +33,7 @@ def resident(table: list[int]) -> list[int]:
 
 
 def sliding_used(bm: BlockManager) -> int:
-    return bm.memory_stats()["sliding_used_blocks"]
+    return bm.memory_stats()["group1_used_blocks"]
 
 
 def test_blocks_leave_the_window_as_decoding_goes_on() -> None:
@@ -105,8 +104,7 @@ def test_a_hit_stops_where_the_sliding_blocks_were_evicted() -> None:
 
 
 def test_usable_prefix_needs_the_window_before_it() -> None:
-    group = manager().sliding
-    assert group is not None
+    group = manager().groups[1]
     cached = [None, None, 5, 6, 7, None, 9]
     # Computing on from block k needs blocks first_kept(4k) .. k-1.
     assert group.usable_prefix(cached) == 5  # blocks 3, 4 (k=5: positions 13 ..)
@@ -122,7 +120,7 @@ def test_fork_shares_and_copies_the_partial_sliding_block() -> None:
     bm.fork(parent, child, 19)
     assert child.block_tables[1] == parent.block_tables[1]
     child_copies = bm.allocate_slots(child, 1)  # the last block is shared: copied
-    moves = bm.take_sliding_moves()
+    moves = bm.take_later_group_moves()[0]
     assert len(child_copies) == 1 and len(moves.copy) == 1
     assert moves.copy[0][0] == parent.block_tables[1][4]
     assert child.block_tables[1][4] == moves.copy[0][1]
@@ -140,17 +138,17 @@ def test_swap_moves_only_the_blocks_in_the_window() -> None:
     kept = resident(seq.block_tables[1])
     assert bm.can_swap_out(seq)
     global_pairs = bm.swap_out(seq)
-    moves = bm.take_sliding_moves()
+    moves = bm.take_later_group_moves()[0]
     assert len(global_pairs) == 11 and [gpu for gpu, _ in moves.swap_out] == kept
     assert sliding_used(bm) == 0
     assert seq.block_tables[1].count(NULL_BLOCK) == 11 - len(kept)
     seq.token_ids.append(2)
     assert bm.can_swap_in(seq, 1)
     bm.swap_in(seq)
-    moves = bm.take_sliding_moves()
+    moves = bm.take_later_group_moves()[0]
     assert len(moves.swap_in) == len(kept)
     assert [gpu for _, gpu in moves.swap_in] == resident(seq.block_tables[1])
-    assert len(bm.sliding.pool.free_cpu_blocks) == 20  # every CPU block back
+    assert len(bm.groups[1].pool.free_cpu_blocks) == 20  # every CPU block back
     bm.free(seq)
     assert sliding_used(bm) == 0
 
@@ -171,7 +169,7 @@ def test_every_block_left_of_the_window_goes_back(seed: int) -> None:
     window are given back at the next step, however far back they are."""
     rng = random.Random(seed)
     bm = manager(num_sliding_blocks=200)
-    group = bm.sliding
+    group = bm.groups[1]
     finished: list[list[int]] = []
     for n in range(8):
         if finished and rng.random() < 0.5:  # a next turn: a prefix hit, then more
@@ -208,14 +206,46 @@ def test_every_block_left_of_the_window_goes_back(seed: int) -> None:
 @pytest.mark.parametrize("budget_blocks", [10, 100_000])
 def test_pool_sizes_give_the_sliding_group_what_it_can_hold(budget_blocks: int) -> None:
     config = EngineConfig(model="x", block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
-    needed = sliding_blocks_needed(config, 512)
+    needed = windowed_blocks_needed(config, 512)
     assert needed == 1 + 4 * (2 * 32 + 2) + 4
     global_bytes, sliding_bytes = 3, 15  # Gemma 3 270M: 3 global layers, 15 sliding
     budget = budget_blocks * (global_bytes + sliding_bytes)
-    num_blocks, num_sliding = pool_sizes(config, lambda: budget, global_bytes, sliding_bytes, 512)
+    num_blocks, num_sliding = pool_sizes(
+        config, lambda: budget, (global_bytes, sliding_bytes), (None, 512)
+    )
     assert num_blocks * global_bytes + num_sliding * sliding_bytes <= budget
     if budget_blocks == 10:  # too little to bound anything: both the same
         assert num_sliding == num_blocks + 1
     else:  # the sliding group gets what it can hold, the global one the rest
         assert num_sliding == needed
         assert num_blocks > 5 * budget_blocks - 5 * needed
+
+
+def test_a_third_group_is_one_more_index() -> None:
+    """Groups by index: a second windowed group beside the first (a kind of layer the
+    models do not have yet) keeps its own window, swaps and frees with the others,
+    and its copies reach the runner as its own."""
+    bm = BlockManager(
+        num_blocks=64,
+        block_size=BS,
+        num_cpu_blocks=40,
+        later_groups=[(WINDOW, 32), (2 * WINDOW, 32)],
+    )
+    seq = make_seq("s", list(range(10, 50)))  # 40 tokens
+    compute(bm, seq, 40)
+    for step in range(12):
+        seq.token_ids.append(100 + step)
+        compute(bm, seq, 1)
+    narrow, wide = (resident(seq.block_tables[g]) for g in (1, 2))
+    assert len(seq.block_tables) == 3 and len(seq.block_table) == 13
+    assert len(narrow) < len(wide) < 13  # each windowed group bounded by its own window
+    bm.swap_out(seq)
+    moved = [[gpu for gpu, _ in moves.swap_out] for moves in bm.take_later_group_moves()]
+    assert moved == [narrow, wide]
+    seq.token_ids.append(1)
+    bm.swap_in(seq)
+    swapped_in = [moves.swap_in for moves in bm.take_later_group_moves()]
+    assert [len(pairs) for pairs in swapped_in] == [len(narrow), len(wide)]
+    bm.free(seq)
+    stats = bm.memory_stats()
+    assert stats["used_blocks"] == stats["group1_used_blocks"] == stats["group2_used_blocks"] == 0

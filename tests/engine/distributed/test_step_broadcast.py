@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
 import torch
-from hetero_infer.engine.core.step_data import SchedulerOutput
+from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
 from hetero_infer.engine.distributed.step_broadcast import (
     Command,
     Step,
@@ -44,19 +45,27 @@ class Loopback:
         return x.copy_(sent)
 
 
-def test_a_step_then_logits_then_stop_arrive_whole():
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_a_step_then_logits_then_stop_arrive_whole(num_groups: int):
+    """With a second KV cache group (a sliding-window layers' own), its tables, slots
+    and copies arrive as its own."""
     group = Loopback()
     sender, receiver = StepSender(group), StepReceiver(group, torch.float32)
     kernels = select_kernels("torch", torch.device("cpu"), cpu_kernels=False)
-    batcher = InputBatcher(4, torch.device("cpu"), kernels.attention, {None})
+    batcher = InputBatcher(4, torch.device("cpu"), kernels.attention, {None, 4}, num_groups)
+    second = [[8], [0, 6], [0, 5]]  # the second group's tables, where there is one
     chunks = [
-        Chunk([5, 6, 7], 0, [3], True),
-        Chunk([9], 6, [1, 4], True),
-        Chunk([8] * 6, 2, [0, 2], False),
+        Chunk([5, 6, 7], 0, [[3], second[0]], True),
+        Chunk([9], 6, [[1, 4], second[1]], True),
+        Chunk([8] * 6, 2, [[0, 2], second[2]], False),
     ]
     inputs = batcher.build(chunks)
+    later_moves = [BlockMoves([(7, 3)], [], [(5, 9)])] * (num_groups - 1)
     out = SchedulerOutput(
-        blocks_to_swap_out=[(5, 0), (6, 1)], blocks_to_swap_in=[(2, 7)], blocks_to_copy=[]
+        blocks_to_swap_out=[(5, 0), (6, 1)],
+        blocks_to_swap_in=[(2, 7)],
+        blocks_to_copy=[],
+        later_group_moves=later_moves,
     )
     hidden = torch.randn(2, 12)
     sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
@@ -70,11 +79,17 @@ def test_a_step_then_logits_then_stop_arrive_whole():
     assert step.copies.blocks_to_swap_in == [(2, 7)] and step.copies.blocks_to_copy == []
     assert torch.equal(step.input_ids, inputs.input_ids)
     assert torch.equal(step.positions, inputs.positions)
+    assert step.copies.later_group_moves == later_moves
     sent, got = inputs.meta, step.attention_inputs
-    for name in ("slot_mapping", "block_tables", "context_lens", "query_start_loc"):
-        assert getattr(got, name).dtype == getattr(sent, name).dtype, name
-        assert torch.equal(getattr(got, name), getattr(sent, name)), name
+    assert len(got.later_groups) == len(sent.later_groups) == num_groups - 1
+    groups = zip((sent, *sent.later_groups), (got, *got.later_groups), strict=True)
+    for sent_group, got_group in groups:
+        for name in ("slot_mapping", "block_tables", "context_lens", "query_start_loc"):
+            assert getattr(got_group, name).dtype == getattr(sent_group, name).dtype, name
+            assert torch.equal(getattr(got_group, name), getattr(sent_group, name)), name
     assert (got.max_query_len, got.max_context_len) == (sent.max_query_len, sent.max_context_len)
+    if num_groups == 2:
+        assert got.later_groups[0].block_tables[1].tolist() == [0, 6]
 
     command, rows = receiver.receive()
     assert command == Command.LOGITS and torch.equal(rows, hidden)

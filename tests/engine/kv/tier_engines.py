@@ -82,7 +82,7 @@ def written(engine: LLMEngine) -> None:
 def assert_nothing_leaked(engine: LLMEngine) -> None:
     stats = engine.memory_stats()
     assert stats["used_blocks"] == 0
-    assert stats.get("sliding_used_blocks", 0) == 0
+    assert stats.get("group1_used_blocks", 0) == 0
     tiers = engine.block_manager.tiers
     if tiers is not None:
         assert all(not index.pending and not index.busy for index in tiers.indexes)

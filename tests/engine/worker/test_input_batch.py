@@ -32,13 +32,13 @@ def test_inputs_match_their_definition(runner, seed):
         samples = rng.random() < 0.7
         # A sampling chunk may end in draft tokens (speculative decoding).
         drafts = rng.choice([0, rng.randint(0, new - 1)]) if samples else 0
-        chunks.append(Chunk(ids, start, table, samples, drafts))
+        chunks.append(Chunk(ids, start, [table], samples, drafts))
     if not any(c.samples for c in chunks):
         chunks[0] = chunks[0]._replace(samples=True)
     inputs = runner.inputs.build(chunks)
     meta = inputs.meta
     ids, positions, slots, logits_rows = [], [], [], []
-    for new_ids, start, table, samples, drafts, *_ in chunks:
+    for new_ids, start, (table,), samples, drafts, *_ in chunks:
         ids += new_ids
         positions += range(start, start + len(new_ids))
         slots += [table[p // bs] * bs + p % bs for p in range(start, start + len(new_ids))]
@@ -53,6 +53,6 @@ def test_inputs_match_their_definition(runner, seed):
     lens = [0] + [len(c[0]) for c in chunks]
     assert meta.query_start_loc.tolist() == [sum(lens[: i + 1]) for i in range(len(lens))]
     max_blocks = -(-meta.max_context_len // bs)
-    for row, (_, _, table, *_) in zip(meta.block_tables.tolist(), chunks, strict=True):
+    for row, (_, _, (table,), *_) in zip(meta.block_tables.tolist(), chunks, strict=True):
         used = table[:max_blocks]
         assert row == used + [0] * (max_blocks - len(used))

@@ -26,12 +26,12 @@ def block_bytes(model: str, dtype: torch.dtype) -> int:
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_int8_fits_at_least_1_8x_the_tokens_of_bf16(model):
     config = EngineConfig(kv_cache_memory=512 * 2**20)
-    no_window = None
-    bf16_blocks, _ = pool_sizes(
-        config, lambda: 512 * 2**20, block_bytes(model, torch.bfloat16), 0, no_window
+    one_whole_group = (None,)
+    (bf16_blocks,) = pool_sizes(
+        config, lambda: 512 * 2**20, [block_bytes(model, torch.bfloat16)], one_whole_group
     )
-    int8_blocks, _ = pool_sizes(
-        config, lambda: 512 * 2**20, block_bytes(model, torch.int8), 0, no_window
+    (int8_blocks,) = pool_sizes(
+        config, lambda: 512 * 2**20, [block_bytes(model, torch.int8)], one_whole_group
     )
     # head_dim 64: 128 bytes a row become 64 + 4 (1.88x); 256: 512 become 260 (1.97x)
     assert int8_blocks / bf16_blocks >= 1.8, (int8_blocks, bf16_blocks)
