@@ -190,13 +190,11 @@ class LLMEngine:
         if self.runner.kv_cache.tiers is not None:
             stats.update(self.runner.kv_cache.tiers.stats())
         # KV slots held vs tokens stored: paging wastes at most each last block's tail.
-        allocated = sum(len(s.block_table) for s in self.scheduler.running) * self.config.block_size
-        filled = sum(seq.num_computed_tokens for seq in self.scheduler.running)
+        queues = self.scheduler.queues
+        allocated = sum(len(s.block_table) for s in queues.running) * self.config.block_size
+        filled = sum(seq.num_computed_tokens for seq in queues.running)
         stats.update(
-            num_sequences=self.scheduler.num_unfinished,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_swapped=len(self.scheduler.swapped),
+            queues.counts(),
             kv_slots_allocated=allocated,
             kv_slots_filled=filled,
             kv_waste=(allocated - filled) / allocated if allocated else 0.0,

@@ -64,7 +64,7 @@ class EngineCore:
         its KV blocks then."""
         first = choices[0]
         first.fork_children = choices[1:]
-        self.scheduler.add(first)
+        self.scheduler.queues.add(first)
         seq_ids = tuple(seq.request_id for seq in choices)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq_ids))
@@ -76,10 +76,10 @@ class EngineCore:
         """End sequences wherever they are (an abort; a stop string the front end found)
         and free their blocks."""
         for seq_id in seq_ids:
-            self.scheduler.finish(seq_id, status)
+            self.scheduler.queues.finish(seq_id, status)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.queues.has_unfinished()
 
     def step(self) -> list[SequenceUpdate]:
         """One step: the due time limits, then schedule -> execute -> update."""
@@ -93,7 +93,7 @@ class EngineCore:
         output = self.runner.execute(scheduled)
         block_manager.tier_reads_done(output.tier_reads)
         updates = self.scheduler.update_from_output(scheduled, output)
-        if not self.scheduler.has_unfinished():
+        if not self.scheduler.queues.has_unfinished():
             # No step may come for a while: the blocks this one computed go to the
             # disk tier now.
             self.apply_tier_moves()
@@ -129,7 +129,7 @@ class EngineCore:
             ended = [
                 update
                 for seq_id in seq_ids
-                if (update := self.scheduler.time_out(seq_id, now)) is not None
+                if (update := self.scheduler.queues.time_out(seq_id, now)) is not None
             ]
             if ended:
                 self.counters.num_timeouts += 1
@@ -144,7 +144,7 @@ class EngineCore:
         updates: list[SequenceUpdate] = []
         while self._start_deadlines and self._start_deadlines[0][0] <= now:
             _, seq_ids = heapq.heappop(self._start_deadlines)
-            rejected = self.scheduler.reject_unstarted(list(seq_ids))
+            rejected = self.scheduler.queues.reject_unstarted(list(seq_ids))
             if rejected:
                 self.counters.num_rejected += 1
                 updates += rejected

@@ -38,7 +38,7 @@ from hetero_infer.engine.core.step_records import schedule_entry, sequence_updat
 from hetero_infer.engine.core.stop import append_until_stop
 
 
-class Scheduler(SequenceQueues):
+class Scheduler:
     def __init__(
         self,
         block_manager: BlockManager,
@@ -55,7 +55,9 @@ class Scheduler(SequenceQueues):
         # same step, after swap-ins: swapping it out then would overwrite their CPU
         # blocks before they are read, so the priority policy preempts by recompute.
         assert not (policy == "priority" and use_swap), "the priority policy recomputes"
-        super().__init__(block_manager, policy)
+        # The unfinished sequences, in the policy's order; each step moves some of them.
+        self.queues = SequenceQueues(block_manager, policy)
+        self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -68,22 +70,22 @@ class Scheduler(SequenceQueues):
     # ---- scheduling ----
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished=self._finished_ids)
-        self._finished_ids = []
+        out = SchedulerOutput(finished=self.queues.take_finished_ids())
         steps: list[tuple[Sequence, int]] = []  # (sequence, tokens it computes)
         budget = self.max_num_batched_tokens
-        if self.policy == "priority":
+        if self.queues.policy == "priority":
             # Best first: they get the budget first, and running[-1] is the lowest.
-            self.running.sort(key=priority_key)
+            self.queues.running.sort(key=priority_key)
         budget = self._schedule_running(out, steps, budget)
         drafts: dict[str, list[int]] = {}
         if not out.preempted:  # memory is short: admit nothing new this step
             budget = self._schedule_swapped(out, steps, budget)
-            if not self.swapped:
+            if not self.queues.swapped:
                 budget = self._schedule_waiting(out, steps, budget)
             if self.speculator is not None:
+                running = len(self.queues.running)
                 drafts = self.speculator.schedule_drafts(
-                    steps, budget, len(self.running), self.block_manager, out, self.max_model_len
+                    steps, budget, running, self.block_manager, out, self.max_model_len
                 )
         out.later_group_moves.extend(self.block_manager.take_later_group_moves())
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
@@ -98,14 +100,14 @@ class Scheduler(SequenceQueues):
     ) -> int:
         bm = self.block_manager
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        while i < len(self.queues.running) and budget > 0:
+            seq = self.queues.running[i]
             if self._crossed_long_rope(seq):
                 self._preempt(seq, out)  # by recompute: it starts again, long
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not bm.can_allocate_slots(seq, num_new):
-                victim = self.running[-1]
+                victim = self.queues.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
                     return budget
@@ -119,16 +121,16 @@ class Scheduler(SequenceQueues):
         self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
     ) -> int:
         bm = self.block_manager
-        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.swapped[0]
+        while self.queues.swapped and budget > 0 and len(self.queues.running) < self.max_num_seqs:
+            seq = self.queues.swapped[0]
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not bm.can_swap_in(seq, num_new):
                 break
-            self.swapped.popleft()
+            self.queues.swapped.popleft()
             out.blocks_to_swap_in.extend(bm.swap_in(seq))
             out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self.queues.running.append(seq)
             steps.append((seq, num_new))
             budget -= num_new
         return budget
@@ -136,23 +138,23 @@ class Scheduler(SequenceQueues):
     def _schedule_waiting(
         self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
     ) -> int:
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        while self.queues.waiting and budget > 0:
+            seq = self.queues.waiting[0]
             if seq.request_id in out.preempted:
                 break  # preempted this step for the ones ahead of it: it waits a step
             num_new = self._try_admit(seq, budget)
             if num_new is None:
-                victim = self._outranked_by(seq)
+                victim = self.queues.outranking(seq)
                 if victim is None:
                     break
                 budget += self._preempt_for_waiting(victim, out, steps)
                 continue
-            self.waiting.popleft()
+            self.queues.waiting.popleft()
             out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
+            self.queues.running.append(seq)
             steps.append((seq, num_new))
             budget -= num_new
         return budget
@@ -160,7 +162,7 @@ class Scheduler(SequenceQueues):
     def _try_admit(self, seq: Sequence, budget: int) -> int | None:
         """The tokens a waiting sequence computes if it starts now (its cached prefix
         taken); None, with nothing taken, if there is no room for it."""
-        if len(self.running) >= self.max_num_seqs:
+        if len(self.queues.running) >= self.max_num_seqs:
             return None
         bm = self.block_manager
         long_rope = self.long_rope_after is not None and seq.num_tokens > self.long_rope_after
@@ -177,15 +179,6 @@ class Scheduler(SequenceQueues):
             return None
         bm.record_prefix_lookup(seq.num_tokens, num_hit)
         return num_new
-
-    def _outranked_by(self, seq: Sequence) -> Sequence | None:
-        """Under the priority policy, the running sequence to preempt so that ``seq``
-        can start: the lowest-priority one, if its value is higher than ``seq``'s (equal
-        priorities never preempt each other, which would only trade places)."""
-        if self.policy != "priority" or not self.running:
-            return None
-        victim = max(self.running, key=priority_key)
-        return victim if victim.priority > seq.priority else None
 
     def _preempt_for_waiting(
         self, victim: Sequence, out: SchedulerOutput, steps: list[tuple[Sequence, int]]
@@ -209,12 +202,12 @@ class Scheduler(SequenceQueues):
         if not bm.can_allocate_slots(seq, num_new_tokens):
             return False
         needed = bm.num_blocks_needed(seq, num_new_tokens)
-        if not self.running:
+        if not self.queues.running:
             return True  # the watermark must never starve a lone request
         return bm.num_used_blocks + needed <= self.memory_threshold * bm.num_blocks
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self.running.remove(seq)
+        self.queues.running.remove(seq)
         self.num_preemptions += 1
         seq.num_preemptions += 1
         out.preempted.append(seq.request_id)
@@ -222,12 +215,12 @@ class Scheduler(SequenceQueues):
         if self.use_swap and not restart and self.block_manager.can_swap_out(seq):
             out.blocks_to_swap_out.extend(self.block_manager.swap_out(seq))
             seq.status = SequenceStatus.SWAPPED
-            self.swapped.appendleft(seq)
+            self.queues.swapped.appendleft(seq)
         else:
             self.block_manager.free(seq)
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
-            self._to_waiting(seq, preempted=True)
+            self.queues.enqueue(seq, preempted=True)
 
     def _crossed_long_rope(self, seq: Sequence) -> bool:
         """Whether the sequence's tokens passed LongRoPE's original context since it
@@ -245,7 +238,7 @@ class Scheduler(SequenceQueues):
         made progress (sequences finished while the step ran are skipped)."""
         updates = []
         for item in out.scheduled:
-            seq = self.sequences.get(item.request_id)
+            seq = self.queues.sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
                 continue
             seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
@@ -276,7 +269,7 @@ class Scheduler(SequenceQueues):
             registered = advance_draft_kv(seq, item) if draft_model else None
             self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
-                self.finish(seq.request_id, status)
+                self.queues.finish(seq.request_id, status)
             updates.append(sequence_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
 
@@ -296,5 +289,5 @@ class Scheduler(SequenceQueues):
             child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
             child.status = SequenceStatus.RUNNING
             child.first_scheduled_time = parent.first_scheduled_time
-            self.running.append(child)
+            self.queues.running.append(child)
         parent.fork_children = []

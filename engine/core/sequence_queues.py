@@ -1,7 +1,8 @@
 """The queues a sequence lives in while unfinished (waiting, running, swapped), in the
 scheduling policy's order, and how it leaves them: finished (a stop, an abort, a
 failure), timed out, or rejected before it started. The Scheduler (scheduler.py)
-decides, each step, which of them move.
+holds them and decides, each step, which of them move; the engine core adds and ends
+sequences here.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ class SequenceQueues:
         """Queue a sequence; its fork_children (n > 1) join once its prompt is computed."""
         for s in (seq, *seq.fork_children):
             self.sequences[s.request_id] = s
-        self._to_waiting(seq, preempted=False)
+        self.enqueue(seq, preempted=False)
 
-    def _to_waiting(self, seq: Sequence, preempted: bool) -> None:
+    def enqueue(self, seq: Sequence, preempted: bool) -> None:
         """Queue a new or preempted sequence: by arrival (a preempted one goes first,
         it arrived before the waiting ones), or in the priority policy's order."""
         if self.policy == "priority":
@@ -51,12 +52,35 @@ class SequenceQueues:
         else:
             self.waiting.append(seq)
 
+    def outranking(self, seq: Sequence) -> Sequence | None:
+        """Under the priority policy, the running sequence to preempt so that ``seq``
+        can start: the lowest-priority one, if its value is higher than ``seq``'s (equal
+        priorities never preempt each other, which would only trade places)."""
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=priority_key)
+        return victim if victim.priority > seq.priority else None
+
+    def take_finished_ids(self) -> list[str]:
+        """The sequences finished since the last call (the runner drops their state)."""
+        finished, self._finished_ids = self._finished_ids, []
+        return finished
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def counts(self) -> dict[str, int]:
+        """The unfinished sequences, and those in each queue (LLMEngine.memory_stats)."""
+        return {
+            "num_sequences": self.num_unfinished,
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_swapped": len(self.swapped),
+        }
 
     def time_out(self, request_id: str, now: float) -> SequenceUpdate | None:
         """End a sequence whose deadline has passed: "length" once it has output tokens

@@ -75,7 +75,7 @@ class LoRARequests:
         self.lora.check(lora)
 
     def slots_in_use(self) -> set[int]:
-        return {seq.lora_slot for seq in self.scheduler.sequences.values()}
+        return {seq.lora_slot for seq in self.scheduler.queues.sequences.values()}
 
     def free_unloaded(self) -> None:
         """After a step: the unloaded adapters' slots whose last request has finished."""
@@ -92,4 +92,4 @@ class LoRARequests:
             return sorted({names[s.lora_slot] for s in seqs if s.lora_slot in names})
 
         # Copied in one call: /metrics reads them from the event loop's thread.
-        return of(tuple(self.scheduler.running)), of(tuple(self.scheduler.waiting))
+        return of(tuple(self.scheduler.queues.running)), of(tuple(self.scheduler.queues.waiting))

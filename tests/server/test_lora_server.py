@@ -158,7 +158,7 @@ def test_unload_while_requests_run_then_churn_under_load(live, adapters, expecte
             http_load = [asyncio.create_task(stream_tokens(client, "a", 200)) for _ in range(6)]
 
             def all_on_the_adapter() -> bool:
-                seqs = list(engine.scheduler.sequences.values())
+                seqs = list(engine.scheduler.queues.sequences.values())
                 return sum(seq.lora_slot == 1 for seq in seqs) == 6
 
             await asyncio.to_thread(wait_until, all_on_the_adapter, 60, "requests on the adapter")
@@ -238,7 +238,7 @@ def test_load_inplace_replaces_only_what_can_be_served(live, adapters, expected,
             slot = engine.lora.resolve("c").slot
 
             def all_on_c() -> bool:
-                seqs = list(engine.scheduler.sequences.values())
+                seqs = list(engine.scheduler.queues.sequences.values())
                 return sum(seq.lora_slot == slot for seq in seqs) == 3
 
             await asyncio.to_thread(wait_until, all_on_c, 60, "requests on the adapter")

@@ -72,7 +72,7 @@ def metric(server: LiveServer, name: str) -> float:
 
 
 def num_running(server: LiveServer) -> int:
-    return len(server.engine.scheduler.running)
+    return len(server.engine.scheduler.queues.running)
 
 
 def test_page_and_assets_are_served_without_the_key(keyed_server: LiveServer):

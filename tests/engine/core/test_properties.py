@@ -259,7 +259,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._new_id(), prompt, params, eos_token_ids=frozenset({EOS}), priority=priority
             )
             self.seqs[seq.request_id] = seq
-            self.sched.add(seq)
+            self.sched.queues.add(seq)
 
     @rule(
         num_steps=st.integers(1, 4),
@@ -290,7 +290,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._step(tokens[i::num_steps], abort_mid if i == 0 else None, accepts[i::num_steps])
             if i == 0 and fork_after is not None:
                 self.fork(fork_after)
-            queue = getattr(self.sched, abort_after) if abort_after else None
+            queue = getattr(self.sched.queues, abort_after) if abort_after else None
             if queue:
                 event(f"abort {abort_after} after step")
                 self._abort(queue[0])
@@ -299,8 +299,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(place=st.sampled_from(["swapped", "running", "waiting"]), index=st.integers(0, 63))
     def abort(self, place: str, index: int) -> None:
         """Abort a sequence, from the named queue when it has one (swapped ones are rare)."""
-        queue = list(getattr(self.sched, place))
-        live = queue or [*self.sched.waiting, *self.sched.running, *self.sched.swapped]
+        queues = self.sched.queues
+        queue = list(getattr(queues, place))
+        live = queue or [*queues.waiting, *queues.running, *queues.swapped]
         if not live:
             return
         seq = live[index % len(live)]
@@ -310,7 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 63))
     def fork(self, index: int) -> None:
         """Give a running sequence a twin that shares its blocks (n > 1 choices)."""
-        running = self.sched.running
+        running = self.sched.queues.running
         if not running or len(running) >= self.sched.max_num_seqs:
             return
         parent = running[index % len(running)]
@@ -328,8 +329,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.bm.fork(parent, child)
         # No scheduler API for this yet: the child joins the batch as its newest member.
         child.status = SequenceStatus.RUNNING
-        self.sched.running.append(child)
-        self.sched.sequences[child.request_id] = child
+        self.sched.queues.running.append(child)
+        self.sched.queues.sequences[child.request_id] = child
         self.seqs[child.request_id] = child
 
     # ---- one engine step, checked ----
@@ -338,9 +339,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self, tokens: list[int], abort_mid: int | None, accepts: list[int]
     ) -> SchedulerOutput:
         sched = self.sched
-        running_before = list(sched.running)
-        waiting_before = list(sched.waiting)
-        swapped_before = list(sched.swapped)
+        running_before = list(sched.queues.running)
+        waiting_before = list(sched.queues.waiting)
+        swapped_before = list(sched.queues.swapped)
         out = sched.schedule()
         self._check_output(out, running_before, waiting_before, swapped_before)
         out = self.runner.execute(out, self.seqs, self.bm)
@@ -384,7 +385,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             appended = seq.token_ids[num_tokens:]
             assert appended == [t.token_id for t in new][: len(appended)]
             if seq.is_finished:
-                assert seq.block_table == [] and seq not in sched.running
+                assert seq.block_table == [] and seq not in sched.queues.running
                 last = seq.token_ids[-1]
                 if seq.status == SequenceStatus.FINISHED_STOPPED:
                     assert last == EOS and not seq.sampling_params.ignore_eos
@@ -405,7 +406,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sched = self.sched
         assert out.num_batched_tokens <= sched.max_num_batched_tokens
         assert len(out.scheduled) <= sched.max_num_seqs
-        assert len(sched.running) <= sched.max_num_seqs
+        assert len(sched.queues.running) <= sched.max_num_seqs
         seqs = [self.seqs[s.request_id] for s in out.scheduled]
         assert len({id(s) for s in seqs}) == len(seqs)
         self._check_order(out, seqs, running_before, waiting_before, swapped_before)
@@ -437,14 +438,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         admitted = seqs[n_run + n_swap :]
         assert admitted == waiting_before[: len(admitted)]
         if admitted:
-            assert not sched.swapped
+            assert not sched.queues.swapped
 
     def _check_blocks(self, out: SchedulerOutput, seqs: list[Sequence]) -> None:
         """What each scheduled sequence writes is its own, and copies land there."""
         sched, bm, bs = self.sched, self.bm, self.bm.block_size
         written: set[int] = set()
         for item, seq in zip(out.scheduled, seqs, strict=True):
-            assert seq in sched.running and seq.status == SequenceStatus.RUNNING
+            assert seq in sched.queues.running and seq.status == SequenceStatus.RUNNING
             assert item.block_table == seq.block_table
             assert item.num_new_tokens >= 1
             assert item.start + item.num_new_tokens - item.num_draft_tokens <= seq.num_tokens
@@ -486,7 +487,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.registered_kv.setdefault(block_hash, kv) == kv, (seq, i)
 
     def _abort(self, seq: Sequence) -> None:
-        self.sched.finish(seq.request_id, SequenceStatus.FINISHED_ABORTED)
+        self.sched.queues.finish(seq.request_id, SequenceStatus.FINISHED_ABORTED)
         assert seq.status == SequenceStatus.FINISHED_ABORTED and seq.block_table == []
 
     def _new_id(self) -> str:
@@ -500,7 +501,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "bm"):
             return
         bm, sched, bs = self.bm, self.sched, self.bm.block_size
-        running, waiting, swapped = sched.running, list(sched.waiting), list(sched.swapped)
+        queues = sched.queues
+        running, waiting, swapped = queues.running, list(queues.waiting), list(queues.swapped)
         assert len(running) <= sched.max_num_seqs
 
         # Every sequence is in exactly one place.
@@ -569,10 +571,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         sched, bm = self.sched, self.bm
         # Generous: each sequence needs at most max_model_len steps of work, plus
         # re-prefills after preemptions. Starvation would never finish.
-        cap = 4 * self.max_model_len * (sched.num_unfinished + 1) + 50
+        cap = 4 * self.max_model_len * (sched.queues.num_unfinished + 1) + 50
         steps = 0
-        while sched.has_unfinished():
-            assert steps < cap, f"no progress after {steps} steps: {sched.running} {sched.waiting}"
+        queues = sched.queues
+        while queues.has_unfinished():
+            assert steps < cap, f"no progress in {steps} steps: {queues.running} {queues.waiting}"
             self._step([], None, [])
             self.accounting()
             steps += 1
@@ -661,9 +664,9 @@ class PriorityMachine(SchedulerMachine):
         swapped_before: list[Sequence],
     ) -> None:
         sched = self.sched
-        assert not sched.swapped and not out.blocks_to_swap_out
+        assert not sched.queues.swapped and not out.blocks_to_swap_out
         # The waiting queue is in priority order, a preempted sequence included.
-        waiting = list(sched.waiting)
+        waiting = list(sched.queues.waiting)
         assert waiting == sorted(waiting, key=priority_key)
         preempted = [self.seqs[request_id] for request_id in out.preempted]
         for seq in preempted:

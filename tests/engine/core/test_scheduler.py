@@ -99,7 +99,7 @@ def used_blocks(sched: Scheduler) -> int:
 def test_prefill_then_decode() -> None:
     sched = make_scheduler()
     a = make_seq("a", 10)
-    sched.add(a)
+    sched.queues.add(a)
     out = sched.schedule()
     (update,) = feed(sched, out)
     assert scheduled(out) == [("a", 10)]
@@ -117,7 +117,7 @@ def test_prefill_then_decode() -> None:
 
 def test_samples_flag_is_set_only_for_the_last_chunk() -> None:
     sched = make_scheduler(max_num_batched_tokens=4)
-    sched.add(make_seq("a", 6))
+    sched.queues.add(make_seq("a", 6))
     out = sched.schedule()
     assert [s.samples for s in out.scheduled] == [False]
     sched.update_from_output(out, ModelRunnerOutput())
@@ -129,14 +129,14 @@ def test_empty_schedule_when_idle() -> None:
     sched = make_scheduler()
     out = sched.schedule()
     assert out.is_empty and out.num_batched_tokens == 0
-    assert not sched.has_unfinished()
+    assert not sched.queues.has_unfinished()
 
 
 def test_running_sequences_are_scheduled_before_waiting_ones() -> None:
     sched = make_scheduler()
-    sched.add(make_seq("a", 5))
+    sched.queues.add(make_seq("a", 5))
     run_step(sched)
-    sched.add(make_seq("b", 5))
+    sched.queues.add(make_seq("b", 5))
     out = run_step(sched)
     assert scheduled(out) == [("a", 1), ("b", 5)]
     out = run_step(sched)
@@ -146,7 +146,7 @@ def test_running_sequences_are_scheduled_before_waiting_ones() -> None:
 def test_waiting_sequences_are_admitted_in_arrival_order() -> None:
     sched = make_scheduler(max_num_batched_tokens=10)
     for rid in "abc":
-        sched.add(make_seq(rid, 4))
+        sched.queues.add(make_seq(rid, 4))
     out = run_step(sched)
     assert scheduled(out) == [("a", 4), ("b", 4), ("c", 2)]
 
@@ -157,7 +157,7 @@ def test_waiting_sequences_are_admitted_in_arrival_order() -> None:
 def test_token_budget_is_respected() -> None:
     sched = make_scheduler(max_num_batched_tokens=16)
     for rid in "abcd":
-        sched.add(make_seq(rid, 10))
+        sched.queues.add(make_seq(rid, 10))
     for _ in range(8):
         out = run_step(sched)
         assert out.num_batched_tokens <= 16
@@ -167,21 +167,21 @@ def test_token_budget_is_respected() -> None:
 
 def test_budget_cuts_the_first_chunk_of_a_waiting_prompt() -> None:
     sched = make_scheduler(max_num_batched_tokens=16)
-    sched.add(make_seq("a", 10))
-    sched.add(make_seq("b", 10))
-    sched.add(make_seq("c", 10))
+    sched.queues.add(make_seq("a", 10))
+    sched.queues.add(make_seq("b", 10))
+    sched.queues.add(make_seq("c", 10))
     out = run_step(sched)
     assert scheduled(out) == [("a", 10), ("b", 6)]
-    assert [s.request_id for s in sched.waiting] == ["c"]
+    assert [s.request_id for s in sched.queues.waiting] == ["c"]
 
 
 def test_chunked_prefill_runs_beside_decodes() -> None:
     sched = make_scheduler(max_num_batched_tokens=8)
     a = make_seq("a", 4)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)  # a is decoding now
     b = make_seq("b", 20)
-    sched.add(b)
+    sched.queues.add(b)
     progress = []
     for _ in range(3):
         out = run_step(sched)
@@ -199,7 +199,7 @@ def test_chunked_prefill_runs_beside_decodes() -> None:
 def test_a_long_prompt_alone_is_chunked_to_the_budget() -> None:
     sched = make_scheduler(max_num_batched_tokens=5)
     a = make_seq("a", 12)
-    sched.add(a)
+    sched.queues.add(a)
     chunks = [scheduled(run_step(sched)) for _ in range(3)]
     assert chunks == [[("a", 5)], [("a", 5)], [("a", 2)]]
     assert a.num_output_tokens == 1
@@ -208,11 +208,11 @@ def test_a_long_prompt_alone_is_chunked_to_the_budget() -> None:
 
 def test_a_running_prefill_can_take_the_whole_budget() -> None:
     sched = make_scheduler(max_num_batched_tokens=4)
-    sched.add(make_seq("a", 12))
-    sched.add(make_seq("b", 2))
+    sched.queues.add(make_seq("a", 12))
+    sched.queues.add(make_seq("b", 2))
     out = run_step(sched)
     assert scheduled(out) == [("a", 4)]
-    assert [s.request_id for s in sched.waiting] == ["b"]
+    assert [s.request_id for s in sched.queues.waiting] == ["b"]
 
 
 # ---- max_num_seqs ----
@@ -222,10 +222,10 @@ def test_max_num_seqs() -> None:
     sched = make_scheduler(max_num_seqs=2)
     seqs = [make_seq("a", 4, max_tokens=2), make_seq("b", 4, max_tokens=3), make_seq("c", 4)]
     for seq in seqs:
-        sched.add(seq)
+        sched.queues.add(seq)
     out = run_step(sched)
     assert scheduled(out) == [("a", 4), ("b", 4)]
-    assert len(sched.running) == 2
+    assert len(sched.queues.running) == 2
     out = run_step(sched)  # a reaches max_tokens and leaves
     assert scheduled(out) == [("a", 1), ("b", 1)]
     assert seqs[0].status == SequenceStatus.FINISHED_LENGTH
@@ -239,22 +239,22 @@ def test_max_num_seqs() -> None:
 def test_watermark_holds_back_admission() -> None:
     # 10 blocks of 4 tokens, admission only while usage stays <= 50%.
     sched = make_scheduler(num_blocks=10, memory_threshold=0.5)
-    sched.add(make_seq("a", 16))  # 4 blocks
-    sched.add(make_seq("b", 8))  # 2 more would make 6 > 5
+    sched.queues.add(make_seq("a", 16))  # 4 blocks
+    sched.queues.add(make_seq("b", 8))  # 2 more would make 6 > 5
     out = run_step(sched)
     assert scheduled(out) == [("a", 16)]
-    assert [s.request_id for s in sched.waiting] == ["b"]
-    assert sched.waiting[0].block_table == []
-    sched.add(make_seq("c", 4))  # would fit, but admission is FIFO
+    assert [s.request_id for s in sched.queues.waiting] == ["b"]
+    assert sched.queues.waiting[0].block_table == []
+    sched.queues.add(make_seq("c", 4))  # would fit, but admission is FIFO
     out = run_step(sched)
     assert scheduled(out) == [("a", 1)]
 
 
 def test_watermark_admits_up_to_the_threshold() -> None:
     sched = make_scheduler(num_blocks=10, memory_threshold=0.5)
-    sched.add(make_seq("a", 12))  # 3 blocks
-    sched.add(make_seq("b", 8))  # 3 + 2 = 5 <= 5
-    sched.add(make_seq("c", 1))  # 6 > 5
+    sched.queues.add(make_seq("a", 12))  # 3 blocks
+    sched.queues.add(make_seq("b", 8))  # 3 + 2 = 5 <= 5
+    sched.queues.add(make_seq("c", 1))  # 6 > 5
     out = run_step(sched)
     assert scheduled(out) == [("a", 12), ("b", 8)]
 
@@ -262,7 +262,7 @@ def test_watermark_admits_up_to_the_threshold() -> None:
 def test_watermark_never_starves_a_lone_request() -> None:
     sched = make_scheduler(num_blocks=10, memory_threshold=0.5)
     big = make_seq("big", 32, max_tokens=2)  # 8 blocks: far over the watermark
-    sched.add(big)
+    sched.queues.add(big)
     out = run_step(sched)
     assert scheduled(out) == [("big", 32)]
     assert used_blocks(sched) == 8
@@ -272,14 +272,14 @@ def test_watermark_request_runs_once_the_others_finish() -> None:
     sched = make_scheduler(num_blocks=10, memory_threshold=0.5)
     a = make_seq("a", 16, max_tokens=2)
     big = make_seq("big", 28, max_tokens=1)  # 7 blocks
-    sched.add(a)
-    sched.add(big)
+    sched.queues.add(a)
+    sched.queues.add(big)
     assert scheduled(run_step(sched)) == [("a", 16)]
     assert scheduled(run_step(sched)) == [("a", 1)]
     assert a.is_finished
     assert scheduled(run_step(sched)) == [("big", 28)]
     assert big.is_finished
-    assert not sched.has_unfinished()
+    assert not sched.queues.has_unfinished()
 
 
 # ---- preemption ----
@@ -288,8 +288,8 @@ def test_watermark_request_runs_once_the_others_finish() -> None:
 def _fill_with_two_decoders(sched: Scheduler) -> tuple[Sequence, Sequence]:
     """Two sequences that fill a 4-block cache (block_size 4) after two steps."""
     a, b = make_seq("a", 7), make_seq("b", 7)
-    sched.add(a)
-    sched.add(b)
+    sched.queues.add(a)
+    sched.queues.add(b)
     assert scheduled(run_step(sched)) == [("a", 7), ("b", 7)]
     assert scheduled(run_step(sched)) == [("a", 1), ("b", 1)]
     assert sched.block_manager.num_free_blocks == 0
@@ -300,7 +300,7 @@ def _fill_with_two_decoders(sched: Scheduler) -> tuple[Sequence, Sequence]:
 def test_preempt_newest_by_recompute() -> None:
     sched = make_scheduler(num_blocks=4, enable_prefix_caching=False)
     a, b = _fill_with_two_decoders(sched)
-    sched.add(make_seq("c", 2))
+    sched.queues.add(make_seq("c", 2))
     out = run_step(sched)
     assert out.preempted == [b.request_id]
     assert scheduled(out) == [("a", 1)]  # nothing is admitted in a step that preempted
@@ -309,7 +309,7 @@ def test_preempt_newest_by_recompute() -> None:
     assert b.num_computed_tokens == 0
     assert b.block_table == []
     assert b.num_preemptions == 1 and sched.num_preemptions == 1
-    assert [s.request_id for s in sched.waiting] == ["b", "c"]  # back at the head
+    assert [s.request_id for s in sched.queues.waiting] == ["b", "c"]  # back at the head
     assert b.output_token_ids == [TOKEN, TOKEN]  # its tokens are kept for the recompute
     assert used_blocks(sched) == 3
 
@@ -332,7 +332,7 @@ def test_recompute_victim_goes_ahead_of_waiting_requests() -> None:
     a, b = _fill_with_two_decoders(sched)
     a.sampling_params.max_tokens = 3
     c = make_seq("c", 2)
-    sched.add(c)
+    sched.queues.add(c)
     run_step(sched)  # b preempted, a finishes
     out = run_step(sched)
     assert scheduled(out) == [("b", 9), ("c", 2)]
@@ -341,8 +341,8 @@ def test_recompute_victim_goes_ahead_of_waiting_requests() -> None:
 def test_preemption_with_prefix_caching_reuses_the_victims_blocks() -> None:
     sched = make_scheduler(num_blocks=5)
     a, b = make_seq("a", 11), make_seq("b", 3)
-    sched.add(a)
-    sched.add(b)
+    sched.queues.add(a)
+    sched.queues.add(b)
     run_step(sched)  # a: 3 blocks, b: 1 block; 1 free
     run_step(sched)  # b's first block is now full and cached
     assert b.num_computed_tokens == 4
@@ -371,7 +371,7 @@ def test_preempt_by_swap() -> None:
     assert out.preempted == [b.request_id]
     assert scheduled(out) == [("a", 1)]
     assert b.status == SequenceStatus.SWAPPED
-    assert list(sched.swapped) == [b]
+    assert list(sched.queues.swapped) == [b]
     assert b.num_computed_tokens == 8  # KV kept on the CPU
     assert [gpu for gpu, _ in out.blocks_to_swap_out] == gpu_table
     assert b.block_table == [cpu for _, cpu in out.blocks_to_swap_out]
@@ -385,7 +385,7 @@ def test_swapped_sequence_comes_back_before_waiting_ones() -> None:
     a.sampling_params.max_tokens = 4
     run_step(sched)  # b swapped out; a holds 3 blocks
     c = make_seq("c", 2)
-    sched.add(c)
+    sched.queues.add(c)
     # One block is free: enough for c, not for b (which needs 3). c must wait.
     out = run_step(sched)
     assert scheduled(out) == [("a", 1)]
@@ -399,7 +399,7 @@ def test_swapped_sequence_comes_back_before_waiting_ones() -> None:
     assert len(b.block_table) == 3  # plus a new block for position 8
     assert b.status == SequenceStatus.RUNNING
     assert b.num_computed_tokens == 9
-    assert not sched.swapped
+    assert not sched.queues.swapped
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 0
 
 
@@ -407,7 +407,7 @@ def test_several_victims_come_back_oldest_first() -> None:
     sched = make_scheduler(num_blocks=4, num_cpu_blocks=8, use_swap=True)
     a, b, c = make_seq("a", 7), make_seq("b", 3), make_seq("c", 3)
     for seq in (a, b, c):
-        sched.add(seq)
+        sched.queues.add(seq)
     run_step(sched)
     run_step(sched)  # all 4 blocks in use; a, b and c each need one more
     out = run_step(sched)
@@ -416,8 +416,8 @@ def test_several_victims_come_back_oldest_first() -> None:
         b.request_id,
     ]  # newest first, until a and then nothing else fits
     assert scheduled(out) == [("a", 1)]
-    assert list(sched.swapped) == [b, c]
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    assert list(sched.queues.swapped) == [b, c]
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     out = run_step(sched)
     assert scheduled(out) == [("b", 1), ("c", 1)]
 
@@ -435,7 +435,7 @@ def test_swap_falls_back_to_recompute_without_cpu_space() -> None:
 def test_a_lone_sequence_that_cannot_grow_preempts_itself() -> None:
     sched = make_scheduler(num_blocks=2, max_model_len=1000, enable_prefix_caching=False)
     a = make_seq("a", 8)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     out = run_step(sched)
     assert out.preempted == [a.request_id] and out.is_empty
@@ -449,15 +449,15 @@ def test_a_lone_sequence_that_cannot_grow_preempts_itself() -> None:
 def test_forked_sequences_copy_their_shared_partial_block() -> None:
     sched = make_scheduler()
     parent = make_seq("p", 6)
-    sched.add(parent)
+    sched.queues.add(parent)
     run_step(sched)  # 7 tokens, 6 computed: block 1 is partly filled
     child = make_seq("c", token_ids=parent.prompt_token_ids)
     child.token_ids = list(parent.token_ids)
     sched.block_manager.fork(parent, child)
     # n > 1 choices: the engine puts the twin straight into the batch.
     child.status = SequenceStatus.RUNNING
-    sched.running.append(child)
-    sched.sequences[child.request_id] = child
+    sched.queues.running.append(child)
+    sched.queues.sequences[child.request_id] = child
     full, shared = parent.block_table
     out = run_step(sched, {"p": 11, "c": 12})
     assert scheduled(out) == [("p", 1), ("c", 1)]
@@ -474,11 +474,11 @@ def test_n_choices_fork_from_the_prompt_when_it_first_samples() -> None:
     parent = make_seq("p", 6)
     children = [make_seq(f"p#{i}", token_ids=parent.prompt_token_ids) for i in (1, 2)]
     parent.fork_children = children
-    sched.add(parent)
+    sched.queues.add(parent)
     run_step(sched, {"p": 11})
     # The children share the blocks of the first 5 prompt tokens and compute the 6th.
     first, second = parent.block_table
-    assert sched.running == [parent, *children]
+    assert sched.queues.running == [parent, *children]
     for child in children:
         assert child.status == SequenceStatus.RUNNING and child.num_computed_tokens == 5
         assert child.block_table == [first, second] and child.output_token_ids == []
@@ -495,36 +495,36 @@ def test_n_choices_fork_from_the_prompt_when_it_first_samples() -> None:
 def test_abort_waiting() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5)
-    sched.add(a)
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.add(a)
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.status == SequenceStatus.FINISHED_ABORTED
     assert a.status.finish_reason == "abort"
     assert a.finished_time is not None
-    assert not sched.has_unfinished()
+    assert not sched.queues.has_unfinished()
     assert run_step(sched).is_empty
 
 
 def test_abort_running_frees_blocks() -> None:
     sched = make_scheduler()
     a, b = make_seq("a", 10), make_seq("b", 5)
-    sched.add(a)
-    sched.add(b)
+    sched.queues.add(a)
+    sched.queues.add(b)
     run_step(sched)
     assert used_blocks(sched) == 5
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.block_table == []
     assert used_blocks(sched) == 2
-    assert sched.running == [b]
+    assert sched.queues.running == [b]
     assert scheduled(run_step(sched)) == [("b", 1)]
 
 
 def test_abort_between_schedule_and_update() -> None:
     sched = make_scheduler()
     a, b = make_seq("a", 10), make_seq("b", 5)
-    sched.add(a)
-    sched.add(b)
+    sched.queues.add(a)
+    sched.queues.add(b)
     out = sched.schedule()
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     sampled = {"a": [SampledToken(TOKEN, 0.0)], "b": [SampledToken(TOKEN, 0.0)]}
     progressed = sched.update_from_output(out, ModelRunnerOutput(sampled))
     assert [u.request_id for u in progressed] == ["b"]
@@ -538,9 +538,9 @@ def test_abort_swapped_frees_cpu_blocks() -> None:
     a, b = _fill_with_two_decoders(sched)
     run_step(sched)
     assert b.status == SequenceStatus.SWAPPED
-    sched.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
     assert b.block_table == []
-    assert not sched.swapped
+    assert not sched.queues.swapped
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 0
     assert used_blocks(sched) == 3
 
@@ -550,20 +550,20 @@ def test_abort_preempted_waiting_sequence() -> None:
     a, b = _fill_with_two_decoders(sched)
     run_step(sched)
     assert b.status == SequenceStatus.WAITING
-    sched.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
-    assert list(sched.waiting) == []
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish(b.request_id, SequenceStatus.FINISHED_ABORTED)
+    assert list(sched.queues.waiting) == []
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert used_blocks(sched) == 0
-    assert not sched.has_unfinished()
+    assert not sched.queues.has_unfinished()
 
 
 def test_abort_of_a_finished_sequence_is_a_no_op() -> None:
     sched = make_scheduler()
     a = make_seq("a", 3, max_tokens=1)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     assert a.status == SequenceStatus.FINISHED_LENGTH
-    sched.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish(a.request_id, SequenceStatus.FINISHED_ABORTED)
     assert a.status == SequenceStatus.FINISHED_LENGTH
 
 
@@ -573,22 +573,22 @@ def test_abort_of_a_finished_sequence_is_a_no_op() -> None:
 def test_finish_on_eos() -> None:
     sched = make_scheduler()
     a, b = make_seq("a", 5), make_seq("b", 5)
-    sched.add(a)
-    sched.add(b)
+    sched.queues.add(a)
+    sched.queues.add(b)
     run_step(sched)
     run_step(sched, {"a": EOS})
     assert a.status == SequenceStatus.FINISHED_STOPPED
     assert a.status.finish_reason == "stop"
     assert a.output_token_ids == [TOKEN, EOS]
     assert a.block_table == [] and a.finished_time is not None
-    assert sched.running == [b]
+    assert sched.queues.running == [b]
     assert used_blocks(sched) == 2
 
 
 def test_eos_on_the_first_token() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched, {"a": EOS})
     assert a.status == SequenceStatus.FINISHED_STOPPED
     assert used_blocks(sched) == 0
@@ -597,7 +597,7 @@ def test_eos_on_the_first_token() -> None:
 def test_ignore_eos() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5, max_tokens=3, ignore_eos=True)
-    sched.add(a)
+    sched.queues.add(a)
     for _ in range(2):
         run_step(sched, {"a": EOS})
         assert a.status == SequenceStatus.RUNNING
@@ -610,7 +610,7 @@ def test_stop_token_ids_finish_with_a_stop_reason() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5)
     a.sampling_params = SamplingParams(max_tokens=10, stop_token_ids=[9])
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     run_step(sched, {"a": 9})
     assert a.status == SequenceStatus.FINISHED_STOPPED and a.stop_reason == 9
@@ -621,7 +621,7 @@ def test_min_tokens_defers_eos_and_stop_tokens() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5)
     a.sampling_params = SamplingParams(max_tokens=10, min_tokens=3, stop_token_ids=[9])
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched, {"a": EOS})
     run_step(sched, {"a": 9})
     assert a.status == SequenceStatus.RUNNING
@@ -632,7 +632,7 @@ def test_min_tokens_defers_eos_and_stop_tokens() -> None:
 def test_finish_on_max_tokens() -> None:
     sched = make_scheduler()
     a = make_seq("a", 5, max_tokens=3)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     run_step(sched)
     assert a.status == SequenceStatus.RUNNING
@@ -641,13 +641,13 @@ def test_finish_on_max_tokens() -> None:
     assert a.status.finish_reason == "length"
     assert a.num_output_tokens == 3
     assert used_blocks(sched) == 0
-    assert not sched.has_unfinished()
+    assert not sched.queues.has_unfinished()
 
 
 def test_finish_on_max_model_len() -> None:
     sched = make_scheduler(max_model_len=12)
     a = make_seq("a", 10, max_tokens=100)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     assert a.status == SequenceStatus.RUNNING
     run_step(sched)
@@ -658,7 +658,7 @@ def test_finish_on_max_model_len() -> None:
 def test_no_sample_no_stop_check() -> None:
     sched = make_scheduler(max_num_batched_tokens=4)
     a = make_seq("a", 6, max_tokens=1)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched, {"a": EOS})  # a chunk that does not reach the end samples nothing
     assert a.status == SequenceStatus.RUNNING
     assert a.num_output_tokens == 0
@@ -671,10 +671,10 @@ def test_prefix_hit_shortens_the_first_chunk() -> None:
     sched = make_scheduler()
     shared = list(range(1, 11))  # 10 tokens: two full blocks of 4
     a = make_seq("a", token_ids=shared + [50, 51])
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     b = make_seq("b", token_ids=shared + [60, 61, 62])
-    sched.add(b)
+    sched.queues.add(b)
     out = sched.schedule()
     assert scheduled(out) == [("a", 1), ("b", 5)]
     item = out.scheduled[1]
@@ -691,11 +691,11 @@ def test_prefix_hit_after_the_first_request_finished() -> None:
     sched = make_scheduler()
     prompt = list(range(1, 14))
     a = make_seq("a", token_ids=prompt, max_tokens=1)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     assert a.is_finished and used_blocks(sched) == 0
     b = make_seq("b", token_ids=prompt)
-    sched.add(b)
+    sched.queues.add(b)
     out = sched.schedule()
     assert scheduled(out) == [("b", 1)]  # 12 of 13 tokens come from the cache
     assert out.scheduled[0].start == 12 and out.scheduled[0].samples
@@ -705,10 +705,10 @@ def test_prefix_hit_is_released_when_admission_fails() -> None:
     sched = make_scheduler(num_blocks=6, memory_threshold=0.5)
     prompt = list(range(1, 10))
     a = make_seq("a", token_ids=prompt)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)  # a: 3 blocks, 2 of them cached
     b = make_seq("b", token_ids=prompt[:8] + list(range(100, 108)))  # 2 hit + 2 new
-    sched.add(b)
+    sched.queues.add(b)
     out = run_step(sched)
     assert scheduled(out) == [("a", 1)]
     assert b.block_table == [] and b.num_computed_tokens == 0
@@ -721,10 +721,10 @@ def test_prefix_hit_sizes_admission_by_the_remaining_tokens() -> None:
     sched = make_scheduler(num_blocks=4)
     prompt = list(range(1, 10))
     a = make_seq("a", token_ids=prompt)
-    sched.add(a)
+    sched.queues.add(a)
     run_step(sched)
     b = make_seq("b", token_ids=prompt[:8] + [77, 78])
-    sched.add(b)
+    sched.queues.add(b)
     out = run_step(sched)
     assert scheduled(out) == [("a", 1), ("b", 2)]
     assert used_blocks(sched) == 4

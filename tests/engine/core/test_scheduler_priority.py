@@ -61,7 +61,7 @@ def ids(seqs) -> list[str]:
 
 def run_to_end(sched: Scheduler, max_steps: int = 1000) -> None:
     for _ in range(max_steps):
-        if not sched.has_unfinished():
+        if not sched.queues.has_unfinished():
             return
         run_step(sched)
     raise AssertionError("the scheduler did not drain")
@@ -73,25 +73,25 @@ def run_to_end(sched: Scheduler, max_steps: int = 1000) -> None:
 def test_waiting_requests_start_by_priority_then_arrival() -> None:
     sched = make_scheduler(max_num_seqs=2)
     for rid, priority in [("a", 2), ("b", 0), ("c", 1), ("d", 0)]:
-        sched.add(make_seq(rid, 4, priority))
+        sched.queues.add(make_seq(rid, 4, priority))
     out = run_step(sched)
     assert scheduled(out) == [("b", 4), ("d", 4)]
-    assert ids(sched.waiting) == ["c", "a"]
+    assert ids(sched.queues.waiting) == ["c", "a"]
 
 
 def test_fcfs_ignores_priority() -> None:
     sched = make_scheduler(max_num_seqs=2, policy="fcfs")
     for rid, priority in [("a", 2), ("b", 0), ("c", 1)]:
-        sched.add(make_seq(rid, 4, priority))
+        sched.queues.add(make_seq(rid, 4, priority))
     out = run_step(sched)
     assert scheduled(out) == [("a", 4), ("b", 4)]
 
 
 def test_the_budget_goes_to_the_higher_priority_running_sequence_first() -> None:
     sched = make_scheduler(max_num_batched_tokens=8)
-    sched.add(make_seq("lo", 6, priority=2))
+    sched.queues.add(make_seq("lo", 6, priority=2))
     run_step(sched)
-    sched.add(make_seq("hi", 20, priority=0))
+    sched.queues.add(make_seq("hi", 20, priority=0))
     out = run_step(sched)
     assert scheduled(out) == [("lo", 1), ("hi", 7)]  # running first, as always
     # Both run now: hi's prefill takes the whole budget before lo's decode (FCFS
@@ -105,26 +105,26 @@ def test_the_budget_goes_to_the_higher_priority_running_sequence_first() -> None
 
 def test_a_higher_priority_request_preempts_the_lowest_running_one_for_a_slot() -> None:
     sched = make_scheduler(max_num_seqs=2)
-    sched.add(make_seq("lo1", 4, priority=5))
-    sched.add(make_seq("lo2", 4, priority=3))
+    sched.queues.add(make_seq("lo1", 4, priority=5))
+    sched.queues.add(make_seq("lo2", 4, priority=3))
     run_step(sched)
-    sched.add(make_seq("hi", 4, priority=0))
+    sched.queues.add(make_seq("hi", 4, priority=0))
     out = run_step(sched)
     assert out.preempted == ["lo1"]
     assert scheduled(out) == [("lo2", 1), ("hi", 4)]
-    lo1 = sched.sequences["lo1"]
+    lo1 = sched.queues.sequences["lo1"]
     assert lo1.status == SequenceStatus.WAITING and lo1.block_table == []
-    assert ids(sched.waiting) == ["lo1"] and ids(sched.running) == ["lo2", "hi"]
+    assert ids(sched.queues.waiting) == ["lo1"] and ids(sched.queues.running) == ["lo2", "hi"]
     assert used_blocks(sched) == 2 + 1  # lo2: 5 tokens; hi: its 4-token prompt
 
 
 def test_a_higher_priority_request_preempts_for_blocks() -> None:
     sched = make_scheduler(num_blocks=6, block_size=4)
     lo = make_seq("lo", 16, priority=1, max_tokens=3)
-    sched.add(lo)
+    sched.queues.add(lo)
     run_step(sched)  # lo holds 4 of the 6 blocks, and needs a fifth next step
     hi = make_seq("hi", 12, priority=0, max_tokens=3)
-    sched.add(hi)
+    sched.queues.add(hi)
     out = run_step(sched)
     assert out.preempted == ["lo"] and scheduled(out) == [("hi", 12)]
     run_to_end(sched)
@@ -139,10 +139,10 @@ def test_a_victim_scheduled_in_the_step_gives_its_tokens_back() -> None:
     # lo1 and lo2 decode (1 token each) before hi is looked at; hi's 7-token prompt
     # gets the whole rest of the budget only if lo1's token comes back with lo1.
     sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=8)
-    sched.add(make_seq("lo1", 3, priority=2))
-    sched.add(make_seq("lo2", 3, priority=1))
+    sched.queues.add(make_seq("lo1", 3, priority=2))
+    sched.queues.add(make_seq("lo2", 3, priority=1))
     run_step(sched)
-    sched.add(make_seq("hi", 7, priority=0))
+    sched.queues.add(make_seq("hi", 7, priority=0))
     out = run_step(sched)
     assert out.preempted == ["lo1"]
     assert scheduled(out) == [("lo2", 1), ("hi", 7)]
@@ -150,18 +150,18 @@ def test_a_victim_scheduled_in_the_step_gives_its_tokens_back() -> None:
 
 def test_equal_priorities_never_preempt_each_other() -> None:
     sched = make_scheduler(max_num_seqs=1)
-    sched.add(make_seq("a", 4, priority=1))
+    sched.queues.add(make_seq("a", 4, priority=1))
     run_step(sched)
-    sched.add(make_seq("b", 4, priority=1))
+    sched.queues.add(make_seq("b", 4, priority=1))
     out = run_step(sched)
     assert out.preempted == [] and scheduled(out) == [("a", 1)]
 
 
 def test_a_lower_priority_request_waits() -> None:
     sched = make_scheduler(max_num_seqs=1)
-    sched.add(make_seq("a", 4, priority=0))
+    sched.queues.add(make_seq("a", 4, priority=0))
     run_step(sched)
-    sched.add(make_seq("b", 4, priority=3))
+    sched.queues.add(make_seq("b", 4, priority=3))
     out = run_step(sched)
     assert out.preempted == [] and scheduled(out) == [("a", 1)]
 
@@ -171,9 +171,9 @@ def test_short_blocks_preempt_the_lowest_priority_running_sequence_not_the_newes
     # block there is none: FCFS would preempt hi (the newest), priority takes lo.
     sched = make_scheduler(num_blocks=4, block_size=4)
     lo = make_seq("lo", 7, priority=2)
-    sched.add(lo)
+    sched.queues.add(lo)
     run_step(sched)
-    sched.add(make_seq("hi", 7, priority=0))
+    sched.queues.add(make_seq("hi", 7, priority=0))
     run_step(sched)
     assert used_blocks(sched) == 4
     out = run_step(sched)
@@ -183,26 +183,26 @@ def test_short_blocks_preempt_the_lowest_priority_running_sequence_not_the_newes
 
 def test_a_preempted_sequence_waits_ahead_of_later_ones_of_its_priority() -> None:
     sched = make_scheduler(max_num_seqs=1)
-    sched.add(make_seq("lo", 4, priority=1))
+    sched.queues.add(make_seq("lo", 4, priority=1))
     run_step(sched)
-    sched.add(make_seq("later", 4, priority=1))
-    sched.add(make_seq("hi", 4, priority=0))
+    sched.queues.add(make_seq("later", 4, priority=1))
+    sched.queues.add(make_seq("hi", 4, priority=0))
     run_step(sched)  # hi preempts lo
-    assert ids(sched.running) == ["hi"]
-    assert ids(sched.waiting) == ["lo", "later"]
+    assert ids(sched.queues.running) == ["hi"]
+    assert ids(sched.queues.waiting) == ["lo", "later"]
 
 
 def test_a_victim_waits_a_step_before_it_is_admitted_again() -> None:
     # hi takes lo's blocks; there would be room for lo's prompt again at once, but a
     # sequence preempted in this step is not re-admitted in it.
     sched = make_scheduler(num_blocks=8, block_size=4)
-    sched.add(make_seq("lo", 16, priority=1))
+    sched.queues.add(make_seq("lo", 16, priority=1))
     run_step(sched)
-    sched.add(make_seq("hi", 16, priority=0))
+    sched.queues.add(make_seq("hi", 16, priority=0))
     out = run_step(sched)
     # lo's four full blocks are still cached and free, and one more block would do.
     assert out.preempted == ["lo"] and scheduled(out) == [("hi", 16)]
-    assert ids(sched.waiting) == ["lo"]
+    assert ids(sched.queues.waiting) == ["lo"]
 
 
 # ---- time limit ----
@@ -210,37 +210,37 @@ def test_a_victim_waits_a_step_before_it_is_admitted_again() -> None:
 
 def test_time_out_before_the_first_token_is_an_abort() -> None:
     sched = make_scheduler(max_num_seqs=1)
-    sched.add(make_seq("a", 4))
-    sched.add(make_seq("b", 4, deadline=10.0))
+    sched.queues.add(make_seq("a", 4))
+    sched.queues.add(make_seq("b", 4, deadline=10.0))
     run_step(sched)
-    assert sched.time_out("b", now=9.0) is None  # not yet
-    update = sched.time_out("b", now=10.0)
+    assert sched.queues.time_out("b", now=9.0) is None  # not yet
+    update = sched.queues.time_out("b", now=10.0)
     assert update is not None and update.finish_reason == "abort"
     assert update.num_output_tokens == 0 and update.new_tokens == []
-    assert ids(sched.waiting) == [] and "b" not in sched.sequences
+    assert ids(sched.queues.waiting) == [] and "b" not in sched.queues.sequences
 
 
 def test_time_out_after_tokens_is_a_length_finish_and_frees_the_blocks() -> None:
     sched = make_scheduler()
     seq = make_seq("a", 6, deadline=10.0)
-    sched.add(seq)
+    sched.queues.add(seq)
     run_step(sched)
     run_step(sched)
     assert used_blocks(sched) == 2
-    update = sched.time_out("a", now=11.0)
+    update = sched.queues.time_out("a", now=11.0)
     assert update is not None and update.finish_reason == "length"
     assert update.num_output_tokens == 2
     assert seq.status == SequenceStatus.FINISHED_LENGTH and seq.block_table == []
-    assert used_blocks(sched) == 0 and not sched.has_unfinished()
+    assert used_blocks(sched) == 0 and not sched.queues.has_unfinished()
     # The step that ran while it timed out is dropped, and it is reported finished.
     assert sched.schedule().finished == ["a"]
 
 
 def test_time_out_ignores_sequences_without_a_deadline_and_finished_ones() -> None:
     sched = make_scheduler()
-    sched.add(make_seq("a", 4))
-    assert sched.time_out("a", now=1e12) is None
-    assert sched.time_out("nobody", now=1e12) is None
+    sched.queues.add(make_seq("a", 4))
+    assert sched.queues.time_out("a", now=1e12) is None
+    assert sched.queues.time_out("nobody", now=1e12) is None
     out = sched.schedule()
-    sched.finish("a", SequenceStatus.FINISHED_ABORTED)
+    sched.queues.finish("a", SequenceStatus.FINISHED_ABORTED)
     assert feed(sched, out) == []  # the step's result for a finished sequence is dropped

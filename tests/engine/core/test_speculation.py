@@ -248,7 +248,7 @@ def _step(sched: Scheduler, keep: int, token: int = 3):
 
 def _start(sched: Scheduler, seq: Sequence, first_token: int) -> None:
     """Add a sequence and run its prefill (in chunks, if the budget says so)."""
-    sched.add(seq)
+    sched.queues.add(seq)
     while seq.num_output_tokens == 0:
         _step(sched, keep=0, token=first_token)
 
@@ -391,7 +391,7 @@ def _draft_step(sched: Scheduler, keep: int, token: int = 3):
 def test_a_draft_model_prefills_alongside_and_catches_up_on_what_it_lags_by():
     sched = _draft_scheduler(k=3)
     seq = Sequence("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30))
-    sched.add(seq)
+    sched.queues.add(seq)
     (item,) = _draft_step(sched, keep=0).scheduled  # the prompt: the draft runs it too
     assert item.draft_lag_token_ids == () and item.draft_token_ids == ()
     assert seq.num_draft_computed_tokens == seq.num_computed_tokens == 6
@@ -424,7 +424,7 @@ def test_n_choices_fork_with_the_draft_model_level_with_the_target():
     parent = Sequence("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30, n=2))
     child = Sequence("b", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=30))
     parent.fork_children = [child]
-    sched.add(parent)
+    sched.queues.add(parent)
     _draft_step(sched, keep=0)
     # The child shares the prompt's blocks but its last token, and both models' KV.
     assert child.num_computed_tokens == child.num_draft_computed_tokens == 5
@@ -436,7 +436,7 @@ def test_blocks_enter_the_prefix_cache_once_the_draft_model_has_them_too():
     sched = _draft_scheduler(k=3)
     bm = sched.block_manager
     seq = Sequence("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=30))
-    sched.add(seq)
+    sched.queues.add(seq)
     _draft_step(sched, keep=0)  # prompt [1..5] + 3: one full block
     assert len(bm.cached_blocks) == 1
     _draft_step(sched, keep=3)  # [.. 3, 5, 6, 7] + 3: tokens 0-8 computed, the draft's 0-7
