@@ -4,19 +4,40 @@ names the field (and what it takes) otherwise."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.generation_defaults import GENERATION_MODES, check_override
-
-if TYPE_CHECKING:
-    from hetero_infer.engine.config import EngineConfig
 
 # Quantizations whose blocks are kept as stored: tensor parallelism does not split them.
 KEPT_QUANTIZED = ("gguf", "int8", "compressed-tensors")
 
 
-def check_config(config: EngineConfig) -> None:
+class CheckedConfig(Protocol):
+    """What the rules read of a config (config.py's EngineConfig, which checks itself
+    with them as it is made): a dataclass, whose other fields they read by name, and
+    these by attribute. A value is as given until its rule passes, hence Any."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    seed: Any
+    num_cpu_blocks: Any
+    preemption_mode: Any
+    use_swap: bool
+    scheduling_policy: Any
+    kv_offloading_size: Any
+    kv_offloading_flush_timeout: Any
+    kv_offloading_dir: Any
+    tensor_parallel_size: Any
+    quantization: Any
+    enable_lora: Any
+    max_loras: Any
+    max_lora_rank: Any
+    generation_config: Any
+    override_generation_config: Any
+    speculative: Any  # speculative_config, read (and checked) as it is asked for
+
+
+def check_config(config: CheckedConfig) -> None:
     """Every rule a config must follow; a ConfigError naming the field otherwise."""
     for f in fields(config):
         if "choices" in f.metadata:
@@ -48,7 +69,7 @@ def check_config(config: EngineConfig) -> None:
     _ = config.speculative  # a ConfigError here, at start-up, not at the first request
 
 
-def _check_scheduling(config: EngineConfig) -> None:
+def _check_scheduling(config: CheckedConfig) -> None:
     if config.scheduling_policy == "priority" and config.use_swap:
         raise ConfigError(
             "scheduling_policy 'priority' preempts by recompute, not swap: set "
@@ -60,7 +81,7 @@ def _check_scheduling(config: EngineConfig) -> None:
             raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
 
 
-def _check_kv_offloading(config: EngineConfig) -> None:
+def _check_kv_offloading(config: CheckedConfig) -> None:
     for name in ("kv_offloading_size", "kv_offloading_dir_size"):
         value = getattr(config, name)
         if not _is_number(value) or not 0 <= value < float("inf"):
@@ -89,7 +110,7 @@ def _check_kv_offloading(config: EngineConfig) -> None:
         )
 
 
-def _check_parallel(config: EngineConfig) -> None:
+def _check_parallel(config: CheckedConfig) -> None:
     check_int("tensor_parallel_size", config.tensor_parallel_size, minimum=1)
     check_int("max_loras", config.max_loras, minimum=1)
     check_int("max_lora_rank", config.max_lora_rank, minimum=1)
@@ -103,7 +124,7 @@ def _check_parallel(config: EngineConfig) -> None:
         )
 
 
-def _check_generation_config(config: EngineConfig) -> None:
+def _check_generation_config(config: CheckedConfig) -> None:
     mode = config.generation_config
     if not isinstance(mode, str) or not mode:
         raise ConfigError(

@@ -6,18 +6,44 @@ it among a group's found blocks, and ``load`` turns it into a block of the pool.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero_infer.engine.core.block_pool import BlockPool
 from hetero_infer.engine.core.step_data import TierMoves
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.core.block_manager import BlockManager
-    from hetero_infer.engine.core.kv_cache_group import KVCacheGroup
     from hetero_infer.engine.core.sequence import Sequence
 
 # A block just computed into the prefix cache: (block id, block hash, its token ids).
 Registered = tuple[int, int, tuple[int, ...]]
+
+
+class GroupView(Protocol):
+    """What the tiers read of a KV cache group: core/kv_cache_group.py's KVCacheGroup,
+    which hands its lookups to the tiers and so imports this module (naming it here
+    would close a circle)."""
+
+    index: int
+    pool: BlockPool
+    window: int | None
+
+    def first_kept(self, position: int) -> int: ...
+
+    def usable_prefix(self, found: list[Any]) -> int: ...
+
+    def can_take(self, found: list[Any], num_blocks: int) -> bool: ...
+
+
+class BlockManagerView(Protocol):
+    """What the tiers read of the block manager (core/block_manager.py's BlockManager,
+    which drives them and so imports this module) to plan a waiting sequence's disk
+    reads."""
+
+    enable_prefix_caching: bool
+    groups: Seq[GroupView]
+
+    def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]: ...
 
 
 class PrefixTiers(Protocol):
@@ -36,7 +62,7 @@ class PrefixTiers(Protocol):
         """``found`` (the pool's hits, None for a miss) with the tiers' hits filling
         misses; without a window, up to the first block neither holds."""
 
-    def affordable(self, groups: list[KVCacheGroup], found: list[list[Any]], num_hit: int) -> int:
+    def affordable(self, groups: Seq[GroupView], found: list[list[Any]], num_hit: int) -> int:
         """The longest prefix, up to ``num_hit`` blocks, every group's pool can give now."""
 
     def load(self, group: int, pool: BlockPool, hit: Any) -> int:
@@ -45,7 +71,7 @@ class PrefixTiers(Protocol):
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """An admitted sequence's lookup, for the counts."""
 
-    def needs_reads(self, bm: BlockManager, seq: Sequence) -> bool:
+    def needs_reads(self, bm: BlockManagerView, seq: Sequence) -> bool:
         """Whether a waiting sequence waits a step for its prefix's slower tier."""
 
     def reads_done(self, results: tuple[tuple[int, int, bool], ...]) -> None:

@@ -18,6 +18,7 @@ whole, and reports back which were good, so a bad file is a miss, never KV. No t
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,7 @@ from hetero_infer.engine.kv.disk_layout import DiskLayout
 from hetero_infer.engine.kv.tier_index import SlotIndex
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.core.block_manager import BlockManager
-    from hetero_infer.engine.core.kv_cache_group import KVCacheGroup
+    from hetero_infer.engine.core.prefix_tiers import BlockManagerView, GroupView
     from hetero_infer.engine.core.sequence import Sequence
 
 _DEVICE, _RAM, _READING, _DISK = "device", "ram", "reading", "disk"
@@ -147,7 +147,7 @@ class TierPlanner:
                 break
         return out
 
-    def affordable(self, groups: list[KVCacheGroup], found: list[list[Any]], num_hit: int) -> int:
+    def affordable(self, groups: Seq[GroupView], found: list[list[Any]], num_hit: int) -> int:
         """The longest prefix, up to ``num_hit`` blocks, that every group's pool can
         give now (KVCacheGroup.can_take: a busy pool has few free blocks)."""
         while num_hit > 0 and not all(
@@ -178,7 +178,7 @@ class TierPlanner:
 
     # ---- disk reads, a step ahead ----
 
-    def needs_reads(self, bm: BlockManager, seq: Sequence) -> bool:
+    def needs_reads(self, bm: BlockManagerView, seq: Sequence) -> bool:
         """Whether the sequence's prefix continues on disk past the pool and host RAM:
         then the files it needs are read into host slots this step (or are being read),
         and it waits a step rather than recompute them."""
@@ -220,7 +220,7 @@ class TierPlanner:
         return True
 
     def _where(
-        self, kv_group: KVCacheGroup, hashes: list[int], token_ids: list[int]
+        self, kv_group: GroupView, hashes: list[int], token_ids: list[int]
     ) -> list[str | None]:
         """Where each block is: the pool, a host slot, a read in flight, disk or none
         (without a window, up to the first block that is nowhere)."""

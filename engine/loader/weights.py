@@ -9,8 +9,13 @@ import time
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.loader import int8
 from hetero_infer.engine.loader.gguf import load_gguf
+from hetero_infer.engine.loader.int8 import (
+    COMPRESSED_TENSORS,
+    checkpoint_quantization,
+    quantize_linear_weights,
+    take_int8_weights,
+)
 from hetero_infer.engine.loader.safetensors import load_safetensors
 from hetero_infer.engine.loader.source import ModelSource
 from hetero_infer.kernels import QuantizedWeight
@@ -23,8 +28,8 @@ def checkpoint_quantized_by(source: ModelSource) -> str | None:
     (int8), or None for float weights."""
     if source.is_gguf:
         return "gguf"
-    quantized = int8.checkpoint_quantization(source.path) is not None
-    return int8.COMPRESSED_TENSORS if quantized else None
+    quantized = checkpoint_quantization(source.path) is not None
+    return COMPRESSED_TENSORS if quantized else None
 
 
 def load_state_dict(
@@ -42,10 +47,10 @@ def load_state_dict(
         state_dict = load_gguf(source.path, dtype, keep_quantized)
     else:
         state_dict = load_safetensors(source.path, dtype)
-        if int8.checkpoint_quantization(source.path) is not None:
-            int8.take_int8_weights(state_dict, dtype, keep_quantized)
+        if checkpoint_quantization(source.path) is not None:
+            take_int8_weights(state_dict, dtype, keep_quantized)
         elif quantize_int8:
-            int8.quantize_linear_weights(state_dict)
+            quantize_linear_weights(state_dict)
     if "model.embed_tokens.weight" not in state_dict:
         # E.g. a bare LlamaModel checkpoint, whose keys lack the "model." prefix.
         raise ConfigError(

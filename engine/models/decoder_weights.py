@@ -7,30 +7,49 @@ quantized where the kernels take them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
+from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.layers import Linear, RMSNorm
 from hetero_infer.engine.models.moe import Experts
 from hetero_infer.engine.models.moe_weights import gather_experts
 from hetero_infer.kernels import (
     DEQUANTIZE_ROWS_TYPES,
+    Kernels,
     QuantizedWeight,
     concat_rows,
     partial_rotary_order,
 )
 from torch import nn
 
-if TYPE_CHECKING:
-    from hetero_infer.engine.models.decoder import DecoderForCausalLM
+
+class DecoderToLoad(Protocol):
+    """What loading reads and sets of a decoder (decoder.py's DecoderForCausalLM, which
+    loads itself with load_decoder_weights): its parameters and modules by name, and
+    the parts where a checkpoint's quantized blocks may be kept as they are."""
+
+    config: ModelConfig
+    kernels: Kernels
+    layers: nn.ModuleList
+    norm: RMSNorm
+    embed_tokens: nn.Embedding
+    lm_head: nn.Linear | None
+    embed_quantized: QuantizedWeight | None
+    lm_head_quantized: QuantizedWeight | None
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+    def named_modules(self) -> Iterator[tuple[str, nn.Module]]: ...
 
 
 @torch.no_grad()
 def load_decoder_weights(
-    model: DecoderForCausalLM, state_dict: dict[str, torch.Tensor | QuantizedWeight]
+    model: DecoderToLoad, state_dict: dict[str, torch.Tensor | QuantizedWeight]
 ) -> None:
     """Load Hugging Face-named tensors, merging q/k/v and gate/up. A quantized
     weight stays quantized where the kernels take it (and the embedding, whose rows
@@ -137,7 +156,7 @@ def load_decoder_weights(
         raise ConfigError(f"checkpoint is missing parameters: {sorted(missing)[:5]}")
 
 
-def partial_rotary_qkv_order(model: DecoderForCausalLM) -> torch.Tensor | None:
+def partial_rotary_qkv_order(model: DecoderToLoad) -> torch.Tensor | None:
     """The merged q/k/v rows in the order the kernels rotate them (kernels/rotary.py's
     partial_rotary_order for each q and k head of this rank; v as it is), where RoPE
     rotates part of each head; else None."""

@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from hetero_infer.engine.worker.input_batch import ModelInputs
-from hetero_infer.kernels import AttentionInputs
-
-if TYPE_CHECKING:
-    from hetero_infer.engine.worker.model_runner import ModelRunner
+from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.models.protocol import CausalLM, KVCache
+from hetero_infer.engine.worker.input_batch import InputBatcher, ModelInputs
+from hetero_infer.kernels import AttentionBackend, AttentionInputs
 
 logger = logging.getLogger(__name__)
+
+
+class RunnerView(Protocol):
+    """What the graphs read of the model runner (model_runner.py's ModelRunner, which
+    captures them and so imports this module): its model, KV cache and attention
+    backend, and the sizes the static buffers take."""
+
+    config: EngineConfig
+    device: torch.device
+    model: CausalLM
+    attention: AttentionBackend
+    kv_caches: list[KVCache]
+    inputs: InputBatcher
+    max_model_len: int
+    block_size: int
+    num_blocks: int
 
 
 # Decode batch sizes with a captured graph; a batch runs in the smallest one that fits.
@@ -37,7 +52,7 @@ class DecodeGraphs:
     batch are padding: slot -1 (nothing stored) and a context of 1.
     """
 
-    def __init__(self, runner: ModelRunner, batch_sizes: list[int]) -> None:
+    def __init__(self, runner: RunnerView, batch_sizes: list[int]) -> None:
         self.runner = runner
         self.batch_sizes = batch_sizes
         device, max_batch = runner.device, batch_sizes[-1]
@@ -56,7 +71,7 @@ class DecodeGraphs:
         self.pool = None
 
     @classmethod
-    def capture(cls, runner: ModelRunner) -> DecodeGraphs | None:
+    def capture(cls, runner: RunnerView) -> DecodeGraphs | None:
         """Capture graphs for every batch size up to max_num_seqs and check one against
         the eager forward; None (eager decode) if capture fails or the check differs."""
         limit = runner.config.max_num_seqs

@@ -14,12 +14,9 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from hetero_infer.engine.frontend.stop_strings import partial_match_length
-
-if TYPE_CHECKING:
-    from hetero_infer.server.serving.tool_parsers.json_call import JsonCall
 
 
 @dataclass
@@ -140,6 +137,17 @@ class ToolParser(ABC):
         return ToolCallDelta(self.num_calls - 1, arguments=arguments)
 
 
+class CallReader(Protocol):
+    """A tool call being read as its text arrives (json_call.py's JsonCall, which makes
+    its pieces with a ToolParser's start_call and more_arguments, and so imports this
+    module)."""
+
+    def feed(self, text: str) -> tuple[list[ToolCallDelta], str | None]:
+        """The call's pieces the new text completes, and the text after the call once
+        it has ended (None while it goes on)."""
+        ...
+
+
 class StateMachineToolParser(ToolParser):
     """A parser that keeps the text it has not decided on in ``_buffer`` and moves a
     state machine over it (``_advance``) until it needs more text."""
@@ -148,7 +156,7 @@ class StateMachineToolParser(ToolParser):
         super().__init__()
         self._buffer = ""
         self._state = first_state
-        self._call: JsonCall | None = None
+        self._call: CallReader | None = None
 
     def feed(self, text: str) -> ParsedText:
         self._buffer += text
