@@ -64,14 +64,14 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
             workers.stop(timeout=0)
         raise
     tiers, hash_key = tier_planner(runner)
+    # Each KV cache group's retention and blocks: the first's are runner.num_blocks.
+    groups = list(zip(runner.kv_layout.group_windows, runner.group_blocks, strict=True))
     block_manager = BlockManager(
         runner.num_blocks,
         config.block_size,
         num_cpu_blocks=config.num_cpu_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
-        later_groups=list(zip(runner.kv_layout.group_windows, runner.group_blocks, strict=True))[
-            1:
-        ],
+        later_groups=groups[1:],
         tiers=tiers,
         hash_key=hash_key,
     )

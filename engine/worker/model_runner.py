@@ -17,8 +17,6 @@ import torch
 from hetero_infer.engine.core.step_data import (
     EMPTY_RUNNER_OUTPUT,
     ModelRunnerOutput,
-    SampledToken,
-    ScheduledSequence,
     SchedulerOutput,
 )
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
@@ -36,11 +34,7 @@ from hetero_infer.engine.worker.kv_sizing import kv_cache_budget, pool_sizes, pr
 from hetero_infer.engine.worker.model_loader import load_model, select_model_kernels
 from hetero_infer.engine.worker.pooler import Pooler
 from hetero_infer.engine.worker.prompt_logprobs import prompt_logprobs
-from hetero_infer.engine.worker.randomness import Randomness
-from hetero_infer.engine.worker.rejection import rejection_sample
-from hetero_infer.engine.worker.sampler import Sampler
-from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata
-from hetero_infer.engine.worker.verifier import num_kept, verification_rows
+from hetero_infer.engine.worker.step_sampling import StepSampling
 from hetero_infer.kernels import AttentionInputs, Kernels, stored_head_size
 
 logger = logging.getLogger(__name__)
@@ -79,8 +73,7 @@ class ModelRunner:
             self.model.sliding_windows,
             self.kv_layout.num_groups,
         )
-        self.sampler = Sampler(kernels.ops.sample, kernels.ops.greedy_pick)
-        self.randomness = Randomness(config.seed, kernels.ops.uniforms)
+        self.sampling = StepSampling(kernels.ops, config.seed, self.device)
         self.pooler = Pooler()
         # How the cache stores keys and values: the model's dtype, or int8 rows that
         # carry their scale (kernels/kv_quant.py), or fp8.
@@ -144,7 +137,9 @@ class ModelRunner:
         scheduled = out.scheduled
         draft_probs: dict[str, torch.Tensor] = {}
         if self.drafter is not None:
-            scheduled, draft_probs = self.drafter.propose(out, self.sampler, self.randomness)
+            scheduled, draft_probs = self.drafter.propose(
+                out, self.sampling.sampler, self.sampling.randomness
+            )
         inputs = self.inputs.build(
             [
                 Chunk(
@@ -167,26 +162,8 @@ class ModelRunner:
         sampling = [s for s in scheduled if s.samples]
         if not sampling:
             return ModelRunnerOutput({}, prompt, embeddings, reads)
-        rows = [row for s in sampling for row in verification_rows(s)]
         logits = self.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
-        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, self.randomness)
-        tokens, logprobs, tops = self.sampler(logits, meta)
-        sampled: dict[str, list[SampledToken]] = {}
-        first = 0
-        for s in sampling:
-            end = first + 1 + s.num_draft_tokens
-            q = draft_probs.get(s.request_id)
-            if q is None:
-                keep = num_kept(s.draft_token_ids, tokens[first:end])
-                sampled[s.request_id] = [
-                    SampledToken(tokens[r], logprobs[r], tops[r])
-                    for r in range(first, first + keep)
-                ]
-            else:
-                sampled[s.request_id] = self._rejection_sample(
-                    s, q, logits[first:end], rows[first:end], tokens[end - 1]
-                )
-            first = end
+        sampled = self.sampling(sampling, logits, draft_probs)
         return ModelRunnerOutput(sampled, prompt, embeddings, reads)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
@@ -263,28 +240,3 @@ class ModelRunner:
             sender.send_stop()
         except RuntimeError as exc:  # a rank that is gone already
             logger.warning("could not tell the other ranks to stop: %s", exc)
-
-    def _rejection_sample(
-        self,
-        item: ScheduledSequence,
-        draft_probs: torch.Tensor,
-        logits: torch.Tensor,
-        rows: list[ScheduledSequence],
-        bonus: int,
-    ) -> list[SampledToken]:
-        """A sampling sequence's tokens from a draft model's drafts (rejection.py),
-        with the logprobs the sampler reports for them."""
-        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device, None)
-        kept = rejection_sample(
-            self.sampler.probabilities(logits, meta),  # [k + 1, vocab]
-            draft_probs,
-            list(item.draft_token_ids),
-            bonus,
-            item.sampling_params.seed,
-            rows[0].sample_position,
-            self.randomness,
-        )
-        n = len(kept)
-        meta = SamplingMetadata.build(rows[:n], logits.shape[-1], self.device, None)
-        chosen, tops = self.sampler.logprobs_of(logits[:n], meta, kept)
-        return [SampledToken(t, c, top) for t, c, top in zip(kept, chosen, tops, strict=True)]

@@ -20,7 +20,7 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.worker import model_runner
+from hetero_infer.engine.worker import step_sampling
 
 from tests.engine.test_exactness import EOS, REGIMES, skip_outside_family_regimes
 from tests.reference import transformers_greedy
@@ -261,6 +261,6 @@ def test_the_distribution_check_catches_a_verifier_that_accepts_a_few_drafts_too
             n += 1
         return n + 1
 
-    monkeypatch.setattr(model_runner, "num_kept", lenient)
+    monkeypatch.setattr(step_sampling, "num_kept", lenient)
     drafted = _first_tokens(speculative, 2.0)
     assert _worst_position(plain_tokens, drafted) > 1.0

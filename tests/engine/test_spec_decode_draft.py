@@ -23,7 +23,7 @@ import pytest
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.worker import model_runner
+from hetero_infer.engine.worker import step_sampling
 
 from tests.engine.test_exactness import (
     EOS,
@@ -217,7 +217,7 @@ def test_the_distribution_check_catches_accepting_every_draft(sampled, monkeypat
     def accept_all(target_probs, draft_probs, drafts, bonus, *args):
         return [*drafts, bonus]
 
-    monkeypatch.setattr(model_runner, "rejection_sample", accept_all)
+    monkeypatch.setattr(step_sampling, "rejection_sample", accept_all)
     assert _worst_position(plain_tokens, _first_tokens(speculative)) > 1.0
 
 
@@ -287,7 +287,7 @@ def test_the_check_catches_accepting_every_draft_with_each_feature(feature, monk
     def accept_all(target_probs, draft_probs, drafts, bonus, *args):
         return [*drafts, bonus]
 
-    monkeypatch.setattr(model_runner, "rejection_sample", accept_all)
+    monkeypatch.setattr(step_sampling, "rejection_sample", accept_all)
     drafted = _feature_tokens(speculative, prompt, **settings)
     assert _worst_position(plain_tokens, drafted) > 1.0
 
