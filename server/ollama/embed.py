@@ -15,8 +15,8 @@ from hetero_infer.engine.frontend.input_processor import PromptTokens
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import nanoseconds
 from hetero_infer.server.ollama.request_bodies import EmbedRequest
-from hetero_infer.server.openai.embedding_request import MAX_EMBEDDING_INPUTS
 from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS
 from hetero_infer.server.serving.request_context import RequestContext
 
 

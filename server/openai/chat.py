@@ -23,7 +23,6 @@ from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.completions import beam_finals, beam_outputs
-from hetero_infer.server.openai.logprobs import LogprobsFormatter
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
 from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 from hetero_infer.server.serving.answer_parts import new_id, prepend
@@ -33,6 +32,7 @@ from hetero_infer.server.serving.chat_output import (
     tool_calls_body,
     tool_calls_delta,
 )
+from hetero_infer.server.serving.logprobs import LogprobsFormatter
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 

@@ -27,9 +27,9 @@ from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.completion_request import CompletionRequest
-from hetero_infer.server.openai.logprobs import Entry, LogprobsFormatter
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
 from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.logprobs import Entry, LogprobsFormatter
 from hetero_infer.server.serving.request_context import RequestContext, timed_out_before_first_token
 
 

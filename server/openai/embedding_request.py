@@ -5,13 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
-from hetero_infer.server.openai.request_body import RequestBody
 from hetero_infer.server.openai.unsupported_fields import EMBEDDING
+from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS, RequestBody
 from pydantic import ValidationError as PydanticValidationError
 from pydantic import ValidatorFunctionWrapHandler, field_validator
-
-# OpenAI's limit on the inputs of one embeddings request.
-MAX_EMBEDDING_INPUTS = 2048
 
 
 class EmbeddingRequest(RequestBody):

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.guided_decoding import CONSTRAINTS, StructuredOutputsParams
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.request_body import NULL_SCHEMA, RequestBody
+from hetero_infer.server.serving.request_body import NULL_SCHEMA, RequestBody
 from pydantic import WithJsonSchema
 
 # Schemas of the fields checked by hand (request_body.py says why they are written out).

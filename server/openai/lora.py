@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.request_body import RequestBody
+from hetero_infer.server.serving.request_body import RequestBody
 
 router = APIRouter()
 

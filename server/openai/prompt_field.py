@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from hetero_infer.server.openai.request_body import TOKEN_ID_SCHEMA, TokenId, check_text
+from hetero_infer.server.serving.request_body import TOKEN_ID_SCHEMA, TokenId, check_text
 from pydantic import WithJsonSchema
 
 # A prompt as OpenAI takes it: a string, strings, token ids, or lists of token ids.

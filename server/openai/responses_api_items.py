@@ -13,7 +13,7 @@ import json
 from typing import Any, Literal
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.request_body import check_text, check_texts
+from hetero_infer.server.serving.request_body import check_text, check_texts
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 

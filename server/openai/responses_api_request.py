@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest, FunctionDefinition
-from hetero_infer.server.openai.request_body import (
+from hetero_infer.server.openai.responses_api_items import INPUT_SCHEMA
+from hetero_infer.server.serving.request_body import (
     NULL_SCHEMA,
     RequestBody,
     Unsupported,
     check_text,
 )
-from hetero_infer.server.openai.responses_api_items import INPUT_SCHEMA
 from pydantic import (
     BaseModel,
     ConfigDict,

@@ -23,7 +23,7 @@ from hetero_infer.engine.sampling_params import (
 )
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.guided_fields import GuidedDecodingFields
-from hetero_infer.server.openai.request_body import NULL_SCHEMA, TokenId
+from hetero_infer.server.serving.request_body import NULL_SCHEMA, TokenId
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 INT64_MAX = 2**63 - 1

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.request_body import RequestBody, check_text
 from hetero_infer.server.openai.unsupported_fields import SCORE
+from hetero_infer.server.serving.request_body import RequestBody, check_text
 from pydantic import Field, field_validator
 
 # As many texts as one embeddings request takes.

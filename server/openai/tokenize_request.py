@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from hetero_infer.server.openai.chat_request import ChatMessage, ToolDefinition
-from hetero_infer.server.openai.request_body import RequestBody, TokenId, check_text
 from hetero_infer.server.openai.unsupported_fields import TOKENIZE
+from hetero_infer.server.serving.request_body import RequestBody, TokenId, check_text
 from pydantic import field_validator
 
 

@@ -9,7 +9,7 @@ listed: the request bodies declare them, and they are accepted as they are.
 
 from __future__ import annotations
 
-from hetero_infer.server.openai.request_body import Unsupported
+from hetero_infer.server.serving.request_body import Unsupported
 
 _NO = Unsupported()
 

@@ -18,11 +18,7 @@ FAMILIES = ("openai", "anthropic", "ollama")
 STILL_SHARED = {
     ("anthropic", "openai.chat"),  # the chat answer a Messages request is run as
     ("anthropic", "openai.chat_request"),  # the chat request it is translated into
-    ("anthropic", "openai.request_body"),  # the bodies' shared checks
     ("ollama", "openai.chat_request"),
-    ("ollama", "openai.request_body"),
-    ("ollama", "openai.embedding_request"),  # the most inputs one embedding request takes
-    ("ollama", "openai.logprobs"),  # logprobs in OpenAI's shape, which Ollama's follows
     ("ollama", "openai.sampling_fields"),  # the sampling fields and their checks
     ("ollama", "openai.tool_choice"),  # what a request's tools make of its answer
 }

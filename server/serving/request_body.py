@@ -1,6 +1,6 @@
-"""What every OpenAI request body shares: a bound on how deep it nests, no field it
-does not know, token ids that are integers and never booleans, and texts that are
-valid Unicode.
+"""What every request body shares, whichever API family's: a bound on how deep it
+nests, no field it does not know, token ids that are integers and never booleans, and
+texts that are valid Unicode.
 
 Each is refused with a 400 naming the field, never a 500: the checks run before
 anything recurses into a body or hands its text to a tokenizer.
@@ -21,6 +21,9 @@ from typing import Annotated, Any, ClassVar
 
 from hetero_infer.server.errors import APIError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema, model_validator
+
+# The most inputs one embedding request takes, in every family: OpenAI's limit.
+MAX_EMBEDDING_INPUTS = 2048
 
 # Bodies nest at most this deep (a JSON schema of 60 nested objects fits): deeper, the
 # code that recurses into a part of a body (copying a schema, rendering a template)
