@@ -150,7 +150,7 @@ def scheduled(request_id: str, start: int, num_new: int, ends: bool) -> Schedule
         request_id=request_id,
         token_ids=[0] * num_new,
         start=start,
-        block_table=[],
+        block_tables=[[]],
         samples=False,
         sampling_params=SamplingParams(),
         pooling="mean",
