@@ -76,10 +76,11 @@ def portable(value: Any) -> Any:
 
 
 def apply_engine_thread_settings() -> None:
-    """The OpenMP settings the server's entry point applies (engine/process_settings.py),
-    so that a benchmark runs torch as the server does. libgomp reads them when torch
-    loads: call this before anything imports torch."""
-    from hetero_infer.engine.process_settings import set_openmp_wait_policy
+    """The OpenMP settings the server's entry point applies
+    (engine/entrypoints/process_settings.py), so that a benchmark runs torch as the
+    server does. libgomp reads them when torch loads: call this before anything
+    imports torch."""
+    from hetero_infer.engine.entrypoints.process_settings import set_openmp_wait_policy
 
     set_openmp_wait_policy()
 

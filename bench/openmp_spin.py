@@ -5,7 +5,7 @@ model with each ``GOMP_SPINCOUNT`` in turn and run the serving benchmark on each
         --concurrency 16 --num-prompts 32 --prompt-len 64 --output-len 96 --rounds 3
     python -m bench.openmp_spin ... --busy 1     # beside one busy process
 
-The server's default is engine/process_settings.py's ``OPENMP_SPIN_COUNT``; a count of
+The server's default is engine/entrypoints/process_settings.py's ``OPENMP_SPIN_COUNT``; a count of
 0 is ``OMP_WAIT_POLICY=PASSIVE``'s behaviour (sleep at once). ``--busy N`` runs N
 processes that spin on the CPU for the whole benchmark, as on a machine shared with
 other work. Rounds interleave, the order rotating; each count gets a fresh server.
@@ -28,7 +28,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from hetero_infer.engine.process_settings import OPENMP_SPIN_COUNT
+from hetero_infer.engine.entrypoints.process_settings import OPENMP_SPIN_COUNT
 
 from bench import peers
 from bench.common import portable

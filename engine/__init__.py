@@ -12,28 +12,28 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "EngineConfig": "hetero_infer.engine.config",
-    "LLMEngine": "hetero_infer.engine.llm_engine",
-    "RequestOutput": "hetero_infer.engine.outputs",
-    "GenerateOutput": "hetero_infer.engine.outputs",
-    "SamplingParams": "hetero_infer.engine.sampling_params",
+    "EngineConfig": "hetero_infer.engine.settings.config",
+    "LLMEngine": "hetero_infer.engine.entrypoints.llm_engine",
+    "RequestOutput": "hetero_infer.engine.entrypoints.outputs",
+    "GenerateOutput": "hetero_infer.engine.entrypoints.outputs",
+    "SamplingParams": "hetero_infer.engine.params.sampling_params",
     # The Hetero-Paged-Infer seed's API.
-    "InferenceEngine": "hetero_infer.engine.inference_engine",
-    "GenerationParams": "hetero_infer.engine.inference_engine",
-    "CompletedRequest": "hetero_infer.engine.inference_engine",
-    "MemoryStats": "hetero_infer.engine.inference_engine",
+    "InferenceEngine": "hetero_infer.engine.entrypoints.inference_engine",
+    "GenerationParams": "hetero_infer.engine.entrypoints.inference_engine",
+    "CompletedRequest": "hetero_infer.engine.entrypoints.inference_engine",
+    "MemoryStats": "hetero_infer.engine.entrypoints.inference_engine",
     # Errors (both seeds' names).
-    "EngineError": "hetero_infer.engine.exceptions",
-    "ConfigError": "hetero_infer.engine.exceptions",
-    "ModelNotFoundError": "hetero_infer.engine.exceptions",
-    "ValidationError": "hetero_infer.engine.exceptions",
-    "InvalidRequestError": "hetero_infer.engine.exceptions",
-    "OutOfMemoryError": "hetero_infer.engine.exceptions",
-    "SchedulerError": "hetero_infer.engine.exceptions",
-    "ExecutionError": "hetero_infer.engine.exceptions",
-    # What an entry point applies to its process (see engine/process_settings.py).
-    "set_openmp_wait_policy": "hetero_infer.engine.process_settings",
-    "apply_process_settings": "hetero_infer.engine.process_settings",
+    "EngineError": "hetero_infer.engine.settings.exceptions",
+    "ConfigError": "hetero_infer.engine.settings.exceptions",
+    "ModelNotFoundError": "hetero_infer.engine.settings.exceptions",
+    "ValidationError": "hetero_infer.engine.settings.exceptions",
+    "InvalidRequestError": "hetero_infer.engine.settings.exceptions",
+    "OutOfMemoryError": "hetero_infer.engine.settings.exceptions",
+    "SchedulerError": "hetero_infer.engine.settings.exceptions",
+    "ExecutionError": "hetero_infer.engine.settings.exceptions",
+    # What an entry point applies to its process (see engine/entrypoints/process_settings.py).
+    "set_openmp_wait_policy": "hetero_infer.engine.entrypoints.process_settings",
+    "apply_process_settings": "hetero_infer.engine.entrypoints.process_settings",
 }
 
 __all__ = list(_EXPORTS)

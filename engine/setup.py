@@ -12,14 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hetero_infer.engine import host_memory, loader
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.exceptions import ConfigError, OutOfMemoryError
-from hetero_infer.engine.generation_defaults import GenerationDefaults, load_generation_defaults
+from hetero_infer.engine import loader
 from hetero_infer.engine.loader.gguf_header import gguf_file_type
 from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.engine.params.generation_defaults import (
+    GenerationDefaults,
+    load_generation_defaults,
+)
+from hetero_infer.engine.settings import host_memory
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ConfigError, OutOfMemoryError
+from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 from hetero_infer.kernels import has_bf16_matmul, kernel_unavailable, kv_cache_torch_dtype
 
 # GGUF file types whose projections are all of types the CPU's quantized kernel takes

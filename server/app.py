@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
-from hetero_infer.engine.async_engine import AsyncEngine
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.server import middleware
 from hetero_infer.server.anthropic.router import router as anthropic_router
 from hetero_infer.server.errors import install_error_handlers, service_unavailable

@@ -23,9 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.config import EngineConfig, read_section
-from hetero_infer.engine.process_settings import apply_process_settings, set_openmp_wait_policy
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.process_settings import (
+    apply_process_settings,
+    set_openmp_wait_policy,
+)
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.settings.config import EngineConfig, read_section
 from hetero_infer.server.listen import bind_socket
 from hetero_infer.server.settings import ServerSettings
 
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
         )
         apply_process_settings(config)
-        from hetero_infer.engine.llm_engine import LLMEngine
+        from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 
         started = time.monotonic()
         engine = LLMEngine(config)

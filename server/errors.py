@@ -1,7 +1,7 @@
 """Errors in OpenAI's shape, {"error": {message, type, param, code}}, for every route.
 
 APIError is what a route raises; from_exception is the one mapping of the engine's
-typed errors (engine/exceptions.py); install_error_handlers answers both, and
+typed errors (engine/settings/exceptions.py); install_error_handlers answers both, and
 FastAPI's own errors, in that shape.
 """
 
@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from hetero_infer.engine.exceptions import (
+from hetero_infer.engine.settings.exceptions import (
     ContextLengthError,
     EngineError,
     ExecutionError,
@@ -51,7 +51,7 @@ class APIError(Exception):
 
     @classmethod
     def from_exception(cls, exc: Exception) -> APIError:
-        """The one mapping of the engine's errors (engine/exceptions.py) to responses:
+        """The one mapping of the engine's errors (engine/settings/exceptions.py) to responses:
         bad input 400 naming the field, an unknown model 404, a full queue or a failed
         engine 503 with Retry-After."""
         message = str(exc)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from hetero_infer.engine.async_engine import AsyncEngine
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.serving.reasoning import REASONING_PARSERS
 from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 
-from hetero_infer.engine.process_settings import set_openmp_wait_policy
+from hetero_infer.engine.entrypoints.process_settings import set_openmp_wait_policy
 
 # Before torch loads. `make test`'s workers (pytest-xdist) share the cores: each takes
 # its share of them for torch's threads (an OMP_NUM_THREADS set before wins; the kernel
 # tests set their own counts), where two threads each kept the two workers waiting on
 # each other; and OpenMP threads spin only briefly between parallel regions, as the
-# engine's entry points have them do (engine/process_settings.py).
+# engine's entry points have them do (engine/entrypoints/process_settings.py).
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 set_openmp_wait_policy()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

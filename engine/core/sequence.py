@@ -15,7 +15,7 @@ import hashlib
 import time
 from typing import Any
 
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 # The first block's parent hash for a sequence whose KV is rotated with LongRoPE's long
 # factors (Sequence.long_rope), so its blocks never serve one rotated the short way.

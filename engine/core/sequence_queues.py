@@ -11,11 +11,11 @@ import bisect
 import time
 from collections import deque
 
-from hetero_infer.engine.choices import SCHEDULING_POLICIES
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import SequenceUpdate
 from hetero_infer.engine.core.step_records import sequence_update
+from hetero_infer.engine.settings.choices import SCHEDULING_POLICIES
 
 
 def priority_key(seq: Sequence) -> tuple[int, float]:

@@ -20,7 +20,7 @@ from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 from hetero_infer.engine.core.step_data import DRAFT_PLACEHOLDER, ScheduledSequence, SchedulerOutput
-from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 
 # Said at start-up: the requests (or steps) that decode one token at a time.
 NOT_SPECULATED = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 # Per token: {token id: logprob} of the token itself, then of its top alternatives.
 Logprobs = dict[int, float]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 LOOPBACK = "127.0.0.1"
 

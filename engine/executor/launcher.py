@@ -21,7 +21,6 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import (
     RENDEZVOUS_TIMEOUT,
     TensorParallelGroup,
@@ -29,7 +28,8 @@ from hetero_infer.engine.distributed.process_group import (
     listen_on_loopback,
 )
 from hetero_infer.engine.distributed.rendezvous import Rendezvous
-from hetero_infer.engine.exceptions import ExecutionError
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ExecutionError
 from hetero_infer.engine.setup import EngineSetup
 from torch._C._distributed_c10d import Store
 

@@ -19,7 +19,6 @@ import logging
 import sys
 
 import torch
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.distributed.process_group import (
     TensorParallelGroup,
     connect_store,
@@ -27,6 +26,7 @@ from hetero_infer.engine.distributed.process_group import (
 from hetero_infer.engine.distributed.rendezvous import Rendezvous
 from hetero_infer.engine.distributed.step_broadcast import Command, Step, StepReceiver
 from hetero_infer.engine.executor.launcher import joined_key
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.setup import resolve_setup
 from hetero_infer.engine.worker.model_runner import ModelRunner
 

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 
 from hetero_infer.engine.core.step_data import Logprobs, SampledToken
+from hetero_infer.engine.entrypoints.outputs import RequestMetrics, RequestOutput
 from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
-from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
-from hetero_infer.engine.sampling_params import RequestOutputKind, SamplingParams
+from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.engine.tokenizer import IncrementalDetokenizer
 
 

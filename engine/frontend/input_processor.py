@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.exceptions import ContextLengthError, ValidationError
 from hetero_infer.engine.lora import LoRARequest
-from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.structured_output import StructuredOutput
-from hetero_infer.engine.thinking_budget import ThinkingBudget
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.params.structured_output import StructuredOutput
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
+from hetero_infer.engine.settings.exceptions import ContextLengthError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.lora import LoRAManager, LoRANotFoundError, LoRARequest
 from hetero_infer.engine.lora.adapter import LoRAAdapter
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 if TYPE_CHECKING:
     from hetero_infer.engine.core.scheduler import Scheduler

@@ -17,12 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from hetero_infer.engine.core.step_data import SequenceUpdate
+from hetero_infer.engine.entrypoints.metrics import EngineMetrics
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.choice_state import ChoiceState
 from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
-from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import RequestOutputKind
+from hetero_infer.engine.params.sampling_params import RequestOutputKind
 from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Finished requests kept for get_output() after they end.

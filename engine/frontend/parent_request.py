@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 
 def choice_id(request_id: str, index: int) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf_header import read_gguf_header
 from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
 from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
@@ -28,6 +27,7 @@ from hetero_infer.engine.models.architectures import (
     GEMMA_NORMS,
     Family,
 )
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import INT8, QuantizedWeight, quantize_int8
 
 COMPRESSED_TENSORS = "compressed-tensors"

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf import gguf_metadata_folder
 from hetero_infer.engine.loader.source import ModelSource
 from hetero_infer.engine.models import architecture_of
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE, family_chat_template
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero_infer.engine.exceptions import ModelNotFoundError
+from hetero_infer.engine.settings.exceptions import ModelNotFoundError
 from huggingface_hub import constants as hf_constants
 
 logger = logging.getLogger(__name__)

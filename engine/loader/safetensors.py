@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.int8 import is_quantization_parameter
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 
 def safetensors_files(folder: Path) -> list[Path]:

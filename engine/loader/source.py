@@ -9,12 +9,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero_infer.engine.exceptions import ConfigError, ModelNotFoundError
 from hetero_infer.engine.loader.packaged import (
     DEFAULT_MODEL,
     PACKAGED_MODELS,
     packaged_model_path,
 )
+from hetero_infer.engine.settings.exceptions import ConfigError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 

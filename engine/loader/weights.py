@@ -8,7 +8,6 @@ import math
 import time
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.gguf import load_gguf
 from hetero_infer.engine.loader.int8 import (
     COMPRESSED_TENSORS,
@@ -18,6 +17,7 @@ from hetero_infer.engine.loader.int8 import (
 )
 from hetero_infer.engine.loader.safetensors import load_safetensors
 from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import QuantizedWeight
 
 logger = logging.getLogger(__name__)

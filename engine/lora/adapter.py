@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

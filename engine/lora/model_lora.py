@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.lora.adapter import LoRAAdapter
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import GatedLinear, KernelOps, LinearFn, LoRAGroup, unfused
 
 # The merged projections an adapter may change, by the names adapter.py groups them in.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero_infer.engine.exceptions import ModelNotFoundError, ValidationError
 from hetero_infer.engine.lora.adapter import LoRAAdapter
+from hetero_infer.engine.settings.exceptions import ModelNotFoundError, ValidationError
 
 
 class LoRANotFoundError(ModelNotFoundError):

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import family_of
 from hetero_infer.engine.models.kv_layout import KVLayout
 from hetero_infer.engine.models.moe_config import MoeSettings, moe_settings
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 
 @dataclass(frozen=True)

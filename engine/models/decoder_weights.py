@@ -12,12 +12,12 @@ from dataclasses import replace
 from typing import Protocol
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.layers import Linear, RMSNorm
 from hetero_infer.engine.models.moe import Experts
 from hetero_infer.engine.models.moe_weights import gather_experts
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import (
     DEQUANTIZE_ROWS_TYPES,
     Kernels,

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import AttentionInputs, KernelOps, Kernels, LinearFn, QuantizedWeight
 from torch import nn
 

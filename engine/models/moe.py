@@ -26,9 +26,9 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.layers import MLP, DirectCall, Linear
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import KernelOps, MoeLayerSpec, QuantizedWeight
 from torch import nn
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 # model_type -> whether its router always renormalizes the top-k probabilities (True),
 # or as its config's norm_topk_prob says (None).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import QuantizedWeight, concat_rows
 
 Weight = torch.Tensor | QuantizedWeight

@@ -23,7 +23,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 if TYPE_CHECKING:  # the models import this module
     from hetero_infer.engine.models.config import ModelConfig

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jinja2
-from hetero_infer.engine.exceptions import ConfigError, ValidationError
+from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 # A tool's name no prompt holds: whether a template renders tools is whether it is

@@ -12,8 +12,8 @@ import time
 from typing import Protocol
 
 import torch
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.models.protocol import CausalLM, KVCache
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.worker.input_batch import InputBatcher, ModelInputs
 from hetero_infer.kernels import AttentionBackend, AttentionInputs
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.engine import loader
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
-from hetero_infer.engine.speculative_config import NAME, SpeculativeConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.engine.settings.speculative_config import NAME, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 

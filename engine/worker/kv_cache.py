@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 from hetero_infer.engine.core.step_data import BlockMoves, SchedulerOutput
-from hetero_infer.engine.host_memory import zeros_on_huge_pages
 from hetero_infer.engine.kv.tier_store import TierStore
 from hetero_infer.engine.models.kv_layout import KVLayout
+from hetero_infer.engine.settings.host_memory import zeros_on_huge_pages
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 

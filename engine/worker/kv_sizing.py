@@ -9,9 +9,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 import torch
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.exceptions import OutOfMemoryError
 from hetero_infer.engine.models import CausalLM
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import OutOfMemoryError
 from hetero_infer.engine.worker.input_batch import InputBatcher
 from hetero_infer.engine.worker.kv_cache import layer_caches
 

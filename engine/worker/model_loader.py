@@ -9,14 +9,15 @@ import logging
 import time
 
 import torch
-from hetero_infer.engine import host_memory, loader
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine import loader
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader.int8 import COMPRESSED_TENSORS
 from hetero_infer.engine.loader.weights import checkpoint_quantized_by
 from hetero_infer.engine.models import CausalLM, ModelConfig, build_model
 from hetero_infer.engine.models.sharding import shard_state_dict
+from hetero_infer.engine.settings import host_memory
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import Kernels, select_kernels
 
 logger = logging.getLogger(__name__)

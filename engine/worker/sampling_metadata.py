@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from hetero_infer.engine.core.step_data import ScheduledSequence
-from hetero_infer.engine.structured_output import bitmask_words
+from hetero_infer.engine.params.structured_output import bitmask_words
 from hetero_infer.engine.worker.randomness import SAMPLE_STREAM, Randomness
 from hetero_infer.kernels import SamplingTensors
 

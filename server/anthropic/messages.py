@@ -13,8 +13,8 @@ import dataclasses
 import uuid
 from typing import Any
 
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest
-from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.anthropic.chat_translation import chat_request
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.errors import APIError

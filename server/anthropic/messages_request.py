@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from hetero_infer.engine.params.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from hetero_infer.server.openai.chat_request import check_object_schema
 from hetero_infer.server.serving.request_body import (
     MAX_JSON_DEPTH,

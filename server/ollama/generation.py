@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest
-from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.serving.chat_output import ChatOutputParser, MessageDelta, tool_calls_body
 from hetero_infer.server.serving.logprobs import LogprobsFormatter
 from hetero_infer.server.serving.request_context import RequestContext

@@ -16,10 +16,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.loader.packaged import PACKAGED_MODELS
 from hetero_infer.engine.loader.source import ModelSource, resolve_model
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.settings.config import EngineConfig
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.server.ollama.model_facts import ModelFacts, model_facts
 from hetero_infer.server.ollama.names import tagged
 from hetero_infer.server.settings import ServerSettings

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS
+from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.options import OllamaOptions
 from hetero_infer.server.openai.chat_request import ToolDefinition

@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from hetero_infer.engine.beam_search import BeamSearchParams, num_candidates
+from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams, num_candidates
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest
-from hetero_infer.engine.outputs import RequestOutput
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.completions import beam_finals, beam_outputs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS
+from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.openai.unsupported_fields import CHAT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS
+from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.openai.unsupported_fields import COMPLETION

@@ -7,7 +7,7 @@ tokens' logprobs first. Streamed prompts run one after another. With continuous 
 stats every chunk's usage counts all the request's prompts and the tokens generated so
 far, so the last one equals the final usage chunk.
 
-With use_beam_search each prompt is searched (engine/beam_search.py) and its n beams
+With use_beam_search each prompt is searched (engine/entrypoints/beam_search.py) and its n beams
 come back as its choices, best first; a stream sends each beam whole once its search
 ends, as vLLM does. ``beam_outputs`` and ``beam_finals`` serve chat.py too.
 """
@@ -19,11 +19,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_infer.engine.beam_search import BeamSearchParams, num_candidates
-from hetero_infer.engine.beam_search_runner import beam_search_async
-from hetero_infer.engine.exceptions import EngineError
+from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams, num_candidates
+from hetero_infer.engine.entrypoints.beam_search_runner import beam_search_async
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.settings.exceptions import EngineError
 from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.completion_request import CompletionRequest

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.guided_decoding import CONSTRAINTS, StructuredOutputsParams
+from hetero_infer.engine.params.guided_decoding import CONSTRAINTS, StructuredOutputsParams
+from hetero_infer.engine.settings.exceptions import ValidationError
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.request_body import NULL_SCHEMA, RequestBody
 from pydantic import WithJsonSchema

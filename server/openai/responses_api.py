@@ -15,8 +15,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from hetero_infer.engine.exceptions import EngineError
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.settings.exceptions import EngineError
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat import ChatCompletion
 from hetero_infer.server.openai.responses_api_items import (

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from hetero_infer.engine.beam_search import BeamSearchParams
+from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams
 from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
-from hetero_infer.engine.sampling_params import (
+from hetero_infer.engine.params.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_N,
@@ -111,7 +111,7 @@ class SamplingFields(GuidedDecodingFields):
     # vLLM's: the most tokens a thinking section may hold before its end is forced
     # (RequestContext.thinking_budget; the marks are the reasoning parser's).
     thinking_token_budget: int | None = Field(default=None, ge=0)
-    # vLLM's beam search (engine/beam_search.py), n beams wide; the n best come back.
+    # vLLM's beam search (engine/entrypoints/beam_search.py), n beams wide; the n best come back.
     use_beam_search: bool = False
     length_penalty: float = Field(default=1.0, allow_inf_nan=False)
     early_stopping: StrictBool | Literal["never"] = False

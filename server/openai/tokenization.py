@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import template_messages
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest

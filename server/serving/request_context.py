@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
-from hetero_infer.engine.async_engine import AsyncEngine
-from hetero_infer.engine.exceptions import EngineError, ValidationError
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.lora import LoRARequest
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import RequestOutputKind, SamplingParams
+from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
+from hetero_infer.engine.settings.exceptions import EngineError, ValidationError
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.serving.reasoning import THINK_END, THINK_START

@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.async_engine import AsyncEngine
+from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 
 from tests.tiny_models import save_tiny_model
 

@@ -1,4 +1,4 @@
-"""Beam search (engine/beam_search.py) equals transformers' generate(num_beams=...), all
+"""Beam search (engine/entrypoints/beam_search.py) equals transformers' generate(num_beams=...), all
 beams and their order, in fp32; width 1 equals greedy; the rounds leave no KV block
 held, and take every full block of a beam's prefix from the prefix cache.
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams, ValidationError
-from hetero_infer.engine.beam_search import BeamSearch, BeamSearchParams
+from hetero_infer.engine.entrypoints.beam_search import BeamSearch, BeamSearchParams
 
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 

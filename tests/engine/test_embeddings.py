@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 import transformers
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.step_data import ScheduledSequence
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.worker.pooler import Pooler
 
 from tests.reference import transformers_embedding, transformers_greedy

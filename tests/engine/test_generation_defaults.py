@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine
-from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.generation_defaults import load_generation_defaults
 from hetero_infer.engine.loader.packaged import packaged_sampling
 from hetero_infer.engine.loader.source import ModelSource
+from hetero_infer.engine.params.generation_defaults import load_generation_defaults
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 from tests.tiny_models import save_tiny_model
 
@@ -122,7 +122,7 @@ def test_config_file_keys(tmp_path):
 def test_the_engine_loads_them_and_says_so(tmp_path, caplog):
     folder = save_tiny_model("llama", tmp_path / "llama")
     write_generation_config(folder, QWEN_STYLE)
-    with caplog.at_level(logging.INFO, logger="hetero_infer.engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="hetero_infer.engine.entrypoints.llm_engine"):
         engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=128, max_num_blocks=16))
     assert engine.generation_defaults.values == EXPECTED
     logged = [r.getMessage() for r in caplog.records if "default sampling values" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""vLLM's structured outputs in the engine (engine/guided_decoding.py): each constraint
+"""vLLM's structured outputs in the engine (engine/params/guided_decoding.py): each constraint
 compiles to a matcher, bad ones are a ValueError naming the field, grammars that would
 take long or overflow the stack are refused or compiled safely, and the tiny random
 model's output (temperature 1, many seeds) satisfies each constraint."""
@@ -13,8 +13,8 @@ import time
 import jsonschema
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.guided_decoding import MAX_GRAMMAR_CHARS, StructuredOutputsParams
-from hetero_infer.engine.structured_output import StructuredOutput
+from hetero_infer.engine.params.guided_decoding import MAX_GRAMMAR_CHARS, StructuredOutputsParams
+from hetero_infer.engine.params.structured_output import StructuredOutput
 
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.tiny_models import save_tiny_model

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetero_infer.engine.host_memory import (
+from hetero_infer.engine.settings.host_memory import (
     HUGE_PAGE,
     gather_on_huge_pages,
     keep_freed_memory,

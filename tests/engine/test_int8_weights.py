@@ -17,8 +17,8 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.loader import ModelSource, load_state_dict
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.worker.model_loader import keeps_quantized
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.quantized import INT8, QuantizedWeight

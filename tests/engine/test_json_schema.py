@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.structured_output import StructuredOutput, bitmask_words
+from hetero_infer.engine.params.structured_output import StructuredOutput, bitmask_words
 
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.tiny_models import save_tiny_model

@@ -11,8 +11,8 @@ import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.exceptions import ValidationError
 from hetero_infer.engine.lora import LoRANotFoundError
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 from tests.engine.test_exactness import EOS
 from tests.lora_adapters import edit_adapter_config, merged_model, save_adapter

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 
 from tests.tiny_models import save_tiny_model
 

@@ -15,10 +15,8 @@ PACKAGE = "hetero_infer"
 
 # engine/'s packages and top-level modules, lowest floor first.
 FLOORS = [
-    # settings and plain data
-    {"exceptions", "choices", "sampling_params", "speculative_config", "generation_defaults",
-     "structured_output", "guided_decoding", "thinking_budget", "host_memory", "config_checks",
-     "config"},
+    # the settings, and what a request asks for
+    {"settings", "params"},
     {"models"},  # the model code, and how a checkpoint splits over ranks
     {"loader", "tokenizer"},  # checkpoints and tokenizers
     {"setup"},  # a config resolved on this machine
@@ -32,10 +30,8 @@ FLOORS = [
     {"distributed"},  # tensor parallelism's communication
     {"worker"},  # the runner: the model, its KV cache, sampling, drafts' verification
     {"executor"},  # tensor-parallel ranks: started, and serving rank 0's commands
-    # the front ends around the core
-    {"metrics", "outputs", "frontend", "core_builder", "llm_engine", "async_engine",
-     "engine_thread", "inference_engine", "process_settings", "beam_search",
-     "beam_search_runner"},
+    # the front ends around the core: requests in and outputs out, and the entry points
+    {"frontend", "entrypoints"},
 ]  # fmt: skip
 FLOOR = {name: level for level, names in enumerate(FLOORS) for name in names}
 

@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
-from hetero_infer.engine.process_settings import OPENMP_SPIN_COUNT, set_openmp_wait_policy
+from hetero_infer.engine.entrypoints.process_settings import (
+    OPENMP_SPIN_COUNT,
+    set_openmp_wait_policy,
+)
 
 
 def test_importing_the_engine_sets_no_environment():

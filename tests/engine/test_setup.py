@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.loader import resolve_model
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.setup import (
     bf16_kernels_on_cpu,
     quantized_on_cpu,

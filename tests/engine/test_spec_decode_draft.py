@@ -22,7 +22,7 @@ import json
 import pytest
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.worker import step_sampling
 
 from tests.engine.test_exactness import (

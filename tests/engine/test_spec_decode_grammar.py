@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.core.speculator import Speculator
-from hetero_infer.engine.guided_decoding import StructuredOutputsParams
+from hetero_infer.engine.params.guided_decoding import StructuredOutputsParams
 
 from tests.engine.test_json_schema import SMALL
 from tests.engine.test_spec_decode import LOOPING_BIAS, SPEC, repeated_span_prompts

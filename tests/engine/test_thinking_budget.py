@@ -4,8 +4,8 @@ budget, read from the tokens alone."""
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.thinking_budget import ThinkingBudget
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 START, END = (7, 8), (9, 10, 11)
 

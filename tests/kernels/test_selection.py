@@ -11,7 +11,7 @@ import pytest
 import torch
 from hetero_infer import kernels
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.rms_norm import rms_norm_ref
 

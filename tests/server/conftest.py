@@ -24,8 +24,8 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.app import ServerState, build_app
 from hetero_infer.server.settings import ServerSettings
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.app import build_app
 from hetero_infer.server.settings import ServerSettings
 

@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from hetero_infer.engine.beam_search import BeamSearchParams
+from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams
 
 from tests.server.conftest import MODEL_NAME, make_engine, start_server, wait_until
 from tests.server.openai_shapes import check_error_body

@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server import cli
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 

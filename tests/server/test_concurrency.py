@@ -8,7 +8,7 @@ import json
 
 import httpx
 import openai
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL_NAME, LiveServer, wait_until

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.exceptions import (
+from hetero_infer.engine.settings.exceptions import (
     ConfigError,
     ContextLengthError,
     ExecutionError,

@@ -10,9 +10,9 @@ import asyncio
 import json
 
 import openai
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.sampling_params import SamplingParams
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 

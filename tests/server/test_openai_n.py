@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.server.conftest import MODEL_NAME
 

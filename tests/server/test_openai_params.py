@@ -7,9 +7,9 @@ logit_bias, seed, top_k and min_p. Usage must count exactly the tokens generated
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.server.conftest import MODEL_NAME
 

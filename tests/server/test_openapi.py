@@ -5,7 +5,7 @@ from it and checks the answers against it: test_fuzz_openapi.py)."""
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.app import build_app
 from hetero_infer.server.settings import ServerSettings
 

@@ -29,9 +29,9 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 from hetero_infer.engine.frontend.output_processor import MAX_FINISHED_KEPT
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.engine.test_json_schema import SMALL
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, wait_until

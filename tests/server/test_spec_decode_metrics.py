@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hetero_infer.engine.metrics import EngineMetrics
+from hetero_infer.engine.entrypoints.metrics import EngineMetrics
 from hetero_infer.server.server_metrics import ServerMetrics
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

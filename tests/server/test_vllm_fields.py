@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.server.conftest import MODEL_NAME, LiveServer, make_engine, start_server
 

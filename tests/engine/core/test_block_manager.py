@@ -13,7 +13,7 @@ import sys
 import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
 
@@ -246,7 +246,7 @@ def test_hash_collision_is_not_a_hit() -> None:
 HASHES_IN_A_PROCESS = """
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 bm = BlockManager(num_blocks=4, block_size=4)
 print(bm.block_hashes(Sequence("a", list(range(9)), SamplingParams()), 2))

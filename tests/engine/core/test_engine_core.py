@@ -8,7 +8,7 @@ import time
 from hetero_infer.engine.core.engine_core import CoreCounters, EngineCore
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import ModelRunnerOutput, SampledToken, SchedulerOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.engine.core.test_scheduler import EOS, make_scheduler
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.block_pool import NULL_BLOCK
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.worker.kv_sizing import pool_sizes, windowed_blocks_needed
 
 from tests.engine.core.test_block_manager import compute, make_seq

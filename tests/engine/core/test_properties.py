@@ -25,8 +25,8 @@ from hetero_infer.engine.core.step_data import (
     SampledToken,
     SchedulerOutput,
 )
-from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (

@@ -14,7 +14,7 @@ from hetero_infer.engine.core.step_data import (
     SchedulerOutput,
     SequenceUpdate,
 )
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 EOS = 0
 TOKEN = 7  # what the "model" samples unless a test says otherwise

@@ -10,7 +10,7 @@ import itertools
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.engine.core.test_scheduler import EOS, feed, run_step, scheduled, used_blocks
 

@@ -8,7 +8,6 @@ from collections import Counter
 
 import pytest
 import torch
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.draft_length import MAX_PAUSE, DraftLength
 from hetero_infer.engine.core.ngram_proposer import NgramProposer, TokenText
@@ -22,10 +21,11 @@ from hetero_infer.engine.core.step_data import (
     SchedulerOutput,
 )
 from hetero_infer.engine.core.step_records import schedule_entry
-from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.sampling_params import SamplingParams
-from hetero_infer.engine.speculative_config import SpeculativeConfig
-from hetero_infer.engine.thinking_budget import ThinkingBudget
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 from hetero_infer.engine.worker.randomness import Randomness
 from hetero_infer.engine.worker.rejection import rejection_sample
 from hetero_infer.engine.worker.verifier import num_kept, verification_rows

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 from tests.engine.test_exactness import random_prompts, shared_prefix_prompts
 from tests.tiny_models import TINY_MODELS, save_tiny_model

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 
 from tests.engine.executor.test_tensor_parallel import close_logprobs
 from tests.engine.test_json_schema import SMALL

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.models.moe_weights import gather_experts
 from hetero_infer.engine.models.sharding import check_divisible
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import QuantizedWeight
 
 from tests.engine.test_exactness import random_prompts, reference_outputs

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.exceptions import ConfigError
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.models.sharding import (
     check_divisible,
@@ -15,6 +13,8 @@ from hetero_infer.engine.models.sharding import (
     shard_config,
     shard_state_dict,
 )
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 from tests.tiny_models import TINY_MODELS
 

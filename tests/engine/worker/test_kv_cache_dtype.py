@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.engine import choices
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.step_data import BlockMoves
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings import choices
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.setup import resolve_kv_cache_dtype
 from hetero_infer.engine.worker.kv_cache import KVCache, bytes_per_block
 from hetero_infer.engine.worker.kv_sizing import pool_sizes

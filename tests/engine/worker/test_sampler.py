@@ -12,7 +12,7 @@ import torch
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.core.step_records import schedule_entry
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.worker.randomness import Randomness
 from hetero_infer.engine.worker.sampler import Sampler
 from hetero_infer.engine.worker.sampling_metadata import SamplingMetadata

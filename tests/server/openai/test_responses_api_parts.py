@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.app import build_app
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest

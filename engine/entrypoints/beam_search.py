@@ -12,7 +12,7 @@ block is taken from there, but the partly filled last block is computed again ea
 round (at most ``block_size`` tokens per beam per round, ``block_size / 2`` on
 average), since a finished request's partial block is never cached.
 
-``BeamSearch`` is the search, which knows no engine; engine/beam_search_runner.py
+``BeamSearch`` is the search, which knows no engine; engine/entrypoints/beam_search_runner.py
 drives it through an LLMEngine (the offline API) or the server's AsyncEngine.
 """
 
@@ -23,10 +23,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.entrypoints.outputs import RequestMetrics, RequestOutput
 from hetero_infer.engine.frontend.parent_request import choice_id
-from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
-from hetero_infer.engine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
+from hetero_infer.engine.params.sampling_params import (
+    MAX_LOGPROBS,
+    RequestOutputKind,
+    SamplingParams,
+)
+from hetero_infer.engine.settings.exceptions import ValidationError
 from hetero_infer.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:

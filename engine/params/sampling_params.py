@@ -7,9 +7,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.guided_decoding import StructuredOutputsParams
-from hetero_infer.engine.thinking_budget import ThinkingBudget
+from hetero_infer.engine.params.guided_decoding import StructuredOutputsParams
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ class SamplingParams:
     # that ends the request is left out all the same.
     skip_special_tokens: bool = True
     # What each output holds: everything so far, the step's delta (streams), or only
-    # the final output (answers sent whole); see engine/outputs.py.
+    # the final output (answers sent whole); see engine/entrypoints/outputs.py.
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # vLLM's: mixed into the prefix cache's block hashes (its tiers' too), so that only
     # requests with the same salt share cached blocks (a tenant's, say).

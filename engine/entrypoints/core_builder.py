@@ -14,13 +14,13 @@ from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.engine_core import EngineCore
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
-from hetero_infer.engine.exceptions import OutOfMemoryError
+from hetero_infer.engine.entrypoints.metrics import EngineMetrics
 from hetero_infer.engine.executor.launcher import LocalWorkers, start_tensor_parallel
 from hetero_infer.engine.kv.disk_layout import load_or_create_key
 from hetero_infer.engine.kv.tier_planner import TierPlanner
 from hetero_infer.engine.lora import LoRAManager
-from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models.sharding import check_divisible
+from hetero_infer.engine.settings.exceptions import OutOfMemoryError
 from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.draft_source import resolve_draft
 from hetero_infer.engine.worker.model_runner import ModelRunner

@@ -19,8 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.guided_decoding import StructuredOutputsParams, grammar_text, json_options
+from hetero_infer.engine.params.guided_decoding import (
+    StructuredOutputsParams,
+    grammar_text,
+    json_options,
+)
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 # llguidance compiles grammars recursively (a chain of $refs or of Lark rules a few
 # thousand deep overflows an 8 MiB stack, killing the process), so compiles run on one

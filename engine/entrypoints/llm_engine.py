@@ -14,23 +14,23 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from hetero_infer.engine import loader
-from hetero_infer.engine.beam_search import BeamSearchParams
-from hetero_infer.engine.beam_search_runner import beam_search
-from hetero_infer.engine.config import EngineConfig
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.core_builder import build_core
-from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams
+from hetero_infer.engine.entrypoints.beam_search_runner import beam_search
+from hetero_infer.engine.entrypoints.core_builder import build_core
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.lora_requests import LoRARequests
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.lora import LoRARequest
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.params.structured_output import StructuredOutput
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ValidationError
 from hetero_infer.engine.setup import resolve_setup
-from hetero_infer.engine.structured_output import StructuredOutput
 from hetero_infer.engine.tokenizer import Tokenizer
 from tqdm.auto import tqdm
 
@@ -230,7 +230,7 @@ class LLMEngine:
     def beam_search(
         self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams
     ) -> list[RequestOutput]:
-        """Beam search of each prompt (engine/beam_search.py: transformers' scores and
+        """Beam search of each prompt (engine/entrypoints/beam_search.py: transformers' scores and
         early stopping). As generate with n, a prompt gives beam_width outputs next to
         each other, best first."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):

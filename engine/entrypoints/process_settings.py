@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import MutableMapping
 
-from hetero_infer.engine.config import EngineConfig
+from hetero_infer.engine.settings.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ def set_openmp_wait_policy(environ: MutableMapping[str, str] = os.environ) -> No
 
 def apply_process_settings(config: EngineConfig) -> None:
     """What the engine on ``config``'s device wants of the process: on the CPU, malloc
-    keeps freed activations for the next step (engine/host_memory.py)."""
-    from hetero_infer.engine import host_memory
+    keeps freed activations for the next step (engine/settings/host_memory.py)."""
+    from hetero_infer.engine.settings import host_memory
     from hetero_infer.engine.setup import resolve_device
 
     if resolve_device(config.device).type == "cpu" and host_memory.keep_freed_memory():

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 # Grammar texts (a regex, a grammar, the choices together) are bounded: llguidance

@@ -18,12 +18,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.llm_engine import LLMEngine
-from hetero_infer.engine.metrics import EngineMetrics
-from hetero_infer.engine.outputs import RequestOutput
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.metrics import EngineMetrics
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 # The seed's documented range for temperature (0 here means greedy).
 MAX_TEMPERATURE = 2.0

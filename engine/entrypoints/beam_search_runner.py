@@ -1,4 +1,4 @@
-"""Runs a BeamSearch (engine/beam_search.py) through an engine: each round's beams
+"""Runs a BeamSearch (engine/entrypoints/beam_search.py) through an engine: each round's beams
 become requests for one token with their candidates' logprobs, through LLMEngine's
 generate (the offline API, every prompt's search in step, so their rounds share
 batches) or AsyncEngine's generate (the server's routes, one prompt per search).
@@ -12,13 +12,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
-from hetero_infer.engine.beam_search import BeamSearch, BeamSearchParams
-from hetero_infer.engine.exceptions import ValidationError
-from hetero_infer.engine.outputs import RequestMetrics, RequestOutput
+from hetero_infer.engine.entrypoints.beam_search import BeamSearch, BeamSearchParams
+from hetero_infer.engine.entrypoints.outputs import RequestMetrics, RequestOutput
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 if TYPE_CHECKING:
     from hetero_infer.engine.frontend.input_processor import EngineRequest
-    from hetero_infer.engine.sampling_params import SamplingParams
+    from hetero_infer.engine.params.sampling_params import SamplingParams
     from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
 
 

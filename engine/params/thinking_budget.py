@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetero_infer.engine.exceptions import ValidationError
+from hetero_infer.engine.settings.exceptions import ValidationError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hetero_infer.engine.choices import QUANTIZATIONS
-from hetero_infer.engine.exceptions import ConfigError
+from hetero_infer.engine.settings.choices import QUANTIZATIONS
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 NGRAM = "ngram"
 DRAFT_MODEL = "draft_model"

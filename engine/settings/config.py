@@ -14,7 +14,7 @@ from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hetero_infer.engine.choices import (
+from hetero_infer.engine.settings.choices import (
     ATTENTION_BACKENDS,
     DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
@@ -25,9 +25,9 @@ from hetero_infer.engine.choices import (
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
 )
-from hetero_infer.engine.config_checks import check_config, check_int
-from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.speculative_config import SpeculativeConfig
+from hetero_infer.engine.settings.config_checks import check_config, check_int
+from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}

@@ -21,16 +21,16 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from hetero_infer.engine.config import EngineConfig
-from hetero_infer.engine.engine_thread import NewRequest, engine_thread, settle
-from hetero_infer.engine.exceptions import ExecutionError, SchedulerError
+from hetero_infer.engine.entrypoints.engine_thread import NewRequest, engine_thread, settle
+from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
+from hetero_infer.engine.entrypoints.metrics import EngineMetrics
+from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor
-from hetero_infer.engine.generation_defaults import GenerationDefaults
-from hetero_infer.engine.llm_engine import LLMEngine
 from hetero_infer.engine.lora import LoRAManager
-from hetero_infer.engine.metrics import EngineMetrics
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.engine.outputs import RequestOutput
+from hetero_infer.engine.params.generation_defaults import GenerationDefaults
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ExecutionError, SchedulerError
 from hetero_infer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetero_infer.engine.exceptions import ConfigError
-from hetero_infer.engine.sampling_params import SamplingParams
+from hetero_infer.engine.params.sampling_params import SamplingParams
+from hetero_infer.engine.settings.exceptions import ConfigError
 
 logger = logging.getLogger(__name__)
 
