@@ -1,11 +1,11 @@
 """use_beam_search on /v1/completions and /v1/chat/completions, through the real engine:
 the n beams are the choices, best first, as the engine's own search (which
-tests/engine/test_beam_search.py holds to transformers) gives them; streams send each
+tests/engine/entrypoints/test_beam_search.py holds to transformers) gives them; streams send each
 beam whole at the end; what the search cannot honour is a 400 naming the field; no KV
 block is held after a search, also one whose client went away.
 
 The tiny Llama here ends its text with token 251 as well as 2, so that beams end by
-eos at different lengths (see tests/engine/test_beam_search.py).
+eos at different lengths (see tests/engine/entrypoints/test_beam_search.py).
 """
 
 from __future__ import annotations

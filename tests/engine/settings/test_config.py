@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hetero_infer.engine import EngineConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_defaults_and_seed_alias():
