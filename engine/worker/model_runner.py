@@ -88,13 +88,12 @@ class ModelRunner:
             bytes_per_block(n, self.block_shape, self.kv_dtype)
             for n in map(self.kv_layout.num_layers_in, range(self.kv_layout.num_groups))
         ]
-        self.bytes_per_block = group_block_bytes[0]
         self.drafter: DraftRunner | None = None
         if draft is not None:
             self.drafter = DraftRunner(draft, kernels, self.device, self.dtype, config.block_size)
             # A block id holds the target's and the draft's KV of the same tokens.
-            self.bytes_per_block += self.drafter.bytes_per_block
-            group_block_bytes[0] = self.bytes_per_block
+            group_block_bytes[0] += self.drafter.bytes_per_block
+        self.bytes_per_block = group_block_bytes[0]
         # The blocks of each group; the first group's are what the scheduler counts.
         self.group_blocks = pool_sizes(
             config,
