@@ -16,7 +16,7 @@ from typing import Any
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import ChatRequest, OllamaMessage
-from hetero_infer.server.ollama.sampling import engine_request, openai_fields, validated
+from hetero_infer.server.ollama.sampling import engine_request, sampling_values, validated
 from hetero_infer.server.ollama.thinking import thinking
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.tool_choice import tool_use
@@ -43,7 +43,7 @@ def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation
             "messages": openai_messages(body.messages),
             "tools": tools or None,
             "chat_template_kwargs": template_kwargs or None,
-            **openai_fields(body),
+            **sampling_values(body),
         },
     )
     use = tool_use(chat, settings)

@@ -16,18 +16,18 @@ from hetero_infer.engine.frontend.input_processor import PromptTokens
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import GenerateRequest
-from hetero_infer.server.ollama.sampling import engine_request, openai_fields, validated
+from hetero_infer.server.ollama.sampling import engine_request, sampling_values, validated
 from hetero_infer.server.ollama.thinking import thinking
-from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.serving.chat_output import ChatOutputParser
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.sampling_fields import SamplingFields
 
 
 def build_generate(ctx: RequestContext, body: GenerateRequest, model: str) -> Generation:
     start = time.monotonic()
     reasoning, template_kwargs = thinking(body, ctx.settings)
-    fields = validated(SamplingFields, openai_fields(body))
+    fields = validated(SamplingFields, sampling_values(body))
     processor = ctx.engine.input_processor
     if body.raw:
         for name in ("system", "template"):

@@ -1,6 +1,6 @@
 """``options``: Ollama's per-request model parameters, and what each becomes here.
 
-- Sampling options map onto the OpenAI routes' sampling fields (sampling_fields.py):
+- Sampling options map onto the serving layer's sampling fields (sampling_fields.py):
   temperature, top_p, top_k, min_p, seed (a negative seed: a random draw, as Ollama),
   stop, repeat_penalty (vLLM's repetition_penalty over the prompt and the output, which
   is llama.cpp's with repeat_last_n -1), presence_penalty, frequency_penalty.

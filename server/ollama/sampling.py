@@ -1,5 +1,5 @@
-"""An Ollama body's engine request: its sampling fields through the OpenAI routes'
-(sampling_fields.py: checks, the model's generation defaults, ``format`` as
+"""An Ollama body's engine request: its sampling fields through the serving layer's
+(serving/sampling_fields.py: checks, the model's generation defaults, ``format`` as
 response_format), and its output limit as Ollama sets it.
 
 num_predict is clamped to what the context leaves after the prompt (Ollama stops
@@ -15,23 +15,25 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTo
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.options import SAMPLING_FIELDS, option_name
 from hetero_infer.server.ollama.request_bodies import GenerationBody
-from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.serving.answer_parts import new_id
 from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.sampling_fields import SamplingFields
 from pydantic import ValidationError as PydanticValidationError
 
 F = TypeVar("F", bound=SamplingFields)
 
 
-def openai_fields(body: GenerationBody) -> dict[str, Any]:
-    """The sampling fields an Ollama body sets, as the OpenAI routes name them."""
+def sampling_values(body: GenerationBody) -> dict[str, Any]:
+    """The sampling fields an Ollama body sets, under SamplingFields' names (OpenAI's
+    and vLLM's)."""
     fields = body.checked_options.sampling_fields()
     fields.update(stream=body.stream, response_format=body.response_format())
     return fields
 
 
 def validated(model: type[F], data: dict[str, Any]) -> F:
-    """``data`` as an OpenAI body; its errors name the Ollama field they came from."""
+    """``data`` as the serving layer's body ``model``; its errors name the Ollama field
+    they came from."""
     try:
         return model.model_validate(data)
     except PydanticValidationError as exc:

@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 
 from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.openai.unsupported_fields import CHAT
 from hetero_infer.server.serving.request_body import NULL_SCHEMA, check_text, check_texts
+from hetero_infer.server.serving.sampling_fields import SamplingFields
 from pydantic import (
     BaseModel,
     ConfigDict,

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
-from hetero_infer.server.openai.sampling_fields import SamplingFields
 from hetero_infer.server.openai.unsupported_fields import COMPLETION
+from hetero_infer.server.serving.sampling_fields import SamplingFields
 from pydantic import Field, WithJsonSchema, field_validator
 
 

@@ -1,5 +1,6 @@
-"""How a completion body constrains its output: OpenAI's ``response_format``, vLLM's
-``structured_outputs`` and its older top-level ``guided_*`` fields (both routes).
+"""How a request constrains its output: OpenAI's ``response_format`` (which Ollama's
+``format`` maps onto), vLLM's ``structured_outputs`` and its older top-level
+``guided_*`` fields.
 
 A body may constrain its output one way only: two of these set is a 400 naming both.
 ``structured_output()`` says which one was given, as the engine's

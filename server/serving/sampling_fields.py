@@ -1,10 +1,14 @@
-"""The fields both completion routes share, and their mapping to SamplingParams.
+"""vLLM's sampling fields and their mapping to SamplingParams: what every family's
+request maps onto (OpenAI's completion and chat bodies extend SamplingFields; Anthropic's
+and Ollama's bodies are translated into it).
 
-Requests accept OpenAI's fields and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
+The fields are OpenAI's and vLLM's extras (top_k, min_p, ignore_eos, min_tokens,
 stop_token_ids, include_stop_str_in_output, repetition_penalty, skip_special_tokens,
 priority, structured outputs: guided_fields.py), and this server's own time limit
-(timeout). A field we do not implement yet is refused with a 400 naming it rather than
-ignored (unsupported_fields.py): a client must never get silently different behaviour.
+(timeout). A field a route does not implement yet is refused with a 400 naming it rather
+than ignored (its body's UNSUPPORTED: OpenAI's routes list theirs in
+server/openai/unsupported_fields.py): a client must never get silently different
+behaviour.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from hetero_infer.engine.params.sampling_params import (
     SamplingParams,
 )
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.guided_fields import GuidedDecodingFields
+from hetero_infer.server.serving.guided_fields import GuidedDecodingFields
 from hetero_infer.server.serving.request_body import NULL_SCHEMA, TokenId
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
@@ -55,7 +59,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(GuidedDecodingFields):
-    """Fields both completion routes share."""
+    """The sampling fields every family's request maps onto."""
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
