@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from hetero_infer.engine.params.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
-from hetero_infer.server.openai.chat_request import check_object_schema
 from hetero_infer.server.serving.request_body import (
     MAX_JSON_DEPTH,
     check_depth,
     check_text,
     check_texts,
 )
+from hetero_infer.server.serving.tool_definitions import check_object_schema
 from pydantic import (
     AfterValidator,
     BaseModel,

@@ -1,5 +1,5 @@
-"""/api/chat: Ollama's messages and tools become an OpenAI chat body, which renders
-them through the chat template and reads tool calls as /v1/chat/completions does.
+"""/api/chat: Ollama's messages and tools become a ChatPlan (serving/chat_plan.py),
+which the chat template renders and whose tool calls are read as in every family's chat.
 
 Tools are called as the model decides (OpenAI's tool_choice "auto"), so they need the
 server started with --enable-auto-tool-choice and --tool-call-parser. A tool message
@@ -18,11 +18,11 @@ from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import ChatRequest, OllamaMessage
 from hetero_infer.server.ollama.sampling import engine_request, sampling_values, validated
 from hetero_infer.server.ollama.thinking import thinking
-from hetero_infer.server.openai.chat_request import ChatCompletionRequest
-from hetero_infer.server.openai.tool_choice import tool_use
 from hetero_infer.server.serving.chat_output import ChatOutputParser
+from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.tool_use import tool_use
 
 
 def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation:
@@ -38,7 +38,7 @@ def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation
     reasoning, template_kwargs = thinking(body, settings)
     tools = body.tools and [tool.model_dump(exclude_none=True) for tool in body.tools]
     chat = validated(
-        ChatCompletionRequest,
+        ChatPlan,
         {
             "messages": openai_messages(body.messages),
             "tools": tools or None,
@@ -70,8 +70,9 @@ def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation
 
 
 def openai_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
-    """Ollama's messages as OpenAI's: each call gets an id (its own, or one made up),
-    arguments as JSON text; each tool message the id of the call it answers."""
+    """Ollama's messages in OpenAI's shape (ChatMessage's): each call gets an id (its
+    own, or one made up), arguments as JSON text; each tool message the id of the call
+    it answers."""
     unanswered: list[tuple[str, str]] = []  # (call id, function name), oldest first
     converted = []
     for i, message in enumerate(messages):

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.options import OllamaOptions
-from hetero_infer.server.openai.chat_request import ToolDefinition
 from hetero_infer.server.serving.request_body import RequestBody, TokenId, check_text
+from hetero_infer.server.serving.tool_definitions import ToolDefinition
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 # Texts the tokenizer will see: valid Unicode, or a 400 naming the field.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hetero_infer.server.openai.chat_request import ToolCall
+from hetero_infer.server.serving.chat_messages import ToolCall
 from pydantic import BaseModel, ConfigDict
 
 # A finished choice's reason: the engine's ("stop", "length", "abort" for a time limit,

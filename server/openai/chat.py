@@ -24,7 +24,6 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.completions import beam_finals, beam_outputs
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
-from hetero_infer.server.openai.tool_choice import ToolUse, tool_use
 from hetero_infer.server.serving.answer_parts import new_id, prepend
 from hetero_infer.server.serving.chat_output import (
     ChatOutputParser,
@@ -35,6 +34,7 @@ from hetero_infer.server.serving.chat_output import (
 from hetero_infer.server.serving.logprobs import LogprobsFormatter
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.tool_use import ToolUse, tool_use
 
 
 class ChatCompletion:
@@ -85,7 +85,7 @@ class ChatCompletion:
         )
         processor = ctx.engine.input_processor
         prompt = body.truncated(processor.tokenize(token_ids), processor)
-        requested = body.max_completion_tokens or body.max_tokens
+        requested = body.requested_max_tokens()
         defaults = ctx.engine.generation_defaults.sampling
         max_tokens = ctx.max_tokens(prompt, requested)
         beam = None

@@ -234,7 +234,7 @@ def _item_error(exc: PydanticValidationError, where: str) -> APIError:
 
 
 def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
-    """The items as chat messages (chat_request.ChatMessage's fields): a function call
+    """The items as chat messages (chat_messages.ChatMessage's fields): a function call
     joins the assistant message before it (its text, or the calls made with it), a
     call's output is a ``tool`` message, reasoning is left out."""
     messages: list[dict[str, Any]] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_request import ChatCompletionRequest, FunctionDefinition
+from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.responses_api_items import INPUT_SCHEMA
 from hetero_infer.server.serving.request_body import (
     NULL_SCHEMA,
@@ -22,6 +22,7 @@ from hetero_infer.server.serving.request_body import (
     Unsupported,
     check_text,
 )
+from hetero_infer.server.serving.tool_definitions import FunctionDefinition
 from pydantic import (
     BaseModel,
     ConfigDict,

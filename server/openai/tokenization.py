@@ -6,8 +6,8 @@ from typing import Any
 
 from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_request import template_messages
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
+from hetero_infer.server.serving.chat_messages import template_messages
 from hetero_infer.server.serving.request_context import RequestContext
 
 

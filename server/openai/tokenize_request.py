@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_infer.server.openai.chat_request import ChatMessage, ToolDefinition
 from hetero_infer.server.openai.unsupported_fields import TOKENIZE
+from hetero_infer.server.serving.chat_messages import ChatMessage
 from hetero_infer.server.serving.request_body import RequestBody, TokenId, check_text
+from hetero_infer.server.serving.tool_definitions import ToolDefinition
 from pydantic import field_validator
 
 

@@ -18,8 +18,6 @@ FAMILIES = ("openai", "anthropic", "ollama")
 STILL_SHARED = {
     ("anthropic", "openai.chat"),  # the chat answer a Messages request is run as
     ("anthropic", "openai.chat_request"),  # the chat request it is translated into
-    ("ollama", "openai.chat_request"),
-    ("ollama", "openai.tool_choice"),  # what a request's tools make of its answer
 }
 
 

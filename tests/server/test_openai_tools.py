@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from hetero_infer.server.openai.chat_request import ChatMessage, template_messages
+from hetero_infer.server.serving.chat_messages import ChatMessage, template_messages
 
 from tests.server.conftest import MODEL_NAME, LiveServer, make_engine, start_server
 

@@ -15,8 +15,8 @@ import httpx
 import jsonschema
 import llguidance
 import pytest
-from hetero_infer.server.openai.chat_request import FunctionDefinition
-from hetero_infer.server.openai.tool_choice import required_calls_schema
+from hetero_infer.server.serving.tool_definitions import FunctionDefinition
+from hetero_infer.server.serving.tool_use import required_calls_schema
 
 from tests.server.conftest import LiveServer
 from tests.server.test_abuse_routes import CHAT, MESSAGES, chat, check_still_serving, messages, send

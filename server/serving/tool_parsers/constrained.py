@@ -2,7 +2,7 @@
 
 With a named function the grammar makes the output that function's arguments, a JSON
 object; with ``required`` it makes a JSON array of ``{"name", "parameters"}`` objects
-(tool_choice.py builds both schemas).
+(tool_use.py builds both schemas).
 """
 
 from __future__ import annotations

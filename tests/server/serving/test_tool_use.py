@@ -1,4 +1,4 @@
-"""tool_choice.py: what a request's tools and tool_choice make of its answer."""
+"""tool_use.py: what a request's tools and tool_choice make of its answer."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_request import ChatCompletionRequest
-from hetero_infer.server.openai.tool_choice import NO_PARAMETERS, tool_use
+from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.tool_parsers.constrained import NamedToolCallParser
 from hetero_infer.server.serving.tool_parsers.mistral import MistralToolParser
+from hetero_infer.server.serving.tool_use import NO_PARAMETERS, tool_use
 from hetero_infer.server.settings import ServerSettings
 
 PARAMETERS = {"type": "object", "properties": {"x": {"type": "integer"}}}
@@ -19,8 +19,8 @@ TOOLS = [
 ]
 
 
-def body(**fields: Any) -> ChatCompletionRequest:
-    return ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields)
+def body(**fields: Any) -> ChatPlan:
+    return ChatPlan(messages=[{"role": "user", "content": "hi"}], **fields)
 
 
 def test_required_is_an_array_of_calls_each_with_its_functions_parameters():

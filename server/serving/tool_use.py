@@ -1,5 +1,7 @@
 """What a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` make of
-its answer, decided once per request (ToolUse).
+its prompt, its grammar and the reading of its answer, decided once per request
+(ToolUse), whichever family's body they came in (each names them as OpenAI does in the
+ChatPlan it makes).
 
 - ``none``: the tools are still shown to the template (as vLLM does); the answer is text.
 - ``auto`` (the default with tools): the model decides; the server's
@@ -18,11 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_request import (
-    ChatCompletionRequest,
-    FunctionDefinition,
-    NamedToolChoice,
-)
+from hetero_infer.server.serving.chat_plan import ChatPlan
+from hetero_infer.server.serving.tool_definitions import FunctionDefinition, NamedToolChoice
 from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS, ToolParser
 from hetero_infer.server.serving.tool_parsers.constrained import (
     NamedToolCallParser,
@@ -60,7 +59,7 @@ class ToolUse:
     keeps_special_tokens: bool = False
 
 
-def tool_use(body: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
+def tool_use(body: ChatPlan, settings: ServerSettings) -> ToolUse:
     """The request's ToolUse; a 400 naming the field for what cannot be honoured."""
     if not body.tools:
         if body.tool_choice is not None:
@@ -175,7 +174,7 @@ def _rebased(schema: dict[str, Any], base: str) -> dict[str, Any]:
 
 
 def _auto(
-    body: ChatCompletionRequest,
+    body: ChatPlan,
     settings: ServerSettings,
     functions: list[FunctionDefinition],
     template_tools: list[dict[str, Any]],

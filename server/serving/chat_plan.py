@@ -1,0 +1,97 @@
+"""A chat request, whichever family's wire format it came in (ChatPlan): the
+messages, the tools the model may call and how it must choose, what the chat template
+gets of them, the output's limit, and the sampling fields. OpenAI's chat body extends
+it with its own fields; Anthropic's and Ollama's bodies are translated into it.
+chat_run.py makes it an engine request."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.serving.chat_messages import ChatMessage, template_messages
+from hetero_infer.server.serving.request_body import check_texts
+from hetero_infer.server.serving.sampling_fields import SamplingFields
+from hetero_infer.server.serving.tool_definitions import NamedToolChoice, ToolDefinition
+from pydantic import Field, field_validator
+from pydantic import ValidationError as PydanticValidationError
+
+
+class ChatPlan(SamplingFields):
+    """The chat request every family's chat route makes of its body."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDefinition] | None = None
+    # None: "auto" when there are tools (as OpenAI and vLLM).
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Passed to the chat template (e.g. {"enable_thinking": false}).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: end with the generation prompt (the default), or leave the last message
+    # open for the model to go on with (a prefilled answer); not both.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # OpenAI's, given to the chat template as vLLM gives it (gpt-oss's reads it).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        """The output's limit the request asks for (None: what the context leaves)."""
+        return self.max_tokens
+
+    def check_template_flags(self) -> None:
+        """A 400 for add_generation_prompt and continue_final_message that cannot hold."""
+        if self.add_generation_prompt and self.continue_final_message:
+            raise APIError(
+                400,
+                "continue_final_message cannot be used with add_generation_prompt: set "
+                "add_generation_prompt to false to continue the last message",
+                param="continue_final_message",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise APIError(
+                400,
+                "continue_final_message continues the last message, which must be the assistant's",
+                param="continue_final_message",
+            )
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        constraint = self.structured_output()
+        constrained_tools = self.tools and self.tool_choice not in (None, "none", "auto")
+        if constraint is not None and constrained_tools:
+            raise APIError(
+                400,
+                f"'{constraint[0]}' cannot be combined with tool_choice 'required' or a "
+                "named function: both constrain the output",
+                param=constraint[0],
+            )
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        """One message naming the field, not one per member of the union."""
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        try:
+            return NamedToolChoice.model_validate(value)
+        except PydanticValidationError:
+            raise ValueError(
+                'must be "none", "auto", "required" or '
+                '{"type": "function", "function": {"name": ...}}'
+            ) from None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_texts(value)
+        return value
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's variables: reasoning_effort, under the body's own."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return template_messages(self.messages)
