@@ -1,5 +1,6 @@
-"""An Anthropic body as the OpenAI chat route's request, so that one piece of code
-renders the template, builds the tools' grammar and parses the output for both APIs.
+"""An Anthropic body as a ChatPlan (serving/chat_plan.py), the chat request every
+family makes, so that one piece of code renders the template, builds the tools' grammar
+and parses the output for every API.
 
 - ``system`` becomes a system message first;
 - an assistant turn's text and tool_use blocks become one assistant message with
@@ -27,13 +28,13 @@ from hetero_infer.server.anthropic.messages_request import (
     ToolUseBlock,
 )
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat_request import ChatCompletionRequest
+from hetero_infer.server.serving.chat_plan import ChatPlan
 from pydantic import ValidationError as PydanticValidationError
 
 
-def chat_request(body: ConversationFields) -> ChatCompletionRequest:
-    """The chat completion request that ``body`` asks for. (The Anthropic body was
-    checked already; what the chat request checks beyond it is a 400 too.)"""
+def chat_plan(body: ConversationFields) -> ChatPlan:
+    """The chat request that ``body`` asks for. (The Anthropic body was checked
+    already; what the ChatPlan checks beyond it is a 400 too.)"""
     values: dict[str, Any] = {"model": body.model, "messages": chat_messages(body)}
     if body.tools:
         values["tools"] = [
@@ -61,7 +62,7 @@ def chat_request(body: ConversationFields) -> ChatCompletionRequest:
             "stream": body.stream,
         }
     try:
-        return ChatCompletionRequest.model_validate(values)
+        return ChatPlan.model_validate(values)
     except PydanticValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -69,7 +70,7 @@ def chat_request(body: ConversationFields) -> ChatCompletionRequest:
 
 
 def chat_messages(body: ConversationFields) -> list[dict[str, Any]]:
-    """The conversation as OpenAI chat messages."""
+    """The conversation as chat messages (OpenAI's shape: ChatMessage's)."""
     messages: list[dict[str, Any]] = []
     system = body.system_text()
     if system is not None:

@@ -3,13 +3,13 @@ same conversation and tools (rendered by the same template, with the same tools)
 
 from __future__ import annotations
 
-from hetero_infer.server.anthropic.chat_translation import chat_request
+from hetero_infer.server.anthropic.chat_translation import chat_plan
 from hetero_infer.server.anthropic.messages_request import CountTokensRequest
 from hetero_infer.server.serving.request_context import RequestContext
 
 
 def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> int:
-    chat = chat_request(body)
+    chat = chat_plan(body)
     # What the template sees of the tools, whatever tool_choice says (which decides
     # only how the output is read).
     tools = [tool.model_dump(exclude_none=True) for tool in chat.tools or []]

@@ -1,5 +1,5 @@
-"""/v1/messages: the request built by the OpenAI chat route's code (chat_translation.py
-says how the body maps), its answer as Anthropic's message object.
+"""/v1/messages: the body as a ChatPlan (chat_translation.py says how it maps), run as
+every family's chat is (serving/chat_run.py), its answer as Anthropic's message object.
 
 The output is read by the same ChatOutputParser as a chat completion's: the server's
 reasoning parser makes a ``thinking`` block, the text a ``text`` block, and each tool
@@ -9,40 +9,38 @@ grammar with any / tool) a ``tool_use`` block whose input is the call's argument
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
-from hetero_infer.engine.frontend.input_processor import EngineRequest
-from hetero_infer.server.anthropic.chat_translation import chat_request
+from hetero_infer.server.anthropic.chat_translation import chat_plan
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat import ChatCompletion
 from hetero_infer.server.serving.chat_output import MessageDelta, tool_calls_body
+from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.request_context import RequestContext
 from pydantic_core import from_json
 
 
 class AnthropicMessage:
-    """One /v1/messages request: its engine request, and the answer."""
+    """One /v1/messages request: its ChatRun, and the answer."""
 
-    def __init__(self, ctx: RequestContext, chat: ChatCompletion) -> None:
+    def __init__(self, ctx: RequestContext, run: ChatRun) -> None:
         self.ctx = ctx
-        self.chat = chat
-        self.message_id = new_id("msg")
+        self.run = run
         # The engine (its logs, its aborts) knows the request by the id the client sees.
-        self.request: EngineRequest = dataclasses.replace(chat.request, request_id=self.message_id)
-        self.input_tokens = chat.prompt_tokens
+        self.message_id = run.request.request_id
+        self.request = run.request
+        self.input_tokens = run.prompt_tokens
 
     @classmethod
     def build(cls, ctx: RequestContext, body: MessagesRequest) -> AnthropicMessage:
         """The checked request: a 400 naming the field for what cannot be served."""
-        return cls(ctx, ChatCompletion.build(ctx, chat_request(body)))
+        return cls(ctx, ChatRun.build(ctx, chat_plan(body), new_id("msg")))
 
     async def whole(self) -> dict[str, Any]:
         [[final]] = await self.ctx.run_to_end([self.request])
-        parser = self.chat.output_parser()
+        parser = self.run.output_parser()
         message = parser.parse(final.text)
         stop_reason, stop_sequence = ending(final, parser.made_calls)
         return message_body(

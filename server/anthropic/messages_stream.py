@@ -69,7 +69,7 @@ async def message_events(answer: AnthropicMessage) -> AsyncIterator[Event]:
     start = message_body(answer.message_id, answer.ctx.model_name, [], None, None, usage)
     yield "message_start", {"type": "message_start", "message": start}
     blocks = BlockEvents()
-    parser = answer.chat.output_parser()
+    parser = answer.run.output_parser()
     pinged = False
     async for out in prepend(first, outputs):
         if out is not first:

@@ -7,8 +7,8 @@ timings in nanoseconds (total_duration from the request's arrival, prompt_eval_d
 its prefill, eval_duration its decoding; load_duration 0: the model is always loaded);
 generate's carries ``context`` (prompt and output token ids) unless raw.
 
-The text goes through the OpenAI chat route's ChatOutputParser (reasoning, content,
-tool calls), so both APIs split an answer alike. Ollama sends a tool call whole, its
+The text goes through the serving layer's ChatOutputParser (reasoning, content, tool
+calls), so every API splits an answer alike. Ollama sends a tool call whole, its
 arguments as an object: calls go out in one chunk once the output has ended; a call
 whose arguments are not a complete JSON object (cut off by num_predict) is left out.
 """

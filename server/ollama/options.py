@@ -115,7 +115,7 @@ class OllamaOptions(BaseModel):
         return self
 
     def sampling_fields(self) -> dict[str, Any]:
-        """The set sampling options, as the OpenAI routes' sampling fields."""
+        """The set sampling options, as the serving layer's sampling fields."""
         fields = {}
         for option, field in SAMPLING_FIELDS.items():
             value = getattr(self, option)

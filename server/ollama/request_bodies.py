@@ -84,7 +84,7 @@ class GenerationBody(RequestBody):
         raise ValueError('must be "json" or a JSON schema object')
 
     def response_format(self) -> dict[str, Any] | None:
-        """``format`` as the OpenAI routes' response_format."""
+        """``format`` as the sampling fields' response_format (OpenAI's)."""
         if not self.format:
             return None
         if self.format == "json":

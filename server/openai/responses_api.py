@@ -1,9 +1,9 @@
 """/v1/responses (OpenAI's Responses API): a conversation of items becomes one chat
 request, its output a response object of output items, whole or streamed as events.
 
-The chat route builds and checks the engine request (ChatCompletion.build: template,
-tools, reasoning, sampling, the schema's grammar) and parses each piece of text
-(its ChatOutputParser); here that becomes the Responses API's shapes
+The serving layer's ChatRun builds and checks the engine request (ChatRun.build:
+template, tools, reasoning, sampling, the schema's grammar) and parses each piece of
+text (its ChatOutputParser), as for the chat route; here that becomes the Responses API's shapes
 (responses_api_output.py) and the conversation is kept for ``previous_response_id``
 (responses_api_store.py). The chat route's errors name the chat fields; ``_renamed``
 gives them the Responses API's names.
@@ -18,7 +18,6 @@ from typing import Any
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.settings.exceptions import EngineError
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.openai.chat import ChatCompletion
 from hetero_infer.server.openai.responses_api_items import (
     chat_messages,
     item_dicts,
@@ -27,8 +26,9 @@ from hetero_infer.server.openai.responses_api_items import (
 from hetero_infer.server.openai.responses_api_output import Event, OutputItems, item_id
 from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_store import ResponseStore, StoredResponse
-from hetero_infer.server.serving.answer_parts import now, prepend
+from hetero_infer.server.serving.answer_parts import new_id, now, prepend
 from hetero_infer.server.serving.chat_output import MessageDelta
+from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.request_context import RequestContext
 
 # The chat request's field names -> the Responses API's, for errors.
@@ -52,19 +52,19 @@ _CONSTRAINT_FAILED = (
 
 
 class ResponsesAnswer:
-    """One /v1/responses request: its chat request, and the answer."""
+    """One /v1/responses request: its ChatRun, and the answer."""
 
     def __init__(
         self,
         ctx: RequestContext,
         body: ResponsesRequest,
-        chat: ChatCompletion,
+        run: ChatRun,
         conversation: list[dict[str, Any]],
         store: ResponseStore,
     ) -> None:
         self.ctx = ctx
         self.body = body
-        self.chat = chat
+        self.run = run
         self.conversation = conversation
         self.store = store
         self.response_id = item_id("resp")
@@ -90,30 +90,31 @@ class ResponsesAnswer:
             history = previous.conversation
         items = parse_items(history) + parse_items(body.input)
         try:
-            chat = ChatCompletion.build(ctx, body.chat_request(chat_messages(items)))
+            chat = body.chat_request(chat_messages(items))
+            run = ChatRun.build(ctx, chat, new_id("chatcmpl"))
         except APIError as error:
             raise _renamed(error) from None
         except EngineError as exc:
             raise _renamed(APIError.from_exception(exc)) from None
-        return cls(ctx, body, chat, [*history, *item_dicts(items[len(history) :])], store)
+        return cls(ctx, body, run, [*history, *item_dicts(items[len(history) :])], store)
 
     async def whole(self) -> dict[str, Any]:
-        [[final]] = await self.ctx.run_to_end([self.chat.request])
+        [[final]] = await self.ctx.run_to_end([self.run.request])
         output = OutputItems()
-        output.feed(self.chat.output_parser().parse(final.text))
+        output.feed(self.run.output_parser().parse(final.text))
         status = _status(final)
         output.finish(status)
         return self._finished(final, status, output.items, len(final.token_ids))
 
     async def chunks(self) -> AsyncIterator[Event]:
-        outputs = self.ctx.outputs(self.chat.request)
+        outputs = self.ctx.outputs(self.run.request)
         # The first events wait for the engine's first output (as the chat route's
         # role chunks do): until then the request may still be refused.
         first = await anext(outputs)
         opening = self._body("in_progress", [])
         yield {"type": "response.created", "response": opening}
         yield {"type": "response.in_progress", "response": opening}
-        parser = self.chat.output_parser()
+        parser = self.run.output_parser()
         output = OutputItems()
         generated = 0
         async for out in prepend(first, outputs):  # deltas
@@ -147,7 +148,7 @@ class ResponsesAnswer:
     def _constraint_error(self) -> dict[str, Any]:
         """A failed response's ``error`` (OpenAI's: code and message), naming the
         field whose constraint failed."""
-        param = "tools" if self.chat.tools.json_schema is not None else "text.format"
+        param = "tools" if self.run.tools.json_schema is not None else "text.format"
         return {"code": "server_error", "message": f"{param}: {_CONSTRAINT_FAILED}", "param": param}
 
     def _body(
@@ -159,11 +160,11 @@ class ResponsesAnswer:
     ) -> dict[str, Any]:
         """The response object; ``usage`` once it has finished."""
         body = self.body
-        params = self.chat.request.params
+        params = self.run.request.params
         tool_choice: Any = body.tool_choice or ("auto" if body.tools else "none")
         if not isinstance(tool_choice, str):
             tool_choice = tool_choice.model_dump()
-        input_tokens = self.chat.prompt_tokens
+        input_tokens = self.run.prompt_tokens
         return {
             "id": self.response_id,
             "object": "response",

@@ -1,8 +1,9 @@
 """The body of /v1/responses (OpenAI's Responses API) and the chat request it becomes.
 
-The chat route does the work (template, tools, reasoning, sampling, the JSON schema's
-grammar): ``chat_request`` writes the body in its terms, ``instructions`` as a first
-system message and the items as chat messages (responses_api_items.py).
+A chat request does the work, as for the chat route (serving/chat_run.py: template,
+tools, reasoning, sampling, the JSON schema's grammar): ``chat_request`` writes the body
+in its terms, ``instructions`` as a first system message and the items as chat
+messages (responses_api_items.py).
 
 A field OpenAI defines that we cannot honour is refused with a 400 naming it unless it
 is null or a value that changes nothing (RESPONSES_UNSUPPORTED); a field OpenAI does

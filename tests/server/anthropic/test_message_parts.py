@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from hetero_infer.server.anthropic.chat_translation import chat_messages, chat_request
+from hetero_infer.server.anthropic.chat_translation import chat_messages, chat_plan
 from hetero_infer.server.anthropic.messages import ending, tool_input
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.anthropic.messages_stream import BlockEvents
@@ -83,9 +83,9 @@ def test_conversation_as_chat_messages():
         ({"type": "tool", "name": "w"}, {"type": "function", "function": {"name": "w"}}, None),
     ],
 )
-def test_tools_and_sampling_as_the_chat_request(choice, expected, parallel):
+def test_tools_and_sampling_as_the_chat_plan(choice, expected, parallel):
     tools = [{"name": "w", "description": "Weather", "input_schema": SCHEMA}]
-    chat = chat_request(
+    chat = chat_plan(
         body(tools=tools, tool_choice=choice, stop_sequences=["END"], temperature=0.5, top_k=3)
     )
     assert chat.tools[0].function.model_dump(exclude_none=True) == {
