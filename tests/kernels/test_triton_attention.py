@@ -29,7 +29,7 @@ from tests.kernels.checks import assert_close  # noqa: E402
 
 SCALE = 0.3
 # Scaled scores here are ~1.3 (head_dim 20): a cap of 2 bends most (Gemma 2's soft-capping).
-SOFTCAPS = [None, 2.0]
+SOFTCAP = 2.0
 
 
 def reference(batch: Batch, window: int | None, softcap: float | None = None) -> torch.Tensor:
@@ -73,11 +73,29 @@ def small_tiles(group: int, num_splits: int = 1) -> AttentionTiles:
 
 
 HEAD_DIM_FOR_GROUP = {1: 24, 3: 20, 8: 12}  # the tiny test models' odd head sizes
+FP32, FP16 = torch.float32, torch.float16
+DTYPE_ID = {FP32: "fp32", FP16: "fp16"}
 
 
-@pytest.mark.parametrize("group", [1, 3, 8])
-@pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def param_id(value) -> str:
+    return DTYPE_ID.get(value, str(value))
+
+
+# (dtype, block_size, group): each group with both block sizes (16-key tiles as long as
+# a block, and half of one), the dtype alternating so that each dtype meets each block
+# size and each group. The dtype picks only how the dots multiply (DOT_FP32) and the
+# rounding of the output; the block size and group, the gather and the rows' layout.
+REFERENCE_CASES = [
+    (FP32, 16, 1),
+    (FP16, 32, 1),
+    (FP16, 16, 3),
+    (FP32, 32, 3),
+    (FP32, 16, 8),
+    (FP16, 32, 8),
+]
+
+
+@pytest.mark.parametrize(("dtype", "block_size", "group"), REFERENCE_CASES, ids=param_id)
 def test_attention_matches_reference(dtype, block_size, group):
     num_kv_heads = 2 if group < 8 else 1
     head_dim = HEAD_DIM_FOR_GROUP[group]
@@ -100,21 +118,35 @@ def test_attention_head_dims(head_dim):
     assert_close(run_triton(batch, None), reference(batch, None), dtype, f"head_dim {head_dim}")
 
 
-@pytest.mark.parametrize("softcap", SOFTCAPS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("num_splits", [2, 8])
-def test_attention_split_context(dtype, num_splits, softcap):
-    """Flash-decoding: partial results over slices of the context, then combined; with 8
-    splits the short contexts leave some splits empty."""
-    for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
-        batch = make_batch(chunks, 16, 2, 3, 20, dtype, seed=num_splits)
-        out = run_triton(batch, None, small_tiles(3, num_splits), softcap)
-        expected = reference(batch, None, softcap)
-        assert_close(out, expected, dtype, f"{kind}, {num_splits} splits")
+# (num_splits, dtype, softcap, batch): each pair of these choices meets in some case.
+# The split path is the same code whatever the dtype and the cap; the batch decides
+# what the splits hold (decodes: short contexts leave splits empty; mixed: tiles of 5
+# tokens whose rows see keys in different splits).
+SPLIT_CASES = [
+    (2, FP32, None, "mixed"),
+    (2, FP16, SOFTCAP, "decode"),
+    (8, FP32, SOFTCAP, "decode"),
+    (8, FP16, None, "decode"),
+    (8, FP16, SOFTCAP, "mixed"),
+]
+CHUNKS = {"decode": decode_chunks, "mixed": mixed_chunks}
 
 
-@pytest.mark.parametrize("softcap", SOFTCAPS)
-@pytest.mark.parametrize("window", [1, 7, 19])
+@pytest.mark.parametrize(("num_splits", "dtype", "softcap", "kind"), SPLIT_CASES, ids=param_id)
+def test_attention_split_context(num_splits, dtype, softcap, kind):
+    """Flash-decoding: partial results over slices of the context, then combined; short
+    contexts leave some splits empty (a context of 1 has keys in one split of 2, one of
+    17 in two of 8)."""
+    batch = make_batch(CHUNKS[kind](16), 16, 2, 3, 20, dtype, seed=num_splits)
+    out = run_triton(batch, None, small_tiles(3, num_splits), softcap)
+    expected = reference(batch, None, softcap)
+    assert_close(out, expected, dtype, f"{kind}, {num_splits} splits")
+
+
+# A window of the token alone, one shorter than a block, and one longer than a 16-key
+# tile (whole tiles before it skipped); soft-capping on two of them: it bends the
+# scores before the mask, whatever the window.
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (7, SOFTCAP), (19, SOFTCAP)])
 def test_attention_sliding_window(window, softcap):
     dtype = torch.float32
     batch = make_batch(mixed_chunks(16), 16, 1, 3, 20, dtype, seed=window)
@@ -181,9 +213,22 @@ def quantized_reference(batch: Batch, window: int | None, softcap: float | None)
     return paged_attention_ref(query, k_cache, v_cache, meta, SCALE, window, softcap)
 
 
-@pytest.mark.parametrize("softcap", SOFTCAPS)
-@pytest.mark.parametrize(("window", "num_splits"), [(None, 1), (7, 1), (None, 4)])
-@pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 20)])  # 2 scales a row; 1
+# (group, head_dim, window, num_splits, softcap): each head size (2 scales a row; 1)
+# with plain, windowed and split reads, soft-capping on half of them so that it meets
+# each head size and each of the three. The int8 reads are the same code in all.
+INT8_CASES = [
+    (1, 64, None, 1, None),
+    (1, 64, 7, 1, SOFTCAP),
+    (1, 64, None, 4, None),
+    (3, 20, None, 1, SOFTCAP),
+    (3, 20, 7, 1, None),
+    (3, 20, None, 4, SOFTCAP),
+]
+
+
+@pytest.mark.parametrize(
+    ("group", "head_dim", "window", "num_splits", "softcap"), INT8_CASES, ids=param_id
+)
 def test_int8_cache_matches_dequantized_reference(group, head_dim, window, num_splits, softcap):
     dtype = torch.float32
     for kind, chunks in (("decode", decode_chunks(16)), ("mixed", mixed_chunks(16))):
