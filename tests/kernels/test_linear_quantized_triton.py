@@ -76,12 +76,30 @@ def assert_matches(
     assert (error <= bound).all(), f"max error {error.max():.3g}, at {(error - bound).argmax()}"
 
 
+# (rows, dtype, (out_features, in_features), bias) per type: the interpreter's tiles of
+# 16 rows (1, 5) and of 64 (33), one step of K (256) and two (512), outputs masked in a
+# tile of 64 (48) or 128 (80). Every pair of these choices is in some case, so each row
+# count meets both dtypes, both shapes and a bias and none; each dtype and each shape
+# meets both, too. (The kernel's branches are by type, dtype and bias; rows and shape
+# only move masks and the loop's bounds.)
+CASES = [
+    (1, torch.float32, (48, 256), False),
+    (1, torch.float16, (80, 512), True),
+    (5, torch.float32, (80, 512), True),
+    (5, torch.float16, (48, 256), False),
+    (33, torch.float32, (48, 256), True),
+    (33, torch.float16, (80, 512), False),
+]
+CASE_IDS = [
+    f"{rows}-{DTYPE_IDS[DTYPES.index(dtype)]}-{n}x{k}{'-bias' if bias else ''}"
+    for rows, dtype, (n, k), bias in CASES
+]
+
+
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize(("out_features", "in_features"), [(48, 256), (80, 512)])
-@pytest.mark.parametrize("rows", [1, 5, 33])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
-def test_matches_the_dequantized_product(qtype, out_features, in_features, rows, dtype, with_bias):
+@pytest.mark.parametrize(("rows", "dtype", "shape", "with_bias"), CASES, ids=CASE_IDS)
+def test_matches_the_dequantized_product(qtype, rows, dtype, shape, with_bias):
+    out_features, in_features = shape
     weight = weight_of(qtype, out_features, in_features)
     x = randn(rows, in_features, dtype=dtype)
     bias = randn(out_features, seed=2) if with_bias else None
@@ -91,20 +109,26 @@ def test_matches_the_dequantized_product(qtype, out_features, in_features, rows,
 # Tiles as a GPU takes them (decode; larger M), and the split-K path with a bias: several
 # programs along N and M, partial tiles, the last step of a 32-block row ending early
 # (K = 352: one step of 8 blocks and one of 3; I8 with K = 200 masks within a step).
+# (tiles, rows of x, out_features): the interpreter pays per program, so each shape is
+# the smallest with more than one program along N and a partial last tile.
 GPU_TILES = {
-    "decode-split": QuantizedTiles(16, 32, 3, 4, 2),
-    "rows": QuantizedTiles(16, 16, 1, 4, 2),
-    "prefill": QuantizedTiles(64, 64, 1, 4, 2),
+    # a decode's M tile (5 rows of 16); N tiles of 32 and 8; K in 3 splits, the bias
+    # added to their sum
+    "decode-split": (QuantizedTiles(16, 32, 3, 4, 2), 5, 40),
+    # M tiles of 16 rows and 1; N tiles of 16, 16 and 8
+    "rows": (QuantizedTiles(16, 16, 1, 4, 2), 17, 40),
+    # one M tile of 33 rows of 64; N tiles of 64 and 16
+    "prefill": (QuantizedTiles(64, 64, 1, 4, 2), 33, 80),
 }
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("tiles", GPU_TILES.values(), ids=GPU_TILES.keys())
-def test_gpu_tiles_and_split_k(qtype, tiles):
+@pytest.mark.parametrize(("tiles", "rows", "out_features"), GPU_TILES.values(), ids=GPU_TILES)
+def test_gpu_tiles_and_split_k(qtype, tiles, rows, out_features):
     in_features = {"Q4_K": 768, "Q5_K": 768, "Q6_K": 768, "I8": 200}.get(qtype, 352)
-    weight = weight_of(qtype, 80, in_features)
-    x = randn(33 if tiles.block_m == 64 else 17, in_features, dtype=torch.float16, seed=3)
-    bias = randn(80, seed=2)
+    weight = weight_of(qtype, out_features, in_features)
+    x = randn(rows, in_features, dtype=torch.float16, seed=3)
+    bias = randn(out_features, seed=2)
     actual = quantized_linear_triton(x, weight, bias, tiles=tiles)
     assert_matches(actual, x, weight, bias)
 
@@ -246,7 +270,8 @@ def run_gguf(path, quantization: str, prompts: list[list[int]]) -> list[list[int
             max_model_len=64,
         )
     )
-    params = SamplingParams(max_tokens=4, temperature=0.0)
+    # A prefill step and a decode step; more tokens would only repeat the decode
+    params = SamplingParams(max_tokens=2, temperature=0.0)
     return [out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
 
 
