@@ -64,16 +64,15 @@ def make_engine(folder, backend: str) -> LLMEngine:
 
 def run_engine(engine: LLMEngine, prompts: list[list[int]]) -> tuple[list, dict]:
     # Greedy; half of them asking for logprobs, which takes the batch to the sampler
-    # kernel rather than the plain greedy pick.
+    # kernel rather than the plain greedy pick. One pass: the long prompts are chunked,
+    # and the second finds the first one's full block in the prefix cache (a second
+    # pass would only find more). Four tokens: the steps of decodes alone, past Gemma's
+    # windows, come last, and a window dropped there first changed the third token.
     params = [
         SamplingParams(max_tokens=4, temperature=0.0, logprobs=0 if i % 2 else None)
         for i in range(len(prompts))
     ]
-    # The second pass finds the first pass's full blocks in the prefix cache.
-    outputs = [
-        [out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
-        for _ in range(2)
-    ]
+    outputs = [out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
     return outputs, engine.memory_stats()
 
 
@@ -134,10 +133,10 @@ def test_engine_triton_path_matches_torch_path(tiny, torch_outputs, monkeypatch)
     assert launchers <= set(calls), calls
     # chunked prefill next to decodes, in one batch
     assert calls["batch: decode, extend"] or calls["batch: decode, extend, first chunk"], calls
+    assert calls["batch: decode"], calls
     assert stats["prefix_cache_hits"] > 0
-    for pass_index, (got, want) in enumerate(zip(actual, expected, strict=True)):
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert g == w, f"pass {pass_index}, prompt {i}: triton {g} != torch {w}"
+    for i, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        assert got == want, f"prompt {i}: triton {got} != torch {want}"
 
 
 @triton_installed
@@ -149,6 +148,9 @@ def test_engine_triton_lora_matches_torch_path(tiny, monkeypatch, tmp_path):
     folder, prompts = tiny
     if not folder.name.startswith("llama"):
         pytest.skip("one family is enough here: the adapters' math is the kernel tests'")
+    # The prompts' last six tokens: the kernels' cost goes with the rows they update, and
+    # 18 tokens still take two steps of 16, the first holding rows of a, b and no adapter
+    prompts = [prompt[-6:] for prompt in prompts]
     adapters = {
         "a": save_adapter(folder, tmp_path / "a", seed=1),
         "b": save_adapter(folder, tmp_path / "b", seed=2, rank=4, modules=["q_proj", "v_proj"]),
@@ -173,13 +175,13 @@ def test_engine_triton_lora_matches_torch_path(tiny, monkeypatch, tmp_path):
 
 class EagerReplay:
     """Stands in for a captured CUDA graph on the CPU: replay runs the forward pass on
-    the static buffers, as the graph would."""
+    the static buffers, as the graph would, and notes its batch size in ``replayed``."""
 
-    def __init__(self, graphs: DecodeGraphs, size: int) -> None:
-        self.graphs, self.size, self.replays = graphs, size, 0
+    def __init__(self, graphs: DecodeGraphs, size: int, replayed: list[int]) -> None:
+        self.graphs, self.size, self.replayed = graphs, size, replayed
 
     def replay(self) -> None:
-        self.replays += 1
+        self.replayed.append(self.size)
         self.graphs.outputs[self.size] = self.graphs._forward(self.size)
 
 
@@ -192,14 +194,17 @@ def test_decode_graph_buffers(tiny, torch_outputs):
     folder, prompts = tiny
     engine = make_engine(folder, "triton")
     graphs = DecodeGraphs(engine.runner, [1, 2, 8])  # 3 or 4 decodes run padded to 8
+    replayed: list[int] = []
     for size in graphs.batch_sizes:
-        graphs.graphs[size] = EagerReplay(graphs, size)
+        graphs.graphs[size] = EagerReplay(graphs, size, replayed)
     with torch.inference_mode():
         assert graphs._matches_eager()
+    replayed.clear()
     engine.runner.fast_path = graphs
     actual, _ = run_engine(engine, prompts)
     assert actual == torch_outputs
-    assert all(graphs.graphs[size].replays > 1 for size in (2, 8))
+    # 8 replayed on a later step's values, and 2 after it (the short prompts done)
+    assert replayed.count(8) > 1 and 2 in replayed[replayed.index(8) + 1 :], replayed
 
 
 def test_config_and_cli_accept_the_triton_backend():
