@@ -14,16 +14,26 @@ from hetero_infer.kernels.triton_utils import DeviceInfo  # noqa: E402
 
 from tests.kernels.test_sampling import check_same, random_batch  # noqa: E402
 
+# (tiles, (rows, vocab, scale), features): each pair of these choices meets in one case.
+# "one-program" reads a row in one tile; "small-tiles" in tiles of 256 tokens, the last
+# one partial. The features (penalties, bias, banned and disallowed tokens) are applied
+# before the kernel: they change its rows (-inf where a token is excluded), not its code.
+CASES = [
+    ("one-program", (12, 700, 3.0), False),
+    ("one-program", (6, 1000, 0.3), True),
+    ("small-tiles", (12, 700, 3.0), True),
+    ("small-tiles", (6, 1000, 0.3), False),
+]
+CASE_IDS = [
+    f"{tiles}-{rows}x{vocab}{'-features' if f else ''}" for tiles, (rows, vocab, _), f in CASES
+]
 
-@pytest.fixture(autouse=True, params=["one-program", "small-tiles"])
-def tiles(request, monkeypatch):
-    if request.param == "small-tiles":
+
+@pytest.mark.parametrize(("tiles", "shape", "features"), CASES, ids=CASE_IDS)
+def test_triton_matches_reference(tiles, shape, features, monkeypatch):
+    if tiles == "small-tiles":
         monkeypatch.setattr(DeviceInfo, "max_tile", property(lambda self: 256))
-
-
-@pytest.mark.parametrize("features", [False, True])
-@pytest.mark.parametrize(("rows", "vocab", "scale"), [(12, 700, 3.0), (6, 1000, 0.3)])
-def test_triton_matches_reference(rows, vocab, scale, features):
+    rows, vocab, scale = shape
     seed = rows + vocab
     logits = scale * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
     tensors = random_batch(rows, vocab, seed, features)
