@@ -20,6 +20,7 @@ refused, as pydantic's lax mode takes 1 for true and "5" for 5 in the sampling f
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -86,10 +87,10 @@ NOTHING_INVALID = WITHOUT_INPUTS | {
     ("DELETE", "/v1/responses/{response_id}"),
 }
 HELLO = [{"role": "user", "content": "Hello"}]
-# The routes that stream, and what their streamed runs put over each valid body the
+# The routes that stream, and what their streamed runs fix in each valid body the
 # fuzzer draws: a prompt the server takes (the schema cannot say what it refuses in
 # one: a token id outside the vocabulary, a content block it does not know), and
-# the fields to leave out for the same reason. Every other field stays as drawn.
+# the fields to leave out for the same reason. Every other field is drawn.
 STREAMED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "/v1/completions": ({"prompt": "Hello"}, ()),
     "/v1/chat/completions": ({"messages": HELLO}, ()),
@@ -192,11 +193,14 @@ def fuzz_server(model_dir: Path) -> Iterator[LiveServer]:
         live.stop()
 
 
+def config() -> schemathesis.Config:
+    # Streams are read to the end (by default only their first 20 events).
+    return schemathesis.Config.from_dict({"max-stream-events": 1_000_000})
+
+
 @pytest.fixture(scope="module")
 def api_schema(fuzz_server: LiveServer) -> schemathesis.BaseSchema:
-    # Streams are read to the end (by default only their first 20 events).
-    config = schemathesis.Config.from_dict({"max-stream-events": 1_000_000})
-    schema = schemathesis.openapi.from_url(f"{fuzz_server.url}/openapi.json", config=config)
+    schema = schemathesis.openapi.from_url(f"{fuzz_server.url}/openapi.json", config=config())
     paths = schema.raw_schema["paths"]
     operations = {(method.upper(), path) for path, ops in paths.items() for method in ops}
     missing = set(FUZZED) - operations
@@ -208,6 +212,34 @@ def api_schema(fuzz_server: LiveServer) -> schemathesis.BaseSchema:
     }
     assert without_inputs == WITHOUT_INPUTS, without_inputs
     return schema.include(path={path for _, path in FUZZED})
+
+
+def fixed_fields(path: str) -> dict[str, Any]:
+    """What every streamed body of ``path`` holds: the served model, a prompt the
+    route takes, stream on."""
+    return {**STREAMED[path][0], "model": MODEL_NAME, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def streamed_schema(api_schema: schemathesis.BaseSchema) -> schemathesis.BaseSchema:
+    """The schema the streamed runs draw from: each streaming route's body with the
+    fields its run fixes held at their values (const) and those it leaves out gone.
+    Drawn in full, a conversation or a prompt was the most of a case's cost, and
+    was then replaced."""
+    raw = copy.deepcopy(api_schema.raw_schema)
+    for path, (_, dropped) in STREAMED.items():
+        body = raw["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        name = body["schema"]["$ref"].removeprefix("#/components/schemas/")
+        fields = raw["components"]["schemas"][name]
+        fixed = fixed_fields(path)
+        for field_name in ("priority", *dropped):  # priority: as valid_body leaves it out
+            fields["properties"].pop(field_name, None)
+        fields["properties"].update({key: {"const": value} for key, value in fixed.items()})
+        required = [key for key in fields.get("required", []) if key not in dropped]
+        fields["required"] = [*required, *(key for key in fixed if key not in required)]
+    schema = schemathesis.openapi.from_dict(raw, config=config())
+    schema.location = api_schema.location
+    return schema.include(path=set(STREAMED))
 
 
 def content_type(response: schemathesis.Response) -> str:
@@ -280,17 +312,16 @@ STREAMED_MAX_TOKENS = 16
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
-def streamed_body(path: str, case: schemathesis.Case) -> schemathesis.Case:
-    """A valid body with the served model, a prompt the route takes, a short limit on
-    the output, streamed."""
-    valid_body(case, served_model=False)
+def streamed_body(case: schemathesis.Case) -> schemathesis.Case:
+    """A valid body of streamed_schema's (the served model, a prompt the route takes,
+    streamed), with a short limit on the output."""
     if isinstance(case.body, dict):
-        overlay, dropped = STREAMED[path]
-        for name in dropped:
-            case.body.pop(name, None)
-        case.body.update(overlay, model=MODEL_NAME, stream=True)
+        fixed = fixed_fields(case.operation.path)
+        assert {key: case.body.get(key) for key in fixed} == fixed, case.body
         for name in LIMIT_FIELDS:
-            if isinstance(case.body.get(name), int) and case.body[name] > STREAMED_MAX_TOKENS:
+            # JSON's 43.0 is an integer too: the schema's valid bodies hold such floats.
+            limit = case.body.get(name)
+            if isinstance(limit, int | float) and limit > STREAMED_MAX_TOKENS:
                 case.body[name] = STREAMED_MAX_TOKENS
     return case
 
@@ -310,12 +341,17 @@ CHECKS = [
     ("method", "path", "mode"), RUNS, ids=[f"{m} {p}-{mode}" for m, p, mode in RUNS]
 )
 def test_route_under_fuzzing(
-    api_schema: schemathesis.BaseSchema, method: str, path: str, mode: GenerationMode | str
+    api_schema: schemathesis.BaseSchema,
+    streamed_schema: schemathesis.BaseSchema,
+    method: str,
+    path: str,
+    mode: GenerationMode | str,
 ):
     operation = api_schema[path][method]
     if mode == STREAMED_MODE:
+        operation = streamed_schema[path][method]
         cases = operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
-        cases = st.builds(streamed_body, st.just(path), cases)
+        cases = st.builds(streamed_body, cases)
     elif mode.is_positive:
         cases = st.builds(valid_body, operation.as_strategy(generation_mode=mode), st.booleans())
     else:
