@@ -10,9 +10,10 @@ Afterwards: every request that stayed got a whole, well-formed answer (each choi
 finished, stop strings cut, JSON mode's output valid, greedy answers the exact text the
 engine gives alone), every bad one a 400 in OpenAI's shape, no 5xx; nothing runs or
 waits and no KV block is in use; the process's memory grew by no more than a bound after
-the warm-up (the same mix, a few thousand requests); and throughout, 99% of the /healthz
-probes were answered within 200 ms, as nothing holds the event loop up again and again:
-not the steps, nor the garbage collector.
+the warm-up (the same mix, as many choices as the soak's, then one-token answers that
+fill the engine's store of finished outputs); and throughout, 99% of the /healthz probes
+were answered within 200 ms, as nothing holds the event loop up again and again: not
+the steps, nor the garbage collector.
 """
 
 from __future__ import annotations
@@ -52,17 +53,33 @@ HEALTH_PERIOD = 0.05
 # 90-125 ms (the median 20-30). A server whose event loop is held up again and again
 # crosses it: a step's work done on the loop, or full collections of the startup heap
 # (which the server freezes once ready: 200-430 ms each, several a minute). One stall
-# alone no longer fails the soak.
+# alone no longer fails the soak. The soak sends 200-300 probes (one every HEALTH_PERIOD
+# and its answer's time; 220-290 seen): the 99th percentile is then the third slowest,
+# so two stalls pass and three do not.
 HEALTH_PERCENTILE = 99
 HEALTH_LIMIT = 0.2
 # The server's resident memory may grow this much from after the warm-up to the end.
-# The warm-up is the same mix, long enough that the engine's store of recent finished
-# outputs (LLMEngine.get_output: the last MAX_FINISHED_KEPT choices) is full, so the
-# soak's outputs only replace ones of the same kind; and the engine's buffers, the
-# grammar compiler, torch's and the allocators' pools are at their working size. What
-# is left is allocator noise, a few MiB. A leak of what a request holds (its queue, its
-# grammar matcher, its outputs: several KiB each at least) over 600 requests crosses it.
+# The warm-up is the same mix, at least as many choices as the soak's (and
+# WARMUP_SPARE_CHOICES more), then short answers that fill the engine's store of recent
+# finished outputs (LLMEngine.get_output: the last MAX_FINISHED_KEPT choices), oldest
+# first out: the soak's outputs only replace the warm-up's mix, ones of the same kind;
+# and the engine's buffers, the grammar compiler, torch's and the allocators' pools are
+# at their working size. What is left is allocator noise, 0-1 MiB seen. A leak of what a
+# request holds crosses it from about 27 KiB a request (16 MiB over 600); a smaller one
+# may not: keeping every output of every request (about 15 KiB a request) grew it by
+# 7-9 MiB.
 RSS_GROWTH_LIMIT_MIB = 16
+# Mix choices beyond the soak's in the warm-up, for those that never reach the store (a
+# client that leaves before its request reaches the engine adds none); the filler
+# pushes the rest out.
+WARMUP_SPARE_CHOICES = 64
+# The filler: answers of one token, this many choices a request, this many requests at
+# once: no more sequences in flight than the mix has (24 requests of up to 3 choices).
+# Larger batches (128 choices, 24 at once) raised the resident size by 23 MiB that the
+# soak's allocations then reused, hiding growth: a planted leak of every output a
+# request gets grew it by 2 MiB instead of 7.
+FILLER_CHOICES_PER_REQUEST = 16
+FILLER_CONCURRENCY = 4
 CHAT_MESSAGES = [
     [{"role": "user", "content": "Hello there, is it working?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
@@ -94,6 +111,23 @@ class Job:
         return [stop] if isinstance(stop, str) else stop
 
 
+def choices_of(jobs: list[Job]) -> int:
+    """The choices the engine runs for ``jobs`` (the bad ones it never sees)."""
+    return sum(job.body.get("n", 1) for job in jobs if not job.bad)
+
+
+def filler_jobs(num_choices: int) -> list[Job]:
+    """Whole answers of one token and many choices each, ``num_choices`` in all: the
+    cheapest way to fill the engine's store of finished outputs."""
+    jobs = []
+    while num_choices > 0:
+        n = min(num_choices, FILLER_CHOICES_PER_REQUEST)
+        body = {"prompt": "Fill", "max_tokens": 1, "n": n, "ignore_eos": True}
+        jobs.append(Job("/v1/completions", body))
+        num_choices -= n
+    return jobs
+
+
 @dataclass
 class Figures:
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -114,7 +148,7 @@ class JobMaker:
     def make_choices(self, num_choices: int) -> list[Job]:
         """Jobs that ask for at least ``num_choices`` choices in all."""
         jobs: list[Job] = []
-        while sum(job.body.get("n", 1) for job in jobs if not job.bad) < num_choices:
+        while choices_of(jobs) < num_choices:
             jobs.append(self._job())
         return jobs
 
@@ -292,9 +326,11 @@ def resident_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
-async def run_jobs(url: str, jobs: list[Job], figures: Figures) -> None:
-    limits = httpx.Limits(max_connections=CONCURRENCY + 4)
-    slots = asyncio.Semaphore(CONCURRENCY)
+async def run_jobs(
+    url: str, jobs: list[Job], figures: Figures, concurrency: int = CONCURRENCY
+) -> None:
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    slots = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
 
         async def one(job: Job) -> None:
@@ -340,10 +376,15 @@ def test_soak(server_process_factory, reference_engine: LLMEngine, monkeypatch):
     pid = proc.process.pid
     figures = Figures()
     rss_start = resident_mib(pid)
-    warmup = maker.make_choices(MAX_FINISHED_KEPT)
-    asyncio.run(run_jobs(proc.url, warmup, Figures()))
-    rss_warm = resident_mib(pid)
     jobs = maker.make(NUM_REQUESTS)
+    warmup = maker.make_choices(choices_of(jobs) + WARMUP_SPARE_CHOICES)
+    filler = filler_jobs(MAX_FINISHED_KEPT - choices_of(jobs))
+    asyncio.run(run_jobs(proc.url, warmup, Figures()))
+    # The filler after the mix, so that the mix's outputs are the store's oldest.
+    with httpx.Client(base_url=proc.url, timeout=30) as http:
+        wait_until(lambda: is_idle(http), 10, "the server to be idle after the warm-up")
+    asyncio.run(run_jobs(proc.url, filler, Figures(), FILLER_CONCURRENCY))
+    rss_warm = resident_mib(pid)
     started = time.monotonic()
     with HealthProbe(proc.url, HEALTH_PERIOD) as probe:
         asyncio.run(run_jobs(proc.url, jobs, figures))
@@ -356,7 +397,9 @@ def test_soak(server_process_factory, reference_engine: LLMEngine, monkeypatch):
     rss_end = resident_mib(pid)
     slowest_ms = [round(seconds * 1000) for seconds in sorted(health.latencies)[-3:]]
     print(
-        f"\nsoak: {len(warmup)} warm-up requests, then {len(jobs)} in {elapsed:.1f} s, "
+        f"\nsoak: {len(warmup)} warm-up requests ({choices_of(warmup)} choices) and "
+        f"{len(filler)} of {choices_of(filler)} short choices, then {len(jobs)} "
+        f"({choices_of(jobs)} choices) in {elapsed:.1f} s, "
         f"{dict(figures.outcomes)}, "
         f"statuses {dict(figures.statuses)}, {figures.stopped_by_string} choices cut by a "
         f"stop string; /healthz {health.probes} probes, median "
