@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
+from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.server.conftest import MODEL_NAME, ServerProcess, spawn_installed
 
@@ -90,9 +93,37 @@ def test_sigterm_drains_streams(server_process_factory):
     assert proc.process.wait(timeout=60) == 0, proc.log()
 
 
-# ---- the drain's end, and a second signal: on the embedded model, whose streams of
-# this many tokens outlast the waits below on any machine these tests run on.
-LONG_STREAM = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+# ---- the drain's end, and a second signal: on the tiny model given room for streams
+# of 32,000 tokens, which outlast the waits below on any machine these tests run on (a
+# step takes a millisecond at least: half a minute). It starts in half the time the
+# embedded model takes.
+LONG_MODEL_LEN = 32768
+LONG_STREAM = {
+    "prompt": "Once upon a time",
+    "max_tokens": LONG_MODEL_LEN - 768,
+    "ignore_eos": True,
+    "stream": True,
+}
+
+
+@pytest.fixture(scope="module")
+def long_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with positions up to LONG_MODEL_LEN (its weights are random: no
+    position means more than another)."""
+    folder = tmp_path_factory.mktemp("tiny-llama-long")
+    for path in model_dir.iterdir():
+        shutil.copy(path, folder / path.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = LONG_MODEL_LEN
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def spawn_long(model: Path, log_dir: Path, shutdown_timeout: int) -> ServerProcess:
+    """The installed server on ``model``, with KV blocks for one stream of LONG_MODEL_LEN."""
+    args = ["--model", str(model), "--max-model-len", str(LONG_MODEL_LEN)]
+    args += ["--max-num-blocks", str(LONG_MODEL_LEN // 16), "--served-model-name", MODEL_NAME]
+    return spawn_installed([*args, "--shutdown-timeout", str(shutdown_timeout)], log_dir)
 
 
 async def read_stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[str]:
@@ -135,10 +166,10 @@ def stream_then_signal(proc: ServerProcess, signals: list[signal.Signals]) -> li
     return asyncio.run(main())
 
 
-def test_the_drain_deadline_ends_streams_with_an_error(tmp_path):
-    proc = spawn_installed(["--shutdown-timeout", "2"], tmp_path)
+def test_the_drain_deadline_ends_streams_with_an_error(long_model: Path, tmp_path: Path):
+    proc = spawn_long(long_model, tmp_path, shutdown_timeout=2)
     try:
-        proc.wait_ready(timeout=300)
+        proc.wait_ready()
         lines = stream_then_signal(proc, [signal.SIGTERM])
         assert proc.process.wait(timeout=60) == 0, proc.log()
     finally:
@@ -148,10 +179,10 @@ def test_the_drain_deadline_ends_streams_with_an_error(tmp_path):
     assert "Waiting for connections to close" not in proc.log()
 
 
-def test_a_second_signal_stops_at_once(tmp_path):
-    proc = spawn_installed(["--shutdown-timeout", "600"], tmp_path)
+def test_a_second_signal_stops_at_once(long_model: Path, tmp_path: Path):
+    proc = spawn_long(long_model, tmp_path, shutdown_timeout=600)
     try:
-        proc.wait_ready(timeout=300)
+        proc.wait_ready()
         lines = stream_then_signal(proc, [signal.SIGINT, signal.SIGINT])
         # Long before the drain's 600 s: the second Ctrl-C does not wait for it.
         assert proc.process.wait(timeout=60) == 128 + signal.SIGINT, proc.log()
