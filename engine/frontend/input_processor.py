@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ class PromptTokens:
 
     text: str | None
     token_ids: list[int]
+    # The images whose embeddings replace their placeholder tokens (with_images).
+    images: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class InputProcessor:
         self.pooling = pooling
         self.scheduling_policy = scheduling_policy
         self.request_timeout = request_timeout
+        # The model's image preprocessing (engine/multimodal/); None: text only.
+        self.image_processor: Any = None
 
     def process(
         self,
@@ -126,6 +131,20 @@ class InputProcessor:
                 param=param,
             )
         return PromptTokens(text, token_ids)
+
+    def with_images(
+        self, prompt: PromptTokens, images: Sequence[Any], param: str = "messages"
+    ) -> PromptTokens:
+        """The prompt with each image's placeholder expanded into the tokens its
+        embeddings take, in order (``images``: decoded PIL images); a 400 naming
+        ``param`` for a model that takes no images."""
+        if not images:
+            return prompt
+        if self.image_processor is None:
+            raise ValidationError(
+                f"this model takes no image input ({len(images)} image(s) given)", param=param
+            )
+        return self.image_processor.expand(prompt, images, param)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word's tokens, as it starts a text and as it follows a space (most
