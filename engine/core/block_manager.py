@@ -120,12 +120,16 @@ class BlockManager:
 
     # ---- prefix caching ----
 
-    def hash_block(self, parent: int | None, token_ids: Seq[int]) -> int:
+    def hash_block(
+        self, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int] = ()
+    ) -> int:
         """The keyed hash of one full block of tokens chained to its parent block's hash
-        (None for a sequence's first block): a 64-bit keyed BLAKE2b, about 1 us a block."""
+        (None for a sequence's first block), and the content hashes of the images whose
+        placeholder tokens it holds: a 64-bit keyed BLAKE2b, about 1 us a block."""
         data = array("q", token_ids).tobytes()
         if parent is not None:  # 8 more bytes: a first block never reads as a later one
             data += parent.to_bytes(8, "little")
+        data += array("Q", image_hashes).tobytes()  # 8 bytes an image
         digest = hashlib.blake2b(data, digest_size=8, key=self._hash_key).digest()
         return int.from_bytes(digest, "little")
 
@@ -136,7 +140,8 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else seq.hash_salt  # LongRoPE's, an adapter's
-            hashes.append(self.hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs]))
+            images = [image.content_hash for image in seq.images_in(i * bs, (i + 1) * bs)]
+            hashes.append(self.hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs], images))
         return hashes[:num_full_blocks]
 
     def allocate_cached_prefix(self, seq: Sequence) -> int:

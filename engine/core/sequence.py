@@ -15,6 +15,7 @@ import hashlib
 import time
 from typing import Any
 
+from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 # The first block's parent hash for a sequence whose KV is rotated with LongRoPE's long
@@ -57,11 +58,14 @@ class Sequence:
         deadline: float | None = None,
         lora_slot: int = 0,
         lora_fingerprint: int | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> None:
         """``lora_slot``: the LoRA adapter's slot its rows take (0: none), and
-        ``lora_fingerprint`` that adapter's (engine/lora/adapter.py)."""
+        ``lora_fingerprint`` that adapter's (engine/lora/adapter.py). ``images``: the
+        prompt's images, whose embeddings the runner puts at their tokens."""
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
+        self.images = images
         self.num_prompt_tokens = len(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -140,6 +144,10 @@ class Sequence:
             return salt
         data = cache_salt.encode() + (salt or 0).to_bytes(8, "little")
         return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+    def images_in(self, start: int, end: int) -> tuple[ImageInput, ...]:
+        """The images with placeholder tokens in positions [start, end)."""
+        return tuple(image for image in self.images if image.overlaps(start, end))
 
     @property
     def block_table(self) -> list[int]:

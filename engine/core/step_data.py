@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 # Per token: {token id: logprob} of the token itself, then of its top alternatives.
@@ -79,6 +80,8 @@ class ScheduledSequence:
     long_rope: bool = False
     # The slot of the LoRA adapter its rows take (0: none; engine/lora/).
     lora_slot: int = 0
+    # The images with placeholder tokens among token_ids (params/image_input.py).
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def block_table(self) -> list[int]:

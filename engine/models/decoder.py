@@ -26,7 +26,7 @@ from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.decoder_weights import load_decoder_weights
 from hetero_infer.engine.models.layers import MLP, DecoderLayer, Linear, RMSNorm, not_packed
 from hetero_infer.engine.models.moe import SparseMoe
-from hetero_infer.engine.models.protocol import TensorParallel
+from hetero_infer.engine.models.protocol import ImageEmbeds, TensorParallel
 from hetero_infer.engine.models.sharding import shard_config
 from hetero_infer.kernels import (
     AttentionInputs,
@@ -122,17 +122,21 @@ class DecoderForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionInputs,
+        image_embeds: ImageEmbeds | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
-        x = self.embed(input_ids)
+        x = self.embed(input_ids, image_embeds)
         residual = None
         for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_ropes, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.final_norm(x, residual)
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None = None
+    ) -> torch.Tensor:
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden] (times the
-        family's multiplier, in the model's dtype as transformers does)."""
+        family's multiplier, in the model's dtype as transformers does); the rows
+        ``image_embeds`` names replaced by its images' embeddings, as they are."""
         if self.tp is not None:
             x = self._embed_vocab_shard(input_ids, self.tp)
         elif self.embed_quantized is None:
@@ -141,7 +145,14 @@ class DecoderForCausalLM(nn.Module):
             x = dequantize_rows(self.embed_quantized, input_ids, self.norm.weight.dtype)
         if self.embedding_multiplier != 1.0:
             x = x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
+        if image_embeds is not None:
+            rows, embeddings = image_embeds
+            x = x.index_copy(0, rows, embeddings.to(x.dtype))
         return x
+
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """A text model takes no images (a vision model's class overrides this)."""
+        raise TypeError(f"{self.config.architecture} takes no images")
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The last layer's output and the residual stream -> the final hidden states."""

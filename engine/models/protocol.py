@@ -11,6 +11,8 @@ from hetero_infer.kernels import AttentionInputs, DecoderStackSpec, Kernels
 
 # One layer's (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
 KVCache = tuple[torch.Tensor, torch.Tensor]
+# A step's image embeddings: the token rows they replace [n], and the rows [n, hidden].
+ImageEmbeds = tuple[torch.Tensor, torch.Tensor]
 
 
 class TensorParallel(Protocol):
@@ -52,8 +54,10 @@ class CausalLM(Protocol):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionInputs,
+        image_embeds: ImageEmbeds | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden];
+        ``image_embeds`` in place of the embeddings of the tokens they name."""
         ...
 
     # The runner calls the model itself: a torch module's call runs its hooks, then forward.
@@ -74,8 +78,16 @@ class CausalLM(Protocol):
         tensors where the loader wants them, in the order a step reads them."""
         ...
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, image_embeds: ImageEmbeds | None = None
+    ) -> torch.Tensor:
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
+        ...
+
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """A vision model's images (their preprocessed tiles) -> the embeddings of their
+        placeholder tokens [rows, hidden], the images' in order; a text model has none
+        (the input processor refuses images before they get here)."""
         ...
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

@@ -16,6 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from hetero_infer.engine.lora import step_groups
+from hetero_infer.engine.models.protocol import ImageEmbeds
+from hetero_infer.engine.params.image_input import ImageInput
+from hetero_infer.engine.worker.image_embeddings import ImagePlacement, place_images
 from hetero_infer.kernels import AttentionBackend, AttentionInputs
 
 
@@ -33,6 +36,8 @@ class Chunk(NamedTuple):
     # factors follow the short ones in the tables).
     rope_offset: int = 0
     lora_slot: int = 0  # the LoRA adapter its rows take (0: none)
+    # Its images with placeholder tokens among token_ids (their embeddings go there).
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass
@@ -46,6 +51,10 @@ class ModelInputs:
     # The rows of each LoRA adapter the step uses (engine/lora/model_lora.py): [] where
     # every row runs the base model.
     lora_groups: list = field(default_factory=list)
+    # Which image embedding rows replace which tokens' (image_embeddings.py), and those
+    # rows once the runner has them.
+    image_placements: list[ImagePlacement] = field(default_factory=list)
+    image_embeds: ImageEmbeds | None = None
 
 
 class InputBatcher:
@@ -121,12 +130,21 @@ class InputBatcher:
         lora_groups = []
         if lora_slots.any():
             lora_groups = step_groups(lora_slots[token_seq], self.device)
+        image_placements = [
+            placement
+            for c, first_row in zip(chunks, query_start_loc, strict=False)
+            if c.images
+            for placement in place_images(
+                c.images, c.start, c.start + len(c.token_ids) - c.num_draft_tokens, first_row
+            )
+        ]
         return ModelInputs(
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions + rope_offsets[token_seq]),
             meta=self.attention.prepare_step(attention_inputs, bs, self.sliding_windows),
             logits_indices=self._tensor(logits_indices),
             lora_groups=lora_groups,
+            image_placements=image_placements,
         )
 
     def _tables(

@@ -28,6 +28,7 @@ from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
 from hetero_infer.engine.worker.draft_source import DraftSource
 from hetero_infer.engine.worker.fast_path import FastPath, decoder_stack_path
+from hetero_infer.engine.worker.image_embeddings import ImageEmbeddings
 from hetero_infer.engine.worker.input_batch import Chunk, InputBatcher, ModelInputs
 from hetero_infer.engine.worker.kv_cache import ModelKVCache, bytes_per_block
 from hetero_infer.engine.worker.kv_sizing import kv_cache_budget, pool_sizes, profile_step_memory
@@ -74,6 +75,7 @@ class ModelRunner:
             self.kv_layout.num_groups,
         )
         self.sampling = StepSampling(kernels.ops, config.seed, self.device)
+        self.image_embeddings = ImageEmbeddings(self.model, self.device)
         self.pooler = Pooler()
         # How the cache stores keys and values: the model's dtype, or int8 rows that
         # carry their scale (kernels/kv_quant.py), or fp8.
@@ -149,10 +151,13 @@ class ModelRunner:
                     s.num_draft_tokens,
                     self.long_rope_rows if s.long_rope else 0,
                     s.lora_slot,
+                    s.images,
                 )
                 for s in scheduled
             ]
         )
+        if inputs.image_placements:
+            inputs.image_embeds = self.image_embeddings(inputs.image_placements)
         if self.sender is not None:
             self.sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
         hidden = self.forward(inputs)
@@ -170,9 +175,12 @@ class ModelRunner:
         where it can run the step, else the layers one by one."""
         if self.lora is not None:
             self.lora.use(inputs.lora_groups)
-        if self.fast_path is not None and self.fast_path.can_run(inputs):
+        fast = self.fast_path is not None and inputs.image_embeds is None
+        if fast and self.fast_path.can_run(inputs):
             return self.fast_path.run(inputs)
-        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return self.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.image_embeds
+        )
 
     def _fast_path(self, kernels: Kernels) -> FastPath | None:
         """CUDA graphs on CUDA (with a backend whose metadata they can hold, unless

@@ -13,6 +13,7 @@ import sys
 import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
@@ -555,3 +556,25 @@ def test_free_swapped_returns_cpu_blocks() -> None:
     bm.free_swapped(b)
     assert sorted(bm.free_cpu_blocks) == [0, 1, 2, 3]
     assert bm.num_free_blocks == 8
+
+
+# ---- images in the prefix cache ----
+
+
+def test_blocks_holding_an_image_hash_its_content() -> None:
+    """The blocks before an image are shared by prompts with other images; the blocks
+    that hold its placeholder tokens, and all after them, only with the same image."""
+    tokens = list(range(100, 112)) + [7] * 6 + list(range(200, 208))  # image at 12..17
+    positions = tuple(range(12, 18))
+
+    def seq_with(request_id: str, content_hash: int) -> Sequence:
+        image = ImageInput(content_hash, None, positions)
+        return Sequence(request_id, tokens, SamplingParams(max_tokens=4), images=(image,))
+
+    bm = BlockManager(num_blocks=32, block_size=BLOCK_SIZE)
+    prefill(bm, first := seq_with("a", 1))
+    # Blocks 0-2 (tokens 0-11) hold no image token: the other image finds them.
+    assert bm.allocate_cached_prefix(seq_with("b", 2)) == 12
+    # The same image finds every full block but the last, whose token is computed.
+    assert bm.allocate_cached_prefix(seq_with("c", 1)) == 24
+    assert first.block_hashes[:3] == bm.block_hashes(seq_with("d", 2), 3)

@@ -1,0 +1,44 @@
+"""ImageInput: one image of a request, as the engine carries it from the input
+processor (engine/multimodal/ made its pixels and placeholder tokens) to the runner,
+which puts the image's embeddings at those tokens' positions.
+
+Its content hash stands for the image in the prefix cache: a block holding any of its
+placeholder tokens hashes it with the tokens (core/block_manager.py), so a second
+question about the same image reuses the image's KV and a different image behind the
+same placeholder tokens never does. The runner's encoder cache is keyed by it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    # 64 bits of a hash of its preprocessed pixel values (what its preprocessing made of
+    # it: the same picture resized another way is another image).
+    content_hash: int
+    pixel_values: Any  # the image processor's tensor, e.g. [tiles, 3, height, width]
+    # The prompt positions its embedding rows take, in the rows' order.
+    positions: tuple[int, ...]
+
+    @property
+    def start(self) -> int:
+        """The position of its first placeholder token."""
+        return self.positions[0]
+
+    @property
+    def end(self) -> int:
+        """One past the position of its last placeholder token."""
+        return self.positions[-1] + 1
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any of its placeholder tokens lies in [start, end)."""
+        return self.start < end and start < self.end
+
+
+def content_hash(data: bytes) -> int:
+    """The 64-bit hash of an image's preprocessed bytes."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
