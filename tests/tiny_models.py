@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
 Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3, and the mixture-of-experts families Mixtral,
-Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE and OLMoE.
+Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE and OLMoE; and the vision-language Idefics3
+(SmolVLM's architecture) with its image processor.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -245,3 +246,83 @@ def save_perturbed_copy(folder: Path, out: Path, scale: float, seed: int = 1) ->
     model.save_pretrained(out)
     make_byte_fallback_tokenizer().save_pretrained(out)
     return out
+
+
+# Idefics3 (SmolVLM): the prompt's image markers, each a single added special token.
+IDEFICS3_IMAGE_TOKENS = (
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
+)
+# SmolVLM's template's shape: "User:<image>question<end_of_utterance>\nAssistant:", a
+# space after the colon only when the message starts with text.
+IDEFICS3_CHAT_TEMPLATE = (
+    "<s>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'] is string %}: {{ message['content'] }}{% else %}"
+    "{% if message['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+# 64-pixel tiles of 8x8 patches of 8 pixels; the pixel shuffle's scale factor 2 makes each
+# tile 16 image tokens. An image's longest edge is first resized to 4 tiles.
+IDEFICS3_TILE_SIZE = 64
+
+
+def save_tiny_idefics3(folder: Path, seed: int = 0) -> Path:
+    """Write a random-weight Idefics3ForConditionalGeneration (SmolVLM's architecture: a
+    SigLIP vision tower, a pixel-shuffle connector and a Llama text model) with its
+    tokenizer, image processor, processor and chat template into ``folder``."""
+    torch.manual_seed(seed)
+    tokenizer = make_byte_fallback_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(IDEFICS3_IMAGE_TOKENS)})
+    tokenizer.chat_template = IDEFICS3_CHAT_TEMPLATE
+    # head_dim 16, GQA ratio 2, 2 layers
+    text_config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        **{**COMMON, "vocab_size": len(tokenizer)},
+    )
+    # head_dim 8, 2 layers
+    vision_config = transformers.Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=IDEFICS3_TILE_SIZE,
+        patch_size=8,
+        initializer_range=0.5,
+    )
+    config = transformers.Idefics3Config(
+        text_config=text_config,
+        vision_config=vision_config,
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=False,
+    )
+    model = transformers.Idefics3ForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():  # random biases and norms too, so a missing one would show
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(".bias"):
+                param.normal_(0, 0.5)
+            elif "norm" in param_name:
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(folder)
+    image_processor = transformers.Idefics3ImageProcessorPil(
+        size={"longest_edge": 4 * IDEFICS3_TILE_SIZE},
+        max_image_size={"longest_edge": IDEFICS3_TILE_SIZE},
+    )
+    processor = transformers.Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_len=(IDEFICS3_TILE_SIZE // 8) ** 2 // 2**2,
+        chat_template=IDEFICS3_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(folder)
+    return folder

@@ -1,0 +1,173 @@
+"""SigLIP's vision transformer, the image encoder of Idefics3 / SmolVLM: each patch of a
+tile, embedded by a strided convolution, plus a learned position embedding, then
+pre-norm layers of bidirectional attention (biases on every projection) and a GELU MLP,
+and a final LayerNorm. Plain torch ops in the weights' dtype: it runs once per image
+tile, not per decoded token, so it needs none of the decoder's kernels or KV cache.
+
+Module names follow the checkpoint's (``embeddings.patch_embedding``,
+``encoder.layers.{i}.self_attn.q_proj`` ...), so its weights load by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from hetero_infer.engine.settings.exceptions import ConfigError
+from torch import nn
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+@dataclass(frozen=True)
+class SiglipVisionConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int  # a tile's side in pixels
+    patch_size: int
+    num_channels: int = 3
+    hidden_act: str = "gelu_pytorch_tanh"
+    layer_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"vision hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_heads}"
+            )
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                f"vision image_size {self.image_size} is not a multiple of "
+                f"patch_size {self.patch_size}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"vision hidden_act {self.hidden_act!r} is not supported")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+
+class SiglipVisionEmbeddings(nn.Module):
+    def __init__(self, config: SiglipVisionConfig, position_ids: torch.Tensor) -> None:
+        """``position_ids``: [patches] each patch's row in the position embedding; SigLIP's
+        own are 0, 1, 2 ..., Idefics3's are fractional positions bucketed
+        (idefics3_vision.py)."""
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(
+            config.num_channels,
+            config.hidden_size,
+            kernel_size=config.patch_size,
+            stride=config.patch_size,
+        )
+        self.position_embedding = nn.Embedding(config.patches_per_side**2, config.hidden_size)
+        # Not a weight: computed, not loaded; created on the CPU even when the model is
+        # built on the meta device, where computed values would be lost.
+        self.register_buffer("position_ids", position_ids.to("cpu"), persistent=False)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        patches = self.patch_embedding(pixel_values)  # [tiles, hidden, side, side]
+        patches = patches.flatten(2).transpose(1, 2)  # [tiles, side * side, hidden]
+        return patches + self.position_embedding(self.position_ids)
+
+
+class SiglipAttention(nn.Module):
+    def __init__(self, config: SiglipVisionConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, hidden)
+        self.k_proj = nn.Linear(hidden, hidden)
+        self.v_proj = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tiles, patches, hidden = x.shape
+        heads = (tiles, patches, self.num_heads, self.head_dim)
+        # [tiles, heads, patches, head_dim]
+        q = self.q_proj(x).view(heads).transpose(1, 2)
+        k = self.k_proj(x).view(heads).transpose(1, 2)
+        v = self.v_proj(x).view(heads).transpose(1, 2)
+        # Every patch sees every patch of its tile: no mask, since every tile is a whole
+        # image (Idefics3 masks only the padding of tiles smaller than the encoder's size,
+        # which one image's tiles never are: idefics3_images.py).
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
+        return self.out_proj(out.transpose(1, 2).reshape(tiles, patches, hidden))
+
+
+class SiglipMLP(nn.Module):
+    def __init__(self, config: SiglipVisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SiglipEncoderLayer(nn.Module):
+    def __init__(self, config: SiglipVisionConfig) -> None:
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = SiglipAttention(config)
+        self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SiglipMLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class SiglipEncoder(nn.Module):
+    def __init__(self, config: SiglipVisionConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(SiglipEncoderLayer(config) for _ in range(config.num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class SiglipVisionTransformer(nn.Module):
+    def __init__(
+        self, config: SiglipVisionConfig, position_ids: torch.Tensor | None = None
+    ) -> None:
+        """``position_ids``: as SiglipVisionEmbeddings takes them; None for SigLIP's own."""
+        super().__init__()
+        self.config = config
+        if position_ids is None:
+            position_ids = torch.arange(config.patches_per_side**2, device="cpu")
+        self.embeddings = SiglipVisionEmbeddings(config, position_ids)
+        self.encoder = SiglipEncoder(config)
+        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[tiles, channels, image_size, image_size] -> [tiles, patches, hidden], the
+        patches row by row."""
+        size = self.config.image_size
+        if pixel_values.dim() != 4 or pixel_values.shape[1:] != (
+            self.config.num_channels,
+            size,
+            size,
+        ):
+            raise ValueError(
+                f"pixel values of shape {tuple(pixel_values.shape)}; the vision encoder "
+                f"takes [tiles, {self.config.num_channels}, {size}, {size}]"
+            )
+        x = self.embeddings(pixel_values)
+        return self.post_layernorm(self.encoder(x))

@@ -1,0 +1,233 @@
+"""Idefics3's (SmolVLM's) image processing for one image, as transformers' PIL-based
+Idefics3 image processor does it, to the bit: the image is resized so its longest edge is
+``longest_edge`` (aspect ratio kept), then up to whole multiples of the encoder's tile
+size, cut into rows x cols tiles, and followed by the whole image squeezed into one more
+tile (the "global" image); without splitting it is squeezed into one tile. Every resize
+is PIL's on the 8-bit RGB image, with the configured filter (LANCZOS in every SmolVLM).
+
+And the prompt text that stands for the image where its ``<image>`` marker was, as
+transformers' Idefics3Processor expands it: each tile's ``image_seq_len`` image tokens
+(one per embedding the vision encoder gives it) behind a ``<row_i_col_j>`` tag, a newline
+after each row of tiles, then the global image's behind ``<global-img>``, fenced by
+``<fake_token_around_image>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from hetero_infer.engine.settings.exceptions import ConfigError
+
+IMAGE_TOKEN = "<image>"
+FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
+GLOBAL_IMAGE_TOKEN = "<global-img>"
+# transformers caps a resized image's longest edge at 4k whatever the config says.
+MAX_IMAGE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class ProcessedImage:
+    pixel_values: torch.Tensor  # [tiles, 3, tile_size, tile_size] float32
+    # The grid of tiles before the global image; 0 and 0 when the image is one tile.
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class Idefics3ImageProcessor:
+    """The image processor's settings (transformers' names and defaults, which stand
+    where a config leaves a key out) and the image tokens per tile."""
+
+    image_seq_len: int
+    longest_edge: int = 4 * 364  # size["longest_edge"]
+    tile_size: int = 364  # max_image_size["longest_edge"]: the vision encoder's input
+    do_image_splitting: bool = True
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    do_convert_rgb: bool = True
+    resample: PIL.Image.Resampling = PIL.Image.Resampling.LANCZOS
+    rescale_factor: float = 1 / 255
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        if self.image_seq_len <= 0 or self.tile_size <= 0 or self.longest_edge <= 0:
+            raise ConfigError(
+                f"Idefics3 image processor: image_seq_len ({self.image_seq_len}), "
+                f"max_image_size ({self.tile_size}) and size ({self.longest_edge}) must be > 0"
+            )
+        if len(self.image_mean) != 3 or len(self.image_std) != 3:
+            raise ConfigError("Idefics3 image processor: image_mean and image_std need 3 values")
+
+    @classmethod
+    def from_folder(cls, path: Path) -> Idefics3ImageProcessor:
+        """From a model folder: the image processor's settings in preprocessor_config.json
+        (the Hub's SmolVLM folders) or under "image_processor" in processor_config.json
+        (transformers 5 saves them there), image_seq_len from processor_config.json or
+        else from the model's config.json, as the model itself computes it."""
+        settings = _read_json(path / "preprocessor_config.json")
+        processor = _read_json(path / "processor_config.json")
+        settings.update(processor.get("image_processor", {}))
+        image_seq_len = processor.get("image_seq_len")
+        if image_seq_len is None:
+            image_seq_len = _image_seq_len_of_model(path / "config.json")
+        defaults = cls(image_seq_len=image_seq_len)
+        for key in ("size", "max_image_size"):
+            if key in settings and "longest_edge" not in settings[key]:
+                raise ConfigError(
+                    f"{path}: image processor {key} {settings[key]} has no longest_edge"
+                )
+        longest_edge = settings.get("size", {}).get("longest_edge", defaults.longest_edge)
+        tile_size = settings.get("max_image_size", {}).get("longest_edge", defaults.tile_size)
+        return cls(
+            image_seq_len=int(image_seq_len),
+            longest_edge=int(longest_edge),
+            tile_size=int(tile_size),
+            do_image_splitting=settings.get("do_image_splitting", defaults.do_image_splitting),
+            do_resize=settings.get("do_resize", defaults.do_resize),
+            do_rescale=settings.get("do_rescale", defaults.do_rescale),
+            do_normalize=settings.get("do_normalize", defaults.do_normalize),
+            do_convert_rgb=settings.get("do_convert_rgb", defaults.do_convert_rgb),
+            resample=PIL.Image.Resampling(settings.get("resample", defaults.resample)),
+            rescale_factor=settings.get("rescale_factor", defaults.rescale_factor),
+            image_mean=tuple(settings.get("image_mean", defaults.image_mean)),
+            image_std=tuple(settings.get("image_std", defaults.image_std)),
+        )
+
+    @property
+    def image_token(self) -> str:
+        return IMAGE_TOKEN
+
+    def process(self, image: PIL.Image.Image) -> ProcessedImage:
+        """The image's tiles, row by row, then the global image (or the one tile)."""
+        image = self._to_rgb(image)
+        if self.do_resize:
+            image = self._resize(
+                image, *_fit_longest_edge(image.height, image.width, self.longest_edge)
+            )
+        tile = self.tile_size
+        rows = cols = 0
+        if not self.do_image_splitting:
+            tiles = _to_tensor(self._resize(image, tile, tile))[None]
+        else:
+            image = self._resize(image, *_whole_tiles(image.height, image.width, tile))
+            if image.height > tile or image.width > tile:
+                rows, cols = image.height // tile, image.width // tile
+                grid = _to_tensor(image)  # [3, rows * tile, cols * tile]
+                grid = grid.view(3, rows, tile, cols, tile).permute(1, 3, 0, 2, 4)
+                global_image = _to_tensor(self._resize(image, tile, tile))
+                tiles = torch.cat([grid.reshape(rows * cols, 3, tile, tile), global_image[None]])
+            else:
+                tiles = _to_tensor(image)[None]
+        return ProcessedImage(self._rescale_and_normalize(tiles), rows, cols)
+
+    def placeholder_text(self, rows: int, cols: int) -> str:
+        """The text that replaces one ``<image>`` marker for an image processed into
+        ``rows`` x ``cols`` tiles (ProcessedImage's) and the global image."""
+        image_tokens = IMAGE_TOKEN * self.image_seq_len
+        global_image = f"{FAKE_IMAGE_TOKEN}{GLOBAL_IMAGE_TOKEN}{image_tokens}{FAKE_IMAGE_TOKEN}"
+        if rows == 0 and cols == 0:
+            return global_image
+        grid = "".join(
+            "".join(
+                f"{FAKE_IMAGE_TOKEN}<row_{row + 1}_col_{col + 1}>{image_tokens}"
+                for col in range(cols)
+            )
+            + "\n"
+            for row in range(rows)
+        )
+        return f"{grid}\n{global_image}"
+
+    def _to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
+        if not self.do_convert_rgb:
+            if image.mode != "RGB":
+                raise ValueError(f"a {image.mode} image, and do_convert_rgb is off")
+            return image
+        # Transparent parts become white, as transformers composites them.
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
+            rgba = image.convert("RGBA")
+            white = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return PIL.Image.alpha_composite(white, rgba).convert("RGB")
+        return image.convert("RGB")
+
+    def _resize(self, image: PIL.Image.Image, height: int, width: int) -> PIL.Image.Image:
+        return image.resize((width, height), resample=self.resample)
+
+    def _rescale_and_normalize(self, tiles: torch.Tensor) -> torch.Tensor:
+        # transformers rescales in float64 and rounds to float32, then normalizes in float32.
+        if self.do_rescale:
+            values = (tiles.to(torch.float64) * self.rescale_factor).to(torch.float32)
+        else:
+            values = tiles.to(torch.float32)
+        if self.do_normalize:
+            mean = torch.tensor(self.image_mean, dtype=torch.float32).view(3, 1, 1)
+            std = torch.tensor(self.image_std, dtype=torch.float32).view(3, 1, 1)
+            values = (values - mean) / std
+        return values
+
+
+def _fit_longest_edge(height: int, width: int, longest_edge: int) -> tuple[int, int]:
+    """The size with the longest edge ``longest_edge`` and the other rounded up to even,
+    then capped at MAX_IMAGE_SIZE. The float expressions are transformers' own: another
+    way to write the same ratio can round to a pixel more or less."""
+    aspect_ratio = width / height
+    if width >= height:
+        width = longest_edge
+        height = int(width / aspect_ratio)
+        height += height % 2
+    else:
+        height = longest_edge
+        width = int(height * aspect_ratio)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    aspect_ratio = width / height
+    if width >= height and width > MAX_IMAGE_SIZE:
+        width = MAX_IMAGE_SIZE
+        height = int(width / aspect_ratio)
+    elif height > width and height > MAX_IMAGE_SIZE:
+        height = MAX_IMAGE_SIZE
+        width = int(height * aspect_ratio)
+    return max(height, 1), max(width, 1)
+
+
+def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
+    """The size rounded up to whole tiles: the longest edge first, the other from it
+    through the aspect ratio (transformers' order, which decides a tile more or less)."""
+    aspect_ratio = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / aspect_ratio) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * aspect_ratio) / tile) * tile
+    return height, width
+
+
+def _to_tensor(image: PIL.Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)  # [3, H, W] uint8
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    with path.open() as file:
+        return json.load(file)
+
+
+def _image_seq_len_of_model(config_path: Path) -> int:
+    """Image tokens per tile: a tile's patches, fewer by the pixel shuffle's factor in
+    each direction. The defaults are transformers' Idefics3Config's."""
+    if not config_path.exists():
+        raise ConfigError(f"{config_path.parent}: no image_seq_len and no config.json")
+    config = _read_json(config_path)
+    vision = config.get("vision_config", {})
+    patches_per_side = vision.get("image_size", 224) // vision.get("patch_size", 32)
+    return int(patches_per_side**2 / config.get("scale_factor", 2) ** 2)
