@@ -13,23 +13,17 @@ tokens chained to every block before them. A new sequence takes the longest cach
 prefix whose blocks are all cached in each whole group and cached for the window before
 its end in each windowed one: a chat's next turn finds the last turn's blocks in both.
 
-Evicted blocks can be kept in host RAM and on disk (prefix_tiers.PrefixTiers). Block
-hashes are keyed with a random key per block manager (so per process and replica), or
-the key a disk tier's directory keeps for its replicas (kv/disk_layout.py). Python's
-hash of a tuple of ints is the same in every process: unkeyed, anyone could work out
-offline which hash a prompt's blocks get, and craft blocks that collide with another
-tenant's (the token comparison on a hit keeps a collision from serving wrong KV, but a
-colliding block registered first keeps the victim's out of the cache).
+Evicted blocks can be kept in host RAM and on disk (prefix_tiers.PrefixTiers). The
+block hashes, keyed per block manager or by a disk tier's directory, are
+block_hashing.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-from array import array
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
+from hetero_infer.engine.core.block_hashing import BlockHasher
 from hetero_infer.engine.core.block_pool import Block, BlockPool
 from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
 from hetero_infer.engine.core.sequence import Sequence
@@ -54,7 +48,8 @@ class BlockManager:
     ) -> None:
         """``num_blocks``: the first group's; ``later_groups``: (window or None, blocks)
         of each later KV cache group (engine/models/kv_layout.py), a windowed one's
-        blocks counting its null block. ``tiers``, ``hash_key``: see the module's doc."""
+        blocks counting its null block. ``tiers``: see the module's doc; ``hash_key``: the
+        block hashes' (block_hashing.py)."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -73,8 +68,8 @@ class BlockManager:
         self.free_blocks = pool.free_blocks
         self.cached_blocks = pool.cached_blocks
         self.free_cpu_blocks = pool.free_cpu_blocks
-        # The block hashes' key: random per block manager (so per process and replica).
-        self._hash_key = hash_key or secrets.token_bytes(16)
+        # The block hashes, keyed at random per block manager (so per process and replica).
+        self.hasher = BlockHasher(hash_key)
         self.tiers = tiers
         if tiers is not None:
             tiers.attach([group.pool for group in self.groups])
@@ -120,29 +115,9 @@ class BlockManager:
 
     # ---- prefix caching ----
 
-    def hash_block(
-        self, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int] = ()
-    ) -> int:
-        """The keyed hash of one full block of tokens chained to its parent block's hash
-        (None for a sequence's first block), and the content hashes of the images whose
-        placeholder tokens it holds: a 64-bit keyed BLAKE2b, about 1 us a block."""
-        data = array("q", token_ids).tobytes()
-        if parent is not None:  # 8 more bytes: a first block never reads as a later one
-            data += parent.to_bytes(8, "little")
-        data += array("Q", image_hashes).tobytes()  # 8 bytes an image
-        digest = hashlib.blake2b(data, digest_size=8, key=self._hash_key).digest()
-        return int.from_bytes(digest, "little")
-
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
-        """Chained hashes of the sequence's first full blocks (cached on the sequence)."""
-        hashes: list[int] = seq.block_hashes
-        bs = self.block_size
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else seq.hash_salt  # LongRoPE's, an adapter's
-            images = [image.content_hash for image in seq.images_in(i * bs, (i + 1) * bs)]
-            hashes.append(self.hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs], images))
-        return hashes[:num_full_blocks]
+        """Chained hashes of the sequence's first full blocks (block_hashing.py)."""
+        return self.hasher.block_hashes(seq, self.block_size, num_full_blocks)
 
     def allocate_cached_prefix(self, seq: Sequence) -> int:
         """Give a new sequence the cached blocks of its longest usable prefix.

@@ -26,6 +26,7 @@ from hetero_infer.engine.frontend.lora_requests import LoRARequests
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
 from hetero_infer.engine.frontend.parent_request import ParentRequest, choice_id
 from hetero_infer.engine.lora import LoRARequest
+from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.params.structured_output import StructuredOutput
 from hetero_infer.engine.settings.config import EngineConfig
@@ -80,6 +81,7 @@ class LLMEngine:
             config.pooling,
             scheduling_policy=config.scheduling_policy,
             request_timeout=config.request_timeout,
+            image_prompts=ImagePrompts.for_model(source.folder, setup.model_config, self.tokenizer),
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()
@@ -128,19 +130,19 @@ class LLMEngine:
             if grammar is not None and index > 0:
                 grammar = grammar.deep_copy()  # each choice walks the grammar on its own
             params = parent.choice_params(index)
-            eos = self.tokenizer.eos_token_ids
             seqs.append(
                 Sequence(
                     seq_id,
                     request.prompt_token_ids,
                     params,
-                    eos,
+                    self.tokenizer.eos_token_ids,
                     grammar,
                     request.pooling,
                     priority=request.priority,
                     deadline=request.deadline,
                     lora_slot=0 if lora is None else lora.slot,
                     lora_fingerprint=None if lora is None else lora.fingerprint,
+                    images=request.images,
                 )
             )
         self.output_processor.add_request(parent, request.prompt, request.prompt_token_ids)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero_infer.engine.lora import LoRARequest
+from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
+from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.params.structured_output import StructuredOutput
 from hetero_infer.engine.params.thinking_budget import ThinkingBudget
@@ -39,7 +41,7 @@ class PromptTokens:
     text: str | None
     token_ids: list[int]
     # The images whose embeddings replace their placeholder tokens (with_images).
-    images: tuple[Any, ...] = ()
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class EngineRequest:
     deadline: float | None = None
     # The LoRA adapter it runs with (None: the base model).
     lora: LoRARequest | None = None
+    # Its images, whose embeddings the runner puts at their placeholder tokens.
+    images: tuple[ImageInput, ...] = ()
 
 
 class InputProcessor:
@@ -71,6 +75,7 @@ class InputProcessor:
         pooling: str = "last",
         scheduling_policy: str = "fcfs",
         request_timeout: float | None = None,
+        image_prompts: ImagePrompts | None = None,  # a vision model's (None: text only)
     ) -> None:
         """``request_timeout``: the engine's time limit on every request (seconds)."""
         self.tokenizer = tokenizer
@@ -80,8 +85,7 @@ class InputProcessor:
         self.pooling = pooling
         self.scheduling_policy = scheduling_policy
         self.request_timeout = request_timeout
-        # The model's image preprocessing (engine/multimodal/); None: text only.
-        self.image_processor: Any = None
+        self.image_prompts = image_prompts
 
     def process(
         self,
@@ -135,16 +139,16 @@ class InputProcessor:
     def with_images(
         self, prompt: PromptTokens, images: Sequence[Any], param: str = "messages"
     ) -> PromptTokens:
-        """The prompt with each image's placeholder expanded into the tokens its
-        embeddings take, in order (``images``: decoded PIL images); a 400 naming
-        ``param`` for a model that takes no images."""
+        """The prompt with each image's marker expanded into its placeholder tokens
+        (``images``: PIL images, in order); a 400 naming ``param`` for a text model."""
         if not images:
             return prompt
-        if self.image_processor is None:
+        if self.image_prompts is None:
             raise ValidationError(
                 f"this model takes no image input ({len(images)} image(s) given)", param=param
             )
-        return self.image_processor.expand(prompt, images, param)
+        token_ids, inputs = self.image_prompts.expand(prompt.token_ids, images, param)
+        return PromptTokens(prompt.text, token_ids, inputs)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word's tokens, as it starts a text and as it follows a space (most
@@ -177,6 +181,11 @@ class InputProcessor:
             )
         if len(prompt.token_ids) <= keep:
             return prompt
+        if prompt.images:
+            raise ValidationError(
+                f"truncate_prompt_tokens ({keep}) would cut a prompt that holds images",
+                param="truncate_prompt_tokens",
+            )
         return PromptTokens(None, prompt.token_ids[-keep:])
 
     def fit_context(self, prompt: PromptTokens, max_tokens: int | None) -> int:
@@ -244,6 +253,7 @@ class InputProcessor:
             priority=priority,
             deadline=deadline,
             lora=lora,
+            images=prompt.images,
         )
 
     def embedding_request(self, request_id: str, prompt: PromptTokens) -> EngineRequest:

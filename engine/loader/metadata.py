@@ -24,15 +24,16 @@ def load_config(source: ModelSource) -> transformers.PretrainedConfig:
         architecture = architecture_of(config)
     except ValueError as exc:
         raise ConfigError(f"model {str(source.path)!r}: {exc}") from exc
+    text = config.get_text_config()  # a vision-language model's decoder
     logger.info(
         "config %s from %s: %d layers, hidden %d, %d heads, %d kv heads, vocab %d",
         architecture,
         source.path,
-        config.num_hidden_layers,
-        config.hidden_size,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.vocab_size,
+        text.num_hidden_layers,
+        text.hidden_size,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.vocab_size,
     )
     return config
 

@@ -51,7 +51,8 @@ def load_state_dict(
             take_int8_weights(state_dict, dtype, keep_quantized)
         elif quantize_int8:
             quantize_linear_weights(state_dict)
-    if "model.embed_tokens.weight" not in state_dict:
+    # (A vision-language model's decoder is its text model, under model.text_model.)
+    if not {"model.embed_tokens.weight", "model.text_model.embed_tokens.weight"} & set(state_dict):
         # E.g. a bare LlamaModel checkpoint, whose keys lack the "model." prefix.
         raise ConfigError(
             f"model {str(source.path)!r}: no model.embed_tokens.weight among the weights; "

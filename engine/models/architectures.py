@@ -111,6 +111,9 @@ FAMILIES = (
         qk_norm_across_heads=True,
         mixture_of_experts=True,
     ),
+    # SmolVLM: a Llama text model behind a SigLIP vision tower (models/idefics3.py).
+    # Last: llama.cpp files its text model under "llama", which stays Llama's.
+    Family("Idefics3ForConditionalGeneration", "idefics3", "llama"),
 )
 BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama

@@ -14,6 +14,7 @@ from typing import Any
 from hetero_infer.engine.models.architectures import family_of
 from hetero_infer.engine.models.kv_layout import KVLayout
 from hetero_infer.engine.models.moe_config import MoeSettings, moe_settings
+from hetero_infer.engine.models.vision_settings import VisionSettings, vision_settings
 from hetero_infer.engine.settings.exceptions import ConfigError
 
 
@@ -69,6 +70,8 @@ class ModelConfig:
     quantized_activation_bits: int = 8
     # Mixture-of-experts layers (moe_config.py), None for a dense model.
     moe: MoeSettings | None = None
+    # A vision-language model's image side (vision_settings.py), None for text only.
+    vision: VisionSettings | None = None
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -79,8 +82,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, config: Any) -> ModelConfig:
         """From a transformers config (4.x or 5.x); ConfigError for an architecture we
-        do not run."""
+        do not run. A vision-language model's decoder is its text model's."""
         family = family_of(config)
+        vision = vision_settings(config)
+        if vision is not None:
+            config = config.get_text_config()
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -142,6 +148,7 @@ class ModelConfig:
             final_logit_softcap=getattr(config, "final_logit_softcapping", None),
             quantized_activation_bits=16 if family.activation_outliers else 8,
             moe=moe_settings(config),
+            vision=vision,
         )
 
     @property

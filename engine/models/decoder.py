@@ -45,6 +45,10 @@ from torch import nn
 class DecoderForCausalLM(nn.Module):
     """A CausalLM (models/protocol.py); with ``tp``, one rank's share of it."""
 
+    # The prefixes of parameters that load on their own (load_decoder_weights skips
+    # them): a vision-language model's vision side.
+    loaded_apart: tuple[str, ...] = ()
+
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:

@@ -41,6 +41,8 @@ class DecoderToLoad(Protocol):
     lm_head: nn.Linear | None
     embed_quantized: QuantizedWeight | None
     lm_head_quantized: QuantizedWeight | None
+    # The prefixes of parameters that load on their own (a vision tower's), not here.
+    loaded_apart: tuple[str, ...]
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
@@ -54,7 +56,11 @@ def load_decoder_weights(
     """Load Hugging Face-named tensors, merging q/k/v and gate/up. A quantized
     weight stays quantized where the kernels take it (and the embedding, whose rows
     are dequantized per lookup), and is dequantized to the model's dtype otherwise."""
-    params = dict(model.named_parameters())
+    params = {
+        name: param
+        for name, param in model.named_parameters()
+        if not name.startswith(model.loaded_apart)
+    }
     modules = dict(model.named_modules())
     renames = BY_ARCHITECTURE[model.config.architecture].renames
     norm_offset = model.config.norm_weight_offset

@@ -73,14 +73,15 @@ class SiglipVisionEmbeddings(nn.Module):
             stride=config.patch_size,
         )
         self.position_embedding = nn.Embedding(config.patches_per_side**2, config.hidden_size)
-        # Not a weight: computed, not loaded; created on the CPU even when the model is
-        # built on the meta device, where computed values would be lost.
-        self.register_buffer("position_ids", position_ids.to("cpu"), persistent=False)
+        # Not a weight: computed, not loaded. A plain attribute, not a buffer: the model
+        # is built on the meta device, and to_empty would leave a buffer's values unset.
+        self.position_ids = position_ids.to("cpu")
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         patches = self.patch_embedding(pixel_values)  # [tiles, hidden, side, side]
         patches = patches.flatten(2).transpose(1, 2)  # [tiles, side * side, hidden]
-        return patches + self.position_embedding(self.position_ids)
+        rows = self.position_ids.to(patches.device)
+        return patches + self.position_embedding(rows)
 
 
 class SiglipAttention(nn.Module):

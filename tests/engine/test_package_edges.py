@@ -18,7 +18,8 @@ FLOORS = [
     # the settings, and what a request asks for
     {"settings", "params"},
     {"models"},  # the model code, and how a checkpoint splits over ranks
-    {"loader", "tokenizer"},  # checkpoints and tokenizers
+    # checkpoints, tokenizers, and images made into a vision model's inputs
+    {"loader", "tokenizer", "multimodal"},
     {"setup"},  # a config resolved on this machine
     {"lora"},  # LoRA adapters: read, checked, in slots beside the model's projections
     # scheduling (pure Python): sequences, blocks, speculation's drafts; the prefix

@@ -152,8 +152,8 @@ def test_full_computed_blocks_are_registered_with_chained_hashes() -> None:
     prefill(bm, seq)
     assert seq.num_registered_blocks == 2  # the partial third block is not hashed
     b0, b1, b2 = (bm.blocks[i] for i in seq.block_table)
-    assert b0.block_hash == bm.hash_block(None, (0, 1, 2, 3))
-    assert b1.block_hash == bm.hash_block(b0.block_hash, (4, 5, 6, 7))
+    assert b0.block_hash == bm.hasher.hash_block(None, (0, 1, 2, 3))
+    assert b1.block_hash == bm.hasher.hash_block(b0.block_hash, (4, 5, 6, 7))
     assert b2.block_hash is None
     assert b0.token_ids == (0, 1, 2, 3)
     assert bm.cached_blocks == {b0.block_hash: b0.block_id, b1.block_hash: b1.block_id}
@@ -501,7 +501,7 @@ def test_swap_in_brings_blocks_back() -> None:
     assert seq.num_registered_blocks == 0
     compute(bm, seq, 1)
     assert seq.num_registered_blocks == 2
-    assert bm.blocks[gpu_table[0]].block_hash == bm.hash_block(None, (0, 1, 2, 3))
+    assert bm.blocks[gpu_table[0]].block_hash == bm.hasher.hash_block(None, (0, 1, 2, 3))
 
 
 def test_can_swap_in_counts_the_new_tokens() -> None:

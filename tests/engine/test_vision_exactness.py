@@ -1,0 +1,161 @@
+"""A vision-language model's greedy output equals transformers' generate with the same
+images, token for token, in fp32: SmolVLM's architecture (Idefics3) on a tiny random
+checkpoint (tests/tiny_models.py), under the scheduling regimes that change how the KV
+cache is filled (plain, chunked prefill splitting an image's tokens, preemption by
+recompute and by swap), with the prefix cache hit on the same image and missed on a
+different image behind the same text.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.frontend.input_processor import PromptTokens
+from PIL import Image
+
+from tests.tiny_models import save_tiny_idefics3
+
+MAX_NEW_TOKENS = 12
+REQUEST_IDS = itertools.count()
+EOS = 2
+
+
+def noise_image(seed: int, width: int, height: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+# (question, images): split into tiles and not, two images in one prompt.
+CASES = [
+    ("What is this?", [noise_image(1, 150, 100)]),
+    ("Describe it.", [noise_image(2, 40, 60)]),
+    ("Compare them.", [noise_image(3, 90, 200), noise_image(4, 64, 64)]),
+]
+
+
+def messages(question: str, num_images: int) -> list[dict]:
+    parts = [{"type": "image"}] * num_images + [{"type": "text", "text": question}]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(folder, reference): reference(question, images) -> (the processor's prompt ids,
+    transformers' greedy output ids)."""
+    folder = save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
+        folder, dtype=torch.float32
+    ).eval()
+
+    def generate(question: str, images: list) -> tuple[list[int], list[int]]:
+        text = processor.apply_chat_template(
+            messages(question, len(images)), add_generation_prompt=True
+        )
+        # The template writes the BOS: the text is tokenized as the server tokenizes a
+        # chat's, without the tokenizer's own special tokens.
+        inputs = processor(text=text, images=images, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=EOS
+            )
+        prompt = inputs["input_ids"][0].tolist()
+        return prompt, out[0, len(prompt) :].tolist()
+
+    return folder, generate
+
+
+@pytest.fixture(scope="module")
+def vlm(reference):
+    """(folder, [(the processor's prompt ids, transformers' output ids)] for CASES)."""
+    folder, generate = reference
+    return folder, [generate(question, images) for question, images in CASES]
+
+
+def engine_prompt(engine: LLMEngine, question: str, images: list) -> PromptTokens:
+    """The prompt as the server makes it: the chat template, then the images."""
+    token_ids = engine.tokenizer.apply_chat_template(messages(question, len(images)), True)
+    processor = engine.input_processor
+    return processor.with_images(processor.tokenize(token_ids), images)
+
+
+def run(engine: LLMEngine, prompts: list[PromptTokens]) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
+    ids = [
+        engine.add_processed(engine.input_processor.request(f"r{next(REQUEST_IDS)}", p, params))
+        for p in prompts
+    ]
+    while engine.has_pending_work():
+        engine.step()
+    return [engine.get_output(i).token_ids for i in ids]
+
+
+REGIMES = {
+    "plain": (dict(), None),
+    # 16 tokens a step: every image's placeholders are split over several steps.
+    "chunked": (dict(max_num_batched_tokens=16), None),
+    # 70 blocks of 8 tokens: the first two prompts (~270 tokens each) fill them, and
+    # their answers take more.
+    "recompute": (
+        dict(block_size=8, max_num_blocks=70, max_model_len=540, memory_threshold=1.0),
+        "num_preemptions",
+    ),
+    "swap": (
+        dict(
+            block_size=8,
+            max_num_blocks=70,
+            max_model_len=540,
+            memory_threshold=1.0,
+            num_cpu_blocks=200,
+        ),
+        "num_preemptions",
+    ),
+}
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+def test_greedy_matches_transformers_with_images(vlm, regime):
+    folder, cases = vlm
+    settings, must_happen = REGIMES[regime]
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", **settings))
+    prompts = [engine_prompt(engine, q, images) for q, images in CASES]
+    for prompt, (expected_prompt, _) in zip(prompts, cases, strict=True):
+        assert prompt.token_ids == expected_prompt  # the processor's expansion
+    expected = [ref for _, ref in cases]
+    # The second pass hits the prefix cache, image tokens included.
+    for _ in range(2):
+        assert run(engine, prompts) == expected
+    stats = {**engine.metrics.as_dict(), **engine.memory_stats()}
+    if must_happen:
+        assert stats[must_happen] > 0
+    assert stats["prefix_cache_hits"] > 0
+    assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
+
+
+def test_prefix_cache_tells_images_apart(reference, vlm):
+    """The same text with another image hits only the blocks before the image; the
+    same image again hits past it. Each answers as transformers does."""
+    (folder, generate), (_, cases) = reference, vlm
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", block_size=8))
+    question, images = CASES[0]
+    first = engine_prompt(engine, question, images)
+    other_image = noise_image(99, 150, 100)  # the same size: the same placeholder tokens
+    other = engine_prompt(engine, question, [other_image])
+    assert other.token_ids == first.token_ids
+
+    def hit_tokens(prompt: PromptTokens) -> tuple[int, list[int]]:
+        before = engine.memory_stats()["prefix_cache_hits"]
+        (out,) = run(engine, [prompt])
+        return engine.memory_stats()["prefix_cache_hits"] - before, out
+
+    assert hit_tokens(first) == (0, cases[0][1])
+    hits, out = hit_tokens(other)
+    assert hits <= first.images[0].start
+    assert out == generate(question, [other_image])[1]
+    hits, again = hit_tokens(first)
+    assert hits > first.images[0].end - 8 and again == cases[0][1]
