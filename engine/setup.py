@@ -50,6 +50,9 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     """The setup for ``config`` (the model's config is read, not its weights)."""
     source = loader.resolve_model(config.model)
     model_config = ModelConfig.from_hf(loader.load_config(source))
+    if model_config.vision is not None and config.tensor_parallel_size > 1:
+        # Rank 0 sends the other ranks token ids, not image embeddings.
+        raise ConfigError(f"{model_config.architecture}: tensor parallelism takes no images yet")
     device = resolve_device(config.device)
     check_host_memory(config, source, device)
     dtype = resolve_dtype(config.dtype, device, bf16_kernels_on_cpu(config, source, device))

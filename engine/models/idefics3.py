@@ -26,8 +26,7 @@ class Idefics3ForConditionalGeneration(DecoderForCausalLM):
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
-        if tp is not None:
-            # Rank 0 sends the other ranks token ids, not image embeddings.
+        if tp is not None:  # refused at setup (engine/setup.py)
             raise ConfigError(f"{config.architecture}: tensor parallelism takes no images yet")
         if config.vision is None:
             raise ConfigError(f"{config.architecture}: the config has no vision_config")

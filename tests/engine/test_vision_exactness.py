@@ -16,6 +16,7 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.settings.exceptions import ConfigError
 from PIL import Image
 
 from tests.tiny_models import save_tiny_idefics3
@@ -159,3 +160,9 @@ def test_prefix_cache_tells_images_apart(reference, vlm):
     assert out == generate(question, [other_image])[1]
     hits, again = hit_tokens(first)
     assert hits > first.images[0].end - 8 and again == cases[0][1]
+
+
+def test_tensor_parallelism_is_refused_at_start(vlm):
+    folder, _ = vlm
+    with pytest.raises(ConfigError, match="tensor parallelism takes no images"):
+        LLMEngine(EngineConfig(model=str(folder), dtype="float32", tensor_parallel_size=2))
