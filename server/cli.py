@@ -168,6 +168,15 @@ SERVER_FLAGS: list[tuple[str, str, type]] = [
     ("--tool-call-parser", "tool_call_parser", str),
     ("--reasoning-parser", "reasoning_parser", str),
 ]
+# Images that requests name by URL, as vLLM's flags: (flag, ServerSettings field, type, help).
+MEDIA_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--allowed-local-media-path", "allowed_local_media_path", str,
+     "a folder whose files requests may name as file:// image URLs (default: none may)"),
+    ("--media-fetch-timeout", "media_fetch_timeout", float,
+     "seconds an image URL's fetch may take, redirects included (default: 10)"),
+    ("--max-image-bytes", "max_image_bytes", int,
+     "the largest image a request may send or name, in bytes (default: 20 MiB; beyond: 413)"),
+]  # fmt: skip
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
@@ -183,6 +192,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
     )
     for flag, name, kind in SERVER_FLAGS:
         parser.add_argument(flag, dest=name, type=kind)
+    for flag, name, kind, help_text in MEDIA_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind, help=help_text)
+    parser.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        help="the only hosts image URLs may name, fetched even at private addresses "
+        "(default: any host at a public address)",
+    )
     parser.add_argument(
         "--served-model-name",
         nargs="+",
@@ -212,6 +229,8 @@ def server_settings_from_args(
     flags = [(name, kind) for _, name, kind in SERVER_FLAGS]
     flags += [("served_model_name", str), ("enable_auto_tool_choice", _parse_bool)]
     flags += [("lora_modules", str)]  # HETERO_LORA_MODULES: name=path, split by spaces
+    flags += [(name, kind) for _, name, kind, _ in MEDIA_FLAGS]
+    flags += [("allowed_media_domains", str)]  # HETERO_ALLOWED_MEDIA_DOMAINS: by commas
     engine = engine_config_from_args(args, environ)
     values: dict[str, Any] = {}
     if config_file := _config_file(args, environ):
@@ -222,8 +241,9 @@ def server_settings_from_args(
         values.update({SEED_SERVING_KEYS[k]: v for k, v in serving.items() if v is not None})
     values.update(_from_env(flags, environ))  # HETERO_SERVED_MODEL_NAME: names split by commas
     values.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
-    if isinstance(values.get("served_model_name"), list):
-        values["served_model_name"] = tuple(values["served_model_name"])
+    for name in ("served_model_name", "allowed_media_domains"):
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
     if isinstance(values.get("allowed_origins"), str):
         origins = values["allowed_origins"].split(",")
         values["allowed_origins"] = tuple(o.strip() for o in origins if o.strip())

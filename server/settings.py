@@ -40,6 +40,14 @@ class ServerSettings:
     # LoRA adapters loaded at start, as vLLM's --lora-modules: (name, folder) pairs
     # (needs the engine's enable_lora).
     lora_modules: tuple[tuple[str, str], ...] = ()
+    # Images a request names by URL, as vLLM's flags: the only hosts an http(s) URL may
+    # name, trusted even at a private address (empty: any host at a public address); the
+    # folder file:// URLs may read under (None: none); a fetch's time limit (seconds, its
+    # redirects included) and an image's size limit (a data URL's too), beyond which 413.
+    allowed_media_domains: tuple[str, ...] | str = ()
+    allowed_local_media_path: str | None = None
+    media_fetch_timeout: float = 10.0
+    max_image_bytes: int = 20 * 1024 * 1024
     # The template's text, read once from chat_template.
     chat_template_text: str | None = field(default=None, init=False, repr=False)
 
@@ -48,13 +56,22 @@ class ServerSettings:
         if isinstance(names, str):
             names = tuple(n for n in names.replace(",", " ").split() if n)
         object.__setattr__(self, "served_model_name", tuple(names))
+        domains = self.allowed_media_domains
+        if isinstance(domains, str):
+            domains = domains.replace(",", " ").split()
+        object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in domains))
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for name in ("max_waiting_requests", "max_body_bytes"):
+        for name in ("max_waiting_requests", "max_body_bytes", "max_image_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must be >= 0")
+        if not self.media_fetch_timeout > 0:
+            raise ValueError("media_fetch_timeout must be > 0")
+        folder = self.allowed_local_media_path
+        if folder is not None and not Path(folder).is_dir():
+            raise ValueError(f"allowed_local_media_path: {folder} is not a folder")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(
                 f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, "

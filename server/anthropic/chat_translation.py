@@ -6,7 +6,8 @@ and parses the output for every API.
 - an assistant turn's text and tool_use blocks become one assistant message with
   ``tool_calls`` (the input as the arguments' JSON);
 - a user turn's tool_result blocks become ``tool`` messages (``tool_call_id``, and the
-  tool's name where an earlier tool_use gives it), then its text a user message;
+  tool's name where an earlier tool_use gives it), then its text a user message (with
+  its image blocks, as image_url parts among the text in the turn's order);
 - tools become functions (input_schema -> parameters); tool_choice auto / any / tool /
   none becomes "auto" / "required" / the named function / "none", and
   ``disable_parallel_tool_use`` becomes ``parallel_tool_calls: false``;
@@ -20,6 +21,7 @@ from typing import Any
 
 from hetero_infer.server.anthropic.messages_request import (
     ConversationFields,
+    ImageBlock,
     InputMessage,
     MessagesRequest,
     TextBlock,
@@ -28,6 +30,7 @@ from hetero_infer.server.anthropic.messages_request import (
     ToolUseBlock,
 )
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.serving.chat_images import ImageSource, image_url_part
 from hetero_infer.server.serving.chat_plan import ChatPlan
 from pydantic import ValidationError as PydanticValidationError
 
@@ -98,16 +101,35 @@ def _turn(message: InputMessage, tool_names: dict[str, str]) -> list[dict[str, A
                 for call in calls
             ]
         return [entry]
-    out = []
+    out: list[dict[str, Any]] = []
     for result in (b for b in blocks if isinstance(b, ToolResultBlock)):
         tool = {"role": "tool", "tool_call_id": result.tool_use_id, "content": result.text()}
         if result.tool_use_id in tool_names:
             tool["name"] = tool_names[result.tool_use_id]
         out.append(tool)
-    # A turn of tool results only has no user message of its own.
-    if text or len(out) == 0:
+    if any(isinstance(b, ImageBlock) for b in blocks):
+        # Text and images in the turn's order: where the template writes each image.
+        parts = [
+            image_url_part(b.url())
+            if isinstance(b, ImageBlock)
+            else {"type": "text", "text": b.text}
+            for b in blocks
+            if isinstance(b, TextBlock | ImageBlock)
+        ]
+        out.append({"role": "user", "content": parts})
+    elif text or len(out) == 0:  # a turn of tool results only has no user message
         out.append({"role": "user", "content": text})
     return out
+
+
+def image_sources(body: ConversationFields) -> list[ImageSource]:
+    """The user turns' images, in the order the chat messages hold them."""
+    return [
+        ImageSource(block.url(), f"messages.{i}.content.{j}")
+        for i, message in enumerate(body.messages)
+        for j, block in enumerate(message.content)
+        if isinstance(block, ImageBlock)
+    ]
 
 
 def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:

@@ -67,11 +67,12 @@ def request_error(exc: RequestValidationError) -> APIError:
     first = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "extra_forbidden":
         error.message = f"{error.param}: unknown field (not supported by this server)"
-    elif first.get("type") == "union_tag_invalid":  # a content block's type
+    elif first.get("type") == "union_tag_invalid":  # a content block's or source's type
         context = first.get("ctx", {})
+        what = "image sources" if (error.param or "").endswith(".source") else "blocks"
         error.message = (
-            f"{error.param}: blocks of type {context.get('tag')!r} are not supported "
-            f"(images, documents and server tools are not); this server takes "
+            f"{error.param}: {what} of type {context.get('tag')!r} are not supported "
+            f"(documents, files and server tools are not); this server takes "
             f"{context.get('expected_tags')}"
         )
     error.message = error.message.replace("Value error, ", "")

@@ -13,9 +13,10 @@ import uuid
 from typing import Any
 
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
-from hetero_infer.server.anthropic.chat_translation import chat_plan
+from hetero_infer.server.anthropic.chat_translation import chat_plan, image_sources
 from hetero_infer.server.anthropic.messages_request import MessagesRequest
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.serving.chat_images import load_images
 from hetero_infer.server.serving.chat_output import MessageDelta, tool_calls_body
 from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.request_context import RequestContext
@@ -34,9 +35,12 @@ class AnthropicMessage:
         self.input_tokens = run.prompt_tokens
 
     @classmethod
-    def build(cls, ctx: RequestContext, body: MessagesRequest) -> AnthropicMessage:
-        """The checked request: a 400 naming the field for what cannot be served."""
-        return cls(ctx, ChatRun.build(ctx, chat_plan(body), new_id("msg")))
+    async def build(cls, ctx: RequestContext, body: MessagesRequest) -> AnthropicMessage:
+        """The checked request, its images loaded: a 400 naming the field for what
+        cannot be served."""
+        plan = chat_plan(body)
+        images = await load_images(ctx, image_sources(body))
+        return cls(ctx, ChatRun.build(ctx, plan, new_id("msg"), images))
 
     async def whole(self) -> dict[str, Any]:
         [[final]] = await self.ctx.run_to_end([self.request])

@@ -1,6 +1,6 @@
 """The bodies of /v1/messages and /v1/messages/count_tokens, as Anthropic's Messages API
 defines them: a system prompt, user and assistant turns of content blocks (text,
-tool_use, tool_result), the tools and how the model must choose among them, and the
+image, tool_use, tool_result), the tools and how the model must choose among them, and the
 sampling fields.
 
 Every model forbids fields it does not know: a field this server cannot honour is a
@@ -115,14 +115,41 @@ class RedactedThinkingBlock(AnthropicModel):
     data: str
 
 
+class Base64ImageSource(AnthropicModel):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str = Field(min_length=1)
+
+
+class URLImageSource(AnthropicModel):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(AnthropicModel):
+    """A user's image, its bytes in base64 or at an http(s) URL (Anthropic's files API,
+    a source of type "file", is not served)."""
+
+    type: Literal["image"]
+    source: Annotated[Base64ImageSource | URLImageSource, Field(discriminator="type")]
+    cache_control: dict[str, Any] | None = None
+
+    def url(self) -> str:
+        """The image as a URL: base64 bytes as a data: URL."""
+        source = self.source
+        if isinstance(source, Base64ImageSource):
+            return f"data:{source.media_type};base64,{source.data}"
+        return source.url
+
+
 ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
-ALL_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+ALL_BLOCKS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 # Which blocks each role's turns may hold.
 ROLE_BLOCKS = {
-    "user": ("text", "tool_result"),
+    "user": ("text", "image", "tool_result"),
     "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
 }
 
@@ -145,11 +172,10 @@ class InputMessage(AnthropicModel):
                 )
         return self
 
-    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
+    def blocks(self) -> list[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock]:
         """The content's blocks, thinking left out."""
-        return [
-            b for b in self.content if isinstance(b, TextBlock | ToolUseBlock | ToolResultBlock)
-        ]
+        kept = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
+        return [b for b in self.content if isinstance(b, kept)]
 
 
 class Tool(AnthropicModel):

@@ -29,10 +29,11 @@ router = APIRouter(route_class=AnthropicRoute, tags=["anthropic"])
 
 @router.post("/v1/messages", responses=route_responses(MessageResponse, streams=True))
 async def messages(body: MessagesRequest, request: Request) -> Response:
-    message = AnthropicMessage.build(RequestContext.open(request, body.model), body)
+    message = await AnthropicMessage.build(RequestContext.open(request, body.model), body)
     return await respond(message, body.stream)
 
 
 @router.post("/v1/messages/count_tokens", responses=route_responses(CountTokensResponse))
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
-    return {"input_tokens": count_input_tokens(RequestContext.open(request, body.model), body)}
+    ctx = RequestContext.open(request, body.model)
+    return {"input_tokens": await count_input_tokens(ctx, body)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from hetero_infer.server.errors import APIError
@@ -18,14 +19,19 @@ from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import ChatRequest, OllamaMessage
 from hetero_infer.server.ollama.sampling import engine_request, sampling_values, validated
 from hetero_infer.server.ollama.thinking import thinking
+from hetero_infer.server.serving.chat_images import ImageSource, image_url_part
 from hetero_infer.server.serving.chat_output import ChatOutputParser
 from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.tool_use import tool_use
+from PIL import Image
 
 
-def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation:
+def build_chat(
+    ctx: RequestContext, body: ChatRequest, model: str, images: Sequence[Image.Image] = ()
+) -> Generation:
+    """``images``: the messages' (image_sources), loaded."""
     start = time.monotonic()
     settings = ctx.settings
     if body.tools and not settings.enable_auto_tool_choice:
@@ -54,7 +60,9 @@ def build_chat(ctx: RequestContext, body: ChatRequest, model: str) -> Generation
     token_ids = ctx.chat_prompt(
         messages, tools=use.template_tools, template_kwargs=chat.chat_template_kwargs
     )
-    prompt = ctx.engine.input_processor.tokenize(token_ids)
+    processor = ctx.engine.input_processor
+    # Images grow into their tokens before num_predict is fitted to what is left.
+    prompt = processor.with_images(processor.tokenize(token_ids), images)
     request = engine_request(ctx, body, chat, prompt, use.keeps_special_tokens)
 
     def new_parser() -> ChatOutputParser:
@@ -77,6 +85,11 @@ def openai_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     converted = []
     for i, message in enumerate(messages):
         entry: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.images:
+            # The images first, then the text, as Ollama lays out a message's images.
+            parts = [image_url_part(source.url) for source in _images(message, i)]
+            text = [{"type": "text", "text": message.content}] if message.content else []
+            entry["content"] = [*parts, *text]
         if message.tool_calls:
             entry["tool_calls"] = []
             for j, call in enumerate(message.tool_calls):
@@ -95,6 +108,21 @@ def openai_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
                 entry["name"] = message.tool_name
         converted.append(entry)
     return converted
+
+
+def image_sources(messages: list[OllamaMessage]) -> list[ImageSource]:
+    """The messages' images, in order (a 400 for images outside a user's message)."""
+    return [source for i, message in enumerate(messages) for source in _images(message, i)]
+
+
+def _images(message: OllamaMessage, index: int) -> list[ImageSource]:
+    if message.images and message.role != "user":
+        where = f"messages.{index}.images"
+        raise APIError(400, f"{where}: only a user message may hold images", param=where)
+    return [
+        ImageSource(f"data:;base64,{image}", f"messages.{index}.images.{k}")
+        for k, image in enumerate(message.images or [])
+    ]
 
 
 def _answered(unanswered: list[tuple[str, str]], message: OllamaMessage) -> str | None:

@@ -47,18 +47,12 @@ class OllamaMessage(BaseModel):
     content: Text = ""
     # An assistant's earlier thinking: templates that show it get it as reasoning_content.
     thinking: Text | None = None
+    # A user's images, each its file's bytes in base64.
     images: list[str] | None = None
     tool_calls: list[OllamaToolCall] | None = None
     # A tool message: the tool that answered (and the call it answers, where given).
     tool_name: Text | None = None
     tool_call_id: Text | None = None
-
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError("images are not supported: the served model reads text only")
-        return value
 
 
 class GenerationBody(RequestBody):
@@ -118,6 +112,7 @@ class GenerateRequest(GenerationBody):
     # The token ids a previous /api/generate answer returned as its context.
     context: list[TokenId] | None = None
     raw: bool = False
+    # Images for the prompt (through the chat template), each in base64.
     images: list[str] | None = None
 
     @field_validator("suffix")
@@ -125,13 +120,6 @@ class GenerateRequest(GenerationBody):
     def _no_suffix(cls, value: str | None) -> str | None:
         if value:
             raise ValueError("fill-in-the-middle (suffix) is not supported")
-        return value
-
-    @field_validator("images")
-    @classmethod
-    def _no_images(cls, value: list[str] | None) -> list[str] | None:
-        if value:
-            raise ValueError("images are not supported: the served model reads text only")
         return value
 
 

@@ -26,9 +26,11 @@ from hetero_infer.server.ollama.answers import (
     ollama_responses,
 )
 from hetero_infer.server.ollama.chat import build_chat
+from hetero_infer.server.ollama.chat import image_sources as chat_images
 from hetero_infer.server.ollama.embed import embed
 from hetero_infer.server.ollama.errors import OllamaRoute
 from hetero_infer.server.ollama.generate import build_generate, own_template
+from hetero_infer.server.ollama.generate import image_sources as generate_images
 from hetero_infer.server.ollama.generation import load_answer
 from hetero_infer.server.ollama.names import check_model_name
 from hetero_infer.server.ollama.ndjson import respond
@@ -38,6 +40,7 @@ from hetero_infer.server.ollama.request_bodies import (
     GenerateRequest,
     ShowRequest,
 )
+from hetero_infer.server.serving.chat_images import load_images
 from hetero_infer.server.serving.request_context import RequestContext
 
 router = APIRouter(route_class=OllamaRoute, tags=["ollama"])
@@ -54,7 +57,8 @@ async def chat(body: ChatRequest, request: Request) -> Response:
     ctx = _open(request, body.model)
     if not body.messages:
         return JSONResponse(load_answer(body.model, chat=True))
-    return await respond(build_chat(ctx, body, body.model), body.stream)
+    images = await load_images(ctx, chat_images(body.messages))
+    return await respond(build_chat(ctx, body, body.model, images), body.stream)
 
 
 @router.post("/api/generate", responses=ollama_responses(GenerateAnswer, streams=True))
@@ -62,7 +66,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     ctx = _open(request, body.model)
     if not body.prompt and not body.context:
         return JSONResponse(load_answer(body.model, chat=False))
-    return await respond(build_generate(ctx, body, body.model), body.stream)
+    images = await load_images(ctx, generate_images(body))
+    return await respond(build_generate(ctx, body, body.model, images), body.stream)
 
 
 @router.post("/api/embed", responses=ollama_responses(EmbedAnswer))

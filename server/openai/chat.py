@@ -21,6 +21,7 @@ from hetero_infer.server.openai.chat_request import ChatCompletionRequest
 from hetero_infer.server.openai.completions import beam_finals, beam_outputs
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
 from hetero_infer.server.serving.answer_parts import new_id, prepend
+from hetero_infer.server.serving.chat_images import image_sources, load_images
 from hetero_infer.server.serving.chat_output import (
     ChatOutputParser,
     MessageDelta,
@@ -52,9 +53,11 @@ class ChatCompletion:
         self.top_logprobs = body.top_logprobs or 0
 
     @classmethod
-    def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
-        """The checked request (ChatRun.build: the template, the tools, the params)."""
-        return cls(ctx, body, ChatRun.build(ctx, body, new_id("chatcmpl")))
+    async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
+        """The checked request: its images loaded, then ChatRun.build (the template, the
+        tools, the params)."""
+        images = await load_images(ctx, image_sources(body.messages))
+        return cls(ctx, body, ChatRun.build(ctx, body, new_id("chatcmpl"), images))
 
     async def whole(self) -> dict[str, Any]:
         run = self.run

@@ -21,12 +21,14 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.responses_api_items import (
     chat_messages,
     item_dicts,
+    item_images,
     parse_items,
 )
 from hetero_infer.server.openai.responses_api_output import Event, OutputItems, item_id
 from hetero_infer.server.openai.responses_api_request import ResponsesRequest
 from hetero_infer.server.openai.responses_api_store import ResponseStore, StoredResponse
 from hetero_infer.server.serving.answer_parts import new_id, now, prepend
+from hetero_infer.server.serving.chat_images import ImageSource, load_images
 from hetero_infer.server.serving.chat_output import MessageDelta
 from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.request_context import RequestContext
@@ -71,11 +73,11 @@ class ResponsesAnswer:
         self.created_at = now()
 
     @classmethod
-    def build(
+    async def build(
         cls, ctx: RequestContext, body: ResponsesRequest, store: ResponseStore
     ) -> ResponsesAnswer:
-        """The body checked, the earlier conversation prepended, and the chat request
-        built from it (which checks the rest)."""
+        """The body checked, the earlier conversation prepended, its images loaded, and
+        the chat request built from it (which checks the rest)."""
         history: list[dict[str, Any]] = []
         if body.previous_response_id is not None:
             previous = store.get(body.previous_response_id)
@@ -88,10 +90,19 @@ class ResponsesAnswer:
                     code="previous_response_not_found",
                 )
             history = previous.conversation
-        items = parse_items(history) + parse_items(body.input)
+        earlier, given = parse_items(history), parse_items(body.input)
+        items = earlier + given
+        # An earlier turn's images are read again: the store keeps their URLs.
+        sources = [
+            ImageSource(source.url, "previous_response_id") for source in item_images(earlier)
+        ] + item_images(given)
         try:
             chat = body.chat_request(chat_messages(items))
-            run = ChatRun.build(ctx, chat, new_id("chatcmpl"))
+        except APIError as error:
+            raise _renamed(error) from None
+        images = await load_images(ctx, sources)
+        try:
+            run = ChatRun.build(ctx, chat, new_id("chatcmpl"), images)
         except APIError as error:
             raise _renamed(error) from None
         except EngineError as exc:

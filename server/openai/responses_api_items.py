@@ -10,14 +10,18 @@ response's output items may be passed back as they came (ids, status, annotation
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.serving.chat_images import ImageSource, image_url_part
 from hetero_infer.server.serving.request_body import check_text, check_texts
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+# The content parts a function's output takes, and those a message takes.
+TEXT_PARTS = ("input_text", "output_text")
+MESSAGE_PARTS = (*TEXT_PARTS, "input_image")
 
 # What the body's schema says of ``input`` (request_body.py says why it is written out):
 # a string, or items that parse_items checks one by one.
@@ -26,7 +30,22 @@ _TEXT_PART_SCHEMA = {
     "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}},
     "required": ["type", "text"],
 }
+_IMAGE_PART_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "input_image"},
+        "image_url": {"type": "string"},
+        "detail": {"enum": ["auto", "low", "high"]},
+    },
+    "required": ["type", "image_url"],
+}
 _CONTENT_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART_SCHEMA}]}
+_MESSAGE_CONTENT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"anyOf": [_TEXT_PART_SCHEMA, _IMAGE_PART_SCHEMA]}},
+    ]
+}
 INPUT_SCHEMA = {
     "anyOf": [
         {"type": "string"},
@@ -39,7 +58,7 @@ INPUT_SCHEMA = {
                         "properties": {
                             "type": {"const": "message"},
                             "role": {"enum": ["user", "system", "developer", "assistant"]},
-                            "content": _CONTENT_SCHEMA,
+                            "content": _MESSAGE_CONTENT_SCHEMA,
                         },
                         "required": ["role", "content"],
                     },
@@ -96,14 +115,30 @@ class TextPart(BaseModel):
     logprobs: list[Any] | None = None
 
 
-def _joined(content: str | list[TextPart]) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
+class InputImagePart(BaseModel):
+    """A user's image: ``image_url`` a data: URL (base64) or an http(s) URL. OpenAI's
+    ``file_id`` names an upload to its files API, which this server has not
+    (_content_value refuses it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # taken; the model decides
+
+
+def _joined(content: str | list[TextPart] | list[TextPart | InputImagePart]) -> str:
+    """The content's text (its text parts joined)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if isinstance(part, TextPart))
 
 
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[Annotated[TextPart | InputImagePart, Field(discriminator="type")]]
     id: str | None = None
     status: ItemStatus | None = None
     phase: str | None = None
@@ -111,10 +146,31 @@ class MessageItem(_Item):
     @field_validator("content", mode="before")
     @classmethod
     def _content(cls, value: Any) -> Any:
-        return _content_value(value)
+        return _content_value(value, MESSAGE_PARTS)
 
-    def text(self) -> str:
-        return _joined(self.content)
+    @model_validator(mode="after")
+    def _images_from_the_user(self) -> MessageItem:
+        if self.role != "user" and self.images():
+            raise ValueError(f"only a user message may hold images, not a {self.role} message")
+        return self
+
+    def images(self) -> list[tuple[int, str]]:
+        """Each image part's index in the content, and its URL."""
+        parts = [] if isinstance(self.content, str) else self.content
+        return [
+            (j, p.image_url or "") for j, p in enumerate(parts) if isinstance(p, InputImagePart)
+        ]
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The content as a chat message's: a string, or with images OpenAI's chat parts."""
+        if not self.images():
+            return _joined(self.content)
+        return [
+            image_url_part(part.image_url or "")
+            if isinstance(part, InputImagePart)
+            else {"type": "text", "text": part.text}
+            for part in self.content
+        ]
 
 
 class FunctionCallItem(_Item):
@@ -179,19 +235,26 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
-def _content_value(value: Any) -> Any:
-    """One message for content that is neither a string nor a list of text parts (the
-    union would report a guess per member)."""
+def _content_value(value: Any, taken: tuple[str, ...] = TEXT_PARTS) -> Any:
+    """One message for content that is neither a string nor a list of the ``taken``
+    parts (the union would report a guess per member)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
         raise ValueError("must be a string or a list of content parts")
-    kinds = {p.get("type") for p in value} - {"input_text", "output_text"}
+    kinds = {p.get("type") for p in value} - set(taken)
     if kinds:
         shown = sorted(str(kind)[:64] for kind in kinds)
-        raise ValueError(
-            f"only input_text and output_text content parts are supported, not {shown}"
-        )
+        raise ValueError(f"only {', '.join(taken)} content parts are supported here, not {shown}")
+    for j, part in enumerate(value):
+        # Checked here, not by InputImagePart: the union's errors would name its string form.
+        if part.get("type") == "input_image" and part.get("file_id") is not None:
+            raise ValueError(
+                f"part {j}: file_id is not supported (this server has no files API): give "
+                "the image as image_url, a data: URL (base64) or an http(s) URL"
+            )
+        if part.get("type") == "input_image" and not isinstance(part.get("image_url"), str):
+            raise ValueError(f"part {j}: an input_image needs its image_url (a string)")
     return value
 
 
@@ -240,7 +303,7 @@ def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": item.text()})
+            messages.append({"role": item.role, "content": item.chat_content()})
         elif isinstance(item, FunctionCallItem):
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -254,6 +317,16 @@ def chat_messages(items: list[InputItem]) -> list[dict[str, Any]]:
                 {"role": "tool", "tool_call_id": item.call_id, "content": _joined(item.output)}
             )
     return messages
+
+
+def item_images(items: list[InputItem], param: str = "input") -> list[ImageSource]:
+    """The images of the items' messages, in order, each named by its place."""
+    return [
+        ImageSource(url, f"{param}.{i}.content.{j}")
+        for i, item in enumerate(items)
+        if isinstance(item, MessageItem)
+        for j, url in item.images()
+    ]
 
 
 def item_dicts(items: list[InputItem]) -> list[dict[str, Any]]:

@@ -60,14 +60,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     "/v1/chat/completions", responses=route_responses(ChatCompletionResponse, streams=True)
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    chat = ChatCompletion.build(RequestContext.open(request, body.model), body)
+    chat = await ChatCompletion.build(RequestContext.open(request, body.model), body)
     return await respond(chat, body.stream)
 
 
 @router.post("/v1/responses", responses=route_responses(ResponseObject, streams=True))
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     store = request.app.state.server.responses
-    answer = ResponsesAnswer.build(RequestContext.open(request, body.model), body, store)
+    answer = await ResponsesAnswer.build(RequestContext.open(request, body.model), body, store)
     return await respond_events(answer, body.stream)
 
 
@@ -112,7 +112,7 @@ async def models(request: Request) -> dict[str, Any]:
 @router.post("/tokenize", responses=route_responses(TokenizeResponse))
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     ctx = RequestContext.open(request, body.model)
-    return tokenization.tokenize(ctx, body)
+    return await tokenization.tokenize(ctx, body)
 
 
 @router.post("/detokenize", responses=route_responses(DetokenizeResponse))

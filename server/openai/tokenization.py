@@ -7,21 +7,27 @@ from typing import Any
 from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
+from hetero_infer.server.serving.chat_images import image_sources, load_images
 from hetero_infer.server.serving.chat_messages import template_messages
 from hetero_infer.server.serving.request_context import RequestContext
 
 
-def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]:
+async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]:
     """The tokens of a prompt, or of messages (with their tools) through the chat
-    template, as a chat request would have them."""
+    template, as a chat request would have them (each image grown into its tokens)."""
     engine = ctx.engine
     if body.messages is not None:
+        images = await load_images(ctx, image_sources(body.messages))
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
         tokens = ctx.chat_prompt(
             template_messages(body.messages),
             tools=tools or None,
             template_kwargs=body.chat_template_kwargs,
         )
+        if images:
+            processor = engine.input_processor
+            prompt = processor.tokenize(tokens, param="messages")
+            tokens = processor.with_images(prompt, images).token_ids
     elif body.prompt is not None:
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:

@@ -1,9 +1,11 @@
 """A chat request's messages, whichever family's wire format they came in, and what
 the chat template gets of them (template_messages).
 
-The message form is OpenAI's chat message (role, content as a string or text parts, an
-assistant's tool_calls, a tool message's tool_call_id): chat templates are written for
-OpenAI-shaped messages, so every family's conversation is translated into this form.
+The message form is OpenAI's chat message (role, content as a string or text parts and
+in a user's message image_url parts, an assistant's tool_calls, a tool message's
+tool_call_id): chat templates are written for OpenAI-shaped messages, so every family's
+conversation is translated into this form. A template gets an image as {"type":
+"image"} among the text parts (chat_images.py loads the images themselves).
 """
 
 from __future__ import annotations
@@ -15,15 +17,35 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.request_body import NULL_SCHEMA, check_text, check_texts
 from pydantic import BaseModel, ConfigDict, WithJsonSchema, field_validator, model_validator
 
+# OpenAI's image detail levels: taken, and the same to the model (its image processor
+# decides an image's tokens).
+IMAGE_DETAILS = ("auto", "low", "high")
+
 # Schemas of the fields checked by hand (request_body.py says why they are written out).
-# ChatMessage.text() takes text parts only.
+# Content parts are text, and in a user's message images (ChatMessage._valid_parts).
 TEXT_PART_SCHEMA = {
     "type": "object",
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     "required": ["type", "text"],
 }
+IMAGE_PART_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "image_url"},
+        "image_url": {
+            "type": "object",
+            "properties": {"url": {"type": "string"}, "detail": {"enum": list(IMAGE_DETAILS)}},
+            "required": ["url"],
+        },
+    },
+    "required": ["type", "image_url"],
+}
 CONTENT_SCHEMA = {
-    "anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART_SCHEMA}, NULL_SCHEMA]
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"anyOf": [TEXT_PART_SCHEMA, IMAGE_PART_SCHEMA]}},
+        NULL_SCHEMA,
+    ]
 }
 # What ChatMessage._tool_fields checks: only an assistant's message has tool_calls, and
 # a tool message names the call it answers.
@@ -79,11 +101,22 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _valid_text(cls, value: Any) -> Any:
-        parts = value if isinstance(value, list) else [{"text": value}]
-        for part in parts:
-            if isinstance(part.get("text"), str):
+    def _valid_parts(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value if value is None else check_text(value)
+        for j, part in enumerate(value):
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
                 check_text(part["text"])
+            elif kind == "image_url":
+                _check_image_part(part, j)
+            elif kind == "text":
+                raise ValueError(f"part {j}: a text part needs its text as a string")
+            else:
+                raise ValueError(
+                    f"part {j}: parts of type {str(kind)[:64]!r} are not supported (only "
+                    "text and image_url)"
+                )
         return value
 
     @model_validator(mode="after")
@@ -93,6 +126,8 @@ class ChatMessage(BaseModel):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             # As OpenAI: only an assistant's message that makes tool calls may go without.
             raise ValueError(f"a {self.role} message needs content")
+        if self.role != "user" and self.image_count():
+            raise ValueError(f"only a user message may hold images, not a {self.role} message")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
         # What else a chat template may write into the prompt (content is checked above).
@@ -102,18 +137,22 @@ class ChatMessage(BaseModel):
             raise ValueError("give reasoning_content or reasoning, not both")
         return self
 
-    def text(self) -> str:
-        """String content, or the text parts of list content joined."""
+    def image_count(self) -> int:
+        parts = self.content if isinstance(self.content, list) else []
+        return sum(part["type"] == "image_url" for part in parts)
+
+    def template_content(self) -> str | list[dict[str, str]]:
+        """The content as the chat template takes it: a string (text parts joined), or
+        where it holds images its parts in order, each image as {"type": "image"} (the
+        part for which Hugging Face's vision-language templates write an image marker)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(
-                    400, "only text content parts are supported", param="messages.content"
-                )
-            parts.append(part["text"])
-        return "".join(parts)
+        if not self.image_count():
+            return "".join(part["text"] for part in self.content)
+        return [
+            {"type": "text", "text": part["text"]} if part["type"] == "text" else {"type": "image"}
+            for part in self.content
+        ]
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -122,7 +161,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     a tool message's tool_call_id, and a name and reasoning_content where given."""
     rendered = []
     for i, message in enumerate(messages):
-        entry: dict[str, Any] = {"role": message.role, "content": message.text()}
+        entry: dict[str, Any] = {"role": message.role, "content": message.template_content()}
         if message.name is not None:
             entry["name"] = message.name
         if message.tool_call_id is not None:
@@ -144,6 +183,20 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             ]
         rendered.append(entry)
     return rendered
+
+
+def _check_image_part(part: dict[str, Any], index: int) -> None:
+    image = part.get("image_url")
+    if set(part) - {"type", "image_url"} or not isinstance(image, dict):
+        raise ValueError(
+            f'part {index}: an image part is {{"type": "image_url", "image_url": {{"url": ...}}}}'
+        )
+    if not isinstance(image.get("url"), str) or set(image) - {"url", "detail"}:
+        raise ValueError(f"part {index}: image_url takes a url (a string) and a detail")
+    if image.get("detail", "auto") not in IMAGE_DETAILS:
+        raise ValueError(
+            f"part {index}: image_url.detail must be one of {', '.join(IMAGE_DETAILS)}"
+        )
 
 
 def _arguments_object(arguments: str, message_index: int) -> dict[str, Any]:

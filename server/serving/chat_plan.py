@@ -95,3 +95,7 @@ class ChatPlan(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
+
+    def image_count(self) -> int:
+        """How many images the messages hold: the image markers the template writes."""
+        return sum(message.image_count() for message in self.messages)

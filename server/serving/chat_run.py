@@ -1,14 +1,16 @@
 """A chat request's way to the engine, whichever family's body it came in (ChatRun):
-its ChatPlan through the chat template (the tools as tool_use.py decides), truncated,
-its max_tokens fitted to the context, its SamplingParams (or beam search's params),
-the thinking budget and the tools' grammar, then the engine request; and a parser of
-each choice's text (chat_output.py). Each family runs it and writes the answer in its
-own wire format.
+its ChatPlan through the chat template (the tools as tool_use.py decides), its images
+grown into their tokens (loaded before, chat_images.py), truncated, its max_tokens
+fitted to the context, its SamplingParams (or beam search's params), the thinking
+budget and the tools' grammar, then the engine request; and a parser of each choice's
+text (chat_output.py). Each family runs it and writes the answer in its own wire
+format.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams, num_candidates
@@ -19,6 +21,7 @@ from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.tool_use import ToolUse, tool_use
+from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,17 @@ class ChatRun:
     beam: BeamSearchParams | None = None
 
     @classmethod
-    def build(cls, ctx: RequestContext, plan: ChatPlan, request_id: str) -> ChatRun:
+    def build(
+        cls,
+        ctx: RequestContext,
+        plan: ChatPlan,
+        request_id: str,
+        images: Sequence[Image.Image] = (),
+    ) -> ChatRun:
         """The messages and tools through the chat template, checked, then the params
-        (max_tokens fits the context; a constrained tool_choice's schema)."""
+        (max_tokens fits the context; a constrained tool_choice's schema). ``images``:
+        the plan's, in order, loaded first (chat_images.load_images: fetching waits)."""
+        assert len(images) == plan.image_count(), "the plan's images are loaded first"
         tools = tool_use(plan, ctx.settings)
         plan.check_template_flags()
         token_ids = ctx.chat_prompt(
@@ -47,7 +58,10 @@ class ChatRun:
             continue_final_message=plan.continue_final_message,
         )
         processor = ctx.engine.input_processor
-        prompt = plan.truncated(processor.tokenize(token_ids), processor)
+        # Each image marker grows into the image's tokens before the prompt is cut or
+        # max_tokens fitted: the grown length is what the context holds.
+        prompt = processor.with_images(processor.tokenize(token_ids), images)
+        prompt = plan.truncated(prompt, processor)
         defaults = ctx.engine.generation_defaults.sampling
         max_tokens = ctx.max_tokens(prompt, plan.requested_max_tokens())
         beam = None

@@ -63,9 +63,28 @@ BAD_BODIES = {
         with_messages({"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}),
         ["messages.0.content.0", "x", "unknown field"],
     ),
-    "image block": (
+    "image block without a source type": (
         with_messages({"role": "user", "content": [{"type": "image", "source": {}}]}),
-        ["messages.0.content.0", "'image' are not supported"],
+        ["messages.0.content.0", "source"],
+    ),
+    "image from the files API": (
+        with_messages(
+            {
+                "role": "user",
+                "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}],
+            }
+        ),
+        ["messages.0.content.0", "image sources of type 'file' are not supported"],
+    ),
+    "document block": (
+        with_messages({"role": "user", "content": [{"type": "document", "source": {}}]}),
+        ["messages.0.content.0", "'document' are not supported"],
+    ),
+    "image on a text-only model": (
+        with_messages(
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}
+        ),
+        ["messages.0.content.0", "takes no image input"],
     ),
     "tool_use in a user turn": (
         with_messages(

@@ -367,8 +367,18 @@ REFUSED = [
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0.type", None),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input.0.content.0",
+        "takes no image input",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
         "input.0.content",
-        "input_image",
+        "no files API",
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+        "input.0.content",
+        "input_file",
     ),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", None),
     ({"input": [{**CALL_ITEM, "arguments": "[1]"}]}, "input.0.arguments", None),

@@ -1,0 +1,97 @@
+"""A chat request's images: where its body gives them (ImageSource: a URL and the
+part's place, which every error names) and their loading (load_images), before the request is
+built, since fetching waits on the network and ChatRun.build does not wait.
+
+Every family says where its own images are (OpenAI's image_url parts, the Responses
+API's input_image parts, Anthropic's image blocks, Ollama's images) in its own field
+names, and writes them into the ChatPlan's messages as image_url parts, in the same
+order: image i of the list is the i-th image marker the chat template writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hetero_infer.engine.frontend.input_processor import InputProcessor
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.serving.chat_messages import ChatMessage
+from hetero_infer.server.serving.image_decode import decode_image
+from hetero_infer.server.serving.media_fetch import read_media
+from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.settings import ServerSettings
+from PIL import Image
+
+# Images fetched and decoded at once for one request: a request naming a hundred URLs
+# must not open a hundred connections and decode on every thread.
+MAX_CONCURRENT_LOADS = 4
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """One image a request gives: its URL (data:, http(s) or file://) and its place in
+    the body, in the family's own names (``messages.0.content.1``)."""
+
+    url: str
+    param: str
+
+
+def image_sources(messages: Sequence[ChatMessage], param: str = "messages") -> list[ImageSource]:
+    """The image_url parts of OpenAI-shaped messages, in order."""
+    return [
+        ImageSource(part["image_url"]["url"], f"{param}.{i}.content.{j}")
+        for i, message in enumerate(messages)
+        for j, part in enumerate(message.content if isinstance(message.content, list) else [])
+        if part["type"] == "image_url"
+    ]
+
+
+def image_url_part(url: str) -> dict[str, object]:
+    """The ChatPlan's image part (OpenAI's) for an image at ``url``."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list[Image.Image]:
+    """The decoded images, in order. A model that takes no images refuses them first,
+    before any is fetched (no request to anywhere for a request that cannot run)."""
+    if not parts:
+        return []
+    if not takes_images(ctx.engine.input_processor):
+        first = parts[0].param
+        raise APIError(
+            400,
+            f"{first}: this model takes no image input ({len(parts)} image(s) given)",
+            param=first,
+        )
+    return await decoded_images(parts, ctx.settings)
+
+
+def takes_images(processor: InputProcessor) -> bool:
+    """Whether the served model reads images: its input processor has a vision model's
+    image prompts (engine/multimodal/)."""
+    return getattr(processor, "image_prompts", None) is not None
+
+
+async def decoded_images(
+    parts: Sequence[ImageSource], settings: ServerSettings
+) -> list[Image.Image]:
+    """Each input read (under the server's rules on fetching) and decoded, a few at
+    once; the first error ends the rest."""
+    limit = asyncio.Semaphore(MAX_CONCURRENT_LOADS)
+
+    async def load(one: ImageSource) -> Image.Image:
+        async with limit:
+            return await load_image(one, settings)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(load(one)) for one in parts]
+    except* APIError as errors:
+        raise errors.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def load_image(one: ImageSource, settings: ServerSettings) -> Image.Image:
+    data = await read_media(one.url, settings, one.param)
+    return await asyncio.to_thread(decode_image, data, one.param)
