@@ -108,7 +108,10 @@ class Idefics3ImageProcessor:
 
     def process(self, image: PIL.Image.Image) -> ProcessedImage:
         """The image's tiles, row by row, then the global image (or the one tile)."""
-        image = self._to_rgb(image)
+        return self.process_rgb(self.to_rgb(image))
+
+    def process_rgb(self, image: PIL.Image.Image) -> ProcessedImage:
+        """process() of an image to_rgb() has made."""
         if self.do_resize:
             image = self._resize(
                 image, *_fit_longest_edge(image.height, image.width, self.longest_edge)
@@ -146,7 +149,8 @@ class Idefics3ImageProcessor:
         )
         return f"{grid}\n{global_image}"
 
-    def _to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
+    def to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
+        """The image in RGB, as the processor first makes it."""
         if not self.do_convert_rgb:
             if image.mode != "RGB":
                 raise ValueError(f"a {image.mode} image, and do_convert_rgb is off")

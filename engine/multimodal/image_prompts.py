@@ -11,6 +11,9 @@ tokens the whole expanded text gives (what transformers' processor tokenizes).
 from __future__ import annotations
 
 import functools
+import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -18,10 +21,14 @@ from typing import Any
 
 import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
+from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor, ProcessedImage
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
 from hetero_infer.engine.settings.exceptions import ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
+
+# The preprocessed images kept for a next question about them: a SmolVLM image's 13
+# tiles of 3 x 512 x 512 in fp32 are 40 MiB.
+RECENT_IMAGES_BYTES = 256 << 20
 
 
 class ImagePrompts:
@@ -34,6 +41,11 @@ class ImagePrompts:
         """``encode``: text -> token ids, without the tokenizer's own special tokens."""
         self.processor = processor
         self.image_token_id = image_token_id
+        # Recently preprocessed images by content hash, least recently used first (the
+        # server's routes may call from several threads).
+        self._recent: OrderedDict[int, ProcessedImage] = OrderedDict()
+        self._recent_bytes = 0
+        self._lock = threading.Lock()
         self._placeholder_ids = lru_cache(maxsize=64)(
             lambda rows, cols: tuple(encode(processor.placeholder_text(rows, cols)))
         )
@@ -68,7 +80,7 @@ class ImagePrompts:
         taken = 0
         for index, (marker, image) in enumerate(zip(markers, images, strict=True)):
             try:
-                processed = self.processor.process(image)
+                image_hash, processed = self._process(image)
             except (ValueError, OSError) as exc:
                 raise ValidationError(f"{param}: image {index}: {exc}", param=param) from exc
             placeholder = self._placeholder_ids(processed.rows, processed.cols)
@@ -77,11 +89,27 @@ class ImagePrompts:
             positions = np.flatnonzero(ids == self.image_token_id) + len(expanded)
             expanded += placeholder
             taken = marker + 1
-            pixels = processed.pixel_values.contiguous()
-            inputs.append(
-                ImageInput(
-                    content_hash(pixels.numpy().tobytes()), pixels, tuple(positions.tolist())
-                )
-            )
+            inputs.append(ImageInput(image_hash, processed.pixel_values, tuple(positions.tolist())))
         expanded += token_ids[taken:]
         return expanded, tuple(inputs)
+
+    def _process(self, image: Any) -> tuple[int, ProcessedImage]:
+        """The image's content hash (of its RGB pixels: the processor's settings are the
+        engine's, so equal pixels preprocess equally), and its preprocessed tiles, taken
+        from the cache of recent images where it is there (a second question about an
+        image costs no resizing)."""
+        rgb = self.processor.to_rgb(image)
+        image_hash = content_hash(rgb.tobytes() + struct.pack("<II", *rgb.size))
+        with self._lock:
+            processed = self._recent.get(image_hash)
+            if processed is not None:
+                self._recent.move_to_end(image_hash)
+                return image_hash, processed
+        processed = self.processor.process_rgb(rgb)
+        with self._lock:
+            self._recent[image_hash] = processed
+            self._recent_bytes += processed.pixel_values.nbytes
+            while self._recent_bytes > RECENT_IMAGES_BYTES and len(self._recent) > 1:
+                _, dropped = self._recent.popitem(last=False)
+                self._recent_bytes -= dropped.pixel_values.nbytes
+        return image_hash, processed

@@ -16,6 +16,7 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.settings.exceptions import ConfigError
 from PIL import Image
 
@@ -166,3 +167,23 @@ def test_tensor_parallelism_is_refused_at_start(vlm):
     folder, _ = vlm
     with pytest.raises(ConfigError, match="tensor parallelism takes no images"):
         LLMEngine(EngineConfig(model=str(folder), dtype="float32", tensor_parallel_size=2))
+
+
+def test_a_second_question_about_an_image_reuses_its_preprocessing(vlm, monkeypatch):
+    folder, _ = vlm
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    processed, original = [], Idefics3ImageProcessor.process_rgb
+
+    def process_rgb(self, rgb):
+        processed.append(rgb.size)
+        return original(self, rgb)
+
+    monkeypatch.setattr(Idefics3ImageProcessor, "process_rgb", process_rgb)
+    image = noise_image(5, 120, 90)
+    first = engine_prompt(engine, "What is this?", [image])
+    again = engine_prompt(engine, "And its colours?", [image.copy()])
+    other = engine_prompt(engine, "What is this?", [noise_image(6, 120, 90)])
+    assert len(processed) == 2  # the copy was not resized again
+    assert first.images[0].content_hash == again.images[0].content_hash
+    assert other.images[0].content_hash != first.images[0].content_hash
+    assert torch.equal(first.images[0].pixel_values, again.images[0].pixel_values)
