@@ -46,6 +46,8 @@ FILE_SUFFIXES = (
 OTHER_PROJECTS_FILES = {
     "generation_config.json",  # a Hugging Face model folder's sampling defaults
     "adapter_config.json",  # a PEFT adapter folder's settings
+    "preprocessor_config.json",  # a vision model folder's image settings (Hub layout)
+    "processor_config.json",  # the same, as transformers 5 saves them
 }
 # Folders that runs write, so a fresh checkout has none.
 WRITTEN_BY_RUNS = {

@@ -1,0 +1,167 @@
+"""Images through each API family's own client, against a served vision model: the
+OpenAI, Anthropic and Ollama SDKs each send an image and get back the tokens
+transformers' generate gives for it (a tiny random SmolVLM checkpoint, fp32, greedy).
+The same image as a data URL and as an http URL on 127.0.0.1 (allowed by
+--allowed-media-domains) gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import anthropic
+import numpy as np
+import ollama
+import openai
+import pytest
+import torch
+import transformers
+from hetero_infer.engine import EngineConfig, LLMEngine
+from PIL import Image
+
+from tests.server.conftest import MODEL_NAME, LiveServer, start_server
+from tests.tiny_models import save_tiny_idefics3
+
+MAX_TOKENS = 10
+EOS = 2
+QUESTION = "What is in this picture?"
+
+
+def png_bytes() -> bytes:
+    pixels = np.random.default_rng(7).integers(0, 256, (90, 140, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+PNG = png_bytes()
+PNG_BASE64 = base64.b64encode(PNG).decode()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
+
+
+@pytest.fixture(scope="module")
+def reference(folder) -> tuple[list[int], str]:
+    """transformers' greedy answer (token ids, text) to QUESTION about the image."""
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
+        folder, dtype=torch.float32
+    ).eval()
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
+    ]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    image = Image.open(io.BytesIO(PNG)).convert("RGB")
+    inputs = processor(text=text, images=[image], return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=EOS)
+    tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
+    return tokens, processor.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """An http server on 127.0.0.1 serving the PNG at /image.png."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(PNG)))
+            self.end_headers()
+            self.wfile.write(PNG)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/image.png"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(folder) -> Iterator[LiveServer]:
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    live = start_server(folder, engine, allowed_media_domains=("127.0.0.1",))
+    yield live
+    live.stop()
+
+
+@pytest.mark.parametrize("source", ["data", "http"])
+def test_openai_sdk_sends_an_image(server, reference, image_host, source):
+    url = f"data:image/png;base64,{PNG_BASE64}" if source == "data" else image_host
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+    answer = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    assert answer.choices[0].model_extra["token_ids"] == reference[0]
+
+
+def test_anthropic_sdk_sends_an_image(server, reference):
+    client = anthropic.Anthropic(base_url=server.url, api_key="none")
+    answer = client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=MAX_TOKENS,
+        # (This SDK's create() takes no temperature of its own.)
+        extra_body={"temperature": 0},
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": PNG_BASE64},
+                    },
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ],
+    )
+    assert answer.content[0].text == reference[1]
+
+
+def test_ollama_sdk_sends_an_image(server, reference):
+    client = ollama.Client(host=server.url)
+    answer = client.chat(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": QUESTION, "images": [PNG_BASE64]}],
+        options={"temperature": 0, "num_predict": MAX_TOKENS},
+    )
+    assert answer.message.content == reference[1]
+
+
+def test_a_private_address_is_refused_without_the_setting(folder, image_host):
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    live = start_server(folder, engine)
+    try:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
+        part = {"type": "image_url", "image_url": {"url": image_host}}
+        with pytest.raises(openai.BadRequestError, match="messages.0.content.0"):
+            client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=[{"role": "user", "content": [part]}],
+                max_tokens=2,
+            )
+    finally:
+        live.stop()
