@@ -80,7 +80,7 @@ class ImagePrompts:
         taken = 0
         for index, (marker, image) in enumerate(zip(markers, images, strict=True)):
             try:
-                image_hash, processed = self._process(image)
+                image_hash, processed = self.preprocess(image)
             except (ValueError, OSError) as exc:
                 raise ValidationError(f"{param}: image {index}: {exc}", param=param) from exc
             placeholder = self._placeholder_ids(processed.rows, processed.cols)
@@ -93,11 +93,12 @@ class ImagePrompts:
         expanded += token_ids[taken:]
         return expanded, tuple(inputs)
 
-    def _process(self, image: Any) -> tuple[int, ProcessedImage]:
+    def preprocess(self, image: Any) -> tuple[int, ProcessedImage]:
         """The image's content hash (of its RGB pixels: the processor's settings are the
         engine's, so equal pixels preprocess equally), and its preprocessed tiles, taken
         from the cache of recent images where it is there (a second question about an
-        image costs no resizing)."""
+        image costs no resizing). The server calls it on a worker thread as an image
+        arrives, so that expand() on the event loop finds it done."""
         rgb = self.processor.to_rgb(image)
         image_hash = content_hash(rgb.tobytes() + struct.pack("<II", *rgb.size))
         with self._lock:

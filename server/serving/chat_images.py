@@ -14,7 +14,6 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero_infer.engine.frontend.input_processor import InputProcessor
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_messages import ChatMessage
 from hetero_infer.server.serving.image_decode import decode_image
@@ -57,20 +56,23 @@ async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list
     before any is fetched (no request to anywhere for a request that cannot run)."""
     if not parts:
         return []
-    if not takes_images(ctx.engine.input_processor):
+    prompts = ctx.engine.input_processor.image_prompts
+    if prompts is None:  # a text-only model
         first = parts[0].param
         raise APIError(
             400,
             f"{first}: this model takes no image input ({len(parts)} image(s) given)",
             param=first,
         )
-    return await decoded_images(parts, ctx.settings)
-
-
-def takes_images(processor: InputProcessor) -> bool:
-    """Whether the served model reads images: its input processor has a vision model's
-    image prompts (engine/multimodal/)."""
-    return getattr(processor, "image_prompts", None) is not None
+    images = await decoded_images(parts, ctx.settings)
+    # Preprocessed off the event loop (resizing takes milliseconds an image): the
+    # prompt's expansion then takes them from the recent images.
+    for part, image in zip(parts, images, strict=True):
+        try:
+            await asyncio.to_thread(prompts.preprocess, image)
+        except (ValueError, OSError) as exc:
+            raise APIError(400, f"{part.param}: {exc}", param=part.param) from exc
+    return images
 
 
 async def decoded_images(

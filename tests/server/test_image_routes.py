@@ -20,11 +20,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hetero_infer.engine.frontend.input_processor import PromptTokens
-from hetero_infer.server.serving import chat_images
 from PIL import Image
 
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, LiveServer, start_server
@@ -214,7 +214,10 @@ class StandInVision:
 @pytest.fixture
 def vision(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> StandInVision:
     stand_in = StandInVision(tokenizer=server.engine.tokenizer)
-    monkeypatch.setattr(chat_images, "takes_images", lambda processor: True)
+    # The routes ask whether the model has image prompts, and have each image
+    # preprocessed by them off the event loop.
+    prompts = SimpleNamespace(preprocess=lambda image: None)
+    monkeypatch.setattr(server.engine.input_processor, "image_prompts", prompts)
     monkeypatch.setattr(server.engine.input_processor, "with_images", stand_in.with_images)
     return stand_in
 
