@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import base64
 import io
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +27,7 @@ from hetero_infer.engine.frontend.input_processor import PromptTokens
 from PIL import Image
 
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, LiveServer, start_server
+from tests.server.local_origin import local_origin
 from tests.server.openai_shapes import check_error_body
 from tests.server.route_shapes import check_anthropic_error, check_ollama_error
 
@@ -72,12 +72,8 @@ class Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def image_url() -> Iterator[str]:
-    origin = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=origin.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{origin.server_address[1]}/cat.png"
-    origin.shutdown()
-    origin.server_close()
+    with local_origin(Recorder) as url:
+        yield f"{url}/cat.png"
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import base64
 import io
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import anthropic
 import numpy as np
@@ -24,6 +23,7 @@ from hetero_infer.engine import EngineConfig, LLMEngine
 from PIL import Image
 
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server
+from tests.server.local_origin import local_origin
 from tests.tiny_models import save_tiny_idefics3
 
 MAX_TOKENS = 10
@@ -81,11 +81,8 @@ def image_host() -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/image.png"
-    httpd.shutdown()
+    with local_origin(Handler) as url:
+        yield f"{url}/image.png"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import base64
 import io
 import os
 import struct
-import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -29,6 +28,8 @@ from hetero_infer.server.serving.chat_images import ImageSource, decoded_images,
 from hetero_infer.server.serving.media_fetch import is_public
 from hetero_infer.server.settings import ServerSettings
 from PIL import Image
+
+from tests.server.local_origin import local_origin
 
 PARAM = "messages.0.content.1"
 LOCAL = ServerSettings(allowed_media_domains=("127.0.0.1",))
@@ -113,13 +114,8 @@ class ImageServer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def origin() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ImageServer)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with local_origin(ImageServer) as url:
+        yield url
 
 
 # ---- which addresses a URL may reach ----
