@@ -120,10 +120,20 @@ REGIMES = {
 }
 
 
-@pytest.mark.parametrize("regime", sorted(REGIMES))
-def test_greedy_matches_transformers_with_images(vlm, regime):
+# The recompute regime's pool, with the prefix cache's RAM and disk tiers (its
+# directory added below): the second pass takes the image blocks back from them.
+TIERS = (
+    dict(**REGIMES["recompute"][0], kv_offloading_size=0.004),
+    "kv_tier_hit_tokens",
+)
+
+
+@pytest.mark.parametrize("regime", [*sorted(REGIMES), "tiers"])
+def test_greedy_matches_transformers_with_images(vlm, regime, tmp_path):
     folder, cases = vlm
-    settings, must_happen = REGIMES[regime]
+    settings, must_happen = TIERS if regime == "tiers" else REGIMES[regime]
+    if regime == "tiers":
+        settings = {**settings, "kv_offloading_dir": str(tmp_path)}
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", **settings))
     prompts = [engine_prompt(engine, q, images) for q, images in CASES]
     for prompt, (expected_prompt, _) in zip(prompts, cases, strict=True):
