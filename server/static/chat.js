@@ -1,6 +1,8 @@
 // The chat page's script: plain JavaScript, no framework, no build step.
 // It talks to this server only: POST /v1/chat/completions (streamed), GET /v1/models,
 // GET /metrics.
+// Images (pasted, dropped or attached) go as OpenAI image_url parts holding data: URLs,
+// ahead of the message's text; the server reads them, or answers 400 for a text-only model.
 "use strict";
 
 (() => {
@@ -16,6 +18,9 @@
     hint: $("empty-hint"),
     form: $("composer"),
     prompt: $("prompt"),
+    attach: $("attach"),
+    imageFile: $("image-file"),
+    attachments: $("attachments"),
     send: $("send"),
     stop: $("stop"),
     newChat: $("new-chat"),
@@ -32,6 +37,8 @@
   let history = [];
   let modelId = null;
   let inFlight = null; // {controller, stopped}
+  // Images waiting in the composer for the next message: [{url, name}], url a data: URL.
+  let pending = [];
 
   // ---- settings kept across reloads (the key only for this tab) ----
 
@@ -83,6 +90,10 @@
     if (detail.length > 500) detail = `${detail.slice(0, 500)}…`;
     if (detail) words += `: ${detail}`;
     if (response.status === 401) words += " (check the API key field in Settings)";
+    // The turn comes back to the composer with its images: say what to do with them.
+    if (/takes no image input/.test(detail)) {
+      words += " (the served model reads text only: remove the image and send again)";
+    }
     return words;
   }
 
@@ -111,6 +122,20 @@
     return item;
   }
 
+  // Thumbnails in a message, ahead of its text (the order the model gets them in).
+  function showImages(item, images) {
+    if (!images.length) return;
+    const box = document.createElement("div");
+    box.className = "thumbs";
+    for (const image of images) {
+      const img = document.createElement("img");
+      img.src = image.url;
+      img.alt = image.name || "image";
+      box.append(img);
+    }
+    item.querySelector(".content").before(box);
+  }
+
   function setMeta(item, text) {
     let meta = item.querySelector(".meta");
     if (!meta) {
@@ -124,6 +149,72 @@
   function setBusy(busy) {
     el.send.disabled = busy;
     el.stop.disabled = !busy;
+  }
+
+  // ---- images in the composer ----
+
+  function renderPending() {
+    el.attachments.replaceChildren();
+    pending.forEach((image, index) => {
+      const thumb = document.createElement("div");
+      thumb.className = "thumb";
+      thumb.setAttribute("role", "listitem");
+      const img = document.createElement("img");
+      img.src = image.url;
+      img.alt = image.name || "image";
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.title = "Remove this image";
+      remove.setAttribute("aria-label", `Remove image ${image.name || index + 1}`);
+      remove.addEventListener("click", () => {
+        pending = pending.filter((other) => other !== image);
+        renderPending();
+        el.prompt.focus();
+      });
+      thumb.append(img, remove);
+      el.attachments.append(thumb);
+    });
+    el.attachments.hidden = pending.length === 0;
+    // An image alone is a message too: the Send button's form check then lets it go.
+    el.prompt.required = pending.length === 0;
+  }
+
+  function readAsDataUrl(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+  }
+
+  async function addImages(files) {
+    const others = [];
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) {
+        others.push(`${file.name || file.type || "a file"} (not an image)`);
+        continue;
+      }
+      try {
+        pending.push({ url: await readAsDataUrl(file), name: file.name });
+      } catch (err) {
+        others.push(`${file.name} (${err.message || err})`);
+      }
+      renderPending();
+    }
+    if (others.length) el.status.textContent = `Not attached: ${others.join(", ")}`;
+  }
+
+  // The files a paste or drop carries; a paste of text carries none and stays the textarea's.
+  function filesOf(transfer) {
+    if (!transfer) return [];
+    if (transfer.files && transfer.files.length) return [...transfer.files];
+    return [...(transfer.items || [])]
+      .filter((item) => item.kind === "file")
+      .map((item) => item.getAsFile())
+      .filter(Boolean);
   }
 
   // ---- SSE over fetch (EventSource cannot POST or send headers) ----
@@ -175,12 +266,22 @@
 
   async function send() {
     const text = el.prompt.value;
-    if (!text.trim() || inFlight) return;
+    const images = pending;
+    if ((!text.trim() && !images.length) || inFlight) return;
     el.prompt.value = "";
+    pending = [];
+    renderPending();
     const userItem = addMessage("user", text);
+    showImages(userItem, images);
     // This turn's conversation: New chat swaps `history` for a fresh one mid-answer.
     const conversation = history;
-    conversation.push({ role: "user", content: text });
+    // A plain string without images, as before; with them, the images come first.
+    let userContent = text;
+    if (images.length) {
+      userContent = images.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
+      if (text.trim()) userContent.push({ type: "text", text });
+    }
+    conversation.push({ role: "user", content: userContent });
     const answer = addMessage("assistant", "");
     answer.classList.add("streaming");
     answer.dataset.state = "waiting";
@@ -263,6 +364,10 @@
       userItem.remove();
       answer.remove();
       if (!el.prompt.value) el.prompt.value = text;
+      if (!pending.length) {
+        pending = images;
+        renderPending();
+      }
     } else {
       conversation.push({ role: "assistant", content: partial });
       const parts = [];
@@ -300,6 +405,8 @@
     el.hint.hidden = false;
     el.status.textContent = "";
     el.prompt.value = "";
+    pending = [];
+    renderPending();
     el.prompt.focus();
   }
 
@@ -385,6 +492,38 @@
       event.preventDefault();
       send();
     }
+  });
+  el.attach.addEventListener("click", () => el.imageFile.click());
+  el.imageFile.addEventListener("change", () => {
+    const files = [...el.imageFile.files];
+    el.imageFile.value = ""; // choosing the same file again is a change too
+    addImages(files);
+  });
+  // Paste anywhere on the page; only a paste that holds files is taken from the browser.
+  document.addEventListener("paste", (event) => {
+    const files = filesOf(event.clipboardData);
+    if (!files.length) return;
+    event.preventDefault();
+    addImages(files);
+  });
+  // Drop anywhere: without preventDefault the browser would leave the page to show the file.
+  const carriesFiles = (event) =>
+    event.dataTransfer && [...event.dataTransfer.types].includes("Files");
+  document.addEventListener("dragover", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = "copy";
+    el.form.classList.add("drop-target");
+  });
+  document.addEventListener("dragleave", (event) => {
+    if (!event.relatedTarget) el.form.classList.remove("drop-target"); // left the window
+  });
+  document.addEventListener("drop", (event) => {
+    el.form.classList.remove("drop-target");
+    const files = filesOf(event.dataTransfer);
+    if (!files.length) return;
+    event.preventDefault();
+    addImages(files);
   });
   el.stop.addEventListener("click", stop);
   el.newChat.addEventListener("click", newChat);
