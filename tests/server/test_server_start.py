@@ -53,21 +53,20 @@ def test_a_port_in_use_ends_it_before_anything_loads(tmp_path: Path):
 
 
 def unsupported_model(folder: Path) -> Path:
-    """A SmolVLM-shaped folder: an architecture the engine does not serve. Its config
-    is what transformers' Idefics3Config saves, less the defaults it fills in again
-    when loaded (building one first costs the test 3-6 s of imports)."""
+    """A Qwen2.5-VL-shaped folder: an architecture the engine does not serve. Its config
+    is what transformers saves, less the defaults it fills in again when loaded."""
     folder.mkdir()
-    config = {"architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3"}
+    config = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl"}
     (folder / "config.json").write_text(json.dumps(config))
     save_file({"weight": torch.zeros(1)}, folder / "model.safetensors")
     return folder
 
 
 def test_a_model_it_does_not_serve(tmp_path: Path):
-    model = unsupported_model(tmp_path / "smolvlm")
+    model = unsupported_model(tmp_path / "qwen2.5-vl")
     process = spawn_installed(["--model", str(model)], tmp_path)
     line = exits_with_error(process)
-    assert "unsupported model architecture Idefics3ForConditionalGeneration" in line
+    assert "unsupported model architecture Qwen2_5_VLForConditionalGeneration" in line
     assert "listening on" not in process.log()  # known before the socket listened
 
 
