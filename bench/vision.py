@@ -42,7 +42,6 @@ import argparse
 import itertools
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -268,27 +267,29 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     def ratio(a: list[float], b: list[float]) -> dict[str, Any]:
         return with_spread([x / y for x, y in zip(a, b, strict=True)])
 
+    def question(which: str, engine: list[float]) -> dict[str, Any]:
+        """One question's times: the engine's (whole, preparing, stepping), transformers'."""
+        return {
+            "engine": with_spread(engine),
+            "engine_prepare": with_spread(series(f"engine_{which}_question", "prepare_s")),
+            "engine_steps": with_spread(series(f"engine_{which}_question", "steps_s")),
+            "transformers": with_spread(series(f"transformers_{which}_question", "ttft_s")),
+        }
+
     e1, e2 = series("engine_first_question", "ttft_s"), series("engine_second_question", "ttft_s")
     h1 = series("transformers_first_question", "ttft_s")
-    h2 = series("transformers_second_question", "ttft_s")
     e8, h8b = series("engine_8_users_s"), series("transformers_8_users_batched_s")
     h8s = series("transformers_8_users_sequential_s")
     return {
         "first_question_ttft_s": {
-            "engine": with_spread(e1),
-            "engine_prepare": with_spread(series("engine_first_question", "prepare_s")),
-            "engine_steps": with_spread(series("engine_first_question", "steps_s")),
-            "transformers": with_spread(h1),
+            **question("first", e1),
             "speedup_transformers_over_engine": ratio(h1, e1),
             "same_first_token_as_transformers": all(
                 r["engine_first_question"]["token"] == r["engine_reference_token"] for r in rounds
             ),
         },
         "second_question_ttft_s": {
-            "engine": with_spread(e2),
-            "engine_prepare": with_spread(series("engine_second_question", "prepare_s")),
-            "engine_steps": with_spread(series("engine_second_question", "steps_s")),
-            "transformers": with_spread(h2),
+            **question("second", e2),
             "ratio_engine_second_over_first": ratio(e2, e1),
             "engine_cached_fraction": with_spread(
                 [
@@ -314,11 +315,6 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def cpu_slug(cpu: str) -> str:
-    """A CPU's model name for file names: "AMD EPYC 7B13" -> "amd-epyc-7b13"."""
-    return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "cpu"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
@@ -329,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # tests/ is a sibling of bench/ in the repository, not an installed package.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu_check import device_slug
     from bench.throughput import machine_info
     from tests.tiny_models import save_tiny_idefics3
 
@@ -363,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({users['speedup_transformers_sequential_over_engine']['median']:.2f}x)"
     )
     machine = {**machine_info(), "load_avg_1m_before_after": [load_before[0], load_after[0]]}
-    path = args.json or RESULTS_DIR / f"vision-{cpu_slug(machine['cpu'])}.json"
+    path = args.json or RESULTS_DIR / f"vision-{device_slug(machine['cpu'])}.json"
     settings = {
         **{k: getattr(args, k) for k in ("rounds", "threads", "width", "height")},
         "model": "tests.tiny_models.save_tiny_idefics3 (random, fp32)",
