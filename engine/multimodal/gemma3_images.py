@@ -1,0 +1,173 @@
+"""Gemma 3's image processing for one image, as transformers' PIL-based Gemma 3 image
+processor (Gemma3ImageProcessorPil, what AutoImageProcessor gives where torchvision is not
+installed) does it, to the bit: the image made RGB (transparent parts white), squeezed to
+``height`` x ``width`` (896 x 896 in every Gemma 3) by PIL's resize of the 8-bit image
+with the configured filter (BILINEAR), rescaled in float64 and rounded to float32, then
+normalized in float32. Bit-exactness matters because the vision tower's output, and so
+the text the model writes about the image, must be transformers' for the same picture.
+
+And the prompt text that stands for the image where its ``<start_of_image>`` marker was,
+as transformers' Gemma3Processor expands it: the marker itself again, ``image_seq_length``
+image tokens (one per embedding the vision tower and its pooling give), the end-of-image
+token, fenced by blank lines.
+
+Pan-and-scan (extra crops of a very wide or tall image, each with its own image tokens
+and other text around them) is not supported: a folder that turns it on is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import PIL.Image
+from hetero_infer.engine.multimodal.idefics3_images import (
+    Idefics3ImageProcessor,
+    ProcessedImage,
+    _read_json,
+    _to_tensor,
+)
+from hetero_infer.engine.settings.exceptions import ConfigError
+
+BOI_TOKEN = "<start_of_image>"
+IMAGE_TOKEN = "<image_soft_token>"
+EOI_TOKEN = "<end_of_image>"
+# Gemma3Processor's default where neither processor_config.json nor config.json says.
+DEFAULT_IMAGE_SEQ_LENGTH = 256
+# Around the image's tokens, as Gemma3Processor's full_image_sequence has it.
+IMAGE_FENCE = "\n\n"
+
+
+@dataclass(frozen=True)
+class Gemma3ImageProcessor:
+    """The image processor's settings (transformers' names and defaults, which stand
+    where a config leaves a key out or sets it to null), the image tokens per image and
+    the special tokens' strings (the tokenizer's boi_token, image_token and eoi_token)."""
+
+    image_seq_length: int = DEFAULT_IMAGE_SEQ_LENGTH
+    # size["height"] and size["width"]; transformers' class default is 224 x 224, every
+    # Gemma 3 folder says 896 x 896.
+    height: int = 224
+    width: int = 224
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    do_convert_rgb: bool = True
+    resample: PIL.Image.Resampling = PIL.Image.Resampling.BILINEAR
+    rescale_factor: float = 1 / 255
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    boi_token: str = BOI_TOKEN
+    image_token: str = IMAGE_TOKEN
+    eoi_token: str = EOI_TOKEN
+
+    def __post_init__(self) -> None:
+        if self.image_seq_length <= 0 or self.height <= 0 or self.width <= 0:
+            raise ConfigError(
+                f"Gemma 3 image processor: image_seq_length ({self.image_seq_length}) and "
+                f"size ({self.height} x {self.width}) must be > 0"
+            )
+        if len(self.image_mean) != 3 or len(self.image_std) != 3:
+            raise ConfigError("Gemma 3 image processor: image_mean and image_std need 3 values")
+
+    @classmethod
+    def from_folder(cls, path: Path) -> Gemma3ImageProcessor:
+        """From a model folder: the image processor's settings in preprocessor_config.json
+        (the Hub's Gemma 3 folders, with nulls for the processor's defaults) or under
+        "image_processor" in processor_config.json (transformers 5 saves them there);
+        image_seq_length from processor_config.json or else config.json's
+        mm_tokens_per_image; the special tokens from tokenizer_config.json."""
+        settings = _read_json(path / "preprocessor_config.json")
+        processor = _read_json(path / "processor_config.json")
+        settings.update(processor.get("image_processor", {}))
+        # A null is the processor's default (Gemma3Processor's images_kwargs), as for a
+        # key left out.
+        settings = {key: value for key, value in settings.items() if value is not None}
+        if settings.get("do_pan_and_scan"):
+            raise ConfigError(
+                f"{path}: the image processor's do_pan_and_scan is on; Gemma 3's "
+                "pan-and-scan is not supported"
+            )
+        defaults = cls()
+        size = settings.get("size", {"height": defaults.height, "width": defaults.width})
+        if set(size) != {"height", "width"}:
+            raise ConfigError(
+                f"{path}: image processor size {size} is not a height and width, as Gemma 3's is"
+            )
+        image_seq_length = processor.get("image_seq_length")
+        if image_seq_length is None:
+            config = _read_json(path / "config.json")
+            image_seq_length = config.get("mm_tokens_per_image", DEFAULT_IMAGE_SEQ_LENGTH)
+        tokens = _special_tokens(_read_json(path / "tokenizer_config.json"))
+        return cls(
+            image_seq_length=int(image_seq_length),
+            height=int(size["height"]),
+            width=int(size["width"]),
+            do_resize=settings.get("do_resize", defaults.do_resize),
+            do_rescale=settings.get("do_rescale", defaults.do_rescale),
+            do_normalize=settings.get("do_normalize", defaults.do_normalize),
+            do_convert_rgb=settings.get("do_convert_rgb", defaults.do_convert_rgb),
+            resample=PIL.Image.Resampling(settings.get("resample", defaults.resample)),
+            rescale_factor=settings.get("rescale_factor", defaults.rescale_factor),
+            image_mean=tuple(settings.get("image_mean", defaults.image_mean)),
+            image_std=tuple(settings.get("image_std", defaults.image_std)),
+            boi_token=tokens.get("boi_token", defaults.boi_token),
+            image_token=tokens.get("image_token", defaults.image_token),
+            eoi_token=tokens.get("eoi_token", defaults.eoi_token),
+        )
+
+    @property
+    def marker(self) -> str:
+        """The token the chat template writes where each image goes."""
+        return self.boi_token
+
+    def process(self, image: PIL.Image.Image) -> ProcessedImage:
+        """The image as the vision tower takes it: pixel_values [1, 3, height, width]."""
+        return self.process_rgb(self.to_rgb(image))
+
+    def process_rgb(self, image: PIL.Image.Image) -> ProcessedImage:
+        """process() of an image to_rgb() has made."""
+        if self.do_resize:
+            image = image.resize((self.width, self.height), resample=self.resample)
+        pixel_values = self._rescale_and_normalize(_to_tensor(image)[None])
+        return ProcessedImage(pixel_values, rows=0, cols=0)
+
+    def placeholder_parts(self, rows: int = 0, cols: int = 0) -> tuple[str, str, str]:
+        """The text that replaces one marker, in three parts: the text before the first
+        special token, the special tokens (the marker, the image tokens, the end-of-image
+        token) and the text after the last. Joined, they are Gemma3Processor's
+        full_image_sequence. ``rows`` and ``cols`` (ProcessedImage's, always 0: one image
+        is one tile) are taken for the same call as Idefics3's."""
+        if rows or cols:
+            raise ValueError(f"a Gemma 3 image is one tile, not {rows} x {cols}")
+        core = f"{self.boi_token}{self.image_token * self.image_seq_length}{self.eoi_token}"
+        return IMAGE_FENCE, core, IMAGE_FENCE
+
+    # The same as Idefics3's processor, to the attribute: transformers' PIL backends share
+    # the RGB conversion (transparent parts composited on white, everything else PIL's
+    # convert("RGB")), the float64 rescale and the float32 normalize.
+    to_rgb = Idefics3ImageProcessor.to_rgb
+    _rescale_and_normalize = Idefics3ImageProcessor._rescale_and_normalize
+
+
+def _special_tokens(tokenizer_config: dict[str, Any]) -> dict[str, str]:
+    """boi_token, image_token and eoi_token as the tokenizer has them: top-level keys of
+    tokenizer_config.json (the Hub's Gemma 3 folders, transformers 5's save) or a dict of
+    named extra special tokens; a token may be an AddedToken's dict. Later sources win,
+    in the order transformers' tokenizer sets them."""
+    found: dict[str, str] = {}
+    for source in (
+        tokenizer_config.get("extra_special_tokens"),
+        tokenizer_config,
+        tokenizer_config.get("model_specific_special_tokens"),
+    ):
+        if not isinstance(source, dict):
+            continue
+        for key in ("boi_token", "image_token", "eoi_token"):
+            value = source.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                found[key] = value
+    return found
