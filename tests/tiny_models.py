@@ -1,7 +1,8 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
 Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3, and the mixture-of-experts families Mixtral,
 Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE and OLMoE; and the vision-language Idefics3
-(SmolVLM's architecture) with its image processor.
+(SmolVLM's architecture) and Gemma 3 (Gemma3ForConditionalGeneration), each with its
+image processor.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -323,6 +324,106 @@ def save_tiny_idefics3(folder: Path, seed: int = 0) -> Path:
         tokenizer=tokenizer,
         image_seq_len=(IDEFICS3_TILE_SIZE // 8) ** 2 // 2**2,
         chat_template=IDEFICS3_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(folder)
+    return folder
+
+
+# Gemma 3's chat markers and image tokens, each a single added special token: the prompt
+# holds <start_of_image> where an image goes, which Gemma3Processor expands to
+# "\n\n<start_of_image>" + <image_soft_token> x mm_tokens_per_image + "<end_of_image>\n\n".
+GEMMA3_SPECIAL_TOKENS = (
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+)
+# The tokenizer attributes Gemma3Processor reads (boi_token, image_token ... and their ids).
+GEMMA3_NAMED_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+# Gemma 3's template's shape, with this tokenizer's bos <s>: "<s><start_of_turn>user\n"
+# the message's parts (an image as <start_of_image>) "<end_of_turn>\n", the assistant's
+# turns as "model".
+GEMMA3_CHAT_TEMPLATE = (
+    "<s>{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<start_of_image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+# 32-pixel images of 8x8 patches of 4 pixels, average-pooled 2x2 into 4x4 = 16 tokens.
+GEMMA3_IMAGE_SIZE = 32
+GEMMA3_TOKENS_PER_IMAGE = 16
+
+
+def save_tiny_gemma3_vision(folder: Path, seed: int = 0) -> Path:
+    """Write a random-weight Gemma3ForConditionalGeneration (a SigLIP vision tower, an
+    average-pooling projector and a Gemma 3 text model) with its tokenizer, image
+    processor, processor and chat template into ``folder``."""
+    torch.manual_seed(seed)
+    tokenizer = make_byte_fallback_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA3_SPECIAL_TOKENS)})
+    tokenizer.save_pretrained(folder)
+    # Named on loading (a "*_token" argument becomes an attribute, saved with it).
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **GEMMA3_NAMED_TOKENS)
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+    # head_dim 16, GQA ratio 2; sliding layers of 24 tokens (shorter than an image's
+    # prompt) around a global one, each kind with its RoPE base
+    text_config = transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=24,
+        **{**COMMON, "vocab_size": len(tokenizer)},
+    )
+    # head_dim 8, 2 layers, no pooling head (Gemma 3's tower has none)
+    vision_config = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=GEMMA3_IMAGE_SIZE,
+        patch_size=4,
+        vision_use_head=False,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text_config,
+        vision_config=vision_config,
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id,
+        image_token_index=tokenizer.image_token_id,
+        initializer_range=0.5,
+        tie_word_embeddings=False,  # as the text Gemma 3's (TINY_MODELS): peaked logits
+    )
+    model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():  # random biases and norms too, so a missing one would show
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(".bias"):
+                param.normal_(0, 0.5)
+            elif "norm" in param_name:
+                param.add_(torch.randn_like(param) * 0.2)
+            elif param_name.endswith("mm_input_projection_weight"):  # zeros as initialized
+                param.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    image_processor = transformers.Gemma3ImageProcessorPil(
+        size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}
+    )
+    processor = transformers.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=GEMMA3_TOKENS_PER_IMAGE,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
     )
     processor.save_pretrained(folder)
     return folder

@@ -22,6 +22,16 @@ from hetero_infer.kernels import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
+# The embedding's name in a checkpoint: a decoder's, or a vision-language model's text
+# model's (Idefics3: model.text_model; Gemma 3: language_model.model as the Hub's files
+# and transformers 5 name it, model.language_model as transformers 4.5x did).
+EMBED_TOKENS_NAMES = {
+    "model.embed_tokens.weight",
+    "model.text_model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+}
+
 
 def checkpoint_quantized_by(source: ModelSource) -> str | None:
     """How the checkpoint's weights are quantized as stored: "gguf", "compressed-tensors"
@@ -51,8 +61,8 @@ def load_state_dict(
             take_int8_weights(state_dict, dtype, keep_quantized)
         elif quantize_int8:
             quantize_linear_weights(state_dict)
-    # (A vision-language model's decoder is its text model, under model.text_model.)
-    if not {"model.embed_tokens.weight", "model.text_model.embed_tokens.weight"} & set(state_dict):
+    # (A vision-language model's decoder is its text model, under its own name.)
+    if not EMBED_TOKENS_NAMES & set(state_dict):
         # E.g. a bare LlamaModel checkpoint, whose keys lack the "model." prefix.
         raise ConfigError(
             f"model {str(source.path)!r}: no model.embed_tokens.weight among the weights; "

@@ -1,7 +1,7 @@
 """Model registry: Hugging Face architecture name -> our implementation, built from a
 ModelConfig (config.py) into a CausalLM (protocol.py). Every family architectures.py
 lists runs on the one decoder (decoder.py); a vision-language family adds its vision
-side to it (idefics3.py)."""
+side to it (idefics3.py, gemma3_mm.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hetero_infer.engine.models.architectures import (
 )
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.decoder import DecoderForCausalLM
+from hetero_infer.engine.models.gemma3_mm import Gemma3ForConditionalGeneration
 from hetero_infer.engine.models.idefics3 import Idefics3ForConditionalGeneration
 from hetero_infer.engine.models.protocol import CausalLM, TensorParallel
 from hetero_infer.kernels import Kernels
@@ -18,6 +19,7 @@ from hetero_infer.kernels import Kernels
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     **dict.fromkeys(SUPPORTED_ARCHITECTURES, DecoderForCausalLM),
     "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 
 

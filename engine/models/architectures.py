@@ -114,6 +114,15 @@ FAMILIES = (
     # SmolVLM: a Llama text model behind a SigLIP vision tower (models/idefics3.py).
     # Last: llama.cpp files its text model under "llama", which stays Llama's.
     Family("Idefics3ForConditionalGeneration", "idefics3", "llama"),
+    # Gemma 3 with images (models/gemma3_mm.py); last, so "gemma3" GGUFs stay Gemma3ForCausalLM's.
+    Family(
+        "Gemma3ForConditionalGeneration",
+        "gemma3",
+        "gemma3",
+        qk_norm=True,
+        activation_outliers=True,
+        **GEMMA,
+    ),
 )
 BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama

@@ -13,7 +13,8 @@ class VisionSettings:
     # The placeholder token whose embeddings an image's replace, in order.
     image_token_id: int
     # The HF config's vision parts as it stores them (e.g. Idefics3: vision_config and
-    # scale_factor), which the family's vision module reads.
+    # scale_factor; Gemma 3: vision_config and mm_tokens_per_image), which the family's
+    # vision module reads.
     hf_config: dict[str, Any]
 
 
@@ -23,4 +24,6 @@ def vision_settings(config: Any) -> VisionSettings | None:
     if vision_config is None:
         return None
     hf = config.to_dict()
-    return VisionSettings(image_token_id=hf["image_token_id"], hf_config=hf)
+    # Gemma3Config names it image_token_index.
+    image_token_id = hf.get("image_token_id", hf.get("image_token_index"))
+    return VisionSettings(image_token_id=image_token_id, hf_config=hf)

@@ -1,0 +1,65 @@
+"""Gemma 3 with images (Gemma3ForConditionalGeneration, Gemma 3 4B and larger): the
+decoder (decoder.py) running its Gemma 3 text model as Gemma3ForCausalLM's, with its
+vision tower and projector (gemma3_vision.py) making the embeddings of each image's
+placeholder tokens.
+
+Its checkpoints name the text model's tensors in three ways, all loaded as the text
+Gemma 3's ``model.*`` and ``lm_head.weight``: the Hub's Gemma 3 files and transformers
+5's save_pretrained ``language_model.model.*`` (and ``language_model.lm_head.weight``
+where untied), a model's own state dict (transformers 4.5x's files)
+``model.language_model.*`` and ``lm_head.weight``. The vision side's names:
+gemma3_vision.py.
+"""
+
+from __future__ import annotations
+
+import torch
+from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.models.decoder import DecoderForCausalLM
+from hetero_infer.engine.models.gemma3_vision import Gemma3Vision, is_vision_name
+from hetero_infer.engine.models.protocol import TensorParallel
+from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import Kernels, QuantizedWeight
+
+# The text model's prefixes -> the decoder's, first match wins.
+TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+)
+
+
+def text_name(name: str) -> str:
+    """A text model tensor's checkpoint name -> the text Gemma 3's."""
+    for prefix, ours in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name.removeprefix(prefix)
+    return name
+
+
+class Gemma3ForConditionalGeneration(DecoderForCausalLM):
+    loaded_apart = ("vision.",)
+
+    def __init__(
+        self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
+    ) -> None:
+        if tp is not None:  # refused at setup (engine/setup.py)
+            raise ConfigError(f"{config.architecture}: tensor parallelism takes no images yet")
+        if config.vision is None:
+            raise ConfigError(f"{config.architecture}: the config has no vision_config")
+        super().__init__(config, kernels)
+        self.vision = Gemma3Vision.from_hf(config.vision.hf_config)
+
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Images [images, 3, size, size] -> their placeholders' embeddings."""
+        return self.vision.encode(pixel_values)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+        vision, text = {}, {}
+        for name, tensor in state_dict.items():
+            if is_vision_name(name):
+                vision[name] = tensor
+            else:
+                text[text_name(name)] = tensor
+        self.vision.load_weights(vision)
+        super().load_weights(text)
