@@ -29,6 +29,8 @@ from hetero_infer.kernels.backends import BACKENDS
 _EXPORTS = {
     "AttentionBackend": "attention_backend",
     "AttentionInputs": "attention_backend",
+    # the torch reference's, for a step the kernels do not serve (bidirectional_ends)
+    "torch_attention": "paged_attention",
     "LinearFn": "linear",
     "KernelOps": "ops",
     "cpu_ops": "ops",

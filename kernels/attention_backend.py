@@ -30,6 +30,13 @@ class AttentionInputs:
     # layers' own), over that group's block tables (slot_mapping and block_tables
     # differ, the rest is the same), as the backend's metadata too once prepared.
     later_groups: tuple[AttentionInputs, ...] = field(default=(), kw_only=True)
+    # [num_tokens] long, where the step computes tokens of an image whose tokens attend to
+    # each other both ways (Gemma 3's): for each such token, one past its image's last
+    # position, the keys up to there visible to it besides the causal ones (the chunk
+    # holds the rest of the image: the scheduler never ends a chunk inside one); 0 for
+    # every other token. None: no such token. The torch reference serves such a step
+    # (the kernels' forwards hand it over when given its metadata).
+    bidirectional_ends: torch.Tensor | None = field(default=None, kw_only=True)
 
     @property
     def num_seqs(self) -> int:

@@ -65,7 +65,8 @@ def store_kv_ref(
 def prepare_torch_attention(
     inputs: AttentionInputs, block_size: int, sliding_windows: set[int | None]
 ) -> TorchAttentionMetadata:
-    """The padded query index and the causal masks the torch path shares across layers."""
+    """The padded query index and the causal masks the torch path shares across layers
+    (an image's tokens seeing each other both ways where ``bidirectional_ends`` says)."""
     starts = inputs.query_start_loc[:-1].long()
     query_lens = inputs.query_start_loc[1:].long() - starts  # [num_seqs]
     device = inputs.context_lens.device
@@ -77,6 +78,11 @@ def prepare_torch_attention(
     query_pos = (inputs.context_lens.long() - query_lens)[:, None] + offsets[None, :]
     key_pos = torch.arange(inputs.block_tables.shape[1] * block_size, device=device)
     causal = key_pos[None, None, :] <= query_pos[:, :, None]
+    if inputs.bidirectional_ends is not None:
+        # An image's tokens see its later tokens too, within the window where there is
+        # one (transformers' Gemma 3: AND(window, OR(causal, same image))).
+        ends = torch.where(query_valid, inputs.bidirectional_ends.long()[query_index], 0)
+        causal = causal | (key_pos[None, None, :] < ends[:, :, None])
     attn_masks = {}
     for window in sliding_windows:
         mask = causal

@@ -29,6 +29,7 @@ from types import ModuleType
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
+from hetero_infer.kernels.paged_attention import TorchAttentionMetadata, paged_attention_ref
 
 # Head sizes the tiled kernel is built for (a multiple of 16 values per vector).
 TILED_HEAD_DIMS = (32, 64, 96, 128)
@@ -140,7 +141,10 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention."""
+    """Same contract as ``paged_attention_ref``, for metadata from prepare_cpu_attention
+    (or the reference's own, for a step only it serves: AttentionInputs.bidirectional_ends)."""
+    if isinstance(meta, TorchAttentionMetadata):
+        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window, softcap)
     chunks = meta.prefill_chunks
     if chunks is None or not tiled_kernel_serves(module, query, k_cache, sliding_window):
         return decode_attention_cpu(

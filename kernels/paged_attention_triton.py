@@ -34,6 +34,7 @@ from hetero_infer.kernels.kv_quant import (
     scale_group,
     stored_head_size,
 )
+from hetero_infer.kernels.paged_attention import TorchAttentionMetadata, paged_attention_ref
 from hetero_infer.kernels.store_kv_triton import cache_quant
 from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
@@ -334,11 +335,11 @@ def paged_attention_triton(
     *,
     tiles: AttentionTiles | None = None,
 ) -> torch.Tensor:
-    """query [num_tokens, num_heads, head_dim] -> output of the same shape.
-
-    ``tiles`` overrides the per-device choice (tests use it to cover many loop steps
-    and the split path).
-    """
+    """query [num_tokens, num_heads, head_dim] -> output of the same shape. ``tiles``
+    overrides the per-device choice (tests use it to cover many loop steps and the split
+    path)."""
+    if isinstance(meta, TorchAttentionMetadata):  # AttentionInputs.bidirectional_ends
+        return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window, softcap)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     num_seqs = meta.num_seqs

@@ -2,9 +2,10 @@
 
 Each step gets at most ``max_num_batched_tokens`` tokens. Running sequences go first (a
 decode costs one token, an unfinished prefill the rest of its prompt, cut to the
-budget), then swapped-out sequences come back, then waiting ones are admitted while
-blocks, the budget, ``max_num_seqs`` and the ``memory_threshold`` watermark allow. When
-a running sequence cannot get a block, the newest running sequence is preempted: its
+budget, though never inside an image whose tokens see each other both ways), then
+swapped-out sequences come back, then waiting ones are admitted while blocks, the
+budget, ``max_num_seqs`` and the ``memory_threshold`` watermark allow. When a running
+sequence cannot get a block, the newest running sequence is preempted: its
 KV is dropped and recomputed later, or swapped to CPU blocks when there is swap space.
 No torch here.
 
@@ -105,7 +106,10 @@ class Scheduler:
             if self._crossed_long_rope(seq):
                 self._preempt(seq, out)  # by recompute: it starts again, long
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = seq.chunk_tokens(budget)
+            if num_new == 0:  # the rest of an image, for a step with room for it
+                i += 1
+                continue
             while not bm.can_allocate_slots(seq, num_new):
                 victim = self.queues.running[-1]
                 self._preempt(victim, out)
@@ -123,8 +127,8 @@ class Scheduler:
         bm = self.block_manager
         while self.queues.swapped and budget > 0 and len(self.queues.running) < self.max_num_seqs:
             seq = self.queues.swapped[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not bm.can_swap_in(seq, num_new):
+            num_new = seq.chunk_tokens(budget)
+            if num_new == 0 or not bm.can_swap_in(seq, num_new):
                 break
             self.queues.swapped.popleft()
             out.blocks_to_swap_in.extend(bm.swap_in(seq))
@@ -172,8 +176,8 @@ class Scheduler:
         if bm.waits_for_tier_reads(seq):  # a step, for its prefix's files to be read
             return None
         num_hit = bm.allocate_cached_prefix(seq)
-        num_new = min(seq.num_uncomputed_tokens, budget)
-        if not self._can_admit(seq, num_new):
+        num_new = seq.chunk_tokens(budget)
+        if num_new == 0 or not self._can_admit(seq, num_new):
             bm.free(seq)
             seq.num_computed_tokens = 0
             return None

@@ -182,6 +182,18 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
+    def chunk_tokens(self, budget: int) -> int:
+        """The tokens a step computes for it within ``budget``: all it can, but never
+        ending inside an image whose tokens attend both ways (ImageInput.bidirectional),
+        which stops the chunk before it or, from inside it, waits (0) for a budget that
+        reaches its end."""
+        start = self.num_computed_tokens
+        num = min(self.num_tokens - start, budget)
+        for image in self.images:
+            if image.bidirectional and image.start < start + num < image.end:
+                return max(image.start - start, 0)
+        return num
+
     @property
     def needs_every_prompt_position(self) -> bool:
         """Whether every prompt position must run through the model here, none taken

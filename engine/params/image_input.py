@@ -23,6 +23,9 @@ class ImageInput:
     pixel_values: Any  # the image processor's tensor, e.g. [tiles, 3, height, width]
     # The prompt positions its embedding rows take, in the rows' order.
     positions: tuple[int, ...]
+    # Whether its tokens, one run, attend to each other both ways (Gemma 3's): a step
+    # computes them all at once (Sequence.chunk_tokens), each seeing the whole image.
+    bidirectional: bool = False
 
     @property
     def start(self) -> int:

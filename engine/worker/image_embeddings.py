@@ -46,6 +46,18 @@ def place_images(
     return placements
 
 
+def bidirectional_ends(placements: list[ImagePlacement], num_tokens: int) -> np.ndarray | None:
+    """AttentionInputs.bidirectional_ends of a step with these placements: None where
+    no image of theirs is bidirectional."""
+    both_ways = [p for p in placements if p.image.bidirectional]
+    if not both_ways:
+        return None
+    ends = np.zeros(num_tokens, np.int64)
+    for placement in both_ways:
+        ends[placement.step_rows] = placement.image.end
+    return ends
+
+
 class ImageEmbeddings:
     def __init__(self, model: CausalLM, device: torch.device) -> None:
         self.model = model

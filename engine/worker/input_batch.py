@@ -18,8 +18,15 @@ import torch
 from hetero_infer.engine.lora import step_groups
 from hetero_infer.engine.models.protocol import ImageEmbeds
 from hetero_infer.engine.params.image_input import ImageInput
-from hetero_infer.engine.worker.image_embeddings import ImagePlacement, place_images
-from hetero_infer.kernels import AttentionBackend, AttentionInputs
+from hetero_infer.engine.worker.image_embeddings import (
+    ImagePlacement,
+    bidirectional_ends,
+    place_images,
+)
+from hetero_infer.kernels import AttentionBackend, AttentionInputs, torch_attention
+
+# The backend of a step whose image tokens see each other both ways (Gemma 3's prefill).
+TORCH_ATTENTION = torch_attention()
 
 
 class Chunk(NamedTuple):
@@ -104,6 +111,18 @@ class InputBatcher:
         row_in_seq = np.arange(int(num_rows.sum())) - first_row[row_seq]
         logits_indices = query_start_loc[1:][row_seq] - num_rows[row_seq] + row_in_seq
 
+        image_placements = [
+            placement
+            for c, first_row in zip(chunks, query_start_loc, strict=False)
+            if c.images
+            for placement in place_images(
+                c.images, c.start, c.start + len(c.token_ids) - c.num_draft_tokens, first_row
+            )
+        ]
+        # No kernel lets a token see keys past its own: the reference serves such a step.
+        ends = bidirectional_ends(image_placements, num_tokens)
+        attention = self.attention if ends is None else TORCH_ATTENTION
+
         (block_tables, slot_mapping), *later = groups
         attention_inputs = AttentionInputs(
             slot_mapping=self._tensor(slot_mapping),
@@ -112,6 +131,7 @@ class InputBatcher:
             query_start_loc=self._tensor(query_start_loc, torch.int32),
             max_query_len=int(query_lens.max()),
             max_context_len=max_context_len,
+            bidirectional_ends=None if ends is None else self._tensor(ends),
         )
         if later:  # the same step over each later group's tables
             attention_inputs = replace(
@@ -130,18 +150,10 @@ class InputBatcher:
         lora_groups = []
         if lora_slots.any():
             lora_groups = step_groups(lora_slots[token_seq], self.device)
-        image_placements = [
-            placement
-            for c, first_row in zip(chunks, query_start_loc, strict=False)
-            if c.images
-            for placement in place_images(
-                c.images, c.start, c.start + len(c.token_ids) - c.num_draft_tokens, first_row
-            )
-        ]
         return ModelInputs(
             input_ids=self._tensor(input_ids),
             positions=self._tensor(positions + rope_offsets[token_seq]),
-            meta=self.attention.prepare_step(attention_inputs, bs, self.sliding_windows),
+            meta=attention.prepare_step(attention_inputs, bs, self.sliding_windows),
             logits_indices=self._tensor(logits_indices),
             lora_groups=lora_groups,
             image_placements=image_placements,

@@ -128,8 +128,9 @@ def test_silu_and_mul(ops):
     assert torch.equal(ops.silu_and_mul(x), expected)
 
 
-def _dense_attention(q, k, v, scale, window=None, softcap=None):
-    # q [n_q, H, D] for the last n_q positions of k/v [n_ctx, KVH, D]
+def _dense_attention(q, k, v, scale, window=None, softcap=None, ends=None):
+    # q [n_q, H, D] for the last n_q positions of k/v [n_ctx, KVH, D]; ends [n_q]: the
+    # keys before ends[i] visible to query i besides the causal ones (an image's)
     n_q, n_ctx = q.shape[0], k.shape[0]
     ratio = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(ratio, dim=1)
@@ -140,17 +141,27 @@ def _dense_attention(q, k, v, scale, window=None, softcap=None):
     q_pos = torch.arange(n_ctx - n_q, n_ctx)[:, None]
     k_pos = torch.arange(n_ctx)[None, :]
     mask = k_pos <= q_pos
+    if ends is not None:
+        mask |= k_pos < ends[:, None]
     if window is not None:
         mask &= k_pos > q_pos - window
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+# Two images whose tokens see each other both ways (Gemma 3): positions 2-5 of the
+# first chunk, and 14-18 of the chunk after cached context: the step's
+# AttentionInputs.bidirectional_ends (none in the decodes).
+IMAGE_ENDS = [0] + [0, 0, 6, 6, 6, 6, 0] + [0, 19, 19, 19, 19, 19] + [0, 0]
+
+
+@pytest.mark.parametrize("images", [False, True])
 @pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_attention_mixed_batch_matches_dense(attention, window, softcap):
+def test_paged_attention_mixed_batch_matches_dense(attention, window, softcap, images):
     """Decodes, a first prefill chunk and a chunk with cached context, blocks shuffled;
-    the scores soft-capped too (Gemma 2)."""
+    the scores soft-capped too (Gemma 2); tokens of an image seeing the whole image
+    (Gemma 3), which the kernels hand over to the torch reference."""
     torch.manual_seed(0)
     block_size, num_blocks, kv_heads, heads, head_dim = 4, 40, 2, 6, 24
     k_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
@@ -190,14 +201,16 @@ def test_paged_attention_mixed_batch_matches_dense(attention, window, softcap):
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         max_query_len=max(n for _, n in shapes),
         max_context_len=max(ctx_lens),
+        bidirectional_ends=torch.tensor(IMAGE_ENDS) if images else None,
     )
     attention.store_kv(torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, inputs.slot_mapping)
-    meta = attention.prepare(inputs, block_size, {window})
+    meta = (ATTENTION["torch"] if images else attention).prepare(inputs, block_size, {window})
     out = attention.forward(torch.cat(queries), k_cache, v_cache, meta, 0.3, window, softcap)
+    ends = torch.tensor(IMAGE_ENDS).split([n for _, n in shapes])
     expected = torch.cat(
         [
-            _dense_attention(q, k, v, 0.3, window, softcap)
-            for q, k, v in zip(queries, full_k, full_v, strict=True)
+            _dense_attention(q, k, v, 0.3, window, softcap, e if images else None)
+            for q, k, v, e in zip(queries, full_k, full_v, ends, strict=True)
         ]
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

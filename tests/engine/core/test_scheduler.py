@@ -14,6 +14,7 @@ from hetero_infer.engine.core.step_data import (
     SchedulerOutput,
     SequenceUpdate,
 )
+from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 EOS = 0
@@ -194,6 +195,34 @@ def test_chunked_prefill_runs_beside_decodes() -> None:
     out = run_step(sched)
     assert scheduled(out) == [("a", 1), ("b", 1)]
     assert a.num_output_tokens == 5
+
+
+def test_a_chunk_never_ends_inside_an_image_seen_both_ways() -> None:
+    """Gemma 3's image tokens attend to each other both ways, so one step computes all
+    of an image's: a chunk stops before it, and from its start waits for a step whose
+    budget reaches its end (here, a running decode takes a token). A causal image
+    (SmolVLM's) is split anywhere."""
+    sched = make_scheduler(max_num_batched_tokens=8)
+    a = make_seq("a", 4)
+    sched.queues.add(a)
+    run_step(sched)  # a is decoding now
+    b = make_seq("b", 20)
+    b.images = (ImageInput(1, None, tuple(range(5, 13)), bidirectional=True),)
+    sched.queues.add(b)
+    progress = [scheduled(run_step(sched)) for _ in range(4)]
+    assert progress == [
+        [("a", 1), ("b", 5)],  # up to the image (7 would cut it)
+        [("a", 1)],  # 7 left of 8: the image's 8 tokens wait
+        [("a", 1)],
+        [("a", 1)],
+    ]
+    a.sampling_params = SamplingParams(max_tokens=a.num_output_tokens)  # a ends next
+    assert scheduled(run_step(sched)) == [("a", 1)]
+    assert [scheduled(run_step(sched)) for _ in range(2)] == [[("b", 8)], [("b", 7)]]
+    causal = make_seq("c", 20)
+    causal.images = (ImageInput(2, None, tuple(range(5, 13))),)
+    sched.queues.add(causal)
+    assert scheduled(run_step(sched))[-1] == ("c", 7)
 
 
 def test_a_long_prompt_alone_is_chunked_to_the_budget() -> None:
