@@ -53,6 +53,12 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     if model_config.vision is not None and config.tensor_parallel_size > 1:
         # Rank 0 sends the other ranks token ids, not image embeddings.
         raise ConfigError(f"{model_config.architecture}: tensor parallelism takes no images yet")
+    image_tokens = model_config.vision.bidirectional_tokens if model_config.vision else 0
+    if image_tokens > config.max_num_batched_tokens:
+        raise ConfigError(
+            f"max_num_batched_tokens ({config.max_num_batched_tokens}) must hold one image's "
+            f"{image_tokens} tokens, which {model_config.architecture} computes in one step"
+        )
     device = resolve_device(config.device)
     check_host_memory(config, source, device)
     dtype = resolve_dtype(config.dtype, device, bf16_kernels_on_cpu(config, source, device))

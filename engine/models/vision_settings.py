@@ -16,6 +16,13 @@ class VisionSettings:
     # scale_factor; Gemma 3: vision_config and mm_tokens_per_image), which the family's
     # vision module reads.
     hf_config: dict[str, Any]
+    # Gemma 3's: the tokens of one image, which attend to each other both ways, so that
+    # one step computes them all (ImageInput.bidirectional). 0: images attend causally.
+    bidirectional_tokens: int = 0
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.bidirectional_tokens > 0
 
 
 def vision_settings(config: Any) -> VisionSettings | None:
@@ -26,4 +33,6 @@ def vision_settings(config: Any) -> VisionSettings | None:
     hf = config.to_dict()
     # Gemma3Config names it image_token_index.
     image_token_id = hf.get("image_token_id", hf.get("image_token_index"))
-    return VisionSettings(image_token_id=image_token_id, hf_config=hf)
+    # transformers' Gemma 3 lets an image's tokens see each other whatever their order.
+    both_ways = hf.get("mm_tokens_per_image", 256) if hf.get("model_type") == "gemma3" else 0
+    return VisionSettings(image_token_id, hf, bidirectional_tokens=both_ways)

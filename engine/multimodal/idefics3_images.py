@@ -106,6 +106,16 @@ class Idefics3ImageProcessor:
     def image_token(self) -> str:
         return IMAGE_TOKEN
 
+    @property
+    def marker(self) -> str:
+        """The token the chat template writes for an image: its image token."""
+        return IMAGE_TOKEN
+
+    def placeholder_parts(self, rows: int, cols: int) -> tuple[str, str, str]:
+        """placeholder_text as (text before its special tokens, them, text after): all
+        of it between special tokens."""
+        return "", self.placeholder_text(rows, cols), ""
+
     def process(self, image: PIL.Image.Image) -> ProcessedImage:
         """The image's tiles, row by row, then the global image (or the one tile)."""
         return self.process_rgb(self.to_rgb(image))

@@ -1,54 +1,77 @@
 """ImagePrompts: a vision model's prompt with its images in it. The chat template
-writes one marker token per image (Idefics3's ``<image>``); each marker is replaced by
-the tokens the image's embeddings take, as the model's own processor writes them for
-the image's size (its tiles' placeholders, with the tokens around them), and the
-image is preprocessed into the pixel values its vision tower takes.
+writes one marker token per image (Idefics3's ``<image>``, Gemma 3's
+``<start_of_image>``); each marker is replaced by the tokens the image's embeddings take,
+as the model's own processor writes them for the image (its tiles' placeholders, with the
+tokens around them), and the image is preprocessed into the pixel values its vision
+tower takes.
 
-The expansion starts and ends with special tokens, so tokenizing it alone gives the
-tokens the whole expanded text gives (what transformers' processor tokenizes).
+The processor replaces the marker in the prompt's text and tokenizes the result; here
+the prompt is token ids. The placeholder's core starts and ends with special tokens, so
+tokenizing it alone gives the tokens the whole text gives. Text the processor puts
+around it (Gemma 3's blank lines) joins the prompt's text beside the marker, up to the
+nearest special token, and that stretch is tokenized again as a whole, as the
+processor's text would be ("\n" + "\n\n" is one token, not two).
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor, ProcessedImage
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
-from hetero_infer.engine.settings.exceptions import ValidationError
+from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
 
 # The preprocessed images kept for a next question about them: a SmolVLM image's 13
 # tiles of 3 x 512 x 512 in fp32 are 40 MiB.
 RECENT_IMAGES_BYTES = 256 << 20
 
+# Each vision model's image processor, by architecture.
+PROCESSORS = {
+    "Idefics3ForConditionalGeneration": Idefics3ImageProcessor,
+    "Gemma3ForConditionalGeneration": Gemma3ImageProcessor,
+}
+ImageProcessor = Idefics3ImageProcessor | Gemma3ImageProcessor
+
 
 class ImagePrompts:
     def __init__(
         self,
-        processor: Idefics3ImageProcessor,
-        encode: Callable[[str], list[int]],
+        processor: ImageProcessor,
+        tokenizer: Tokenizer,
         image_token_id: int,
+        bidirectional: bool = False,
     ) -> None:
-        """``encode``: text -> token ids, without the tokenizer's own special tokens."""
+        """``image_token_id``: the token whose embeddings an image's replace;
+        ``bidirectional``: whether an image's tokens attend to each other both ways."""
         self.processor = processor
+        self.tokenizer = tokenizer
         self.image_token_id = image_token_id
+        self.bidirectional = bidirectional
+        self.marker_id = _single_token(tokenizer, processor.marker)
+        # The tokens that end a stretch of text, which the tokenizer matches alone: its
+        # special added tokens (Gemma's added newline runs merge with their neighbours).
+        hf = tokenizer.hf_tokenizer
+        self._split_ids = (
+            frozenset(i for i, token in hf.added_tokens_decoder.items() if token.special)
+            if hf is not None
+            else tokenizer.special_token_ids
+        )
         # Recently preprocessed images by content hash, least recently used first (the
         # server's routes may call from several threads).
         self._recent: OrderedDict[int, ProcessedImage] = OrderedDict()
         self._recent_bytes = 0
         self._lock = threading.Lock()
-        self._placeholder_ids = lru_cache(maxsize=64)(
-            lambda rows, cols: tuple(encode(processor.placeholder_text(rows, cols)))
-        )
+        self._placeholder = lru_cache(maxsize=64)(self._placeholder_of_grid)
 
     @classmethod
     def for_model(
@@ -57,9 +80,12 @@ class ImagePrompts:
         """A vision model's, from its folder's preprocessing config; None for text only."""
         if config.vision is None:
             return None
-        encode = functools.partial(tokenizer.encode, add_special_tokens=False)
-        processor = Idefics3ImageProcessor.from_folder(folder)
-        return cls(processor, encode, config.vision.image_token_id)
+        processor_class = PROCESSORS.get(config.architecture)
+        if processor_class is None:
+            raise ConfigError(f"{config.architecture}: no image processor for its images")
+        vision = config.vision
+        processor = processor_class.from_folder(folder)
+        return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional)
 
     def expand(
         self, token_ids: list[int], images: Sequence[Any], param: str
@@ -67,7 +93,7 @@ class ImagePrompts:
         """The prompt's token ids with each marker replaced by its image's placeholder
         tokens, and the images as the engine carries them; a ValidationError naming
         ``param`` where markers and images do not pair up."""
-        markers = [i for i, t in enumerate(token_ids) if t == self.image_token_id]
+        markers = [i for i, t in enumerate(token_ids) if t == self.marker_id]
         if len(markers) != len(images):
             raise ValidationError(
                 f"{param}: {len(images)} image(s) for {len(markers)} image place(s) in the "
@@ -75,23 +101,61 @@ class ImagePrompts:
                 "spell the image token)",
                 param=param,
             )
-        expanded: list[int] = []
-        inputs = []
-        taken = 0
-        for index, (marker, image) in enumerate(zip(markers, images, strict=True)):
+        processed = []
+        for index, image in enumerate(images):
             try:
-                image_hash, processed = self.preprocess(image)
+                processed.append(self.preprocess(image))
             except (ValueError, OSError) as exc:
                 raise ValidationError(f"{param}: image {index}: {exc}", param=param) from exc
-            placeholder = self._placeholder_ids(processed.rows, processed.cols)
-            expanded += token_ids[taken:marker]
-            ids = np.asarray(placeholder)
-            positions = np.flatnonzero(ids == self.image_token_id) + len(expanded)
-            expanded += placeholder
-            taken = marker + 1
-            inputs.append(ImageInput(image_hash, processed.pixel_values, tuple(positions.tolist())))
-        expanded += token_ids[taken:]
+        placeholders = [self._placeholder(p.rows, p.cols) for _, p in processed]
+        # The text between markers, with the placeholders' text on either side of it.
+        bounds = [-1, *markers, len(token_ids)]
+        expanded: list[int] = []
+        inputs = []
+        for index in range(len(bounds) - 1):
+            after_previous = placeholders[index - 1][2] if index else ""
+            before_next = placeholders[index][0] if index < len(markers) else ""
+            between = token_ids[bounds[index] + 1 : bounds[index + 1]]
+            expanded += self._joined(after_previous, between, before_next)
+            if index == len(markers):
+                break
+            core = np.asarray(placeholders[index][1])
+            positions = np.flatnonzero(core == self.image_token_id) + len(expanded)
+            expanded += placeholders[index][1]
+            image_hash, image = processed[index]
+            inputs.append(
+                ImageInput(
+                    image_hash, image.pixel_values, tuple(positions.tolist()), self.bidirectional
+                )
+            )
         return expanded, tuple(inputs)
+
+    def _placeholder_of_grid(self, rows: int, cols: int) -> tuple[str, tuple[int, ...], str]:
+        """The text before an image's placeholder, its tokens, and the text after."""
+        before, core, after = self.processor.placeholder_parts(rows, cols)
+        return before, tuple(self.tokenizer.encode(core, add_special_tokens=False)), after
+
+    def _joined(self, left: str, token_ids: list[int], right: str) -> list[int]:
+        """``token_ids`` with ``left`` text before them and ``right`` after, tokenized as
+        the processor's text is: the stretch up to the nearest split token again."""
+        if not left and not right:
+            return token_ids
+        splits = [i for i, t in enumerate(token_ids) if t in self._split_ids]
+        if not splits:  # one stretch of text from placeholder to placeholder
+            return self._encode(left + self._decode(token_ids) + right)
+        first, last = splits[0], splits[-1] + 1
+        head, middle, tail = token_ids[:first], token_ids[first:last], token_ids[last:]
+        if left:
+            head = self._encode(left + self._decode(head))
+        if right:
+            tail = self._encode(self._decode(tail) + right)
+        return head + middle + tail
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def preprocess(self, image: Any) -> tuple[int, ProcessedImage]:
         """The image's content hash (of its RGB pixels: the processor's settings are the
@@ -114,3 +178,10 @@ class ImagePrompts:
                 _, dropped = self._recent.popitem(last=False)
                 self._recent_bytes -= dropped.pixel_values.nbytes
         return image_hash, processed
+
+
+def _single_token(tokenizer: Tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ConfigError(f"the tokenizer spells the image marker {text!r} as {ids}, not one token")
+    return ids[0]

@@ -1,14 +1,20 @@
 """A vision-language model's greedy output equals transformers' generate with the same
-images, token for token, in fp32: SmolVLM's architecture (Idefics3) on a tiny random
-checkpoint (tests/tiny_models.py), under the scheduling regimes that change how the KV
-cache is filled (plain, chunked prefill splitting an image's tokens, preemption by
-recompute and by swap), with the prefix cache hit on the same image and missed on a
-different image behind the same text.
+images, token for token, in fp32: SmolVLM's architecture (Idefics3) and Gemma 3's, each
+on a tiny random checkpoint (tests/tiny_models.py), under the scheduling regimes that
+change how the KV cache is filled (plain, chunked prefill at a budget that splits an
+image's tokens, preemption by recompute and by swap, the KV tiers), with the prefix
+cache hit on the same image and missed on a different image behind the same text.
+
+Gemma 3's image tokens attend to each other both ways: its chunks stop at an image's
+edge instead (core/scheduler.py), and its image steps take the torch reference's
+attention (AttentionInputs.bidirectional_ends).
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,11 +22,12 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.settings.exceptions import ConfigError
 from PIL import Image
 
-from tests.tiny_models import save_tiny_idefics3
+from tests.tiny_models import save_tiny_gemma3_vision, save_tiny_idefics3
 
 MAX_NEW_TOKENS = 12
 REQUEST_IDS = itertools.count()
@@ -45,15 +52,45 @@ def messages(question: str, num_images: int) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """(folder, reference): reference(question, images) -> (the processor's prompt ids,
-    transformers' greedy output ids)."""
-    folder = save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
+@dataclass(frozen=True)
+class Family:
+    save: Any  # (folder) -> the tiny checkpoint's folder
+    model_class: Any  # transformers' class
+    processor_class: Any  # ours
+    # The recompute and swap regimes' KV pool: the first two prompts fill it, and
+    # their answers take more.
+    pool: dict[str, int]
+    eos: tuple[int, ...] = (EOS,)
+
+
+FAMILIES = {
+    # Prompts of ~270 tokens (tiles of 16 image tokens).
+    "idefics3": Family(
+        save_tiny_idefics3,
+        transformers.Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        dict(block_size=8, max_num_blocks=70, max_model_len=540),
+    ),
+    # Prompts of ~50 tokens (16 image tokens), each seen by a 24-token sliding window;
+    # the family's end of turn <end_of_turn> (385) stops it too.
+    "gemma3": Family(
+        save_tiny_gemma3_vision,
+        transformers.Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        dict(block_size=8, max_num_blocks=14, max_model_len=112),
+        eos=(EOS, 385),
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def reference(request, tmp_path_factory):
+    """(family, folder, reference): reference(question, images) -> (the processor's
+    prompt ids, transformers' greedy output ids)."""
+    family = FAMILIES[request.param]
+    folder = family.save(tmp_path_factory.mktemp(request.param))
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
-        folder, dtype=torch.float32
-    ).eval()
+    model = family.model_class.from_pretrained(folder, dtype=torch.float32).eval()
 
     def generate(question: str, images: list) -> tuple[list[int], list[int]]:
         text = processor.apply_chat_template(
@@ -64,19 +101,23 @@ def reference(tmp_path_factory):
         inputs = processor(text=text, images=images, return_tensors="pt", add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(
-                **inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=EOS
+                **inputs,
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=list(family.eos),
             )
         prompt = inputs["input_ids"][0].tolist()
         return prompt, out[0, len(prompt) :].tolist()
 
-    return folder, generate
+    return family, folder, generate
 
 
 @pytest.fixture(scope="module")
 def vlm(reference):
-    """(folder, [(the processor's prompt ids, transformers' output ids)] for CASES)."""
-    folder, generate = reference
-    return folder, [generate(question, images) for question, images in CASES]
+    """(family, folder, [(the processor's prompt ids, transformers' output ids)] for
+    CASES)."""
+    family, folder, generate = reference
+    return family, folder, [generate(question, images) for question, images in CASES]
 
 
 def engine_prompt(engine: LLMEngine, question: str, images: list) -> PromptTokens:
@@ -97,43 +138,27 @@ def run(engine: LLMEngine, prompts: list[PromptTokens]) -> list[list[int]]:
     return [engine.get_output(i).token_ids for i in ids]
 
 
-REGIMES = {
-    "plain": (dict(), None),
-    # 16 tokens a step: every image's placeholders are split over several steps.
-    "chunked": (dict(max_num_batched_tokens=16), None),
-    # 70 blocks of 8 tokens: the first two prompts (~270 tokens each) fill them, and
-    # their answers take more.
-    "recompute": (
-        dict(block_size=8, max_num_blocks=70, max_model_len=540, memory_threshold=1.0),
-        "num_preemptions",
-    ),
-    "swap": (
-        dict(
-            block_size=8,
-            max_num_blocks=70,
-            max_model_len=540,
-            memory_threshold=1.0,
-            num_cpu_blocks=200,
-        ),
-        "num_preemptions",
-    ),
-}
+def regime_settings(family: Family, regime: str, tmp_path) -> tuple[dict, str | None]:
+    """The engine settings of a scheduling regime, and a counter it must move."""
+    if regime == "plain":
+        return {}, None
+    if regime == "chunked":  # 16 tokens a step: image placeholders span several steps
+        return dict(max_num_batched_tokens=16), None
+    pool = dict(**family.pool, memory_threshold=1.0)
+    if regime == "recompute":
+        return pool, "num_preemptions"
+    if regime == "swap":
+        return dict(**pool, num_cpu_blocks=200), "num_preemptions"
+    # The recompute regime's pool with the prefix cache's RAM and disk tiers: the
+    # second pass takes the image blocks back from them.
+    tiers = dict(kv_offloading_size=0.004, kv_offloading_dir=str(tmp_path))
+    return dict(**pool, **tiers), "kv_tier_hit_tokens"
 
 
-# The recompute regime's pool, with the prefix cache's RAM and disk tiers (its
-# directory added below): the second pass takes the image blocks back from them.
-TIERS = (
-    dict(**REGIMES["recompute"][0], kv_offloading_size=0.004),
-    "kv_tier_hit_tokens",
-)
-
-
-@pytest.mark.parametrize("regime", [*sorted(REGIMES), "tiers"])
+@pytest.mark.parametrize("regime", ["chunked", "plain", "recompute", "swap", "tiers"])
 def test_greedy_matches_transformers_with_images(vlm, regime, tmp_path):
-    folder, cases = vlm
-    settings, must_happen = TIERS if regime == "tiers" else REGIMES[regime]
-    if regime == "tiers":
-        settings = {**settings, "kv_offloading_dir": str(tmp_path)}
+    family, folder, cases = vlm
+    settings, must_happen = regime_settings(family, regime, tmp_path)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", **settings))
     prompts = [engine_prompt(engine, q, images) for q, images in CASES]
     for prompt, (expected_prompt, _) in zip(prompts, cases, strict=True):
@@ -152,7 +177,7 @@ def test_greedy_matches_transformers_with_images(vlm, regime, tmp_path):
 def test_prefix_cache_tells_images_apart(reference, vlm):
     """The same text with another image hits only the blocks before the image; the
     same image again hits past it. Each answers as transformers does."""
-    (folder, generate), (_, cases) = reference, vlm
+    (_, folder, generate), (_, _, cases) = reference, vlm
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", block_size=8))
     question, images = CASES[0]
     first = engine_prompt(engine, question, images)
@@ -174,21 +199,21 @@ def test_prefix_cache_tells_images_apart(reference, vlm):
 
 
 def test_tensor_parallelism_is_refused_at_start(vlm):
-    folder, _ = vlm
+    _, folder, _ = vlm
     with pytest.raises(ConfigError, match="tensor parallelism takes no images"):
         LLMEngine(EngineConfig(model=str(folder), dtype="float32", tensor_parallel_size=2))
 
 
 def test_a_second_question_about_an_image_reuses_its_preprocessing(vlm, monkeypatch):
-    folder, _ = vlm
+    family, folder, _ = vlm
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
-    processed, original = [], Idefics3ImageProcessor.process_rgb
+    processed, original = [], family.processor_class.process_rgb
 
     def process_rgb(self, rgb):
         processed.append(rgb.size)
         return original(self, rgb)
 
-    monkeypatch.setattr(Idefics3ImageProcessor, "process_rgb", process_rgb)
+    monkeypatch.setattr(family.processor_class, "process_rgb", process_rgb)
     image = noise_image(5, 120, 90)
     first = engine_prompt(engine, "What is this?", [image])
     again = engine_prompt(engine, "And its colours?", [image.copy()])
@@ -197,3 +222,15 @@ def test_a_second_question_about_an_image_reuses_its_preprocessing(vlm, monkeypa
     assert first.images[0].content_hash == again.images[0].content_hash
     assert other.images[0].content_hash != first.images[0].content_hash
     assert torch.equal(first.images[0].pixel_values, again.images[0].pixel_values)
+
+
+def test_a_step_budget_short_of_an_image_is_refused_where_it_is_seen_both_ways(vlm):
+    """Gemma 3 computes an image's 16 tokens in one step: 8 a step could never; SmolVLM's
+    causal images are split anywhere."""
+    family, folder, _ = vlm
+    config = EngineConfig(model=str(folder), dtype="float32", max_num_batched_tokens=8)
+    if family.processor_class is Gemma3ImageProcessor:
+        with pytest.raises(ConfigError, match=r"must hold one image's 16 tokens"):
+            LLMEngine(config)
+    else:
+        assert LLMEngine(config).model_config.vision.bidirectional_tokens == 0

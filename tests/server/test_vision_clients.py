@@ -1,6 +1,7 @@
 """Images through each API family's own client, against a served vision model: the
 OpenAI, Anthropic and Ollama SDKs each send an image and get back the tokens
-transformers' generate gives for it (a tiny random SmolVLM checkpoint, fp32, greedy).
+transformers' generate gives for it (tiny random SmolVLM and Gemma 3 checkpoints, fp32,
+greedy).
 The same image as a data URL and as an http URL on 127.0.0.1 (allowed by
 --allowed-media-domains) gives the same tokens.
 """
@@ -24,7 +25,7 @@ from PIL import Image
 
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server
 from tests.server.local_origin import local_origin
-from tests.tiny_models import save_tiny_idefics3
+from tests.tiny_models import save_tiny_gemma3_vision, save_tiny_idefics3
 
 MAX_TOKENS = 10
 EOS = 2
@@ -42,18 +43,30 @@ PNG = png_bytes()
 PNG_BASE64 = base64.b64encode(PNG).decode()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
+# Each family: its tiny checkpoint, transformers' class, the tokens that end an answer
+# (Gemma's <end_of_turn> too).
+FAMILIES = {
+    "idefics3": (save_tiny_idefics3, transformers.Idefics3ForConditionalGeneration, [EOS]),
+    "gemma3": (save_tiny_gemma3_vision, transformers.Gemma3ForConditionalGeneration, [EOS, 385]),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def reference(folder) -> tuple[list[int], str]:
+def folder(tmp_path_factory, family):
+    return FAMILIES[family][0](tmp_path_factory.mktemp(family))
+
+
+@pytest.fixture(scope="module")
+def reference(folder, family) -> tuple[list[int], str]:
     """transformers' greedy answer (token ids, text) to QUESTION about the image."""
+    _, model_class, eos = FAMILIES[family]
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(
-        folder, dtype=torch.float32
-    ).eval()
+    model = model_class.from_pretrained(folder, dtype=torch.float32).eval()
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
     ]
@@ -61,7 +74,7 @@ def reference(folder) -> tuple[list[int], str]:
     image = Image.open(io.BytesIO(PNG)).convert("RGB")
     inputs = processor(text=text, images=[image], return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=EOS)
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos)
     tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
     return tokens, processor.tokenizer.decode(tokens, skip_special_tokens=True)
 
