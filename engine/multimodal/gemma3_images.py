@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import PIL.Image
-from hetero_infer.engine.multimodal.idefics3_images import (
-    Idefics3ImageProcessor,
+from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
-    _read_json,
-    _to_tensor,
+    read_json,
+    rescale_and_normalize,
+    to_rgb,
+    to_tensor,
 )
 from hetero_infer.engine.settings.exceptions import ConfigError
 
@@ -78,8 +79,8 @@ class Gemma3ImageProcessor:
         "image_processor" in processor_config.json (transformers 5 saves them there);
         image_seq_length from processor_config.json or else config.json's
         mm_tokens_per_image; the special tokens from tokenizer_config.json."""
-        settings = _read_json(path / "preprocessor_config.json")
-        processor = _read_json(path / "processor_config.json")
+        settings = read_json(path / "preprocessor_config.json")
+        processor = read_json(path / "processor_config.json")
         settings.update(processor.get("image_processor", {}))
         # A null is the processor's default (Gemma3Processor's images_kwargs), as for a
         # key left out.
@@ -97,9 +98,9 @@ class Gemma3ImageProcessor:
             )
         image_seq_length = processor.get("image_seq_length")
         if image_seq_length is None:
-            config = _read_json(path / "config.json")
+            config = read_json(path / "config.json")
             image_seq_length = config.get("mm_tokens_per_image", DEFAULT_IMAGE_SEQ_LENGTH)
-        tokens = _special_tokens(_read_json(path / "tokenizer_config.json"))
+        tokens = _special_tokens(read_json(path / "tokenizer_config.json"))
         return cls(
             image_seq_length=int(image_seq_length),
             height=int(size["height"]),
@@ -130,7 +131,12 @@ class Gemma3ImageProcessor:
         """process() of an image to_rgb() has made."""
         if self.do_resize:
             image = image.resize((self.width, self.height), resample=self.resample)
-        pixel_values = self._rescale_and_normalize(_to_tensor(image)[None])
+        pixel_values = rescale_and_normalize(
+            to_tensor(image)[None],
+            self.rescale_factor if self.do_rescale else None,
+            self.image_mean if self.do_normalize else None,
+            self.image_std if self.do_normalize else None,
+        )
         return ProcessedImage(pixel_values, rows=0, cols=0)
 
     def placeholder_parts(self, rows: int = 0, cols: int = 0) -> tuple[str, str, str]:
@@ -144,11 +150,9 @@ class Gemma3ImageProcessor:
         core = f"{self.boi_token}{self.image_token * self.image_seq_length}{self.eoi_token}"
         return IMAGE_FENCE, core, IMAGE_FENCE
 
-    # The same as Idefics3's processor, to the attribute: transformers' PIL backends share
-    # the RGB conversion (transparent parts composited on white, everything else PIL's
-    # convert("RGB")), the float64 rescale and the float32 normalize.
-    to_rgb = Idefics3ImageProcessor.to_rgb
-    _rescale_and_normalize = Idefics3ImageProcessor._rescale_and_normalize
+    def to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
+        """The image in RGB, as the processor first makes it."""
+        return to_rgb(image, self.do_convert_rgb)
 
 
 def _special_tokens(tokenizer_config: dict[str, Any]) -> dict[str, str]:

@@ -14,15 +14,19 @@ after each row of tiles, then the global image's behind ``<global-img>``, fenced
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import PIL.Image
 import torch
+from hetero_infer.engine.multimodal.pixels import (
+    ProcessedImage,
+    read_json,
+    rescale_and_normalize,
+    to_rgb,
+    to_tensor,
+)
 from hetero_infer.engine.settings.exceptions import ConfigError
 
 IMAGE_TOKEN = "<image>"
@@ -30,14 +34,6 @@ FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
 GLOBAL_IMAGE_TOKEN = "<global-img>"
 # transformers caps a resized image's longest edge at 4k whatever the config says.
 MAX_IMAGE_SIZE = 4096
-
-
-@dataclass(frozen=True)
-class ProcessedImage:
-    pixel_values: torch.Tensor  # [tiles, 3, tile_size, tile_size] float32
-    # The grid of tiles before the global image; 0 and 0 when the image is one tile.
-    rows: int
-    cols: int
 
 
 @dataclass(frozen=True)
@@ -73,8 +69,8 @@ class Idefics3ImageProcessor:
         (the Hub's SmolVLM folders) or under "image_processor" in processor_config.json
         (transformers 5 saves them there), image_seq_len from processor_config.json or
         else from the model's config.json, as the model itself computes it."""
-        settings = _read_json(path / "preprocessor_config.json")
-        processor = _read_json(path / "processor_config.json")
+        settings = read_json(path / "preprocessor_config.json")
+        processor = read_json(path / "processor_config.json")
         settings.update(processor.get("image_processor", {}))
         image_seq_len = processor.get("image_seq_len")
         if image_seq_len is None:
@@ -129,17 +125,17 @@ class Idefics3ImageProcessor:
         tile = self.tile_size
         rows = cols = 0
         if not self.do_image_splitting:
-            tiles = _to_tensor(self._resize(image, tile, tile))[None]
+            tiles = to_tensor(self._resize(image, tile, tile))[None]
         else:
             image = self._resize(image, *_whole_tiles(image.height, image.width, tile))
             if image.height > tile or image.width > tile:
                 rows, cols = image.height // tile, image.width // tile
-                grid = _to_tensor(image)  # [3, rows * tile, cols * tile]
+                grid = to_tensor(image)  # [3, rows * tile, cols * tile]
                 grid = grid.view(3, rows, tile, cols, tile).permute(1, 3, 0, 2, 4)
-                global_image = _to_tensor(self._resize(image, tile, tile))
+                global_image = to_tensor(self._resize(image, tile, tile))
                 tiles = torch.cat([grid.reshape(rows * cols, 3, tile, tile), global_image[None]])
             else:
-                tiles = _to_tensor(image)[None]
+                tiles = to_tensor(image)[None]
         return ProcessedImage(self._rescale_and_normalize(tiles), rows, cols)
 
     def placeholder_text(self, rows: int, cols: int) -> str:
@@ -161,31 +157,18 @@ class Idefics3ImageProcessor:
 
     def to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
         """The image in RGB, as the processor first makes it."""
-        if not self.do_convert_rgb:
-            if image.mode != "RGB":
-                raise ValueError(f"a {image.mode} image, and do_convert_rgb is off")
-            return image
-        # Transparent parts become white, as transformers composites them.
-        if "A" in image.getbands() or image.info.get("transparency") is not None:
-            rgba = image.convert("RGBA")
-            white = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            return PIL.Image.alpha_composite(white, rgba).convert("RGB")
-        return image.convert("RGB")
+        return to_rgb(image, self.do_convert_rgb)
 
     def _resize(self, image: PIL.Image.Image, height: int, width: int) -> PIL.Image.Image:
         return image.resize((width, height), resample=self.resample)
 
     def _rescale_and_normalize(self, tiles: torch.Tensor) -> torch.Tensor:
-        # transformers rescales in float64 and rounds to float32, then normalizes in float32.
-        if self.do_rescale:
-            values = (tiles.to(torch.float64) * self.rescale_factor).to(torch.float32)
-        else:
-            values = tiles.to(torch.float32)
-        if self.do_normalize:
-            mean = torch.tensor(self.image_mean, dtype=torch.float32).view(3, 1, 1)
-            std = torch.tensor(self.image_std, dtype=torch.float32).view(3, 1, 1)
-            values = (values - mean) / std
-        return values
+        return rescale_and_normalize(
+            tiles,
+            self.rescale_factor if self.do_rescale else None,
+            self.image_mean if self.do_normalize else None,
+            self.image_std if self.do_normalize else None,
+        )
 
 
 def _fit_longest_edge(height: int, width: int, longest_edge: int) -> tuple[int, int]:
@@ -225,23 +208,12 @@ def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
     return height, width
 
 
-def _to_tensor(image: PIL.Image.Image) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)  # [3, H, W] uint8
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    with path.open() as file:
-        return json.load(file)
-
-
 def _image_seq_len_of_model(config_path: Path) -> int:
     """Image tokens per tile: a tile's patches, fewer by the pixel shuffle's factor in
     each direction. The defaults are transformers' Idefics3Config's."""
     if not config_path.exists():
         raise ConfigError(f"{config_path.parent}: no image_seq_len and no config.json")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     vision = config.get("vision_config", {})
     patches_per_side = vision.get("image_size", 224) // vision.get("patch_size", 32)
     return int(patches_per_side**2 / config.get("scale_factor", 2) ** 2)

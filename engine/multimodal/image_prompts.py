@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
-from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor, ProcessedImage
+from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
+from hetero_infer.engine.multimodal.pixels import ProcessedImage
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer

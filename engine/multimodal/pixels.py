@@ -1,0 +1,71 @@
+"""What every image processor here shares with transformers' PIL-based ones: the image
+made RGB, its 8-bit pixels as a tensor, their rescale and normalisation (in the dtypes
+transformers uses, so that the pixel values are equal to the bit), the processed image,
+and the reading of a model folder's JSON files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+
+
+@dataclass(frozen=True)
+class ProcessedImage:
+    pixel_values: torch.Tensor  # [tiles, 3, tile height, tile width] float32
+    # The grid of tiles before a global image (Idefics3's); 0 and 0 for one tile.
+    rows: int
+    cols: int
+
+
+def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
+    """The image in RGB, as a processor first makes it (``convert``: its do_convert_rgb;
+    off, an image not already RGB is refused)."""
+    if not convert:
+        if image.mode != "RGB":
+            raise ValueError(f"a {image.mode} image, and do_convert_rgb is off")
+        return image
+    # Transparent parts become white, as transformers composites them.
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return PIL.Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def to_tensor(image: PIL.Image.Image) -> torch.Tensor:
+    """An RGB image's pixels as [3, H, W] uint8."""
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+
+def rescale_and_normalize(
+    tiles: torch.Tensor,
+    rescale_factor: float | None,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+) -> torch.Tensor:
+    """uint8 tiles [n, 3, H, W] -> float32, rescaled (None: not) and normalized (None:
+    not). transformers rescales in float64 and rounds to float32, then normalizes in
+    float32."""
+    if rescale_factor is not None:
+        values = (tiles.to(torch.float64) * rescale_factor).to(torch.float32)
+    else:
+        values = tiles.to(torch.float32)
+    if mean is not None and std is not None:
+        mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
+        std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+        values = (values - mean_t) / std_t
+    return values
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A folder's JSON file; {} where it has none."""
+    if not path.exists():
+        return {}
+    with path.open() as file:
+        return json.load(file)
