@@ -154,7 +154,7 @@ class DecoderForCausalLM(nn.Module):
             x = x.index_copy(0, rows, embeddings.to(x.dtype))
         return x
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """A text model takes no images (a vision model's class overrides this)."""
         raise TypeError(f"{self.config.architecture} takes no images")
 

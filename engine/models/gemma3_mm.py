@@ -50,9 +50,9 @@ class Gemma3ForConditionalGeneration(DecoderForCausalLM):
         super().__init__(config, kernels)
         self.vision = Gemma3Vision.from_hf(config.vision.hf_config)
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Images [images, 3, size, size] -> their placeholders' embeddings."""
-        return self.vision.encode(pixel_values)
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
+        """Images, each [1, 3, size, size] -> their placeholders' embeddings."""
+        return self.vision.encode(torch.cat(pixel_values))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
         vision, text = {}, {}

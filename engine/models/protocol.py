@@ -84,10 +84,11 @@ class CausalLM(Protocol):
         """input_ids [num_tokens] -> the embeddings [num_tokens, hidden]."""
         ...
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """A vision model's images (their preprocessed tiles) -> the embeddings of their
-        placeholder tokens [rows, hidden], the images' in order; a text model has none
-        (the input processor refuses images before they get here)."""
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
+        """A vision model's images (each one's pixel values as its processor made them:
+        ImageInput.pixel_values) -> the embeddings of their placeholder tokens [rows,
+        hidden], the images' in order; a text model has none (the input processor
+        refuses images before they get here)."""
         ...
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

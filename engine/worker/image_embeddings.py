@@ -81,7 +81,7 @@ class ImageEmbeddings:
             self.cache.move_to_end(content_hash)  # recently used
         if not missing:
             return
-        pixels = torch.cat([by_hash[h].pixel_values for h in missing]).to(self.device)
+        pixels = [by_hash[h].pixel_values.to(self.device) for h in missing]
         counts = [len(by_hash[h].positions) for h in missing]
         rows = self.model.encode_images(pixels)
         if rows.shape[0] != sum(counts):

@@ -20,9 +20,9 @@ class TaggingModel:
     def __init__(self) -> None:
         self.calls = 0
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         self.calls += 1
-        return pixel_values.clone()
+        return torch.cat(pixel_values)
 
 
 def image(tag: int, positions: tuple[int, ...]) -> ImageInput:
