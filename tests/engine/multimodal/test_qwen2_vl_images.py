@@ -1,0 +1,279 @@
+"""engine/multimodal/qwen2_vl_images.py: one image's pixel values (flattened) and patch grid
+equal transformers' Qwen2-VL image processor's to the bit (the PIL backend, which
+AutoImageProcessor gives without torchvision), for images of every shape and mode, with
+the default settings and small ones; the prompt text for an image is Qwen2_5_VLProcessor's;
+the settings' names and precedence are transformers'; an aspect ratio over 200 is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+import transformers
+from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
+from hetero_infer.engine.settings.exceptions import ConfigError
+
+from tests.engine.multimodal.test_gemma3_images import (
+    cmyk,
+    rgb_png_with_transparent_colour,
+    sixteen_bit,
+    transparent_png,
+)
+from tests.engine.multimodal.test_idefics3_images import noise, palette_with_transparency
+from tests.helpers import make_byte_fallback_tokenizer
+
+IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
+PROMPT = f"user: {IMAGE_PROMPT}What is in this picture?\nassistant:"
+SMALL = {"patch_size": 4, "merge_size": 2, "min_pixels": 16 * 16, "max_pixels": 64 * 64}
+
+# Built on call: a test may not share an image whose state another test's processing changed.
+IMAGES = {
+    "landscape": lambda: noise("RGB", 300, 170),
+    "portrait": lambda: noise("RGB", 90, 400, seed=1),
+    "rgba": lambda: noise("RGBA", 123, 77, seed=2),
+    "greyscale": lambda: noise("L", 50, 61, seed=4),
+    "greyscale_alpha": lambda: noise("LA", 33, 20, seed=5),
+    "palette_transparent": palette_with_transparency,
+    "palette": lambda: noise("RGB", 64, 48, seed=16).quantize(colors=32),
+    "transparent_png": transparent_png,
+    "rgb_png_transparent_colour": rgb_png_with_transparent_colour,
+    "sixteen_bit": sixteen_bit,
+    "cmyk": cmyk,
+    "one_pixel": lambda: noise("RGB", 1, 1, seed=6),
+    "tiny": lambda: noise("RGB", 3, 5, seed=7),
+    "exactly_56": lambda: noise("RGB", 56, 56, seed=8),
+    "exactly_64": lambda: noise("RGB", 64, 64, seed=17),
+    "large": lambda: noise("RGB", 1500, 1000, seed=10),
+    "strip_at_limit": lambda: noise("RGB", 1000, 5, seed=11),
+    "tall_strip": lambda: noise("RGB", 7, 1390, seed=18),
+}
+
+
+def qwen_tokenizer(image_token: str | None = None) -> transformers.PreTrainedTokenizerFast:
+    """The test byte-fallback tokenizer with Qwen's vision tokens; ``image_token`` names the
+    tokenizer's image_token (Qwen's own tokenizer names none)."""
+    base = make_byte_fallback_tokenizer()
+    image = image_token or "<|image_pad|>"
+    tokens = ["<|vision_start|>", image, "<|vision_end|>", "<|video_pad|>"]
+    base.add_special_tokens({"additional_special_tokens": tokens})
+    named = {"image_token": image_token} if image_token else {}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=base.backend_tokenizer,
+        bos_token=base.bos_token,
+        eos_token=base.eos_token,
+        unk_token=base.unk_token,
+        **named,
+    )
+
+
+class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
+    """Qwen2_5_VLProcessor without its video processor, which needs torchvision."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def save_processor(folder: Path, image_token: str | None = None, **settings: int) -> Path:
+    """The image processor (its PIL class) and the tokenizer as transformers saves them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    transformers.Qwen2VLImageProcessorPil(**settings).save_pretrained(folder)
+    qwen_tokenizer(image_token).save_pretrained(folder)
+    return folder
+
+
+def hf_processor_of(folder: Path) -> transformers.Qwen2_5_VLProcessor:
+    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module", params=["default", "small"])
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    settings = SMALL if request.param == "small" else {}
+    return save_processor(tmp_path_factory.mktemp("qwen2_vl"), **settings)
+
+
+@pytest.fixture(scope="module")
+def hf_image_processor(folder: Path) -> transformers.BaseImageProcessor:
+    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    # The one this venv has (no torchvision); ours must match it either way.
+    assert image_processor.backend == "pil"
+    return image_processor
+
+
+@pytest.fixture(scope="module")
+def hf_processor(folder: Path) -> transformers.Qwen2_5_VLProcessor:
+    return hf_processor_of(folder)
+
+
+def test_from_folder_reads_saved_settings(folder: Path) -> None:
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    saved = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (ours.min_pixels, ours.max_pixels) == (
+        saved["size"]["shortest_edge"],
+        saved["size"]["longest_edge"],
+    )
+    assert (ours.patch_size, ours.merge_size) == (saved["patch_size"], saved["merge_size"])
+    assert ours.temporal_patch_size == 2 and ours.do_convert_rgb
+    assert ours.resample == PIL.Image.Resampling.BICUBIC
+    assert (ours.marker, ours.image_token) == ("<|image_pad|>", "<|image_pad|>")
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_matches_transformers(
+    name: str,
+    folder: Path,
+    hf_image_processor: transformers.BaseImageProcessor,
+    hf_processor: transformers.Qwen2_5_VLProcessor,
+) -> None:
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    processed = ours.process(IMAGES[name]())
+    dim = 3 * ours.temporal_patch_size * ours.patch_size**2
+    grid = (processed.rows, processed.cols)
+    assert processed.pixel_values.dtype == torch.float32
+    assert processed.pixel_values.shape == (*grid, dim)
+    flat = processed.pixel_values.reshape(-1, dim)
+
+    expected = hf_image_processor(IMAGES[name](), return_tensors="pt")
+    assert expected["image_grid_thw"].tolist() == [[1, *grid]]
+    assert torch.equal(flat, expected["pixel_values"])
+
+    expected = hf_processor(text=PROMPT, images=[IMAGES[name]()], return_tensors="pt")
+    assert torch.equal(flat, expected["pixel_values"])
+    text = PROMPT.replace(ours.marker, "".join(ours.placeholder_parts(*grid)))
+    input_ids = hf_processor.tokenizer(text, return_tensors="pt").input_ids
+    assert torch.equal(input_ids, expected["input_ids"])
+    image_token_id = hf_processor.tokenizer.convert_tokens_to_ids(ours.image_token)
+    merged = (grid[0] // ours.merge_size) * (grid[1] // ours.merge_size)
+    assert (input_ids == image_token_id).sum() == merged
+
+
+def test_patch_order() -> None:
+    """The rows are by merge_size x merge_size block, each block's patches row by row; a
+    row is its patch repeated temporal_patch_size times, channel by channel. (The image's
+    size is kept by the resize, and its values by turning rescaling and normalizing off.)"""
+    ours = Qwen2VLImageProcessor(
+        patch_size=4,
+        merge_size=2,
+        min_pixels=256,
+        max_pixels=4096,
+        do_rescale=False,
+        do_normalize=False,
+    )
+    image = noise("RGB", 32, 16, seed=19)
+    processed = ours.process(image)
+    assert (processed.rows, processed.cols) == (4, 8)
+    pixels = torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float()
+    flat = processed.pixel_values.reshape(-1, 3, 2, 4, 4)
+    # (row, column) of each of the first rows' patch: block (0, 0), then block (0, 1).
+    for index, (row, col) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3)]):
+        patch = pixels[:, row * 4 : row * 4 + 4, col * 4 : col * 4 + 4]
+        assert torch.equal(flat[index, :, 0], patch) and torch.equal(flat[index, :, 1], patch)
+    # The second block row starts after the first's 4 blocks of 4 patches.
+    assert torch.equal(flat[16, :, 0], pixels[:, 8:12, 0:4])
+
+
+def test_placeholder_parts_and_image_token(tmp_path: Path) -> None:
+    ours = Qwen2VLImageProcessor()
+    assert ours.placeholder_parts(4, 6) == ("", "<|image_pad|>" * 6, "")
+    with pytest.raises(ValueError, match="blocks"):
+        ours.placeholder_parts(3, 4)
+    folder = save_processor(tmp_path, image_token="<|img|>", **SMALL)
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    assert (ours.marker, ours.image_token) == ("<|img|>", "<|img|>")
+    hf_processor = hf_processor_of(folder)
+    assert hf_processor.image_token == "<|img|>"
+    prompt = PROMPT.replace("<|image_pad|>", "<|img|>")
+    processed = ours.process(IMAGES["landscape"]())
+    expected = hf_processor(text=prompt, images=[IMAGES["landscape"]()], return_tensors="pt")
+    text = prompt.replace(
+        ours.marker, "".join(ours.placeholder_parts(processed.rows, processed.cols))
+    )
+    assert torch.equal(
+        hf_processor.tokenizer(text, return_tensors="pt").input_ids, expected["input_ids"]
+    )
+
+
+def hub_layout(folder: Path, source: Path, name: str, **settings: object) -> Path:
+    """A folder with the given image settings in ``name`` (preprocessor_config.json as the
+    Hub's Qwen folders, or processor_config.json's "image_processor" as transformers 5)."""
+    folder.mkdir()
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / file, folder / file)
+    base = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+    }
+    config = {**base, **settings}
+    if name == "processor_config.json":
+        config = {"image_processor": config, "processor_class": "Qwen2_5_VLProcessor"}
+    (folder / name).write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["preprocessor_config.json", "processor_config.json"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # The Hub's: min_pixels and max_pixels, no size.
+        {"min_pixels": 300, "max_pixels": 3000, "patch_size": 4},
+        # min_pixels and max_pixels win over the size's.
+        {
+            "size": {"shortest_edge": 100, "longest_edge": 90000},
+            "min_pixels": 500,
+            "max_pixels": 2500,
+            "patch_size": 5,
+            "resample": 2,
+        },
+        {"size": {"shortest_edge": 64, "longest_edge": 1000}, "max_pixels": None, "patch_size": 3},
+        {"size": None, "max_pixels": 5000, "patch_size": 6, "image_std": 0.5, "image_mean": 0.5},
+    ],
+    ids=["hub", "pixels_win", "size", "max_only"],
+)
+def test_settings_precedence(tmp_path: Path, name: str, settings: dict[str, object]) -> None:
+    source = save_processor(tmp_path / "source")
+    folder = hub_layout(tmp_path / "layout", source, name, **settings)
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    hf = transformers.AutoImageProcessor.from_pretrained(folder)
+    assert (ours.min_pixels, ours.max_pixels) == (hf.size["shortest_edge"], hf.size["longest_edge"])
+    for image in ("landscape", "tall_strip", "tiny", "rgba"):
+        processed = ours.process(IMAGES[image]())
+        expected = hf(IMAGES[image](), return_tensors="pt")
+        assert expected["image_grid_thw"].tolist() == [[1, processed.rows, processed.cols]]
+        flat = processed.pixel_values.reshape(processed.rows * processed.cols, -1)
+        assert torch.equal(flat, expected["pixel_values"])
+
+
+def test_nulls_are_defaults(tmp_path: Path) -> None:
+    """A null size, min_pixels or max_pixels is the default in transformers too; another
+    null (none in the Hub's Qwen folders) is ours, where transformers 5.24 would take None."""
+    source = save_processor(tmp_path / "source")
+    nulls = {"size": None, "min_pixels": None, "max_pixels": None, "image_mean": None}
+    folder = hub_layout(tmp_path / "layout", source, "preprocessor_config.json", **nulls)
+    assert Qwen2VLImageProcessor.from_folder(folder) == Qwen2VLImageProcessor()
+
+
+def test_size_needs_both_edges(tmp_path: Path) -> None:
+    source = save_processor(tmp_path / "source")
+    folder = hub_layout(
+        tmp_path / "layout", source, "preprocessor_config.json", size={"shortest_edge": 64}
+    )
+    with pytest.raises(ConfigError, match="shortest_edge and a longest_edge"):
+        Qwen2VLImageProcessor.from_folder(folder)
+
+
+@pytest.mark.parametrize("size", [(1001, 5), (3, 700)], ids=["wide", "tall"])
+def test_aspect_ratio_over_limit_refused(folder: Path, size: tuple[int, int]) -> None:
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    image = noise("RGB", *size, seed=20)
+    with pytest.raises(ValueError, match="aspect ratio .* is over 200"):
+        ours.process(image)
+    with pytest.raises(ValueError, match="aspect ratio must be smaller than 200"):
+        transformers.AutoImageProcessor.from_pretrained(folder)(image)
