@@ -50,9 +50,6 @@ def resolve_setup(config: EngineConfig) -> EngineSetup:
     """The setup for ``config`` (the model's config is read, not its weights)."""
     source = loader.resolve_model(config.model)
     model_config = ModelConfig.from_hf(loader.load_config(source))
-    if model_config.vision is not None and config.tensor_parallel_size > 1:
-        # Rank 0 sends the other ranks token ids, not image embeddings.
-        raise ConfigError(f"{model_config.architecture}: tensor parallelism takes no images yet")
     image_tokens = model_config.vision.bidirectional_tokens if model_config.vision else 0
     if image_tokens > config.max_num_batched_tokens:
         raise ConfigError(

@@ -149,6 +149,13 @@ class Sequence:
         """The images with placeholder tokens in positions [start, end)."""
         return tuple(image for image in self.images if image.overlaps(start, end))
 
+    def images_for_chunk(self, start: int, end: int) -> tuple[ImageInput, ...]:
+        """The images a chunk of positions [start, end) needs: those with tokens in it,
+        and with M-RoPE those before it too, which move its positions."""
+        if self.images and self.images[0].grid is not None:
+            return self.images_in(0, end)
+        return self.images_in(start, end)
+
     @property
     def block_table(self) -> list[int]:
         """The first KV cache group's table: every computed token's block."""

@@ -39,7 +39,7 @@ def schedule_entry(
         block_tables=[list(table) for table in seq.block_tables],
         long_rope=seq.long_rope,
         lora_slot=seq.lora_slot,
-        images=seq.images_in(start, start + num_new) if seq.images else (),
+        images=seq.images_for_chunk(start, start + num_new) if seq.images else (),
         samples=samples,
         sampling_params=params,
         draft_token_ids=drafts,

@@ -55,7 +55,11 @@ def serve_commands(runner: ModelRunner, receiver: StepReceiver) -> None:
         if command == Command.STEP:
             assert isinstance(payload, Step)
             runner.execute_share(
-                payload.copies, payload.input_ids, payload.positions, payload.attention_inputs
+                payload.copies,
+                payload.input_ids,
+                payload.positions,
+                payload.attention_inputs,
+                payload.image_embeds,
             )
         elif command == Command.LOGITS:
             assert isinstance(payload, torch.Tensor)

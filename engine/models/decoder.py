@@ -26,6 +26,7 @@ from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.decoder_weights import load_decoder_weights
 from hetero_infer.engine.models.layers import MLP, DecoderLayer, Linear, RMSNorm, not_packed
 from hetero_infer.engine.models.moe import SparseMoe
+from hetero_infer.engine.models.mrope import mrope_rows
 from hetero_infer.engine.models.protocol import ImageEmbeds, TensorParallel
 from hetero_infer.engine.models.sharding import shard_config
 from hetero_infer.kernels import (
@@ -128,10 +129,16 @@ class DecoderForCausalLM(nn.Module):
         meta: AttentionInputs,
         image_embeds: ImageEmbeds | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden].
+        M-RoPE's steps with image tokens give positions [3, num_tokens] (models/mrope.py)."""
         x = self.embed(input_ids, image_embeds)
         residual = None
-        for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_ropes, strict=True):
+        layer_ropes = self.layer_ropes
+        if positions.dim() == 2:  # each token's tables' rows, then token i at row i
+            rope = mrope_rows(layer_ropes[0], positions, self.config.mrope_section)
+            layer_ropes = [rope] * len(layer_ropes)
+            positions = torch.arange(positions.shape[1], device=positions.device)
+        for layer, kv_cache, rope in zip(self.layers, kv_caches, layer_ropes, strict=True):
             x, residual = layer(x, residual, positions, rope, kv_cache, meta)
         return self.final_norm(x, residual)
 
@@ -157,6 +164,11 @@ class DecoderForCausalLM(nn.Module):
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """A text model takes no images (a vision model's class overrides this)."""
         raise TypeError(f"{self.config.architecture} takes no images")
+
+    def is_vision_weight(self, name: str) -> bool:
+        """Whether a checkpoint tensor is a vision model's vision side (kept whole on every
+        rank under tensor parallelism); a text model has none."""
+        return False
 
     def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The last layer's output and the residual stream -> the final hidden states."""

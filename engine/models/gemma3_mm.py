@@ -43,12 +43,14 @@ class Gemma3ForConditionalGeneration(DecoderForCausalLM):
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
-        if tp is not None:  # refused at setup (engine/setup.py)
-            raise ConfigError(f"{config.architecture}: tensor parallelism takes no images yet")
         if config.vision is None:
             raise ConfigError(f"{config.architecture}: the config has no vision_config")
-        super().__init__(config, kernels)
+        super().__init__(config, kernels, tp)
+        # Whole on every rank (rank 0 runs it and sends the embeddings).
         self.vision = Gemma3Vision.from_hf(config.vision.hf_config)
+
+    def is_vision_weight(self, name: str) -> bool:
+        return is_vision_name(name)
 
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """Images, each [1, 3, size, size] -> their placeholders' embeddings."""
@@ -57,7 +59,7 @@ class Gemma3ForConditionalGeneration(DecoderForCausalLM):
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
         vision, text = {}, {}
         for name, tensor in state_dict.items():
-            if is_vision_name(name):
+            if self.is_vision_weight(name):
                 vision[name] = tensor
             else:
                 text[text_name(name)] = tensor

@@ -26,12 +26,14 @@ class Idefics3ForConditionalGeneration(DecoderForCausalLM):
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
-        if tp is not None:  # refused at setup (engine/setup.py)
-            raise ConfigError(f"{config.architecture}: tensor parallelism takes no images yet")
         if config.vision is None:
             raise ConfigError(f"{config.architecture}: the config has no vision_config")
-        super().__init__(config, kernels)
+        super().__init__(config, kernels, tp)
+        # Whole on every rank (rank 0 runs it and sends the embeddings).
         self.vision = Idefics3Vision.from_hf(config.vision.hf_config)
+
+    def is_vision_weight(self, name: str) -> bool:
+        return name.startswith(VISION_PARTS)
 
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """Images, each its tiles [tiles, 3, size, size] -> their placeholders'
@@ -41,7 +43,7 @@ class Idefics3ForConditionalGeneration(DecoderForCausalLM):
     def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
         vision, text = {}, {}
         for name, tensor in state_dict.items():
-            if name.startswith(VISION_PARTS):
+            if self.is_vision_weight(name):
                 vision[name] = tensor
             else:
                 text[name.replace(TEXT_MODEL, "model.", 1)] = tensor

@@ -20,6 +20,7 @@ before the model takes it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,12 +80,17 @@ def shard_state_dict(
     rank: int,
     world_size: int,
     config: ModelConfig | None = None,
+    keep_whole: Callable[[str], bool] = lambda name: False,
 ) -> dict[str, torch.Tensor]:
     """Rank ``rank``'s share of each Hugging Face-named tensor (views where it can);
-    ``config`` gives the parts of fused projections."""
+    ``config`` gives the parts of fused projections; the tensors ``keep_whole`` names
+    (a vision model's vision side) stay whole on every rank."""
     fused = {} if config is None else fused_parts(config)
     shards: dict[str, torch.Tensor] = {}
     for name, tensor in state_dict.items():
+        if keep_whole(name):
+            shards[name] = tensor
+            continue
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError(
                 f"{name}: tensor parallelism splits float weights, not quantized blocks; "

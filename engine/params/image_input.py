@@ -26,6 +26,11 @@ class ImageInput:
     # Whether its tokens, one run, attend to each other both ways (Gemma 3's): a step
     # computes them all at once (Sequence.chunk_tokens), each seeing the whole image.
     bidirectional: bool = False
+    # M-RoPE's (Qwen2-VL's): its tokens as rows x cols of the image, row by row, each
+    # placed at (time, height, width) = (p, p + row, p + col) from the position p where
+    # the image starts; the text after it goes on from p + max(rows, cols). None: its
+    # tokens take positions as text does.
+    grid: tuple[int, int] | None = None
 
     @property
     def start(self) -> int:

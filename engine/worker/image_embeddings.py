@@ -39,6 +39,8 @@ def place_images(
     from the step's row ``first_row`` on."""
     placements = []
     for image in images:
+        if not image.overlaps(start, end):  # before the chunk (M-RoPE's: core/sequence.py)
+            continue
         positions = np.asarray(image.positions)
         taken = np.flatnonzero((positions >= start) & (positions < end))
         if taken.size:

@@ -23,6 +23,7 @@ from hetero_infer.engine.worker.image_embeddings import (
     bidirectional_ends,
     place_images,
 )
+from hetero_infer.engine.worker.mrope_positions import mrope_positions
 from hetero_infer.kernels import AttentionBackend, AttentionInputs, torch_attention
 
 # The backend of a step whose image tokens see each other both ways (Gemma 3's prefill).
@@ -119,9 +120,7 @@ class InputBatcher:
                 c.images, c.start, c.start + len(c.token_ids) - c.num_draft_tokens, first_row
             )
         ]
-        # No kernel lets a token see keys past its own: the reference serves such a step.
         ends = bidirectional_ends(image_placements, num_tokens)
-        attention = self.attention if ends is None else TORCH_ATTENTION
 
         (block_tables, slot_mapping), *later = groups
         attention_inputs = AttentionInputs(
@@ -150,14 +149,39 @@ class InputBatcher:
         lora_groups = []
         if lora_slots.any():
             lora_groups = step_groups(lora_slots[token_seq], self.device)
+        positions = positions + rope_offsets[token_seq]
+        if any(c.images and c.images[0].grid is not None for c in chunks):
+            positions = self._mrope(chunks, positions, query_start_loc, bool(image_placements))
         return ModelInputs(
             input_ids=self._tensor(input_ids),
-            positions=self._tensor(positions + rope_offsets[token_seq]),
-            meta=attention.prepare_step(attention_inputs, bs, self.sliding_windows),
+            positions=self._tensor(positions),
+            meta=self.prepare(attention_inputs),
             logits_indices=self._tensor(logits_indices),
             lora_groups=lora_groups,
             image_placements=image_placements,
         )
+
+    def prepare(self, inputs: AttentionInputs) -> Any:
+        """The step's metadata by its backend, built once for every layer: the torch
+        reference's where tokens see keys past their own, which no kernel does."""
+        attention = self.attention if inputs.bidirectional_ends is None else TORCH_ATTENTION
+        return attention.prepare_step(inputs, self.block_size, self.sliding_windows)
+
+    def _mrope(
+        self,
+        chunks: list[Chunk],
+        positions: np.ndarray,
+        query_start_loc: np.ndarray,
+        image_tokens: bool,
+    ) -> np.ndarray:
+        """M-RoPE's positions (worker/mrope_positions.py): [3, num_tokens] where the step
+        has image tokens, else the one row all three are."""
+        rows = np.tile(positions, (3, 1))
+        for c, first in zip(chunks, query_start_loc, strict=False):
+            if c.images and c.images[0].grid is not None:
+                end = c.start + len(c.token_ids)
+                rows[:, first : first + len(c.token_ids)] = mrope_positions(c.images, c.start, end)
+        return rows if image_tokens else rows[0]
 
     def _tables(
         self, tables: list[list[int]], token_seq: np.ndarray, positions: np.ndarray, max_blocks: int

@@ -77,7 +77,9 @@ def load_model(
         source, dtype, keep_quantized, quantize_int8=quantization == "int8"
     )
     if tp is not None:
-        state_dict = shard_state_dict(state_dict, tp.rank, tp.world_size, model_config)
+        state_dict = shard_state_dict(
+            state_dict, tp.rank, tp.world_size, model_config, keep_whole=model.is_vision_weight
+        )
     model.load_weights(state_dict)
     # On the CPU the packed weights share one buffer on huge pages, in step order.
     model.pack_weights(host_memory.gather_on_huge_pages if device.type == "cpu" else None)

@@ -23,6 +23,7 @@ from hetero_infer.engine.distributed.process_group import TensorParallelGroup
 from hetero_infer.engine.distributed.step_broadcast import StepSender
 from hetero_infer.engine.kv.tier_store import build_tier_store
 from hetero_infer.engine.lora import ModelLoRA
+from hetero_infer.engine.models.protocol import ImageEmbeds
 from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.cuda_graphs import DecodeGraphs
 from hetero_infer.engine.worker.draft_runner import DraftRunner
@@ -159,7 +160,9 @@ class ModelRunner:
         if inputs.image_placements:
             inputs.image_embeds = self.image_embeddings(inputs.image_placements)
         if self.sender is not None:
-            self.sender.send_step(out, inputs.input_ids, inputs.positions, inputs.meta)
+            self.sender.send_step(
+                out, inputs.input_ids, inputs.positions, inputs.meta, inputs.image_embeds
+            )
         hidden = self.forward(inputs)
         prompt = prompt_logprobs(self.compute_logits, scheduled, hidden)
         embeddings = self.pooler(scheduled, hidden)
@@ -213,15 +216,15 @@ class ModelRunner:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         attention_inputs: AttentionInputs,
+        image_embeds: ImageEmbeds | None = None,
     ) -> None:
         """This rank's share of a step rank 0 sent (executor/rank_worker.py): the block
         copies and the forward pass over its heads, whose hidden states equal rank 0's
-        after each all-reduce (rank 0 sends the rows it wants logits for)."""
+        after each all-reduce (rank 0 sends the rows it wants logits for, and the images'
+        embeddings its vision tower made)."""
         self.kv_cache.copy_blocks(copies)
-        meta = self.attention.prepare_step(
-            attention_inputs, self.block_size, self.model.sliding_windows
-        )
-        self.model(input_ids, positions, self.kv_caches, meta)
+        meta = self.inputs.prepare(attention_inputs)
+        self.model(input_ids, positions, self.kv_caches, meta, image_embeds)
 
     @torch.inference_mode()
     def compute_logits_share(self, hidden: torch.Tensor) -> None:

@@ -198,10 +198,21 @@ def test_prefix_cache_tells_images_apart(reference, vlm):
     assert hits > first.images[0].end - 8 and again == cases[0][1]
 
 
-def test_tensor_parallelism_is_refused_at_start(vlm):
-    _, folder, _ = vlm
-    with pytest.raises(ConfigError, match="tensor parallelism takes no images"):
-        LLMEngine(EngineConfig(model=str(folder), dtype="float32", tensor_parallel_size=2))
+def test_tensor_parallel_ranks_take_rank_0s_image_embeddings(vlm):
+    """Two ranks: rank 0 runs the vision tower and sends the embeddings (and Gemma 3's
+    image spans) with the step; chunks split the prompts, the second pass hits."""
+    _, folder, cases = vlm
+    config = EngineConfig(
+        model=str(folder), dtype="float32", tensor_parallel_size=2, max_num_batched_tokens=16
+    )
+    engine = LLMEngine(config)
+    try:
+        prompts = [engine_prompt(engine, q, images) for q, images in CASES]
+        for _ in range(2):
+            assert run(engine, prompts) == [ref for _, ref in cases]
+        assert engine.memory_stats()["prefix_cache_hits"] > 0
+    finally:
+        engine.shutdown()
 
 
 def test_a_second_question_about_an_image_reuses_its_preprocessing(vlm, monkeypatch):
