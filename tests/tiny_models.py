@@ -1,8 +1,8 @@
 """Tiny random-weight checkpoints of each family for exactness tests: Llama, Mistral,
 Qwen2, Qwen3, Gemma 2, Gemma 3 and Phi-3, and the mixture-of-experts families Mixtral,
 Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE and OLMoE; and the vision-language Idefics3
-(SmolVLM's architecture) and Gemma 3 (Gemma3ForConditionalGeneration), each with its
-image processor.
+(SmolVLM's architecture), Gemma 3 (Gemma3ForConditionalGeneration) and Qwen2.5-VL, each
+with its image processor.
 
 Sizes are chosen to be awkward: head_dim not a power of two, one KV head, a GQA
 ratio of 3, odd layer counts. Weights are drawn with a large init range so that
@@ -426,4 +426,107 @@ def save_tiny_gemma3_vision(folder: Path, seed: int = 0) -> Path:
         chat_template=GEMMA3_CHAT_TEMPLATE,
     )
     processor.save_pretrained(folder)
+    return folder
+
+
+# Qwen2.5-VL's chat markers and vision tokens, each a single added special token: the
+# prompt holds <|vision_start|><|image_pad|><|vision_end|> where an image goes, whose one
+# <|image_pad|> Qwen2_5_VLProcessor repeats once per merged patch of the image.
+QWEN2_5_VL_SPECIAL_TOKENS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Qwen's template's shape, without the default system prompt: "<|im_start|>user\n" the
+# message's parts "<|im_end|>\n", then "<|im_start|>assistant\n".
+QWEN2_5_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Patches of 4 pixels merged 2 x 2 into one token; windows of 16 pixels (2 x 2 tokens), so
+# that a 32 x 48 image's 4 x 6 tokens attend in 6 windows on the windowed layer. An image
+# is resized to multiples of 8 pixels, between 16 * 16 and 64 * 64 pixels in all.
+QWEN2_5_VL_PATCH_SIZE = 4
+QWEN2_5_VL_MERGE_SIZE = 2
+QWEN2_5_VL_MROPE_SECTION = (2, 3, 3)  # of head_dim 16's 8 frequencies: t, h, w
+
+
+def save_tiny_qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
+    """Write a random-weight Qwen2_5_VLForConditionalGeneration (a windowed-attention
+    vision transformer with its patch merger, and a Qwen2 text model with M-RoPE) with
+    its tokenizer, image processor, processor and chat template into ``folder``."""
+    torch.manual_seed(seed)
+    tokenizer = make_byte_fallback_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN2_5_VL_SPECIAL_TOKENS)})
+    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN2_5_VL_SPECIAL_TOKENS}
+    # head_dim 16, GQA ratio 2, 2 layers; generation stops on <|im_end|> too
+    text_config = transformers.Qwen2_5_VLTextConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1_000_000.0,
+            "mrope_section": list(QWEN2_5_VL_MROPE_SECTION),
+        },
+        **{
+            **COMMON,
+            "vocab_size": len(tokenizer),
+            "eos_token_id": [COMMON["eos_token_id"], ids["<|im_end|>"]],
+        },
+    )
+    # head_dim 8, a windowed layer then a full one
+    vision_config = transformers.Qwen2_5_VLVisionConfig(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=48,
+        num_heads=4,
+        patch_size=QWEN2_5_VL_PATCH_SIZE,
+        spatial_merge_size=QWEN2_5_VL_MERGE_SIZE,
+        temporal_patch_size=2,
+        window_size=16,
+        out_hidden_size=64,
+        fullatt_block_indexes=[1],
+        initializer_range=0.5,
+    )
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():  # random biases and norms too, so a missing one would show
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(".bias"):
+                param.normal_(0, 0.5)
+            elif "norm" in param_name or "ln_q" in param_name:
+                param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(folder)
+    # Saved as the Hub's Qwen2.5-VL folders keep their processor: preprocessor_config.json
+    # (naming Qwen2_5_VLProcessor) and the tokenizer's files with the chat template.
+    # (Qwen2_5_VLProcessor itself takes a video processor too, which needs torchvision.)
+    factor = QWEN2_5_VL_PATCH_SIZE * QWEN2_5_VL_MERGE_SIZE
+    image_processor = transformers.Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 2 * factor * 2 * factor, "longest_edge": 64 * 64},
+        patch_size=QWEN2_5_VL_PATCH_SIZE,
+        temporal_patch_size=2,
+        merge_size=QWEN2_5_VL_MERGE_SIZE,
+    )
+    image_processor.processor_class = "Qwen2_5_VLProcessor"
+    image_processor.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder

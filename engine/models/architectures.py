@@ -123,6 +123,10 @@ FAMILIES = (
         activation_outliers=True,
         **GEMMA,
     ),
+    # Qwen2.5-VL: a Qwen2 text model with M-RoPE behind its vision transformer
+    # (models/qwen2_5_vl.py); llama.cpp files that text model as "qwen2vl", never as
+    # Qwen2's "qwen2".
+    Family("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", "qwen2vl"),
 )
 BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 BY_GGUF_ARCH = {family.gguf_arch: family for family in reversed(FAMILIES)}  # llama: Llama

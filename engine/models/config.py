@@ -72,6 +72,10 @@ class ModelConfig:
     moe: MoeSettings | None = None
     # A vision-language model's image side (vision_settings.py), None for text only.
     vision: VisionSettings | None = None
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL; models/mrope.py): how many of a head's rotary
+    # frequencies each of a token's (time, height, width) positions turns, in that order;
+    # they sum to rotary_dim / 2. None: one position per token, as any other model.
+    mrope_section: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.sliding_windows) != self.num_layers:
@@ -85,14 +89,18 @@ class ModelConfig:
         do not run. A vision-language model's decoder is its text model's."""
         family = family_of(config)
         vision = vision_settings(config)
+        # A vision model's lm_head is tied as its text config says, or where that does not
+        # say (Qwen2.5-VL's, built from the Hub's config.json), as the whole config does.
+        tied = getattr(config, "tie_word_embeddings", False)
         if vision is not None:
             config = config.get_text_config()
+        tied = getattr(config, "tie_word_embeddings", tied)
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         # Qwen2's q/k/v have biases whatever attention_bias says (Qwen2-MoE's config
-        # names it qkv_bias); o_proj has none.
-        is_qwen2 = config.model_type in ("qwen2", "qwen2_moe")
+        # names it qkv_bias); o_proj has none. Qwen2.5-VL's text model is Qwen2's.
+        is_qwen2 = config.model_type in ("qwen2", "qwen2_moe", "qwen2_5_vl_text")
         if getattr(config, "clip_qkv", None) is not None:
             raise ConfigError(
                 f"{family.architecture}: clip_qkv ({config.clip_qkv}) is not supported"
@@ -129,7 +137,7 @@ class ModelConfig:
             rotary_dim=rotary_dim if rotary_dim < head_dim else None,
             max_position_embeddings=config.max_position_embeddings,
             sliding_windows=_layer_sliding_windows(config),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            tie_word_embeddings=bool(tied),
             # Qwen2 has biases on q/k/v only, whatever attention_bias says.
             qkv_bias=bool(getattr(config, "qkv_bias", True)) if is_qwen2 else attention_bias,
             o_bias=not is_qwen2 and attention_bias,
@@ -149,6 +157,7 @@ class ModelConfig:
             quantized_activation_bits=16 if family.activation_outliers else 8,
             moe=moe_settings(config),
             vision=vision,
+            mrope_section=_mrope_section(config),
         )
 
     @property
@@ -193,9 +202,24 @@ def _rope_settings(config: Any) -> tuple[float, dict[str, Any] | None, float | N
         theta = float(getattr(config, "rope_theta", 10000.0))
         # A copy: the HF config's own dict must not change under a frozen ModelConfig.
         scaling = dict(scaling) if scaling else None
+        # transformers 4.x's M-RoPE ("mrope", or "default" with mrope_section): the
+        # frequencies are plain RoPE's (ModelConfig.mrope_section splits them).
+        if scaling and scaling.get("rope_type", scaling.get("type")) in ("mrope", "default"):
+            scaling = None
     if sliding_theta is not None and float(sliding_theta) == theta:
         sliding_theta = None
     return theta, scaling, None if sliding_theta is None else float(sliding_theta)
+
+
+def _mrope_section(config: Any) -> tuple[int, ...] | None:
+    """M-RoPE's sections, which transformers 5 keeps in rope_parameters (its rope_type
+    "default": the frequencies are plain RoPE's, only split among the positions) and 4.x
+    in rope_scaling (rope_type "mrope" or "default"); None for every other model."""
+    for name in ("rope_parameters", "rope_scaling"):
+        section = (getattr(config, name, None) or {}).get("mrope_section")
+        if section:
+            return tuple(int(n) for n in section)
+    return None
 
 
 def _longrope(config: Any, scaling: dict[str, Any]) -> dict[str, Any]:
