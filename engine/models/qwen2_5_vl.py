@@ -41,8 +41,8 @@ class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
-        if tp is not None:  # refused at setup (engine/setup.py)
-            raise ConfigError(f"{config.architecture}: tensor parallelism takes no images yet")
+        if tp is not None:  # not yet: Gemma 3 and Idefics3 take it (decoder.py)
+            raise ConfigError(f"{config.architecture}: no tensor parallelism yet")
         if config.vision is None:
             raise ConfigError(f"{config.architecture}: the config has no vision_config")
         super().__init__(config, kernels)

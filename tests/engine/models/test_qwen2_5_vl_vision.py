@@ -131,12 +131,22 @@ def test_load_weights_names_what_is_missing(
         vision.load_weights(partial)
 
 
+class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
+    """Qwen2_5_VLProcessor without its video processor, which needs torchvision."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
 def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> None:
-    """The folder's tokenizer, template and image processor make transformers' inputs, on
-    which its model generates (Qwen2_5_VLProcessor's own steps: it needs torchvision)."""
+    """The folder's tokenizer, template and image processor make Qwen2_5_VLProcessor's
+    inputs (AutoProcessor's where torchvision is installed), on which its model generates."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>")}
-    assert ids == {"<|vision_start|>": 386, "<|image_pad|>": 388} and len(tokenizer) == 390
+    names = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|im_end|>")
+    assert [tokenizer.convert_tokens_to_ids(t) for t in names] == [386, 388, 387, 385]
+    assert len(tokenizer) == 390
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == (
@@ -144,16 +154,14 @@ def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> No
         "<|im_start|>assistant\n"
     )
     image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
-    pixels = image_processor(images()[:1], return_tensors="pt")
-    inputs = tokenizer(text.replace("<|image_pad|>", "<|image_pad|>" * 24), return_tensors="pt")
+    processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
     if importlib.util.find_spec("torchvision") is not None:
         processor = transformers.AutoProcessor.from_pretrained(folder)
-        theirs = processor(text=[text], images=images()[:1], return_tensors="pt")
-        assert torch.equal(theirs["input_ids"], inputs["input_ids"])
-    image = inputs["input_ids"] == hf_model.config.image_token_id
-    out = hf_model.generate(
-        **inputs, **pixels, mm_token_type_ids=image.int(), max_new_tokens=4, do_sample=False
-    )
+    inputs = processor(text=[text], images=images()[:1], return_tensors="pt")
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 12]]
+    assert (inputs["input_ids"] == 388).sum() == 24  # 8 x 12 patches merged 2 x 2
+    assert torch.equal(inputs["mm_token_type_ids"].bool(), inputs["input_ids"] == 388)
+    out = hf_model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, inputs["input_ids"].shape[1] + 4)
 
 
