@@ -168,7 +168,7 @@ SERVER_FLAGS: list[tuple[str, str, type]] = [
     ("--tool-call-parser", "tool_call_parser", str),
     ("--reasoning-parser", "reasoning_parser", str),
 ]
-# Images that requests name by URL, as vLLM's flags: (flag, ServerSettings field, type, help).
+# Images in requests, as vLLM's flags: (flag, ServerSettings field, type, help).
 MEDIA_FLAGS: list[tuple[str, str, type, str]] = [
     ("--allowed-local-media-path", "allowed_local_media_path", str,
      "a folder whose files requests may name as file:// image URLs (default: none may)"),
@@ -176,6 +176,9 @@ MEDIA_FLAGS: list[tuple[str, str, type, str]] = [
      "seconds an image URL's fetch may take, redirects included (default: 10)"),
     ("--max-image-bytes", "max_image_bytes", int,
      "the largest image a request may send or name, in bytes (default: 20 MiB; beyond: 413)"),
+    ("--limit-mm-per-prompt", "limit_mm_per_prompt", str,
+     'the most images a prompt may hold, as vLLM\'s JSON \'{"image": 2}\' ("video" and '
+     '"audio" are taken too; default: 999 each; beyond: 400)'),
 ]  # fmt: skip
 
 

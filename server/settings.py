@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from hetero_infer.server.serving.tool_parsers import TOOL_PARSERS
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # The name the project's own examples send, answered by default beside the model's.
 PROJECT_MODEL_NAME = "hetero-infer"
+# vLLM's --limit-mm-per-prompt: the modalities it knows (this server reads images only)
+# and its limit for a modality the flag leaves out.
+MM_MODALITIES = ("image", "video", "audio")
+DEFAULT_MM_LIMIT = 999
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class ServerSettings:
     allowed_local_media_path: str | None = None
     media_fetch_timeout: float = 10.0
     max_image_bytes: int = 20 * 1024 * 1024
+    # The most items of each modality one prompt may hold, as vLLM's --limit-mm-per-prompt
+    # (a dict or its JSON, '{"image": 2}'); a modality left out gets DEFAULT_MM_LIMIT.
+    limit_mm_per_prompt: dict[str, int] | str = field(default_factory=dict)
     # The template's text, read once from chat_template.
     chat_template_text: str | None = field(default=None, init=False, repr=False)
 
@@ -84,6 +92,9 @@ class ServerSettings:
                 f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                 f"got {self.reasoning_parser!r}"
             )
+        object.__setattr__(
+            self, "limit_mm_per_prompt", parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
+        )
         if self.chat_template is not None:
             object.__setattr__(self, "chat_template_text", read_chat_template(self.chat_template))
         self._check_lora_modules()
@@ -123,6 +134,32 @@ class ServerSettings:
         }
         values["api_key"] = "***" if self.api_key else None
         return {"server": values, "engine": self.engine.to_dict()}
+
+
+def parse_limit_mm_per_prompt(value: Mapping[str, object] | str) -> dict[str, int]:
+    """vLLM's --limit-mm-per-prompt (a JSON object, '{"image": 2}', or a dict): each
+    modality's limit, a non-negative integer, every modality of MM_MODALITIES given one
+    (DEFAULT_MM_LIMIT where the value leaves it out)."""
+    name = "limit_mm_per_prompt"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise ValueError(f"{name}: {value!r} is not JSON: {exc}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f'{name}: expected a JSON object such as {{"image": 2}}, got {value!r}')
+    limits = dict.fromkeys(MM_MODALITIES, DEFAULT_MM_LIMIT)
+    for modality, limit in value.items():
+        if modality not in MM_MODALITIES:
+            raise ValueError(
+                f"{name}: unknown modality {modality!r} (one of {', '.join(MM_MODALITIES)})"
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(
+                f"{name}: {modality}'s limit must be a non-negative integer, got {limit!r}"
+            )
+        limits[modality] = limit
+    return limits
 
 
 def parse_lora_modules(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -53,7 +53,8 @@ def image_url_part(url: str) -> dict[str, object]:
 
 async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list[Image.Image]:
     """The decoded images, in order. A model that takes no images refuses them first,
-    before any is fetched (no request to anywhere for a request that cannot run)."""
+    and so does a request holding more than --limit-mm-per-prompt allows, before any is
+    fetched (no request to anywhere for a request that cannot run)."""
     if not parts:
         return []
     prompts = ctx.engine.input_processor.image_prompts
@@ -64,6 +65,7 @@ async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list
             f"{first}: this model takes no image input ({len(parts)} image(s) given)",
             param=first,
         )
+    check_image_limit(parts, ctx.settings)
     images = await decoded_images(parts, ctx.settings)
     # Preprocessed off the event loop (resizing takes milliseconds an image): the
     # prompt's expansion then takes them from the recent images.
@@ -73,6 +75,20 @@ async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list
         except (ValueError, OSError) as exc:
             raise APIError(400, f"{part.param}: {exc}", param=part.param) from exc
     return images
+
+
+def check_image_limit(parts: Sequence[ImageSource], settings: ServerSettings) -> None:
+    """A 400 naming the first image past --limit-mm-per-prompt's "image" limit (vLLM's
+    limit: the prompt's images in all, every message's counted)."""
+    limit = settings.limit_mm_per_prompt["image"]
+    if len(parts) > limit:
+        over = parts[limit].param
+        raise APIError(
+            400,
+            f"{over}: at most {limit} image(s) per prompt (--limit-mm-per-prompt), "
+            f"{len(parts)} given",
+            param=over,
+        )
 
 
 async def decoded_images(

@@ -24,7 +24,12 @@ import pytest
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving import media_fetch
-from hetero_infer.server.serving.chat_images import ImageSource, decoded_images, load_image
+from hetero_infer.server.serving.chat_images import (
+    ImageSource,
+    check_image_limit,
+    decoded_images,
+    load_image,
+)
 from hetero_infer.server.serving.media_fetch import is_public
 from hetero_infer.server.settings import ServerSettings
 from PIL import Image
@@ -342,3 +347,51 @@ def test_the_flags_and_variables_reach_the_settings(tmp_path: Path):
     defaults = server_settings_from_args(build_serve_parser().parse_args([]), {})
     assert defaults.allowed_media_domains == () and defaults.allowed_local_media_path is None
     assert (defaults.media_fetch_timeout, defaults.max_image_bytes) == (10.0, 20 * 1024 * 1024)
+
+
+# ---- --limit-mm-per-prompt ----
+
+
+def test_the_image_limit_is_parsed_as_vllm_takes_it():
+    assert ServerSettings().limit_mm_per_prompt == {"image": 999, "video": 999, "audio": 999}
+    given = ServerSettings(limit_mm_per_prompt='{"image": 2, "video": 0}').limit_mm_per_prompt
+    assert given == {"image": 2, "video": 0, "audio": 999}
+    assert ServerSettings(limit_mm_per_prompt={"audio": 1}).limit_mm_per_prompt["audio"] == 1
+    args = build_serve_parser().parse_args(["--limit-mm-per-prompt", '{"image": 1}'])
+    assert server_settings_from_args(args, {}).limit_mm_per_prompt["image"] == 1
+    environ = {"HETERO_LIMIT_MM_PER_PROMPT": '{"image": 3}'}
+    settings = server_settings_from_args(build_serve_parser().parse_args([]), environ)
+    assert settings.limit_mm_per_prompt["image"] == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ('{"images": 2}', "unknown modality 'images' (one of image, video, audio)"),
+        ('{"image": -1}', "image's limit must be a non-negative integer, got -1"),
+        ('{"image": 1.5}', "image's limit must be a non-negative integer, got 1.5"),
+        ('{"image": "2"}', "image's limit must be a non-negative integer, got '2'"),
+        ('{"image": true}', "image's limit must be a non-negative integer, got True"),
+        ('{"image": {"count": 2}}', "image's limit must be a non-negative integer"),
+        ("[2]", "expected a JSON object"),
+        ("image=2", "is not JSON"),
+    ],
+)
+def test_a_bad_image_limit_stops_the_start(value, problem):
+    with pytest.raises(ValueError, match="limit_mm_per_prompt") as caught:
+        ServerSettings(limit_mm_per_prompt=value)
+    assert problem in str(caught.value)
+
+
+def test_the_image_limit_names_the_first_image_past_it():
+    parts = [ImageSource("data:,", f"messages.0.content.{j}") for j in (1, 3, 5)]
+    check_image_limit(parts[:2], ServerSettings(limit_mm_per_prompt='{"image": 2}'))
+    with pytest.raises(APIError) as caught:
+        check_image_limit(parts, ServerSettings(limit_mm_per_prompt='{"image": 2}'))
+    error = caught.value
+    assert (error.status_code, error.param) == (400, "messages.0.content.5")
+    assert error.message == (
+        "messages.0.content.5: at most 2 image(s) per prompt (--limit-mm-per-prompt), 3 given"
+    )
+    with pytest.raises(APIError, match=r"^messages\.0\.content\.1: at most 0 image"):
+        check_image_limit(parts, ServerSettings(limit_mm_per_prompt='{"image": 0}'))
