@@ -12,6 +12,7 @@ the comparison with transformers would test noise instead of the engine.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -456,6 +457,29 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
 QWEN2_5_VL_PATCH_SIZE = 4
 QWEN2_5_VL_MERGE_SIZE = 2
 QWEN2_5_VL_MROPE_SECTION = (2, 3, 3)  # of head_dim 16's 8 frequencies: t, h, w
+
+
+class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
+    """Qwen2_5_VLProcessor without its video processor, which needs torchvision."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def qwen2_5_vl_processor(folder: Path) -> transformers.ProcessorMixin:
+    """The folder's Qwen2_5_VLProcessor: AutoProcessor's where torchvision is installed,
+    else the same for images alone."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return transformers.AutoProcessor.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    return ImageOnlyProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    )
 
 
 def save_tiny_qwen2_5_vl(folder: Path, seed: int = 0) -> Path:

@@ -41,11 +41,10 @@ class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
     def __init__(
         self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
     ) -> None:
-        if tp is not None:  # not yet: Gemma 3 and Idefics3 take it (decoder.py)
-            raise ConfigError(f"{config.architecture}: no tensor parallelism yet")
         if config.vision is None:
             raise ConfigError(f"{config.architecture}: the config has no vision_config")
-        super().__init__(config, kernels)
+        super().__init__(config, kernels, tp)
+        # Whole on every rank (rank 0 runs it and sends the embeddings).
         self.vision = Qwen2_5_VLVision.from_hf(config.vision.hf_config)
 
     def is_vision_weight(self, name: str) -> bool:

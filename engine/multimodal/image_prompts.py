@@ -28,6 +28,7 @@ from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.multimodal.pixels import ProcessedImage
+from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
@@ -40,8 +41,9 @@ RECENT_IMAGES_BYTES = 256 << 20
 PROCESSORS = {
     "Idefics3ForConditionalGeneration": Idefics3ImageProcessor,
     "Gemma3ForConditionalGeneration": Gemma3ImageProcessor,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2VLImageProcessor,
 }
-ImageProcessor = Idefics3ImageProcessor | Gemma3ImageProcessor
+ImageProcessor = Idefics3ImageProcessor | Gemma3ImageProcessor | Qwen2VLImageProcessor
 
 
 class ImagePrompts:
@@ -51,13 +53,17 @@ class ImagePrompts:
         tokenizer: Tokenizer,
         image_token_id: int,
         bidirectional: bool = False,
+        mrope: bool = False,
     ) -> None:
         """``image_token_id``: the token whose embeddings an image's replace;
-        ``bidirectional``: whether an image's tokens attend to each other both ways."""
+        ``bidirectional``: whether an image's tokens attend to each other both ways;
+        ``mrope``: whether they take M-RoPE's grid positions (the processor's grid of
+        patches, merged by its merge_size)."""
         self.processor = processor
         self.tokenizer = tokenizer
         self.image_token_id = image_token_id
         self.bidirectional = bidirectional
+        self.mrope = mrope
         self.marker_id = _single_token(tokenizer, processor.marker)
         # The tokens that end a stretch of text, which the tokenizer matches alone: its
         # special added tokens (Gemma's added newline runs merge with their neighbours).
@@ -86,7 +92,8 @@ class ImagePrompts:
             raise ConfigError(f"{config.architecture}: no image processor for its images")
         vision = config.vision
         processor = processor_class.from_folder(folder)
-        return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional)
+        mrope = config.mrope_section is not None
+        return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional, mrope)
 
     def expand(
         self, token_ids: list[int], images: Sequence[Any], param: str
@@ -124,10 +131,13 @@ class ImagePrompts:
             positions = np.flatnonzero(core == self.image_token_id) + len(expanded)
             expanded += placeholders[index][1]
             image_hash, image = processed[index]
+            grid = None
+            if self.mrope:
+                merge = self.processor.merge_size
+                grid = (image.rows // merge, image.cols // merge)
+            placed = tuple(positions.tolist())
             inputs.append(
-                ImageInput(
-                    image_hash, image.pixel_values, tuple(positions.tolist()), self.bidirectional
-                )
+                ImageInput(image_hash, image.pixel_values, placed, self.bidirectional, grid)
             )
         return expanded, tuple(inputs)
 

@@ -1,13 +1,15 @@
 """A vision-language model's greedy output equals transformers' generate with the same
-images, token for token, in fp32: SmolVLM's architecture (Idefics3) and Gemma 3's, each
-on a tiny random checkpoint (tests/tiny_models.py), under the scheduling regimes that
-change how the KV cache is filled (plain, chunked prefill at a budget that splits an
-image's tokens, preemption by recompute and by swap, the KV tiers), with the prefix
-cache hit on the same image and missed on a different image behind the same text.
+images, token for token, in fp32: SmolVLM's architecture (Idefics3), Gemma 3's and
+Qwen2.5-VL's, each on a tiny random checkpoint (tests/tiny_models.py), under the
+scheduling regimes that change how the KV cache is filled (plain, chunked prefill at a
+budget that splits an image's tokens, preemption by recompute and by swap, the KV
+tiers, two tensor-parallel ranks), with the prefix cache hit on the same image and
+missed on a different image behind the same text.
 
 Gemma 3's image tokens attend to each other both ways: its chunks stop at an image's
 edge instead (core/scheduler.py), and its image steps take the torch reference's
-attention (AttentionInputs.bidirectional_ends).
+attention (AttentionInputs.bidirectional_ends). Qwen2.5-VL's image tokens take M-RoPE's
+grid positions, and the text after them positions behind their index.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import PromptTokens
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
+from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.settings.exceptions import ConfigError
 from PIL import Image
 
-from tests.tiny_models import save_tiny_gemma3_vision, save_tiny_idefics3
+from tests.tiny_models import (
+    qwen2_5_vl_processor,
+    save_tiny_gemma3_vision,
+    save_tiny_idefics3,
+    save_tiny_qwen2_5_vl,
+)
 
 MAX_NEW_TOKENS = 12
 REQUEST_IDS = itertools.count()
@@ -61,6 +69,7 @@ class Family:
     # their answers take more.
     pool: dict[str, int]
     eos: tuple[int, ...] = (EOS,)
+    processor: Any = transformers.AutoProcessor.from_pretrained  # (folder) -> transformers'
 
 
 FAMILIES = {
@@ -80,6 +89,16 @@ FAMILIES = {
         dict(block_size=8, max_num_blocks=14, max_model_len=112),
         eos=(EOS, 385),
     ),
+    # Prompts of ~70-150 tokens (an image's patch grid merged 2 x 2); <|im_end|> (385)
+    # ends a turn.
+    "qwen2_5_vl": Family(
+        save_tiny_qwen2_5_vl,
+        transformers.Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        dict(block_size=8, max_num_blocks=22, max_model_len=176),
+        eos=(EOS, 385),
+        processor=qwen2_5_vl_processor,
+    ),
 }
 
 
@@ -89,7 +108,7 @@ def reference(request, tmp_path_factory):
     prompt ids, transformers' greedy output ids)."""
     family = FAMILIES[request.param]
     folder = family.save(tmp_path_factory.mktemp(request.param))
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = family.processor(folder)
     model = family.model_class.from_pretrained(folder, dtype=torch.float32).eval()
 
     def generate(question: str, images: list) -> tuple[list[int], list[int]]:
@@ -164,9 +183,10 @@ def test_greedy_matches_transformers_with_images(vlm, regime, tmp_path):
     for prompt, (expected_prompt, _) in zip(prompts, cases, strict=True):
         assert prompt.token_ids == expected_prompt  # the processor's expansion
     expected = [ref for _, ref in cases]
-    # The second pass hits the prefix cache, image tokens included.
-    for _ in range(2):
-        assert run(engine, prompts) == expected
+    assert run(engine, prompts) == expected
+    # The second pass, last prompt first (the blocks the pool kept last), hits the
+    # prefix cache, image tokens included.
+    assert run(engine, prompts[::-1]) == expected[::-1]
     stats = {**engine.metrics.as_dict(), **engine.memory_stats()}
     if must_happen:
         assert stats[must_happen] > 0

@@ -53,20 +53,20 @@ def test_a_port_in_use_ends_it_before_anything_loads(tmp_path: Path):
 
 
 def unsupported_model(folder: Path) -> Path:
-    """A Qwen2.5-VL-shaped folder: an architecture the engine does not serve. Its config
+    """A LLaVA-shaped folder: an architecture the engine does not serve. Its config
     is what transformers saves, less the defaults it fills in again when loaded."""
     folder.mkdir()
-    config = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl"}
+    config = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"}
     (folder / "config.json").write_text(json.dumps(config))
     save_file({"weight": torch.zeros(1)}, folder / "model.safetensors")
     return folder
 
 
 def test_a_model_it_does_not_serve(tmp_path: Path):
-    model = unsupported_model(tmp_path / "qwen2.5-vl")
+    model = unsupported_model(tmp_path / "llava")
     process = spawn_installed(["--model", str(model)], tmp_path)
     line = exits_with_error(process)
-    assert "unsupported model architecture Qwen2_5_VLForConditionalGeneration" in line
+    assert "unsupported model architecture LlavaForConditionalGeneration" in line
     assert "listening on" not in process.log()  # known before the socket listened
 
 

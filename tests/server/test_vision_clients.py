@@ -1,7 +1,7 @@
 """Images through each API family's own client, against a served vision model: the
 OpenAI, Anthropic and Ollama SDKs each send an image and get back the tokens
-transformers' generate gives for it (tiny random SmolVLM and Gemma 3 checkpoints, fp32,
-greedy).
+transformers' generate gives for it (tiny random SmolVLM, Gemma 3 and Qwen2.5-VL
+checkpoints, fp32, greedy).
 The same image as a data URL and as an http URL on 127.0.0.1 (allowed by
 --allowed-media-domains) gives the same tokens.
 """
@@ -25,7 +25,12 @@ from PIL import Image
 
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server
 from tests.server.local_origin import local_origin
-from tests.tiny_models import save_tiny_gemma3_vision, save_tiny_idefics3
+from tests.tiny_models import (
+    qwen2_5_vl_processor,
+    save_tiny_gemma3_vision,
+    save_tiny_idefics3,
+    save_tiny_qwen2_5_vl,
+)
 
 MAX_TOKENS = 10
 EOS = 2
@@ -44,10 +49,22 @@ PNG_BASE64 = base64.b64encode(PNG).decode()
 
 
 # Each family: its tiny checkpoint, transformers' class, the tokens that end an answer
-# (Gemma's <end_of_turn> too).
+# (Gemma's <end_of_turn>, Qwen's <|im_end|> too), transformers' processor.
+AUTO = transformers.AutoProcessor.from_pretrained
 FAMILIES = {
-    "idefics3": (save_tiny_idefics3, transformers.Idefics3ForConditionalGeneration, [EOS]),
-    "gemma3": (save_tiny_gemma3_vision, transformers.Gemma3ForConditionalGeneration, [EOS, 385]),
+    "idefics3": (save_tiny_idefics3, transformers.Idefics3ForConditionalGeneration, [EOS], AUTO),
+    "gemma3": (
+        save_tiny_gemma3_vision,
+        transformers.Gemma3ForConditionalGeneration,
+        [EOS, 385],
+        AUTO,
+    ),
+    "qwen2_5_vl": (
+        save_tiny_qwen2_5_vl,
+        transformers.Qwen2_5_VLForConditionalGeneration,
+        [EOS, 385],
+        qwen2_5_vl_processor,
+    ),
 }
 
 
@@ -64,8 +81,8 @@ def folder(tmp_path_factory, family):
 @pytest.fixture(scope="module")
 def reference(folder, family) -> tuple[list[int], str]:
     """transformers' greedy answer (token ids, text) to QUESTION about the image."""
-    _, model_class, eos = FAMILIES[family]
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    _, model_class, eos, processor_of = FAMILIES[family]
+    processor = processor_of(folder)
     model = model_class.from_pretrained(folder, dtype=torch.float32).eval()
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}

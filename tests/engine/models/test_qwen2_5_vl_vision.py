@@ -7,7 +7,6 @@ each naming it comes in, its text model as Qwen2's, on the tiny random Qwen2.5-V
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +24,11 @@ from hetero_infer.kernels import select_kernels
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from tests.tiny_models import QWEN2_5_VL_MROPE_SECTION, save_tiny_qwen2_5_vl
+from tests.tiny_models import (
+    QWEN2_5_VL_MROPE_SECTION,
+    qwen2_5_vl_processor,
+    save_tiny_qwen2_5_vl,
+)
 
 
 @pytest.fixture(scope="module")
@@ -131,15 +134,6 @@ def test_load_weights_names_what_is_missing(
         vision.load_weights(partial)
 
 
-class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
-    """Qwen2_5_VLProcessor without its video processor, which needs torchvision."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
 def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> None:
     """The folder's tokenizer, template and image processor make Qwen2_5_VLProcessor's
     inputs (AutoProcessor's where torchvision is installed), on which its model generates."""
@@ -153,10 +147,7 @@ def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> No
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
-    processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
-    if importlib.util.find_spec("torchvision") is not None:
-        processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = qwen2_5_vl_processor(folder)
     inputs = processor(text=[text], images=images()[:1], return_tensors="pt")
     assert inputs["image_grid_thw"].tolist() == [[1, 8, 12]]
     assert (inputs["input_ids"] == 388).sum() == 24  # 8 x 12 patches merged 2 x 2

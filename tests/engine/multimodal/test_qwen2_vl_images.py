@@ -26,6 +26,7 @@ from tests.engine.multimodal.test_gemma3_images import (
 )
 from tests.engine.multimodal.test_idefics3_images import noise, palette_with_transparency
 from tests.helpers import make_byte_fallback_tokenizer
+from tests.tiny_models import qwen2_5_vl_processor
 
 IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
 PROMPT = f"user: {IMAGE_PROMPT}What is in this picture?\nassistant:"
@@ -71,27 +72,12 @@ def qwen_tokenizer(image_token: str | None = None) -> transformers.PreTrainedTok
     )
 
 
-class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
-    """Qwen2_5_VLProcessor without its video processor, which needs torchvision."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: object) -> object:
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
 def save_processor(folder: Path, image_token: str | None = None, **settings: int) -> Path:
     """The image processor (its PIL class) and the tokenizer as transformers saves them."""
     folder.mkdir(parents=True, exist_ok=True)
     transformers.Qwen2VLImageProcessorPil(**settings).save_pretrained(folder)
     qwen_tokenizer(image_token).save_pretrained(folder)
     return folder
-
-
-def hf_processor_of(folder: Path) -> transformers.Qwen2_5_VLProcessor:
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    return ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module", params=["default", "small"])
@@ -110,7 +96,7 @@ def hf_image_processor(folder: Path) -> transformers.BaseImageProcessor:
 
 @pytest.fixture(scope="module")
 def hf_processor(folder: Path) -> transformers.Qwen2_5_VLProcessor:
-    return hf_processor_of(folder)
+    return qwen2_5_vl_processor(folder)
 
 
 def test_from_folder_reads_saved_settings(folder: Path) -> None:
@@ -188,7 +174,7 @@ def test_placeholder_parts_and_image_token(tmp_path: Path) -> None:
     folder = save_processor(tmp_path, image_token="<|img|>", **SMALL)
     ours = Qwen2VLImageProcessor.from_folder(folder)
     assert (ours.marker, ours.image_token) == ("<|img|>", "<|img|>")
-    hf_processor = hf_processor_of(folder)
+    hf_processor = qwen2_5_vl_processor(folder)
     assert hf_processor.image_token == "<|img|>"
     prompt = PROMPT.replace("<|image_pad|>", "<|img|>")
     processed = ours.process(IMAGES["landscape"]())
