@@ -13,13 +13,12 @@ gemma3_vision.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.engine.models.gemma3_vision import Gemma3Vision, is_vision_name
-from hetero_infer.engine.models.protocol import TensorParallel
-from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import Kernels, QuantizedWeight
+from hetero_infer.engine.models.vision_language import VisionLanguageModel
+from torch import nn
 
 # The text model's prefixes -> the decoder's, first match wins.
 TEXT_PREFIXES = (
@@ -29,39 +28,19 @@ TEXT_PREFIXES = (
 )
 
 
-def text_name(name: str) -> str:
-    """A text model tensor's checkpoint name -> the text Gemma 3's."""
-    for prefix, ours in TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return ours + name.removeprefix(prefix)
-    return name
-
-
-class Gemma3ForConditionalGeneration(DecoderForCausalLM):
-    loaded_apart = ("vision.",)
-
-    def __init__(
-        self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
-    ) -> None:
-        if config.vision is None:
-            raise ConfigError(f"{config.architecture}: the config has no vision_config")
-        super().__init__(config, kernels, tp)
-        # Whole on every rank (rank 0 runs it and sends the embeddings).
-        self.vision = Gemma3Vision.from_hf(config.vision.hf_config)
+class Gemma3ForConditionalGeneration(VisionLanguageModel):
+    def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
+        return Gemma3Vision.from_hf(hf_config)
 
     def is_vision_weight(self, name: str) -> bool:
         return is_vision_name(name)
 
+    def text_name(self, name: str) -> str:
+        for prefix, ours in TEXT_PREFIXES:
+            if name.startswith(prefix):
+                return ours + name.removeprefix(prefix)
+        return name
+
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """Images, each [1, 3, size, size] -> their placeholders' embeddings."""
         return self.vision.encode(torch.cat(pixel_values))
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
-        vision, text = {}, {}
-        for name, tensor in state_dict.items():
-            if self.is_vision_weight(name):
-                vision[name] = tensor
-            else:
-                text[text_name(name)] = tensor
-        self.vision.load_weights(vision)
-        super().load_weights(text)

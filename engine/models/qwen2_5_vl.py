@@ -17,50 +17,26 @@ Its checkpoints name the text model's tensors in two ways, both loaded as Qwen2'
 
 from __future__ import annotations
 
-import torch
-from hetero_infer.engine.models.config import ModelConfig
-from hetero_infer.engine.models.decoder import DecoderForCausalLM
-from hetero_infer.engine.models.protocol import TensorParallel
+from typing import Any
+
 from hetero_infer.engine.models.qwen2_5_vl_vision import Qwen2_5_VLVision, is_vision_name
-from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import Kernels, QuantizedWeight
+from hetero_infer.engine.models.vision_language import VisionLanguageModel
+from torch import nn
 
 TEXT_MODEL = "model.language_model."
 
 
-def text_name(name: str) -> str:
-    """A text model tensor's checkpoint name -> Qwen2's."""
-    if name.startswith(TEXT_MODEL):
-        return "model." + name.removeprefix(TEXT_MODEL)
-    return name
+class Qwen2_5_VLForConditionalGeneration(VisionLanguageModel):
+    """Its images, each its patches [grid_h, grid_w, patch values], make grid_h * grid_w
+    / 4 embeddings each, in order."""
 
-
-class Qwen2_5_VLForConditionalGeneration(DecoderForCausalLM):
-    loaded_apart = ("vision.",)
-
-    def __init__(
-        self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
-    ) -> None:
-        if config.vision is None:
-            raise ConfigError(f"{config.architecture}: the config has no vision_config")
-        super().__init__(config, kernels, tp)
-        # Whole on every rank (rank 0 runs it and sends the embeddings).
-        self.vision = Qwen2_5_VLVision.from_hf(config.vision.hf_config)
+    def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
+        return Qwen2_5_VLVision.from_hf(hf_config)
 
     def is_vision_weight(self, name: str) -> bool:
         return is_vision_name(name)
 
-    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
-        """Images, each its patches [grid_h, grid_w, patch values] -> their
-        placeholders' embeddings, grid_h * grid_w / 4 per image, in order."""
-        return self.vision.encode(pixel_values)
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
-        vision, text = {}, {}
-        for name, tensor in state_dict.items():
-            if self.is_vision_weight(name):
-                vision[name] = tensor
-            else:
-                text[text_name(name)] = tensor
-        self.vision.load_weights(vision)
-        super().load_weights(text)
+    def text_name(self, name: str) -> str:
+        if name.startswith(TEXT_MODEL):
+            return "model." + name.removeprefix(TEXT_MODEL)
+        return name

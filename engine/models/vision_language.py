@@ -1,0 +1,56 @@
+"""VisionLanguageModel: what every vision-language model here is, whatever its family:
+the one decoder (decoder.py) running its text model, beside its vision side (its own
+module, built from the config's vision parts) that makes the embeddings of each
+image's placeholder tokens. A family names its vision side, which of the checkpoint's
+tensors are that side's, and how its text model's tensors are named in the decoder's
+terms.
+
+The vision side is whole on every tensor-parallel rank (engine/models/sharding.py keeps
+its tensors whole): rank 0 runs it and sends the embeddings with the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hetero_infer.engine.models.config import ModelConfig
+from hetero_infer.engine.models.decoder import DecoderForCausalLM
+from hetero_infer.engine.models.protocol import TensorParallel
+from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import Kernels, QuantizedWeight
+from torch import nn
+
+
+class VisionLanguageModel(DecoderForCausalLM):
+    loaded_apart = ("vision.",)
+
+    def __init__(
+        self, config: ModelConfig, kernels: Kernels, tp: TensorParallel | None = None
+    ) -> None:
+        if config.vision is None:
+            raise ConfigError(f"{config.architecture}: the config has no vision_config")
+        super().__init__(config, kernels, tp)
+        self.vision = self.build_vision(config.vision.hf_config)
+
+    def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
+        """The family's vision side, from the config's vision parts (not loaded yet)."""
+        raise NotImplementedError
+
+    def text_name(self, name: str) -> str:
+        """A text model tensor's checkpoint name -> the decoder's (``model.*``)."""
+        return name
+
+    def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
+        """Images, each as its processor made it -> their placeholders' embeddings."""
+        return self.vision.encode(pixel_values)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor | QuantizedWeight]) -> None:
+        vision, text = {}, {}
+        for name, tensor in state_dict.items():
+            if self.is_vision_weight(name):
+                vision[name] = tensor
+            else:
+                text[self.text_name(name)] = tensor
+        self.vision.load_weights(vision)
+        super().load_weights(text)
