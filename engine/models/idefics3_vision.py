@@ -93,17 +93,7 @@ class Idefics3Vision(nn.Module):
         vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
         text = config.get("text_config") or {}
         return cls(
-            SiglipVisionConfig(
-                hidden_size=vision["hidden_size"],
-                intermediate_size=vision["intermediate_size"],
-                num_layers=vision["num_hidden_layers"],
-                num_heads=vision["num_attention_heads"],
-                image_size=vision["image_size"],
-                patch_size=vision["patch_size"],
-                num_channels=vision["num_channels"],
-                hidden_act=vision["hidden_act"],
-                layer_norm_eps=vision["layer_norm_eps"],
-            ),
+            SiglipVisionConfig.from_hf(vision),
             scale_factor=config.get("scale_factor", DEFAULT_SCALE_FACTOR),
             text_hidden_size=text.get("hidden_size", DEFAULT_TEXT_HIDDEN_SIZE),
         )

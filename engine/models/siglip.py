@@ -10,9 +10,10 @@ Module names follow the checkpoint's (``embeddings.patch_embedding``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,21 @@ class SiglipVisionConfig:
     num_channels: int = 3
     hidden_act: str = "gelu_pytorch_tanh"
     layer_norm_eps: float = 1e-6
+
+    @classmethod
+    def from_hf(cls, vision: Mapping[str, Any]) -> SiglipVisionConfig:
+        """From a vision_config as transformers names it (every key present)."""
+        return cls(
+            hidden_size=vision["hidden_size"],
+            intermediate_size=vision["intermediate_size"],
+            num_layers=vision["num_hidden_layers"],
+            num_heads=vision["num_attention_heads"],
+            image_size=vision["image_size"],
+            patch_size=vision["patch_size"],
+            num_channels=vision["num_channels"],
+            hidden_act=vision["hidden_act"],
+            layer_norm_eps=vision["layer_norm_eps"],
+        )
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
