@@ -24,8 +24,10 @@ from typing import Any
 import PIL.Image
 from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
+    check_mean_and_std,
+    normalized,
+    pixel_settings,
     read_json,
-    rescale_and_normalize,
     to_rgb,
     to_tensor,
 )
@@ -69,8 +71,7 @@ class Gemma3ImageProcessor:
                 f"Gemma 3 image processor: image_seq_length ({self.image_seq_length}) and "
                 f"size ({self.height} x {self.width}) must be > 0"
             )
-        if len(self.image_mean) != 3 or len(self.image_std) != 3:
-            raise ConfigError("Gemma 3 image processor: image_mean and image_std need 3 values")
+        check_mean_and_std("Gemma 3", self.image_mean, self.image_std)
 
     @classmethod
     def from_folder(cls, path: Path) -> Gemma3ImageProcessor:
@@ -105,14 +106,7 @@ class Gemma3ImageProcessor:
             image_seq_length=int(image_seq_length),
             height=int(size["height"]),
             width=int(size["width"]),
-            do_resize=settings.get("do_resize", defaults.do_resize),
-            do_rescale=settings.get("do_rescale", defaults.do_rescale),
-            do_normalize=settings.get("do_normalize", defaults.do_normalize),
-            do_convert_rgb=settings.get("do_convert_rgb", defaults.do_convert_rgb),
-            resample=PIL.Image.Resampling(settings.get("resample", defaults.resample)),
-            rescale_factor=settings.get("rescale_factor", defaults.rescale_factor),
-            image_mean=tuple(settings.get("image_mean", defaults.image_mean)),
-            image_std=tuple(settings.get("image_std", defaults.image_std)),
+            **pixel_settings(settings, defaults),
             boi_token=tokens.get("boi_token", defaults.boi_token),
             image_token=tokens.get("image_token", defaults.image_token),
             eoi_token=tokens.get("eoi_token", defaults.eoi_token),
@@ -131,12 +125,7 @@ class Gemma3ImageProcessor:
         """process() of an image to_rgb() has made."""
         if self.do_resize:
             image = image.resize((self.width, self.height), resample=self.resample)
-        pixel_values = rescale_and_normalize(
-            to_tensor(image)[None],
-            self.rescale_factor if self.do_rescale else None,
-            self.image_mean if self.do_normalize else None,
-            self.image_std if self.do_normalize else None,
-        )
+        pixel_values = normalized(to_tensor(image)[None], self)
         return ProcessedImage(pixel_values, rows=0, cols=0)
 
     def placeholder_parts(self, rows: int = 0, cols: int = 0) -> tuple[str, str, str]:

@@ -22,8 +22,10 @@ import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
+    check_mean_and_std,
+    normalized,
+    pixel_settings,
     read_json,
-    rescale_and_normalize,
     to_rgb,
     to_tensor,
 )
@@ -60,8 +62,7 @@ class Idefics3ImageProcessor:
                 f"Idefics3 image processor: image_seq_len ({self.image_seq_len}), "
                 f"max_image_size ({self.tile_size}) and size ({self.longest_edge}) must be > 0"
             )
-        if len(self.image_mean) != 3 or len(self.image_std) != 3:
-            raise ConfigError("Idefics3 image processor: image_mean and image_std need 3 values")
+        check_mean_and_std("Idefics3", self.image_mean, self.image_std)
 
     @classmethod
     def from_folder(cls, path: Path) -> Idefics3ImageProcessor:
@@ -88,14 +89,7 @@ class Idefics3ImageProcessor:
             longest_edge=int(longest_edge),
             tile_size=int(tile_size),
             do_image_splitting=settings.get("do_image_splitting", defaults.do_image_splitting),
-            do_resize=settings.get("do_resize", defaults.do_resize),
-            do_rescale=settings.get("do_rescale", defaults.do_rescale),
-            do_normalize=settings.get("do_normalize", defaults.do_normalize),
-            do_convert_rgb=settings.get("do_convert_rgb", defaults.do_convert_rgb),
-            resample=PIL.Image.Resampling(settings.get("resample", defaults.resample)),
-            rescale_factor=settings.get("rescale_factor", defaults.rescale_factor),
-            image_mean=tuple(settings.get("image_mean", defaults.image_mean)),
-            image_std=tuple(settings.get("image_std", defaults.image_std)),
+            **pixel_settings(settings, defaults),
         )
 
     @property
@@ -136,7 +130,7 @@ class Idefics3ImageProcessor:
                 tiles = torch.cat([grid.reshape(rows * cols, 3, tile, tile), global_image[None]])
             else:
                 tiles = to_tensor(image)[None]
-        return ProcessedImage(self._rescale_and_normalize(tiles), rows, cols)
+        return ProcessedImage(normalized(tiles, self), rows, cols)
 
     def placeholder_text(self, rows: int, cols: int) -> str:
         """The text that replaces one ``<image>`` marker for an image processed into
@@ -161,14 +155,6 @@ class Idefics3ImageProcessor:
 
     def _resize(self, image: PIL.Image.Image, height: int, width: int) -> PIL.Image.Image:
         return image.resize((width, height), resample=self.resample)
-
-    def _rescale_and_normalize(self, tiles: torch.Tensor) -> torch.Tensor:
-        return rescale_and_normalize(
-            tiles,
-            self.rescale_factor if self.do_rescale else None,
-            self.image_mean if self.do_normalize else None,
-            self.image_std if self.do_normalize else None,
-        )
 
 
 def _fit_longest_edge(height: int, width: int, longest_edge: int) -> tuple[int, int]:

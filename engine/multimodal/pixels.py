@@ -6,6 +6,7 @@ and the reading of a model folder's JSON files."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,19 @@ from typing import Any
 import numpy as np
 import PIL.Image
 import torch
+from hetero_infer.engine.settings.exceptions import ConfigError
+
+# The settings every processor here has, by transformers' names.
+PIXEL_SETTINGS = (
+    "do_resize",
+    "do_rescale",
+    "do_normalize",
+    "do_convert_rgb",
+    "resample",
+    "rescale_factor",
+    "image_mean",
+    "image_std",
+)
 
 
 @dataclass(frozen=True)
@@ -69,3 +83,35 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
     with path.open() as file:
         return json.load(file)
+
+
+def pixel_settings(settings: Mapping[str, Any], defaults: Any) -> dict[str, Any]:
+    """PIXEL_SETTINGS from a processor config's ``settings``, ``defaults``' (a processor
+    with its defaults) where a key is left out; a single mean or std stands for all three
+    channels, as transformers repeats it."""
+    found = {name: settings.get(name, getattr(defaults, name)) for name in PIXEL_SETTINGS}
+    found["resample"] = PIL.Image.Resampling(found["resample"])
+    for name in ("image_mean", "image_std"):
+        found[name] = _three(found[name])
+    return found
+
+
+def check_mean_and_std(processor: str, mean: Sequence[float], std: Sequence[float]) -> None:
+    if len(mean) != 3 or len(std) != 3:
+        raise ConfigError(f"{processor} image processor: image_mean and image_std need 3 values")
+
+
+def normalized(tiles: torch.Tensor, settings: Any) -> torch.Tensor:
+    """rescale_and_normalize as a processor's PIXEL_SETTINGS say (their do_* flags)."""
+    return rescale_and_normalize(
+        tiles,
+        settings.rescale_factor if settings.do_rescale else None,
+        settings.image_mean if settings.do_normalize else None,
+        settings.image_std if settings.do_normalize else None,
+    )
+
+
+def _three(values: float | Sequence[float]) -> tuple[float, ...]:
+    if isinstance(values, int | float):
+        return (float(values),) * 3
+    return tuple(values)

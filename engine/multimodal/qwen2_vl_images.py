@@ -30,7 +30,6 @@ a do_ flag, an error for the rest); the Hub's Qwen folders have none.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,10 @@ from typing import Any
 import PIL.Image
 from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
+    check_mean_and_std,
+    normalized,
+    pixel_settings,
     read_json,
-    rescale_and_normalize,
     to_rgb,
     to_tensor,
 )
@@ -108,8 +109,7 @@ class Qwen2VLImageProcessor:
                 f"({self.merge_size}) and temporal_patch_size ({self.temporal_patch_size}) "
                 "must be > 0"
             )
-        if len(self.image_mean) != 3 or len(self.image_std) != 3:
-            raise ConfigError("Qwen2-VL image processor: image_mean and image_std need 3 values")
+        check_mean_and_std("Qwen2-VL", self.image_mean, self.image_std)
 
     @classmethod
     def from_folder(cls, path: Path) -> Qwen2VLImageProcessor:
@@ -146,14 +146,7 @@ class Qwen2VLImageProcessor:
             temporal_patch_size=int(
                 settings.get("temporal_patch_size", defaults.temporal_patch_size)
             ),
-            do_resize=settings.get("do_resize", defaults.do_resize),
-            do_rescale=settings.get("do_rescale", defaults.do_rescale),
-            do_normalize=settings.get("do_normalize", defaults.do_normalize),
-            do_convert_rgb=settings.get("do_convert_rgb", defaults.do_convert_rgb),
-            resample=PIL.Image.Resampling(settings.get("resample", defaults.resample)),
-            rescale_factor=settings.get("rescale_factor", defaults.rescale_factor),
-            image_mean=_three(settings.get("image_mean", defaults.image_mean)),
-            image_std=_three(settings.get("image_std", defaults.image_std)),
+            **pixel_settings(settings, defaults),
             image_token=image_token or defaults.image_token,
         )
 
@@ -184,12 +177,7 @@ class Qwen2VLImageProcessor:
         height, width = self.resized_size(image.height, image.width)
         if self.do_resize:
             image = image.resize((width, height), resample=self.resample)
-        values = rescale_and_normalize(
-            to_tensor(image)[None],
-            self.rescale_factor if self.do_rescale else None,
-            self.image_mean if self.do_normalize else None,
-            self.image_std if self.do_normalize else None,
-        )[0]
+        values = normalized(to_tensor(image)[None], self)[0]
         patch, merge = self.patch_size, self.merge_size
         if height % (patch * merge) or width % (patch * merge):
             raise ValueError(
@@ -221,13 +209,6 @@ class Qwen2VLImageProcessor:
     def to_rgb(self, image: PIL.Image.Image) -> PIL.Image.Image:
         """The image in RGB, as the processor first makes it."""
         return to_rgb(image, self.do_convert_rgb)
-
-
-def _three(values: float | Sequence[float]) -> tuple[float, float, float]:
-    """A mean or std as three channels' values (transformers repeats a single one)."""
-    if isinstance(values, (int, float)):
-        return (float(values),) * 3
-    return tuple(values)  # type: ignore[return-value]
 
 
 def _image_token(tokenizer_config: dict[str, Any]) -> str | None:
