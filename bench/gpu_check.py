@@ -11,7 +11,7 @@ only; the limits add up to 8 minutes on one GPU):
 
 1. ``cuda tests``: every test marked ``cuda`` (found by reading tests/ for the marker),
    by ``pytest -m cuda`` on their files, with a JUnit report. TRITON_INTERPRET=0, so
-   that tests/kernels/conftest.py leaves the interpreter off and they check the
+   that tests/conftest.py leaves the interpreter off and they check the
    compiled kernels.
 2. ``kernels``: ``bench.kernels`` on short shapes: decode attention, RMSNorm and the
    linear layers on quantized weights, as GB/s against the device's memory bandwidth

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import os
 
-from hetero_infer.engine.entrypoints.process_settings import set_openmp_wait_policy
+# Triton's kernels run on CPU tensors in its interpreter (tests/kernels). The knob must be
+# on before triton is first imported, by anything: triton decorates its own library
+# (tl.zeros, tl.sum, ...) at import, and what it decorated compiled is never interpreted.
+# A run that sets TRITON_INTERPRET=0 itself keeps the compiled kernels: the GPU check
+# (bench/gpu_check.py) runs the tests marked ``cuda`` that way.
+if os.environ.get("TRITON_INTERPRET") != "0":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from hetero_infer.engine.entrypoints.process_settings import set_openmp_wait_policy  # noqa: E402
 
 # Before torch loads. `make test`'s workers (pytest-xdist) share the cores: each takes
 # its share of them for torch's threads (an OMP_NUM_THREADS set before wins; the kernel

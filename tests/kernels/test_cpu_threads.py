@@ -151,7 +151,7 @@ def one_thread_outputs(qtype: str, panels: int) -> dict[tuple[int, torch.dtype],
 def test_quantized_linear_at_any_thread_count(qtype, panels, threads):
     linear = quantized_linear(qtype, panels)
     expected = one_thread_outputs(qtype, panels)
-    assert cpp_constant(QUANTIZED, "kPanel") == PANEL
+    assert cpp_constant("quantized_format.h", "kPanel") == PANEL
     few_rows = cpp_constant(QUANTIZED, "kFewRows")
     min_work = cpp_constant(QUANTIZED, "kMinThreadWork")
     tails = 0

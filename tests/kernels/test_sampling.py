@@ -123,7 +123,9 @@ def random_batch(rows: int, vocab: int, seed: int, features: bool = True) -> Sam
     def ids(n: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(rng.randrange(n))]
 
-    allowed = torch.randint(-(2**31), 2**31 - 1, (rows, -(-vocab // 32)), dtype=torch.int32)
+    allowed = torch.randint(
+        -(2**31), 2**31 - 1, (rows, -(-vocab // 32)), dtype=torch.int32, generator=g
+    )
     allowed[::2] = -1  # half the rows unconstrained
     return SamplingTensors.build(
         temperature=[rng.choice([0.0, 0.3, 0.7, 1.0, 1.5]) for _ in range(rows)],

@@ -38,7 +38,7 @@ def test_backend_switch():
 def test_triton_choice_leaves_no_state_behind():
     from hetero_infer.kernels.rms_norm_triton import rms_norm_triton
 
-    chosen = kernels.select_kernels("triton", CPU)  # the interpreter: tests/kernels/conftest.py
+    chosen = kernels.select_kernels("triton", CPU)  # the interpreter: tests/conftest.py
     assert chosen.attention.name == "triton" and chosen.attention.supports_cuda_graphs
     assert chosen.ops.rms_norm is rms_norm_triton
     assert kernels.select_kernels("auto", CPU).attention.name != "triton"

@@ -100,7 +100,7 @@ def run_launchers_on(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.fixture
 def on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launcher the checks call runs on the GPU, compiled. In a run that interprets
-    the kernels (tests/kernels/conftest.py turns the interpreter on unless
+    the kernels (tests/conftest.py turns the interpreter on unless
     TRITON_INTERPRET=0) these tests would only repeat the interpreter tests, slowly."""
     if interpreting():
         pytest.skip("the Triton kernels are interpreted in this run: set TRITON_INTERPRET=0")

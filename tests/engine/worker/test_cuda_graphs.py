@@ -57,7 +57,7 @@ def greedy(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
 
 def skip_unless_compiled_triton() -> None:
     """Graphs need the Triton backend (its metadata is the static buffers) compiled: the
-    interpreter (tests/kernels/conftest.py turns it on unless TRITON_INTERPRET=0) copies
+    interpreter (tests/conftest.py turns it on unless TRITON_INTERPRET=0) copies
     tensors to the host, which no graph can capture."""
     if not kernels.triton_available():
         pytest.skip("needs triton")
