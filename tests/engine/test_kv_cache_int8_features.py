@@ -6,7 +6,8 @@ cache without the feature, not against transformers:
   the scales kept in each row) go to CPU memory and come back; the tokens are those of
   a pool that holds the whole batch;
 - tensor parallelism: 2 ranks over gloo, each rounding its own KV heads, give the
-  tokens and (within fp32 rounding) the logprobs of one process.
+  tokens and (within a few values rounded one int8 step apart) the logprobs of one
+  process.
 """
 
 from __future__ import annotations
@@ -69,4 +70,9 @@ def test_two_ranks_round_their_heads_as_one_process(tmp_path):
 
     config = EngineConfig(model=str(folder), **{**tp.SETTINGS, **INT8})
     expected, got = tp.one_and_two_ranks(config, run)
-    tp.assert_same_generations(got, expected)
+    # The ranks sum their partial products in another order, so a cached value lying on
+    # a half step can round to the next int8 step on one side: measured on an AVX-512
+    # EPYC, up to 5.3e-3 apart (7e-4 on average), where the int8 cache itself moves these
+    # logprobs 0.16-0.23 on average from the fp32 cache's. A rank rounding its heads
+    # otherwise than one process would move them by the cache's own scale.
+    tp.assert_same_generations(got, expected, tolerance=2e-2)
