@@ -10,7 +10,7 @@ where it ``serves`` the step's metadata, and layer by layer otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,10 +23,15 @@ from hetero_infer.kernels.linear import LinearFn
 class DecoderLayerSpec:
     """One decoder layer: pre-norm attention (merged qkv, RoPE, paged KV), then a
     pre-norm gated MLP, each added to the residual stream; the parts past Llama's are
-    set where the model has them (engine/models/layers.py)."""
+    set where the model has them (engine/models/layers.py). The one description of a
+    layer the kernels take: the C++ stack reads it field by field, by name, and names
+    what it does not compute (kernels/csrc/bindings.cpp)."""
 
-    input_norm: torch.Tensor
-    post_attention_norm: torch.Tensor
+    # The layer's RMSNorm weights by their place: "input" and "post_attention" in every
+    # layer; "q" and "k" over each head of q and k before RoPE (Qwen3, Gemma 3), or over
+    # all heads at once where qk_norm_across_heads (OLMoE); "attn_output" and
+    # "mlp_output" on the attention's and the MLP's outputs (Gemma)
+    norms: Mapping[str, torch.Tensor]
     qkv: LinearFn  # -> [tokens, q + 2 * kv]
     o: LinearFn
     gate_up: LinearFn | None  # -> activation(gate) * up; None in a sparse layer
@@ -39,12 +44,6 @@ class DecoderLayerSpec:
     # ones, or a sliding-window layer's own (Gemma 3's second base)
     rope: tuple[torch.Tensor, torch.Tensor]
     activation: str = "silu"  # the HF name: "silu", "gelu_pytorch_tanh"
-    # RMSNorms over each head of q and k, before RoPE (Qwen3, Gemma 3)
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    # RMSNorms on the attention's and the MLP's outputs (Gemma)
-    attn_output_norm: torch.Tensor | None = None
-    mlp_output_norm: torch.Tensor | None = None
     # The q and k norms span all heads (OLMoE) rather than each head
     qk_norm_across_heads: bool = False
     # A sparse layer's mixture-of-experts block as the kernels packed it

@@ -18,19 +18,22 @@ them in bf16), RoPE tables of each layer's own (Gemma 3's sliding layers take a 
 base), and attention logit soft-capping (in decode_attention, as the layers'); for the
 mixture-of-experts families, OLMoE's q/k norms across all heads and each sparse layer's
 C++ expert block (kernels/moe_cpu.py), which the layer calls too. Models with a part it
-lacks (``unserved_parts``: an activation other than those, experts the C++ block does
-not take) run every step layer by layer, and say so once in the log at start.
+lacks (an activation other than those, experts the C++ block does not take, a norm or
+a field of the layer's description it does not know: the C++ side names them,
+``unserved_parts``) run every step layer by layer, and say so once in the log at start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionInputs
-from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec
+from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, unfused
 from hetero_infer.kernels.linear_cpu import KernelLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
@@ -42,8 +45,8 @@ logger = logging.getLogger(__name__)
 # each, where the tiled kernel reads it once per 16 tokens.
 SHORT_CHUNK = 8
 
-# The gated MLPs' activations the stack applies after gate_up (by their HF names)
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# A layer's projections, by their DecoderLayerSpec fields
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 class CpuDecoderStack:
@@ -103,13 +106,16 @@ def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
 
 def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> DecoderStackFn | None:
     """The stack where the extension has it, the model runs in bf16 (the dtype whose
-    elementwise ops are the C++ ones: fp32 runs the torch references) and every
-    projection is ours; else None."""
+    elementwise ops are the C++ ones: fp32 runs the torch references), every projection
+    is ours and the stack computes every part of every layer; else None."""
     if module is None:
         return None
-    if any(layer.input_norm.dtype != torch.bfloat16 for layer in spec.layers):
+    if any(layer.norms["input"].dtype != torch.bfloat16 for layer in spec.layers):
         return None
-    unserved = unserved_parts(spec)
+    layers = [layer_description(module, layer) for layer in spec.layers]
+    if any(layer is None for layer in layers):
+        return None
+    unserved = _unserved(module, layers)
     if unserved:
         logger.info(
             "the CPU decoder stack does not run %s: decode steps go layer by layer",
@@ -124,50 +130,34 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
         spec.scale,
         softcap=spec.attn_logit_softcap or 0.0,
     )
-    for layer in spec.layers:
-        sparse = layer.gate_up is None
-        projections = (
-            (layer.qkv, layer.o) if sparse else (layer.qkv, layer.o, layer.gate_up, layer.down)
-        )
-        linears = [packed_linear(module, projection) for projection in projections]
-        if any(linear is None for linear in linears):
-            return None
-        if sparse:
-            linears += [None, None]
-        # A sparse layer's C++ MoeBlock in place of gate_up and down.
-        moe = {"moe": _moe_block(layer.moe)} if sparse else {}
-        stack.add_layer(
-            layer.input_norm,
-            layer.post_attention_norm,
-            *linears,
-            layer.sliding_window or 0,
-            layer.kv_group,
-            *layer.rope,
-            q_norm=layer.q_norm,
-            k_norm=layer.k_norm,
-            attn_output_norm=layer.attn_output_norm,
-            mlp_output_norm=layer.mlp_output_norm,
-            qk_norm_across_heads=layer.qk_norm_across_heads,
-            **moe,
-        )
+    for layer in layers:
+        stack.add_layer(layer)
     return CpuDecoderStack(stack)
 
 
-def unserved_parts(spec: DecoderStackSpec) -> list[str]:
+def layer_description(module: ModuleType, layer: DecoderLayerSpec) -> dict[str, Any] | None:
+    """The layer as the C++ stack reads it: every field of its spec by name, the
+    projections and a sparse layer's expert block in their C++ forms (the block None
+    where the experts are not the C++ kernel's); None where a projection is not one of
+    our kernels'."""
+    description = {field.name: getattr(layer, field.name) for field in dataclasses.fields(layer)}
+    for name in PROJECTIONS:
+        if description[name] is not None:
+            description[name] = packed_linear(module, description[name])
+            if description[name] is None:
+                return None
+    # the experts' torch reference (float experts, or kept in a type the C++ block does
+    # not take: kernels/moe_cpu.py) has none
+    description["moe"] = getattr(layer.moe, "block", None)
+    return description
+
+
+def unserved_parts(module: ModuleType, spec: DecoderStackSpec) -> list[str]:
     """The parts of the model's layers the C++ stack does not compute ([] where it
-    computes them all)."""
-    unserved = set()
-    for layer in spec.layers:
-        if layer.activation not in ACTIVATIONS:
-            unserved.add(f"the {layer.activation} activation")
-        if layer.gate_up is None and _moe_block(layer.moe) is None:
-            # the experts' torch reference: float experts, or kept in a type the C++
-            # block does not take (kernels/moe_cpu.py)
-            unserved.add("mixture-of-experts layers without the C++ expert kernel")
-    return sorted(unserved)
+    computes them all), as it names them."""
+    layers = [layer_description(module, layer) for layer in spec.layers]
+    return _unserved(module, [layer for layer in layers if layer is not None])
 
 
-def _moe_block(moe: object) -> object | None:
-    """A sparse layer's C++ MoeBlock: a CpuMoe's (kernels/moe_cpu.py, which imports
-    this module), else None."""
-    return getattr(moe, "block", None)
+def _unserved(module: ModuleType, layers: list[dict[str, Any]]) -> list[str]:
+    return sorted({part for layer in layers for part in module.decoder_layer_unserved(layer)})

@@ -243,14 +243,9 @@ class DecoderForCausalLM(nn.Module):
         """The layers' packed weights and RoPE tables (after init_rope), as the kernels'
         one-call stack takes them."""
         attention = self.layers[0].self_attn
-
-        def weight(norm: RMSNorm | None) -> torch.Tensor | None:
-            return None if norm is None else norm.weight
-
         layers = tuple(
             DecoderLayerSpec(
-                input_norm=layer.input_layernorm.weight,
-                post_attention_norm=layer.post_attention_layernorm.weight,
+                norms=layer.norms(),
                 qkv=layer.self_attn.qkv_proj.packed,
                 o=layer.self_attn.o_proj.packed,
                 gate_up=layer.mlp.gate_up_proj.packed if isinstance(layer.mlp, MLP) else None,
@@ -261,10 +256,6 @@ class DecoderForCausalLM(nn.Module):
                 kv_group=layer.self_attn.kv_group,
                 rope=rope,
                 activation=self.config.hidden_act,
-                q_norm=weight(layer.self_attn.q_norm),
-                k_norm=weight(layer.self_attn.k_norm),
-                attn_output_norm=weight(layer.attn_output_norm),
-                mlp_output_norm=weight(layer.mlp_output_norm),
             )
             for layer, rope in zip(self.layers, self.layer_ropes, strict=True)
         )

@@ -207,6 +207,20 @@ class DecoderLayer(DirectCall, nn.Module):
             self.attn_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
             self.mlp_output_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
+    def norms(self) -> dict[str, torch.Tensor]:
+        """The layer's RMSNorm weights by their place, as DecoderLayerSpec.norms names
+        them for the kernels."""
+        attention = self.self_attn
+        norms = {
+            "input": self.input_layernorm,
+            "post_attention": self.post_attention_layernorm,
+            "q": attention.q_norm,
+            "k": attention.k_norm,
+            "attn_output": self.attn_output_norm,
+            "mlp_output": self.mlp_output_norm,
+        }
+        return {place: norm.weight for place, norm in norms.items() if norm is not None}
+
     def forward(self, x, residual, positions, rope, kv_cache, meta):
         x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rope, kv_cache, meta)

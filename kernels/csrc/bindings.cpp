@@ -76,17 +76,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("experts", &MoeBlock::experts,
            "the routed experts alone, combined: (x, expert_ids, weights) -> [tokens, hidden]",
            py::arg("x"), py::arg("expert_ids"), py::arg("weights"), without_gil());
+  m.def(
+      "decoder_layer_unserved",
+      [](const py::dict& description) {
+        std::vector<std::string> unserved;
+        read_decoder_layer(description, unserved);
+        return unserved;
+      },
+      "the parts of a decoder layer's description the stack does not compute",
+      py::arg("layer"));
   py::class_<DecoderStack>(m, "DecoderStack")
       .def(py::init<int64_t, int64_t, int64_t, double, double, double>(), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
            py::arg("softcap") = 0.0)
-      .def("add_layer", &DecoderStack::add_layer, "a decoder layer's weights, in order",
-           py::arg("input_norm"), py::arg("post_attention_norm"), py::arg("qkv"), py::arg("o"),
-           py::arg("gate_up"), py::arg("down"), py::arg("window"), py::arg("kv_group"),
-           py::arg("cos"),
-           py::arg("sin"), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
-           py::arg("attn_output_norm") = py::none(), py::arg("mlp_output_norm") = py::none(),
-           py::arg("qk_norm_across_heads") = false, py::arg("moe") = nullptr)
+      .def(
+          "add_layer",
+          [](DecoderStack& stack, const py::dict& description) {
+            std::vector<std::string> unserved;
+            auto layer = read_decoder_layer(description, unserved);
+            if (!layer) throw py::value_error("the CPU decoder stack does not run " + unserved[0]);
+            stack.add_layer(std::move(*layer));
+          },
+          "a decoder layer, as kernels/decoder_stack.py's DecoderLayerSpec describes it",
+          py::arg("layer"))
       .def("set_lora", &DecoderStack::set_lora, "a LoRA adapter's weights on a projection",
            py::arg("layer"), py::arg("projection"), py::arg("slot"), py::arg("weights"))
       .def("remove_lora", &DecoderStack::remove_lora, "a LoRA slot emptied", py::arg("slot"))

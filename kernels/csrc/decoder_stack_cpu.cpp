@@ -4,6 +4,9 @@
 
 #include "decoder_stack_cpu.h"
 
+#include <torch/extension.h>
+
+#include <array>
 #include <tuple>
 #include <utility>
 
@@ -13,11 +16,24 @@
 
 namespace {
 
+// The activations a gated MLP's gate goes through, by their HF names
+constexpr std::array<std::pair<const char*, GatedActivation>, 2> kGatedActivations{{
+    {"silu", GatedActivation::kSilu},
+    {"gelu_pytorch_tanh", GatedActivation::kGeluTanh},
+}};
+
+std::optional<GatedActivation> find_activation(const std::string& name) {
+  for (const auto& [known, activation] : kGatedActivations) {
+    if (name == known) return activation;
+  }
+  return std::nullopt;
+}
+
 GatedActivation gated_activation(const std::string& name) {
   if (name.empty()) return GatedActivation::kNone;
-  if (name == "silu") return GatedActivation::kSilu;
-  if (name == "gelu_pytorch_tanh") return GatedActivation::kGeluTanh;
-  TORCH_CHECK(false, "no gated activation ", name, " (\"\", \"silu\", \"gelu_pytorch_tanh\")");
+  const auto activation = find_activation(name);
+  TORCH_CHECK(activation, "no gated activation ", name, " (\"\", \"silu\", \"gelu_pytorch_tanh\")");
+  return *activation;
 }
 
 }  // namespace
@@ -90,22 +106,69 @@ DecoderStack::DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head
       scale_(scale),
       softcap_(softcap) {}
 
-void DecoderStack::add_layer(at::Tensor input_norm, at::Tensor post_attention_norm,
-                             PackedLinear qkv, PackedLinear o, std::optional<PackedLinear> gate_up,
-                             std::optional<PackedLinear> down, int64_t window, int64_t kv_group,
-                             at::Tensor cos,
-                             at::Tensor sin, std::optional<at::Tensor> q_norm,
-                             std::optional<at::Tensor> k_norm,
-                             std::optional<at::Tensor> attn_output_norm,
-                             std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
-                             std::shared_ptr<MoeBlock> moe) {
-  TORCH_CHECK((gate_up.has_value() && down.has_value()) != (moe != nullptr),
+// A decoder layer's description (kernels/decoder_stack.py's DecoderLayerSpec, every
+// field by its name, its projections and expert block in their C++ forms) read into the
+// stack's weights. A part the stack does not compute is named in `unserved`, not
+// ignored: a field it does not know, a norm at a place it does not know, an activation
+// it lacks, a sparse layer without the C++ expert block.
+std::optional<DecoderLayerWeights> read_decoder_layer(const py::dict& description,
+                                                      std::vector<std::string>& unserved) {
+  py::dict rest = description.attr("copy")();  // what is left once each known part is read
+  auto take = [&](const char* field) -> py::object {
+    TORCH_CHECK(rest.contains(field), "a decoder layer's description without ", field);
+    return rest.attr("pop")(field);
+  };
+  py::dict norms = take("norms").attr("copy")();
+  auto norm = [&](const char* place) -> std::optional<at::Tensor> {
+    if (!norms.contains(place)) return std::nullopt;
+    return norms.attr("pop")(place).cast<at::Tensor>();
+  };
+  auto linear = [&](const char* field) { return take(field).cast<std::optional<PackedLinear>>(); };
+  auto required = [&](const char* field) {
+    auto projection = linear(field);
+    TORCH_CHECK(projection, "a decoder layer without its ", field, " projection");
+    return *projection;
+  };
+  const auto activation = take("activation").cast<std::string>();
+  if (!find_activation(activation)) unserved.push_back("the " + activation + " activation");
+  const auto rope = take("rope").cast<std::tuple<at::Tensor, at::Tensor>>();
+  const auto input_norm = norm("input"), post_attention_norm = norm("post_attention");
+  TORCH_CHECK(input_norm && post_attention_norm, "a decoder layer without its two RMSNorms");
+  DecoderLayerWeights layer{*input_norm,
+                            *post_attention_norm,
+                            required("qkv"),
+                            required("o"),
+                            linear("gate_up"),
+                            linear("down"),
+                            take("sliding_window").cast<std::optional<int64_t>>().value_or(0),
+                            take("kv_group").cast<int64_t>(),
+                            std::get<0>(rope),
+                            std::get<1>(rope),
+                            norm("q"),
+                            norm("k"),
+                            norm("attn_output"),
+                            norm("mlp_output"),
+                            take("qk_norm_across_heads").cast<bool>(),
+                            take("moe").cast<std::shared_ptr<MoeBlock>>()};
+  if (!layer.gate_up && !layer.moe) {
+    unserved.push_back("mixture-of-experts layers without the C++ expert kernel");
+  }
+  for (const auto& item : norms) {
+    unserved.push_back("the " + item.first.cast<std::string>() + " norm");
+  }
+  for (const auto& item : rest) {
+    unserved.push_back("the layer's " + item.first.cast<std::string>());
+  }
+  if (!unserved.empty()) return std::nullopt;
+  return layer;
+}
+
+void DecoderStack::add_layer(DecoderLayerWeights layer) {
+  TORCH_CHECK((layer.gate_up.has_value() && layer.down.has_value()) != (layer.moe != nullptr),
               "a layer has either a dense MLP (gate_up and down) or a mixture-of-experts block");
-  layers_.push_back(DecoderLayerWeights{
-      std::move(input_norm), std::move(post_attention_norm), std::move(qkv), std::move(o),
-      std::move(gate_up), std::move(down), window, kv_group, std::move(cos), std::move(sin),
-      std::move(q_norm), std::move(k_norm), std::move(attn_output_norm),
-      std::move(mlp_output_norm), qk_norm_across_heads, std::move(moe)});
+  TORCH_CHECK(!layer.qk_norm_across_heads || (layer.q_norm && layer.k_norm),
+              "q and k norms across heads without the norms");
+  layers_.push_back(std::move(layer));
 }
 
 void DecoderStack::set_lora(int64_t layer, int64_t projection, int64_t slot,

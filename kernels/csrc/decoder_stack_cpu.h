@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <pybind11/pytypes.h>
 
 #include <array>
 #include <memory>
@@ -52,6 +53,7 @@ struct PackedLinear {
   int64_t activation_bits;  // quantized_linear's: 8 or 16
 };
 
+// One decoder layer, as DecoderLayerSpec (kernels/decoder_stack.py) describes it.
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   at::Tensor post_attention_norm;
@@ -72,6 +74,13 @@ struct DecoderLayerWeights {
   std::array<std::vector<std::shared_ptr<LoRAWeights>>, 4> lora{};
 };
 
+// A decoder layer's description (kernels/decoder_stack.py's DecoderLayerSpec, every
+// field by its name, its projections and expert block in their C++ forms) read into
+// the stack's weights; None, with the parts the stack does not compute named in
+// `unserved`, where it has any.
+std::optional<DecoderLayerWeights> read_decoder_layer(const pybind11::dict& description,
+                                                      std::vector<std::string>& unserved);
+
 // A step's rows by LoRA adapter: the slots, and each one's rows (listed once a step,
 // not once a projection).
 struct LoRARows {
@@ -86,14 +95,9 @@ class DecoderStack {
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
                double scale, double softcap);
 
-  // gate_up and down: the dense MLP's, or none where `moe` (a sparse layer's) is given.
-  void add_layer(at::Tensor input_norm, at::Tensor post_attention_norm, PackedLinear qkv,
-                 PackedLinear o, std::optional<PackedLinear> gate_up,
-                 std::optional<PackedLinear> down, int64_t window, int64_t kv_group, at::Tensor cos,
-                 at::Tensor sin, std::optional<at::Tensor> q_norm,
-                 std::optional<at::Tensor> k_norm, std::optional<at::Tensor> attn_output_norm,
-                 std::optional<at::Tensor> mlp_output_norm, bool qk_norm_across_heads,
-                 std::shared_ptr<MoeBlock> moe);
+  // A layer as kernels/decoder_stack.py's DecoderLayerSpec describes it (bindings.cpp
+  // reads the description into these weights, refusing a part the stack does not take).
+  void add_layer(DecoderLayerWeights layer);
 
   // A LoRA adapter's weights on one projection of a layer (0 qkv, 1 o, 2 gate_up,
   // 3 down), in its slot; and a slot emptied in every layer.

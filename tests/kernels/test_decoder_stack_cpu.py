@@ -19,6 +19,7 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.models.decoder import DecoderForCausalLM
 from hetero_infer.engine.models.layers import Linear
 from hetero_infer.kernels import decoder_stack_cpu, paged_attention_cpu
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.decoder_stack_cpu import SHORT_CHUNK
 from hetero_infer.kernels.kv_quant import to_cache
 from hetero_infer.kernels.linear import unfused
@@ -187,7 +188,7 @@ def test_qwen3_and_gemma_layers_are_all_served(name, tmp_path):
     folder = save_tiny_model(name, tmp_path / name)
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
     spec = engine.runner.model.decoder_stack_spec()
-    assert decoder_stack_cpu.unserved_parts(spec) == []
+    assert decoder_stack_cpu.unserved_parts(load_cpu_kernels(), spec) == []
     assert engine.runner.fast_path is not None
     assert spec.attn_logit_softcap == (10.0 if name == "gemma2" else None)
     if name == "gemma3":  # the sliding layers' tables are their own, the global one's not
@@ -216,7 +217,7 @@ def test_layers_the_stack_does_not_compute_run_one_by_one(tmp_path, caplog, monk
         engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_blocks=64))
     spec = engine.runner.model.decoder_stack_spec()
     expected = ["the gelu activation", "the relu activation"]
-    assert decoder_stack_cpu.unserved_parts(spec) == expected
+    assert decoder_stack_cpu.unserved_parts(load_cpu_kernels(), spec) == expected
     assert engine.runner.fast_path is None
     assert f"does not run {', '.join(expected)}" in caplog.text
     out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))

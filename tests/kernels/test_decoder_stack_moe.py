@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hetero_infer.engine.models.moe import SparseMoe
 from hetero_infer.kernels import decoder_stack_cpu
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.moe_cpu import CpuMoe
 
 from tests.kernels.test_decoder_stack_cpu import (
@@ -33,7 +34,7 @@ def test_every_sparse_layer_runs_the_expert_kernel(model_dir) -> None:
     model = engine_for(model_dir, "int8").runner.model
     blocks = [m for m in model.modules() if isinstance(m, SparseMoe)]
     assert blocks and all(isinstance(block.fused, CpuMoe) for block in blocks)
-    assert decoder_stack_cpu.unserved_parts(model.decoder_stack_spec()) == []
+    assert decoder_stack_cpu.unserved_parts(load_cpu_kernels(), model.decoder_stack_spec()) == []
 
 
 def test_decode_steps_equal_the_layers_to_the_bit(model_dir) -> None:
@@ -56,7 +57,7 @@ def test_float_experts_run_layer_by_layer(tmp_path) -> None:
     folder = save_tiny_model("olmoe", tmp_path / "olmoe")
     engine = engine_for(folder, "none")
     spec = engine.runner.model.decoder_stack_spec()
-    assert decoder_stack_cpu.unserved_parts(spec) == [
+    assert decoder_stack_cpu.unserved_parts(load_cpu_kernels(), spec) == [
         "mixture-of-experts layers without the C++ expert kernel"
     ]
     assert engine.runner.fast_path is None
