@@ -28,7 +28,8 @@ from hetero_infer.engine.entrypoints.process_settings import (
     set_openmp_wait_policy,
 )
 from hetero_infer.engine.params.sampling_params import SamplingParams
-from hetero_infer.engine.settings.config import EngineConfig, read_section
+from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.seed_layout import read_section
 from hetero_infer.server.listen import bind_socket
 from hetero_infer.server.settings import ServerSettings
 

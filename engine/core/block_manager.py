@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
-from hetero_infer.engine.core.block_hashing import BlockHasher
+from hetero_infer.engine.core.block_hashing import BlockHasher, KeyedBlockHasher
 from hetero_infer.engine.core.block_pool import Block, BlockPool
 from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
 from hetero_infer.engine.core.sequence import Sequence
@@ -44,11 +44,11 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         later_groups: Seq[tuple[int | None, int]] = (),
         tiers: PrefixTiers | None = None,
-        hash_key: bytes | None = None,
+        hasher: BlockHasher | None = None,
     ) -> None:
         """``num_blocks``: the first group's; ``later_groups``: (window or None, blocks)
         of each later KV cache group (engine/models/kv_layout.py), a windowed one's
-        blocks counting its null block. ``tiers``: see the module's doc; ``hash_key``: the
+        blocks counting its null block. ``tiers``: see the module's doc; ``hasher``: the
         block hashes' (block_hashing.py)."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
@@ -68,8 +68,9 @@ class BlockManager:
         self.free_blocks = pool.free_blocks
         self.cached_blocks = pool.cached_blocks
         self.free_cpu_blocks = pool.free_cpu_blocks
-        # The block hashes, keyed at random per block manager (so per process and replica).
-        self.hasher = BlockHasher(hash_key)
+        # The block hashes: by default keyed at random per block manager (so per process
+        # and replica).
+        self.hasher = hasher or KeyedBlockHasher()
         self.tiers = tiers
         if tiers is not None:
             tiers.attach([group.pool for group in self.groups])

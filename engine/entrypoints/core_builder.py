@@ -7,9 +7,11 @@ up the EngineCore.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from hetero_infer.engine.core.block_hashing import BlockHasher, block_hasher
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.engine_core import EngineCore
 from hetero_infer.engine.core.scheduler import Scheduler
@@ -73,7 +75,7 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         enable_prefix_caching=config.enable_prefix_caching,
         later_groups=groups[1:],
         tiers=tiers,
-        hash_key=hash_key,
+        hasher=prefix_hasher(config.prefix_caching_hash_algo, hash_key),
     )
     speculator = None
     if spec is not None:
@@ -117,6 +119,19 @@ def tier_planner(runner: ModelRunner) -> tuple[TierPlanner | None, bytes | None]
     layout = store.layout
     planner = TierPlanner(len(store.hosts), store.num_slots, runner.block_size, layout)
     return planner, None if layout is None else load_or_create_key(layout.root)
+
+
+def prefix_hasher(algo: str, key: bytes | None) -> BlockHasher:
+    """The block hasher ``algo`` names. vLLM's sha256_cbor starts its chains from
+    PYTHONHASHSEED, as vLLM reads it: unset, they start from a random seed, and no
+    router can compute them (a restart's disk tier finds none of its blocks either)."""
+    seed = os.environ.get("PYTHONHASHSEED")
+    if algo == "sha256_cbor" and seed is None:
+        logger.warning(
+            "prefix_caching_hash_algo sha256_cbor without PYTHONHASHSEED: the block hashes "
+            "start from a random seed, which no router can reproduce; set PYTHONHASHSEED"
+        )
+    return block_hasher(algo, key, seed)
 
 
 def check_kv_capacity(runner: ModelRunner, setup: EngineSetup) -> None:

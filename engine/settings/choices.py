@@ -16,6 +16,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's names: "mp", the engine starts the other ranks as local processes;
 # "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+# The prefix cache's block hashes (engine/core/block_hashing.py): ours, keyed per replica;
+# vLLM's sha256_cbor, which routers recompute
+PREFIX_CACHING_HASH_ALGOS = ("keyed", "sha256_cbor")
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -24,6 +27,7 @@ __all__ = [
     "DTYPES",
     "KV_CACHE_DTYPES",
     "POOLINGS",
+    "PREFIX_CACHING_HASH_ALGOS",
     "PREEMPTION_MODES",
     "QUANTIZATIONS",
     "SCHEDULING_POLICIES",

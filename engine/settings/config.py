@@ -22,17 +22,17 @@ from hetero_infer.engine.settings.choices import (
     KV_CACHE_DTYPES,
     POOLINGS,
     PREEMPTION_MODES,
+    PREFIX_CACHING_HASH_ALGOS,
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
 )
 from hetero_infer.engine.settings.config_checks import check_config, check_int
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.engine.settings.seed_layout import SERVER_SECTIONS, seed_tokenizer
 from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
 
 # Keys users of the seed APIs write (see EngineConfig's InitVars).
 ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
-# Sections of the seed's config.json that belong to the server (server/cli.py reads them).
-SERVER_SECTIONS = ("serving",)
 # Keys of the seed's config.json with no meaning here: refused, saying why.
 UNSUPPORTED_SEED_KEYS = {
     "max_retry_attempts": "a failed step is not retried: it fails its requests",
@@ -90,6 +90,12 @@ class EngineConfig:
     kv_cache_memory: int = setting(2 * 1024**3, "bytes of KV cache on the CPU")
     num_cpu_blocks: int = setting(0, "CPU blocks that hold swapped-out sequences (0: no swap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of a repeated prefix")
+    prefix_caching_hash_algo: str = setting(
+        "keyed",
+        "the prefix cache's block hashes: keyed (ours, a key per replica) or sha256_cbor "
+        "(vLLM's, unkeyed: with PYTHONHASHSEED set, the hashes routers compute)",
+        PREFIX_CACHING_HASH_ALGOS,
+    )
     kv_offloading_size: float = setting(
         0.0,
         "as vLLM's: GiB of host RAM that keep the prefix cache's blocks as the KV cache "
@@ -244,7 +250,7 @@ class EngineConfig:
                 raise ConfigError(f"{source}: unknown key {key!r}")
         tokenizer = values.get("tokenizer")
         if isinstance(tokenizer, dict):  # the seed's {"kind": ..., "path": ...}
-            values = {**values, "tokenizer": _seed_tokenizer(tokenizer, source)}
+            values = {**values, "tokenizer": seed_tokenizer(tokenizer, source)}
         try:
             return cls(**values)
         except (TypeError, ValueError) as exc:
@@ -274,25 +280,3 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def read_section(path: str | Path, section: str) -> dict[str, Any]:
-    """One section of a config file (e.g. the seed's "serving"); {} when it has none.
-    The file was already read and checked by from_file."""
-    data = json.loads(Path(path).read_text())
-    value = data.get(section) if isinstance(data, dict) else None
-    return value if isinstance(value, dict) else {}
-
-
-def _seed_tokenizer(spec: dict[str, Any], source: str) -> str | None:
-    """The seed's tokenizer section -> a tokenizer source (None: the model's own)."""
-    kind, path = spec.get("kind", "huggingface"), spec.get("path")
-    if set(spec) - {"kind", "path"} or kind not in ("huggingface", "simple"):
-        raise ConfigError(f"{source}: tokenizer must be {{'kind': 'huggingface', 'path': ...}}")
-    if kind == "simple":
-        raise ConfigError(
-            f"{source}: tokenizer kind 'simple' (the seed's test tokenizer) does not fit a real "
-            "model: give 'huggingface' with a path (or null for the model's own), or pass a "
-            "tokenizer object to the engine"
-        )
-    return path

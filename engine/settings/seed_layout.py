@@ -1,0 +1,35 @@
+"""The seed's config.json layout beside the engine's settings: the sections that
+belong to the server, and its tokenizer section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hetero_infer.engine.settings.exceptions import ConfigError
+
+# Sections of the seed's config.json that belong to the server (server/cli.py reads them).
+SERVER_SECTIONS = ("serving",)
+
+
+def read_section(path: str | Path, section: str) -> dict[str, Any]:
+    """One section of a config file (e.g. the seed's "serving"); {} when it has none.
+    The file was already read and checked by from_file."""
+    data = json.loads(Path(path).read_text())
+    value = data.get(section) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def seed_tokenizer(spec: dict[str, Any], source: str) -> str | None:
+    """The seed's tokenizer section -> a tokenizer source (None: the model's own)."""
+    kind, path = spec.get("kind", "huggingface"), spec.get("path")
+    if set(spec) - {"kind", "path"} or kind not in ("huggingface", "simple"):
+        raise ConfigError(f"{source}: tokenizer must be {{'kind': 'huggingface', 'path': ...}}")
+    if kind == "simple":
+        raise ConfigError(
+            f"{source}: tokenizer kind 'simple' (the seed's test tokenizer) does not fit a real "
+            "model: give 'huggingface' with a path (or null for the model's own), or pass a "
+            "tokenizer object to the engine"
+        )
+    return path
