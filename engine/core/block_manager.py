@@ -20,12 +20,14 @@ block_hashing.py's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_hashing import BlockHasher, KeyedBlockHasher
 from hetero_infer.engine.core.block_pool import Block, BlockPool
 from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
+from hetero_infer.engine.core.kv_events import KVEventLog
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.core.step_data import BlockMoves, TierMoves
 
@@ -45,11 +47,13 @@ class BlockManager:
         later_groups: Seq[tuple[int | None, int]] = (),
         tiers: PrefixTiers | None = None,
         hasher: BlockHasher | None = None,
+        events: KVEventLog | None = None,
     ) -> None:
         """``num_blocks``: the first group's; ``later_groups``: (window or None, blocks)
         of each later KV cache group (engine/models/kv_layout.py), a windowed one's
         blocks counting its null block. ``tiers``: see the module's doc; ``hasher``: the
-        block hashes' (block_hashing.py)."""
+        block hashes' (block_hashing.py); ``events``: where the cache's events go, if
+        anywhere (kv_events.py)."""
         assert num_blocks > 0 and block_size > 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -71,6 +75,10 @@ class BlockManager:
         # The block hashes: by default keyed at random per block manager (so per process
         # and replica).
         self.hasher = hasher or KeyedBlockHasher()
+        self.events = events
+        if events is not None:
+            for group in self.groups:
+                group.pool.on_removed = functools.partial(events.removed, group.index)
         self.tiers = tiers
         if tiers is not None:
             tiers.attach([group.pool for group in self.groups])
@@ -181,6 +189,8 @@ class BlockManager:
             registered = group.register(seq, hashes, seq.num_registered_blocks, seq.token_ids)
             if self.tiers is not None and registered:
                 self.tiers.persist(group.index, registered)
+            if self.events is not None and registered:
+                self.events.stored(group.index, hashes, registered, seq.lora_slot or None)
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     # ---- allocation ----

@@ -68,6 +68,8 @@ class BlockPool:
         # Told (block id, hash, tokens) of a cached block about to be handed out again,
         # while its KV is still whole: the prefix cache's tiers save it (engine/kv/).
         self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
+        # Told the hash of a block the cache no longer holds (its KV events).
+        self.on_removed: Callable[[int], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -103,6 +105,8 @@ class BlockPool:
                 self.on_evict(block_id, block.block_hash, block.token_ids)
             if self.cached_blocks.get(block.block_hash) == block_id:
                 del self.cached_blocks[block.block_hash]
+                if self.on_removed is not None:
+                    self.on_removed(block.block_hash)
             block.block_hash = None
             block.token_ids = ()
         block.ref_count = 1

@@ -93,6 +93,8 @@ class EngineCore:
         output = self.runner.execute(scheduled)
         block_manager.tier_reads_done(output.tier_reads)
         updates = self.scheduler.update_from_output(scheduled, output)
+        if block_manager.events is not None:
+            block_manager.events.end_step()
         if not self.scheduler.queues.has_unfinished():
             # No step may come for a while: the blocks this one computed go to the
             # disk tier now.

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_hashing import BlockHasher, block_hasher
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.engine_core import EngineCore
+from hetero_infer.engine.core.kv_events import KVEventLog
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.speculator import NOT_SPECULATED, Speculator
 from hetero_infer.engine.entrypoints.metrics import EngineMetrics
@@ -27,6 +28,9 @@ from hetero_infer.engine.setup import EngineSetup
 from hetero_infer.engine.worker.draft_source import resolve_draft
 from hetero_infer.engine.worker.model_runner import ModelRunner
 
+if TYPE_CHECKING:
+    from hetero_infer.engine.entrypoints.kv_event_publisher import ZmqEventPublisher
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,6 +43,7 @@ class BuiltCore:
     workers: LocalWorkers | None
     metrics: EngineMetrics
     lora: LoRAManager | None = None  # the LoRA adapters, where enabled
+    kv_events: ZmqEventPublisher | None = None  # where the prefix cache's events go
 
 
 def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
@@ -66,6 +71,13 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
             workers.stop(timeout=0)
         raise
     tiers, hash_key = tier_planner(runner)
+    publisher = events = None
+    if config.kv_events_config is not None:  # ZeroMQ and msgspec loaded only for them
+        from hetero_infer.engine.entrypoints.kv_event_publisher import event_publisher
+
+        publisher = event_publisher(config.kv_events_config)
+    if publisher is not None:
+        events = KVEventLog(publisher.publish, config.block_size)
     # Each KV cache group's retention and blocks: the first's are runner.num_blocks.
     groups = list(zip(runner.kv_layout.group_windows, runner.group_blocks, strict=True))
     block_manager = BlockManager(
@@ -76,6 +88,7 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
         later_groups=groups[1:],
         tiers=tiers,
         hasher=prefix_hasher(config.prefix_caching_hash_algo, hash_key),
+        events=events,
     )
     speculator = None
     if spec is not None:
@@ -107,7 +120,7 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
             setup.device,
             setup.dtype,
         )
-    return BuiltCore(core, runner, workers, metrics, lora)
+    return BuiltCore(core, runner, workers, metrics, lora, publisher)
 
 
 def tier_planner(runner: ModelRunner) -> tuple[TierPlanner | None, bytes | None]:

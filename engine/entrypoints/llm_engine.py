@@ -55,8 +55,7 @@ class LLMEngine:
         self.setup = setup = resolve_setup(config)
         source = setup.source
         self.model_config = setup.model_config
-        # The sampling values a request that leaves them out gets (the server's routes
-        # apply them; default_sampling_params() gives them to the offline API).
+        # What a request leaves out gets (the routes, default_sampling_params() apply it)
         self.generation_defaults = setup.generation_defaults
         logger.info("%s", self.generation_defaults.describe())
         self.max_model_len = setup.max_model_len
@@ -71,7 +70,7 @@ class LLMEngine:
         )
         built = build_core(setup, tokenizer)
         self.core, self.runner, self.workers = built.core, built.runner, built.workers
-        self.metrics, self.lora = built.metrics, built.lora
+        self.metrics, self.lora, self.kv_events = built.metrics, built.lora, built.kv_events
         self.adapters = LoRARequests(self.lora, built.core.scheduler)  # loaded by name
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -151,8 +150,7 @@ class LLMEngine:
         return request.request_id
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request (all its choices) and free its blocks at once; False if it is
-        not running."""
+        """Stop a request (every choice) and free its blocks at once; False if not running."""
         seq_ids = self.output_processor.choice_ids(request_id)
         self.core.finish(seq_ids, SequenceStatus.FINISHED_ABORTED)
         return any([self.output_processor.abort(seq_id) for seq_id in seq_ids])
@@ -168,14 +166,16 @@ class LLMEngine:
             self.workers.check_alive()
 
     def shutdown(self) -> None:
-        """Write the cached blocks the disk tier lacks (kv_offloading_flush_timeout), and
-        stop the other tensor-parallel ranks, if any; the engine cannot step after."""
+        """Write the cached blocks the disk tier lacks (kv_offloading_flush_timeout), stop
+        the other ranks and the KV events' publisher; the engine cannot step after."""
         self.core.apply_tier_moves(unsaved=True)
         self.runner.kv_cache.close_tiers(self.config.kv_offloading_flush_timeout)
         self.runner.stop_workers()
         if self.workers is not None:
             self.workers.stop()
             self.workers = None
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def has_pending_work(self) -> bool:
         return self.core.has_unfinished()

@@ -116,6 +116,12 @@ class EngineConfig:
         "it lacks, so that a restart finds them (each block is written as it is computed; "
         "these are the last ones)",
     )
+    kv_events_config: str | None = setting(
+        None,
+        "as vLLM's --kv-events-config: JSON of its KVEventsConfig, e.g. "
+        '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}: '
+        "the prefix cache's blocks stored and removed, published over ZeroMQ for routers",
+    )
     kv_cache_dtype: str = setting(
         "auto",
         "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (an fp16 "

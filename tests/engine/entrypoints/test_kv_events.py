@@ -1,0 +1,167 @@
+"""The prefix cache's events over ZeroMQ (``kv_events_config``), read by a subscriber
+written from vLLM's wire format (its own msgspec structs, pyzmq): a 2,000-token prompt's
+every full block stored, with its tokens, its parent and the block size, the hashes
+those a router computes (sha256_cbor with PYTHONHASHSEED=0); blocks evicted removed;
+AllBlocksCleared first; sequence numbers without gaps; a late subscriber's replay from a
+sequence number, ending with the end marker. Events off: no publisher, nothing recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+
+from tests.engine.core.test_sha256_cbor_hashes import vllm_block_hashes
+from tests.tiny_models import TINY_MODELS, save_tiny_model
+
+BLOCK_SIZE = 16
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+# vLLM's wire format (vllm/distributed/kv_events.py), written out here.
+class Event(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    pass
+
+
+class BlockStored(Event):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class BlockRemoved(Event):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class AllBlocksCleared(Event):
+    pass
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def router_hashes(token_ids: list[int]) -> list[int]:
+    """A router's 64-bit keys of the full blocks: sha256_cbor's last 8 bytes."""
+    return [int.from_bytes(h[-8:], "big") for h in vllm_block_hashes(token_ids, "0", BLOCK_SIZE)]
+
+
+def receive(sub: zmq.Socket, quiet: float = 1.0) -> list[tuple[int, bytes]]:
+    """(sequence number, payload) of each batch until none comes for ``quiet`` s."""
+    batches = []
+    while sub.poll(int(quiet * 1000)):
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv"
+        batches.append((int.from_bytes(seq, "big", signed=True), payload))
+    return batches
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"), max_position_embeddings=4096)
+
+
+def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    port, replay_port = free_port(), free_port()
+    settings = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": "kv",
+    }
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(folder),
+            block_size=BLOCK_SIZE,
+            max_model_len=2048,
+            max_num_blocks=140,  # two 2,000-token prompts do not fit: the second evicts
+            max_num_batched_tokens=512,  # in chunks: later events have parents
+            prefix_caching_hash_algo="sha256_cbor",
+            kv_events_config=json.dumps(settings),
+        )
+    )
+    context = zmq.Context()
+    try:
+        sub = context.socket(zmq.SUB)
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        time.sleep(0.5)  # the subscription reaches the publisher
+        vocab = TINY_MODELS["llama"]().vocab_size
+        rng = random.Random(0)
+        prompts = [[rng.randrange(3, vocab) for _ in range(2000)] for _ in range(2)]
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        outputs = [engine.generate([p], params, use_tqdm=False)[0] for p in prompts]
+        batches = receive(sub)
+        seqs = [seq for seq, _ in batches]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no gaps
+        events = [event for _, payload in batches for event in DECODER.decode(payload).events]
+        assert isinstance(events[0], AllBlocksCleared)
+        stored = [e for e in events if isinstance(e, BlockStored)]
+        removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+        assert all(e.block_size == BLOCK_SIZE and e.medium == "GPU" for e in stored)
+        for prompt, out in zip(prompts, outputs, strict=True):
+            # every full block whose KV was computed: the last token's never is
+            computed = (prompt + out.token_ids)[:-1]
+            expected = router_hashes(computed)
+            mine = [e for e in stored if set(e.block_hashes) <= set(expected)]
+            assert [h for e in mine for h in e.block_hashes] == expected
+            assert [t for e in mine for t in e.token_ids] == computed[: len(expected) * BLOCK_SIZE]
+            chain = [None, *expected]
+            assert len(mine) >= 4  # a chunk's blocks at a time
+            for e in mine:  # each event's parent: the block before its first
+                assert e.parent_block_hash == chain[expected.index(e.block_hashes[0])]
+        # the second prompt's blocks pushed out some of the first's: those, each once,
+        # and the cache holds none of them now
+        first = router_hashes((prompts[0] + outputs[0].token_ids)[:-1])
+        assert removed and len(set(removed)) == len(removed) and set(removed) <= set(first)
+        held = {h & (2**64 - 1) for h in engine.core.scheduler.block_manager.cached_blocks}
+        assert not held & set(removed) and set(first) - set(removed) <= held
+
+        # A subscriber that joins late asks for every batch from the first.
+        replay = context.socket(zmq.DEALER)
+        replay.connect(f"tcp://127.0.0.1:{replay_port}")
+        replay.send_multipart([b"", (0).to_bytes(8, "big")])
+        replayed: list[tuple[bytes, Any]] = []
+        while replay.poll(2000):
+            _, seq, payload = replay.recv_multipart()
+            replayed.append((seq, payload))
+            if seq == END_SEQ:
+                break
+        assert replayed[-1] == (END_SEQ, b"")
+        assert [(int.from_bytes(s, "big"), p) for s, p in replayed[:-1]] == batches
+    finally:
+        engine.shutdown()
+        context.destroy(linger=0)
+
+
+def test_no_events_without_the_setting(folder):
+    engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=256))
+    assert engine.kv_events is None and engine.core.scheduler.block_manager.events is None
+    off = json.dumps({"enable_kv_cache_events": False, "publisher": "zmq"})
+    engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=256, kv_events_config=off))
+    assert engine.kv_events is None
