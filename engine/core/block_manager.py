@@ -150,7 +150,9 @@ class BlockManager:
         if self.tiers is not None:  # a block from host RAM takes a free one of the pool
             num_hit = self.tiers.affordable(self.groups, found, num_hit)
         for group, group_found in zip(self.groups, found, strict=True):
-            group.take_cached(seq, group_found, num_hit, self.tiers)
+            loaded = group.take_cached(seq, group_found, num_hit, self.tiers)
+            if self.events is not None and loaded:  # back in the pool from a tier
+                self.events.stored(group.index, hashes, loaded, seq.lora_slot or None)
         seq.num_computed_tokens = num_hit * self.block_size
         # A cached block holds a draft model's KV too (see register_full_blocks).
         seq.num_draft_computed_tokens = seq.num_computed_tokens

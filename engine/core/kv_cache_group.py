@@ -18,7 +18,7 @@ from hetero_infer.engine.core.block_pool import NULL_BLOCK, BlockPool
 from hetero_infer.engine.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.core.prefix_tiers import PrefixTiers
+    from hetero_infer.engine.core.prefix_tiers import PrefixTiers, Registered
 
 BlockPair = tuple[int, int]
 
@@ -208,11 +208,12 @@ class KVCacheGroup:
         found: list[Any],
         num_blocks: int,
         tiers: PrefixTiers | None = None,
-    ) -> None:
+    ) -> list[Registered]:
         """Start the sequence's table with the first ``num_blocks`` cached blocks (those
         left of the window as NULL_BLOCK). An entry that is not a block id is a tier's
         (engine/kv/): the tiers give it a fresh block, once the pool's hits are taken,
-        so that handing out that block never evicts one of them."""
+        so that handing out that block never evicts one of them. Returns (block, hash,
+        tokens) of those, which the pool holds again."""
         kept = self.first_kept(num_blocks * self.block_size)
         table = [self.null] * kept
         from_tier = []
@@ -223,10 +224,14 @@ class KVCacheGroup:
             else:
                 from_tier.append(i)
             table.append(entry)
+        loaded = []
         for i in from_tier:
             assert tiers is not None
             table[i] = tiers.load(self.index, self.pool, found[i])
+            block = self.pool.blocks[table[i]]
+            loaded.append((table[i], block.block_hash, block.token_ids))
         self.set_table(seq, table)
+        return loaded
 
     # ---- swap ----
 

@@ -165,3 +165,51 @@ def test_no_events_without_the_setting(folder):
     off = json.dumps({"enable_kv_cache_events": False, "publisher": "zmq"})
     engine = LLMEngine(EngineConfig(model=str(folder), max_model_len=256, kv_events_config=off))
     assert engine.kv_events is None
+
+
+def test_the_events_keep_a_routers_view_equal_to_the_cache(folder, monkeypatch):
+    """Blocks evicted to host RAM and brought back by a later hit are announced again:
+    a router that replays the events holds exactly what the device cache holds."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    port = free_port()
+    settings = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(folder),
+            block_size=BLOCK_SIZE,
+            max_model_len=2048,
+            max_num_blocks=140,
+            kv_offloading_size=0.05,  # GiB of host RAM: every evicted block kept there
+            prefix_caching_hash_algo="sha256_cbor",
+            kv_events_config=json.dumps({**settings, "endpoint": f"tcp://*:{port}"}),
+        )
+    )
+    context = zmq.Context()
+    try:
+        sub = context.socket(zmq.SUB)
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        time.sleep(0.5)
+        vocab = TINY_MODELS["llama"]().vocab_size
+        rng = random.Random(1)
+        first, second = ([rng.randrange(3, vocab) for _ in range(2000)] for _ in range(2))
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        for prompt in (first, second, first):  # the third run finds the first in RAM
+            engine.generate([prompt], params, use_tqdm=False)
+        held: set[int] = set()
+        removed: set[int] = set()
+        stored_again = 0
+        for _, payload in receive(sub):
+            for event in DECODER.decode(payload).events:
+                if isinstance(event, BlockStored):
+                    stored_again += len(removed & set(event.block_hashes))
+                    held |= set(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    held -= set(event.block_hashes)
+                    removed |= set(event.block_hashes)
+        assert stored_again > 0  # the third run's blocks from host RAM
+        cached = engine.core.scheduler.block_manager.cached_blocks
+        assert held == {h & (2**64 - 1) for h in cached}
+    finally:
+        engine.shutdown()
+        context.destroy(linger=0)
