@@ -12,6 +12,7 @@ colliding block registered first keeps the victim's out of the cache).
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 import secrets
@@ -22,18 +23,19 @@ import cbor2
 from hetero_infer.engine.core.sequence import Sequence
 
 
-class BlockHasher:
+class BlockHasher(abc.ABC):
     """Chained hashes of a sequence's full blocks: each block's from its parent's, its
     tokens and the content hashes of the images whose placeholder tokens it holds."""
 
+    @abc.abstractmethod
     def hash_block(
         self, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int] = ()
     ) -> int:
-        raise NotImplementedError
+        """A full block chained to its parent block's hash."""
 
+    @abc.abstractmethod
     def first_block(self, salt: int | None, token_ids: Seq[int], image_hashes: Seq[int]) -> int:
         """A sequence's first block, with the sequence's salt (Sequence.hash_salt)."""
-        raise NotImplementedError
 
     def block_hashes(self, seq: Sequence, block_size: int, num_full_blocks: int) -> list[int]:
         """Chained hashes of the sequence's first full blocks (cached on the sequence)."""

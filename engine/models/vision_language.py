@@ -11,6 +11,7 @@ its tensors whole): rank 0 runs it and sends the embeddings with the step.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from hetero_infer.kernels import Kernels, QuantizedWeight
 from torch import nn
 
 
-class VisionLanguageModel(DecoderForCausalLM):
+class VisionLanguageModel(DecoderForCausalLM, abc.ABC):
     loaded_apart = ("vision.",)
 
     def __init__(
@@ -33,9 +34,9 @@ class VisionLanguageModel(DecoderForCausalLM):
         super().__init__(config, kernels, tp)
         self.vision = self.build_vision(config.vision.hf_config)
 
+    @abc.abstractmethod
     def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
         """The family's vision side, from the config's vision parts (not loaded yet)."""
-        raise NotImplementedError
 
     def text_name(self, name: str) -> str:
         """A text model tensor's checkpoint name -> the decoder's (``model.*``)."""
