@@ -126,8 +126,7 @@ class ZmqEventPublisher:
         )
         self._encoder = msgspec.msgpack.Encoder()
         self._context = zmq.Context()
-        self._pub = self._socket(zmq.PUB, config.endpoint)
-        self._pub.set_hwm(config.hwm)
+        self._pub = self._socket(zmq.PUB, config.endpoint, config.hwm)
         self._replay = None
         if config.replay_endpoint is not None:
             self._replay = self._socket(zmq.ROUTER, config.replay_endpoint)
@@ -136,9 +135,11 @@ class ZmqEventPublisher:
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
 
-    def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _socket(self, kind: int, endpoint: str, hwm: int | None = None) -> zmq.Socket:
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if hwm is not None:  # before bind or connect, which take the socket's options
+            sock.set_hwm(hwm)
         # vLLM's rule: an address with a wildcard, or a local transport, is bound
         if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
             sock.bind(endpoint)
