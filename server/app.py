@@ -26,7 +26,7 @@ from hetero_infer.server.ollama.router import router as ollama_router
 from hetero_infer.server.openai.lora import router as lora_router
 from hetero_infer.server.openai.responses_api_store import ResponseStore
 from hetero_infer.server.openai.router import router as openai_router
-from hetero_infer.server.routes import health, metrics, server_info, ui
+from hetero_infer.server.routes import health, metrics, prefix_cache, server_info, ui
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.settings import ServerSettings
 
@@ -89,6 +89,7 @@ def build_app(settings: ServerSettings, engine: LLMEngine | None = None) -> Fast
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(server_info.router)
+    app.include_router(prefix_cache.router)
     app.include_router(ui.router)
     middleware.install(app, settings)
     install_error_handlers(app)

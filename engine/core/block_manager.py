@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_hashing import BlockHasher, KeyedBlockHasher
 from hetero_infer.engine.core.block_pool import Block, BlockPool
+from hetero_infer.engine.core.block_stats import block_stats
 from hetero_infer.engine.core.kv_cache_group import BlockPair, KVCacheGroup
 from hetero_infer.engine.core.kv_events import KVEventLog
 from hetero_infer.engine.core.sequence import Sequence
@@ -82,6 +83,8 @@ class BlockManager:
         self.tiers = tiers
         if tiers is not None:
             tiers.attach([group.pool for group in self.groups])
+            if events is not None:
+                tiers.announce_to(events)
         self.prefix_queries = 0  # tokens looked up in the prefix cache at admission
         self.prefix_hits = 0  # of those, tokens found
         self.swapped_out_blocks = 0  # blocks ever copied to CPU
@@ -101,26 +104,8 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks
 
     def memory_stats(self) -> dict[str, Any]:
-        stats = {
-            "total_blocks": self.num_blocks,
-            "used_blocks": self.num_used_blocks,
-            "free_blocks": self.num_free_blocks,
-            "usage": self.usage,
-            "cached_blocks": len(self.cached_blocks),
-            "cpu_total_blocks": self.num_cpu_blocks,
-            "cpu_used_blocks": self.num_cpu_blocks - len(self.free_cpu_blocks),
-            "swapped_out_blocks": self.swapped_out_blocks,
-            "prefix_cache_queries": self.prefix_queries,
-            "prefix_cache_hits": self.prefix_hits,
-            "prefix_cache_hit_rate": self.prefix_hits / self.prefix_queries
-            if self.prefix_queries
-            else 0.0,
-        }
-        for group in self.groups[1:]:  # e.g. "group1_used_blocks"
-            pool = group.pool
-            stats[f"group{group.index}_total_blocks"] = pool.num_blocks - pool.num_reserved
-            stats[f"group{group.index}_used_blocks"] = pool.num_used_blocks
-        return stats
+        counts = (self.swapped_out_blocks, self.prefix_queries, self.prefix_hits)
+        return block_stats(self.groups, *counts)
 
     # ---- prefix caching ----
 
@@ -152,11 +137,25 @@ class BlockManager:
         for group, group_found in zip(self.groups, found, strict=True):
             loaded = group.take_cached(seq, group_found, num_hit, self.tiers)
             if self.events is not None and loaded:  # back in the pool from a tier
-                self.events.stored(group.index, hashes, loaded, seq.lora_slot or None)
+                self.events.stored(group.index, hashes, loaded, seq)
         seq.num_computed_tokens = num_hit * self.block_size
         # A cached block holds a draft model's KV too (see register_full_blocks).
         seq.num_draft_computed_tokens = seq.num_computed_tokens
         return seq.num_computed_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, in the pools and in host RAM (the disk tier's files
+        stay: other replicas share them), as vLLM's reset does; only while no sequence
+        holds a block, else False and nothing changes."""
+        if any(group.pool.num_used_blocks for group in self.groups):
+            return False
+        for group in self.groups:
+            group.pool.forget_cached()
+        if self.tiers is not None:
+            self.tiers.forget_host_blocks()
+        if self.events is not None:
+            self.events.cleared()
+        return True
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_tokens
@@ -192,7 +191,7 @@ class BlockManager:
             if self.tiers is not None and registered:
                 self.tiers.persist(group.index, registered)
             if self.events is not None and registered:
-                self.events.stored(group.index, hashes, registered, seq.lora_slot or None)
+                self.events.stored(group.index, hashes, registered, seq)
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     # ---- allocation ----

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 # handed out, never written, never read (the kernels skip keys outside the window).
 NULL_BLOCK = 0
 
+# A block just computed into the prefix cache: (block id, block hash, its token ids).
+Registered = tuple[int, int, tuple[int, ...]]
+
 
 @dataclass
 class Block:
@@ -95,6 +98,13 @@ class BlockPool:
         block.token_ids = token_ids
         self.cached_blocks.setdefault(block_hash, block_id)
         return True
+
+    def forget_cached(self) -> None:
+        """No block findable any more (a reset of the prefix cache): every block free."""
+        assert self.num_used_blocks == 0, "blocks in use hold KV that must stay"
+        for block in self.blocks.made.values():
+            block.block_hash, block.token_ids = None, ()
+        self.cached_blocks.clear()
 
     def pop_free(self) -> int:
         """Hand out the next free block (evicting what it cached), referenced once."""

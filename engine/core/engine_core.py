@@ -78,6 +78,15 @@ class EngineCore:
         for seq_id in seq_ids:
             self.scheduler.queues.finish(seq_id, status)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (BlockManager.reset_prefix_cache); its KV event,
+        AllBlocksCleared, goes out now rather than with the next step's."""
+        block_manager = self.scheduler.block_manager
+        reset = block_manager.reset_prefix_cache()
+        if reset and block_manager.events is not None:
+            block_manager.events.end_step()
+        return reset
+
     def has_unfinished(self) -> bool:
         return self.scheduler.queues.has_unfinished()
 

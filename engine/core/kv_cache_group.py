@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hetero_infer.engine.core.block_pool import NULL_BLOCK, BlockPool
+from hetero_infer.engine.core.block_pool import NULL_BLOCK, BlockPool, Registered
 from hetero_infer.engine.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from hetero_infer.engine.core.prefix_tiers import PrefixTiers, Registered
+    from hetero_infer.engine.core.prefix_tiers import PrefixTiers
 
 BlockPair = tuple[int, int]
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hetero_infer.engine.core.block_pool import BlockPool
+from hetero_infer.engine.core.block_pool import BlockPool, Registered
 from hetero_infer.engine.core.step_data import TierMoves
 
 if TYPE_CHECKING:
+    from hetero_infer.engine.core.kv_events import KVEventLog
     from hetero_infer.engine.core.sequence import Sequence
-
-# A block just computed into the prefix cache: (block id, block hash, its token ids).
-Registered = tuple[int, int, tuple[int, ...]]
 
 
 class GroupView(Protocol):
@@ -50,8 +48,14 @@ class PrefixTiers(Protocol):
     def attach(self, pools: list[BlockPool]) -> None:
         """Take each group's pool's evicted blocks from now on (BlockPool.on_evict)."""
 
+    def announce_to(self, events: KVEventLog) -> None:
+        """Record what host RAM and disk store and remove from now on (KV events)."""
+
     def persist(self, group: int, registered: list[Registered]) -> None:
         """Blocks just computed into the group's prefix cache, to keep past a restart."""
+
+    def forget_host_blocks(self) -> None:
+        """Drop every block host RAM holds (a reset of the prefix cache)."""
 
     def unsaved_moves(self, pools: list[BlockPool]) -> list[TierMoves]:
         """At a stop: the moves that keep every block not kept yet."""

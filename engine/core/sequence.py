@@ -13,10 +13,13 @@ import enum
 import functools
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.lora.registry import LoRARequest
 
 # The first block's parent hash for a sequence whose KV is rotated with LongRoPE's long
 # factors (Sequence.long_rope), so its blocks never serve one rotated the short way.
@@ -56,13 +59,12 @@ class Sequence:
         pooling: str | None = None,
         priority: int = 0,
         deadline: float | None = None,
-        lora_slot: int = 0,
-        lora_fingerprint: int | None = None,
+        lora: LoRARequest | None = None,
         images: tuple[ImageInput, ...] = (),
     ) -> None:
-        """``lora_slot``: the LoRA adapter's slot its rows take (0: none), and
-        ``lora_fingerprint`` that adapter's (engine/lora/adapter.py). ``images``: the
-        prompt's images, whose embeddings the runner puts at their tokens."""
+        """``lora``: the LoRA adapter it runs with (its name, the slot its rows take,
+        its fingerprint; engine/lora/registry.py). ``images``: the prompt's images, whose
+        embeddings the runner puts at their tokens."""
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.images = images
@@ -102,8 +104,9 @@ class Sequence:
         # the model's original context when it started computing them). It salts the
         # block hashes: the same tokens rotated the other way are different KV.
         self.long_rope = False
-        self.lora_slot = lora_slot
-        self.lora_fingerprint = lora_fingerprint
+        self.lora_slot = 0 if lora is None else lora.slot  # 0: none
+        self.lora_fingerprint = None if lora is None else lora.fingerprint
+        self.lora_name = None if lora is None else lora.name
         # Speculative decoding's per-sequence state (engine/speculator.py's
         # DraftState: its token text and draft length); None until it first drafts.
         self.draft_state: Any = None

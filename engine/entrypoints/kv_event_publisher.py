@@ -51,6 +51,8 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     pass
 
 
+# Later fields came with later vLLM versions, each at the end: a subscriber written for
+# fewer reads what it knows (msgspec ignores an array-like struct's extra fields).
 class BlockStored(KVCacheEvent):
     block_hashes: list[int]
     parent_block_hash: int | None
@@ -58,11 +60,15 @@ class BlockStored(KVCacheEvent):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int]
     medium: str | None
+    group_idx: int | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -101,20 +107,20 @@ class KVEventsConfig:
 
 
 def wire_event(event: kv_events.KVEvent) -> KVCacheEvent:
-    """Our event as vLLM's struct (which has no group: later groups' events say it in
-    ``medium``, e.g. "GPU/group1")."""
+    """Our event as vLLM's struct."""
     if isinstance(event, kv_events.AllBlocksCleared):
         return AllBlocksCleared()
-    medium = event.medium if event.group == 0 else f"{event.medium}/group{event.group}"
     if isinstance(event, kv_events.BlockRemoved):
-        return BlockRemoved(event.block_hashes, medium)
+        return BlockRemoved(event.block_hashes, event.medium, group_idx=event.group)
     return BlockStored(
         event.block_hashes,
         event.parent_block_hash,
         event.token_ids,
         event.block_size,
         event.lora_id,
-        medium,
+        event.medium,
+        event.lora_name,
+        group_idx=event.group,
     )
 
 

@@ -123,7 +123,7 @@ class LLMEngine:
                 f"request_id {request.request_id!r} is already in use", param="request_id"
             )
         self.adapters.check(request.lora)  # still loaded: it may have gone since it was named
-        seqs, lora = [], request.lora
+        seqs = []
         for index, seq_id in enumerate(parent.choice_ids):
             grammar = request.grammar
             if grammar is not None and index > 0:
@@ -139,8 +139,7 @@ class LLMEngine:
                     request.pooling,
                     priority=request.priority,
                     deadline=request.deadline,
-                    lora_slot=0 if lora is None else lora.slot,
-                    lora_fingerprint=None if lora is None else lora.fingerprint,
+                    lora=request.lora,
                     images=request.images,
                 )
             )

@@ -8,6 +8,7 @@ overwrite bytes a load or a disk write of the same step has yet to read. Pure Py
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class SlotIndex:
@@ -19,6 +20,8 @@ class SlotIndex:
         self.busy: set[int] = set()
         # Disk reads in flight: block hash -> (slot, tokens), indexed once they land.
         self.pending: dict[int, tuple[int, tuple[int, ...]]] = {}
+        # Told the hash of an entry whose slot is taken for another (its KV events).
+        self.on_removed: Callable[[int], None] | None = None
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self.entries
@@ -45,11 +48,18 @@ class SlotIndex:
             if victim is None:
                 return None
             slot = self.entries.pop(victim)[0]
+            if self.on_removed is not None:
+                self.on_removed(victim)
         self.busy.add(slot)
         return slot
 
     def put(self, block_hash: int, slot: int, token_ids: tuple[int, ...]) -> None:
         self.entries[block_hash] = (slot, token_ids)
+
+    def forget(self) -> None:
+        """Every entry gone, its slot free (reads in flight land as they come)."""
+        self.free_slots.extend(slot for slot, _ in self.entries.values())
+        self.entries.clear()
 
     def release(self, slot: int) -> None:
         self.free_slots.append(slot)

@@ -18,13 +18,16 @@ whole, and reports back which were good, so a bad file is a miss, never KV. No t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_pool import BlockPool
+from hetero_infer.engine.core.kv_events import MEDIUM_HOST, KVEventLog
 from hetero_infer.engine.core.step_data import TierMoves
 from hetero_infer.engine.kv.disk_layout import DiskLayout
+from hetero_infer.engine.kv.tier_counters import TierCounters
 from hetero_infer.engine.kv.tier_index import SlotIndex
 
 if TYPE_CHECKING:
@@ -41,17 +44,6 @@ class TierHit:
     slot: int
     block_hash: int
     token_ids: tuple[int, ...]
-
-
-@dataclass
-class TierCounters:
-    ram_hits: int = 0  # blocks brought back from host RAM
-    ram_misses: int = 0  # blocks a lookup wanted that host RAM did not hold
-    disk_hits: int = 0  # blocks read back whole from disk
-    disk_misses: int = 0  # blocks wanted and not on disk, or refused as bad files
-    saves_dropped: int = 0  # evicted blocks not saved: every host slot was busy
-    queried_tokens: int = 0  # tokens admitted sequences asked the tiers for
-    hit_tokens: int = 0  # of those, tokens the tiers served
 
 
 class TierPlanner:
@@ -72,10 +64,22 @@ class TierPlanner:
         # with what host RAM holds then. Reads may evict the same prefix's other blocks
         # from a small RAM, and waiting again for those could go on forever.
         self._waited: set[str] = set()
+        self.events: KVEventLog | None = None
 
     def attach(self, pools: list[BlockPool]) -> None:
         for group, pool in enumerate(pools):
             pool.on_evict = lambda block, h, tokens, g=group: self.save(g, block, h, tokens)
+
+    def announce_to(self, events: KVEventLog) -> None:
+        self.events = events
+        for group, index in enumerate(self.indexes):
+            index.on_removed = functools.partial(events.removed, group, medium=MEDIUM_HOST)
+
+    def _indexed(self, group: int, block_hash: int, slot: int, tokens: tuple[int, ...]) -> None:
+        """A block now in a host slot, findable by later lookups."""
+        self.indexes[group].put(block_hash, slot, tokens)
+        if self.events is not None:
+            self.events.tier_stored(group, MEDIUM_HOST, block_hash, tokens)
 
     # ---- saving ----
 
@@ -88,7 +92,7 @@ class TierPlanner:
         if slot is None:
             self.counters.saves_dropped += 1
             return
-        index.put(block_hash, slot, token_ids)
+        self._indexed(group, block_hash, slot, token_ids)
         moves = self.moves[group]
         moves.save.append((block_id, slot))
         if self.disk is not None and not self.disk.exists(group, block_hash):
@@ -103,6 +107,10 @@ class TierPlanner:
         for block_id, block_hash, token_ids in registered:
             if not self.disk.exists(group, block_hash):
                 moves.persist.append((block_id, block_hash, token_ids))
+
+    def forget_host_blocks(self) -> None:
+        for index in self.indexes:
+            index.forget()
 
     def unsaved_moves(self, pools: list[BlockPool]) -> list[TierMoves]:
         """At a stop: the moves that write every block the pools and host RAM hold and
@@ -261,7 +269,7 @@ class TierPlanner:
             index = self.indexes[group]
             slot, token_ids = index.pending.pop(block_hash)
             if ok:
-                index.put(block_hash, slot, token_ids)
+                self._indexed(group, block_hash, slot, token_ids)
                 self.counters.disk_hits += 1
             else:
                 index.release(slot)
@@ -278,14 +286,4 @@ class TierPlanner:
         return moves
 
     def stats(self) -> dict[str, int]:
-        c = self.counters
-        return {
-            "kv_tier_ram_hits": c.ram_hits,
-            "kv_tier_ram_misses": c.ram_misses,
-            "kv_tier_disk_hits": c.disk_hits,
-            "kv_tier_disk_misses": c.disk_misses,
-            "kv_tier_saves_dropped": c.saves_dropped,
-            "kv_tier_queried_tokens": c.queried_tokens,
-            "kv_tier_hit_tokens": c.hit_tokens,
-            "kv_tier_ram_blocks": sum(len(index.entries) for index in self.indexes),
-        }
+        return self.counters.stats(ram_blocks=sum(len(index.entries) for index in self.indexes))

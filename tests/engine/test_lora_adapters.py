@@ -11,7 +11,7 @@ import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
-from hetero_infer.engine.lora import LoRANotFoundError
+from hetero_infer.engine.lora import LoRANotFoundError, LoRARequest
 from hetero_infer.engine.settings.exceptions import ValidationError
 
 from tests.engine.test_exactness import EOS
@@ -111,12 +111,13 @@ def test_block_hashes_are_salted_by_adapter():
     manager = BlockManager(8, 4)
     tokens = list(range(8))
     plain = Sequence("p", tokens, SamplingParams())
-    first = Sequence("a", tokens, SamplingParams(), lora_slot=1, lora_fingerprint=2**40)
-    second = Sequence("b", tokens, SamplingParams(), lora_slot=2, lora_fingerprint=2**41)
+    adapter_a, adapter_b = LoRARequest("a", 1, 2**40, "a"), LoRARequest("b", 2, 2**41, "b")
+    first = Sequence("a", tokens, SamplingParams(), lora=adapter_a)
+    second = Sequence("b", tokens, SamplingParams(), lora=adapter_b)
     hashes = [manager.block_hashes(seq, 2) for seq in (plain, first, second)]
     assert len({h[0] for h in hashes}) == 3 and len({h[1] for h in hashes}) == 3
     first.long_rope = True  # LongRoPE salts the adapter's hashes further
-    unrotated = Sequence("c", tokens, SamplingParams(), lora_slot=1, lora_fingerprint=2**40)
+    unrotated = Sequence("c", tokens, SamplingParams(), lora=adapter_a)
     assert first.hash_salt != unrotated.hash_salt
 
 

@@ -38,11 +38,15 @@ class BlockStored(Event):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
 
 
 class BlockRemoved(Event):
     block_hashes: list[int]
     medium: str | None
+    group_idx: int | None = None
 
 
 class AllBlocksCleared(Event):
@@ -124,6 +128,7 @@ def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
         stored = [e for e in events if isinstance(e, BlockStored)]
         removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
         assert all(e.block_size == BLOCK_SIZE and e.medium == "GPU" for e in stored)
+        assert all(e.group_idx == 0 and e.lora_name is None for e in stored)
         for prompt, out in zip(prompts, outputs, strict=True):
             # every full block whose KV was computed: the last token's never is
             computed = (prompt + out.token_ids)[:-1]
@@ -167,9 +172,10 @@ def test_no_events_without_the_setting(folder):
     assert engine.kv_events is None
 
 
-def test_the_events_keep_a_routers_view_equal_to_the_cache(folder, monkeypatch):
-    """Blocks evicted to host RAM and brought back by a later hit are announced again:
-    a router that replays the events holds exactly what the device cache holds."""
+def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
+    """Blocks evicted to host RAM are announced there ("CPU"), and brought back into the
+    device cache by a later hit, announced again ("GPU"): a router that replays the
+    events holds exactly what each tier holds."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     port = free_port()
     settings = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
@@ -179,7 +185,7 @@ def test_the_events_keep_a_routers_view_equal_to_the_cache(folder, monkeypatch):
             block_size=BLOCK_SIZE,
             max_model_len=2048,
             max_num_blocks=140,
-            kv_offloading_size=0.05,  # GiB of host RAM: every evicted block kept there
+            kv_offloading_size=0.001,  # GiB of host RAM: 233 blocks here, which evict too
             prefix_caching_hash_algo="sha256_cbor",
             kv_events_config=json.dumps({**settings, "endpoint": f"tcp://*:{port}"}),
         )
@@ -192,24 +198,28 @@ def test_the_events_keep_a_routers_view_equal_to_the_cache(folder, monkeypatch):
         time.sleep(0.5)
         vocab = TINY_MODELS["llama"]().vocab_size
         rng = random.Random(1)
-        first, second = ([rng.randrange(3, vocab) for _ in range(2000)] for _ in range(2))
+        first, second, third = ([rng.randrange(3, vocab) for _ in range(2000)] for _ in range(3))
         params = SamplingParams(max_tokens=4, temperature=0.0)
-        for prompt in (first, second, first):  # the third run finds the first in RAM
+        for prompt in (first, second, first, third):  # the third run finds the first in RAM
             engine.generate([prompt], params, use_tqdm=False)
-        held: set[int] = set()
-        removed: set[int] = set()
+        held: dict[str | None, set[int]] = {"GPU": set(), "CPU": set()}
+        removed: dict[str | None, set[int]] = {"GPU": set(), "CPU": set()}
         stored_again = 0
         for _, payload in receive(sub):
             for event in DECODER.decode(payload).events:
                 if isinstance(event, BlockStored):
-                    stored_again += len(removed & set(event.block_hashes))
-                    held |= set(event.block_hashes)
+                    if event.medium == "GPU":
+                        stored_again += len(removed["GPU"] & set(event.block_hashes))
+                    held[event.medium] |= set(event.block_hashes)
                 elif isinstance(event, BlockRemoved):
-                    held -= set(event.block_hashes)
-                    removed |= set(event.block_hashes)
+                    held[event.medium] -= set(event.block_hashes)
+                    removed[event.medium] |= set(event.block_hashes)
         assert stored_again > 0  # the third run's blocks from host RAM
-        cached = engine.core.scheduler.block_manager.cached_blocks
-        assert held == {h & (2**64 - 1) for h in cached}
+        assert removed["CPU"]  # host RAM was full and let some go
+        block_manager = engine.core.scheduler.block_manager
+        assert held["GPU"] == {h & (2**64 - 1) for h in block_manager.cached_blocks}
+        in_ram = block_manager.tiers.indexes[0].entries
+        assert held["CPU"] == {h & (2**64 - 1) for h in in_ram}
     finally:
         engine.shutdown()
         context.destroy(linger=0)

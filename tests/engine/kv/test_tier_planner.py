@@ -26,3 +26,16 @@ def test_the_planner_has_each_method_with_the_protocols_parameters(name):
     wanted = inspect.signature(getattr(PrefixTiers, name)).parameters
     has = inspect.signature(getattr(TierPlanner, name)).parameters
     assert list(has) == list(wanted)
+
+
+def test_forgetting_host_blocks_frees_every_slot():
+    planner = TierPlanner(num_groups=2, num_slots=3, block_size=4, disk=None)
+    for group in (0, 1):
+        for block_hash in (10, 11, 12):
+            planner.save(group, block_id=block_hash, block_hash=block_hash, token_ids=(1, 2, 3, 4))
+    planner.take_moves()
+    assert planner.stats()["kv_tier_ram_blocks"] == 6
+    planner.forget_host_blocks()
+    assert planner.stats()["kv_tier_ram_blocks"] == 0
+    assert planner.find(0, [None], [10], [1, 2, 3, 4], window=False) == [None]
+    assert all(index.num_available == 3 for index in planner.indexes)
