@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 OPEN_PATHS = (
     "/healthz",
     "/readyz",
+    "/ready",
     "/health",
     "/server_info",
     "/metrics",

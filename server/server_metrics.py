@@ -23,6 +23,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 ITL_BUCKETS += (5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0)
 REQUEST_BUCKETS += (50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Token counts: vLLM's 1-2-5 series, which it cuts at max_model_len; here up to 10M
+# tokens for every model (buckets past a model's context stay empty).
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5)) + (1e7,)
 
 
 class _EngineCollector(Collector):
@@ -51,6 +54,8 @@ class _EngineCollector(Collector):
                 stats["num_waiting"] + stats["num_swapped"],
             ),
             ("kv_cache_usage_perc", "KV cache usage (1 = full).", stats["usage"]),
+            # vLLM's older name, which llm-d's simulator and older endpoint pickers read
+            ("gpu_cache_usage_perc", "KV cache usage (1 = full).", stats["usage"]),
         ):
             gauge = GaugeMetricFamily(f"vllm:{name}", doc, labels=labels)
             gauge.add_metric([self.model_name], value)
@@ -242,6 +247,39 @@ class ServerMetrics:
             buckets=REQUEST_BUCKETS,
             registry=self.registry,
         )
+        # vLLM's older name for the inter-token latency, observed alike
+        self.tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Time between consecutive output tokens of a request.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.phases = {
+            phase: Histogram(
+                f"vllm:request_{phase}_time_seconds",
+                doc,
+                labels,
+                buckets=REQUEST_BUCKETS,
+                registry=self.registry,
+            )
+            for phase, doc in (
+                ("inference", "Time from first being scheduled to finish."),
+                ("prefill", "Time from first being scheduled to the first token."),
+                ("decode", "Time from the first token to finish."),
+            )
+        }
+        self.tokens = {
+            name: Histogram(
+                f"vllm:{name}", doc, labels, buckets=TOKEN_BUCKETS, registry=self.registry
+            )
+            for name, doc in (
+                ("request_prompt_tokens", "Prompt tokens of each finished request."),
+                ("request_generation_tokens", "Tokens generated for each finished request."),
+                ("request_params_max_tokens", "The max_tokens each request asked for."),
+                ("max_num_generation_tokens", "The most tokens any choice of a request made."),
+            )
+        }
 
     def bind(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.model_name = model_name
@@ -260,6 +298,7 @@ class RequestTracker:
         self.metrics = metrics
         self.final_only = final_only
         self.last_token_time: float | None = None
+        self.generated: dict[str, int] = {}  # tokens so far, by choice (its request id)
 
     def observe(self, output: RequestOutput) -> None:
         m, name = self.metrics, self.metrics.model_name
@@ -271,7 +310,8 @@ class RequestTracker:
                 m.ttft.labels(name).observe(timing.first_token_time - timing.arrival_time)
             for gap, num_tokens in timing.token_gaps:
                 for _ in range(num_tokens):
-                    m.itl.labels(name).observe(gap / num_tokens)
+                    self._token_gap(gap / num_tokens)
+            self.generated[output.request_id] = len(output.token_ids)
         elif output.delta_token_ids:
             if self.last_token_time is None:
                 m.ttft.labels(name).observe(now - output.metrics.arrival_time)
@@ -279,11 +319,42 @@ class RequestTracker:
                 # Several tokens in one output share the gap evenly.
                 gap = (now - self.last_token_time) / len(output.delta_token_ids)
                 for _ in output.delta_token_ids:
-                    m.itl.labels(name).observe(gap)
+                    self._token_gap(gap)
             self.last_token_time = now
+            count = self.generated.get(output.request_id, 0) + len(output.delta_token_ids)
+            self.generated[output.request_id] = count
         if output.finished:
-            m.request_success.labels(name, output.finish_reason or "error").inc()
-            m.e2e.labels(name).observe(now - output.metrics.arrival_time)
-            if output.metrics.first_scheduled_time is not None:
-                queued = output.metrics.first_scheduled_time - output.metrics.arrival_time
-                m.queue_time.labels(name).observe(queued)
+            self._finished(output, now)
+
+    def done(self, max_tokens: int | None) -> None:
+        """The request has ended, every choice of it: its request-wide histograms."""
+        m, name = self.metrics, self.metrics.model_name
+        if max_tokens is not None:
+            m.tokens["request_params_max_tokens"].labels(name).observe(max_tokens)
+        if self.generated:
+            most = max(self.generated.values())
+            m.tokens["max_num_generation_tokens"].labels(name).observe(most)
+
+    def _token_gap(self, gap: float) -> None:
+        name = self.metrics.model_name
+        self.metrics.itl.labels(name).observe(gap)
+        self.metrics.tpot.labels(name).observe(gap)
+
+    def _finished(self, output: RequestOutput, now: float) -> None:
+        """A choice has finished: its latencies, phases and token counts."""
+        m, name, timing = self.metrics, self.metrics.model_name, output.metrics
+        m.request_success.labels(name, output.finish_reason or "error").inc()
+        m.e2e.labels(name).observe(now - timing.arrival_time)
+        tokens = m.tokens
+        tokens["request_prompt_tokens"].labels(name).observe(len(output.prompt_token_ids))
+        generated = self.generated.get(output.request_id, 0)
+        tokens["request_generation_tokens"].labels(name).observe(generated)
+        scheduled, first_token = timing.first_scheduled_time, timing.first_token_time
+        if scheduled is None:
+            return
+        m.queue_time.labels(name).observe(scheduled - timing.arrival_time)
+        finished = timing.finished_time or now
+        m.phases["inference"].labels(name).observe(finished - scheduled)
+        if first_token is not None:
+            m.phases["prefill"].labels(name).observe(first_token - scheduled)
+            m.phases["decode"].labels(name).observe(finished - first_token)

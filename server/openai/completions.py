@@ -240,6 +240,7 @@ async def beam_outputs(
     for output in outputs:
         tracker.observe(output)
         yield output
+    tracker.done(params.max_tokens)
 
 
 async def beam_finals(

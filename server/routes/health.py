@@ -6,7 +6,8 @@ model is loaded and warmed up and the server is neither draining nor dead.
 /health: vLLM's name, which routers (sglang-router, vllm-router) and other load
 balancers probe before they send a replica traffic. vLLM opens its port only once
 the model is loaded, so its 200 there means "ready"; this server listens while it
-loads, so /health answers as /readyz does, with vLLM's empty 200 body.
+loads, so /health answers as /readyz does, with vLLM's empty 200 body. /ready is
+/readyz by the name llm-d's inference simulator gives it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _not_ready(request: Request) -> JSONResponse | None:
 
 
 @router.get("/readyz")
+@router.get("/ready")  # llm-d's simulator's name for it
 async def readyz(request: Request) -> JSONResponse:
     return _not_ready(request) or JSONResponse({"status": "ready"})
 

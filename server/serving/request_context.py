@@ -131,6 +131,7 @@ class RequestContext:
                 yield output
         except (EngineError, ValueError) as exc:
             raise APIError.from_exception(exc) from exc
+        tracker.done(request.params.max_tokens)
 
     def max_tokens(self, prompt: PromptTokens, requested: int | None) -> int:
         """A request's max_tokens for ``prompt``: its own, which must fit the context with
