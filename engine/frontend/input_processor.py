@@ -103,12 +103,6 @@ class InputProcessor:
                 "sampling_params must be a SamplingParams", param="sampling_params"
             )
         checked = self.tokenize(prompt)
-        if len(checked.token_ids) > self.max_model_len:
-            raise ValidationError(
-                f"prompt: {len(checked.token_ids)} tokens is longer than max_model_len "
-                f"({self.max_model_len})",
-                param="prompt",
-            )
         return self.request(request_id, checked, params, priority, timeout, lora=lora)
 
     def tokenize(self, prompt: Prompt, param: str = "prompt") -> PromptTokens:
@@ -218,14 +212,18 @@ class InputProcessor:
         schema_param: str = "response_format",
         lora: LoRARequest | None = None,
     ) -> EngineRequest:
-        """The request for a checked prompt, once its params pass the model's checks:
-        token ids the params name must be in the vocabulary, and a JSON schema or
-        structured output must compile (an error names ``schema_param``, the field it
-        came from); its grammar (an llguidance matcher) is built here, once.
+        """The request for a checked prompt (as the engine gets it, images expanded: it
+        must fit in the context), once its params pass the model's checks: token ids
+        the params name must be in the vocabulary, and a JSON schema or structured
+        output must compile (an error names ``schema_param``, the field it came from);
+        its grammar (an llguidance matcher) is built here, once.
 
         ``priority`` needs the priority policy unless it is 0 (as in vLLM). ``timeout``
         (seconds from now) can shorten the engine's request_timeout, not lengthen it.
         """
+        if len(prompt.token_ids) > self.max_model_len:
+            too_long = f"prompt: {len(prompt.token_ids)} tokens is longer than max_model_len"
+            raise ValidationError(f"{too_long} ({self.max_model_len})", param="prompt")
         self._check_priority(priority)
         deadline = self._deadline(timeout)
         if params.bad_words:

@@ -27,7 +27,7 @@ from hetero_infer.engine.frontend.input_processor import PromptTokens
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
-from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from PIL import Image
 
 from tests.tiny_models import (
@@ -265,3 +265,20 @@ def test_a_step_budget_short_of_an_image_is_refused_where_it_is_seen_both_ways(v
             LLMEngine(config)
     else:
         assert LLMEngine(config).model_config.vision.bidirectional_tokens == 0
+
+
+def test_a_prompt_longer_than_the_context_once_its_images_expand_is_refused(vlm):
+    """The text fits; the image's placeholder tokens take it past max_model_len. The
+    input processor refuses the request it would hand to add_processed, whatever route
+    built the prompt."""
+    family, folder, _ = vlm
+    question, images = next((q, i) for q, i in CASES if i)
+    probe = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    expanded = len(engine_prompt(probe, question, images).token_ids)
+    text_only = len(probe.tokenizer.apply_chat_template(messages(question, len(images)), True))
+    assert text_only < expanded - 1  # the images add tokens
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32", max_model_len=expanded - 1))
+    prompt = engine_prompt(engine, question, images)
+    params = SamplingParams(max_tokens=1)
+    with pytest.raises(ValidationError, match="longer than max_model_len"):
+        engine.input_processor.request("too-long", prompt, params)
