@@ -1,0 +1,26 @@
+"""bench.host_step's idle runner drives the real engine loop: every request decodes
+the runner's token to its length, and the steps it times are whole decode steps."""
+
+from __future__ import annotations
+
+from hetero_infer.engine import EngineConfig, LLMEngine
+
+from bench.host_step import IdleRunner, decode_step_times
+from tests.tiny_models import save_tiny_model
+
+
+def test_the_idle_runner_decodes_every_request_to_its_length(tmp_path):
+    engine = LLMEngine(EngineConfig(model=str(save_tiny_model("llama", tmp_path))))
+    finished = []
+    step = engine.step
+
+    def recording_step():
+        outputs = step()
+        finished.extend(o for o in outputs if o.finished)
+        return outputs
+
+    engine.step = recording_step
+    times = decode_step_times(engine, IdleRunner(token_id=7, device_s=0.001), batch=4, steps=5)
+    assert len(times) == 5 and min(times) >= 0.001  # each waited the device's time
+    assert len(finished) == 4
+    assert all(o.token_ids == [7] * 9 and o.finish_reason == "length" for o in finished)
