@@ -6,7 +6,9 @@
     hetero-infer --input "What is the capital of France? Answer with one word." --chat
 
 Settings come from flags, then HETERO_* environment variables (HETERO_PORT,
-HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then the --config file, then defaults.
+HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then LeaderWorkerSet's (LWS_GROUP_SIZE,
+LWS_WORKER_INDEX, LWS_LEADER_ADDRESS: the node settings), then the --config file,
+then defaults.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ from hetero_infer.engine.entrypoints.process_settings import (
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.seed_layout import read_section
+from hetero_infer.server.launchers import (
+    lws_settings,
+    run_other_node,
+    run_torchrun_worker,
+    under_torchrun,
+)
 from hetero_infer.server.listen import bind_socket
 from hetero_infer.server.settings import ServerSettings
 
@@ -112,7 +120,8 @@ def engine_config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> EngineConfig:
     flags = [(s.name, s.parse) for s in engine_settings()]
-    overrides = _from_env(flags, environ)
+    # LeaderWorkerSet's variables under HETERO_*'s, as the flags are over both.
+    overrides = lws_settings(environ) | _from_env(flags, environ)
     given = {n: getattr(args, n, None) for n, _ in flags}
     overrides.update({n: v for n, v in given.items() if v is not None})
     if (positional := getattr(args, "model_tag", None)) is not None:
@@ -254,41 +263,6 @@ def server_settings_from_args(
     return ServerSettings(engine=engine, **values)
 
 
-def under_torchrun(
-    config: EngineConfig, environ: Mapping[str, str] = os.environ
-) -> tuple[EngineConfig, int]:
-    """Under torchrun (its RANK and WORLD_SIZE set, more than one rank), the config for
-    ranks it started, and this process's rank; otherwise the config as it is and 0.
-    Rank 0 runs the engine (and the server); the others only their share of the model."""
-    from hetero_infer.engine.distributed.rendezvous import Rendezvous
-
-    rendezvous = Rendezvous.from_torchrun_env(environ)
-    if rendezvous is None or rendezvous.world_size == 1:
-        return config, 0
-    if config.tensor_parallel_size != rendezvous.world_size:
-        raise ValueError(
-            f"torchrun started {rendezvous.world_size} ranks: give --tensor-parallel-size "
-            f"{rendezvous.world_size}"
-        )
-    return config.replace(distributed_executor_backend="external_launcher"), rendezvous.rank
-
-
-def run_torchrun_worker(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> int:
-    """A rank other than 0 under torchrun: its share of the model until rank 0 stops."""
-    from hetero_infer.engine.distributed.rendezvous import Rendezvous
-    from hetero_infer.engine.executor.rank_worker import run_worker
-
-    rendezvous = Rendezvous.from_torchrun_env(environ)
-    assert rendezvous is not None
-    apply_process_settings(config)
-    try:
-        run_worker(config, rendezvous)
-    except RuntimeError as exc:  # rank 0 went away without stopping the group
-        print(f"error: tensor-parallel rank {rendezvous.rank}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def serve_main(argv: list[str]) -> int:
     args = build_serve_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -300,6 +274,8 @@ def serve_main(argv: list[str]) -> int:
         return 2
     if rank > 0:
         return run_torchrun_worker(engine_config)
+    if engine_config.node_rank > 0:  # its ranks only: the server runs on node 0
+        return run_other_node(engine_config, settings.shutdown_timeout)
     settings = dataclasses.replace(settings, engine=engine_config)
     try:
         listener = bind_socket(settings.host, settings.port)
@@ -345,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         config, rank = under_torchrun(engine_config_from_args(args))
         if rank > 0:
             return run_torchrun_worker(config)
+        if config.node_rank > 0:  # node 0's one-shot run stops the group: no drain
+            return run_other_node(config, drain_seconds=0.0)
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,

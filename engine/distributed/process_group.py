@@ -1,9 +1,11 @@
 """The tensor-parallel process group: rendezvous, backends, and the few collectives used.
 
 Every rank meets at a TCP store: rank 0 hosts it on a socket it binds itself, to
-loopback unless told otherwise, so nothing of the rendezvous listens on the network;
-under torchrun the launcher's own store is joined instead (its RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT, see ``Rendezvous.from_torchrun_env``). Two groups are made
+loopback when every rank runs on this machine, so nothing of the rendezvous listens on
+the network; over several machines to the address every node was given
+(``dist_init_addr``, see ``Rendezvous.for_node``). Under torchrun the launcher's own
+store is joined instead (its RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, see
+``Rendezvous.from_torchrun_env``). Two groups are made
 on it, not registered with torch.distributed's global state (so several engines can
 live in one process, one after another):
 
@@ -47,19 +49,36 @@ RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 
 def listen_on_loopback() -> socket.socket:
     """A listening socket on a free loopback port, for rank 0 to host the store on."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((LOOPBACK, 0))
-    sock.listen()
+    return listen_on(LOOPBACK, 0)
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """A listening socket for rank 0 to host the store on: at ``host``'s own address
+    (the interface the other nodes reach it by, not every interface), ``port`` 0 for a
+    free one. OSError when ``host`` is not this machine's or the port is taken."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        # A fixed port (a node's restart) must not wait out the last run's TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
 def connect_store(rendezvous: Rendezvous, listening: socket.socket | None = None) -> Store:
-    """The rendezvous store: hosted on ``listening`` (rank 0 of locally started ranks),
-    which it takes over, or joined at the rendezvous address."""
+    """The rendezvous store: hosted on ``listening`` (rank 0 of the ranks the engine
+    starts), which it takes over, or joined at the rendezvous address."""
     if listening is not None:
+        host, port = listening.getsockname()[:2]
         store = TCPStore(
-            LOOPBACK,
-            listening.getsockname()[1],
+            host,  # the store's own client connects here: the address it listens on
+            port,
             rendezvous.world_size,
             is_master=True,
             timeout=RENDEZVOUS_TIMEOUT,
@@ -87,7 +106,7 @@ class TensorParallelGroup:
         self.rank = rendezvous.rank
         self.world_size = rendezvous.world_size
         self.device = device
-        bind = _gloo_device(rendezvous.host)
+        bind = _gloo_device(rendezvous)
         self.command_group = _gloo_group(
             PrefixStore("hetero_infer/command", store), rendezvous, bind, IDLE_TIMEOUT
         )
@@ -148,17 +167,33 @@ def _from_rank_0() -> BroadcastOptions:
     return opts
 
 
-def _gloo_device(host: str) -> ProcessGroupGloo.Device:
-    """Gloo's connections bind to loopback when the ranks meet there (all on this
-    machine); otherwise to gloo's default interface (GLOO_SOCKET_IFNAME, or the one the
-    host name resolves to), which the other machines can reach."""
+def _gloo_device(rendezvous: Rendezvous) -> ProcessGroupGloo.Device:
+    """Where gloo's connections bind: the interface GLOO_SOCKET_IFNAME names, if set;
+    else the address this machine reaches the rendezvous host from (loopback when the
+    ranks meet there, all on this machine; across machines the interface the route to
+    node 0 leaves by, which the other machines reach too). Gloo's own default, the
+    address the machine's host name resolves to, is 127.0.1.1 on many systems."""
+    if rendezvous.gloo_interface:
+        return ProcessGroupGloo.create_device(interface=rendezvous.gloo_interface)
+    address = _address_towards(rendezvous.host, rendezvous.port)
+    if address is None:
+        return ProcessGroupGloo.create_default_device()
+    if ipaddress.ip_address(address).is_loopback:
+        address = LOOPBACK
+    return ProcessGroupGloo.create_device(hostname=address)
+
+
+def _address_towards(host: str, port: int) -> str | None:
+    """This machine's address on the route to ``host`` (None if it does not resolve
+    or no route leads there). Connecting a UDP socket sends nothing: it only picks
+    the route and so the source address."""
     try:
-        loopback = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        loopback = False
-    if loopback:
-        return ProcessGroupGloo.create_device(hostname=LOOPBACK)
-    return ProcessGroupGloo.create_default_device()
+        family, _, _, _, address = socket.getaddrinfo(host, port or 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return probe.getsockname()[0]
+    except OSError:
+        return None
 
 
 def _gloo_group(

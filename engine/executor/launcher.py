@@ -1,33 +1,37 @@
-"""Rank 0's side of starting the group: the other ranks as local processes (or joining
-the ranks torchrun started), and watching that they stay alive.
+"""Rank 0's side of starting the group: the other ranks of its node as local
+processes (or joining the ranks torchrun started), waiting for those of the other
+nodes, and watching that its own stay alive.
 
 A local rank is a fresh Python process running engine/executor/rank_worker.py. It is
 given its rank, the group's size and the rendezvous port on its command line and the
-engine's settings as JSON on its standard input: no pickled object crosses, and the
-rendezvous and gloo's connections listen on loopback only.
+engine's settings as JSON on its standard input: no pickled object crosses. On one
+node the rendezvous and gloo's connections listen on loopback only; over several
+(``nnodes``), on the address node 0 was given and the interface that reaches it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from hetero_infer.engine.distributed.process_group import (
     RENDEZVOUS_TIMEOUT,
     TensorParallelGroup,
     connect_store,
-    listen_on_loopback,
+    listen_on,
 )
-from hetero_infer.engine.distributed.rendezvous import Rendezvous
+from hetero_infer.engine.distributed.rendezvous import Rendezvous, node_ranks
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.exceptions import ExecutionError
 from hetero_infer.engine.setup import EngineSetup
@@ -64,21 +68,30 @@ def start_tensor_parallel(setup: EngineSetup) -> tuple[TensorParallelGroup, Loca
         if device.type == "cuda":
             torch.cuda.set_device(rendezvous.local_rank)
         return TensorParallelGroup(rendezvous, connect_store(rendezvous), device), None
+    if config.node_rank != 0:
+        raise ExecutionError(
+            f"the engine runs on node 0; node {config.node_rank} runs only its ranks "
+            "(hetero-infer serve --node-rank N starts them)"
+        )
+    rendezvous = Rendezvous.for_node(
+        0, world_size, config.nnodes, config.dist_init_addr, os.environ
+    )
+    listening = _listen(rendezvous)
+    rendezvous = dataclasses.replace(rendezvous, port=listening.getsockname()[1])
+    local = node_ranks(0, world_size, config.nnodes)
     threads = previous_threads = 0  # on CUDA, torch's defaults
     if device.type == "cpu":
-        # The ranks share this machine's cores: each one's threads get their share (too
+        # This node's ranks share its cores: each one's threads get their share (too
         # many threads spinning on a core make every collective wait on one that is
         # descheduled). This thread does the engine's parallel work (async_engine.py);
         # stop() gives the process its threads back.
         previous_threads = torch.get_num_threads()
-        threads = max(1, previous_threads // world_size)
+        threads = max(1, previous_threads // len(local))
         torch.set_num_threads(threads)
-    listening = listen_on_loopback()
-    rendezvous = Rendezvous(rank=0, world_size=world_size, port=listening.getsockname()[1])
     store = connect_store(rendezvous, listening)
-    workers = LocalWorkers.start(config, rendezvous, threads, previous_threads)
+    workers = LocalWorkers.start(config, rendezvous, local[1:], threads, previous_threads)
     try:
-        workers.wait_joined(store)
+        workers.wait_joined(store, world_size)
         tp = TensorParallelGroup(rendezvous, store, device)
     except BaseException:
         workers.stop(timeout=0)
@@ -88,11 +101,26 @@ def start_tensor_parallel(setup: EngineSetup) -> tuple[TensorParallelGroup, Loca
     return tp, workers
 
 
-class LocalWorkers:
-    """Ranks 1 .. N-1 as child processes of this one."""
+def _listen(rendezvous: Rendezvous) -> socket.socket:
+    """Rank 0's socket for the store: loopback on one node, dist_init_addr over several."""
+    try:
+        return listen_on(rendezvous.host, rendezvous.port)
+    except OSError as exc:
+        raise ExecutionError(
+            f"tensor parallel: cannot host the rendezvous at {rendezvous.host}:"
+            f"{rendezvous.port} ({exc.strerror or exc}): dist_init_addr must name node 0, "
+            "at a free port"
+        ) from exc
 
-    def __init__(self, processes: list[subprocess.Popen], restore_threads: int = 0) -> None:
+
+class LocalWorkers:
+    """Ranks of this node other than this process's, as its child processes."""
+
+    def __init__(
+        self, processes: list[subprocess.Popen], ranks: Sequence[int], restore_threads: int = 0
+    ) -> None:
         self.processes = processes
+        self.ranks = list(ranks)
         self.restore_threads = restore_threads
         # Whatever way the engine goes (an error, garbage collection, the interpreter
         # exiting), no rank outlives it.
@@ -103,14 +131,16 @@ class LocalWorkers:
         cls,
         config: EngineConfig,
         rendezvous: Rendezvous,
+        ranks: Sequence[int],
         threads: int = 0,
         restore_threads: int = 0,
     ) -> LocalWorkers:
-        """``threads``: torch's CPU threads for each worker (0: torch's default);
-        ``restore_threads``: this process's, to set again once they stop."""
+        """``ranks``: the global ranks to start here; ``threads``: torch's CPU threads
+        for each (0: torch's default); ``restore_threads``: this process's, to set again
+        once they stop."""
         settings = json.dumps(config.to_dict())
         processes = []
-        for rank in range(1, rendezvous.world_size):
+        for rank in ranks:
             command = [
                 sys.executable,
                 "-m",
@@ -124,27 +154,34 @@ class LocalWorkers:
             process.stdin.write(settings)
             process.stdin.close()
             processes.append(process)
-        logger.info(
-            "tensor parallel: started ranks 1-%d (pids %s)",
-            rendezvous.world_size - 1,
-            ", ".join(str(p.pid) for p in processes),
-        )
-        return cls(processes, restore_threads)
+        if processes:
+            logger.info(
+                "tensor parallel: started ranks %s (pids %s)",
+                ", ".join(str(rank) for rank in ranks),
+                ", ".join(str(p.pid) for p in processes),
+            )
+        return cls(processes, ranks, restore_threads)
 
-    def wait_joined(self, store: Store) -> None:
-        """Wait for every worker to reach the rendezvous, failing at once if one exits
-        first (joining the groups would wait out their timeout)."""
-        keys = [joined_key(rank) for rank in range(1, len(self.processes) + 1)]
+    def wait_joined(self, store: Store, world_size: int) -> None:
+        """Wait for every other rank, this node's and other nodes', to reach the
+        rendezvous, failing at once if one of this node's exits first (joining the
+        groups would wait out their timeout)."""
+        keys = {rank: joined_key(rank) for rank in range(1, world_size)}
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds()
-        while not store.check(keys):
+        while not store.check(list(keys.values())):
             self.check_alive()
             if time.monotonic() > deadline:
-                raise ExecutionError("tensor parallel: the other ranks did not start in time")
+                missing = [str(rank) for rank, key in keys.items() if not store.check([key])]
+                raise ExecutionError(
+                    f"tensor parallel: ranks {', '.join(missing)} did not join within "
+                    f"{RENDEZVOUS_TIMEOUT.total_seconds():.0f} s (every node started, with "
+                    "the same dist_init_addr?)"
+                )
             time.sleep(0.05)
 
     def check_alive(self) -> None:
         """ExecutionError naming the first rank that has exited."""
-        for rank, process in enumerate(self.processes, start=1):
+        for rank, process in zip(self.ranks, self.processes, strict=True):
             code = process.poll()
             if code is not None:
                 raise ExecutionError(

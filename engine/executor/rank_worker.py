@@ -6,16 +6,19 @@ profile run in step with it, collectives included), then waits for commands
 (step_broadcast.py): a step's forward pass, a batch of logits, or stop. The scheduler,
 the sampler and the front end live on rank 0 only.
 
-Started by rank 0 as ``python -m hetero_infer.engine.executor.rank_worker --rank R
---world-size N --port P`` with the engine's settings as JSON on standard input, or by
+Started as ``python -m hetero_infer.engine.executor.rank_worker --rank R --world-size N
+--port P`` with the engine's settings as JSON on standard input, by rank 0 for its
+node's other ranks or by a node's process for that node's ranks (node.py); or by
 torchrun through the command line (server/cli.py), which calls ``run_worker``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
 import sys
 
 import torch
@@ -67,7 +70,7 @@ def serve_commands(runner: ModelRunner, receiver: StepReceiver) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="A tensor-parallel rank started by rank 0.")
+    parser = argparse.ArgumentParser(description="A tensor-parallel rank started by its node.")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -77,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     config = EngineConfig.from_dict(json.loads(sys.stdin.read()), "rank 0's settings")
     if args.threads:
         torch.set_num_threads(args.threads)
-    # All ranks on this machine: rank r takes GPU r, where there are GPUs.
-    rendezvous = Rendezvous(
-        rank=args.rank, world_size=args.world_size, port=args.port, local_rank=args.rank
+    # Where the ranks meet and this rank's GPU follow from the nodes' settings (node 0's
+    # port, on one node, is the one rank 0 picked).
+    rendezvous = Rendezvous.for_node(
+        args.rank, args.world_size, config.nnodes, config.dist_init_addr, os.environ
     )
+    rendezvous = dataclasses.replace(rendezvous, port=args.port)
     try:
         run_worker(config, rendezvous)
     except RuntimeError as exc:  # rank 0 went away: its sockets closed

@@ -28,16 +28,13 @@ from hetero_infer.engine.settings.choices import (
 )
 from hetero_infer.engine.settings.config_checks import check_config, check_int
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.engine.settings.seed_layout import SERVER_SECTIONS, seed_tokenizer
+from hetero_infer.engine.settings.seed_layout import (
+    ALIASES,
+    SERVER_SECTIONS,
+    UNSUPPORTED_SEED_KEYS,
+    seed_tokenizer,
+)
 from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
-
-# Keys users of the seed APIs write (see EngineConfig's InitVars).
-ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
-# Keys of the seed's config.json with no meaning here: refused, saying why.
-UNSUPPORTED_SEED_KEYS = {
-    "max_retry_attempts": "a failed step is not retried: it fails its requests",
-    "special_tokens": "special token ids come from the model's tokenizer",
-}
 
 
 def setting(
@@ -207,6 +204,16 @@ class EngineConfig:
         "who starts the other ranks: mp (the engine, as local processes) or "
         "external_launcher (torchrun)",
         DISTRIBUTED_EXECUTOR_BACKENDS,
+    )
+    # Over several machines, as SGLang's flags (LeaderWorkerSet's variables by default).
+    nnodes: int = setting(
+        1, "as SGLang's: the machines the ranks span, tensor_parallel_size / nnodes on each"
+    )
+    node_rank: int = setting(
+        0, "as SGLang's: this machine's among them; node 0 runs the engine and the server"
+    )
+    dist_init_addr: str | None = setting(
+        None, "as SGLang's: HOST:PORT where node 0 hosts the ranks' rendezvous (nnodes > 1)"
     )
 
     # The seed API's name for max_num_batched_tokens.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
+from hetero_infer.engine.distributed.rendezvous import split_init_addr
 from hetero_infer.engine.params.generation_defaults import GENERATION_MODES, check_override
 from hetero_infer.engine.settings.exceptions import ConfigError
 
@@ -28,6 +29,10 @@ class CheckedConfig(Protocol):
     kv_offloading_flush_timeout: Any
     kv_offloading_dir: Any
     tensor_parallel_size: Any
+    distributed_executor_backend: Any
+    nnodes: Any
+    node_rank: Any
+    dist_init_addr: Any
     quantization: Any
     enable_lora: Any
     max_loras: Any
@@ -66,6 +71,7 @@ def check_config(config: CheckedConfig) -> None:
     _check_kv_offloading(config)
     _check_generation_config(config)
     _check_parallel(config)
+    _check_nodes(config)
     _ = config.speculative  # a ConfigError here, at start-up, not at the first request
 
 
@@ -121,6 +127,35 @@ def _check_parallel(config: CheckedConfig) -> None:
             f"quantization {config.quantization!r} keeps quantized blocks, which tensor "
             "parallelism does not split: use 'auto' or 'none' (weights dequantized at "
             "load) with tensor_parallel_size > 1"
+        )
+
+
+def _check_nodes(config: CheckedConfig) -> None:
+    check_int("nnodes", config.nnodes, minimum=1)
+    check_int("node_rank", config.node_rank, minimum=0)
+    if config.node_rank >= config.nnodes:
+        raise ConfigError(
+            f"node_rank must be in 0..{config.nnodes - 1} (nnodes {config.nnodes}), "
+            f"got {config.node_rank}"
+        )
+    if config.tensor_parallel_size % config.nnodes:
+        raise ConfigError(
+            f"tensor_parallel_size ({config.tensor_parallel_size}) must be a multiple of "
+            f"nnodes ({config.nnodes}): each node runs as many ranks"
+        )
+    if config.dist_init_addr is not None:
+        split_init_addr(config.dist_init_addr)
+    if config.nnodes == 1:
+        return
+    if config.dist_init_addr is None:
+        raise ConfigError(
+            f"nnodes {config.nnodes} needs dist_init_addr: HOST:PORT where node 0 hosts the "
+            "rendezvous, an address every node reaches"
+        )
+    if config.distributed_executor_backend != "mp":
+        raise ConfigError(
+            "nnodes > 1 is for ranks the engine starts itself (distributed_executor_backend "
+            "'mp'); torchrun places its ranks over machines with its own --nnodes"
         )
 
 

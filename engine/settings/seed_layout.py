@@ -1,5 +1,6 @@
 """The seed's config.json layout beside the engine's settings: the sections that
-belong to the server, and its tokenizer section."""
+belong to the server, its names for two settings, the keys it had that mean nothing
+here, and its tokenizer section."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from hetero_infer.engine.settings.exceptions import ConfigError
 
 # Sections of the seed's config.json that belong to the server (server/cli.py reads them).
 SERVER_SECTIONS = ("serving",)
+# Keys users of the seed APIs write (see EngineConfig's InitVars).
+ALIASES = {"max_total_tokens": "max_num_batched_tokens", "max_batch_size": "max_num_seqs"}
+# Keys of the seed's config.json with no meaning here: refused, saying why.
+UNSUPPORTED_SEED_KEYS = {
+    "max_retry_attempts": "a failed step is not retried: it fails its requests",
+    "special_tokens": "special token ids come from the model's tokenizer",
+}
 
 
 def read_section(path: str | Path, section: str) -> dict[str, Any]:
