@@ -208,8 +208,9 @@ class BlockManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[BlockPair]:
         """Grow the block tables for the next tokens; return the first group's (src,
-        dst) block copies (copy-on-write of a shared, partly filled last block)."""
-        assert self.can_allocate_slots(seq, num_new_tokens)
+        dst) block copies (copy-on-write of a shared, partly filled last block). The
+        caller has checked can_allocate_slots (checking again would double a decode
+        step's cost here; a pool short of blocks fails in pop_free anyway)."""
         for group, moves in self._later_groups():
             moves.copy += group.allocate_slots(seq, num_new_tokens)
         return self.groups[0].allocate_slots(seq, num_new_tokens)

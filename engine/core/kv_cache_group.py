@@ -120,6 +120,8 @@ class KVCacheGroup:
         prompt's window aside) a table is NULL_BLOCK up to the blocks that left since
         the last step: the scan goes down from the window's edge to the first
         NULL_BLOCK, a step's cost independent of the context's length."""
+        if self.window is None:
+            return []  # nothing leaves a group without a window
         table = self.table(seq)
         prompt_blocks = (seq.num_prompt_tokens - 1) // self.block_size
         prompt_window_start = self.first_kept(prompt_blocks * self.block_size)

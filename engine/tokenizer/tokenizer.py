@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # A tool's name no prompt holds: whether a template renders tools is whether it is
 # in the prompt (Tokenizer.renders_tools).
@@ -52,6 +52,12 @@ class Tokenizer:
         self._byte_token_ids = _byte_fallback_token_ids(hf) if hf is not None else frozenset()
         # chat template (None: the tokenizer's own) -> whether it renders tools
         self._renders_tools: dict[str | None, bool] = {}
+        # A fast tokenizer's Rust decoder, called directly where transformers' decode
+        # only wraps it (no clean-up, no override of its own): a stream decodes every
+        # token twice, and the wrapper's checks cost ten times the decode.
+        fast = isinstance(hf, PreTrainedTokenizerFast)
+        plain = fast and type(hf)._decode is PreTrainedTokenizerFast._decode
+        self._rust_decoder = hf.backend_tokenizer if plain else None
 
     @property
     def hf_tokenizer(self) -> PreTrainedTokenizerBase | None:
@@ -85,6 +91,8 @@ class Tokenizer:
         return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._rust_decoder is not None:
+            return self._rust_decoder.decode(ids, skip_special_tokens=skip_special_tokens)
         if self._hf is None:
             return self._tokenizer.decode(list(ids))
         # No clean-up of spaces before punctuation: it rewrites text across token

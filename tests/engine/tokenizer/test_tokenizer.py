@@ -190,3 +190,21 @@ def test_which_templates_render_tools(smol_tok):
     assert smol_tok.renders_tools(TOOLS_TEMPLATE)
     assert smol_tok.renders_tools(TOOLS_TEMPLATE)  # from what the first probe found
     assert not smol_tok.renders_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+@pytest.mark.parametrize("name", ["smollm2", "byte_fallback"])
+def test_decode_is_transformers_decode_without_clean_up(name, smol_tok, bf_tok) -> None:
+    """Decoding goes straight to a fast tokenizer's Rust decoder: it must give what
+    transformers' decode gives (special tokens kept or skipped, no space clean-up)."""
+    import random
+
+    tok = smol_tok if name == "smollm2" else bf_tok
+    hf = tok.hf_tokenizer
+    rng = random.Random(0)
+    special = sorted(tok.special_token_ids)
+    for _ in range(200):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 12))]
+        ids.insert(rng.randrange(len(ids) + 1), rng.choice(special))
+        for skip in (True, False):
+            expected = hf.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+            assert tok.decode(ids, skip_special_tokens=skip) == expected
