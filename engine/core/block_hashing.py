@@ -18,6 +18,7 @@ import os
 import secrets
 from array import array
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import cbor2
 from hetero_infer.engine.core.sequence import Sequence
@@ -25,7 +26,8 @@ from hetero_infer.engine.core.sequence import Sequence
 
 class BlockHasher(abc.ABC):
     """Chained hashes of a sequence's full blocks: each block's from its parent's, its
-    tokens and the content hashes of the images whose placeholder tokens it holds."""
+    tokens and the content hashes of the images whose placeholder tokens it holds, and
+    what keeps the sequence's KV apart from other KV of the same tokens (its salts)."""
 
     @abc.abstractmethod
     def hash_block(
@@ -34,8 +36,10 @@ class BlockHasher(abc.ABC):
         """A full block chained to its parent block's hash."""
 
     @abc.abstractmethod
-    def first_block(self, salt: int | None, token_ids: Seq[int], image_hashes: Seq[int]) -> int:
-        """A sequence's first block, with the sequence's salt (Sequence.hash_salt)."""
+    def sequence_block(
+        self, seq: Sequence, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int]
+    ) -> int:
+        """A full block of ``seq`` after ``parent`` (None: its first), with its salts."""
 
     def block_hashes(self, seq: Sequence, block_size: int, num_full_blocks: int) -> list[int]:
         """Chained hashes of the sequence's first full blocks (cached on the sequence)."""
@@ -45,10 +49,8 @@ class BlockHasher(abc.ABC):
             i = len(hashes)
             tokens = seq.token_ids[i * bs : (i + 1) * bs]
             images = [image.content_hash for image in seq.images_in(i * bs, (i + 1) * bs)]
-            if hashes:
-                hashes.append(self.hash_block(hashes[-1], tokens, images))
-            else:  # LongRoPE's, an adapter's or a cache_salt's
-                hashes.append(self.first_block(seq.hash_salt, tokens, images))
+            parent = hashes[-1] if hashes else None
+            hashes.append(self.sequence_block(seq, parent, tokens, images))
         return hashes[:num_full_blocks]
 
 
@@ -70,8 +72,12 @@ class KeyedBlockHasher(BlockHasher):
         digest = hashlib.blake2b(data, digest_size=8, key=self.key).digest()
         return int.from_bytes(digest, "little")
 
-    def first_block(self, salt: int | None, token_ids: Seq[int], image_hashes: Seq[int]) -> int:
-        return self.hash_block(salt, token_ids, image_hashes)  # the salt stands as parent
+    def sequence_block(
+        self, seq: Sequence, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int]
+    ) -> int:
+        if parent is None:  # LongRoPE's, an adapter's or a cache_salt's salt stands as parent
+            parent = seq.hash_salt
+        return self.hash_block(parent, token_ids, image_hashes)
 
 
 class Sha256CborBlockHasher(BlockHasher):
@@ -80,8 +86,13 @@ class Sha256CborBlockHasher(BlockHasher):
     router): a block's hash is the SHA-256 of the canonical CBOR of (its parent's hash,
     its token ids, its extra keys or None), a first block's parent the hash of
     PYTHONHASHSEED's value (random where it is unset, as vLLM's: then no one else can
-    compute them). Extra keys here: the images' content hashes, and on a first block
-    the sequence's salt. Kept whole as ints (256 bits).
+    compute them). Kept whole as ints (256 bits).
+
+    The extra keys are vLLM's, in its order: a LoRA adapter's name on every block, the
+    content hashes of the images a block holds, and on a first block its cache_salt;
+    then ours, which routers do not send: on a first block, LongRoPE's long factors.
+    An adapter replaced under its name (load_inplace) is keyed by its name and
+    fingerprint, so that no block of the one before serves it (vLLM would serve them).
 
     Unkeyed by design, so that routers can compute them: anyone can, and may craft a
     colliding block (the token comparison on a hit still keeps it from serving wrong
@@ -89,17 +100,30 @@ class Sha256CborBlockHasher(BlockHasher):
 
     def __init__(self, seed: str | None = None) -> None:
         self.none_hash = os.urandom(32) if seed is None else sha256_cbor(seed)
+        self.adapters: dict[str, int] = {}  # name -> the first fingerprint it had
 
     def hash_block(
-        self, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int] = ()
+        self, parent: int | None, token_ids: Seq[int], image_hashes: Seq[Any] = ()
     ) -> int:
         parent_hash = self.none_hash if parent is None else parent.to_bytes(32, "big")
         extra_keys = tuple(image_hashes) or None
         return int.from_bytes(sha256_cbor((parent_hash, tuple(token_ids), extra_keys)), "big")
 
-    def first_block(self, salt: int | None, token_ids: Seq[int], image_hashes: Seq[int]) -> int:
-        extra_keys = [*image_hashes, *([] if salt is None else [salt])]
-        return self.hash_block(None, token_ids, extra_keys)
+    def sequence_block(
+        self, seq: Sequence, parent: int | None, token_ids: Seq[int], image_hashes: Seq[int]
+    ) -> int:
+        extra_keys: list[Any] = []
+        if seq.lora_name is not None:
+            first = self.adapters.setdefault(seq.lora_name, seq.lora_fingerprint or 0)
+            replaced = first != (seq.lora_fingerprint or 0)
+            extra_keys.append([seq.lora_name, seq.lora_fingerprint] if replaced else seq.lora_name)
+        extra_keys.extend(image_hashes)
+        if parent is None:
+            if seq.sampling_params.cache_salt:
+                extra_keys.append(seq.sampling_params.cache_salt)
+            if seq.long_rope:
+                extra_keys.append(["long_rope"])
+        return self.hash_block(parent, token_ids, extra_keys)
 
 
 def sha256_cbor(value: object) -> bytes:

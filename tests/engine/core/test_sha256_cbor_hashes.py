@@ -14,6 +14,8 @@ import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.core.block_hashing import Sha256CborBlockHasher
 from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.sequence import Sequence
+from hetero_infer.engine.lora import LoRARequest
 
 from tests.engine.core.test_block_manager import make_seq, prefill
 from tests.tiny_models import save_tiny_model
@@ -25,12 +27,23 @@ def vllm_sha256_cbor(value: object) -> bytes:
     return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
 
 
-def vllm_block_hashes(token_ids: list[int], seed: str, block_size: int) -> list[bytes]:
-    """The hashes of the full blocks of ``token_ids`` as vLLM chains them."""
+def vllm_block_hashes(
+    token_ids: list[int],
+    seed: str,
+    block_size: int,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> list[bytes]:
+    """The hashes of the full blocks of ``token_ids`` as vLLM chains them, its extra
+    keys a block's LoRA adapter's name, then (the first block's only) the cache_salt."""
     parent = vllm_sha256_cbor(seed)
     hashes = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = vllm_sha256_cbor((parent, tuple(token_ids[start : start + block_size]), None))
+        extra = [lora_name] if lora_name else []
+        if start == 0 and cache_salt:
+            extra.append(cache_salt)
+        block = tuple(token_ids[start : start + block_size])
+        parent = vllm_sha256_cbor((parent, block, tuple(extra) or None))
         hashes.append(parent)
     return hashes
 
@@ -48,6 +61,35 @@ def test_block_manager_chains_vllm_hashes():
     assert len(expected) == 2
     assert [bm.blocks[i].block_hash for i in seq.block_table[:2]] == expected
     assert bm.blocks[seq.block_table[2]].block_hash is None  # the partial block
+
+
+@pytest.mark.parametrize(
+    ("lora_name", "cache_salt"), [("sql", None), (None, "tenant-a"), ("sql", "tenant-a")]
+)
+def test_adapters_and_salts_take_vllms_extra_keys(lora_name, cache_salt):
+    tokens = list(range(100, 150))
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE, hasher=Sha256CborBlockHasher("0"))
+    lora = LoRARequest(lora_name, 1, 2**40, "p") if lora_name else None
+    params = SamplingParams(max_tokens=16, cache_salt=cache_salt)
+    seq = Sequence("a", tokens, params, lora=lora)
+    prefill(bm, seq)
+    expected = as_ints(vllm_block_hashes(tokens, "0", BLOCK_SIZE, lora_name, cache_salt))
+    assert len(expected) == 3
+    assert [bm.blocks[i].block_hash for i in seq.block_table[:3]] == expected
+
+
+def test_an_adapter_replaced_under_its_name_keeps_apart_from_the_one_before():
+    """vLLM keys an adapter's blocks by its name alone: here a second adapter loaded
+    under that name (load_inplace) is keyed by its fingerprint too."""
+    tokens = list(range(100, 100 + BLOCK_SIZE))
+    hasher = Sha256CborBlockHasher("0")
+    first, second = (
+        Sequence(f"s{i}", tokens, SamplingParams(), lora=LoRARequest("sql", 1, fp, "p"))
+        for i, fp in enumerate((2**40, 2**41))
+    )
+    router = as_ints(vllm_block_hashes(tokens, "0", BLOCK_SIZE, "sql"))
+    assert hasher.block_hashes(first, BLOCK_SIZE, 1) == router
+    assert hasher.block_hashes(second, BLOCK_SIZE, 1) != router
 
 
 def test_another_seed_gives_other_hashes():
