@@ -3,7 +3,8 @@ written from vLLM's wire format (its own msgspec structs, pyzmq): a 2,000-token 
 every full block stored, with its tokens, its parent and the block size, the hashes
 those a router computes (sha256_cbor with PYTHONHASHSEED=0); blocks evicted removed;
 AllBlocksCleared first; sequence numbers without gaps; a late subscriber's replay from a
-sequence number, ending with the end marker. Events off: no publisher, nothing recorded.
+sequence number, ending with the end marker; a reset publishing AllBlocksCleared. Events off:
+no publisher, nothing recorded.
 """
 
 from __future__ import annotations
@@ -220,6 +221,12 @@ def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
         assert held["GPU"] == {h & (2**64 - 1) for h in block_manager.cached_blocks}
         in_ram = block_manager.tiers.indexes[0].entries
         assert held["CPU"] == {h & (2**64 - 1) for h in in_ram}
+
+        # A reset empties both tiers and says so at once, between steps.
+        assert engine.core.reset_prefix_cache()
+        events = [e for _, payload in receive(sub) for e in DECODER.decode(payload).events]
+        assert [type(e) for e in events] == [AllBlocksCleared]
+        assert not block_manager.cached_blocks and not in_ram
     finally:
         engine.shutdown()
         context.destroy(linger=0)
