@@ -24,6 +24,9 @@ from hetero_infer.engine.kv.disk_layout import TEMP_PREFIX
 MAGIC = b"HPIKV\x00\x01\x00"  # format version in the last bytes
 # magic, fingerprint (16 bytes), group, block hash, tokens, payload bytes
 _FIELDS = struct.Struct("<8s16sIQIQ")
+# The header keeps a hash's low 64 bits: sha256_cbor's are 256 (the file's name holds
+# the whole hash, and its tokens are compared on every read).
+_HASH_MASK = (1 << 64) - 1
 _DIGEST_BYTES = 16
 HEADER_BYTES = _FIELDS.size + _DIGEST_BYTES
 
@@ -39,9 +42,8 @@ def _fingerprint_bytes(fingerprint: str) -> bytes:
 def _header_fields(
     fingerprint: str, group: int, block_hash: int, num_tokens: int, payload_bytes: int
 ) -> bytes:
-    return _FIELDS.pack(
-        MAGIC, _fingerprint_bytes(fingerprint), group, block_hash, num_tokens, payload_bytes
-    )
+    fingerprint_bytes, hash_bits = _fingerprint_bytes(fingerprint), block_hash & _HASH_MASK
+    return _FIELDS.pack(MAGIC, fingerprint_bytes, group, hash_bits, num_tokens, payload_bytes)
 
 
 def file_bytes(num_tokens: int, payload_bytes: int) -> int:

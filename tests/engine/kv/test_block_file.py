@@ -35,6 +35,17 @@ def test_a_block_comes_back_byte_for_byte(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_a_sha256_cbor_hash_of_256_bits_writes_and_reads_back(tmp_path):
+    """vLLM's hashes are 256 bits: the header keeps their low 64 (the name, the whole)."""
+    wide = (0xABCD << 200) | 42
+    path = written(tmp_path, wide)
+    into = memoryview(bytearray(256))
+    read_block(path, FINGERPRINT, 0, wide, TOKENS, into)
+    assert bytes(into) == bytes(payload())
+    with pytest.raises(CorruptBlockFile):
+        read_block(path, FINGERPRINT, 0, wide + 1, TOKENS, into)
+
+
 @pytest.mark.parametrize(
     "damage",
     ["truncate", "flip_payload", "flip_header", "trailing"],
