@@ -130,7 +130,9 @@ def tier_planner(runner: ModelRunner) -> tuple[TierPlanner | None, bytes | None]
     if store is None:
         return None, None
     layout = store.layout
-    planner = TierPlanner(len(store.hosts), store.num_slots, runner.block_size, layout)
+    planner = TierPlanner(
+        len(store.hosts), store.num_slots, runner.block_size, layout, store.disk_changes
+    )
     return planner, None if layout is None else load_or_create_key(layout.root)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetero_infer.engine.kv.block_file import CorruptBlockFile, file_bytes, read_block, write_block
+from hetero_infer.engine.kv.disk_changes import DiskChanges
 from hetero_infer.engine.kv.disk_layout import ENTRY_SUFFIX, TEMP_PREFIX, DiskLayout
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class DiskTier:
     def __init__(self, layout: DiskLayout, capacity_bytes: int) -> None:
         self.layout = layout
         self.capacity = capacity_bytes
+        self.changes = DiskChanges()  # for the KV events
         self.counters = DiskCounters()
         self._warned: set[str] = set()
         self._remove_stale_temps()
@@ -63,6 +65,7 @@ class DiskTier:
             return self._refuse(f"errno {exc.errno}", str(exc))
         self.used += size
         self.counters.bytes_written += size
+        self.changes.written(group, block_hash, token_ids)
         return True
 
     def read(
@@ -78,7 +81,8 @@ class DiskTier:
         except CorruptBlockFile as exc:
             logger.warning("KV disk tier: %s; removed, the prefix is recomputed", exc)
             self.counters.corrupt_files += 1
-            self._remove(path)
+            if self._remove(path):
+                self.changes.removed(group, block_hash)
             return False
         except OSError as exc:
             self._refuse(f"read errno {exc.errno}", str(exc))
@@ -117,6 +121,8 @@ class DiskTier:
                 break
             if self._remove(path):
                 self.used -= size
+                if path.parent.parent == self.layout.folder:  # this model's: g<group>/<hash>
+                    self.changes.removed(int(path.parent.name[1:]), int(path.stem, 16))
 
     def _remove(self, path: Path) -> bool:
         try:

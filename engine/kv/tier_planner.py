@@ -18,16 +18,17 @@ whole, and reports back which were good, so a bad file is a miss, never KV. No t
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.core.block_pool import BlockPool
-from hetero_infer.engine.core.kv_events import MEDIUM_HOST, KVEventLog
+from hetero_infer.engine.core.kv_events import KVEventLog
 from hetero_infer.engine.core.step_data import TierMoves
+from hetero_infer.engine.kv.disk_changes import DiskChanges
 from hetero_infer.engine.kv.disk_layout import DiskLayout
 from hetero_infer.engine.kv.tier_counters import TierCounters
+from hetero_infer.engine.kv.tier_events import TierEvents
 from hetero_infer.engine.kv.tier_index import SlotIndex
 
 if TYPE_CHECKING:
@@ -50,7 +51,12 @@ class TierPlanner:
     """The tiers' PrefixTiers (engine/core/prefix_tiers.py): host slots, then disk."""
 
     def __init__(
-        self, num_groups: int, num_slots: int, block_size: int, disk: DiskLayout | None
+        self,
+        num_groups: int,
+        num_slots: int,
+        block_size: int,
+        disk: DiskLayout | None,
+        disk_changes: DiskChanges | None = None,
     ) -> None:
         self.block_size = block_size
         self.indexes = [SlotIndex(num_slots) for _ in range(num_groups)]
@@ -64,22 +70,21 @@ class TierPlanner:
         # with what host RAM holds then. Reads may evict the same prefix's other blocks
         # from a small RAM, and waiting again for those could go on forever.
         self._waited: set[str] = set()
-        self.events: KVEventLog | None = None
+        self.disk_changes = disk_changes  # the files written and removed, for the events
+        self.events: TierEvents | None = None  # once KV events are on
 
     def attach(self, pools: list[BlockPool]) -> None:
         for group, pool in enumerate(pools):
             pool.on_evict = lambda block, h, tokens, g=group: self.save(g, block, h, tokens)
 
     def announce_to(self, events: KVEventLog) -> None:
-        self.events = events
-        for group, index in enumerate(self.indexes):
-            index.on_removed = functools.partial(events.removed, group, medium=MEDIUM_HOST)
+        self.events = TierEvents(events, self.indexes, self.disk_changes)
 
     def _indexed(self, group: int, block_hash: int, slot: int, tokens: tuple[int, ...]) -> None:
         """A block now in a host slot, findable by later lookups."""
         self.indexes[group].put(block_hash, slot, tokens)
         if self.events is not None:
-            self.events.tier_stored(group, MEDIUM_HOST, block_hash, tokens)
+            self.events.host_stored(group, block_hash, tokens)
 
     # ---- saving ----
 
@@ -281,6 +286,8 @@ class TierPlanner:
         be taken again from the next step on."""
         moves = [m for m in self.moves if m]
         self.moves = [TierMoves(g) for g in range(len(self.moves))]
+        if self.events is not None:
+            self.events.disk_changed()
         for index in self.indexes:
             index.end_step()
         return moves

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import torch
+from hetero_infer.engine.kv.disk_changes import DiskChanges
 from hetero_infer.engine.kv.disk_layout import DiskLayout
 from hetero_infer.engine.kv.disk_tier import DiskTier
 from hetero_infer.engine.kv.disk_writer import DiskWriter
@@ -32,6 +33,10 @@ class TierStore:
     @property
     def layout(self) -> DiskLayout | None:
         return self.disk.layout if self.disk is not None else None
+
+    @property
+    def disk_changes(self) -> DiskChanges | None:
+        return self.disk.changes if self.disk is not None else None
 
     def close(self, timeout: float) -> None:
         """The disk writes queued, made within ``timeout`` seconds (a stop's)."""

@@ -230,3 +230,54 @@ def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
     finally:
         engine.shutdown()
         context.destroy(linger=0)
+
+
+def test_the_disk_tiers_files_are_announced_as_written_and_removed(folder, monkeypatch, tmp_path):
+    """Every block the disk tier writes is stored ("DISK") and every file its cap makes
+    it remove is removed: a router's view equals the files in the directory."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    port = free_port()
+    settings = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(folder),
+            block_size=BLOCK_SIZE,
+            max_model_len=2048,
+            max_num_blocks=140,
+            kv_offloading_size=0.001,
+            kv_offloading_dir=str(tmp_path),
+            kv_offloading_dir_size=0.0005,  # GiB: about 110 files, fewer than written
+            prefix_caching_hash_algo="sha256_cbor",
+            kv_events_config=json.dumps({**settings, "endpoint": f"tcp://*:{port}"}),
+        )
+    )
+    context = zmq.Context()
+    try:
+        sub = context.socket(zmq.SUB)
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        time.sleep(0.5)
+        vocab = TINY_MODELS["llama"]().vocab_size
+        rng = random.Random(2)
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        for _ in range(3):
+            prompt = [rng.randrange(3, vocab) for _ in range(2000)]
+            engine.generate([prompt], params, use_tqdm=False)
+        assert engine.runner.kv_cache.tiers.writer.drain(30.0)
+        engine.core.step()  # a step hands on what the writer did since the last
+        on_disk: set[int] = set()
+        removed = 0
+        for _, payload in receive(sub):
+            for event in DECODER.decode(payload).events:
+                if isinstance(event, BlockStored) and event.medium == "DISK":
+                    assert event.parent_block_hash is None and len(event.token_ids) == 16
+                    on_disk |= set(event.block_hashes)
+                elif isinstance(event, BlockRemoved) and event.medium == "DISK":
+                    on_disk -= set(event.block_hashes)
+                    removed += len(event.block_hashes)
+        files = engine.runner.kv_cache.tiers.layout.group_folder(0).glob("*.kv")
+        assert removed > 0  # the cap made it remove files
+        assert on_disk == {int(path.stem, 16) & (2**64 - 1) for path in files}
+    finally:
+        engine.shutdown()
+        context.destroy(linger=0)
