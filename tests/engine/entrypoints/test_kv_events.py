@@ -9,10 +9,13 @@ no publisher, nothing recorded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import socket
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -89,8 +92,18 @@ def folder(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("llama"), max_position_embeddings=4096)
 
 
-def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
+@dataclass
+class Subscribed:
+    engine: LLMEngine
+    sub: zmq.Socket
+    context: zmq.Context
+    replay_port: int
+
+
+@contextlib.contextmanager
+def subscribed(folder, **config: Any) -> Iterator[Subscribed]:
+    """An engine publishing its events (sha256_cbor, PYTHONHASHSEED set by the test) with
+    a cache of 140 blocks, where a 2,000-token prompt's second evicts, and a subscriber."""
     port, replay_port = free_port(), free_port()
     settings = {
         "enable_kv_cache_events": True,
@@ -104,10 +117,10 @@ def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
             model=str(folder),
             block_size=BLOCK_SIZE,
             max_model_len=2048,
-            max_num_blocks=140,  # two 2,000-token prompts do not fit: the second evicts
-            max_num_batched_tokens=512,  # in chunks: later events have parents
+            max_num_blocks=140,
             prefix_caching_hash_algo="sha256_cbor",
             kv_events_config=json.dumps(settings),
+            **config,
         )
     )
     context = zmq.Context()
@@ -116,9 +129,24 @@ def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
         sub.connect(f"tcp://127.0.0.1:{port}")
         sub.setsockopt(zmq.SUBSCRIBE, b"kv")
         time.sleep(0.5)  # the subscription reaches the publisher
-        vocab = TINY_MODELS["llama"]().vocab_size
-        rng = random.Random(0)
-        prompts = [[rng.randrange(3, vocab) for _ in range(2000)] for _ in range(2)]
+        yield Subscribed(engine, sub, context, replay_port)
+    finally:
+        engine.shutdown()
+        context.destroy(linger=0)
+
+
+def random_prompts(seed: int, count: int) -> list[list[int]]:
+    vocab = TINY_MODELS["llama"]().vocab_size
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(2000)] for _ in range(count)]
+
+
+def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    # in chunks: later events have parents
+    with subscribed(folder, max_num_batched_tokens=512) as run:
+        engine, sub, context = run.engine, run.sub, run.context
+        prompts = random_prompts(0, 2)
         params = SamplingParams(max_tokens=4, temperature=0.0)
         outputs = [engine.generate([p], params, use_tqdm=False)[0] for p in prompts]
         batches = receive(sub)
@@ -150,7 +178,7 @@ def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
 
         # A subscriber that joins late asks for every batch from the first.
         replay = context.socket(zmq.DEALER)
-        replay.connect(f"tcp://127.0.0.1:{replay_port}")
+        replay.connect(f"tcp://127.0.0.1:{run.replay_port}")
         replay.send_multipart([b"", (0).to_bytes(8, "big")])
         replayed: list[tuple[bytes, Any]] = []
         while replay.poll(2000):
@@ -160,9 +188,6 @@ def test_a_subscriber_sees_every_block_stored_and_removed(folder, monkeypatch):
                 break
         assert replayed[-1] == (END_SEQ, b"")
         assert [(int.from_bytes(s, "big"), p) for s, p in replayed[:-1]] == batches
-    finally:
-        engine.shutdown()
-        context.destroy(linger=0)
 
 
 def test_no_events_without_the_setting(folder):
@@ -178,28 +203,10 @@ def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
     device cache by a later hit, announced again ("GPU"): a router that replays the
     events holds exactly what each tier holds."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    port = free_port()
-    settings = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(folder),
-            block_size=BLOCK_SIZE,
-            max_model_len=2048,
-            max_num_blocks=140,
-            kv_offloading_size=0.001,  # GiB of host RAM: 233 blocks here, which evict too
-            prefix_caching_hash_algo="sha256_cbor",
-            kv_events_config=json.dumps({**settings, "endpoint": f"tcp://*:{port}"}),
-        )
-    )
-    context = zmq.Context()
-    try:
-        sub = context.socket(zmq.SUB)
-        sub.connect(f"tcp://127.0.0.1:{port}")
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        time.sleep(0.5)
-        vocab = TINY_MODELS["llama"]().vocab_size
-        rng = random.Random(1)
-        first, second, third = ([rng.randrange(3, vocab) for _ in range(2000)] for _ in range(3))
+    # 0.001 GiB of host RAM: 233 blocks here, which evict too
+    with subscribed(folder, kv_offloading_size=0.001) as run:
+        engine, sub = run.engine, run.sub
+        first, second, third = random_prompts(1, 3)
         params = SamplingParams(max_tokens=4, temperature=0.0)
         for prompt in (first, second, first, third):  # the third run finds the first in RAM
             engine.generate([prompt], params, use_tqdm=False)
@@ -227,41 +234,18 @@ def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
         events = [e for _, payload in receive(sub) for e in DECODER.decode(payload).events]
         assert [type(e) for e in events] == [AllBlocksCleared]
         assert not block_manager.cached_blocks and not in_ram
-    finally:
-        engine.shutdown()
-        context.destroy(linger=0)
 
 
 def test_the_disk_tiers_files_are_announced_as_written_and_removed(folder, monkeypatch, tmp_path):
     """Every block the disk tier writes is stored ("DISK") and every file its cap makes
     it remove is removed: a router's view equals the files in the directory."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    port = free_port()
-    settings = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv"}
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(folder),
-            block_size=BLOCK_SIZE,
-            max_model_len=2048,
-            max_num_blocks=140,
-            kv_offloading_size=0.001,
-            kv_offloading_dir=str(tmp_path),
-            kv_offloading_dir_size=0.0005,  # GiB: about 110 files, fewer than written
-            prefix_caching_hash_algo="sha256_cbor",
-            kv_events_config=json.dumps({**settings, "endpoint": f"tcp://*:{port}"}),
-        )
-    )
-    context = zmq.Context()
-    try:
-        sub = context.socket(zmq.SUB)
-        sub.connect(f"tcp://127.0.0.1:{port}")
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        time.sleep(0.5)
-        vocab = TINY_MODELS["llama"]().vocab_size
-        rng = random.Random(2)
+    tiers = dict(kv_offloading_size=0.001, kv_offloading_dir=str(tmp_path))
+    # 0.0005 GiB of files: about 110, fewer than written
+    with subscribed(folder, **tiers, kv_offloading_dir_size=0.0005) as run:
+        engine, sub = run.engine, run.sub
         params = SamplingParams(max_tokens=4, temperature=0.0)
-        for _ in range(3):
-            prompt = [rng.randrange(3, vocab) for _ in range(2000)]
+        for prompt in random_prompts(2, 3):
             engine.generate([prompt], params, use_tqdm=False)
         assert engine.runner.kv_cache.tiers.writer.drain(30.0)
         engine.core.step()  # a step hands on what the writer did since the last
@@ -278,6 +262,3 @@ def test_the_disk_tiers_files_are_announced_as_written_and_removed(folder, monke
         files = engine.runner.kv_cache.tiers.layout.group_folder(0).glob("*.kv")
         assert removed > 0  # the cap made it remove files
         assert on_disk == {int(path.stem, 16) & (2**64 - 1) for path in files}
-    finally:
-        engine.shutdown()
-        context.destroy(linger=0)
