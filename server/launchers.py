@@ -11,9 +11,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from hetero_infer.engine.distributed.rendezvous import DEFAULT_PORT, Rendezvous
+from hetero_infer.engine.distributed.rendezvous import Rendezvous
 from hetero_infer.engine.entrypoints.process_settings import apply_process_settings
 from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.dist_init_addr import DEFAULT_PORT
 from hetero_infer.engine.settings.exceptions import EngineError
 
 # LeaderWorkerSet's variables in every container of a group -> the engine's settings.

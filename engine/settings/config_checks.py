@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
-from hetero_infer.engine.distributed.rendezvous import split_init_addr
 from hetero_infer.engine.params.generation_defaults import GENERATION_MODES, check_override
+from hetero_infer.engine.settings.dist_init_addr import split_init_addr
 from hetero_infer.engine.settings.exceptions import ConfigError
 
 # Quantizations whose blocks are kept as stored: tensor parallelism does not split them.

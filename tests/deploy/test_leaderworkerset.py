@@ -18,8 +18,8 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-from hetero_infer.engine.distributed.rendezvous import split_init_addr
 from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.dist_init_addr import split_init_addr
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 
 from tests.deploy.leaderworkerset_schema import SCHEMAS

@@ -6,13 +6,9 @@ every other bad setting. The nodes running together: tests/engine/executor/test_
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine.distributed.rendezvous import (
-    DEFAULT_PORT,
-    Rendezvous,
-    node_ranks,
-    split_init_addr,
-)
+from hetero_infer.engine.distributed.rendezvous import Rendezvous, node_ranks
 from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.dist_init_addr import DEFAULT_PORT, split_init_addr
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.server import cli
 from hetero_infer.server.launchers import lws_settings
