@@ -92,9 +92,10 @@ TEST_WORKERS ?= 2
 test: $(STAMP) $(PROMTOOL) system-tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
-# The checks for a day with an NVIDIA GPU, under 8 minutes on one (bench/gpu_check.py):
+# The checks for a day with an NVIDIA GPU, under 10 minutes on one (bench/gpu_check.py):
 # the tests marked cuda, then the kernel benchmark (decode attention, RMSNorm, quantized
-# linear layers against the memory bandwidth) and offline throughput on the GPU, written
+# linear layers against the memory bandwidth), the linear layers on GGUF planes against
+# bf16 and the bound, and offline throughput on the GPU, written
 # to bench/results/gpu-check-<device>.json. Without a GPU it says so and fails;
 # `make gpu-check ARGS=--dry-run` lists what it would run.
 # GPU_PYTHON is the python it runs with: the virtualenv's by default (made as for every

@@ -7,7 +7,7 @@ then the GPU benchmarks, their results in one file per device under bench/result
     make gpu-check GPU_PYTHON=python3      # a python that has a CUDA torch already
 
 What runs, each step a subprocess with its own time limit (a hang costs that step
-only; the limits add up to 8 minutes on one GPU):
+only; the limits add up to 10 minutes on one GPU):
 
 1. ``cuda tests``: every test marked ``cuda`` (found by reading tests/ for the marker),
    by ``pytest -m cuda`` on their files, with a JUnit report. TRITON_INTERPRET=0, so
@@ -16,7 +16,11 @@ only; the limits add up to 8 minutes on one GPU):
 2. ``kernels``: ``bench.kernels`` on short shapes: decode attention, RMSNorm and the
    linear layers on quantized weights, as GB/s against the device's memory bandwidth
    and time against the torch code.
-3. ``throughput``: ``bench.throughput`` for our engine alone, on the GPU: offline, a
+3. ``planes linear``: ``bench.planes_linear``: the linear layers on GGUF weights in
+   the GPU's planes (Q4_0, Q4_K, Q8_0) on Llama-8B's projections at 1 and 16 rows,
+   against torch's bf16 matmul on the dequantized weight, the kernel on the file's
+   blocks and the memory bound; it fails where a product is wrong.
+4. ``throughput``: ``bench.throughput`` for our engine alone, on the GPU: offline, a
    short greedy workload on random weights in Qwen2.5-0.5B's shapes (built locally,
    nothing downloaded), CUDA graphs and the Triton kernels as the engine picks them.
 
@@ -164,12 +168,15 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     kernels_command = [python, "-m", "bench.kernels", "--batch", "1,32", "--context"]
     kernels_command += ["1024,8192", "--tokens", "1,4096", "--rows", "1,16"]
     kernels_command += ["--json", str(runs / "kernels.json")]
+    planes_command = [python, "-m", "bench.planes_linear", "--rows", "1,16"]
+    planes_command += ["--json", str(runs / "planes-linear.json")]
     throughput_command = [python, "-m", "bench.throughput", "--systems", "ours"]
     throughput_command += ["--model", model, "--num-requests", "64", "--timeout", "140"]
     throughput_command += ["--out", str(runs)]
     steps = [Step("cuda tests", pytest_command, 220, CUDA_TESTS_ENV)] if files else []
     return steps + [
         Step("kernels", kernels_command, 110),
+        Step("planes linear", planes_command, 120),
         Step("throughput", throughput_command, 150),
     ]
 
@@ -337,6 +344,9 @@ def run_check(device: Device, out: Path, model: str, command: str) -> dict[str, 
     kernels = runs / "kernels.json"
     if kernels.exists():
         summary["steps"]["kernels"]["result"] = json.loads(kernels.read_text())
+    planes = runs / "planes-linear.json"
+    if planes.exists():
+        summary["steps"]["planes linear"]["result"] = json.loads(planes.read_text())
     throughput = throughput_result(runs, model)
     if throughput is not None:
         summary["steps"]["throughput"]["result"] = throughput

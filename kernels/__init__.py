@@ -58,6 +58,7 @@ _EXPORTS = {
     "stored_head_size": "kv_quant",
     # quantized weights, as the loaders read them and the linear layers keep them
     "QuantizedWeight": "quantized",
+    "PlanarWeight": "quantized_planes",
     "GGUF_TYPES": "quantized",
     "INT8": "quantized",
     "concat_rows": "quantized",

@@ -23,6 +23,7 @@ from types import ModuleType
 
 import torch
 from hetero_infer.kernels.quantized import INT8, QuantizedWeight
+from hetero_infer.kernels.quantized_planes import PlanarWeight, unpack_planes
 
 # The types quantized_linear takes (the K-quants: rows of a multiple of 256).
 KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", INT8)
@@ -114,9 +115,18 @@ def quantized_linear_ref(
     return out if bias is None else out + bias.double()
 
 
-def dequantize_rows(weight: QuantizedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_rows(
+    weight: QuantizedWeight | PlanarWeight, ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """Rows ``ids`` of a weight [out, in] of DEQUANTIZE_ROWS_TYPES -> [*ids.shape, in] in
     ``dtype``, from their blocks alone (an embedding lookup)."""
+    if isinstance(weight, PlanarWeight):
+        # The GPU's planes (a tied lm_head's): the rows looked up back in the file's
+        # blocks, a step's few rather than a second copy of the table.
+        flat = ids.reshape(-1)
+        rows = unpack_planes(weight.rows(flat))
+        order = torch.arange(flat.numel(), device=flat.device).reshape(ids.shape)
+        return dequantize_rows(rows, order, dtype)
     assert weight.qtype in DEQUANTIZE_ROWS_TYPES, weight.qtype
     if weight.qtype not in FAST_ROWS_TYPES:
         # numpy: ~0.1 ms for a decode step's row, ~16 ms for 512 rows of 512 values (the

@@ -6,9 +6,11 @@ No repacked copy: the model keeps the blocks themselves (the Linear's weight, th
 embedding's rows for lookups and the tied lm_head), so a copy would double what the
 weights take on the GPU. The price: Q8_0's 34-byte, Q5_0's 22-byte and Q6_K's 210-byte
 blocks leave their fields 2-aligned at best, so the loads are byte-wide rather than
-16-byte vectors (a layout with the scales split from the values would allow those, at
-that memory cost). The bytes of one output row are a run of blocks; a program reads its
-tile's rows a step of K at a time, decodes the blocks in registers and multiplies them.
+16-byte vectors. So on a GPU the GGUF types go instead into kernels/quantized_planes.py's
+planes, made at load in place of the blocks (kernels/linear_planes_triton.py): this
+kernel keeps int8 rows, and the blocks in Triton's interpreter. The bytes of one output
+row are a run of blocks; a program reads its tile's rows a step of K at a time, decodes
+the blocks in registers and multiplies them.
 
 Each block's (Q6_K: each 16 values') integers go into tl.dot as they are, exact in
 fp16 and bf16 (|q| <= 128), and the block's scale multiplies the fp32 product; a min

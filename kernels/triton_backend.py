@@ -12,6 +12,7 @@ import torch
 from hetero_infer.kernels.activation_triton import silu_and_mul_triton
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.linear import LinearFn
+from hetero_infer.kernels.linear_planes_triton import planes_linear, planes_triton_takes
 from hetero_infer.kernels.linear_quantized_triton import (
     TritonQuantizedLinear,
     triton_quantized_takes,
@@ -22,6 +23,7 @@ from hetero_infer.kernels.moe_triton import pack_moe_triton
 from hetero_infer.kernels.ops import KernelOps
 from hetero_infer.kernels.paged_attention_triton import paged_attention_triton
 from hetero_infer.kernels.quantized import QuantizedWeight
+from hetero_infer.kernels.quantized_planes import PlanarWeight
 from hetero_infer.kernels.rms_norm_triton import fused_add_rms_norm_triton, rms_norm_triton
 from hetero_infer.kernels.rotary_triton import rotary_triton
 from hetero_infer.kernels.sampling_triton import sample_triton
@@ -50,7 +52,9 @@ def triton_attention() -> AttentionBackend[AttentionInputs]:
 def triton_ops(device_ops: KernelOps) -> KernelOps:
     """``device_ops`` with the elementwise ops, the sampler and LoRA's updates
     (kernels/lora_triton.py) as Triton kernels, the linear layers on quantized weights
-    the Triton kernel takes (kernels/linear_quantized_triton.py), and mixture-of-experts
+    the Triton kernels take (on a GPU the types kernels/quantized_planes.py holds
+    repacked into its planes for kernels/linear_planes_triton.py, the others as the
+    file stores them for kernels/linear_quantized_triton.py), and mixture-of-experts
     blocks on float experts (kernels/moe_triton.py); other linear layers and the greedy
     pick stay the
     device's (torch's matmul on a GPU, the packed CPU kernels in the interpreter)."""
@@ -62,7 +66,11 @@ def triton_ops(device_ops: KernelOps) -> KernelOps:
         # float experts by the grouped GEMM; quantized ones as the device's ops take them
         return pack_moe_triton(spec) or device_ops.pack_moe(spec)
 
-    def pack_linear(weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> LinearFn:
+    def pack_linear(
+        weight: torch.Tensor | QuantizedWeight | PlanarWeight, bias: torch.Tensor | None
+    ) -> LinearFn:
+        if planes_triton_takes(weight):
+            return planes_linear(weight, bias)
         if isinstance(weight, QuantizedWeight) and triton_quantized_takes(weight):
             return TritonQuantizedLinear(weight, bias)
         return device_ops.pack_linear(weight, bias)

@@ -35,6 +35,7 @@ from hetero_infer.kernels import (
     DecoderStackSpec,
     Kernels,
     LinearFn,
+    PlanarWeight,
     QuantizedWeight,
     dequantize_rows,
     rope_tables,
@@ -99,9 +100,9 @@ class DecoderForCausalLM(nn.Module):
         self.logits_proj: LinearFn = not_packed
         # The embedding's quantized blocks, where the checkpoint's are kept: rows are
         # dequantized as tokens look them up.
-        self.embed_quantized: QuantizedWeight | None = None
+        self.embed_quantized: QuantizedWeight | PlanarWeight | None = None
         # An untied lm_head's quantized blocks, where the checkpoint's are kept.
-        self.lm_head_quantized: QuantizedWeight | None = None
+        self.lm_head_quantized: QuantizedWeight | PlanarWeight | None = None
 
     def init_rope(self, device: torch.device) -> None:
         """Build the cos/sin tables (kept outside the parameters, which load from a
@@ -217,6 +218,12 @@ class DecoderForCausalLM(nn.Module):
         else:
             weight = self.embed_quantized or self.embed_tokens.weight
         self.logits_proj = self.kernels.ops.pack_linear(weight, None)
+        # Repacked by the kernel (the GPU's planes): its copy is the only one, lookups too.
+        if (repacked := getattr(self.logits_proj, "repacked_weight", None)) is not None:
+            if self.lm_head is not None:
+                self.lm_head_quantized = repacked
+            else:
+                self.embed_quantized = repacked
         if place is not None:
             place(self.packed_in_step_order())
 

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import AttentionInputs, KernelOps, Kernels, LinearFn, QuantizedWeight
+from hetero_infer.kernels import (
+    AttentionInputs,
+    KernelOps,
+    Kernels,
+    LinearFn,
+    PlanarWeight,
+    QuantizedWeight,
+    unfused,
+)
 from torch import nn
 
 
@@ -50,7 +58,8 @@ class Linear(DirectCall, nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.pack = pack
         self.packed: LinearFn = not_packed
-        self.quantized: QuantizedWeight | None = None
+        # PlanarWeight: the GPU kernels' repacked copy, kept in place of the file's.
+        self.quantized: QuantizedWeight | PlanarWeight | None = None
         # With LoRA enabled (engine/lora/): (x, packed) -> the projection with the step's
         # adapters' updates added to their rows (before a merged gate_up's activation).
         self.lora: Callable[[torch.Tensor, LinearFn], torch.Tensor] | None = None
@@ -62,6 +71,11 @@ class Linear(DirectCall, nn.Linear):
     def pack_weight(self) -> None:
         weight = self.weight if self.quantized is None else self.quantized
         self.packed = self.pack(weight, self.bias)
+        # A kernel that repacked the blocks into a layout of its own (the GPU's planes)
+        # holds the only copy: the loader's goes, and a later pack starts from it.
+        repacked = getattr(unfused(self.packed), "repacked_weight", None)
+        if repacked is not None:
+            self.quantized = repacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.lora is not None:

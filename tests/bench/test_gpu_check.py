@@ -53,6 +53,7 @@ def test_the_dry_run_lists_the_cuda_tests_and_the_benchmarks():
         assert f"{file}::test_" in proc.stdout or f"{file}\n" in proc.stdout, file
     assert "-m pytest -m cuda" in proc.stdout and "TRITON_INTERPRET=0" in proc.stdout
     assert "-m bench.kernels" in proc.stdout
+    assert "planes linear (at most" in proc.stdout and "-m bench.planes_linear" in proc.stdout
     assert "-m bench.throughput --systems ours" in proc.stdout
     assert "bench/results/gpu-check-" in proc.stdout
 

@@ -102,6 +102,38 @@ def quantized_linear_constants(qtype: str, block_m: int, block_n: int, **overrid
 
 
 QUANTIZED_LINEAR = "hetero_infer.kernels.linear_quantized_triton:_quantized_linear_kernel"
+PLANES_GEMV = "hetero_infer.kernels.linear_planes_triton:_planes_gemv_kernel"
+PLANES_DOT = "hetero_infer.kernels.linear_planes_triton:_planes_dot_kernel"
+# Each type's planes' element types (kernels/quantized_planes.py), by kernel argument.
+PLANE_POINTERS = {
+    "Q8_0": dict(v_ptr="i8", s_ptr="fp16"),
+    "Q4_0": dict(v_ptr="u8", s_ptr="fp16"),
+    "Q5_1": dict(v_ptr="u8", h_ptr="i32", s_ptr="fp16", m_ptr="fp16"),
+    "Q4_K": dict(v_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
+    "Q6_K": dict(v_ptr="u8", h_ptr="u8", s_ptr="i8", d_ptr="fp16"),
+}
+
+
+def planes_pointers(qtype: str, activations: str, out: str) -> dict[str, str]:
+    """A type's planes, a placeholder (the values plane) where it has none."""
+    planes = PLANE_POINTERS[qtype]
+    names = ("v_ptr", "h_ptr", "s_ptr", "m_ptr", "d_ptr", "dm_ptr")
+    pointers = {name: f"*{planes.get(name, planes['v_ptr'])}" for name in names}
+    return {**pointers, "out_ptr": f"*{out}", "x_ptr": f"*{activations}", "bias_ptr": "*fp32"}
+
+
+def planes_constants(qtype: str, block_m: int, block_n: int, **overrides) -> dict:
+    from hetero_infer.kernels.linear_planes_triton import HAS_OFFSET
+
+    constants = dict(
+        QTYPE=qtype,
+        HAS_OFFSET=qtype in HAS_OFFSET,
+        HAS_BIAS=False,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+    )
+    return {**constants, **overrides}
+
 
 # (name, kernel, pointers, constants, launch options)
 VARIANTS = [
@@ -277,6 +309,48 @@ VARIANTS = [
         QUANTIZED_LINEAR,
         quantized_linear_pointers("bf16", "bf16", weight="i8"),
         quantized_linear_constants("I8", 16, 32),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (  # GGUF planes, decode: 1 row, 8 weight rows a program (choose_planes_tiles)
+        "planes-gemv-q4_0-bf16",
+        PLANES_GEMV,
+        planes_pointers("Q4_0", "bf16", "bf16"),
+        planes_constants("Q4_0", 1, 8, HAS_BIAS=True),
+        dict(num_warps=2, num_stages=3),
+    ),
+    (  # 4 rows, a split's fp32 partial sums
+        "planes-gemv-q4_k-fp16-split",
+        PLANES_GEMV,
+        planes_pointers("Q4_K", "fp16", "fp32"),
+        planes_constants("Q4_K", 4, 8),
+        dict(num_warps=2, num_stages=3),
+    ),
+    (
+        "planes-gemv-q6_k-bf16",
+        PLANES_GEMV,
+        planes_pointers("Q6_K", "bf16", "bf16"),
+        planes_constants("Q6_K", 2, 8),
+        dict(num_warps=2, num_stages=3),
+    ),
+    (  # split-K at up to 16 rows
+        "planes-split-k-q8_0-bf16",
+        PLANES_DOT,
+        planes_pointers("Q8_0", "bf16", "fp32"),
+        planes_constants("Q8_0", 16, 64, DOT_FP32=False),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "planes-tiles-q5_1-bf16-bias",
+        PLANES_DOT,
+        planes_pointers("Q5_1", "bf16", "bf16"),
+        planes_constants("Q5_1", 64, 64, DOT_FP32=False, HAS_BIAS=True),
+        dict(num_warps=4, num_stages=2),
+    ),
+    (
+        "planes-tiles-q4_k-fp32",
+        PLANES_DOT,
+        planes_pointers("Q4_K", "fp32", "fp32"),
+        planes_constants("Q4_K", 64, 64, DOT_FP32=True),
         dict(num_warps=4, num_stages=2),
     ),
     (
