@@ -104,9 +104,7 @@ class Sequence:
         # the model's original context when it started computing them). It salts the
         # block hashes: the same tokens rotated the other way are different KV.
         self.long_rope = False
-        self.lora_slot = 0 if lora is None else lora.slot  # 0: none
-        self.lora_fingerprint = None if lora is None else lora.fingerprint
-        self.lora_name = None if lora is None else lora.name
+        self.lora = lora
         # Speculative decoding's per-sequence state (engine/speculator.py's
         # DraftState: its token text and draft length); None until it first drafts.
         self.draft_state: Any = None
@@ -131,6 +129,19 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={len(self.token_ids)}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
+
+    @property
+    def lora_slot(self) -> int:
+        """The slot its LoRA adapter's rows take; 0: none."""
+        return 0 if self.lora is None else self.lora.slot
+
+    @property
+    def lora_fingerprint(self) -> int | None:
+        return None if self.lora is None else self.lora.fingerprint
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora is None else self.lora.name
 
     @property
     def hash_salt(self) -> int | None:

@@ -28,7 +28,7 @@ def test_a_lora_requests_blocks_name_their_adapter():
     bm, batches = logged_manager()
     plain = make_seq("plain", list(range(9)))
     adapted = make_seq("adapted", list(range(9)))
-    adapted.lora_slot, adapted.lora_name = 3, "sql"  # as LoRARequest("sql", 3, ...) sets
+    adapted.lora = LoRARequest("sql", 3, 2**40, "p")
     for seq in (plain, adapted):
         prefill(bm, seq)
     bm.events.end_step()
