@@ -38,8 +38,10 @@ from hetero_infer.kernels.triton_utils import (
     DeviceInfo,
     device_info,
     dot_in_fp32,
+    finish_split_k,
     interpreting,
     next_pow2,
+    split_k_target,
 )
 
 STEP_VALUES = 256  # values of K per loop step, every type
@@ -285,9 +287,7 @@ def planes_linear_triton(
     assert tiles.kernel == "gemv" or tiles.block_m >= 16, tiles
     splits = tiles.num_splits
     steps_per_split = triton.cdiv(num_steps, splits)
-    target = out
-    if splits > 1:
-        target = torch.empty((splits, num_rows, out_features), dtype=torch.float32, device=x.device)
+    target = split_k_target(out, splits)
     planes = [weight.planes.get(name, weight.planes["values"]) for name in PLANE_ARGS]
     for plane in planes:
         assert plane.stride(1) == 1, plane.stride()
@@ -325,11 +325,7 @@ def planes_linear_triton(
         _planes_gemv_kernel[grid](*args, **constants)
     else:
         _planes_dot_kernel[grid](*args, DOT_FP32=dot_in_fp32(x.dtype, info), **constants)
-    if splits > 1:
-        summed = target.sum(dim=0)
-        if bias is not None:
-            summed += bias
-        out.copy_(summed)
+    finish_split_k(out, target, bias)
     return out
 
 

@@ -40,8 +40,10 @@ from hetero_infer.kernels.triton_utils import (
     check_last_dim_contiguous,
     device_info,
     dot_in_fp32,
+    finish_split_k,
     interpreting,
     next_pow2,
+    split_k_target,
 )
 
 # Bytes of one block in the file (llama.cpp's layouts), by type; I8 has no blocks.
@@ -353,10 +355,7 @@ def quantized_linear_triton(
     assert tiles.block_m >= 16 and tiles.block_n >= 16, tiles
     splits = tiles.num_splits
     steps_per_split = triton.cdiv(num_steps, splits)
-    if splits > 1:
-        partial = torch.empty(
-            (splits, num_rows, out_features), dtype=torch.float32, device=x.device
-        )
+    target = split_k_target(out, splits)
     scales = weight.scales if weight.qtype == INT8 else None
     if scales is not None:
         assert scales.dtype == torch.float32 and scales.is_contiguous(), scales
@@ -366,7 +365,7 @@ def quantized_linear_triton(
         splits,
     )
     _quantized_linear_kernel[grid](
-        partial if splits > 1 else out,
+        target,
         x,
         weight.data,
         scales if scales is not None else x,  # unused but for I8
@@ -389,11 +388,7 @@ def quantized_linear_triton(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
-    if splits > 1:
-        summed = partial.sum(dim=0)
-        if bias is not None:
-            summed += bias
-        out.copy_(summed)
+    finish_split_k(out, target, bias)
     return out
 
 

@@ -85,3 +85,22 @@ def rows_per_program(num_rows: int, row_elements: int, info: DeviceInfo) -> int:
 
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     assert t.stride(-1) == 1, f"{name}: the last dimension must be contiguous, strides {t.stride()}"
+
+
+def split_k_target(out: torch.Tensor, splits: int) -> torch.Tensor:
+    """Where a split-K kernel writes: ``out`` itself for one split, else fp32 partial
+    sums [splits, *out.shape], one per split, which ``finish_split_k`` adds up."""
+    if splits == 1:
+        return out
+    return torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+
+
+def finish_split_k(out: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``out`` = the splits' partial sums added up, plus the bias (which programs of a
+    split leave out: each would add it once); nothing to do for one split."""
+    if target is out:
+        return
+    summed = target.sum(dim=0)
+    if bias is not None:
+        summed += bias
+    out.copy_(summed)
