@@ -47,11 +47,6 @@ IDLE_TIMEOUT = timedelta(days=365)
 RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 
 
-def listen_on_loopback() -> socket.socket:
-    """A listening socket on a free loopback port, for rank 0 to host the store on."""
-    return listen_on(LOOPBACK, 0)
-
-
 def listen_on(host: str, port: int) -> socket.socket:
     """A listening socket for rank 0 to host the store on: at ``host``'s own address
     (the interface the other nodes reach it by, not every interface), ``port`` 0 for a
