@@ -12,9 +12,12 @@ real token's work) after sleeping ``--device-ms``, a device's fixed step latency
 - ``host ms``: a decode step's median time with no device time, the host's whole cost
   of a step above the runner (input building and sampling live in the runner, so they
   are not in it).
-- With device time D: the step period, against host + D (steps in sequence, as the
-  loop runs now) and max(host, D) (the host's work for step N+1 done while the device
-  runs step N). ``x serial`` near 1 means no overlap.
+- With device time D: the step period, against host + D (steps in sequence) and
+  max(host, D) (the host's work for step N+1 done while the device runs step N).
+  ``x serial`` near 1 means no overlap, ``x overlapped`` near 1 a full one.
+
+Each with async scheduling off and on (``--async-scheduling``): on, the runner's
+sleep is the device computing step N while the host schedules step N+1.
 
 Rounds alternate the settings; written to ``--out``/``host-step.json`` with the
 command and the machine.
@@ -88,28 +91,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from bench.throughput import machine_info
 
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(batches)))
-    token_id = engine.tokenizer.encode(" the")[-1]
-    samples: dict[tuple[int, float], list[float]] = {(b, d): [] for b in batches for d in device_ms}
+    modes = {"sync": False, "async": True}
+    engines = {
+        mode: LLMEngine(
+            EngineConfig(model=args.model, max_num_seqs=max(batches), async_scheduling=on)
+        )
+        for mode, on in modes.items()
+    }
+    token_id = engines["sync"].tokenizer.encode(" the")[-1]
+    keys = [(m, b, d) for m in modes for b in batches for d in device_ms]
+    samples: dict[tuple[str, int, float], list[float]] = {key: [] for key in keys}
     for _ in range(args.rounds):
         for key in samples:
-            batch, ms = key
-            times = decode_step_times(engine, IdleRunner(token_id, ms / 1000), batch, args.steps)
+            mode, batch, ms = key
+            runner = IdleRunner(token_id, ms / 1000)
+            times = decode_step_times(engines[mode], runner, batch, args.steps)
             samples[key].append(statistics.median(times) * 1000)
     rows: dict[str, Any] = {}
-    for batch in batches:
-        host = statistics.median(samples[(batch, 0.0)])
-        for ms in device_ms:
-            period = statistics.median(samples[(batch, ms)])
-            rows[f"{batch}/{ms:g}"] = {
-                "batch": batch,
-                "device_ms": ms,
-                "step_ms_per_round": samples[(batch, ms)],
-                "step_ms": period,
-                "host_ms": host,
-                "x_serial": period / (host + ms),
-                "x_overlapped": period / max(host, ms),
-            }
+    for mode, batch, ms in keys:
+        host = statistics.median(samples[(mode, batch, 0.0)])
+        period = statistics.median(samples[(mode, batch, ms)])
+        rows[f"{mode}/{batch}/{ms:g}"] = {
+            "async_scheduling": modes[mode],
+            "batch": batch,
+            "device_ms": ms,
+            "step_ms_per_round": samples[(mode, batch, ms)],
+            "step_ms": period,
+            "host_ms": host,
+            "x_serial": period / (host + ms),
+            "x_overlapped": period / max(host, ms),
+        }
     result = {
         "benchmark": "host_step",
         "command": "python -m bench.host_step "
@@ -119,10 +130,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine_info(),
         "rows": rows,
     }
-    table = [["batch", "device ms", "step ms", "host ms", "x serial", "x overlapped"]]
-    for row in rows.values():
+    table = [["scheduling", "batch", "device ms", "step ms", "host ms", "x serial", "x overlapped"]]
+    for key, row in rows.items():
         table.append(
             [
+                key.split("/")[0],
                 str(row["batch"]),
                 f"{row['device_ms']:g}",
                 f"{row['step_ms']:.2f}",

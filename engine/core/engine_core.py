@@ -6,15 +6,24 @@ per sequence it touched. The front ends around it (LLMEngine, and through it
 AsyncEngine and InferenceEngine) check and fan out requests before, and turn updates
 into outputs after. The core knows no tokenizer, text or output kind, and its runner
 is any object with ``execute``: a test drives it with a fake one and no weights.
+
+With async scheduling (vLLM's ``--async-scheduling``) the runner executes steps on a
+thread of its own, in order, and a step schedules the next one before it waits for the
+one in flight: the host's work for step N+1 (schedule, hand over) and for step N
+(update, then the front end's outputs) happens while the device computes. The step
+handed over advances its sequences as if it had run, its sampled tokens pending
+(core/pending_tokens.py); tokens a sequence samples after it stopped are dropped.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from hetero_infer.engine.core.pending_tokens import hand_over, needs_known_tokens
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.step_data import ModelRunnerOutput, SchedulerOutput, SequenceUpdate
@@ -46,12 +55,20 @@ class EngineCore:
         runner: StepRunner,
         counters: CoreCounters,
         max_queue_time: float | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         """``max_queue_time``: seconds a request may wait before it is first scheduled."""
         self.scheduler = scheduler
         self.runner = runner
         self.counters = counters
         self.max_queue_time = max_queue_time
+        # Async scheduling: the runner's thread, and the step it runs (its schedule, its
+        # output to come, when it was handed over).
+        self._runner_thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="model-step") if async_scheduling else None
+        )
+        self._in_flight: tuple[SchedulerOutput, Future[ModelRunnerOutput], float] | None = None
+        self._busy_until = 0.0  # when the last step applied ended (steps overlap)
         # (when, a request's choices' sequence ids), soonest first: the requests with a
         # time limit, and (max_queue_time) the time each must have started by. An entry
         # stays until its time even if its request ends earlier: a check between steps
@@ -88,23 +105,81 @@ class EngineCore:
         return reset
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.queues.has_unfinished()
+        return self.scheduler.queues.has_unfinished() or self._in_flight is not None
 
     def step(self) -> list[SequenceUpdate]:
-        """One step: the due time limits, then schedule -> execute -> update."""
+        """One step: the due time limits, then schedule -> execute -> update; with async
+        scheduling, schedule and hand over the next step before the update of the one
+        in flight (which waits for it first where a sequence's schedule needs its
+        tokens)."""
         started = time.perf_counter()
-        ended = self._time_out() + self._reject_unstarted()
+        updates = self._time_out() + self._reject_unstarted()
+        if self._runner_thread is None:
+            scheduled = self._schedule()
+            return updates + self._apply(scheduled, self.runner.execute(scheduled), started)
+        if self._in_flight is not None and any(
+            needs_known_tokens(seq) for seq in self._in_flight_sequences()
+        ):
+            previous, self._in_flight = self._in_flight, None
+            updates += self._settle(previous)
+        scheduled = self._schedule()
+        previous, self._in_flight = self._in_flight, None
+        if scheduled.is_empty:  # nothing to overlap: the runner's bookkeeping, here
+            updates += self._settle(previous)
+            return updates + self._apply(scheduled, self.runner.execute(scheduled), started)
+        sequences = self.scheduler.queues.sequences
+        for item in scheduled.scheduled:
+            seq = sequences[item.request_id]
+            hand_over(seq, item)
+            # Its full blocks are findable at once, as a later step reads them after
+            # this one wrote them (the runner runs steps in order).
+            self.scheduler.block_manager.register_full_blocks(seq)
+        future = self._runner_thread.submit(self.runner.execute, scheduled)
+        self._in_flight = (scheduled, future, started)
+        return updates + self._settle(previous)
+
+    def wait_for_runner(self) -> None:
+        """Async scheduling: wait until the runner has computed the step in flight (its
+        update stays for the next step), so that the caller may use the runner."""
+        if self._in_flight is not None:
+            self._in_flight[1].result()
+
+    def _schedule(self) -> SchedulerOutput:
         scheduled = self.scheduler.schedule()
-        # The prefix cache's tier moves (engine/kv/), planned while scheduling, and
-        # what the disk reads among them found.
+        # The prefix cache's tier moves (engine/kv/), planned while scheduling.
+        scheduled.tier_moves.extend(self.scheduler.block_manager.take_tier_moves())
+        return scheduled
+
+    def _in_flight_sequences(self) -> list[Sequence]:
+        assert self._in_flight is not None
+        sequences = self.scheduler.queues.sequences
+        scheduled = self._in_flight[0].scheduled
+        return [seq for item in scheduled if (seq := sequences.get(item.request_id)) is not None]
+
+    def _settle(
+        self, step: tuple[SchedulerOutput, Future[ModelRunnerOutput], float] | None
+    ) -> list[SequenceUpdate]:
+        """Async scheduling: wait for a step handed over (if any), and apply it."""
+        if step is None:
+            return []
+        scheduled, output, started = step
+        return self._apply(scheduled, output.result(), started, handed_over=True)
+
+    def _apply(
+        self,
+        scheduled: SchedulerOutput,
+        output: ModelRunnerOutput,
+        started: float,
+        handed_over: bool = False,
+    ) -> list[SequenceUpdate]:
+        """A step's output into its sequences (Scheduler.update_from_output), what the
+        disk reads found, the KV events and the counters."""
         block_manager = self.scheduler.block_manager
-        scheduled.tier_moves.extend(block_manager.take_tier_moves())
-        output = self.runner.execute(scheduled)
         block_manager.tier_reads_done(output.tier_reads)
-        updates = self.scheduler.update_from_output(scheduled, output)
+        updates = self.scheduler.update_from_output(scheduled, output, handed_over)
         if block_manager.events is not None:
             block_manager.events.end_step()
-        if not self.scheduler.queues.has_unfinished():
+        if not self.has_unfinished():
             # No step may come for a while: the blocks this one computed go to the
             # disk tier now.
             self.apply_tier_moves()
@@ -114,13 +189,16 @@ class EngineCore:
             counters.num_steps += 1
             counters.tokens_generated += sum(map(len, output.sampled.values()))
             counters.max_batch_size = max(counters.max_batch_size, len(scheduled.scheduled))
-            counters.busy_time += time.perf_counter() - started
-        return ended + updates
+            now = time.perf_counter()
+            counters.busy_time += now - max(started, self._busy_until)
+            self._busy_until = now
+        return updates
 
     def apply_tier_moves(self, unsaved: bool = False) -> None:
         """The tier moves planned since the last step, without a step; ``unsaved``: and
         those that write every block the pools and host RAM hold that disk does not
         (a stop's, so that a restart finds them)."""
+        self.wait_for_runner()  # (only between steps: its update is the next step's)
         block_manager = self.scheduler.block_manager
         moves = block_manager.take_tier_moves()
         if unsaved and block_manager.tiers is not None:

@@ -15,15 +15,12 @@ running sequences are kept best first, so the one preempted when blocks run out 
 lowest-priority one, and a waiting sequence that cannot start for want of blocks or of
 a ``max_num_seqs`` slot preempts running ones of a lower priority (a higher value).
 
-With a speculator (speculative decoding), decoding sequences get draft tokens from what
-the step has left once everything else is scheduled (core/speculator.py), and after the
-step the slots of rejected drafts are given back (``update_from_output``).
+With a speculator, decoding sequences get draft tokens from what the step has left
+(core/speculator.py); after the step, rejected drafts' slots go back.
 
-LongRoPE (Phi-3's long-context models) rotates a sequence with one of two sets of
-factors: the long ones once its tokens pass the original context. A sequence takes them
-from the start when its tokens are past it when it starts (its whole prompt then, as a
-single transformers forward pass would), and one that crosses it while generating
-starts again, preempted by recompute, as transformers drops its cache there.
+LongRoPE (Phi-3's long-context models): a sequence past the original context when it
+starts takes the long factors from the start (as one transformers pass would); one that
+crosses it while generating starts again (preempted by recompute), as transformers does.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from __future__ import annotations
 import time
 
 from hetero_infer.engine.core.block_manager import BlockManager
+from hetero_infer.engine.core.pending_tokens import put_back, take_pending
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.core.sequence_queues import SequenceQueues, priority_key
 from hetero_infer.engine.core.speculator import Speculator, advance_draft_kv
@@ -235,17 +233,20 @@ class Scheduler:
     # ---- after the model step ----
 
     def update_from_output(
-        self, out: SchedulerOutput, runner_output: ModelRunnerOutput
+        self, out: SchedulerOutput, runner_output: ModelRunnerOutput, handed_over: bool = False
     ) -> list[SequenceUpdate]:
         """Apply a step's results: advance the scheduled sequences, append their sampled
         tokens, finish and free those that stop. Returns an update per sequence that
-        made progress (sequences finished while the step ran are skipped)."""
+        made progress (sequences finished while the step ran are skipped).
+        ``handed_over``: the sequences were advanced when the step was handed to the
+        runner, their tokens pending (async scheduling, core/pending_tokens.py)."""
         updates = []
         for item in out.scheduled:
             seq = self.queues.sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
                 continue
-            seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+            if not handed_over:
+                seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
             draft_model = self.speculator is not None and self.speculator.uses_draft_model
             if draft_model:
                 # Before any fork below: n > 1 choices share the prompt's draft KV too.
@@ -259,9 +260,12 @@ class Scheduler:
             status = SequenceStatus.FINISHED_STOPPED if embedding is not None else None
             new_tokens = []
             if sampled:
+                later = take_pending(seq) if handed_over else 0  # the next step's
                 if seq.fork_children:
                     self._fork_children(seq)
                 new_tokens, status = append_until_stop(seq, sampled, self.max_model_len)
+                if status is None:
+                    put_back(seq, later)
             if item.num_draft_tokens and sampled:
                 # Each token kept before the last confirmed a draft, whose KV this step
                 # computed; the slots of the rest go back.
@@ -271,19 +275,17 @@ class Scheduler:
                     self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
             # Again, now that accepted drafts count as computed.
             registered = advance_draft_kv(seq, item) if draft_model else None
-            self.block_manager.register_full_blocks(seq, registered)
+            if seq.status is SequenceStatus.RUNNING:  # not preempted since it was handed over
+                self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
                 self.queues.finish(seq.request_id, status)
             updates.append(sequence_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
 
     def _fork_children(self, parent: Sequence) -> None:
-        """n > 1: the other choices start from the parent's computed prompt.
-
-        Each shares the blocks of all but the last prompt token and computes that one
-        itself next step, so its first token is sampled from its own logits and
-        generator; the partly filled block they share is copied on write.
-        """
+        """n > 1: the other choices share the parent's computed prompt but for its last
+        token, which each computes itself next step, to sample its first token from its
+        own logits and generator (their shared partial block is copied on write)."""
         assert parent.num_output_tokens == 0 and parent.num_computed_tokens == parent.num_tokens
         for child in parent.fork_children:
             if child.is_finished:  # aborted with its group

@@ -82,6 +82,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # Tokens whose KV is in the cache (or is being written this step).
         self.num_computed_tokens = 0
+        # Async scheduling: PENDING_TOKENs at the end of token_ids, the tokens that
+        # steps handed to the runner sample for it (core/pending_tokens.py).
+        self.num_pending_tokens = 0
         # Speculative decoding with a draft model: the first tokens whose KV the draft
         # model has in its own cache (at most num_computed_tokens; it lags behind where
         # decode steps went without drafts, and catches up when it next drafts).

@@ -90,7 +90,7 @@ class SequenceQueues:
         seq = self.sequences.get(request_id)
         if seq is None or seq.deadline is None or seq.deadline > now:
             return None
-        if seq.num_output_tokens:
+        if seq.num_output_tokens > seq.num_pending_tokens:
             self.finish(request_id, SequenceStatus.FINISHED_LENGTH)
         else:
             self.finish(request_id, SequenceStatus.FINISHED_ABORTED)

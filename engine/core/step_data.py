@@ -31,6 +31,9 @@ class RankedLogprobs(dict[int, float]):
 # A draft token the draft model has yet to propose: no vocabulary has it, so a slot the
 # runner forgot to fill fails at the embedding instead of verifying a made-up token.
 DRAFT_PLACEHOLDER = -1
+# Async scheduling (core/pending_tokens.py): the token a sequence sampled in the step
+# still running, which the runner, running steps in order, puts in its place.
+PENDING_TOKEN = -2
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def sequence_update(
         new_prompt_logprobs=prompt_logprobs,
         finish_reason=seq.status.finish_reason,
         stop_reason=seq.stop_reason,
-        num_output_tokens=seq.num_output_tokens,
+        num_output_tokens=seq.num_output_tokens - seq.num_pending_tokens,
         num_preemptions=seq.num_preemptions,
         first_scheduled_time=seq.first_scheduled_time,
         finished_time=seq.finished_time,

@@ -271,6 +271,8 @@ class AsyncEngine:
             new, self._new = self._new, []
             aborts, self._aborts = self._aborts, set()
             calls, self._calls = self._calls, []
+        if calls:  # they may use the model runner: not while it computes a step
+            self._engine.core.wait_for_runner()
         for work, done in calls:
             try:
                 result = work(self._engine)

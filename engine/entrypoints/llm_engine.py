@@ -206,16 +206,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one step (EngineCore.step) and make the outputs of the requests that got
-        tokens or finished.
-
-        (Overlapping a step's model pass with the last step's outputs, in a second
-        thread, was tried and removed: on the CPU the model pass keeps every core busy,
-        and on a GPU both threads wait for Python's lock; it gained nothing on either.)
-        """
+        tokens or finished (with async scheduling, while the model computes the next)."""
         processed = self.output_processor.process(self.core.step())
         # A stop string the output processor found ends its sequence.
         self.core.finish(processed.stopped, SequenceStatus.FINISHED_STOPPED)
-        self.adapters.free_unloaded()
+        if self.lora is not None and self.lora.has_retiring:
+            self.core.wait_for_runner()  # the slots it frees hold the runner's weights
+            self.adapters.free_unloaded()
         return processed.outputs
 
     @property
@@ -296,4 +293,5 @@ class LLMEngine:
                     if output.finished and output.request_id in pending:
                         pending.discard(output.request_id)
                         bar.update(1)
+        self.core.wait_for_runner()  # async scheduling: no step left computing after
         return [self.output_processor.pop_finished(request_id) for request_id in ids]

@@ -177,6 +177,10 @@ class EngineConfig:
         True, "false: the torch code instead of the C++ CPU kernels (same results, slower)"
     )
     enforce_eager: bool = setting(False, "no CUDA graphs: run every decode step eagerly")
+    async_scheduling: bool | None = setting(
+        None,
+        "as vLLM's: schedule step N+1 while the model computes step N (unset: on with CUDA)",
+    )
     speculative_config: dict[str, Any] | None = setting(
         None,
         'speculative decoding, as vLLM\'s: JSON, e.g. \'{"method": "ngram", '

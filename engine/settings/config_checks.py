@@ -25,6 +25,7 @@ class CheckedConfig(Protocol):
     preemption_mode: Any
     use_swap: bool
     scheduling_policy: Any
+    async_scheduling: Any
     kv_offloading_size: Any
     kv_offloading_flush_timeout: Any
     kv_offloading_dir: Any
@@ -85,6 +86,13 @@ def _check_scheduling(config: CheckedConfig) -> None:
         seconds = getattr(config, name)
         if seconds is not None and (not _is_number(seconds) or not 0 < seconds < float("inf")):
             raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+    if config.async_scheduling not in (None, True, False):
+        raise ConfigError(
+            f"async_scheduling must be true, false or null, got {config.async_scheduling!r}"
+        )
+    if config.async_scheduling and config.speculative is not None:
+        # The drafts of a step are made from the tokens of the step before.
+        raise ConfigError("async_scheduling cannot be combined with speculative_config")
 
 
 def _check_kv_offloading(config: CheckedConfig) -> None:

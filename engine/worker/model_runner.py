@@ -16,7 +16,9 @@ import logging
 import torch
 from hetero_infer.engine.core.step_data import (
     EMPTY_RUNNER_OUTPUT,
+    PENDING_TOKEN,
     ModelRunnerOutput,
+    ScheduledSequence,
     SchedulerOutput,
 )
 from hetero_infer.engine.distributed.process_group import TensorParallelGroup
@@ -57,6 +59,9 @@ class ModelRunner:
         kernels = select_model_kernels(config, self.device)
         source, quantization = (setup.source, setup.model_config), config.quantization
         self.model = load_model(*source, kernels, self.device, self.dtype, quantization, tp)
+        # Each sequence's latest sampled token, the input of its next step where async
+        # scheduling handed that step over before this one's tokens were known.
+        self.last_sampled: dict[str, int] = {}
         # LoRA adapters' slots beside the model's projections (engine/lora/), if enabled
         self.lora = ModelLoRA(self.model, kernels.ops) if config.enable_lora else None
         # Rank 0 of a tensor-parallel group tells the other ranks what to compute.
@@ -131,6 +136,8 @@ class ModelRunner:
         """Run a scheduled step: block copies, one forward pass, prompt logprobs,
         embeddings and sampling."""
         self.pooler.forget(out.finished)
+        for request_id in out.finished:
+            self.last_sampled.pop(request_id, None)
         # Copies first: the draft writes its KV into the blocks they give. A step with
         # nothing to compute may still read the disk tier for a waiting sequence.
         reads = self.kv_cache.copy_blocks(out)
@@ -145,7 +152,7 @@ class ModelRunner:
         inputs = self.inputs.build(
             [
                 Chunk(
-                    s.token_ids,
+                    self._with_pending_token(s),
                     s.start,
                     s.block_tables,
                     s.samples,
@@ -171,7 +178,15 @@ class ModelRunner:
             return ModelRunnerOutput({}, prompt, embeddings, reads)
         logits = self.compute_logits(hidden[inputs.logits_indices])  # [rows, vocab]
         sampled = self.sampling(sampling, logits, draft_probs)
+        self.last_sampled.update((rid, tokens[-1].token_id) for rid, tokens in sampled.items())
         return ModelRunnerOutput(sampled, prompt, embeddings, reads)
+
+    def _with_pending_token(self, s: ScheduledSequence) -> list[int]:
+        """Its tokens, the one pending (async scheduling, core/pending_tokens.py) being
+        what the step before sampled for it."""
+        if s.token_ids[-1] != PENDING_TOKEN:
+            return s.token_ids
+        return [*s.token_ids[:-1], self.last_sampled[s.request_id]]
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         """The model's final hidden states for a step's inputs: through the fast path

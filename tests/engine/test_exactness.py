@@ -115,11 +115,26 @@ TIERS = (
 # Global layers only; and a sliding-window group of its own.
 TIER_FAMILIES = ("llama", "gemma3")
 
+# Async scheduling (the default with CUDA): each step handed over before the last one's
+# tokens are applied, over chunked prefill and swap preemption (not among REGIMES:
+# speculation's matrix shares them, and runs without it).
+ASYNC = (
+    dict(
+        async_scheduling=True,
+        block_size=8,
+        max_num_blocks=41,
+        max_model_len=328,
+        num_cpu_blocks=200,
+        max_num_batched_tokens=40,
+    ),
+    "num_preemptions",
+)
 
-@pytest.mark.parametrize("regime", [*sorted(REGIMES), "tiers"])
+
+@pytest.mark.parametrize("regime", [*sorted(REGIMES), "tiers", "async"])
 def test_greedy_matches_transformers(tiny, regime, tmp_path, request):
     folder, prompts, expected = tiny
-    settings, must_happen = TIERS if regime == "tiers" else REGIMES[regime]
+    settings, must_happen = {"tiers": TIERS, "async": ASYNC}.get(regime) or REGIMES[regime]
     if regime == "tiers":
         if request.node.callspec.params["tiny"] not in TIER_FAMILIES:
             pytest.skip("the tiers are shown on one model of each KV layout")

@@ -48,12 +48,13 @@ def torch_outputs(tiny):
     return run_engine(make_engine(folder, "torch"), prompts)[0]
 
 
-def make_engine(folder, backend: str) -> LLMEngine:
+def make_engine(folder, backend: str, async_scheduling: bool = False) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=str(folder),
             dtype="float32",
             attention_backend=backend,
+            async_scheduling=async_scheduling,
             block_size=16,
             max_num_blocks=16,
             max_model_len=128,
@@ -120,7 +121,9 @@ def test_engine_triton_path_matches_torch_path(tiny, torch_outputs, monkeypatch)
     run_engine(make_engine(folder, "torch"), prompts[:1])
     assert not calls
     expected = torch_outputs
-    engine = make_engine(folder, "triton")
+    # As CUDA runs it by default: each step handed over before the last one's tokens
+    # are applied (the torch path's steps one at a time).
+    engine = make_engine(folder, "triton", async_scheduling=True)
     actual, stats = run_engine(engine, prompts)
     # Every kernel ran in Triton; Gemma's GELU-and-mul has none (torch's op runs it).
     # (LoRA's run only with adapters: test_engine_triton_lora_matches_torch_path; the

@@ -43,6 +43,13 @@ def test_enforce_eager_from_flag_and_environment():
     assert settings_for([], {"HETERO_ENFORCE_EAGER": "true"}).engine.enforce_eager
 
 
+def test_async_scheduling_from_flag_and_environment():
+    assert settings_for([], {}).engine.async_scheduling is None  # on with CUDA
+    assert settings_for(["--async-scheduling"], {}).engine.async_scheduling is True
+    env = {"HETERO_ASYNC_SCHEDULING": "false"}
+    assert settings_for([], env).engine.async_scheduling is False
+
+
 def test_cpu_kernels_from_flag_and_environment():
     assert settings_for([], {}).engine.cpu_kernels
     assert not settings_for([], {"HETERO_CPU_KERNELS": "0"}).engine.cpu_kernels

@@ -37,6 +37,7 @@ def test_defaults_and_seed_alias():
         ("device", "tpu"),
         ("enable_prefix_caching", "yes"),
         ("enforce_eager", 1),
+        ("async_scheduling", "on"),
         ("attention_backend", "cuda"),
         ("model", ""),
         ("seed", -1),
@@ -46,6 +47,13 @@ def test_defaults_and_seed_alias():
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field if field != "preemption_mode" else "num_cpu_blocks"):
         EngineConfig(**{field: value})
+
+
+def test_async_scheduling_refuses_speculation():
+    speculative = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="async_scheduling.*speculative_config"):
+        EngineConfig(async_scheduling=True, speculative_config=speculative)
+    EngineConfig(async_scheduling=None, speculative_config=speculative)  # off by default
 
 
 def test_repo_config_json_holds_every_setting_at_its_default():
