@@ -187,7 +187,9 @@ class EngineCore:
         counters.num_preemptions += len(scheduled.preempted)
         if not scheduled.is_empty:
             counters.num_steps += 1
-            counters.tokens_generated += sum(map(len, output.sampled.values()))
+            # The tokens kept: not those past a stop, nor a stopped sequence's in a step
+            # handed over before its stop was known.
+            counters.tokens_generated += sum(len(update.new_tokens) for update in updates)
             counters.max_batch_size = max(counters.max_batch_size, len(scheduled.scheduled))
             now = time.perf_counter()
             counters.busy_time += now - max(started, self._busy_until)
