@@ -210,7 +210,9 @@ class Sequence:
         """The tokens a step computes for it within ``budget``: all it can, but never
         ending inside an image whose tokens attend both ways (ImageInput.bidirectional),
         which stops the chunk before it or, from inside it, waits (0) for a budget that
-        reaches its end."""
+        reaches its end. None (0) after its last token, still pending."""
+        if self.num_pending_tokens and self.num_output_tokens >= self.sampling_params.max_tokens:
+            return 0  # its last token is pending (async scheduling): nothing after it
         start = self.num_computed_tokens
         num = min(self.num_tokens - start, budget)
         for image in self.images:

@@ -13,6 +13,7 @@ input token, changes the tokens or fails the check.
 
 from __future__ import annotations
 
+import collections
 import random
 
 import pytest
@@ -44,6 +45,7 @@ class KVModel:
         self.tokens = {rid: list(prompt) for rid, prompt in prompts.items()}
         self.last_sampled: dict[str, int] = {}
         self.pending_seen = 0
+        self.num_sampled: collections.Counter[str] = collections.Counter()
 
     def kv(self, request_id: str, pos: int) -> int:
         return hash(tuple(self.tokens[request_id][: pos + 1]))
@@ -78,6 +80,7 @@ class KVModel:
                 if token in item.banned_token_ids:
                     token = (token + 1) % (VOCAB - 1)
                 self.last_sampled[rid] = token
+                self.num_sampled[rid] += 1
                 known.append(token)
                 sampled[rid] = [SampledToken(token, 0.0)]
         return ModelRunnerOutput(sampled)
@@ -139,6 +142,9 @@ def run(seed: int, async_scheduling: bool, num_blocks: int, num_cpu_blocks: int,
             results[victim] = (results.get(victim, ([], None))[0], "abort")
         step += 1
     assert bm.num_used_blocks == 0 and sorted(bm.free_cpu_blocks) == list(range(num_cpu_blocks))
+    for rid, (tokens, reason) in results.items():
+        if reason == "length":  # no step after its last token, even one handed over early
+            assert model.num_sampled[rid] == len(tokens), rid
     return results, core.counters, model.pending_seen
 
 
