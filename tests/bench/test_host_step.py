@@ -3,14 +3,17 @@ the runner's token to its length, and the steps it times are whole decode steps.
 
 from __future__ import annotations
 
+import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine
 
 from bench.host_step import IdleRunner, decode_step_times
 from tests.tiny_models import save_tiny_model
 
 
-def test_the_idle_runner_decodes_every_request_to_its_length(tmp_path):
-    engine = LLMEngine(EngineConfig(model=str(save_tiny_model("llama", tmp_path))))
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_idle_runner_decodes_every_request_to_its_length(tmp_path, async_scheduling):
+    folder = save_tiny_model("llama", tmp_path)
+    engine = LLMEngine(EngineConfig(model=str(folder), async_scheduling=async_scheduling))
     finished = []
     step = engine.step
 

@@ -1,0 +1,23 @@
+"""bench.ab_revisions: the child's workloads on the real engine, and the interval it
+reports around the median of the rounds' ratios."""
+
+from __future__ import annotations
+
+import statistics
+
+from bench.ab_revisions import WORKLOADS, measure, median_interval
+
+
+def test_the_child_measures_each_workload_on_the_embedded_model():
+    rates = measure(repeats=1, batch=2, output_len=3)
+    assert set(rates) == set(WORKLOADS)
+    assert all(rate > 0 for rate in rates.values())
+
+
+def test_the_interval_holds_the_median_and_narrows_with_rounds():
+    ratios = [0.9, 1.1, 0.95, 1.05, 1.0, 0.98, 1.02]
+    low, high = median_interval(ratios)
+    assert low <= statistics.median(ratios) <= high
+    assert median_interval([1.0] * 7) == (1.0, 1.0)
+    wide = median_interval([0.5, 1.5, 0.6, 1.4])
+    assert wide[1] - wide[0] > high - low
