@@ -21,9 +21,10 @@ interval: rounds pair neighbours in time.
 ``--callgrind``: instructions instead of time, which do not swing. Each workload runs
 once under valgrind's callgrind on one thread, and so does the warm-up alone; the
 workload's count is the difference. Valgrind 3.19 runs no AVX-512, so both sides'
-kernels are built for x86-64-v3 (AVX2) there: the count weighs the Python and the
-kernels' structure, not this CPU's widest instructions. The answer is base/head
-instructions per workload (above 1: the head runs fewer).
+kernels are built for x86-64-v3 (AVX2) there, in fp32 with steps of 256 tokens at
+most: the count weighs the Python and the kernels' structure, not this CPU's widest
+instructions. The answer is base/head instructions per workload (above 1: the head
+runs fewer).
 
 Written to ``--out``/``ab-<base>-<head>.json`` (``ab-callgrind-...`` for counts).
 """
@@ -54,16 +55,24 @@ WORKLOADS = ("single", "batch")
 WORDS = "the of and to in is it that for on with as was at by be this from".split()  # noqa: SIM905
 # What valgrind 3.19 can run: no AVX-512.
 CALLGRIND_MARCH = "x86-64-v3"
+# Under callgrind: fp32, as torch's bf16 matmuls without AVX-512 are emulated a value
+# at a time, and a small step, as the KV cache's sizing runs the largest one once.
+CALLGRIND_SETTINGS = {"dtype": "float32", "max_num_batched_tokens": 256}
 
 
 def measure(
-    repeats: int, batch: int, output_len: int, workloads: tuple[str, ...] = WORKLOADS
+    repeats: int,
+    batch: int,
+    output_len: int,
+    workloads: tuple[str, ...] = WORKLOADS,
+    **settings: Any,
 ) -> dict[str, float]:
     """In the child: each workload's median over ``repeats`` runs in tokens per second,
-    with the engine of whichever revision ``hetero_infer`` imports from."""
+    with the engine of whichever revision ``hetero_infer`` imports from (``settings``:
+    its EngineConfig fields)."""
     from hetero_infer.engine import LLMEngine, SamplingParams
 
-    engine = LLMEngine()
+    engine = LLMEngine(**settings)
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(48)) for _ in range(batch)]
     greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -245,7 +254,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for flag in cpu_build.CFLAGS
             ]
         workloads = tuple(args.workloads.split(","))
-        print(json.dumps(measure(args.repeats, args.batch, args.output_len, workloads)))
+        settings = CALLGRIND_SETTINGS if args.march else {}
+        print(json.dumps(measure(args.repeats, args.batch, args.output_len, workloads, **settings)))
         return {}
     if not (args.base and args.head):
         parser.error("give the base and head revisions")
