@@ -1,6 +1,6 @@
 // Python bindings of the CPU kernels (kernels/paged_attention_cpu.py builds them).
 
-#include <torch/extension.h>
+#include <torch/python.h>
 
 #include "cpu_kernels.h"
 #include "decoder_stack_cpu.h"

@@ -2,7 +2,7 @@
 // (decoder_stack_cpu.cpp runs a whole decode step's layers through them).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <cstdint>
 #include <memory>

@@ -4,7 +4,9 @@
 
 #include "decoder_stack_cpu.h"
 
-#include <torch/extension.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <array>
 #include <tuple>
@@ -65,7 +67,7 @@ at::Tensor PackedLinear::linear(const at::Tensor& x, const StepLoRA& lora) const
   }
   if (gated) {  // the updates first, into the sums the kernel adds before its activation
     at::Tensor updates =
-        at::empty({x.size(0), packed.size(0) * packed.size(2)}, x.options().dtype(at::kFloat));
+        tensors::empty({x.size(0), packed.size(0) * packed.size(2)}, x.options().dtype(at::kFloat));
     const LoRAWork updating(updates, x, lora.rows, lora.weights, /*assign=*/true);
     const PackedLinearWork projecting(x, packed, bias, true, updates);
     in_one_region(updating, projecting);
@@ -84,12 +86,12 @@ at::Tensor PackedLinear::activate(const at::Tensor& out) const {
       // fp32 (a mixture-of-experts block's shared expert): torch's ops, as the
       // reference (kernels/activation.py) computes it
       const int64_t d = out.size(-1) / 2;
-      return at::silu(out.narrow(-1, 0, d)) * out.narrow(-1, d, d);
+      return at::_ops::silu::call(out.narrow(-1, 0, d)).mul(out.narrow(-1, d, d));
     }
     case GatedActivation::kGeluTanh: {
       // torch's ops, as kernels/activation.py's gelu_tanh_and_mul_ref calls them in bf16
       const int64_t d = out.size(-1) / 2;
-      return at::gelu(out.narrow(-1, 0, d), "tanh") * out.narrow(-1, d, d);
+      return at::_ops::gelu::call(out.narrow(-1, 0, d), "tanh").mul(out.narrow(-1, d, d));
     }
     case GatedActivation::kNone:
       break;

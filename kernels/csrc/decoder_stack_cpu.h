@@ -1,7 +1,7 @@
 // A decode step's decoder layers in one call: kernels/decoder_stack_cpu.py says why.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 #include <pybind11/pytypes.h>
 
 #include <array>

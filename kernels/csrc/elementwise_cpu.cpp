@@ -5,8 +5,7 @@
 // computed in fp32 and written once. Same formulas and rounding points as the torch
 // references in kernels/{rms_norm,activation,rotary}.py, up to float summation order.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -51,7 +50,7 @@ void check_rows(const at::Tensor& x, const at::Tensor& weight) {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = at::empty_like(x);
+  auto out = tensors::empty_like(x);
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
     rms_norm_rows(x.data_ptr<scalar_t>(), weight.contiguous().data_ptr<scalar_t>(),
                   out.data_ptr<scalar_t>(), x.size(0), x.size(1), static_cast<float>(eps));
@@ -66,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
                   residual.scalar_type() == x.scalar_type(),
               "residual must match x");
-  auto sum = at::empty_like(x);
+  auto sum = tensors::empty_like(x);
   const int64_t n = x.numel();
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fused_add_rms_norm", [&] {
     const scalar_t* a = x.data_ptr<scalar_t>();
@@ -85,7 +84,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0,
               "x must be a contiguous [rows, 2 * d]");
   const int64_t rows = x.size(0), d = x.size(1) / 2;
-  auto out = at::empty({rows, d}, x.options());
+  auto out = tensors::empty({rows, d}, x.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* in = x.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
@@ -142,7 +141,7 @@ at::Tensor rotate_tensor(const at::Tensor& x, const at::Tensor& positions, const
                          const at::Tensor& sin, bool is_neox) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2),
               "q/k must be [tokens, heads, head_dim] with contiguous heads");
-  auto out = at::empty(x.sizes(), x.options());
+  auto out = tensors::empty(x.sizes(), x.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "rotary", [&] {
     rotate(x.data_ptr<scalar_t>(), x.stride(0), out.data_ptr<scalar_t>(),
            positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),

@@ -8,8 +8,7 @@
 // rows of a 49k vocabulary). Here each row is read once from memory; the second pass
 // runs over the row's fp32 copy while it is still in cache.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <cmath>
 #include <limits>
@@ -47,8 +46,8 @@ std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits, bool wi
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
               "logits must be a contiguous [rows, vocab]");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  auto tokens = at::empty({rows}, logits.options().dtype(at::kLong));
-  auto logprobs = at::empty({rows}, logits.options().dtype(at::kFloat));
+  auto tokens = tensors::empty({rows}, logits.options().dtype(at::kLong));
+  auto logprobs = tensors::empty({rows}, logits.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, logits.scalar_type(), "greedy_pick", [&] {
         pick_rows(logits.data_ptr<scalar_t>(), rows, vocab, with_logprobs,

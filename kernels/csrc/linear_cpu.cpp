@@ -16,8 +16,7 @@
 // silu(gate) * up from its fp32 sums, so the MLP's [rows, 2 x intermediate]
 // activations are never written out and read back.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <optional>
@@ -46,7 +45,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(n % kPanel == 0 && k % 2 == 0, "N must be a multiple of 32 and K even");
   auto w = weight.contiguous();
-  auto packed = at::empty({n / kPanel, k / 2, kPanel}, weight.options().dtype(at::kInt));
+  auto packed = tensors::empty({n / kPanel, k / 2, kPanel}, weight.options().dtype(at::kInt));
   const uint32_t* src = reinterpret_cast<const uint32_t*>(w.data_ptr<at::BFloat16>());
   uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
   const int64_t pairs = k / 2;
@@ -67,7 +66,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 at::Tensor pack_gated_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) % kPanel == 0, "weight [2I, K], 2I % 32 == 0");
   const int64_t half = weight.size(0) / 2;
-  auto order = at::empty({weight.size(0)}, at::kLong);
+  auto order = tensors::empty({weight.size(0)}, at::kLong);
   int64_t* o = order.data_ptr<int64_t>();
   for (int64_t p = 0; p < half / 16; ++p) {
     for (int64_t j = 0; j < 16; ++j) {
@@ -183,7 +182,7 @@ PackedLinearWork::PackedLinearWork(const at::Tensor& x, const at::Tensor& packed
     addend_ = *addend;
   }
   packed_ = packed;
-  out = at::empty({rows_, gated ? n / 2 : n}, x.options());
+  out = tensors::empty({rows_, gated ? n / 2 : n}, x.options());
 }
 
 void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {

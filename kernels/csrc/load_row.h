@@ -4,7 +4,7 @@
 // compiler vectorises; c10::BFloat16's own conversions branch on NaN and do not.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>

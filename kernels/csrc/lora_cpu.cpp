@@ -72,7 +72,7 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
   TORCH_CHECK(num_parts <= kMaxParts, "at most three parts (q, k, v) to a projection");
   if (tiled) {  // [R / 4 tiles][in / 32 chunks][4 rows][32 columns], zero-padded
     const int64_t r4 = round_up(ranks, kTileRanks), in32 = round_up(in, kChunk);
-    at::Tensor padded = at::zeros({r4, in32}, a_given.options());
+    at::Tensor padded = tensors::zeros({r4, in32}, a_given.options());
     padded.narrow(0, 0, ranks).narrow(1, 0, in).copy_(a_given);
     storage.push_back(padded.view({r4 / kTileRanks, kTileRanks, in32 / kChunk, kChunk})
                           .permute({0, 2, 1, 3})
@@ -92,7 +92,7 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
       // the dot instruction takes them, one 32-bit word per column and pair. B is read
       // as it is stored (an fp32 copy doubled the bytes a step reads).
       const int64_t pairs = (rank + 1) / 2, w16 = round_up(width, kColumns);
-      at::Tensor padded = at::zeros({w16, 2 * pairs}, b.options());
+      at::Tensor padded = tensors::zeros({w16, 2 * pairs}, b.options());
       padded.narrow(0, 0, width).narrow(1, 0, rank).copy_(b);
       storage.push_back(
           padded.view({w16 / kColumns, kColumns, pairs, 2}).permute({0, 2, 1, 3}).contiguous());
@@ -105,7 +105,7 @@ LoRAWeights::LoRAWeights(at::Tensor a_given, std::vector<int64_t> out_starts,
   if (tiled) {  // one buffer, in the order an item reads it: A, then each part's B
     int64_t total = 0;
     for (const at::Tensor& t : storage) total += t.numel();
-    const at::Tensor buffer = at::empty({total}, storage[0].options());
+    const at::Tensor buffer = tensors::empty({total}, storage[0].options());
     int64_t offset = 0;
     for (at::Tensor& t : storage) {
       buffer.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t);
@@ -124,7 +124,7 @@ void colocate_lora(const std::vector<std::shared_ptr<LoRAWeights>>& weights) {
     for (const at::Tensor& t : w->storage) total += round_up(t.nbytes(), kAlign);
   }
   if (total == 0) return;
-  const at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  const at::Tensor buffer = tensors::empty({total}, at::TensorOptions().dtype(at::kByte));
   int64_t offset = 0;
   for (const auto& w : weights) {
     for (at::Tensor& t : w->storage) {

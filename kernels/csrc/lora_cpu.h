@@ -2,7 +2,7 @@
 // has the math and the torch reference.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <array>
 #include <memory>

@@ -10,7 +10,7 @@
 
 #include "moe_cpu.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/linear_ops.h>
 
 #include <algorithm>
 #include <cmath>
@@ -71,14 +71,16 @@ MoeBlock::MoeBlock(at::Tensor router, at::Tensor gate_up, std::string gate_up_qt
 at::Tensor MoeBlock::forward(const at::Tensor& x) const {
   // As engine/models/moe.py routes: logits in x's dtype, the softmax and top k in fp32,
   // renormalized where the family does, the weights rounded to x's dtype.
-  const at::Tensor probs = at::softmax(at::linear(x, router_).to(at::kFloat), -1);
-  auto [weights, expert_ids] = at::topk(probs, top_k_, -1);
-  if (renormalize_) weights = weights / weights.sum(-1, true);
+  // at::linear through its operator: its own header would bring in ATen/Context.h
+  const at::Tensor logits = at::_ops::linear::call(x, router_, std::nullopt);
+  const at::Tensor probs = logits.to(at::kFloat).softmax(-1);
+  auto [weights, expert_ids] = probs.topk(top_k_, -1);
+  if (renormalize_) weights = weights.div(weights.sum(-1, true));
   weights = weights.to(x.scalar_type()).to(at::kFloat);
   at::Tensor out = experts(x, expert_ids, weights);
   if (shared_gate_up_) {
     const at::Tensor shared = (*shared_down_)((*shared_gate_up_)(x));
-    out = out + at::sigmoid(at::linear(x, *shared_gate_)) * shared;
+    out = out.add(at::_ops::linear::call(x, *shared_gate_, std::nullopt).sigmoid().mul(shared));
   }
   return out;
 }
@@ -123,7 +125,7 @@ at::Tensor MoeBlock::experts(const at::Tensor& x, const at::Tensor& expert_ids,
   }
 
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor gathered = at::empty({rows, hidden}, xf.options());
+  at::Tensor gathered = tensors::empty({rows, hidden}, xf.options());
   const float* xp = xf.data_ptr<float>();
   float* gp = gathered.data_ptr<float>();
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
@@ -131,11 +133,11 @@ at::Tensor MoeBlock::experts(const at::Tensor& x, const at::Tensor& expert_ids,
       std::copy(xp + token_of[r] * hidden, xp + (token_of[r] + 1) * hidden, gp + r * hidden);
     }
   });
-  at::Tensor gate_up = at::empty({rows, 2 * width}, xf.options());
+  at::Tensor gate_up = tensors::empty({rows, 2 * width}, xf.options());
   quantized_linear_grouped(gathered, offsets, gate_up_weights, gate_up_panels, gate_up_.size(2),
                            gate_up_qtype_, activation_bits_, gate_up);
   // act(gate) * up, in fp32: one pass here rather than torch's ops on views.
-  at::Tensor activated = at::empty({rows, width}, xf.options());
+  at::Tensor activated = tensors::empty({rows, width}, xf.options());
   const float* gu = gate_up.data_ptr<float>();
   float* ap = activated.data_ptr<float>();
   const bool silu = activation_ == GatedActivation::kSilu;
@@ -147,12 +149,12 @@ at::Tensor MoeBlock::experts(const at::Tensor& x, const at::Tensor& expert_ids,
       for (int64_t j = 0; j < width; ++j) a[j] = activate(g[j], silu) * u[j];
     }
   });
-  at::Tensor expert_out = at::empty({rows, hidden}, xf.options());
+  at::Tensor expert_out = tensors::empty({rows, hidden}, xf.options());
   quantized_linear_grouped(activated, offsets, down_weights, down_panels, down_.size(2),
                            down_qtype_, activation_bits_, expert_out);
 
   // Each token's experts, in its slot order, weighted.
-  at::Tensor out = at::empty({tokens, hidden}, xf.options());
+  at::Tensor out = tensors::empty({tokens, hidden}, xf.options());
   const float* yp = expert_out.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();

@@ -1,7 +1,7 @@
 // A mixture-of-experts block on the CPU: kernels/moe_cpu.py says why and how.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <optional>
 #include <string>

@@ -17,8 +17,7 @@
 // come through memory, which is what a long decode waits on. Keys are stored rotated
 // (int8_kv_rows.h): the kernel rotates the query to match; store_kv_cpu.cpp writes them.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include "int8_kv_rows.h"
 #include "load_row.h"
@@ -576,7 +575,7 @@ at::Tensor decode_attention(
   auto q = query.contiguous();
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
-  auto out = at::empty_like(q);
+  auto out = tensors::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
     if (int8_cache) {
       decode_attention_kernel<scalar_t, int8_t>(q, k_cache, v_cache, tables, lens, out,

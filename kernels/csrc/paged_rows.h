@@ -4,7 +4,7 @@
 // positions walked block by block and asked for ahead of use, 16 at a time.
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cstdint>

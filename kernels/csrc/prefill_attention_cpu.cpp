@@ -16,8 +16,7 @@
 // cost SmolLM2 +1% perplexity there). Scores may be soft-capped (Gemma 2) before the
 // softmax.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cmath>

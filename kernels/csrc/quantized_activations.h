@@ -3,8 +3,7 @@
 // and sums its dot products need. AVX-512 code: included where the kernel is built.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -94,7 +93,7 @@ template <typename scalar_t>
 Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QType t, bool wide,
                                  at::Tensor& buffer) {
   const int64_t blocks = k / kBlock, value_planes = wide ? 2 : 1;
-  buffer = at::empty({value_planes * rows * k + 4 * 4 * rows * blocks}, at::kByte);
+  buffer = tensors::empty({value_planes * rows * k + 4 * 4 * rows * blocks}, at::kByte);
   int8_t* q = reinterpret_cast<int8_t*>(buffer.data_ptr<uint8_t>());
   int8_t* low = wide ? q + rows * k : nullptr;
   float* scale = reinterpret_cast<float*>(q + value_planes * rows * k);

@@ -4,7 +4,7 @@
 // quantized_linear_cpu.cpp multiplies them).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "tensor_api.h"
 
 #include <cstdint>
 #include <string>

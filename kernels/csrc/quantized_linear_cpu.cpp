@@ -32,8 +32,7 @@
 // tile for all its rows. A thread walks its run of panels in memory order and asks for
 // the step after next while it multiplies one.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <array>
@@ -463,7 +462,7 @@ QuantizedLinearWork::QuantizedLinearWork(const at::Tensor& x, const at::Tensor& 
     plan.bias = bias->to(at::kFloat).contiguous();
     TORCH_CHECK(plan.bias.numel() == n, "bias [N]");
   }
-  out = at::empty({rows, n}, x.options());
+  out = tensors::empty({rows, n}, x.options());
 #if defined(QUANTIZED_LINEAR_BUILT)
   if (rows == 0) return;
   const at::Tensor xc = x.contiguous();

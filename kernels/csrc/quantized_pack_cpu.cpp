@@ -6,8 +6,7 @@
 // 16 lanes, then the blocks' scales, then the super-blocks' (pack_quantized_weight says
 // each type's words and scales).
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <cstring>
 #include <optional>
@@ -138,7 +137,7 @@ at::Tensor pack_quantized_weight(const at::Tensor& data, const std::string& qtyp
   const int64_t k = row_bytes / fb * file_block_values(t), blocks = k / kBlock;
   auto src_t = data.contiguous();
   const int64_t panel_bytes = kPanel * packed_row_bytes(t, k);
-  auto packed = at::zeros({n / kPanel, panel_bytes}, data.options());
+  auto packed = tensors::zeros({n / kPanel, panel_bytes}, data.options());
   const uint8_t* src = src_t.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
   const int64_t vb = value_bytes(t), bfb = block_factor_bytes(t), sfb = super_factor_bytes(t);

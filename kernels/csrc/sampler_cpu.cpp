@@ -21,8 +21,7 @@
 // Built with -ffast-math, which assumes no infinities: excluded tokens get a finite
 // sentinel far below any logit, whose weight exp() takes to exactly 0.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -459,7 +458,7 @@ at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.is_contiguous() &&
                   counters.dim() == 2 && counters.size(0) == n && counters.size(1) == 2,
               "counters: a contiguous [n, 2] int64 tensor");
-  auto out = at::empty({n}, keys.options().dtype(at::kDouble));
+  auto out = tensors::empty({n}, keys.options().dtype(at::kDouble));
   const auto* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
   const auto* c = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
   double* u = out.data_ptr<double>();
@@ -526,8 +525,8 @@ std::tuple<at::Tensor, at::Tensor> sample(
       data_or_null<int32_t>(allowed),
       allowed.numel() ? allowed.size(1) : 0,
   };
-  auto tokens = at::empty({rows}, logits.options().dtype(at::kLong));
-  auto logprobs = at::empty({rows}, logits.options().dtype(at::kFloat));
+  auto tokens = tensors::empty({rows}, logits.options().dtype(at::kLong));
+  auto logprobs = tensors::empty({rows}, logits.options().dtype(at::kFloat));
   int64_t* token_out = tokens.data_ptr<int64_t>();
   float* logprob_out = logprobs.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "sample", [&] {

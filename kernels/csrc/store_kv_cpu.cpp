@@ -2,9 +2,7 @@
 // the paged cache (kernels/paged_attention_cpu.py), quantized as they are written where
 // the cache is int8 (int8_kv_rows.h). The attention kernels read what it writes.
 
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+#include "tensor_api.h"
 
 #include <algorithm>
 #include <cmath>
