@@ -175,7 +175,7 @@ class ImagePrompts:
         image costs no resizing). The server calls it on a worker thread as an image
         arrives, so that expand() on the event loop finds it done."""
         rgb = self.processor.to_rgb(image)
-        image_hash = content_hash(rgb.tobytes() + struct.pack("<II", *rgb.size))
+        image_hash = content_hash(rgb.tobytes(), struct.pack("<II", *rgb.size))
         with self._lock:
             processed = self._recent.get(image_hash)
             if processed is not None:
