@@ -30,6 +30,7 @@ from hetero_infer.engine.models.architectures import (
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
 from huggingface_hub import constants as hf_constants
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,23 @@ GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Llama-3 GGUFs store precomputed RoPE frequency factors (we derive them from the
 # config), Phi-3's its LongRoPE factors (read into the config: gguf_rope.py).
 GGUF_SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# transformers' tokenizer classes that are not one family's own.
+GENERIC_TOKENIZERS = {
+    "TokenizersBackend",
+    "PreTrainedTokenizerFast",
+    "PythonBackend",
+    "MistralCommonBackend",
+}
+
+
+def own_tokenizer_type(config: Any) -> str | None:
+    """The config's model type where transformers maps it to a tokenizer class of its
+    own (Gemma's, Qwen2's): named, AutoTokenizer takes that class at once, where from a
+    GGUF file it would convert the file's config again to find it (for an architecture
+    outside transformers' fast config table gguf-py reads the whole file: ~18 s of Gemma
+    3's ~40). None for the generic backends, which AutoTokenizer picks by its own checks."""
+    name = TOKENIZER_MAPPING_NAMES.get(config.model_type)
+    return config.model_type if name and name not in GENERIC_TOKENIZERS else None
 
 
 def gguf_metadata_folder(source: ModelSource) -> Path:
@@ -106,7 +124,9 @@ def gguf_metadata_folder(source: ModelSource) -> Path:
     config = moe_gguf_config(source.path)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            source.folder, tokenizer_type=own_tokenizer_type(config), **kwargs
+        )
         if config.model_type == "phi3":
             phi3_rope_from_gguf(read_gguf_header(source.path), config)
     else:

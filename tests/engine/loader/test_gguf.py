@@ -14,8 +14,14 @@ from hetero_infer.engine.loader import (
     load_tokenizer,
     resolve_model,
 )
-from hetero_infer.engine.loader.gguf import gguf_hf_name, unpermute_rows
+from hetero_infer.engine.loader.gguf import (
+    gguf_hf_name,
+    gguf_metadata_folder,
+    own_tokenizer_type,
+    unpermute_rows,
+)
 from hetero_infer.kernels.quantized import QuantizedWeight
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
@@ -105,3 +111,25 @@ def test_gguf_tokenizer(smollm2: ModelSource) -> None:
     ids = tokenizer.encode("Hello, world!", add_special_tokens=False)
     assert tokenizer.decode(ids) == "Hello, world!"
     assert tokenizer.chat_template
+
+
+def test_a_family_tokenizer_is_named_and_a_generic_one_left_to_auto_tokenizer() -> None:
+    def type_of(model_type: str) -> str | None:
+        return own_tokenizer_type(transformers.AutoConfig.for_model(model_type))
+
+    assert type_of("gemma3_text") == "gemma3_text" and type_of("qwen2") == "qwen2"
+    # Llama's class is chosen by AutoTokenizer's checks; Mistral's is the generic backend.
+    assert type_of("llama") is None and type_of("mistral") is None
+
+
+@pytest.mark.slow
+def test_the_named_tokenizer_is_the_one_auto_tokenizer_picks_by_the_config() -> None:
+    """Gemma 3's file, converted with its tokenizer class named (own_tokenizer_type):
+    AutoTokenizer, given the converted config, takes the same class, and the tokenizer
+    keeps the file's special tokens."""
+    folder = gguf_metadata_folder(resolve_model("gemma-3-270m"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    assert own_tokenizer_type(config) == config.model_type
+    assert type(tokenizer).__name__ == TOKENIZER_MAPPING_NAMES[config.model_type]
+    assert tokenizer.bos_token == "<bos>" and tokenizer.eos_token == "<eos>"
