@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.server.conftest import free_port, wait_until
+from tests.ports import free_port
+from tests.server.conftest import wait_until
 
 # A router waits for every worker's /health before it serves; the workers here are
 # already up, so this bounds only the router's own start.

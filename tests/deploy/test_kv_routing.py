@@ -22,11 +22,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
 from tests.server.conftest import (
     MODEL_NAME,
     REPO_ROOT,
     ServerProcess,
-    free_port,
     spawn_installed,
     user_environment,
     wait_until,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.server.app import ServerState, build_app
 from hetero_infer.server.settings import ServerSettings
 
+from tests.ports import free_port, free_socket
 from tests.tiny_models import save_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -53,24 +53,6 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
-
-
-def free_socket() -> socket.socket:
-    """A listening-ready socket bound to a free port on 127.0.0.1.
-
-    Made with its protocol named, as uvicorn's own binding makes it: asyncio turns
-    Nagle's algorithm off (TCP_NODELAY) only on connections accepted from such a
-    socket. Without it, on a kept-alive connection each answer's body (sent after its
-    headers) waited for the client's delayed ACK, 40 ms a request."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-def free_port() -> int:
-    with free_socket() as sock:
-        return sock.getsockname()[1]
 
 
 def make_engine(model_dir: Path, **overrides: Any) -> LLMEngine:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import zmq
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
 from tests.engine.core.test_sha256_cbor_hashes import vllm_block_hashes
+from tests.ports import free_port
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 BLOCK_SIZE = 16
@@ -64,12 +64,6 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 DECODER = msgspec.msgpack.Decoder(KVEventBatch)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def router_hashes(token_ids: list[int]) -> list[int]:

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from tests.server.conftest import ServerProcess, free_port, spawn_installed, wait_until
+from tests.ports import free_port
+from tests.server.conftest import ServerProcess, spawn_installed, wait_until
 from tests.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.slow

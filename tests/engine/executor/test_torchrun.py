@@ -12,7 +12,8 @@ from pathlib import Path
 
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 
-from tests.server.conftest import REPO_ROOT, free_port
+from tests.ports import free_port
+from tests.server.conftest import REPO_ROOT
 from tests.tiny_models import save_tiny_model
 
 PROMPT = "Hello there"
