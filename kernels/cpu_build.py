@@ -98,8 +98,18 @@ def mismatch(info: dict[str, Any], torch_version: str) -> str | None:
     return None
 
 
+# Set (to 1) by a build that compiles the kernels apart from the package install, in
+# parallel with it (the Makefile: `setup.py build_ext --inplace` beside pip): the
+# install then leaves them out.
+KERNELS_APART_ENV = "HETERO_KERNELS_BUILT_APART"
+
+
 def setup_kwargs() -> dict[str, Any]:
     """setup()'s ext_modules and cmdclass: the kernels as an extension of the package."""
+    import os
+
+    if os.environ.get(KERNELS_APART_ENV) == "1":
+        return {}
     try:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
