@@ -64,6 +64,7 @@ _EXPORTS = {
     "concat_rows": "quantized",
     "quantize_int8": "quantized",
     "dequantize_rows": "linear_quantized",
+    "dequantize_weight": "linear_quantized",
     "DEQUANTIZE_ROWS_TYPES": "linear_quantized",
     # sampling's tensors and the torch references the sampler and verifiers run
     "SamplingTensors": "sampling",

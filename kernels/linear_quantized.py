@@ -115,6 +115,15 @@ def quantized_linear_ref(
     return out if bias is None else out + bias.double()
 
 
+def dequantize_weight(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The whole weight [out, in] in ``dtype``, as the loaders dequantize a file's
+    blocks: the types with torch code (dequantize_rows', bit for bit gguf-py's values)
+    ~20x faster than gguf-py's numpy, which takes the others."""
+    if weight.qtype in FAST_ROWS_TYPES:
+        return dequantize_rows(weight, torch.arange(weight.shape[0]), dtype)
+    return weight.dequantize(dtype)
+
+
 def dequantize_rows(
     weight: QuantizedWeight | PlanarWeight, ids: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:

@@ -28,7 +28,7 @@ from hetero_infer.engine.models.architectures import (
     Family,
 )
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight
+from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight, dequantize_weight
 from huggingface_hub import constants as hf_constants
 from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
@@ -230,17 +230,20 @@ def load_gguf(
         if len(shape) == 3 and tensor.name.split(".")[2] in GGUF_EXPERT_PARTS:
             state_dict |= expert_tensors(tensor, hf_name, shape, dtype, keep_quantized)
             continue
-        if keep_quantized and qtype in GGUF_TYPES and len(shape) == 2:
+        if qtype in GGUF_TYPES and len(shape) == 2:
             # A copy: the header's arrays are views into the read-only memory map.
             blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
             weight = QuantizedWeight(qtype, blocks, shape)
             if heads is not None:
                 weight = weight.rows(torch.from_numpy(unpermute_rows(np.arange(shape[0]), heads)))
-            state_dict[hf_name] = weight
-            continue
-        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
-        if heads is not None:
-            weights = unpermute_rows(weights, heads)
+            if keep_quantized:
+                state_dict[hf_name] = weight
+                continue
+            weights = dequantize_weight(weight, torch.float32).numpy()
+        else:
+            weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            if heads is not None:
+                weights = unpermute_rows(weights, heads)
         if not weights.flags.writeable:
             # F32 tensors are views into the read-only memory map.
             weights = weights.copy()

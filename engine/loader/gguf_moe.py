@@ -16,12 +16,13 @@ import transformers
 from hetero_infer.engine.loader.gguf_header import read_gguf_header
 
 # llama.cpp's architecture -> transformers' config class, and whether its top-k weights
-# are renormalized
-MOE_CONFIGS: dict[str, tuple[type, bool]] = {
-    "olmoe": (transformers.OlmoeConfig, False),
-    "qwen2moe": (transformers.Qwen2MoeConfig, False),
-    "qwen3moe": (transformers.Qwen3MoeConfig, True),
-    "llama": (transformers.MixtralConfig, True),
+# are renormalized. By name: transformers imports a config class's module when it is
+# first named (~0.1 s each), which every server process's start would pay.
+MOE_CONFIGS: dict[str, tuple[str, bool]] = {
+    "olmoe": ("OlmoeConfig", False),
+    "qwen2moe": ("Qwen2MoeConfig", False),
+    "qwen3moe": ("Qwen3MoeConfig", True),
+    "llama": ("MixtralConfig", True),
 }
 
 
@@ -32,7 +33,8 @@ def moe_gguf_config(path: Path) -> transformers.PretrainedConfig | None:
     experts = header.fields.get(f"{arch}.expert_count")
     if arch not in MOE_CONFIGS or not experts:
         return None
-    config_class, renormalize = MOE_CONFIGS[arch]
+    class_name, renormalize = MOE_CONFIGS[arch]
+    config_class = getattr(transformers, class_name)
 
     def get(key: str, default: Any = None) -> Any:
         return header.fields.get(f"{arch}.{key}", default)
