@@ -1,15 +1,16 @@
 """The embedded SmolLM2-135M-Instruct: our engine against transformers on the same GGUF.
 
-Both load the Q4_1 file and dequantize it to fp32; greedy tokens must be identical
-for 16 prompts (chat and raw, 1 token to a few hundred), also when the KV cache is
+Both load the Q4_1 file and dequantize it to fp32, to the same tensors; greedy tokens
+must be identical for 16 prompts (chat and raw, 1 token to a few hundred), also when the KV cache is
 small enough to force preemption, prompts are chunked, and prefixes are shared.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.loader import resolve_model
+from hetero_infer.engine.loader import load_state_dict, resolve_model
 
 from tests.reference import transformers_from_gguf, transformers_greedy
 
@@ -53,9 +54,28 @@ def build_prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference():
+def transformers_smollm2():
+    """(tokenizer, fp32 model) as transformers loads the GGUF file (~25 s on 2 cores, so
+    once for this file's tests)."""
+    return transformers_from_gguf(resolve_model(None))
+
+
+def test_gguf_state_dict_matches_transformers(transformers_smollm2):
+    """Our loader's tensors (dequantized, q/k rows un-permuted, renamed) are exactly the
+    ones transformers loads from the file."""
+    ours = load_state_dict(resolve_model(None), torch.float32)
+    reference = transformers_smollm2[1].state_dict()
+    # lm_head is tied to the embedding in SmolLM2: the GGUF has no output.weight.
+    assert set(ours) == set(reference) - {"lm_head.weight"}
+    for name, tensor in ours.items():
+        assert tensor.shape == reference[name].shape, name
+        assert torch.equal(tensor, reference[name]), name
+
+
+@pytest.fixture(scope="module")
+def reference(transformers_smollm2):
     """(prompts, transformers' greedy outputs) for SmolLM2 loaded from the same GGUF."""
-    tokenizer, model = transformers_from_gguf(resolve_model(None))
+    tokenizer, model = transformers_smollm2
     prompts = build_prompts(tokenizer)
     assert len(prompts) == 16 and max(len(p) for p in prompts) > 200
     return prompts, transformers_greedy(model, prompts, MAX_NEW_TOKENS)
