@@ -22,6 +22,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
+from hetero_infer.kernels.gguf_dequantize import BLOCK_VALUES, TORCH_TYPES, dequantize_blocks
 from hetero_infer.kernels.quantized import INT8, QuantizedWeight
 from hetero_infer.kernels.quantized_planes import PlanarWeight, unpack_planes
 
@@ -29,10 +30,9 @@ from hetero_infer.kernels.quantized_planes import PlanarWeight, unpack_planes
 KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", INT8)
 # The activations' dtypes the kernel takes; others are computed in fp32.
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-# The GGUF types dequantize_rows takes: the blocks of 32 in torch, the K-quants (an
-# embedding of a Q4_K_M file) through gguf-py's dequantization of the rows looked up.
-FAST_ROWS_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-DEQUANTIZE_ROWS_TYPES = (*FAST_ROWS_TYPES, "Q4_K", "Q5_K", "Q6_K")
+# The GGUF types dequantize_rows takes: in torch (TORCH_TYPES), Q5_K through gguf-py's
+# dequantization of the rows looked up.
+DEQUANTIZE_ROWS_TYPES = (*TORCH_TYPES, "Q5_K")
 BLOCK = 32  # values per block, weights and activations alike
 PANEL = 16  # outputs per packed panel
 # The largest quantized magnitude per activation width (QuantizedWeight.activation_bits):
@@ -117,9 +117,8 @@ def quantized_linear_ref(
 
 def dequantize_weight(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """The whole weight [out, in] in ``dtype``, as the loaders dequantize a file's
-    blocks: the types with torch code (dequantize_rows', bit for bit gguf-py's values)
-    ~20x faster than gguf-py's numpy, which takes the others."""
-    if weight.qtype in FAST_ROWS_TYPES:
+    blocks: in torch where kernels/gguf_dequantize.py has the type, else by gguf-py."""
+    if weight.qtype in TORCH_TYPES:
         return dequantize_rows(weight, torch.arange(weight.shape[0]), dtype)
     return weight.dequantize(dtype)
 
@@ -137,36 +136,15 @@ def dequantize_rows(
         order = torch.arange(flat.numel(), device=flat.device).reshape(ids.shape)
         return dequantize_rows(rows, order, dtype)
     assert weight.qtype in DEQUANTIZE_ROWS_TYPES, weight.qtype
-    if weight.qtype not in FAST_ROWS_TYPES:
+    if weight.qtype not in TORCH_TYPES:
         # numpy: ~0.1 ms for a decode step's row, ~16 ms for 512 rows of 512 values (the
-        # price of an lm_head that reads 4.5 bits a weight instead of bf16's 16).
+        # price of an lm_head that reads 5.5 bits a weight instead of bf16's 16).
         if ids.numel() == 0:
             return torch.empty(*ids.shape, weight.shape[1], dtype=dtype, device=weight.data.device)
         rows = weight.rows(ids.reshape(-1).to(weight.data.device)).dequantize(dtype)
         return rows.to(weight.data.device).reshape(*ids.shape, weight.shape[1])
-    has_min = weight.qtype in ("Q4_1", "Q5_1")
-    five_bits = weight.qtype in ("Q5_0", "Q5_1")
-    # Per block before its values: fp16 scale, fp16 min, 4 bytes of fifth bits.
-    head = 2 + 2 * has_min + 4 * five_bits
-    per_row = weight.shape[1] // BLOCK  # blocks per row
+    per_row = weight.shape[1] // BLOCK_VALUES[weight.qtype]  # blocks per row
     rows = weight.data[ids.reshape(-1)]
-    blocks = rows.view(ids.numel(), per_row, weight.data.shape[1] // per_row)
-    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [n, blocks, 1]
-    if weight.qtype == "Q8_0":
-        values = blocks[..., head:].contiguous().view(torch.int8).float()
-    else:
-        # Byte j of a block's 16 holds value j in its low nibble and j + 16 in its high.
-        nibbles = blocks[..., head:]
-        values = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1)
-        if five_bits:
-            # Value j's fifth bit: bit j of the little-endian uint32 before the nibbles.
-            bits = torch.arange(8, dtype=torch.uint8, device=blocks.device)
-            highs = blocks[..., head - 4 : head, None] >> bits
-            values = values | (highs & 1).flatten(-2) << 4
-        values = values.float()
-        if not has_min:  # stored unsigned, offset by half their range
-            values = values - (16.0 if five_bits else 8.0)
-    values = values * scale
-    if has_min:
-        values = values + blocks[..., 2:4].contiguous().view(torch.float16).float()
+    blocks = rows.reshape(ids.numel() * per_row, weight.data.shape[1] // per_row)
+    values = dequantize_blocks(weight.qtype, blocks)
     return values.reshape(*ids.shape, weight.shape[1]).to(dtype)
