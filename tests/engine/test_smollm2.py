@@ -98,13 +98,18 @@ def test_smollm2_greedy_matches_transformers(reference, regime):
 
 
 def check_greedy_in_regime(
-    engine: LLMEngine, prompts: list[list[int]], expected: list[list[int]], regime: str
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    regime: str,
+    passes: int = 2,
 ) -> None:
-    """The engine's greedy tokens are ``expected`` twice (the second time from the
-    prefix cache), and the regime's preemptions happened."""
+    """The engine's greedy tokens are ``expected`` in each pass (the second from the
+    prefix cache), prompts found their shared prefixes in the prefix cache, and the
+    regime's preemptions happened."""
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
-    # The second pass finds the first pass's blocks in the prefix cache.
-    for _ in range(2):
+    # A second pass finds the first pass's blocks in the prefix cache.
+    for _ in range(passes):
         outputs = engine.generate(prompts, params, use_tqdm=False)
         for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
             assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
