@@ -80,7 +80,7 @@ def gguf_tokenizer_folder(path: Path) -> Path:
     converts and caches it (engine/loader/gguf.py): what a server on the file
     tokenizes with."""
     from hetero_infer.engine.loader import ModelSource
-    from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+    from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
 
     return gguf_metadata_folder(ModelSource(path=path, gguf_file=path.name))
 

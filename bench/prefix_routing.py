@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+    from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
     from hetero_infer.engine.loader.source import resolve_model
     from transformers import AutoTokenizer
 

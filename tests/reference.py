@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import transformers
 from hetero_infer.engine.loader import ModelSource
-from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
 
 
 def transformers_from_gguf(source: ModelSource) -> tuple[Any, torch.nn.Module]:

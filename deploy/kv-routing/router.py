@@ -303,7 +303,7 @@ def load_tokenizer(name: str | None) -> Any:
     from transformers import AutoTokenizer
 
     if name is None:  # the server's embedded SmolLM2: the tokenizer its GGUF file carries
-        from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+        from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
         from hetero_infer.engine.loader.source import resolve_model
 
         name = str(gguf_metadata_folder(resolve_model(None)))

@@ -1,26 +1,16 @@
 """GGUF files: their tensors under Hugging Face names (dequantized, or kept in their
-quantized blocks), and their metadata
-converted (once, cached under HF_HOME) into a config.json and tokenizer files."""
+quantized blocks); their metadata's conversion is gguf_metadata.py's."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import transformers
 from hetero_infer.engine.loader.gguf_header import read_gguf_header
-from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
-from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
-from hetero_infer.engine.loader.source import ModelSource
 from hetero_infer.engine.models.architectures import (
     BY_GGUF_ARCH,
     BY_GGUF_MOE_ARCH,
@@ -29,15 +19,8 @@ from hetero_infer.engine.models.architectures import (
 )
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import GGUF_TYPES, QuantizedWeight, dequantize_weight
-from huggingface_hub import constants as hf_constants
-from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
 logger = logging.getLogger(__name__)
-
-# Where the config and tokenizer converted from GGUF files are kept; a conversion of
-# another version (ours: 2 reads Phi-3's RoPE settings) is not reused.
-GGUF_METADATA_CACHE = Path(hf_constants.HF_HOME) / "hetero-paged-infer" / "gguf"
-CONVERSION_VERSION = 2
 
 # GGUF tensor name -> HF parameter name. Layer tensors are "blk.{i}.{part}.{weight|bias}".
 GGUF_GLOBAL_NAMES = {
@@ -85,71 +68,6 @@ GGUF_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Llama-3 GGUFs store precomputed RoPE frequency factors (we derive them from the
 # config), Phi-3's its LongRoPE factors (read into the config: gguf_rope.py).
 GGUF_SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-# transformers' tokenizer classes that are not one family's own.
-GENERIC_TOKENIZERS = {
-    "TokenizersBackend",
-    "PreTrainedTokenizerFast",
-    "PythonBackend",
-    "MistralCommonBackend",
-}
-
-
-def own_tokenizer_type(config: Any) -> str | None:
-    """The config's model type where transformers maps it to a tokenizer class of its
-    own (Gemma's, Qwen2's): named, AutoTokenizer takes that class at once, where from a
-    GGUF file it would convert the file's config again to find it (for an architecture
-    outside transformers' fast config table gguf-py reads the whole file: ~18 s of Gemma
-    3's ~40). None for the generic backends, which AutoTokenizer picks by its own checks."""
-    name = TOKENIZER_MAPPING_NAMES.get(config.model_type)
-    return config.model_type if name and name not in GENERIC_TOKENIZERS else None
-
-
-def gguf_metadata_folder(source: ModelSource) -> Path:
-    """A folder with the GGUF file's config.json and tokenizer files.
-
-    transformers' conversion of the file's metadata and vocab takes seconds (~8 s for
-    SmolLM2's file, ~25 s for Gemma 3's 262k tokens), so the converted files are kept
-    under HF_HOME, keyed by the file's path, size and mtime:
-    later loads of the same file take well under a second.
-    """
-    stat = source.path.stat()
-    key = f"{source.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    key += f"|{CONVERSION_VERSION}"
-    folder = GGUF_METADATA_CACHE / hashlib.sha256(key.encode()).hexdigest()[:20]
-    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
-        return folder
-    start = time.perf_counter()
-    kwargs = {"gguf_file": source.gguf_file}
-    # A mixture-of-experts file's config is ours (gguf_moe.py); its tokenizer then
-    # comes without transformers' config, which it has none of for some of them.
-    config = moe_gguf_config(source.path)
-    if config is None:
-        config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            source.folder, tokenizer_type=own_tokenizer_type(config), **kwargs
-        )
-        if config.model_type == "phi3":
-            phi3_rope_from_gguf(read_gguf_header(source.path), config)
-    else:
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(source.folder, **kwargs)
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=folder.parent))
-    except OSError as exc:
-        # A read-only cache is slower, not fatal.
-        logger.warning("cannot cache GGUF metadata under %s: %s", folder.parent, exc)
-        staging = Path(tempfile.mkdtemp())
-    config.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        os.replace(staging, folder)
-    except OSError:
-        # Another process cached it first, or the cache is read-only.
-        if not (folder / "tokenizer_config.json").is_file():
-            return staging
-        shutil.rmtree(staging, ignore_errors=True)
-    logger.info("converted GGUF config and tokenizer in %.1f s", time.perf_counter() - start)
-    return folder
 
 
 def gguf_layer_parts(family: Family) -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from hetero_infer.engine.loader.gguf import gguf_metadata_folder
+from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
 from hetero_infer.engine.loader.source import ModelSource
 from hetero_infer.engine.models import architecture_of
 from hetero_infer.engine.models.architectures import BY_ARCHITECTURE, family_chat_template

@@ -15,12 +15,8 @@ from hetero_infer.engine.loader import (
     load_tokenizer,
     resolve_model,
 )
-from hetero_infer.engine.loader.gguf import (
-    gguf_hf_name,
-    gguf_metadata_folder,
-    own_tokenizer_type,
-    unpermute_rows,
-)
+from hetero_infer.engine.loader.gguf import gguf_hf_name, unpermute_rows
+from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder, own_tokenizer_type
 from hetero_infer.kernels.quantized import QuantizedWeight
 from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
