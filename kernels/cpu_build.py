@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,6 @@ KERNELS_APART_ENV = "HETERO_KERNELS_BUILT_APART"
 
 def setup_kwargs() -> dict[str, Any]:
     """setup()'s ext_modules and cmdclass: the kernels as an extension of the package."""
-    import os
-
     if os.environ.get(KERNELS_APART_ENV) == "1":
         return {}
     try:
@@ -153,8 +152,6 @@ def setup_kwargs() -> dict[str, Any]:
 
 def put_ninja_on_path() -> None:
     """torch drives ninja (parallel compiles); the ninja wheel carries the binary."""
-    import os
-
     try:
         import ninja
     except ImportError:

@@ -115,7 +115,7 @@ def _convert_metadata(source: ModelSource, folder: Path) -> Path:
         os.replace(staging, folder)
     except OSError:
         # Another process cached it first, or the cache is read-only.
-        if not (folder / "tokenizer_config.json").is_file():
+        if not _converted(folder):
             return staging
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("converted GGUF config and tokenizer in %.1f s", time.perf_counter() - start)
