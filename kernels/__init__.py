@@ -21,6 +21,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+if __name__ == "kernels":  # found under Hugging Face's package's name: kernels/bare_name.py
+    from hetero_infer.kernels.bare_name import load_installed_package
+
+    load_installed_package()
+
 from hetero_infer.kernels.backends import BACKENDS
 
 # Names the package exports -> the module that has them, imported on first use: the
