@@ -24,7 +24,7 @@ from typing import Any
 if __name__ == "kernels":  # found under Hugging Face's package's name: kernels/bare_name.py
     from hetero_infer.kernels.bare_name import load_installed_package
 
-    load_installed_package()
+    load_installed_package(__path__[0])
 
 from hetero_infer.kernels.backends import BACKENDS
 

@@ -17,9 +17,10 @@ import sys
 BARE_NAME = "kernels"
 
 
-def load_installed_package() -> None:
-    """Puts the ``kernels`` package found outside the checkout in ``sys.modules``."""
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def load_installed_package(found: str) -> None:
+    """Puts the ``kernels`` package found outside the folder that holds ``found`` (the
+    kernels folder imported under the bare name) in ``sys.modules``."""
+    checkout = os.path.dirname(os.path.abspath(found))
     elsewhere = [p for p in sys.path if os.path.abspath(p or os.curdir) != checkout]
     spec = importlib.machinery.PathFinder.find_spec(BARE_NAME, elsewhere)
     if spec is None or spec.loader is None:
