@@ -19,12 +19,14 @@ BARE_NAME = "kernels"
 
 def load_installed_package(found: str) -> None:
     """Puts the ``kernels`` package found outside the folder that holds ``found`` (the
-    kernels folder imported under the bare name) in ``sys.modules``."""
+    kernels folder imported under the bare name), where there is one, in ``sys.modules``."""
     checkout = os.path.dirname(os.path.abspath(found))
     elsewhere = [p for p in sys.path if os.path.abspath(p or os.curdir) != checkout]
     spec = importlib.machinery.PathFinder.find_spec(BARE_NAME, elsewhere)
     if spec is None or spec.loader is None:
-        raise ModuleNotFoundError(f"No module named {BARE_NAME!r}", name=BARE_NAME)
+        # None installed: the folder stays, which transformers (asking whether the
+        # package is installed, before 5.25 by importing it) reads as no version, none.
+        return
     module = importlib.util.module_from_spec(spec)
     # the import statement that found this folder returns what sys.modules then holds
     # (and drops it, should the package fail to load)
