@@ -41,10 +41,11 @@ def prompt_logprobs(
     logprobs = torch.log_softmax(compute_logits(hidden[rows]).float(), dim=-1).cpu()
     token_ids = torch.tensor([item.prompt_token_ids[i] for item, i in targets])
     chosen_values = logprobs.gather(1, token_ids[:, None])
-    ranks = ((logprobs > chosen_values).sum(dim=1) + 1).tolist()
+    # counted in int32: a sum of bools in torch's default int64 takes ~2x as long
+    ranks = ((logprobs > chosen_values).sum(dim=1, dtype=torch.int32) + 1).tolist()
     chosen = chosen_values.squeeze(1).tolist()
     k_max = max(item.sampling_params.prompt_logprobs or 0 for item, _ in targets)
-    top_values, top_ids = logprobs.topk(max(k_max, 1), dim=-1)
+    top_values, top_ids = logprobs.topk(k_max, dim=-1)
     found: dict[str, list[Logprobs]] = {}
     for j, (item, i) in enumerate(targets):
         k = item.sampling_params.prompt_logprobs or 0
