@@ -5,19 +5,21 @@ Both load the file and dequantize it to fp32; greedy tokens must be identical fo
 prompts (chat, through Gemma's template, and raw; 1 token to ~700, past the 512-token
 window of its sliding layers), also when the KV cache is small enough to force
 preemption, prompts are chunked, and prefixes are shared. Teacher-forced on a fixed
-text, bf16's logprobs stay close to fp32's (the measures test_quantized_smollm2.py uses,
-and why).
+text, bf16's logprobs and the int8 KV cache's stay close to fp32's (the measures
+test_quantized_smollm2.py uses, and why).
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 from hetero_infer.engine import EngineConfig, LLMEngine
 from hetero_infer.engine.loader import resolve_model, with_family_chat
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 
 from tests.engine.test_quantized_smollm2 import (
     QUANTIZED_KERNEL,
+    TEXT,
     logprob_change,
     perplexity_change,
     teacher_forced,
@@ -71,9 +73,14 @@ def test_gemma3_greedy_matches_transformers(reference):
     check_greedy_in_regime(engine, *reference, regime, passes=1)
 
 
+# Teacher-forced on twice the text: 809 tokens, past the sliding layers' window.
+TEXT_PAST_WINDOW = TEXT + "\n\n" + TEXT
+SCORING = dict(max_num_blocks=512, max_model_len=2048)
+
+
 @pytest.fixture(scope="module")
 def fp32_teacher_forced() -> list[float]:
-    return teacher_forced(engine_for("float32", max_num_blocks=512, max_model_len=2048))
+    return teacher_forced(engine_for("float32", **SCORING), TEXT_PAST_WINDOW)
 
 
 def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced):
@@ -81,8 +88,7 @@ def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced):
     q/k/v mix Q5_0 and Q8_0, so they are dequantized), as the model is served: bf16's
     own rounding and the kernel's together (bf16 alone on dequantized weights is
     test_quantized_smollm2.py's, on SmolLM2)."""
-    fp32 = fp32_teacher_forced
-    engine = engine_for("bfloat16", quantization="gguf", max_num_blocks=512, max_model_len=2048)
+    engine = engine_for("bfloat16", quantization="gguf", **SCORING)
     if QUANTIZED_KERNEL:
         mlp = [layer.mlp for layer in engine.runner.model.layers]
         assert all(isinstance(m.down_proj.packed, QuantizedLinear) for m in mlp)
@@ -90,6 +96,8 @@ def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced):
         assert all(m.down_proj.packed.activation_bits == 16 for m in mlp)
         assert all(m.gate_up_proj.packed.linear.activation_bits == 16 for m in mlp)
     logprobs = teacher_forced(engine)
+    # the text's tokens are the first of TEXT_PAST_WINDOW's
+    fp32 = fp32_teacher_forced[: len(logprobs)]
     # Measured (404 tokens): bf16 on the dequantized weights, mean |change| 0.033 nats,
     # perplexity +0.04% (AVX2, torch's bf16 kernels).
     # Kept quantized the kernel rounds the projections' activations to 16 bits per 32
@@ -101,3 +109,16 @@ def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced):
     change = logprob_change(fp32, logprobs)
     assert change < 0.05, change
     assert abs(perplexity_change(fp32, logprobs)) < 0.005
+
+
+def test_int8_kv_stays_close_to_the_unrounded_cache_teacher_forced(fp32_teacher_forced):
+    """The int8 KV cache on the sliding layers too, in fp32, where the cache's rounding is
+    the only one that differs (test_kv_cache_int8.py has the why, and SmolLM2's cases).
+    Measured (809 tokens; keys rotated, a scale per 32 values): mean |change| 0.0072
+    nats, perplexity +0.00%; one bit fewer doubles the change, past this bound."""
+    engine = engine_for("float32", kv_cache_dtype="int8", **SCORING)
+    assert all(k.dtype == torch.int8 for k, _ in engine.runner.kv_caches)
+    int8 = teacher_forced(engine, TEXT_PAST_WINDOW)
+    change = logprob_change(fp32_teacher_forced, int8)
+    assert change < 0.012, change
+    assert abs(perplexity_change(fp32_teacher_forced, int8)) < 0.01

@@ -26,13 +26,14 @@ comparisons hold: the tests run there too, checking that the weights were dequan
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.loader import load_state_dict, resolve_model
+from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
 from hetero_infer.kernels.cpu_isa import kernel_unavailable
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.quantized import INT8
@@ -165,10 +166,9 @@ def safetensors_copy(tmp_path_factory) -> Path:
     """The GGUF's weights dequantized to fp32 (the reference's weights) as a
     safetensors checkpoint (transformers will not save a model it loaded from GGUF)."""
     source = resolve_model(None)
-    folder = tmp_path_factory.mktemp("smollm2")
-    kwargs = dict(gguf_file=source.gguf_file)
-    transformers.AutoTokenizer.from_pretrained(source.folder, **kwargs).save_pretrained(folder)
-    transformers.AutoConfig.from_pretrained(source.folder, **kwargs).save_pretrained(folder)
+    # the config and tokenizer as transformers converts them from the file
+    folder = tmp_path_factory.mktemp("smollm2") / "model"
+    shutil.copytree(gguf_metadata_folder(source), folder)
     state_dict = load_state_dict(source, torch.float32)
     save_file(
         {name: t.contiguous() for name, t in state_dict.items()}, folder / "model.safetensors"

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from tests.helpers import FIRST_BYTE_TOKEN_ID, make_byte_fallback_tokenizer
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_VOCAB_SIZE = 49152
 
 # Text that exercises every path: real pieces, 2-, 3- and 4-byte characters, a ZWJ
