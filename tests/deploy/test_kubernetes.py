@@ -12,7 +12,6 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 
 from tests.deploy.tools import (
     K8S,
@@ -25,9 +24,12 @@ from tests.deploy.tools import (
     run_tool,
 )
 
+# The custom resources' (apiVersion, kind) -> the name of cloudcoil's model of its CRD,
+# imported where a test uses it: importing the models takes seconds, which every test
+# process would pay when it collects this file.
 CRD_MODELS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring_v1.ServiceMonitor,
-    ("monitoring.coreos.com/v1", "PrometheusRule"): monitoring_v1.PrometheusRule,
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "ServiceMonitor",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "PrometheusRule",
 }
 EXPECTED_KINDS = {
     "Deployment",
@@ -42,7 +44,10 @@ EXPECTED_KINDS = {
 def validate_custom_resource(doc: dict) -> None:
     """Validate against the CRD's schema, strictly: a field the model does not know is
     dropped by pydantic, so the round trip would differ."""
-    model = CRD_MODELS[(doc["apiVersion"], doc["kind"])].model_validate(doc)
+    from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
+
+    crd_model = getattr(monitoring_v1, CRD_MODELS[(doc["apiVersion"], doc["kind"])])
+    model = crd_model.model_validate(doc)
     assert model.model_dump(mode="json", by_alias=True, exclude_unset=True) == doc, (
         f"{doc['kind']} has fields its CRD schema does not define"
     )
