@@ -24,12 +24,12 @@ from tests.deploy.tools import (
     run_tool,
 )
 
-# The custom resources' (apiVersion, kind) -> the name of cloudcoil's model of its CRD,
-# imported where a test uses it: importing the models takes seconds, which every test
-# process would pay when it collects this file.
-CRD_MODELS = {
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): "ServiceMonitor",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "PrometheusRule",
+# The custom resources (apiVersion, kind), each validated by cloudcoil's model of its CRD,
+# named as the kind and imported where a test uses it: importing the models takes
+# seconds, which every test process would pay when it collects this file.
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 EXPECTED_KINDS = {
     "Deployment",
@@ -46,15 +46,14 @@ def validate_custom_resource(doc: dict) -> None:
     dropped by pydantic, so the round trip would differ."""
     from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 
-    crd_model = getattr(monitoring_v1, CRD_MODELS[(doc["apiVersion"], doc["kind"])])
-    model = crd_model.model_validate(doc)
+    model = getattr(monitoring_v1, doc["kind"]).model_validate(doc)
     assert model.model_dump(mode="json", by_alias=True, exclude_unset=True) == doc, (
         f"{doc['kind']} has fields its CRD schema does not define"
     )
 
 
 def validate(doc: dict) -> None:
-    if (doc["apiVersion"], doc["kind"]) in CRD_MODELS:
+    if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
         validate_custom_resource(doc)
     else:
         # Raises SchemaNotFoundError for a kind it does not know: no silent skips.
