@@ -185,6 +185,8 @@ class BlockManager:
             num_tokens = seq.num_computed_tokens
         num_tokens = min(num_tokens, seq.num_computed_tokens)
         num_full = min(num_tokens // self.block_size, len(seq.block_table))
+        if num_full <= seq.num_registered_blocks:  # most decode steps fill no block
+            return
         hashes = self.block_hashes(seq, num_full)
         for group in self.groups:
             registered = group.register(seq, hashes, seq.num_registered_blocks, seq.token_ids)
@@ -201,10 +203,10 @@ class BlockManager:
         return self.groups[0].num_blocks_needed(seq, num_new_tokens)
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return all(
-            group.num_blocks_needed(seq, num_new_tokens) <= group.pool.num_free_blocks
-            for group in self.groups
-        )
+        for group in self.groups:  # a loop, not all(): a decode step asks it per sequence
+            if group.num_blocks_needed(seq, num_new_tokens) > group.pool.num_free_blocks:
+                return False
+        return True
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[BlockPair]:
         """Grow the block tables for the next tokens; return the first group's (src,

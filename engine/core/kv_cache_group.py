@@ -59,8 +59,10 @@ class KVCacheGroup:
         table = self.table(seq)
         total = seq.num_computed_tokens + num_new_tokens
         needed = max(0, -(-total // self.block_size) - len(table))
-        if self._needs_copy_on_write(seq):
+        if self._needs_copy_on_write(seq, table):
             needed += 1
+        if self.window is None:
+            return needed
         returned = sum(1 for i in self._out_of_window(seq) if not self.pool.is_shared(table[i]))
         return max(0, needed - returned)
 
@@ -73,7 +75,7 @@ class KVCacheGroup:
             self.pool.release(table[i])
             table[i] = NULL_BLOCK
         copies = []
-        if self._needs_copy_on_write(seq):
+        if self._needs_copy_on_write(seq, table):
             last = seq.num_computed_tokens // self.block_size
             shared = table[last]
             private = self.pool.pop_free()
@@ -137,8 +139,7 @@ class KVCacheGroup:
                 i -= 1
         return leaving[::-1]
 
-    def _needs_copy_on_write(self, seq: Sequence) -> bool:
-        table = self.table(seq)
+    def _needs_copy_on_write(self, seq: Sequence, table: list[int]) -> bool:
         if not table or seq.num_computed_tokens % self.block_size == 0:
             return False
         last = seq.num_computed_tokens // self.block_size

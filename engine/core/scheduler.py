@@ -241,13 +241,13 @@ class Scheduler:
         ``handed_over``: the sequences were advanced when the step was handed to the
         runner, their tokens pending (async scheduling, core/pending_tokens.py)."""
         updates = []
+        draft_model = self.speculator is not None and self.speculator.uses_draft_model
         for item in out.scheduled:
             seq = self.queues.sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
                 continue
             if not handed_over:
                 seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
-            draft_model = self.speculator is not None and self.speculator.uses_draft_model
             if draft_model:
                 # Before any fork below: n > 1 choices share the prompt's draft KV too.
                 advance_draft_kv(seq, item)

@@ -36,7 +36,7 @@ DRAFT_PLACEHOLDER = -1
 PENDING_TOKEN = -2
 
 
-@dataclass(frozen=True)
+@dataclass
 class ScheduledSequence:
     """One sequence's share of a step: what the runner computes and samples for it."""
 
@@ -205,7 +205,7 @@ class ModelRunnerOutput:
 EMPTY_RUNNER_OUTPUT = ModelRunnerOutput()
 
 
-@dataclass(frozen=True)
+@dataclass
 class SequenceUpdate:
     """What one step did to a sequence, for the front end to turn into an output."""
 

@@ -19,11 +19,14 @@ def schedule_entry(
     ``num_new`` tokens, then the draft tokens the step verifies. ``draft_model``: the
     runner has a draft model, which runs for this sequence where it drafts or computes
     more than its newest token (a prompt chunk), catching up on the tokens it lags by."""
-    drafts = tuple(draft_token_ids or ())
+    drafts = tuple(draft_token_ids) if draft_token_ids else ()
     start = seq.num_computed_tokens
     params = seq.sampling_params
-    reaches_end = start + num_new == seq.num_tokens
+    reaches_end = start + num_new == len(seq.token_ids)
     samples = reaches_end and seq.pooling is None
+    token_ids = seq.token_ids[start : start + num_new]
+    if drafts:
+        token_ids += drafts
     draft_lag = None
     if draft_model and seq.pooling is None:
         # A decode step without drafts leaves the draft model behind by a token: running
@@ -34,9 +37,10 @@ def schedule_entry(
     wants_history = params.has_penalties or seq.needs_prompt_logprobs
     return ScheduledSequence(
         request_id=seq.request_id,
-        token_ids=seq.token_ids[start : start + num_new] + list(drafts),
+        token_ids=token_ids,
         start=start,
-        block_tables=[list(table) for table in seq.block_tables],
+        # Copies: the runner may still read them while the next step's are changed.
+        block_tables=[table.copy() for table in seq.block_tables],
         long_rope=seq.long_rope,
         lora_slot=seq.lora_slot,
         images=seq.images_for_chunk(start, start + num_new) if seq.images else (),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hetero_infer.engine.core.step_data import Logprobs
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -35,7 +35,7 @@ class RequestMetrics:
         return self.finished_time - self.arrival_time
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestOutput:
     """With RequestOutputKind.DELTA, ``text``, ``token_ids`` and ``logprobs`` are the
     step's only (as ``delta_text`` and ``delta_token_ids``)."""
@@ -70,7 +70,7 @@ class RequestOutput:
 
     def __post_init__(self) -> None:
         if not self.group_id:
-            object.__setattr__(self, "group_id", self.request_id)
+            self.group_id = self.request_id
 
 
 # mini-infer's name for the same.

@@ -94,7 +94,7 @@ class IncrementalDetokenizer:
 
     def step(self, new_token_ids: list[int]) -> str:
         """Adds newly generated ids; returns the text they complete, possibly ""."""
-        kept = [i for i in new_token_ids if self._keep(i)]
+        kept = [i for i in new_token_ids if i not in self._skipped_ids]  # self._keep, inline
         if not kept:
             return ""
         self._ids.extend(kept)
