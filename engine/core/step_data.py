@@ -38,7 +38,11 @@ PENDING_TOKEN = -2
 
 @dataclass
 class ScheduledSequence:
-    """One sequence's share of a step: what the runner computes and samples for it."""
+    """One sequence's share of a step: what the runner computes and samples for it.
+
+    Nothing changes one once the scheduler has made it; it is not frozen because a step
+    makes one per sequence (as SequenceUpdate), and a frozen dataclass pays a call per
+    field."""
 
     request_id: str
     # The tokens whose KV this step computes (draft tokens last), and the position of

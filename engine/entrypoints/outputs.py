@@ -1,7 +1,9 @@
 """RequestOutput: what a caller sees of a request after each step and at the end.
 
-Each is an immutable snapshot: a step makes new ones, so a caller (or another thread)
-may keep them while the engine goes on.
+Each is a snapshot the engine never changes once made: a step makes new ones, so a
+caller (or another thread) may keep them while the engine goes on. They are plain
+dataclasses, not frozen ones, as vLLM's are: a frozen dataclass sets each field through
+object.__setattr__, which a step making one per sequence pays for.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One choice of a request as the front end sees it: its text so far (decoded a token
-at a time, searched for stop strings), logprobs and timing, and the immutable
-RequestOutput made of them as the request's output kind says."""
+at a time, searched for stop strings), logprobs and timing, and the RequestOutput
+made of them as the request's output kind says."""
 
 from __future__ import annotations
 

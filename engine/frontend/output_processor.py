@@ -1,7 +1,7 @@
 """OutputProcessor: the scheduler's sequence updates -> RequestOutputs.
 
 Per choice it keeps the detokenizer, the text so far, the logprobs and the timing, and
-makes an immutable RequestOutput as the request's output kind says: after each step
+makes a RequestOutput snapshot as the request's output kind says: after each step
 that added a token or finished, holding everything so far (CUMULATIVE) or the step's
 part only (DELTA: a stream's cost per token does not grow with its length), or once at
 the end (FINAL_ONLY: an answer sent whole costs no output per step). Stop
