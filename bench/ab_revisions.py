@@ -4,13 +4,18 @@
     python -m bench.ab_revisions 178d687 a886b25 --pairs 30
     python -m bench.ab_revisions 178d687 a886b25 --callgrind
 
+    python -m bench.ab_revisions a6cad27 HEAD --workloads host --batch 256 --pairs 10
+
 Each revision is checked out in a worktree of its own and imported from there, its CPU
 kernels built into a directory of its own (a few minutes, once: kept under
-``--cache``). Two workloads on the embedded SmolLM2 Q4_1, after a warm-up:
+``--cache``). Workloads on the embedded SmolLM2 Q4_1, after a warm-up (``--workloads``,
+the first two by default):
 
 - ``single``: one greedy request of 2 x ``--output-len`` tokens (its short prompt's
   prefill included);
-- ``batch``: ``--batch`` sampled requests at once, ``--output-len`` tokens each.
+- ``batch``: ``--batch`` sampled requests at once, ``--output-len`` tokens each;
+- ``host``: the host's decode steps at ``--batch`` requests, with a model runner that
+  computes nothing (bench/host_step.py), in steps per second.
 
 Wall time: a round runs one process per revision, in alternating order (ABBA), each
 taking the median of ``--repeats`` runs of each workload in tokens per second; the
@@ -51,7 +56,8 @@ if __name__ == "__main__" and not __package__:
 from bench.common import RESULTS_DIR, portable
 
 REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = ("single", "batch")
+WORKLOADS = ("single", "batch")  # the default ones
+ALL_WORKLOADS = (*WORKLOADS, "host")
 WORDS = "the of and to in is it that for on with as was at by be this from".split()  # noqa: SIM905
 # What valgrind 3.19 can run: no AVX-512.
 CALLGRIND_MARCH = "x86-64-v3"
@@ -67,9 +73,9 @@ def measure(
     workloads: tuple[str, ...] = WORKLOADS,
     **settings: Any,
 ) -> dict[str, float]:
-    """In the child: each workload's median over ``repeats`` runs in tokens per second,
-    with the engine of whichever revision ``hetero_infer`` imports from (``settings``:
-    its EngineConfig fields)."""
+    """In the child: each workload's median over ``repeats`` runs in tokens per second
+    (host: steps per second), with the engine of whichever revision ``hetero_infer``
+    imports from (``settings``: its EngineConfig fields)."""
     from hetero_infer.engine import LLMEngine, SamplingParams
 
     engine = LLMEngine(**settings)
@@ -90,12 +96,29 @@ def measure(
     rates: dict[str, list[float]] = {name: [] for name in workloads}
     for _ in range(repeats):
         for name in workloads:
+            if name == "host":
+                rates[name].append(host_steps_per_second(engine, batch, steps=40))
+                continue
             workload_prompts, params = runs[name]
             started = time.perf_counter()
             outputs = engine.generate(workload_prompts, params, use_tqdm=False)
             tokens = sum(len(out.token_ids) for out in outputs)
             rates[name].append(tokens / (time.perf_counter() - started))
     return {name: statistics.median(values) for name, values in rates.items() if values}
+
+
+def host_steps_per_second(engine: Any, batch: int, steps: int) -> float:
+    """Decode steps per second of the engine's loop over ``batch`` requests with a
+    model runner that computes nothing: the host's own pace."""
+    from bench.host_step import IdleRunner, decode_step_times
+
+    runner = engine.core.runner
+    try:
+        token_id = engine.tokenizer.encode(" the")[-1]
+        times = decode_step_times(engine, IdleRunner(token_id, 0.0), batch, steps)
+    finally:
+        engine.core.runner = runner
+    return 1 / statistics.median(times)
 
 
 def prepare(rev: str, cache: Path, march: str | None) -> tuple[Path, Path]:
@@ -145,7 +168,7 @@ def side_env(package: Path, kernels: Path, threads: int | None = None) -> dict[s
 
 def run_side(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, float]:
     done = subprocess.run(
-        child_command(args, args.repeats, WORKLOADS),
+        child_command(args, args.repeats, args.workloads),
         cwd=package,
         env=side_env(package, kernels),
         check=True,
@@ -157,13 +180,14 @@ def run_side(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str
 
 def callgrind(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, int]:
     """Instructions of each workload: its run under callgrind minus the warm-up's."""
-    runs = {"warm-up": (0, WORKLOADS), **{name: (1, (name,)) for name in WORKLOADS}}
+    workloads = args.workloads
+    runs = {"warm-up": (0, workloads), **{name: (1, (name,)) for name in workloads}}
     processes = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, (repeats, workloads) in runs.items():
+        for name, (repeats, ran) in runs.items():
             out = Path(folder) / f"{name}.out"
             command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-            command += child_command(args, repeats, workloads)
+            command += child_command(args, repeats, ran)
             processes[name] = (
                 subprocess.Popen(
                     command,
@@ -179,7 +203,7 @@ def callgrind(package: Path, kernels: Path, args: argparse.Namespace) -> dict[st
             if process.wait() != 0:
                 raise RuntimeError(f"{name} under callgrind exited {process.returncode}")
             counts[name] = int(re.search(r"^summary: (\d+)", out.read_text(), re.M).group(1))
-    return {name: counts[name] - counts["warm-up"] for name in WORKLOADS}
+    return {name: counts[name] - counts["warm-up"] for name in workloads}
 
 
 def median_interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -197,10 +221,10 @@ def wall_time(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> 
         order = ["base", "head"] if i % 2 == 0 else ["head", "base"]
         result = {name: run_side(*sides[name], args) for name in order}
         rounds.append(result)
-        ratios = {w: result["head"][w] / result["base"][w] for w in WORKLOADS}
+        ratios = {w: result["head"][w] / result["base"][w] for w in args.workloads}
         print(f"round {i + 1}: " + ", ".join(f"{w} {r:.3f}" for w, r in ratios.items()))
     summary = {}
-    for workload in WORKLOADS:
+    for workload in args.workloads:
         ratios = [r["head"][workload] / r["base"][workload] for r in rounds]
         low, high = median_interval(ratios)
         summary[workload] = {
@@ -217,12 +241,12 @@ def wall_time(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> 
 def instructions(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> dict[str, Any]:
     for name, (package, kernels) in sides.items():  # builds the kernels, uncounted
         subprocess.run(
-            child_command(args, 0, WORKLOADS), cwd=package, env=side_env(package, kernels)
+            child_command(args, 0, args.workloads), cwd=package, env=side_env(package, kernels)
         ).check_returncode()
         print(f"{name}: kernels built for {CALLGRIND_MARCH}", flush=True)
     counts = {name: callgrind(*side, args) for name, side in sides.items()}
     summary = {}
-    for workload in WORKLOADS:
+    for workload in args.workloads:
         base, head = counts["base"][workload], counts["head"][workload]
         summary[workload] = {"base_instructions": base, "head_instructions": head}
         summary[workload]["base_over_head"] = base / head
@@ -242,9 +266,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/hetero-infer/ab")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="of " + ",".join(ALL_WORKLOADS)
+    )
     parser.add_argument("--march", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.workloads = tuple(args.workloads.split(","))
+    if not set(args.workloads) <= set(ALL_WORKLOADS):
+        parser.error(f"--workloads: of {','.join(ALL_WORKLOADS)}")
     if args.child:
         if args.march:  # before the kernels are built or loaded
             from hetero_infer.kernels import cpu_build
@@ -253,9 +282,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"-march={args.march}" if flag.startswith("-march=") else flag
                 for flag in cpu_build.CFLAGS
             ]
-        workloads = tuple(args.workloads.split(","))
         settings = CALLGRIND_SETTINGS if args.march else {}
-        print(json.dumps(measure(args.repeats, args.batch, args.output_len, workloads, **settings)))
+        rates = measure(args.repeats, args.batch, args.output_len, args.workloads, **settings)
+        print(json.dumps(rates))
         return {}
     if not (args.base and args.head):
         parser.error("give the base and head revisions")
@@ -277,9 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "head": head,
         "model": "embedded SmolLM2-135M-Instruct Q4_1",
         "settings": {
-            k: v
-            for k, v in vars(args).items()
-            if k not in ("out", "cache", "child", "workloads", "march")
+            k: v for k, v in vars(args).items() if k not in ("out", "cache", "child", "march")
         },
         "machine": machine_info(),
         **measured,
