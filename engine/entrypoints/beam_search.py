@@ -31,7 +31,7 @@ from hetero_infer.engine.params.sampling_params import (
     SamplingParams,
 )
 from hetero_infer.engine.settings.exceptions import ValidationError
-from hetero_infer.engine.tokenizer.detokenizer import IncrementalDetokenizer
+from hetero_infer.engine.tokenizer.detokenizer import new_detokenizer
 
 if TYPE_CHECKING:
     from hetero_infer.engine.tokenizer import Tokenizer
@@ -247,7 +247,7 @@ class BeamSearch:
             else:
                 drop = ending and not self.params.skip_special_tokens
             shown = token_ids[:-1] if drop else token_ids
-            detokenizer = IncrementalDetokenizer(
+            detokenizer = new_detokenizer(
                 tokenizer, self.prompt_token_ids, self.params.skip_special_tokens
             )
             text = detokenizer.step(shown) + detokenizer.flush()

@@ -12,7 +12,7 @@ from hetero_infer.engine.entrypoints.outputs import RequestMetrics, RequestOutpu
 from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
 from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
-from hetero_infer.engine.tokenizer import IncrementalDetokenizer
+from hetero_infer.engine.tokenizer import Detokenizer
 
 
 @dataclass
@@ -23,7 +23,7 @@ class ChoiceState:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    detokenizer: IncrementalDetokenizer
+    detokenizer: Detokenizer
     eos_token_ids: frozenset[int]
     stops: StopStringMatcher | None
     arrival_time: float

@@ -23,7 +23,7 @@ from hetero_infer.engine.frontend.choice_state import ChoiceState
 from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.frontend.stop_strings import StopStringMatcher
 from hetero_infer.engine.params.sampling_params import RequestOutputKind
-from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from hetero_infer.engine.tokenizer import Tokenizer, new_detokenizer
 
 # Finished requests kept for get_output() after they end.
 MAX_FINISHED_KEPT = 4096
@@ -58,7 +58,7 @@ class OutputProcessor:
                 prompt=prompt,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
-                detokenizer=IncrementalDetokenizer(
+                detokenizer=new_detokenizer(
                     self.tokenizer, prompt_token_ids, params.skip_special_tokens
                 ),
                 eos_token_ids=self.tokenizer.eos_token_ids,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from hetero_infer.engine.tokenizer.byte_level_detokenizer import ByteLevelDetokenizer
 from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -162,3 +163,17 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(
             self._ids[start:stop], skip_special_tokens=self._skip_special_tokens
         )
+
+
+Detokenizer = IncrementalDetokenizer | ByteLevelDetokenizer
+
+
+def new_detokenizer(
+    tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
+) -> Detokenizer:
+    """A sequence's detokenizer: by bytes where the tokenizer's decoder is byte-level
+    BPE's (no decoding a step), else by decoding a window."""
+    bytes_of = tokenizer.byte_level_token_bytes
+    if bytes_of is not None:
+        return ByteLevelDetokenizer(bytes_of, tokenizer.special_token_ids, skip_special_tokens)
+    return IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)

@@ -6,12 +6,15 @@ and where ids are decoded back (detokenizer.py streams that, one delta at a time
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jinja2
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
+from hetero_infer.engine.tokenizer.byte_level_detokenizer import TokenBytes
+from tokenizers.decoders import ByteLevel
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # A tool's name no prompt holds: whether a template renders tools is whether it is
@@ -79,6 +82,14 @@ class Tokenizer:
     def special_token_ids(self) -> frozenset[int]:
         """Ids that `decode(..., skip_special_tokens=True)` drops."""
         return self._special_token_ids
+
+    @functools.cached_property
+    def byte_level_token_bytes(self) -> TokenBytes | None:
+        """Each id's bytes where the Rust decoder is byte-level BPE's alone (GPT-2's
+        scheme), for ByteLevelDetokenizer; None for any other decoder."""
+        if self._rust_decoder is None or not isinstance(self._rust_decoder.decoder, ByteLevel):
+            return None
+        return TokenBytes(self._rust_decoder)
 
     @property
     def byte_token_ids(self) -> frozenset[int]:

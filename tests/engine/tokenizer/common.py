@@ -1,11 +1,13 @@
-"""What the tokenizer and detokenizer tests share: texts, text strategies, and the tiny
-byte-fallback tokenizer."""
+"""What the tokenizer and detokenizer tests share: texts, text strategies, the tiny
+byte-fallback tokenizer, and a stream checked as it goes."""
 
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Callable
 
-from hetero_infer.engine.tokenizer import Tokenizer
+from hetero_infer.engine.tokenizer import Detokenizer, IncrementalDetokenizer, Tokenizer
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -40,3 +42,34 @@ def byte_fallback() -> Tokenizer:
 
 def byte_tokens(data: bytes) -> list[int]:
     return [FIRST_BYTE_TOKEN_ID + b for b in data]
+
+
+def stream_deltas(
+    tokenizer: Tokenizer,
+    prompt: list[int],
+    ids: list[int],
+    chunk_sizes: list[int],
+    skip_special_tokens: bool,
+    expected: str,
+    make: Callable[[Tokenizer, list[int], bool], Detokenizer] = IncrementalDetokenizer,
+) -> list[str]:
+    """Feeds ids in chunks to the detokenizer ``make`` gives, checking the prefix
+    property after each; returns the deltas."""
+    detok = make(tokenizer, prompt, skip_special_tokens)
+    deltas: list[str] = []
+    sent = ""
+    pos = 0
+    for size in itertools.cycle(chunk_sizes):
+        if pos >= len(ids):
+            break
+        deltas.append(detok.step(ids[pos : pos + size]))
+        pos += size
+        sent += deltas[-1]
+        # A partial character sent as U+FFFD and completed later would break this.
+        assert expected.startswith(sent), (ids, pos, sent, expected)
+        assert detok.text == sent
+    deltas.append(detok.flush())
+    assert "".join(deltas) == expected, (ids, deltas, expected)
+    assert detok.text == expected
+    assert detok.flush() == ""
+    return deltas

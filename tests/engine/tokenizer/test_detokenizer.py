@@ -22,6 +22,7 @@ from tests.engine.tokenizer.common import (
     TEXT,
     byte_fallback,
     byte_tokens,
+    stream_deltas,
 )
 from tests.helpers import BYTE_FALLBACK_VOCAB_SIZE, EOS_TOKEN_ID, make_byte_fallback_tokenizer
 
@@ -46,35 +47,6 @@ _BYTE_FALLBACK_SEGMENT = st.one_of(
 _BYTE_FALLBACK_IDS = st.lists(_BYTE_FALLBACK_SEGMENT, max_size=8).map(
     lambda segments: list(itertools.chain.from_iterable(segments))
 )
-
-
-def _stream(
-    tokenizer: Tokenizer,
-    prompt: list[int],
-    ids: list[int],
-    chunk_sizes: list[int],
-    skip_special_tokens: bool,
-    expected: str,
-) -> list[str]:
-    """Feeds ids in chunks, checking the prefix property after each; returns the deltas."""
-    detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=skip_special_tokens)
-    deltas: list[str] = []
-    sent = ""
-    pos = 0
-    for size in itertools.cycle(chunk_sizes):
-        if pos >= len(ids):
-            break
-        deltas.append(detok.step(ids[pos : pos + size]))
-        pos += size
-        sent += deltas[-1]
-        # A partial character sent as U+FFFD and completed later would break this.
-        assert expected.startswith(sent), (ids, pos, sent, expected)
-        assert detok.text == sent
-    deltas.append(detok.flush())
-    assert "".join(deltas) == expected, (ids, deltas, expected)
-    assert detok.text == expected
-    assert detok.flush() == ""
-    return deltas
 
 
 def _decode_after_prompt(
@@ -107,8 +79,8 @@ class _DecodeRecorder(Tokenizer):
 def test_detokenizer_matches_full_decode(
     bf_tok: Tokenizer, ids: list[int], chunk_sizes: list[int], skip: bool
 ) -> None:
-    _stream(bf_tok, [], ids, [1], skip, bf_tok.decode(ids, skip))
-    _stream(bf_tok, [], ids, chunk_sizes, skip, bf_tok.decode(ids, skip))
+    stream_deltas(bf_tok, [], ids, [1], skip, bf_tok.decode(ids, skip))
+    stream_deltas(bf_tok, [], ids, chunk_sizes, skip, bf_tok.decode(ids, skip))
 
 
 @PROPERTY_SETTINGS
@@ -118,34 +90,40 @@ def test_detokenizer_after_prompt_matches_full_decode_minus_prompt(
 ) -> None:
     prompt = bf_tok.apply_chat_template([{"role": "user", "content": content}])
     expected = _decode_after_prompt(bf_tok, prompt, ids, skip)
-    _stream(bf_tok, prompt, ids, chunk_sizes, skip, expected)
+    stream_deltas(bf_tok, prompt, ids, chunk_sizes, skip, expected)
 
 
 def test_first_word_keeps_its_space_after_prompt(bf_tok: Tokenizer) -> None:
     ids = bf_tok.encode("Hello world", add_special_tokens=False)  # ▁Hello ▁world
     prompt = bf_tok.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert _stream(bf_tok, prompt, ids, [1], True, " Hello world") == [" Hello", " world", ""]
+    assert stream_deltas(bf_tok, prompt, ids, [1], True, " Hello world") == [" Hello", " world", ""]
     # Without a prompt the stream starts the text, and the decoder strips the space.
-    assert _stream(bf_tok, [], ids, [1], True, "Hello world") == ["Hello", " world", ""]
+    assert stream_deltas(bf_tok, [], ids, [1], True, "Hello world") == ["Hello", " world", ""]
 
 
 def test_byte_run_is_held_until_closed(bf_tok: Tokenizer) -> None:
     zhong = byte_tokens("中".encode())
     world = bf_tok.encode("world", add_special_tokens=False)  # ▁world
-    assert _stream(bf_tok, [], zhong + world, [1], True, "中 world") == ["", "", "", "中 world", ""]
+    assert stream_deltas(bf_tok, [], zhong + world, [1], True, "中 world") == [
+        "",
+        "",
+        "",
+        "中 world",
+        "",
+    ]
     # Why hold a valid run: one more invalid byte turns the whole run into U+FFFD per byte.
     invalid = zhong + byte_tokens(b"\xff")
     assert bf_tok.decode(invalid) == "\ufffd" * 4
-    _stream(bf_tok, [], invalid + world, [1], True, "\ufffd" * 4 + " world")
+    stream_deltas(bf_tok, [], invalid + world, [1], True, "\ufffd" * 4 + " world")
     # Skipped special tokens vanish before decoding, so they do not close a run.
     split = zhong[:2] + [EOS_TOKEN_ID] + zhong[2:]
-    assert _stream(bf_tok, [], split, [1], True, "中")[:-1] == ["", "", "", ""]
-    _stream(bf_tok, [], split, [1], False, "\ufffd\ufffd</s>\ufffd")
+    assert stream_deltas(bf_tok, [], split, [1], True, "中")[:-1] == ["", "", "", ""]
+    stream_deltas(bf_tok, [], split, [1], False, "\ufffd\ufffd</s>\ufffd")
 
 
 def test_truncated_character_is_flushed_as_replacement(bf_tok: Tokenizer) -> None:
     ids = bf_tok.encode("ok", add_special_tokens=False) + byte_tokens("😀".encode()[:3])
-    assert _stream(bf_tok, [], ids, [1], True, "ok" + "\ufffd" * 3)[-1] == "\ufffd" * 3
+    assert stream_deltas(bf_tok, [], ids, [1], True, "ok" + "\ufffd" * 3)[-1] == "\ufffd" * 3
 
 
 def test_prompt_ending_mid_character_decodes_output_alone(bf_tok: Tokenizer) -> None:
@@ -153,7 +131,7 @@ def test_prompt_ending_mid_character_decodes_output_alone(bf_tok: Tokenizer) -> 
     zhong = byte_tokens("中".encode())
     prompt = bf_tok.encode("a") + zhong[:1]
     ids = zhong[1:] + bf_tok.encode("b", add_special_tokens=False)
-    _stream(bf_tok, prompt, ids, [1], True, bf_tok.decode(ids))
+    stream_deltas(bf_tok, prompt, ids, [1], True, bf_tok.decode(ids))
 
 
 def test_detokenizer_edge_calls(bf_tok: Tokenizer) -> None:
@@ -171,7 +149,7 @@ def test_detokenizer_cost_per_step_is_bounded() -> None:
     prompt = tok.encode("the prompt " * 100)
     expected = _decode_after_prompt(tok, prompt, ids, True)
     tok.decoded_lengths.clear()
-    _stream(tok, prompt, ids, [1], True, expected)
+    stream_deltas(tok, prompt, ids, [1], True, expected)
     # Window = prompt context + the longest byte run (the ZWJ family emoji, 18 bytes).
     assert max(tok.decoded_lengths) <= INITIAL_CONTEXT_TOKENS + 2 * 18
     # A byte run costs no decoding until a non-byte token closes it.
@@ -190,12 +168,12 @@ def test_detokenizer_cost_per_step_is_bounded() -> None:
 def test_smollm2_streams_real_text(smol_tok: Tokenizer) -> None:
     prompt = smol_tok.apply_chat_template([{"role": "user", "content": "Write emoji."}])
     ids = smol_tok.encode(MIXED_TEXT, add_special_tokens=False)
-    deltas = _stream(smol_tok, prompt, ids, [1], True, MIXED_TEXT)
+    deltas = stream_deltas(smol_tok, prompt, ids, [1], True, MIXED_TEXT)
     assert "\ufffd" not in "".join(deltas)
     assert " 😀" in deltas and "🎉" in deltas  # each sent whole, once its last byte arrived
     eos = sorted(smol_tok.eos_token_ids)
-    _stream(smol_tok, prompt, ids + eos, [1], True, MIXED_TEXT)
-    _stream(smol_tok, prompt, ids + eos, [3], False, MIXED_TEXT + "<|im_end|>")
+    stream_deltas(smol_tok, prompt, ids + eos, [1], True, MIXED_TEXT)
+    stream_deltas(smol_tok, prompt, ids + eos, [3], False, MIXED_TEXT + "<|im_end|>")
 
 
 @pytest.mark.slow
@@ -208,7 +186,7 @@ def test_smollm2_window_stays_short_on_invalid_bytes(smol_tok: Tokenizer) -> Non
     ids = [partial] * 500
     expected = tok.decode(ids)
     tok.decoded_lengths.clear()
-    deltas = _stream(tok, [], ids, [1], True, expected)
+    deltas = stream_deltas(tok, [], ids, [1], True, expected)
     assert sum(1 for d in deltas if d) > 100
     assert max(tok.decoded_lengths) <= 2 * INITIAL_CONTEXT_TOKENS + 4
 
@@ -239,5 +217,5 @@ def test_smollm2_random_ids_match_full_decode(
             ids += encoded[start : max(start, len(encoded) - drop)]
     prompt = smol_tok.apply_chat_template([{"role": "user", "content": "hi"}])
     expected = smol_tok.decode(ids, skip)
-    _stream(smol_tok, [], ids, [1], skip, expected)
-    _stream(smol_tok, prompt, ids, chunk_sizes, skip, expected)
+    stream_deltas(smol_tok, [], ids, [1], skip, expected)
+    stream_deltas(smol_tok, prompt, ids, chunk_sizes, skip, expected)
