@@ -20,6 +20,8 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
+from hetero_infer.engine.tokenizer.sent_text import SentText
+
 
 def _byte_of_character() -> dict[str, int]:
     """GPT-2's table, reversed: the character that stands for each byte. Printable
@@ -60,7 +62,7 @@ class TokenBytes:
         return found
 
 
-class ByteLevelDetokenizer:
+class ByteLevelDetokenizer(SentText):
     """Turns one sequence's generated ids into text deltas (IncrementalDetokenizer's
     contract: the deltas and ``flush()`` add up to the decode of the ids, and the text
     sent is always a prefix of it)."""
@@ -71,18 +73,10 @@ class ByteLevelDetokenizer:
         special_token_ids: frozenset[int],
         skip_special_tokens: bool = True,
     ) -> None:
+        super().__init__()
         self._bytes_of = bytes_of
         self._skipped_ids = special_token_ids if skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._chunks: list[str] = []
-        self._text: str | None = ""
-
-    @property
-    def text(self) -> str:
-        """All text sent so far (the concatenation of the deltas)."""
-        if self._text is None:
-            self._text = "".join(self._chunks)
-        return self._text
 
     def step(self, new_token_ids: list[int]) -> str:
         """Adds newly generated ids; returns the text they complete, possibly ""."""
@@ -92,9 +86,3 @@ class ByteLevelDetokenizer:
     def flush(self) -> str:
         """Ends the sequence: returns what was held (an unfinished character as U+FFFD)."""
         return self._send(self._utf8.decode(b"", final=True))
-
-    def _send(self, delta: str) -> str:
-        if delta:
-            self._chunks.append(delta)
-            self._text = None
-        return delta

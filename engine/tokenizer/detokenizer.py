@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from hetero_infer.engine.tokenizer.byte_level_detokenizer import ByteLevelDetokenizer
+from hetero_infer.engine.tokenizer.sent_text import SentText
 from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ _COMPACT_AFTER = 64
 _REPLACEMENT_CHAR = "\ufffd"
 
 
-class IncrementalDetokenizer:
+class IncrementalDetokenizer(SentText):
     """Turns one sequence's growing list of generated ids into text deltas.
 
     The vLLM/TGI scheme: decode a short window `ids[prefix_offset:]`, compare with the
@@ -65,6 +66,7 @@ class IncrementalDetokenizer:
     def __init__(
         self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
     ) -> None:
+        super().__init__()
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         # Skipped special tokens vanish before the decoder runs, so leaving them out of
@@ -83,15 +85,6 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)  # ids from here on are not yet sent
         self._prefix_text = self._decode(0, self._read_offset)
         self._open_byte_run = False
-        self._chunks: list[str] = []
-        self._text: str | None = ""
-
-    @property
-    def text(self) -> str:
-        """All text sent so far (the concatenation of the deltas)."""
-        if self._text is None:
-            self._text = "".join(self._chunks)
-        return self._text
 
     def step(self, new_token_ids: list[int]) -> str:
         """Adds newly generated ids; returns the text they complete, possibly ""."""
@@ -151,10 +144,7 @@ class IncrementalDetokenizer:
             del self._ids[: self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        if delta:
-            self._chunks.append(delta)
-            self._text = None
-        return delta
+        return self._send(delta)
 
     def _keep(self, token_id: int) -> bool:
         return token_id not in self._skipped_ids

@@ -1,16 +1,15 @@
 """engine/tokenizer/byte_level_detokenizer.py: byte-level BPE's stream by bytes, against
 the Rust decoder on SmolLM2's tokenizer (the contract of IncrementalDetokenizer: the
-text sent is always a prefix of the decode, and adds up to it)."""
+text sent is always a prefix of the decode, and adds up to it; random ids against both
+detokenizers: test_detokenizer.py)."""
 
 from __future__ import annotations
 
 import pytest
 from hetero_infer.engine.tokenizer import IncrementalDetokenizer, Tokenizer, new_detokenizer
 from hetero_infer.engine.tokenizer.byte_level_detokenizer import ByteLevelDetokenizer
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from tests.engine.tokenizer.common import MIXED_TEXT, SMOLLM2_VOCAB_SIZE, TEXT, stream_deltas
+from tests.engine.tokenizer.common import MIXED_TEXT, stream_deltas
 
 pytestmark = pytest.mark.slow  # SmolLM2's tokenizer, converted from the packaged GGUF
 
@@ -47,32 +46,3 @@ def test_bytes_that_never_complete_a_character_go_out_at_once(smol_tok: Tokenize
     ids = [partial] * 50
     deltas = stream_deltas(smol_tok, [], ids, [1], True, smol_tok.decode(ids), new_detokenizer)
     assert sum(1 for d in deltas if d) >= 49
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    segments=st.lists(
-        st.one_of(
-            st.lists(st.integers(0, SMOLLM2_VOCAB_SIZE - 1), max_size=6).map(lambda x: ("ids", x)),
-            st.tuples(st.just("text"), TEXT, st.integers(0, 8), st.integers(0, 8)),
-        ),
-        max_size=6,
-    ),
-    chunk_sizes=st.lists(st.integers(1, 5), min_size=1, max_size=5),
-    skip=st.booleans(),
-)
-def test_random_ids_stream_to_the_rust_decode(
-    smol_tok: Tokenizer, segments: list[tuple], chunk_sizes: list[int], skip: bool
-) -> None:
-    ids: list[int] = []
-    for segment in segments:
-        if segment[0] == "ids":
-            ids += segment[1]
-        else:  # text cut at token offsets: pieces of multi-byte characters
-            _, text, start, drop = segment
-            encoded = smol_tok.encode(text, add_special_tokens=False)
-            ids += encoded[start : max(start, len(encoded) - drop)]
-    prompt = smol_tok.apply_chat_template([{"role": "user", "content": "hi"}])
-    expected = smol_tok.decode(ids, skip)
-    stream_deltas(smol_tok, [], ids, [1], skip, expected, new_detokenizer)
-    stream_deltas(smol_tok, prompt, ids, chunk_sizes, skip, expected, new_detokenizer)

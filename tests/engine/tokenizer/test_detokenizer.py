@@ -8,9 +8,16 @@ as U+FFFD and later completed), and the deltas plus flush() add up to exactly th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
-from hetero_infer.engine.tokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer, Tokenizer
+from hetero_infer.engine.tokenizer import (
+    INITIAL_CONTEXT_TOKENS,
+    Detokenizer,
+    IncrementalDetokenizer,
+    Tokenizer,
+    new_detokenizer,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
@@ -192,6 +199,7 @@ def test_smollm2_window_stays_short_on_invalid_bytes(smol_tok: Tokenizer) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("make", [IncrementalDetokenizer, new_detokenizer], ids=["window", "bytes"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     segments=st.lists(
@@ -205,8 +213,13 @@ def test_smollm2_window_stays_short_on_invalid_bytes(smol_tok: Tokenizer) -> Non
     skip=st.booleans(),
 )
 def test_smollm2_random_ids_match_full_decode(
-    smol_tok: Tokenizer, segments: list[tuple], chunk_sizes: list[int], skip: bool
+    smol_tok: Tokenizer,
+    make: Callable[[Tokenizer, list[int], bool], Detokenizer],
+    segments: list[tuple],
+    chunk_sizes: list[int],
+    skip: bool,
 ) -> None:
+    """Both detokenizers (the engine streams SmolLM2 by bytes: new_detokenizer)."""
     ids: list[int] = []
     for segment in segments:
         if segment[0] == "ids":
@@ -217,5 +230,5 @@ def test_smollm2_random_ids_match_full_decode(
             ids += encoded[start : max(start, len(encoded) - drop)]
     prompt = smol_tok.apply_chat_template([{"role": "user", "content": "hi"}])
     expected = smol_tok.decode(ids, skip)
-    stream_deltas(smol_tok, [], ids, [1], skip, expected)
-    stream_deltas(smol_tok, prompt, ids, chunk_sizes, skip, expected)
+    stream_deltas(smol_tok, [], ids, [1], skip, expected, make)
+    stream_deltas(smol_tok, prompt, ids, chunk_sizes, skip, expected, make)
