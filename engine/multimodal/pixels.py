@@ -64,15 +64,33 @@ def rescale_and_normalize(
     std: tuple[float, ...] | None,
 ) -> torch.Tensor:
     """uint8 tiles [n, 3, H, W] -> float32, rescaled (None: not) and normalized (None:
-    not). transformers rescales in float64 and rounds to float32, then normalizes in
-    float32."""
+    not), each value as transformers computes it. A channel's pixels take 256 values, so
+    each is computed once (level_values) and the pixels look theirs up: equal to the bit,
+    and ~8x faster than computing per pixel in float64 (SmolVLM's 17 tiles of 364 x 364:
+    52 -> 7 ms)."""
+    table = level_values(rescale_factor, mean, std).numpy()
+    pixels = tiles.numpy()
+    values = np.empty(pixels.shape, dtype=np.float32)
+    for channel in range(3):
+        np.take(table[channel], pixels[:, channel], out=values[:, channel])
+    return torch.from_numpy(values)
+
+
+def level_values(
+    rescale_factor: float | None,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+) -> torch.Tensor:
+    """[3, 256] float32: each channel's value for each 8-bit level. transformers rescales
+    in float64 and rounds to float32, then normalizes in float32."""
+    levels = torch.arange(256, dtype=torch.float64).expand(3, 256)
     if rescale_factor is not None:
-        values = (tiles.to(torch.float64) * rescale_factor).to(torch.float32)
+        values = (levels * rescale_factor).to(torch.float32)
     else:
-        values = tiles.to(torch.float32)
+        values = levels.to(torch.float32)
     if mean is not None and std is not None:
-        mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
-        std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+        mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1)
+        std_t = torch.tensor(std, dtype=torch.float32).view(3, 1)
         values = (values - mean_t) / std_t
     return values
 

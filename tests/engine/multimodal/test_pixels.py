@@ -1,0 +1,48 @@
+"""The pixel values' lookup (pixels.rescale_and_normalize) against computing each pixel
+as transformers does: float64 rescale rounded to float32, then a float32 normalize."""
+
+from __future__ import annotations
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from hetero_infer.engine.multimodal.pixels import rescale_and_normalize, to_tensor
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def per_pixel(tiles, rescale_factor, mean, std) -> torch.Tensor:
+    values = tiles.to(torch.float64)
+    values = (values * rescale_factor if rescale_factor is not None else values).float()
+    if mean is not None:
+        values = (values - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    return values
+
+
+@pytest.mark.parametrize(
+    "rescale_factor, mean, std",
+    [(1 / 255, CLIP_MEAN, CLIP_STD), (1 / 255, (0.5,) * 3, (0.5,) * 3), (1 / 255, None, None),
+     (None, CLIP_MEAN, CLIP_STD), (None, None, None)],
+)  # fmt: skip
+def test_lookup_equals_each_pixel_computed(rescale_factor, mean, std) -> None:
+    generator = torch.Generator().manual_seed(0)
+    tiles = torch.randint(0, 256, (5, 3, 7, 9), dtype=torch.uint8, generator=generator)
+    tiles[0, :, 0, :] = torch.arange(9, dtype=torch.uint8) * 31 + 7  # both ends of 0..255
+    tiles[0, :, 1, 0], tiles[0, :, 1, 1] = 0, 255
+    looked_up = rescale_and_normalize(tiles, rescale_factor, mean, std)
+    expected = per_pixel(tiles, rescale_factor, mean, std)
+    assert looked_up.dtype == torch.float32 and looked_up.shape == tiles.shape
+    assert torch.equal(looked_up.view(torch.int32), expected.view(torch.int32))
+
+
+def test_an_image_read_through_its_strides() -> None:
+    """to_tensor gives a [3, H, W] view of the image's [H, W, 3] pixels, not a copy."""
+    image = PIL.Image.fromarray(np.random.default_rng(0).integers(0, 256, (6, 10, 3), np.uint8))
+    tiles = to_tensor(image)[None]
+    assert not tiles.is_contiguous()
+    assert torch.equal(
+        rescale_and_normalize(tiles, 1 / 255, CLIP_MEAN, CLIP_STD),
+        per_pixel(tiles.contiguous(), 1 / 255, CLIP_MEAN, CLIP_STD),
+    )
