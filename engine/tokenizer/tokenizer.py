@@ -136,7 +136,10 @@ class Tokenizer:
         if self._hf is None:  # a plugged-in tokenizer given a template by the server
             raise ValidationError("chat templates need a Hugging Face tokenizer", param="messages")
         template_kwargs = template_kwargs or {}
-        taken = set(template_kwargs) & _own_parameters(self._hf.apply_chat_template)
+        # Only where there are some: reading the signature costs ~0.2 ms a request.
+        taken = template_kwargs and set(template_kwargs) & _own_parameters(
+            self._hf.apply_chat_template
+        )
         if taken:
             raise ValidationError(
                 f"chat_template_kwargs: {', '.join(sorted(taken))} cannot be set this way",
