@@ -134,7 +134,8 @@ class InputProcessor:
         self, prompt: PromptTokens, images: Sequence[Any], param: str = "messages"
     ) -> PromptTokens:
         """The prompt with each image's marker expanded into its placeholder tokens
-        (``images``: PIL images, in order); a 400 naming ``param`` for a text model."""
+        (``images``: PIL images, or ImagePrompts.preprocess's of them, in order); a 400
+        naming ``param`` for a text model."""
         if not images:
             return prompt
         if self.image_prompts is None:

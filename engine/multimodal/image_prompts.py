@@ -16,8 +16,6 @@ processor's text would be ("\n" + "\n\n" is one token, not two).
 from __future__ import annotations
 
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -27,15 +25,11 @@ import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
-from hetero_infer.engine.multimodal.pixels import ProcessedImage
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
+from hetero_infer.engine.multimodal.recent_images import PreparedImage, RecentImages
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
-
-# The preprocessed images kept for a next question about them: a SmolVLM image's 13
-# tiles of 3 x 512 x 512 in fp32 are 40 MiB.
-RECENT_IMAGES_BYTES = 256 << 20
 
 # Each vision model's image processor, by architecture.
 PROCESSORS = {
@@ -73,11 +67,7 @@ class ImagePrompts:
             if hf is not None
             else tokenizer.special_token_ids
         )
-        # Recently preprocessed images by content hash, least recently used first (the
-        # server's routes may call from several threads).
-        self._recent: OrderedDict[int, ProcessedImage] = OrderedDict()
-        self._recent_bytes = 0
-        self._lock = threading.Lock()
+        self.recent = RecentImages()
         self._placeholder = lru_cache(maxsize=64)(self._placeholder_of_grid)
 
     @classmethod
@@ -99,8 +89,9 @@ class ImagePrompts:
         self, token_ids: list[int], images: Sequence[Any], param: str
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
         """The prompt's token ids with each marker replaced by its image's placeholder
-        tokens, and the images as the engine carries them; a ValidationError naming
-        ``param`` where markers and images do not pair up."""
+        tokens, and the images as the engine carries them (``images``: PIL images, or
+        what preprocess made of them); a ValidationError naming ``param`` where markers
+        and images do not pair up."""
         markers = [i for i, t in enumerate(token_ids) if t == self.marker_id]
         if len(markers) != len(images):
             raise ValidationError(
@@ -109,13 +100,14 @@ class ImagePrompts:
                 "spell the image token)",
                 param=param,
             )
-        processed = []
+        prepared = []
         for index, image in enumerate(images):
             try:
-                processed.append(self.preprocess(image))
+                ready = isinstance(image, PreparedImage)
+                prepared.append(image if ready else self.preprocess(image))
             except (ValueError, OSError) as exc:
                 raise ValidationError(f"{param}: image {index}: {exc}", param=param) from exc
-        placeholders = [self._placeholder(p.rows, p.cols) for _, p in processed]
+        placeholders = [self._placeholder(p.processed.rows, p.processed.cols) for p in prepared]
         # The text between markers, with the placeholders' text on either side of it.
         bounds = [-1, *markers, len(token_ids)]
         expanded: list[int] = []
@@ -130,7 +122,7 @@ class ImagePrompts:
             core = np.asarray(placeholders[index][1])
             positions = np.flatnonzero(core == self.image_token_id) + len(expanded)
             expanded += placeholders[index][1]
-            image_hash, image = processed[index]
+            image_hash, image = prepared[index].content_hash, prepared[index].processed
             grid = None
             if self.mrope:
                 merge = self.processor.merge_size
@@ -168,27 +160,20 @@ class ImagePrompts:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def preprocess(self, image: Any) -> tuple[int, ProcessedImage]:
+    def preprocess(self, image: Any, source: bytes | None = None) -> PreparedImage:
         """The image's content hash (of its RGB pixels: the processor's settings are the
-        engine's, so equal pixels preprocess equally), and its preprocessed tiles, taken
-        from the cache of recent images where it is there (a second question about an
-        image costs no resizing). The server calls it on a worker thread as an image
-        arrives, so that expand() on the event loop finds it done."""
+        engine's, so equal pixels preprocess equally) and its preprocessed tiles, taken
+        from the recent images where they are there (a second question about an image
+        costs no resizing). ``source``: a digest of the bytes the image was decoded from,
+        under which RecentImages.of_source finds it again. The server calls this on a
+        worker thread as an image arrives, and hands expand() the result."""
         rgb = self.processor.to_rgb(image)
         image_hash = content_hash(rgb.tobytes(), struct.pack("<II", *rgb.size))
-        with self._lock:
-            processed = self._recent.get(image_hash)
-            if processed is not None:
-                self._recent.move_to_end(image_hash)
-                return image_hash, processed
-        processed = self.processor.process_rgb(rgb)
-        with self._lock:
-            self._recent[image_hash] = processed
-            self._recent_bytes += processed.pixel_values.nbytes
-            while self._recent_bytes > RECENT_IMAGES_BYTES and len(self._recent) > 1:
-                _, dropped = self._recent.popitem(last=False)
-                self._recent_bytes -= dropped.pixel_values.nbytes
-        return image_hash, processed
+        prepared = self.recent.get(image_hash)
+        if prepared is None:
+            prepared = PreparedImage(image_hash, self.processor.process_rgb(rgb))
+        self.recent.add(prepared, source)
+        return prepared
 
 
 def _single_token(tokenizer: Tokenizer, text: str) -> int:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import ChatRequest, OllamaMessage
@@ -25,11 +26,10 @@ from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.tool_use import tool_use
-from PIL import Image
 
 
 def build_chat(
-    ctx: RequestContext, body: ChatRequest, model: str, images: Sequence[Image.Image] = ()
+    ctx: RequestContext, body: ChatRequest, model: str, images: Sequence[PreparedImage] = ()
 ) -> Generation:
     """``images``: the messages' (image_sources), loaded."""
     start = time.monotonic()

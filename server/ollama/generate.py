@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import Generation
 from hetero_infer.server.ollama.request_bodies import GenerateRequest
@@ -24,11 +25,10 @@ from hetero_infer.server.serving.chat_output import ChatOutputParser
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.sampling_fields import SamplingFields
-from PIL import Image
 
 
 def build_generate(
-    ctx: RequestContext, body: GenerateRequest, model: str, images: Sequence[Image.Image] = ()
+    ctx: RequestContext, body: GenerateRequest, model: str, images: Sequence[PreparedImage] = ()
 ) -> Generation:
     """``images``: the body's (image_sources), loaded."""
     start = time.monotonic()

@@ -11,20 +11,26 @@ order: image i of the list is the i-th image marker the chat template writes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
+from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
+from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_messages import ChatMessage
 from hetero_infer.server.serving.image_decode import decode_image
 from hetero_infer.server.serving.media_fetch import read_media
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.settings import ServerSettings
-from PIL import Image
 
 # Images fetched and decoded at once for one request: a request naming a hundred URLs
 # must not open a hundred connections and decode on every thread.
 MAX_CONCURRENT_LOADS = 4
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,10 +57,11 @@ def image_url_part(url: str) -> dict[str, object]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list[Image.Image]:
-    """The decoded images, in order. A model that takes no images refuses them first,
-    and so does a request holding more than --limit-mm-per-prompt allows, before any is
-    fetched (no request to anywhere for a request that cannot run)."""
+async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list[PreparedImage]:
+    """The images read, decoded and preprocessed, in order. A model that takes no images
+    refuses them first, and so does a request holding more than --limit-mm-per-prompt
+    allows, before any is fetched (no request to anywhere for a request that cannot
+    run)."""
     if not parts:
         return []
     prompts = ctx.engine.input_processor.image_prompts
@@ -66,15 +73,7 @@ async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list
             param=first,
         )
     check_image_limit(parts, ctx.settings)
-    images = await decoded_images(parts, ctx.settings)
-    # Preprocessed off the event loop (resizing takes milliseconds an image): the
-    # prompt's expansion then takes them from the recent images.
-    for part, image in zip(parts, images, strict=True):
-        try:
-            await asyncio.to_thread(prompts.preprocess, image)
-        except (ValueError, OSError) as exc:
-            raise APIError(400, f"{part.param}: {exc}", param=part.param) from exc
-    return images
+    return await prepared_images(parts, ctx.settings, functools.partial(prepared_image, prompts))
 
 
 def check_image_limit(parts: Sequence[ImageSource], settings: ServerSettings) -> None:
@@ -91,16 +90,16 @@ def check_image_limit(parts: Sequence[ImageSource], settings: ServerSettings) ->
         )
 
 
-async def decoded_images(
-    parts: Sequence[ImageSource], settings: ServerSettings
-) -> list[Image.Image]:
-    """Each input read (under the server's rules on fetching) and decoded, a few at
+async def prepared_images(
+    parts: Sequence[ImageSource], settings: ServerSettings, prepare: Callable[[bytes, str], T]
+) -> list[T]:
+    """Each input read (under the server's rules on fetching) and prepared, a few at
     once; the first error ends the rest."""
     limit = asyncio.Semaphore(MAX_CONCURRENT_LOADS)
 
-    async def load(one: ImageSource) -> Image.Image:
+    async def load(one: ImageSource) -> T:
         async with limit:
-            return await load_image(one, settings)
+            return await load_image(one, settings, prepare)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -110,6 +109,25 @@ async def decoded_images(
     return [task.result() for task in tasks]
 
 
-async def load_image(one: ImageSource, settings: ServerSettings) -> Image.Image:
+async def load_image(
+    one: ImageSource, settings: ServerSettings, prepare: Callable[[bytes, str], T]
+) -> T:
+    """The image's bytes read, then ``prepare``d (decoded and more: milliseconds of CPU)
+    off the event loop."""
     data = await read_media(one.url, settings, one.param)
-    return await asyncio.to_thread(decode_image, data, one.param)
+    return await asyncio.to_thread(prepare, data, one.param)
+
+
+def prepared_image(prompts: ImagePrompts, data: bytes, param: str) -> PreparedImage:
+    """The image in ``data`` decoded and preprocessed for the model; the same bytes as
+    a recent image's (a chat sends its images again each turn) are neither decoded nor
+    hashed pixel by pixel again."""
+    source = hashlib.sha256(data).digest()
+    prepared = prompts.recent.of_source(source)
+    if prepared is not None:
+        return prepared
+    image = decode_image(data, param)
+    try:
+        return prompts.preprocess(image, source)
+    except (ValueError, OSError) as exc:
+        raise APIError(400, f"{param}: {exc}", param=param) from exc

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams, num_candidates
 from hetero_infer.engine.frontend.input_processor import EngineRequest
+from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_output import ChatOutputParser
 from hetero_infer.server.serving.chat_plan import ChatPlan
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.tool_use import ToolUse, tool_use
-from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ChatRun:
         ctx: RequestContext,
         plan: ChatPlan,
         request_id: str,
-        images: Sequence[Image.Image] = (),
+        images: Sequence[PreparedImage] = (),
     ) -> ChatRun:
         """The messages and tools through the chat template, checked, then the params
         (max_tokens fits the context; a constrained tool_choice's schema). ``images``:

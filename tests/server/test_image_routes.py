@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.multimodal.recent_images import RecentImages
 from PIL import Image
 
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, LiveServer, start_server
@@ -193,7 +194,8 @@ def test_a_text_only_request_is_answered_as_before(server: LiveServer):
 @dataclass
 class StandInVision:
     """with_images of a vision model, as far as the server can tell: it records what it
-    was given and adds ``grow`` tokens to a prompt with images."""
+    was given (its stand-in preprocess makes each image its size) and adds ``grow``
+    tokens to a prompt with images."""
 
     grow: int = 0
     calls: list[tuple[str, list[tuple[int, int]], str]] = field(default_factory=list)
@@ -203,16 +205,16 @@ class StandInVision:
         if not images:
             return prompt
         text = self.tokenizer.decode(prompt.token_ids)
-        self.calls.append((text, [image.size for image in images], param))
+        self.calls.append((text, list(images), param))
         return PromptTokens(None, prompt.token_ids + prompt.token_ids[-1:] * self.grow)
 
 
 @pytest.fixture
 def vision(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> StandInVision:
     stand_in = StandInVision(tokenizer=server.engine.tokenizer)
-    # The routes ask whether the model has image prompts, and have each image
-    # preprocessed by them off the event loop.
-    prompts = SimpleNamespace(preprocess=lambda image: None)
+    # The routes ask whether the model has image prompts, look each image's bytes up in
+    # their recent images, and have each image preprocessed by them off the event loop.
+    prompts = SimpleNamespace(recent=RecentImages(), preprocess=lambda image, source: image.size)
     monkeypatch.setattr(server.engine.input_processor, "image_prompts", prompts)
     monkeypatch.setattr(server.engine.input_processor, "with_images", stand_in.with_images)
     return stand_in

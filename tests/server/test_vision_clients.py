@@ -21,6 +21,8 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine
+from hetero_infer.server.serving import chat_images
+from hetero_infer.server.serving.image_decode import decode_image
 from PIL import Image
 
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server
@@ -37,8 +39,8 @@ EOS = 2
 QUESTION = "What is in this picture?"
 
 
-def png_bytes() -> bytes:
-    pixels = np.random.default_rng(7).integers(0, 256, (90, 140, 3), dtype=np.uint8)
+def png_bytes(seed: int = 7) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (90, 140, 3), dtype=np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -176,6 +178,37 @@ def test_ollama_sdk_sends_an_image(server, reference):
         options={"temperature": 0, "num_predict": MAX_TOKENS},
     )
     assert answer.message.content == reference[1]
+
+
+def test_the_same_bytes_again_are_not_decoded_again(server, reference, monkeypatch):
+    """A chat client sends its images again with every turn: bytes sent lately take the
+    image preprocessed then, without decoding; other bytes get their own image."""
+    decoded = []
+
+    def counted(data: bytes, param: str) -> Image.Image:
+        decoded.append(data)
+        return decode_image(data, param)
+
+    monkeypatch.setattr(chat_images, "decode_image", counted)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+
+    def answer(png: bytes) -> list[int]:
+        url = f"data:image/png;base64,{base64.b64encode(png).decode()}"
+        image = {"type": "image_url", "image_url": {"url": url}}
+        answer = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"return_token_ids": True},
+        )
+        return answer.choices[0].model_extra["token_ids"]
+
+    other = png_bytes(seed=8)
+    first = answer(other)
+    assert answer(other) == first
+    assert decoded == [other]
+    assert answer(PNG) == reference[0]  # not the image last seen
 
 
 def test_a_private_address_is_refused_without_the_setting(folder, image_host):

@@ -27,9 +27,10 @@ from hetero_infer.server.serving import media_fetch
 from hetero_infer.server.serving.chat_images import (
     ImageSource,
     check_image_limit,
-    decoded_images,
     load_image,
+    prepared_images,
 )
+from hetero_infer.server.serving.image_decode import decode_image
 from hetero_infer.server.serving.media_fetch import is_public
 from hetero_infer.server.settings import ServerSettings
 from PIL import Image
@@ -66,7 +67,7 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 
 
 def load(url: str, settings: ServerSettings = LOCAL) -> Image.Image:
-    return asyncio.run(load_image(ImageSource(url, PARAM), settings))
+    return asyncio.run(load_image(ImageSource(url, PARAM), settings, decode_image))
 
 
 def refused(url: str, settings: ServerSettings = LOCAL, status: int = 400) -> APIError:
@@ -271,7 +272,7 @@ def test_a_data_url_past_the_byte_limit_is_a_413():
 
 def test_images_load_in_order():
     sources = [ImageSource(data_url(png((i + 1, 1))), f"messages.0.content.{i}") for i in range(6)]
-    images = asyncio.run(decoded_images(sources, LOCAL))
+    images = asyncio.run(prepared_images(sources, LOCAL, decode_image))
     assert [image.size for image in images] == [(i + 1, 1) for i in range(6)]
 
 
@@ -281,7 +282,7 @@ def test_the_first_bad_image_of_several_is_named():
         ImageSource("data:image/png;base64,AAAA", "messages.1.content.2"),
     ]
     with pytest.raises(APIError) as caught:
-        asyncio.run(decoded_images(sources, LOCAL))
+        asyncio.run(prepared_images(sources, LOCAL, decode_image))
     assert caught.value.param == "messages.1.content.2"
 
 
