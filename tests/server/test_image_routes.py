@@ -7,9 +7,10 @@ random Llama, which reads text only:
   fetch from;
 - made to take images by a stand-in for a vision model's part (its with_images records
   what it gets and grows the prompt as asked; a chat template writes "<image>" for
-  each image part), every family's images reach InputProcessor.with_images decoded and
-  in order, with the prompt the template wrote around their markers, and the prompt as
-  with_images grows it is what the context and max_tokens are fitted to.
+  each image part), every family's images reach InputProcessor.with_images decoded,
+  preprocessed (by a stand-in that makes each its size) and in order, with the prompt
+  the template wrote around their markers, and the prompt as with_images grows it is
+  what the context and max_tokens are fitted to.
 """
 
 from __future__ import annotations
