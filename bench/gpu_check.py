@@ -68,6 +68,13 @@ EXIT_FAILED = 1
 # Compiled kernels; the test workers' CPU threads (transformers' references) split the cores.
 CUDA_TESTS_ENV = {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "2"}
 EXIT_NO_GPU = 2
+# The steps that write a JSON result, and its name under the run's folder.
+RESULT_FILES = {
+    "kernels": "kernels.json",
+    "planes linear": "planes-linear.json",
+    "planes sweep": "planes-sweep.json",
+    "step time": "step-time.json",
+}
 
 
 @dataclass
@@ -165,19 +172,26 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
         pytest_command += ["--timeout", "100"]
     pytest_command += ["-v", "--tb=short", "-rfE"]
     pytest_command += [f"--junitxml={runs / 'cuda-tests.xml'}", *files]
+    # The GGUF types' linear layers run on their planes (step 3): the file's blocks'
+    # kernel is left to weight-only int8 rows.
     kernels_command = [python, "-m", "bench.kernels", "--batch", "1,32", "--context"]
-    kernels_command += ["1024,8192", "--tokens", "1,4096", "--rows", "1,16"]
+    kernels_command += ["1024,8192", "--tokens", "1,4096", "--rows", "1,16", "--qtypes", "I8"]
     kernels_command += ["--json", str(runs / "kernels.json")]
     planes_command = [python, "-m", "bench.planes_linear", "--rows", "1,16"]
     planes_command += ["--json", str(runs / "planes-linear.json")]
-    throughput_command = [python, "-m", "bench.throughput", "--systems", "ours"]
-    throughput_command += ["--model", model, "--num-requests", "64", "--timeout", "140"]
-    throughput_command += ["--out", str(runs)]
-    steps = [Step("cuda tests", pytest_command, 220, CUDA_TESTS_ENV)] if files else []
+    sweep_command = [*planes_command[:-1], str(runs / "planes-sweep.json"), "--sweep"]
+    step_time_command = [python, "-m", "bench.step_time", "--model", model]
+    step_time_command += ["--json", str(runs / "step-time.json")]
+    throughput_command = [python, "-m", "bench.throughput", "--systems", "ours,hf-cb"]
+    throughput_command += ["--model", model, "--num-requests", "64", "--timeout", "90"]
+    throughput_command += ["--hf-cb-batch-tokens", "2048,8192", "--out", str(runs)]
+    steps = [Step("cuda tests", pytest_command, 170, CUDA_TESTS_ENV)] if files else []
     return steps + [
-        Step("kernels", kernels_command, 110),
-        Step("planes linear", planes_command, 120),
-        Step("throughput", throughput_command, 150),
+        Step("kernels", kernels_command, 50),
+        Step("planes linear", planes_command, 80),
+        Step("planes sweep", sweep_command, 90),
+        Step("step time", step_time_command, 70),
+        Step("throughput", throughput_command, 200),
     ]
 
 
@@ -288,6 +302,9 @@ def run_step(step: Step, env: dict[str, str], log_path: Path) -> dict[str, Any]:
                 sys.stdout.write(line)
                 log.write(line)
             returncode = proc.wait()
+        except KeyboardInterrupt:  # the whole check stopped: its step with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         finally:
             timer.cancel()
     seconds = round(time.monotonic() - started, 1)
@@ -338,15 +355,17 @@ def run_check(device: Device, out: Path, model: str, command: str) -> dict[str, 
         env = {**import_path_env(Path(link_root)), "PYTHONUNBUFFERED": "1"}
         for step in steps:
             log_path = out / "logs" / f"gpu-check-{device.slug}-{step.name.replace(' ', '-')}.log"
-            summary["steps"][step.name] = run_step(step, env, log_path)
+            try:
+                summary["steps"][step.name] = run_step(step, env, log_path)
+            except KeyboardInterrupt:  # SIGINT: what ran so far is still written
+                summary["steps"][step.name] = {"status": "interrupted", "log": portable(log_path)}
+                break
     tests = summary["steps"].setdefault("cuda tests", {"status": "no test is marked cuda"})
     tests.update(marked=cuda_tests(), **junit_summary(runs / "cuda-tests.xml"))
-    kernels = runs / "kernels.json"
-    if kernels.exists():
-        summary["steps"]["kernels"]["result"] = json.loads(kernels.read_text())
-    planes = runs / "planes-linear.json"
-    if planes.exists():
-        summary["steps"]["planes linear"]["result"] = json.loads(planes.read_text())
+    for name, file_name in RESULT_FILES.items():
+        path = runs / file_name
+        if path.exists():
+            summary["steps"][name]["result"] = json.loads(path.read_text())
     throughput = throughput_result(runs, model)
     if throughput is not None:
         summary["steps"]["throughput"]["result"] = throughput

@@ -4,6 +4,7 @@ on the dequantized weight, the kernel on the file's blocks, and the memory bound
 
     python -m bench.planes_linear                  # needs a CUDA GPU (exits 2 without)
     python -m bench.planes_linear --rows 1,4,16,64 --json out.json
+    python -m bench.planes_linear --sweep          # other tiles beside the chosen ones
 
 Per shape (N x K: qkv 6144 x 4096, o 4096 x 4096, gate or up 14336 x 4096, down
 4096 x 14336), type (Q4_0, Q4_K, Q8_0) and rows of bf16 activations (1 and 16): the
@@ -78,11 +79,93 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     }
 
 
+def candidate_tiles(m: int, chosen: Any) -> list[Any]:
+    """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
+    weight rows a program and warps (M <= 4), else the dot kernel's tile width and warps
+    (each compiled variant costs a second or two); each with the chosen K splits, none,
+    and twice as many."""
+    from hetero_infer.kernels.linear_planes_triton import GEMV_MAX_ROWS, PlanesTiles
+
+    if m <= GEMV_MAX_ROWS:
+        shapes = [(n, w, 3) for n in (4, 8, 16) for w in (1, 2, 4)]
+    else:
+        shapes = [(n, w, 3) for n in (32, 64, 128) for w in (4, 8)]
+    splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
+    return [
+        PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, stages)
+        for n, warps, stages in shapes
+        for split in splits
+    ]
+
+
+def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
+    """Each candidate's time at one type, shape and row count (short do_bench runs), the
+    fastest against the chosen tiles."""
+    import triton.testing
+    from hetero_infer.kernels.linear_planes_triton import (
+        STEP_VALUES,
+        choose_planes_tiles,
+        planes_linear_triton,
+    )
+    from hetero_infer.kernels.quantized_planes import pack_planes
+    from hetero_infer.kernels.triton_utils import device_info
+
+    n, k = weight.shape
+    planes = pack_planes(weight)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=planes.device)
+    chosen = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
+    times = {}
+    for tiles in [chosen, *candidate_tiles(m, chosen)]:
+        if str(tiles) not in times:
+            run = lambda t=tiles: planes_linear_triton(x, planes, tiles=t)  # noqa: E731
+            times[str(tiles)] = triton.testing.do_bench(run, warmup=5, rep=20) * 1e3
+    best = min(times, key=times.get)
+    bound_us = (planes.nbytes + (m * k + m * n) * x.element_size()) / (peak * 1e9) * 1e6
+    return {
+        "qtype": weight.qtype,
+        "n": n,
+        "k": k,
+        "m": m,
+        "chosen": str(chosen),
+        "chosen_us": times[str(chosen)],
+        "best": best,
+        "best_us": times[best],
+        "best_fraction_of_peak": bound_us / times[best],
+        "us_by_tiles": times,
+    }
+
+
+def sweep(args: argparse.Namespace, device: torch.device, peak: float) -> list[dict[str, Any]]:
+    from bench.kernels import timing_weight
+
+    results = []
+    for qtype in args.qtypes:
+        for n, k in SHAPES:
+            weight = timing_weight(qtype, n, k, device)
+            for m in args.rows:
+                row = sweep_case(weight, m, peak)
+                results.append(row)
+                print(
+                    f"{qtype:<5} {f'{n}x{k}':>12} {m:>3} chosen {row['chosen_us']:7.1f} us, "
+                    f"best {row['best_us']:7.1f} us ({row['best_fraction_of_peak']:.0%} of "
+                    f"peak): {row['best']}",
+                    flush=True,
+                )
+            if args.json:  # as it goes: a step stopped at its limit keeps what it measured
+                Path(args.json).write_text(json.dumps({"sweep": results}, indent=2) + "\n")
+            del weight
+            torch.cuda.empty_cache()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=parse_ints, default="1,16", help="rows of x")
     parser.add_argument("--qtypes", type=lambda t: t.split(","), default=",".join(QTYPES))
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time other tiles beside the chosen ones instead"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
@@ -99,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     peak = spec or measured
     name = torch.cuda.get_device_name(device)
     print(f"{name}: bound at {peak:.0f} GB/s ({'spec' if spec else 'measured copy'})")
+    if args.sweep:
+        sweep(args, device, peak)
+        return 0
     print(
         f"{'type':<5} {'N x K':>12} {'M':>3} {'planes us':>10} {'blocks us':>10} "
         f"{'bf16 us':>8} {'bound us':>9} {'of peak':>8} {'x bf16':>7} {'error':>8}"

@@ -125,7 +125,8 @@ def _load_hf_model(job: dict[str, Any]) -> Any:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         job["model_folder"], dtype=getattr(torch, job["dtype"])
     )
-    return model.eval()
+    # On the GPU where there is one, as our engine runs.
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +143,9 @@ def run_hf_cb(job: dict[str, Any]) -> dict[str, Any]:
     model = _load_hf_model(job)
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    page_size = ContinuousBatchingConfig.page_size
+    # Tokens per page: page_size in newer transformers, block_size in 5.17 and before.
+    page_size = getattr(ContinuousBatchingConfig, "page_size", None)
+    page_size = page_size or ContinuousBatchingConfig.block_size
     bytes_per_page = (
         config.num_hidden_layers
         * 2  # K and V
@@ -217,8 +220,8 @@ def run_hf_static(job: dict[str, Any]) -> dict[str, Any]:
         for start in range(0, len(requests), batch_size):
             batch = requests[start : start + batch_size]
             width = max(len(r["prompt_token_ids"]) for r in batch)
-            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long, device=model.device)
+            mask = torch.zeros((len(batch), width), dtype=torch.long, device=model.device)
             for row, r in enumerate(batch):
                 n = len(r["prompt_token_ids"])
                 ids[row, width - n :] = torch.tensor(r["prompt_token_ids"])

@@ -1,0 +1,200 @@
+"""Where a decode step's time goes on a GPU: the host's work, the device's, and the
+device's idle gaps, with async scheduling on and off.
+
+    python -m bench.step_time                          # needs a CUDA GPU (exits 2 without)
+    python -m bench.step_time --batch-sizes 1,64,256 --json out.json
+
+Per batch size B, B requests (16-token prompts, greedy, EOS ignored) decode on random
+weights in Qwen2.5-0.5B's shapes (built locally, as bench.throughput's) with CUDA graphs
+and the Triton kernels as the engine picks them; once every request decodes, ``--steps``
+steps are timed:
+
+- ``step ms``: the median period of ``LLMEngine.step`` (wall clock);
+- ``runner ms``: the median time inside the model runner's ``execute`` (its input
+  building, the forward pass, sampling and the wait for the sampled tokens);
+- ``busy ms``: the GPU's work per step, the union of its kernels' intervals over the
+  same steps run again under torch.profiler (which sees kernels inside CUDA graphs);
+- ``idle ms``: step - busy, the device waiting for the host;
+- ``host ms``: the same steps with the runner replaced by one that computes nothing
+  (bench.host_step.IdleRunner): the engine loop's own work above the runner.
+
+Written to ``--json`` with the device and the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__" and not __package__:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch
+
+from bench.common import parse_ints, resolve_model_folder
+
+PROMPT_TOKENS = 16
+
+
+class TimedRunner:
+    """The engine's runner, with the wall time of each ``execute`` kept."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.seconds: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def execute(self, out: Any) -> Any:
+        started = time.perf_counter()
+        result = self.runner.execute(out)
+        self.seconds.append(time.perf_counter() - started)
+        return result
+
+
+def decode_steps(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
+    """Seconds of each step once all ``batch`` requests decode (the prompts' steps and
+    the last ones, where requests finish, left out)."""
+    from hetero_infer.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
+    for i in range(batch):
+        engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
+    times = []
+    while engine.has_pending_work():
+        started = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - started)
+    return times[2 : 2 + steps]
+
+
+def busy_ms(engine: Any, batch: int, steps: int, first_token: int) -> float | None:
+    """The device's busy time per step: the union of the kernels' intervals under
+    torch.profiler over a run like ``decode_steps``'s, over its steps (the prompts' step
+    and the last ones are a few of ``steps + 4``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        from hetero_infer.engine import SamplingParams
+
+        params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
+        for i in range(batch):
+            engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
+        count = 0
+        while engine.has_pending_work():
+            engine.step()
+            count += 1
+        torch.cuda.synchronize()
+    intervals = sorted(
+        (event.time_range.start, event.time_range.end)
+        for event in prof.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not intervals:
+        return None
+    busy_us, (start, end) = 0.0, intervals[0]
+    for lo, hi in intervals[1:]:
+        if lo > end:
+            busy_us += end - start
+            start, end = lo, hi
+        else:
+            end = max(end, hi)
+    busy_us += end - start
+    return busy_us / 1000 / count
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def measure(engine: Any, batch: int, steps: int, first_token: int) -> dict[str, Any]:
+    from bench.host_step import IdleRunner
+
+    runner = engine.core.runner
+    timed = TimedRunner(runner)
+    engine.core.runner = timed
+    try:
+        step_ms = statistics.median(decode_steps(engine, batch, steps, first_token)) * 1000
+        runner_ms = statistics.median(timed.seconds[2 : 2 + steps]) * 1000
+        engine.core.runner = IdleRunner(first_token, 0.0)
+        host_ms = statistics.median(decode_steps(engine, batch, steps, first_token)) * 1000
+    finally:
+        engine.core.runner = runner
+    try:
+        busy = busy_ms(engine, batch, steps, first_token)
+        error = None if busy is not None else "the profile held no CUDA kernel"
+    except Exception as exc:  # the profiler's API moves between torch releases
+        busy, error = None, f"{type(exc).__name__}: {exc}"
+    row = {"batch": batch, "step_ms": step_ms, "runner_ms": runner_ms, "host_ms": host_ms}
+    row["busy_ms"] = busy
+    row["idle_ms"] = None if busy is None else step_ms - busy
+    if error:
+        row["busy_error"] = error
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b-shape", help="a name or a folder")
+    parser.add_argument("--batch-sizes", type=parse_ints, default="1,64,256")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.step_time needs a CUDA GPU, and none is available here.", file=sys.stderr)
+        return 2
+    from hetero_infer.engine import EngineConfig, LLMEngine
+
+    folder = resolve_model_folder(args.model)
+    rows = []
+    print(
+        f"{'async':<6} {'batch':>5} {'step ms':>8} {'runner ms':>9} {'busy ms':>8} "
+        f"{'idle ms':>8} {'host ms':>8}"
+    )
+    for async_scheduling in (True, False):
+        config = EngineConfig(
+            model=str(folder),
+            dtype="bfloat16",
+            max_num_seqs=max(args.batch_sizes),
+            kv_cache_memory=2 * 2**30,
+            max_model_len=1024,
+            async_scheduling=async_scheduling,
+        )
+        engine = LLMEngine(config)
+        first_token = 1000
+        decode_steps(engine, 4, 8, first_token)  # warm-up
+        for batch in args.batch_sizes:
+            row = measure(engine, batch, args.steps, first_token)
+            row = {"async_scheduling": async_scheduling, **row}
+            rows.append(row)
+            print(
+                f"{str(async_scheduling):<6} {batch:>5} {fmt(row['step_ms']):>8} "
+                f"{fmt(row['runner_ms']):>9} {fmt(row['busy_ms']):>8} {fmt(row['idle_ms']):>8} "
+                f"{fmt(row['host_ms']):>8}",
+                flush=True,
+            )
+            if "busy_error" in row:
+                print(f"  busy: {row['busy_error']}")
+        engine.shutdown()
+        del engine
+        torch.cuda.empty_cache()
+    if args.json:
+        result = {
+            "device": torch.cuda.get_device_name(),
+            "model": args.model,
+            "settings": {"steps": args.steps, "prompt_tokens": PROMPT_TOKENS},
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
