@@ -24,9 +24,13 @@ Written to ``--json`` with the device and the settings.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -140,51 +144,79 @@ def measure(engine: Any, batch: int, steps: int, first_token: int) -> dict[str, 
     return row
 
 
+def run_mode(args: argparse.Namespace, async_scheduling: bool) -> list[dict[str, Any]]:
+    """Each batch size's row with async scheduling on or off, in one engine."""
+    from hetero_infer.engine import EngineConfig, LLMEngine
+
+    config = EngineConfig(
+        model=str(resolve_model_folder(args.model)),
+        dtype="bfloat16",
+        max_num_seqs=max(args.batch_sizes),
+        kv_cache_memory=2 * 2**30,
+        max_model_len=1024,
+        async_scheduling=async_scheduling,
+    )
+    engine = LLMEngine(config)
+    first_token = 1000
+    decode_steps(engine, 4, 8, first_token)  # warm-up
+    rows = []
+    for batch in args.batch_sizes:
+        row = {
+            "async_scheduling": async_scheduling,
+            **measure(engine, batch, args.steps, first_token),
+        }
+        rows.append(row)
+        print(
+            f"{str(async_scheduling):<6} {batch:>5} {fmt(row['step_ms']):>8} "
+            f"{fmt(row['runner_ms']):>9} {fmt(row['busy_ms']):>8} {fmt(row['idle_ms']):>8} "
+            f"{fmt(row['host_ms']):>8}",
+            flush=True,
+        )
+        if "busy_error" in row:
+            print(f"  busy: {row['busy_error']}")
+    if args.profile and not async_scheduling:
+        # The host's functions by their own time, the runner's included (one thread).
+        profiler = cProfile.Profile()
+        profiler.runcall(decode_steps, engine, max(args.batch_sizes), args.steps, first_token)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    engine.shutdown()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-0.5b-shape", help="a name or a folder")
     parser.add_argument("--batch-sizes", type=parse_ints, default="1,64,256")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--async-scheduling", choices=("on", "off", "both"), default="both")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the largest batch's steps (off)"
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.step_time needs a CUDA GPU, and none is available here.", file=sys.stderr)
         return 2
-    from hetero_infer.engine import EngineConfig, LLMEngine
-
-    folder = resolve_model_folder(args.model)
-    rows = []
     print(
         f"{'async':<6} {'batch':>5} {'step ms':>8} {'runner ms':>9} {'busy ms':>8} "
-        f"{'idle ms':>8} {'host ms':>8}"
+        f"{'idle ms':>8} {'host ms':>8}",
+        flush=True,
     )
-    for async_scheduling in (True, False):
-        config = EngineConfig(
-            model=str(folder),
-            dtype="bfloat16",
-            max_num_seqs=max(args.batch_sizes),
-            kv_cache_memory=2 * 2**30,
-            max_model_len=1024,
-            async_scheduling=async_scheduling,
-        )
-        engine = LLMEngine(config)
-        first_token = 1000
-        decode_steps(engine, 4, 8, first_token)  # warm-up
-        for batch in args.batch_sizes:
-            row = measure(engine, batch, args.steps, first_token)
-            row = {"async_scheduling": async_scheduling, **row}
-            rows.append(row)
-            print(
-                f"{str(async_scheduling):<6} {batch:>5} {fmt(row['step_ms']):>8} "
-                f"{fmt(row['runner_ms']):>9} {fmt(row['busy_ms']):>8} {fmt(row['idle_ms']):>8} "
-                f"{fmt(row['host_ms']):>8}",
-                flush=True,
-            )
-            if "busy_error" in row:
-                print(f"  busy: {row['busy_error']}")
-        engine.shutdown()
-        del engine
-        torch.cuda.empty_cache()
+    if args.async_scheduling == "both":
+        # A process per setting: an engine's memory is not all handed back on shutdown,
+        # and the second engine sizes its KV cache by what is free.
+        rows = []
+        with tempfile.TemporaryDirectory() as folder:
+            for mode in ("on", "off"):
+                path = Path(folder) / f"{mode}.json"
+                command = [sys.executable, "-m", "bench.step_time", "--model", args.model]
+                command += ["--batch-sizes", ",".join(map(str, args.batch_sizes))]
+                command += ["--steps", str(args.steps), "--async-scheduling", mode]
+                command += ["--json", str(path)] + (["--profile"] if args.profile else [])
+                subprocess.run(command, check=True)
+                rows += json.loads(path.read_text())["rows"]
+    else:
+        rows = run_mode(args, args.async_scheduling == "on")
     if args.json:
         result = {
             "device": torch.cuda.get_device_name(),
