@@ -192,8 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the largest batch's steps (off)"
     )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval in seconds (Python's default 0.005): how long a thread "
+        "that wants the GIL back waits for the other to hand it over",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if not torch.cuda.is_available():
         print("bench.step_time needs a CUDA GPU, and none is available here.", file=sys.stderr)
         return 2
@@ -213,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 command += ["--batch-sizes", ",".join(map(str, args.batch_sizes))]
                 command += ["--steps", str(args.steps), "--async-scheduling", mode]
                 command += ["--json", str(path)] + (["--profile"] if args.profile else [])
+                if args.switch_interval:
+                    command += ["--switch-interval", str(args.switch_interval)]
                 subprocess.run(command, check=True)
                 rows += json.loads(path.read_text())["rows"]
     else:
@@ -221,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "device": torch.cuda.get_device_name(),
             "model": args.model,
-            "settings": {"steps": args.steps, "prompt_tokens": PROMPT_TOKENS},
+            "settings": {
+                "steps": args.steps,
+                "prompt_tokens": PROMPT_TOKENS,
+                "switch_interval_s": sys.getswitchinterval(),
+            },
             "rows": rows,
         }
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -433,6 +433,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="run the systems this many times, interleaved; each reports its median round",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="ours: async scheduling (auto: the engine's default)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -477,6 +483,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hf_cb_batch_tokens": args.hf_cb_batch_tokens,
         "hf_static_batch_sizes": args.hf_static_batch_sizes,
         "vllm_enforce_eager": args.vllm_eager,
+        "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling],
     }
     prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
     output_tokens = sum(r["output_len"] for r in workload)
