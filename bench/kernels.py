@@ -100,7 +100,7 @@ def decode_case(
     meta = prepare_torch_attention(inputs, block_size, {None})  # the reference's masks
     query = torch.randn(batch, num_heads, head_dim, dtype=dtype, device=device)
     moved = (2 * batch * context * num_kv_heads + 2 * batch * num_heads) * head_dim
-    return query, k_cache, v_cache, meta, moved * query.element_size()
+    return query, k_cache, v_cache, inputs, meta, moved * query.element_size()
 
 
 def bench_decode(args: argparse.Namespace, device: torch.device, peak: float) -> list[dict]:
@@ -122,16 +122,18 @@ def bench_decode(args: argparse.Namespace, device: torch.device, peak: float) ->
                 dtype,
                 device,
             )
-            *tensors, nbytes = case
-            ms = timed(paged_attention_triton, *tensors, scale)
+            # The Triton kernel takes the inputs themselves as its metadata; given the
+            # reference's, it would run the reference.
+            query, k_cache, v_cache, inputs, meta, nbytes = case
+            ms = timed(paged_attention_triton, query, k_cache, v_cache, inputs, scale)
             try:
-                ref_ms = timed(paged_attention_ref, *tensors, scale)
+                ref_ms = timed(paged_attention_ref, query, k_cache, v_cache, meta, scale)
             except torch.cuda.OutOfMemoryError:
                 ref_ms = None  # the reference gathers every context into one tensor
             rows.append(
                 _row("decode attention", f"B={batch} ctx={context}", nbytes, ms, ref_ms, peak)
             )
-            del case, tensors
+            del case, query, k_cache, v_cache
             torch.cuda.empty_cache()
     return rows
 
