@@ -109,12 +109,10 @@ def build_core(setup: EngineSetup, tokenizer: Any) -> BuiltCore:
     if speculator is not None:
         # The speculator counts the drafts it hears back about (vllm:spec_decode_*).
         metrics.spec_decode = speculator.stats
-    # Async scheduling: by default where a device computes while the host schedules (a
-    # CPU's cores compute the step themselves); not with speculation, whose drafts
-    # need the tokens before.
-    async_scheduling = config.async_scheduling
-    if async_scheduling is None:
-        async_scheduling = setup.device.type == "cuda" and speculator is None
+    # Async scheduling only where asked for (as vLLM's): on an H200 it did not pay yet,
+    # the runner's thread and the engine's contending for the GIL (docs/gpu.md); on a
+    # CPU the cores compute the step themselves.
+    async_scheduling = bool(config.async_scheduling)
     core = EngineCore(scheduler, runner, metrics, config.max_queue_time, async_scheduling)
     lora = None
     if runner.lora is not None:

@@ -178,8 +178,8 @@ class EngineConfig:
     )
     enforce_eager: bool = setting(False, "no CUDA graphs: run every decode step eagerly")
     async_scheduling: bool | None = setting(
-        None,
-        "as vLLM's: schedule step N+1 while the model computes step N (unset: on with CUDA)",
+        False,
+        "as vLLM's: schedule step N+1 while the model computes step N (null: off)",
     )
     speculative_config: dict[str, Any] | None = setting(
         None,

@@ -1,7 +1,7 @@
 """Greedy fp32 output on an NVIDIA GPU equals transformers', token for token: each family
 the engine loads (Llama, Qwen3's q/k norms, Gemma 3's sliding layers, Phi-3's partial
-RoPE, and the mixtures of experts on the grouped GEMM), plainly and with chunked
-prefill, and LoRA adapters mixed in one batch against PEFT's merged weights.
+RoPE, and the mixtures of experts on the grouped GEMM), plainly, with chunked prefill
+and with async scheduling, and LoRA adapters mixed in one batch against PEFT's merged weights.
 
 test_exactness.py and test_lora_exactness.py check the same on the CPU; here the engine
 runs the compiled Triton kernels (TRITON_INTERPRET=0, as ``make gpu-check`` runs the
@@ -26,7 +26,11 @@ from tests.lora_adapters import save_adapter
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 ARCHITECTURES = ["llama", "qwen3", "gemma3", "phi3", "mixtral", "qwen2_moe", "olmoe"]
-REGIMES = {"plain": {}, "chunked": {"max_num_batched_tokens": 40}}
+REGIMES = {
+    "plain": {},
+    "chunked": {"max_num_batched_tokens": 40},
+    "async": {"async_scheduling": True},  # off by default: the runner on a thread
+}
 PARAMS = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0)
 # Room for the 20 prompts at once (a pool of its own size, not a share of the GPU's
 # memory, which other tests' processes hold too), decode graphs at 1 to 32 sequences.

@@ -44,7 +44,7 @@ def test_enforce_eager_from_flag_and_environment():
 
 
 def test_async_scheduling_from_flag_and_environment():
-    assert settings_for([], {}).engine.async_scheduling is None  # on with CUDA
+    assert settings_for([], {}).engine.async_scheduling is False  # as vLLM's
     assert settings_for(["--async-scheduling"], {}).engine.async_scheduling is True
     env = {"HETERO_ASYNC_SCHEDULING": "false"}
     assert settings_for([], env).engine.async_scheduling is False
