@@ -14,15 +14,21 @@ only; the limits add up to 10 minutes on one GPU):
    that tests/conftest.py leaves the interpreter off and they check the
    compiled kernels.
 2. ``kernels``: ``bench.kernels`` on short shapes: decode attention, RMSNorm and the
-   linear layers on quantized weights, as GB/s against the device's memory bandwidth
-   and time against the torch code.
+   linear layers on weight-only int8 rows, as GB/s against the device's memory
+   bandwidth and time against the torch code.
 3. ``planes linear``: ``bench.planes_linear``: the linear layers on GGUF weights in
    the GPU's planes (Q4_0, Q4_K, Q8_0) on Llama-8B's projections at 1 and 16 rows,
    against torch's bf16 matmul on the dequantized weight, the kernel on the file's
    blocks and the memory bound; it fails where a product is wrong.
-4. ``throughput``: ``bench.throughput`` for our engine alone, on the GPU: offline, a
-   short greedy workload on random weights in Qwen2.5-0.5B's shapes (built locally,
-   nothing downloaded), CUDA graphs and the Triton kernels as the engine picks them.
+4. ``planes sweep``: the same with other tiles beside the chosen ones.
+5. ``step time``: ``bench.step_time``: the engine's decode step split into the host's
+   work, the GPU's busy time and its idle gaps, with async scheduling on and off.
+6. ``throughput``: ``bench.throughput``, offline, our engine against transformers'
+   continuous batching on the same GPU: a short greedy workload on random weights in
+   Qwen2.5-0.5B's shapes (built locally, nothing downloaded), CUDA graphs and the
+   Triton kernels as the engine picks them.
+
+A SIGINT stops the step running and the rest; what ran is still written.
 
 Written: ``bench/results/gpu-check-<device>.json`` (the device, the tests' counts and
 failures, each benchmark's figures; committed like the other summaries), each step's

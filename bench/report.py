@@ -334,6 +334,54 @@ def render_gpu_kernels(results: list[dict[str, Any]]) -> str:
     return _table(header, rows)
 
 
+def render_planes_linear(results: list[dict[str, Any]]) -> str:
+    """bench.gpu_check's planes steps: per type and rows, the low-high over Llama-8B's
+    projections of the chosen tiles' time, share of the peak and speed against torch's
+    bf16 matmul, and the sweep's fastest tiles' share of the peak where it got there."""
+    rows = []
+    for result in results:
+        steps = result["steps"]
+        cases = steps["planes linear"]["result"]["results"]
+        swept = steps.get("planes sweep", {}).get("result", {}).get("sweep", [])
+        for qtype, m in dict.fromkeys((c["qtype"], c["m"]) for c in cases):
+            mine = [c for c in cases if (c["qtype"], c["m"]) == (qtype, m)]
+            best = [c for c in swept if (c["qtype"], c["m"]) == (qtype, m)]
+            rows.append(
+                [
+                    qtype,
+                    str(m),
+                    _range([c["planes_us"] for c in mine], digits=0),
+                    _range([100 * c["fraction_of_peak"] for c in mine], digits=0, suffix="%"),
+                    _range([c["x_torch"] for c in mine], suffix="x"),
+                    _range([100 * c["best_fraction_of_peak"] for c in best], digits=0, suffix="%")
+                    if best
+                    else "-",
+                ]
+            )
+    header = ["type", "rows", "us", "of peak", "x bf16", "swept best, of peak"]
+    return _table(header, rows)
+
+
+def render_step_time(results: list[dict[str, Any]]) -> str:
+    """bench.step_time: a decode step's period, the runner's share, the device's busy
+    and idle time and the host's own, per async setting and batch."""
+    rows = []
+    for result in results:
+        for row in result["rows"]:
+            rows.append(
+                [
+                    "on" if row["async_scheduling"] else "off",
+                    str(row["batch"]),
+                    *(
+                        "-" if row.get(key) is None else f"{row[key]:.2f}"
+                        for key in ("step_ms", "runner_ms", "busy_ms", "idle_ms", "host_ms")
+                    ),
+                ]
+            )
+    header = ["async", "batch", "step ms", "runner ms", "busy ms", "idle ms", "host ms"]
+    return _table(header, rows)
+
+
 RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "sampling": render_sampling,
     "peers": render_peers,
@@ -345,6 +393,8 @@ RENDERERS: dict[str, Callable[[list[dict[str, Any]]], str]] = {
     "lora": render_lora,
     "openmp-spin": render_openmp_spin,
     "gpu-kernels": render_gpu_kernels,
+    "planes-linear": render_planes_linear,
+    "step-time": render_step_time,
 }
 
 

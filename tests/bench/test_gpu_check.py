@@ -54,6 +54,9 @@ def test_the_dry_run_lists_the_cuda_tests_and_the_benchmarks():
     assert "-m pytest -m cuda" in proc.stdout and "TRITON_INTERPRET=0" in proc.stdout
     assert "-m bench.kernels" in proc.stdout
     assert "planes linear (at most" in proc.stdout and "-m bench.planes_linear" in proc.stdout
+    assert "planes sweep (at most" in proc.stdout and "--sweep" in proc.stdout
+    assert "step time (at most" in proc.stdout and "-m bench.step_time" in proc.stdout
+    assert "--systems ours,hf-cb" in proc.stdout  # against transformers' continuous batching
     assert "-m bench.throughput --systems ours" in proc.stdout
     assert "bench/results/gpu-check-" in proc.stdout
 
@@ -172,6 +175,38 @@ def test_a_run_writes_one_summary_with_every_steps_results(tmp_path, monkeypatch
     assert summary["device"]["name"] == "Fake GPU" and summary["passed"] is False
     assert (tmp_path / "logs" / "gpu-check-fake-gpu-throughput.log").exists()
     assert "cuda tests: ok (2 passed, 0 failed, 0 skipped)" in capsys.readouterr().out
+
+
+def test_an_interrupted_run_still_writes_what_ran(tmp_path, monkeypatch):
+    """SIGINT (``timeout -s INT`` around the check) stops the step running and the rest;
+    the summary keeps the steps before it."""
+    runs = tmp_path / "runs" / "gpu-check-fake-gpu"
+    kernels = {"device": "Fake GPU", "results": []}
+    interrupt = "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(30)"
+    steps = [
+        Step(
+            "kernels",
+            [
+                sys.executable,
+                "-c",
+                f"open({str(runs / 'kernels.json')!r}, 'w').write({json.dumps(kernels)!r})",
+            ],
+            30,
+        ),
+        Step("step time", [sys.executable, "-c", interrupt], 30),
+        Step("throughput", [sys.executable, "-c", "pass"], 30),
+    ]
+    monkeypatch.setattr(gpu_check, "plan", lambda slug, out, model: steps)
+    fake = Device("Fake GPU", "fake-gpu", {"name": "Fake GPU", "count": 1})
+    monkeypatch.setattr(gpu_check, "detect_device", lambda: fake)
+
+    started = time.monotonic()
+    assert gpu_check.main(["--out", str(tmp_path)]) == gpu_check.EXIT_FAILED
+    assert time.monotonic() - started < 20  # the sleeping step was stopped
+    summary = json.loads((tmp_path / "gpu-check-fake-gpu.json").read_text())
+    assert summary["steps"]["kernels"]["result"] == kernels
+    assert summary["steps"]["step time"]["status"] == "interrupted"
+    assert "throughput" not in summary["steps"]
 
 
 def test_without_an_installed_package_the_steps_import_this_checkout(tmp_path, monkeypatch):

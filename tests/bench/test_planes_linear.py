@@ -29,3 +29,26 @@ def test_a_case_reports_times_the_bound_and_the_error(qtype, monkeypatch):
 def test_without_a_gpu_it_refuses(capsys):
     assert planes_linear.main([]) == 2
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(monkeypatch):
+    import triton.testing
+
+    times = iter(range(100, 0, -1))  # each later candidate faster: the last is the best
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: (fn(), next(times))[1])
+    weight = kernels.timing_weight("Q4_0", 40, 512, torch.device("cpu"))
+    row = planes_linear.sweep_case(weight, 1, peak=1000.0)
+    tiles = list(row["us_by_tiles"])
+    assert tiles[0] == row["chosen"] and row["chosen_us"] == 100 * 1e3
+    assert len(tiles) == len(set(tiles)) > 1  # each candidate once
+    assert row["best"] == tiles[-1] and row["best_us"] == min(row["us_by_tiles"].values())
+    assert all("gemv" in t for t in tiles)  # one row: the GEMV's candidates
+
+
+def test_candidates_vary_the_split_and_keep_the_kernel():
+    from hetero_infer.kernels.linear_planes_triton import PlanesTiles
+
+    chosen = PlanesTiles("dot", 16, 64, 4, 4, 2)
+    candidates = planes_linear.candidate_tiles(16, chosen)
+    assert {c.num_splits for c in candidates} == {1, 4, 8}
+    assert {(c.kernel, c.block_m) for c in candidates} == {("dot", 16)}
