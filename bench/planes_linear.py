@@ -27,6 +27,18 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch
+import torch.nn.functional as F
+import triton.testing
+from hetero_infer.kernels.linear_planes_triton import (
+    GEMV_MAX_ROWS,
+    STEP_VALUES,
+    PlanesTiles,
+    choose_planes_tiles,
+    planes_linear_triton,
+)
+from hetero_infer.kernels.linear_quantized_triton import quantized_linear_triton
+from hetero_infer.kernels.quantized_planes import PlanarWeight, pack_planes
+from hetero_infer.kernels.triton_utils import device_info
 
 from bench.common import parse_ints
 
@@ -35,17 +47,14 @@ SHAPES = ((6144, 4096), (4096, 4096), (14336, 4096), (4096, 14336))
 QTYPES = ("Q4_0", "Q4_K", "Q8_0")
 
 
+def bound_us(planes: PlanarWeight, x: torch.Tensor, peak: float) -> float:
+    """The time to read the planes and x and write y at ``peak`` GB/s."""
+    (m, k), n = x.shape, planes.shape[0]
+    return (planes.nbytes + (m * k + m * n) * x.element_size()) / (peak * 1e9) * 1e6
+
+
 def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[str, Any]:
     """One type, shape and row count: the three kernels' times and the bound."""
-    import torch.nn.functional as F
-    from hetero_infer.kernels.linear_planes_triton import (
-        STEP_VALUES,
-        choose_planes_tiles,
-        planes_linear_triton,
-    )
-    from hetero_infer.kernels.linear_quantized_triton import quantized_linear_triton
-    from hetero_infer.kernels.quantized_planes import pack_planes
-    from hetero_infer.kernels.triton_utils import device_info
 
     from bench.kernels import timed
 
@@ -59,7 +68,7 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     file_ms = timed(quantized_linear_triton, x, weight)
     torch_ms = timed(F.linear, x, dense)
     nbytes = planes.nbytes + (m * k + m * n) * x.element_size()
-    bound_us = nbytes / (peak * 1e9) * 1e6
+    bound = bound_us(planes, x, peak)
     tiles = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
     return {
         "qtype": weight.qtype,
@@ -71,21 +80,19 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
         "file_blocks_us": file_ms * 1e3,
         "torch_bf16_us": torch_ms * 1e3,
         "bytes": nbytes,
-        "hbm_bound_us": bound_us,
-        "fraction_of_peak": bound_us / (ms * 1e3),
+        "hbm_bound_us": bound,
+        "fraction_of_peak": bound / (ms * 1e3),
         "x_torch": torch_ms / ms,
         "x_file_blocks": file_ms / ms,
         "max_relative_error": error,
     }
 
 
-def candidate_tiles(m: int, chosen: Any) -> list[Any]:
+def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
     """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
     weight rows a program and warps (M <= 4), else the dot kernel's tile width and warps
     (each compiled variant costs a second or two); each with the chosen K splits, none,
     and twice as many."""
-    from hetero_infer.kernels.linear_planes_triton import GEMV_MAX_ROWS, PlanesTiles
-
     if m <= GEMV_MAX_ROWS:
         shapes = [(n, w, 3) for n in (4, 8, 16) for w in (1, 2, 4)]
     else:
@@ -101,14 +108,6 @@ def candidate_tiles(m: int, chosen: Any) -> list[Any]:
 def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
     """Each candidate's time at one type, shape and row count (short do_bench runs), the
     fastest against the chosen tiles."""
-    import triton.testing
-    from hetero_infer.kernels.linear_planes_triton import (
-        STEP_VALUES,
-        choose_planes_tiles,
-        planes_linear_triton,
-    )
-    from hetero_infer.kernels.quantized_planes import pack_planes
-    from hetero_infer.kernels.triton_utils import device_info
 
     n, k = weight.shape
     planes = pack_planes(weight)
@@ -120,7 +119,6 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
             run = lambda t=tiles: planes_linear_triton(x, planes, tiles=t)  # noqa: E731
             times[str(tiles)] = triton.testing.do_bench(run, warmup=5, rep=20) * 1e3
     best = min(times, key=times.get)
-    bound_us = (planes.nbytes + (m * k + m * n) * x.element_size()) / (peak * 1e9) * 1e6
     return {
         "qtype": weight.qtype,
         "n": n,
@@ -130,7 +128,7 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
         "chosen_us": times[str(chosen)],
         "best": best,
         "best_us": times[best],
-        "best_fraction_of_peak": bound_us / times[best],
+        "best_fraction_of_peak": bound_us(planes, x, peak) / times[best],
         "us_by_tiles": times,
     }
 
