@@ -62,9 +62,8 @@ class TimedRunner:
         return result
 
 
-def decode_steps(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
-    """Seconds of each step once all ``batch`` requests decode (the prompts' steps and
-    the last ones, where requests finish, left out)."""
+def step_times(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
+    """Seconds of every step of ``batch`` requests run to ``steps + 4`` tokens."""
     from hetero_infer.engine import SamplingParams
 
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
@@ -75,7 +74,13 @@ def decode_steps(engine: Any, batch: int, steps: int, first_token: int) -> list[
         started = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - started)
-    return times[2 : 2 + steps]
+    return times
+
+
+def decode_steps(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
+    """Seconds of each of ``steps`` steps once all ``batch`` requests decode (the
+    prompts' steps and the last ones, where requests finish, left out)."""
+    return step_times(engine, batch, steps, first_token)[2 : 2 + steps]
 
 
 def busy_ms(engine: Any, batch: int, steps: int, first_token: int) -> float | None:
@@ -84,17 +89,8 @@ def busy_ms(engine: Any, batch: int, steps: int, first_token: int) -> float | No
     and the last ones are a few of ``steps + 4``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    with profile(activities=activities) as prof:
-        from hetero_infer.engine import SamplingParams
-
-        params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
-        for i in range(batch):
-            engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
-        count = 0
-        while engine.has_pending_work():
-            engine.step()
-            count += 1
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        count = len(step_times(engine, batch, steps, first_token))
         torch.cuda.synchronize()
     intervals = sorted(
         (event.time_range.start, event.time_range.end)
