@@ -90,17 +90,17 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
 
 def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
     """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
-    weight rows a program and warps (M <= 4), else the dot kernel's tile width and warps
-    (each compiled variant costs a second or two); each with the chosen K splits, none,
-    and twice as many."""
+    weight rows a program, warps and steps a loop turn (M <= 4), else the dot kernel's
+    tile width and warps (each compiled variant costs a second or two); each with the
+    chosen K splits, none, and twice as many."""
     if m <= GEMV_MAX_ROWS:
-        shapes = [(n, w, 3) for n in (4, 8, 16) for w in (1, 2, 4)]
+        shapes = [(n, w, 3, u) for n in (4, 8) for w in (1, 2) for u in (1, 2, 4)]
     else:
-        shapes = [(n, w, 3) for n in (32, 64, 128) for w in (4, 8)]
+        shapes = [(n, w, 3, 1) for n in (32, 64, 128) for w in (4, 8)]
     splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
     return [
-        PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, stages)
-        for n, warps, stages in shapes
+        PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, stages, unroll)
+        for n, warps, stages, unroll in shapes
         for split in splits
     ]
 
@@ -137,10 +137,12 @@ def sweep(args: argparse.Namespace, device: torch.device, peak: float) -> list[d
     from bench.kernels import timing_weight
 
     results = []
-    for qtype in args.qtypes:
-        for n, k in SHAPES:
-            weight = timing_weight(qtype, n, k, device)
-            for m in args.rows:
+    # Rows outermost: with 1 first (decode), a step cut off at its limit has timed that
+    # for every type.
+    for m in args.rows:
+        for qtype in args.qtypes:
+            for n, k in SHAPES:
+                weight = timing_weight(qtype, n, k, device)
                 row = sweep_case(weight, m, peak)
                 results.append(row)
                 print(
@@ -149,10 +151,10 @@ def sweep(args: argparse.Namespace, device: torch.device, peak: float) -> list[d
                     f"peak): {row['best']}",
                     flush=True,
                 )
-            if args.json:  # as it goes: a step stopped at its limit keeps what it measured
-                Path(args.json).write_text(json.dumps({"sweep": results}, indent=2) + "\n")
-            del weight
-            torch.cuda.empty_cache()
+                if args.json:  # as it goes: a step stopped at its limit keeps what it timed
+                    Path(args.json).write_text(json.dumps({"sweep": results}, indent=2) + "\n")
+                del weight
+                torch.cuda.empty_cache()
     return results
 
 

@@ -16,9 +16,10 @@ fp32 rounding only (and the rounding of y to x's dtype).
 Three shapes of program, chosen by the activation rows M (``choose_planes_tiles``):
 
 - ``gemv`` (M <= 4, decode): no tl.dot; a program takes BLOCK_N weight rows and all M
-  rows of x, loads a step's [BLOCK_N, 8, 16] bytes at once (16 contiguous bytes a lane),
-  and keeps [M, BLOCK_N, 8] partial sums in registers, reduced once at the end; memory
-  bound, so many small programs, K split only where they would leave SMs idle;
+  rows of x, loads UNROLL steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16 contiguous
+  bytes a lane), and keeps [M, BLOCK_N, 8 UNROLL] partial sums in registers, reduced
+  once at the end; memory bound, so many small programs with loads in flight, K split
+  only where they would leave SMs idle;
 - ``split-K`` (M <= 32): tl.dot per half ([BLOCK_M, 16] @ [16, BLOCK_N]), K split across
   programs whose fp32 partial sums are added afterwards;
 - ``tiles`` (M > 32): the same kernel, 64 x 64 tiles, no split.
@@ -86,13 +87,16 @@ def _planes_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] dequant(w)[n, k] (+ bias[n]) over this program's steps
     (a split's share: ``out`` its fp32 partial sums, ``stride_out_split`` apart, no
-    bias). Program (n tile, m tile, split); 4-D tiles [BLOCK_M, BLOCK_N, 8 chunks, 16]."""
+    bias). Program (n tile, m tile, split); 4-D tiles [BLOCK_M, BLOCK_N, 8 UNROLL
+    chunks, 16]: UNROLL steps a loop turn, their loads all issued before their sums."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = tl.arange(0, 8)[None, :, None]  # [1, 8, 1]: the step's chunks
+    chunks = tl.arange(0, 8 * UNROLL)[None, :, None]  # [1, 8 UNROLL, 1]: a turn's chunks
+    c = chunks % 8  # the chunk within its step
     j = tl.arange(0, 16)[None, None, :]  # [1, 1, 16]: a half's values
     x_rows = x_ptr + rows.to(tl.int64)[:, None, None] * stride_x  # [BLOCK_M, 1, 1]
     x_mask = (rows < M)[:, None, None]
@@ -105,14 +109,17 @@ def _planes_gemv_kernel(
     d_rows = d_ptr + w_cols * stride_d
     dm_rows = dm_ptr + w_cols * stride_dm
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N, 8, 1), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, 8 * UNROLL, 1), dtype=tl.float32)
     first = tl.program_id(2) * steps_per_split
-    for step in range(first, tl.minimum(first + steps_per_split, num_steps)):
-        live = (step * 8 + c) < num_blocks  # [1, 8, 1]: a row's last step may end early
+    end = tl.minimum(first + steps_per_split, num_steps)
+    for turn in range(first, end, UNROLL):
+        step = turn + chunks // 8  # [1, 8 UNROLL, 1]
+        # A split's last turn may pass its end, a row's last step its last block.
+        live = (step < end) & ((step * 8 + c) < num_blocks)
         q_lo, q_hi, s_lo, s_hi, o_lo, o_hi = decode_chunk(
             v_rows, h_rows, s_rows, m_rows, d_rows, dm_rows, step, c, j, w_mask & live, QTYPE
-        )  # q_*: [BLOCK_N, 8, 16]; s_*, o_*: [BLOCK_N, 8, 1]
-        x_lo, x_hi = load_x_chunk(x_rows, step, c, j, x_mask & live, QTYPE)  # [BLOCK_M, 8, 16]
+        )  # q_*: [BLOCK_N, 8 UNROLL, 16]; s_*, o_*: [BLOCK_N, 8 UNROLL, 1]
+        x_lo, x_hi = load_x_chunk(x_rows, step, c, j, x_mask & live, QTYPE)
         x_lo = x_lo.to(tl.float32)[:, None, :, :]
         x_hi = x_hi.to(tl.float32)[:, None, :, :]
         dot_lo = tl.sum(x_lo * q_lo.to(tl.float32)[None, :, :, :], axis=3, keep_dims=True)
@@ -223,6 +230,7 @@ class PlanesTiles:
     num_splits: int  # programs along K per output tile, 1: none
     num_warps: int
     num_stages: int
+    unroll: int = 1  # gemv: steps a loop turn (more bytes in flight), a power of two
 
 
 def choose_planes_tiles(
@@ -322,7 +330,7 @@ def planes_linear_triton(
         num_stages=tiles.num_stages,
     )
     if tiles.kernel == "gemv":
-        _planes_gemv_kernel[grid](*args, **constants)
+        _planes_gemv_kernel[grid](*args, UNROLL=tiles.unroll, **constants)
     else:
         _planes_dot_kernel[grid](*args, DOT_FP32=dot_in_fp32(x.dtype, info), **constants)
     finish_split_k(out, target, bias)

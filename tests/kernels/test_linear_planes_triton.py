@@ -120,6 +120,10 @@ CASES = [
     ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1)),
     ("gemv", 3, torch.float32, (72, 352), True, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     ("gemv", 4, torch.float16, (40, 512), False, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
+    # Steps a loop turn: a split's last turn past its end (5 steps split 3 + 2, 2 a
+    # turn), and 4 a turn over 2 steps, the last of them ending early (1312: 41 blocks).
+    ("gemv-unrolled", 1, torch.float32, (40, 1280), False, PlanesTiles("gemv", 1, 8, 2, 1, 3, 2)),
+    ("gemv-unrolled", 2, torch.float16, (72, 1312), True, PlanesTiles("gemv", 2, 4, 1, 1, 3, 4)),
     ("split-K", 5, torch.float32, (72, 512), True, PlanesTiles("dot", 16, 64, 2, 4, 1)),
     ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2)),
     ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1)),

@@ -321,21 +321,21 @@ VARIANTS = [
         "planes-gemv-q4_0-bf16",
         PLANES_GEMV,
         planes_pointers("Q4_0", "bf16", "bf16"),
-        planes_constants("Q4_0", 1, 8, HAS_BIAS=True),
+        planes_constants("Q4_0", 1, 8, HAS_BIAS=True, UNROLL=1),
         dict(num_warps=2, num_stages=3),
     ),
     (  # 4 rows, a split's fp32 partial sums
         "planes-gemv-q4_k-fp16-split",
         PLANES_GEMV,
         planes_pointers("Q4_K", "fp16", "fp32"),
-        planes_constants("Q4_K", 4, 8),
+        planes_constants("Q4_K", 4, 8, UNROLL=4),  # 4 steps a loop turn
         dict(num_warps=2, num_stages=3),
     ),
     (
         "planes-gemv-q6_k-bf16",
         PLANES_GEMV,
         planes_pointers("Q6_K", "bf16", "bf16"),
-        planes_constants("Q6_K", 2, 8),
+        planes_constants("Q6_K", 2, 8, UNROLL=2),
         dict(num_warps=2, num_stages=3),
     ),
     (  # split-K at up to 16 rows
