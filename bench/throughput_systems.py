@@ -80,6 +80,7 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from hetero_infer import engine
     from hetero_infer.engine import SamplingParams
+    from hetero_infer.engine.params.sampling_params import RequestOutputKind
 
     workload = load_workload(job["workload"])
     config = engine.EngineConfig(
@@ -97,7 +98,14 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
 
     def generate(requests: list[dict[str, Any]]) -> int:
         for r in requests:
-            params = SamplingParams(max_tokens=r["output_len"], ignore_eos=True, **sampling(r))
+            # Offline, only the finished outputs are read, as LLMEngine.generate (and
+            # vLLM's LLM.generate) asks: no output made a step.
+            params = SamplingParams(
+                max_tokens=r["output_len"],
+                ignore_eos=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                **sampling(r),
+            )
             llm.add_request(r["prompt_token_ids"], params)
         output_tokens = 0
         while llm.has_pending_work():

@@ -20,7 +20,7 @@ from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
 from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams
 from hetero_infer.engine.entrypoints.beam_search_runner import beam_search
 from hetero_infer.engine.entrypoints.core_builder import build_core
-from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.entrypoints.outputs import RequestOutput, final_only
 from hetero_infer.engine.frontend.input_processor import EngineRequest, InputProcessor, Prompt
 from hetero_infer.engine.frontend.lora_requests import LoRARequests
 from hetero_infer.engine.frontend.output_processor import OutputProcessor
@@ -274,6 +274,7 @@ class LLMEngine:
                     f"sampling_params: {len(params)} given for {len(prompts)} prompts",
                     param="sampling_params",
                 )
+        params = final_only(params)  # as vLLM's LLM.generate: only the last output is read
         loras = lora_request
         if lora_request is None or isinstance(lora_request, str | LoRARequest):
             loras = [lora_request] * len(prompts)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
+from hetero_infer.engine.params.sampling_params import RequestOutputKind
 from hetero_infer.server import cli
 
 from tests.tiny_models import save_tiny_model
@@ -53,6 +54,33 @@ def test_step_api_streams_the_final_text(engine):
     assert metrics["throughput"] > 0 and metrics["average_latency"] > 0
     stats = engine.memory_stats()
     assert stats["used_blocks"] == 0 and stats["free_blocks"] == stats["total_blocks"] == 64
+
+
+def test_generate_makes_only_the_final_outputs_and_leaves_the_params_as_given(engine):
+    """As vLLM's LLM.generate: no output a step (each cumulative one copies the text and
+    tokens so far), the same final outputs as the step API's."""
+    from hetero_infer.engine.frontend import choice_state
+
+    made = []
+    snapshot = choice_state.ChoiceState.snapshot
+
+    def counted(self, *args):
+        made.append(self.request_id)
+        return snapshot(self, *args)
+
+    prompts = ["hello world", [5, 6, 7, 8]]
+    by_steps = [engine.add_request(prompt, GREEDY) for prompt in prompts]
+    run_to_end(engine)
+    expected = [engine.get_output(request_id) for request_id in by_steps]
+    choice_state.ChoiceState.snapshot = counted
+    try:
+        outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        choice_state.ChoiceState.snapshot = snapshot
+    assert len(made) == 2  # one final output each, none a step
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert [o.text for o in outputs] == [o.text for o in expected]
+    assert GREEDY.output_kind is RequestOutputKind.CUMULATIVE
 
 
 def test_kv_waste_is_the_unfilled_tail_of_each_last_block(model_dir):
