@@ -7,7 +7,7 @@ then the GPU benchmarks, their results in one file per device under bench/result
     make gpu-check GPU_PYTHON=python3      # a python that has a CUDA torch already
 
 What runs, each step a subprocess with its own time limit (a hang costs that step
-only; the limits add up to 10 minutes on one GPU):
+only; the limits add up to about 10 minutes on one GPU):
 
 1. ``cuda tests``: every test marked ``cuda`` (found by reading tests/ for the marker),
    by ``pytest -m cuda`` on their files, with a JUnit report. TRITON_INTERPRET=0, so
