@@ -4,7 +4,8 @@ Qwen2.5-VL's, each on a tiny random checkpoint (tests/tiny_models.py), under the
 scheduling regimes that change how the KV cache is filled (plain, chunked prefill at a
 budget that splits an image's tokens, preemption by recompute and by swap, the KV
 tiers, two tensor-parallel ranks), with the prefix cache hit on the same image and
-missed on a different image behind the same text.
+missed on a different image behind the same text; plainly and chunked on an NVIDIA GPU
+too (marked cuda: make gpu-check runs them).
 
 Gemma 3's image tokens attend to each other both ways: its chunks stop at an image's
 edge instead (core/scheduler.py), and its image steps take the torch reference's
@@ -192,6 +193,27 @@ def test_greedy_matches_transformers_with_images(vlm, regime, tmp_path):
         assert stats[must_happen] > 0
     assert stats["prefix_cache_hits"] > 0
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("regime", ["plain", "chunked"])
+def test_greedy_on_cuda_matches_transformers_with_images(vlm, regime, tmp_path):
+    """The same on an NVIDIA GPU: the compiled Triton kernels, CUDA graphs for decodes,
+    a KV pool of its own size (make gpu-check's test workers share the GPU)."""
+    from tests.engine.worker.test_cuda_graphs import skip_unless_compiled_triton
+
+    skip_unless_compiled_triton()
+    family, folder, cases = vlm
+    settings, _ = regime_settings(family, regime, tmp_path)
+    pool = dict(max_num_seqs=8, max_num_blocks=256, max_model_len=1024)
+    config = EngineConfig(model=str(folder), dtype="float32", device="cuda", **pool, **settings)
+    engine = LLMEngine(config)
+    prompts = [engine_prompt(engine, q, images) for q, images in CASES]
+    expected = [ref for _, ref in cases]
+    for _ in range(2):  # the second pass hits the prefix cache
+        assert run(engine, prompts) == expected
+    stats = engine.memory_stats()
+    assert stats["prefix_cache_hits"] > 0 and stats["used_blocks"] == 0
 
 
 def test_prefix_cache_tells_images_apart(reference, vlm):
