@@ -94,7 +94,10 @@ def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
     tile width and warps (each compiled variant costs a second or two); each with the
     chosen K splits, none, and twice as many."""
     if m <= GEMV_MAX_ROWS:
-        shapes = [(n, w, 3, u) for n in (4, 8) for w in (1, 2) for u in (1, 2, 4)]
+        # Warps up to the steps a turn: a turn's tile of 4 weight rows is 512 bytes a step,
+        # one 16-byte load for each lane of a warp.
+        turns = [(1, 1), (1, 2), (2, 2), (1, 4), (2, 4), (4, 4)]
+        shapes = [(n, w, 3, u) for n in (4, 8) for w, u in turns]
     else:
         shapes = [(n, w, 3, 1) for n in (32, 64, 128) for w in (4, 8)]
     splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
