@@ -40,8 +40,10 @@ class Pooler:
         pooled: dict[str, list[float]] = {}
         offset = 0
         for item in scheduled:
-            rows = hidden[offset : offset + item.num_new_tokens]  # [num_new_tokens, hidden]
-            offset += item.num_new_tokens
+            start, offset = offset, offset + item.num_new_tokens
+            if item.pooling is None:  # most: no slice of hidden (a tensor op each)
+                continue
+            rows = hidden[start:offset]  # [num_new_tokens, hidden]
             if item.pooling == "mean":
                 self._add(item, rows)
             if not item.returns_embedding:
