@@ -18,7 +18,7 @@ steps are timed:
 - ``host ms``: the same steps with the runner replaced by one that computes nothing
   (bench.host_step.IdleRunner): the engine loop's own work above the runner.
 
-Written to ``--json`` with the device and the settings.
+Written to ``--json`` with the device, the host (its CPU and flags) and the settings.
 """
 
 from __future__ import annotations
@@ -224,8 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = run_mode(args, args.async_scheduling == "on")
     if args.json:
+        from bench.throughput import machine_info
+
         result = {
             "device": torch.cuda.get_device_name(),
+            "machine": machine_info(),  # the host's CPU sets the pace of a small model
             "model": args.model,
             "settings": {
                 "steps": args.steps,
