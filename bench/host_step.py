@@ -39,6 +39,8 @@ if __name__ == "__main__" and not __package__:
 
 from bench.common import RESULTS_DIR, align, column_widths, portable
 
+PROMPT_TOKENS = 16
+
 
 class IdleRunner:
     """A model runner that computes nothing: each sampling sequence gets ``token_id``
@@ -57,20 +59,26 @@ class IdleRunner:
         return ModelRunnerOutput(sampled={s.request_id: token for s in out.scheduled if s.samples})
 
 
-def decode_step_times(engine: Any, runner: IdleRunner, batch: int, steps: int) -> list[float]:
-    """Seconds of each step once every request decodes (prefill steps left out)."""
+def step_times(engine: Any, batch: int, steps: int, first_token: int = 100) -> list[float]:
+    """Seconds of every step of ``batch`` requests (prompts of PROMPT_TOKENS ids from
+    ``first_token`` on) run to ``steps + 4`` tokens each."""
     from hetero_infer.engine import SamplingParams
 
-    engine.core.runner = runner
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
     for i in range(batch):
-        engine.add_request([100 + i % 50] * 16, params)
+        engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
     times = []
     while engine.has_pending_work():
         started = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - started)
-    return times[2 : 2 + steps]  # the prompts' step, then full decode steps
+    return times
+
+
+def decode_step_times(engine: Any, runner: IdleRunner, batch: int, steps: int) -> list[float]:
+    """Seconds of each step once every request decodes (prefill steps left out)."""
+    engine.core.runner = runner
+    return step_times(engine, batch, steps)[2 : 2 + steps]  # the prompts' step, then decodes
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -47,15 +47,14 @@ SHAPES = ((6144, 4096), (4096, 4096), (14336, 4096), (4096, 14336))
 QTYPES = ("Q4_0", "Q4_K", "Q8_0")
 
 
-def bound_us(planes: PlanarWeight, x: torch.Tensor, peak: float) -> float:
-    """The time to read the planes and x and write y at ``peak`` GB/s."""
+def moved_bytes(planes: PlanarWeight, x: torch.Tensor) -> int:
+    """The bytes a product must move at least: the planes and x read, y written."""
     (m, k), n = x.shape, planes.shape[0]
-    return (planes.nbytes + (m * k + m * n) * x.element_size()) / (peak * 1e9) * 1e6
+    return planes.nbytes + (m * k + m * n) * x.element_size()
 
 
 def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[str, Any]:
     """One type, shape and row count: the three kernels' times and the bound."""
-
     from bench.kernels import timed
 
     n, k = weight.shape
@@ -67,8 +66,8 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     ms = timed(planes_linear_triton, x, planes)
     file_ms = timed(quantized_linear_triton, x, weight)
     torch_ms = timed(F.linear, x, dense)
-    nbytes = planes.nbytes + (m * k + m * n) * x.element_size()
-    bound = bound_us(planes, x, peak)
+    nbytes = moved_bytes(planes, x)
+    bound = nbytes / (peak * 1e3)  # us at peak GB/s
     tiles = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
     return {
         "qtype": weight.qtype,
@@ -111,7 +110,6 @@ def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
 def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
     """Each candidate's time at one type, shape and row count (short do_bench runs), the
     fastest against the chosen tiles."""
-
     n, k = weight.shape
     planes = pack_planes(weight)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=planes.device)
@@ -131,7 +129,7 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
         "chosen_us": times[str(chosen)],
         "best": best,
         "best_us": times[best],
-        "best_fraction_of_peak": bound_us(planes, x, peak) / times[best],
+        "best_fraction_of_peak": moved_bytes(planes, x) / (peak * 1e3) / times[best],
         "us_by_tiles": times,
     }
 

@@ -41,8 +41,7 @@ if __name__ == "__main__" and not __package__:
 import torch
 
 from bench.common import parse_ints, resolve_model_folder
-
-PROMPT_TOKENS = 16
+from bench.host_step import PROMPT_TOKENS, IdleRunner, step_times
 
 
 class TimedRunner:
@@ -62,24 +61,10 @@ class TimedRunner:
         return result
 
 
-def step_times(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
-    """Seconds of every step of ``batch`` requests run to ``steps + 4`` tokens."""
-    from hetero_infer.engine import SamplingParams
-
-    params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
-    for i in range(batch):
-        engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
-    times = []
-    while engine.has_pending_work():
-        started = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - started)
-    return times
-
-
 def decode_steps(engine: Any, batch: int, steps: int, first_token: int) -> list[float]:
     """Seconds of each of ``steps`` steps once all ``batch`` requests decode (the
-    prompts' steps and the last ones, where requests finish, left out)."""
+    prompts' steps and the last ones, where requests finish, left out), with the
+    engine's runner as it is."""
     return step_times(engine, batch, steps, first_token)[2 : 2 + steps]
 
 
@@ -115,8 +100,6 @@ def fmt(value: float | None) -> str:
 
 
 def measure(engine: Any, batch: int, steps: int, first_token: int) -> dict[str, Any]:
-    from bench.host_step import IdleRunner
-
     runner = engine.core.runner
     timed = TimedRunner(runner)
     engine.core.runner = timed
