@@ -35,7 +35,8 @@ import torch
 from hetero_infer.kernels.attention_backend import AttentionInputs
 from hetero_infer.kernels.decoder_stack import DecoderLayerSpec, DecoderStackFn, DecoderStackSpec
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, unfused
-from hetero_infer.kernels.linear_cpu import KernelLinear
+from hetero_infer.kernels.linear_choice import KERNEL, ROW_BUCKETS, row_bucket
+from hetero_infer.kernels.linear_cpu import KernelLinear, RowSplitLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.paged_attention_cpu import CpuAttentionMetadata
 
@@ -54,11 +55,17 @@ class CpuDecoderStack:
     # weights set per slot (``set_lora``) to the rows the step gives each slot.
     takes_lora = True
 
-    def __init__(self, stack: object) -> None:
+    def __init__(self, stack: object, buckets_served: tuple[bool, ...] | None = None) -> None:
+        """``buckets_served``: per bucket of a step's rows (kernels/linear_choice.py),
+        whether the stack's projections (ours) are the ones chosen for it (None: all)."""
         self.stack = stack
+        self.buckets_served = buckets_served
 
     def serves(self, meta: AttentionInputs) -> bool:
-        return isinstance(meta, CpuAttentionMetadata) and meta.max_query_len <= SHORT_CHUNK
+        if not isinstance(meta, CpuAttentionMetadata) or meta.max_query_len > SHORT_CHUNK:
+            return False
+        served = self.buckets_served
+        return served is None or served[row_bucket(meta.slot_mapping.shape[0])]
 
     def set_lora(self, layer: int, projection: int, slot: int, weights: object) -> None:
         """An adapter's packed weights (KernelOps.pack_lora) on one projection of a
@@ -95,6 +102,8 @@ def packed_linear(module: ModuleType, linear: LinearFn) -> object | None:
     # The activation-and-mul after a merged gate_up no kernel fuses (by its HF name)
     then = linear.activation if isinstance(linear, GatedLinear) else ""
     linear = unfused(linear)
+    if isinstance(linear, RowSplitLinear):  # the stack runs only the rows ours is chosen for
+        linear = linear.kernel
     if isinstance(linear, QuantizedLinear):
         return module.PackedLinear(
             linear.packed, linear.qtype, linear.bias, False, then, linear.activation_bits
@@ -132,7 +141,24 @@ def pack_decoder_stack(module: ModuleType | None, spec: DecoderStackSpec) -> Dec
     )
     for layer in layers:
         stack.add_layer(layer)
-    return CpuDecoderStack(stack)
+    return CpuDecoderStack(stack, _buckets_served(spec))
+
+
+def _buckets_served(spec: DecoderStackSpec) -> tuple[bool, ...] | None:
+    """Per bucket of rows, whether ours runs every projection split by rows (None where
+    none is split: ours runs them all)."""
+    choices = [
+        projection.choice
+        for layer in spec.layers
+        for name in PROJECTIONS
+        if isinstance(projection := unfused(getattr(layer, name)), RowSplitLinear)
+    ]
+    if not choices:
+        return None
+    return tuple(
+        all(choice.kernels[bucket] == KERNEL for choice in choices)
+        for bucket in range(len(ROW_BUCKETS) + 1)
+    )
 
 
 def layer_description(module: ModuleType, layer: DecoderLayerSpec) -> dict[str, Any] | None:

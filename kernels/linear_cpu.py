@@ -14,10 +14,20 @@ available, torch's ``F.linear`` runs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
-from hetero_infer.kernels.linear import LinearFn, TorchLinear
+from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
+from hetero_infer.kernels.linear_choice import (
+    KERNEL,
+    ONEDNN,
+    LinearChooser,
+    ShapeChoice,
+    Timer,
+    num_copies,
+    stream_timer,
+)
 from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.quantized import QuantizedWeight
 
@@ -76,33 +86,133 @@ def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
     )
 
 
-def pack_linear(
-    weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None, module: ModuleType | None
-) -> LinearFn:
-    """A bf16 CPU weight packed for our kernel (``module``, where built) or oneDNN; a
-    quantized weight for the quantized kernels (which the caller checked take it); any
-    other weight as it is, for torch's F.linear."""
-    if isinstance(weight, QuantizedWeight):
-        return QuantizedLinear(module, weight, bias)
-    if kernel_takes(module, weight):
-        return KernelLinear(module, weight, bias)
+def onednn_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn | None:
+    """oneDNN on its packed copy of a bf16 CPU weight, or None where it cannot take it
+    here (then torch's F.linear runs)."""
     if not (bf16_cpu_matrix(weight) and torch.backends.mkldnn.is_available()):
-        return TorchLinear(weight, bias)
+        return None
     try:
         linear = OneDnnLinear(weight, bias)
         with torch.no_grad():  # one row through it: fails here, if at all, not in a step
             linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
     except (AttributeError, RuntimeError) as exc:
         logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)
-        return TorchLinear(weight, bias)
+        return None
     return linear
 
 
+def pack_linear(
+    weight: torch.Tensor | QuantizedWeight,
+    bias: torch.Tensor | None,
+    module: ModuleType | None,
+    chooser: LinearChooser | None = None,
+) -> LinearFn:
+    """A bf16 CPU weight packed for our kernel (``module``, where built) or oneDNN, or
+    both, each for the rows ``chooser`` gives it (without one: ours wherever it takes the
+    weight); a quantized weight for the quantized kernels (which the caller checked take
+    it); any other weight as it is, for torch's F.linear."""
+    if isinstance(weight, QuantizedWeight):
+        return QuantizedLinear(module, weight, bias)
+    ours = kernel_takes(module, weight)
+    if ours and (chooser is None or chooser.mode == KERNEL):
+        return KernelLinear(module, weight, bias)
+    onednn = onednn_linear(weight, bias)
+    if onednn is None:
+        return KernelLinear(module, weight, bias) if ours else TorchLinear(weight, bias)
+    if not ours or chooser is None:
+        return onednn
+    choice = chooser.choose(
+        shape_name(weight),
+        lambda: copies_timer(weight, lambda w: KernelLinear(module, w), OneDnnLinear),
+    )
+    return by_rows(choice, lambda: KernelLinear(module, weight, bias), onednn)
+
+
 def pack_gated_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None, module: ModuleType | None
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    module: ModuleType | None,
+    chooser: LinearChooser | None = None,
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LinearFn | None:
-    """silu-and-mul of x @ weight^T in one pass, for a merged gate_up weight our kernel
-    takes (and no bias); None otherwise."""
+    """silu-and-mul of x @ weight^T, for a merged gate_up weight our kernel takes (and no
+    bias): in one pass by our kernel, or by oneDNN then ``silu_and_mul``, each for the
+    rows ``chooser`` gives it; None where our kernel does not take it."""
     if isinstance(weight, QuantizedWeight) or bias is not None or not kernel_takes(module, weight):
         return None
-    return KernelLinear(module, weight, gated=True)
+    if chooser is None or chooser.mode == KERNEL or silu_and_mul is None:
+        return KernelLinear(module, weight, gated=True)
+    onednn = onednn_linear(weight, None)
+    if onednn is None:
+        return KernelLinear(module, weight, gated=True)
+
+    def onednn_gated(w: torch.Tensor) -> LinearFn:
+        return GatedLinear(OneDnnLinear(w), silu_and_mul, "silu")
+
+    choice = chooser.choose(
+        shape_name(weight, gated=True),
+        lambda: copies_timer(weight, lambda w: KernelLinear(module, w, gated=True), onednn_gated),
+    )
+    return by_rows(
+        choice,
+        lambda: KernelLinear(module, weight, gated=True),
+        GatedLinear(onednn, silu_and_mul, "silu"),
+    )
+
+
+def shape_name(weight: torch.Tensor, gated: bool = False) -> str:
+    """How the choice names a projection: its weight's shape, out x in."""
+    out_features, in_features = weight.shape
+    return f"{out_features}x{in_features}{' gated' if gated else ''}"
+
+
+def copies_timer(
+    weight: torch.Tensor,
+    kernel: Callable[[torch.Tensor], LinearFn],
+    onednn: Callable[[torch.Tensor], LinearFn],
+) -> Timer:
+    """The choice's timer for ``weight``: each candidate packed on copies of it, which a
+    timing streams through as a step streams the layers' weights."""
+    copies = [weight] + [weight.clone() for _ in range(num_copies(weight) - 1)]
+    packers = {KERNEL: kernel, ONEDNN: onednn}
+    return stream_timer(lambda kind: [packers[kind](w) for w in copies], weight.shape[1])
+
+
+def by_rows(choice: ShapeChoice, kernel: Callable[[], KernelLinear], onednn: LinearFn) -> LinearFn:
+    """One kernel where the choice gives it every row count; both, split by rows, else."""
+    kernels = set(choice.kernels)
+    if kernels == {ONEDNN}:
+        return onednn
+    if kernels == {KERNEL}:
+        return kernel()
+    return RowSplitLinear(kernel(), onednn, choice)
+
+
+class RowSplitLinear:
+    """Our kernel for the calls whose rows the choice gives it, oneDNN for the others;
+    the attributes of our kernel's form (``packed``, ``gated``, ``out_features``), which
+    the one-call decoder stack, LoRA and the placement of packed weights read."""
+
+    def __init__(self, kernel: KernelLinear, onednn: LinearFn, choice: ShapeChoice) -> None:
+        self.kernel, self.onednn, self.choice = kernel, onednn, choice
+        self.gated, self.out_features = kernel.gated, kernel.out_features
+
+    @property
+    def packed(self) -> torch.Tensor:
+        return self.kernel.packed
+
+    @packed.setter
+    def packed(self, packed: torch.Tensor) -> None:  # placed on huge pages
+        self.kernel.packed = packed
+
+    def __call__(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if self.choice.kernel_for(rows.shape[0]) == KERNEL:
+            return self.kernel(x, addend)
+        if addend is None:
+            out = self.onednn(rows)
+        else:  # LoRA's updates of a gate_up, added before the activation as ours does
+            assert isinstance(self.onednn, GatedLinear)
+            sums = self.onednn.linear(rows).float() + addend
+            out = self.onednn.activation_and_mul(sums.to(x.dtype))
+        return out.view(*x.shape[:-1], self.out_features)

@@ -22,6 +22,7 @@ from hetero_infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
+from hetero_infer.kernels.linear_choice import LinearChooser
 from hetero_infer.kernels.lora import (
     LoRAPart,
     add_lora_ref,
@@ -123,13 +124,14 @@ class KernelOps:
         return dataclasses.replace(self, **changes)
 
 
-def cpu_ops(module: ModuleType | None) -> KernelOps:
+def cpu_ops(module: ModuleType | None, chooser: LinearChooser | None = None) -> KernelOps:
     """CPU tensors: the C++ kernels of ``module`` (kernels/cpu_extension.py) for bf16 and
     fp16, the references for fp32; packed bf16 linear layers (by oneDNN too where
     ``module`` is None: not built, or turned off), and quantized ones where the kernels
-    take them."""
+    take them. ``chooser``: which of our bf16 kernel and oneDNN runs a projection's rows
+    (kernels/linear_choice.py; None: ours wherever it takes the weight)."""
     packed = KernelOps(
-        pack_linear=functools.partial(linear_cpu.pack_linear, module=module),
+        pack_linear=functools.partial(linear_cpu.pack_linear, module=module, chooser=chooser),
         pack_fused_silu_and_mul_linear=functools.partial(
             linear_cpu.pack_gated_linear, module=module
         ),
@@ -185,6 +187,9 @@ def cpu_ops(module: ModuleType | None) -> KernelOps:
         fused_add_rms_norm=fused_add_rms_norm,
         rotary=rotary,
         silu_and_mul=silu_and_mul,
+        pack_fused_silu_and_mul_linear=functools.partial(
+            linear_cpu.pack_gated_linear, module=module, chooser=chooser, silu_and_mul=silu_and_mul
+        ),
         greedy_pick=greedy_pick,
         sample=sample,
         uniforms=uniforms,

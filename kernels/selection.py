@@ -17,6 +17,7 @@ import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend
 from hetero_infer.kernels.backends import BACKENDS
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.linear_choice import LinearChooser
 from hetero_infer.kernels.ops import KernelOps, cpu_ops
 from hetero_infer.kernels.paged_attention import torch_attention
 from hetero_infer.kernels.paged_attention_cpu import cpu_attention
@@ -30,6 +31,9 @@ class Kernels:
 
     attention: AttentionBackend
     ops: KernelOps
+    # which kernel runs each bf16 projection's rows on the CPU (None: ours wherever it
+    # takes the weight), with what it chose once the model is packed
+    linear_chooser: LinearChooser | None = None
 
 
 def triton_available() -> bool:
@@ -40,18 +44,25 @@ def triton_available() -> bool:
 
 
 def select_kernels(
-    attention_backend: str, device: torch.device, cpu_kernels: bool = True
+    attention_backend: str,
+    device: torch.device,
+    cpu_kernels: bool = True,
+    linear_chooser: LinearChooser | None = None,
 ) -> Kernels:
     """The kernels an engine on ``device`` runs. ``cpu_kernels``: whether the C++ CPU
-    kernels may be used (else the torch code runs, with the same results, more slowly).
-    ValueError where the choice cannot run here."""
+    kernels may be used (else the torch code runs, with the same results, more slowly);
+    ``linear_chooser``: which of ours and oneDNN runs a bf16 projection's rows on the
+    CPU (kernels/linear_choice.py; None: ours wherever it takes the weight). ValueError
+    where the choice cannot run here."""
     if attention_backend not in BACKENDS:
         raise ValueError(
             f"attention_backend must be one of {', '.join(BACKENDS)}; got {attention_backend!r}"
         )
     on_cpu = device.type == "cpu"
     module = load_cpu_kernels() if on_cpu and cpu_kernels else None
-    device_ops = cpu_ops(module) if on_cpu else KernelOps()  # a GPU: torch's references
+    if not on_cpu or module is None:
+        linear_chooser = None  # nothing to choose between: one kernel takes bf16 weights
+    device_ops = cpu_ops(module, linear_chooser) if on_cpu else KernelOps()  # GPU: references
     if attention_backend == "triton":
         _check_triton_runs_on(device)
     elif attention_backend == "auto" and not on_cpu and not triton_available():
@@ -62,7 +73,7 @@ def select_kernels(
 
         return Kernels(triton_attention(), triton_ops(device_ops))
     if module is not None:
-        return Kernels(cpu_attention(module), device_ops)
+        return Kernels(cpu_attention(module), device_ops, linear_chooser)
     return Kernels(torch_attention(), device_ops)
 
 

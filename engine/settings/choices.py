@@ -16,12 +16,16 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's names: "mp", the engine starts the other ranks as local processes;
 # "external_launcher", torchrun did (its RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+# Which kernel runs a bf16 projection's rows on the CPU (kernels/linear_choice.py, whose
+# MODES this repeats: torch is not loaded here)
+CPU_LINEAR_KERNELS = ("measure", "rule", "kernel", "onednn")
 # The prefix cache's block hashes (engine/core/block_hashing.py): ours, keyed per replica;
 # vLLM's sha256_cbor, which routers recompute
 PREFIX_CACHING_HASH_ALGOS = ("keyed", "sha256_cbor")
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "CPU_LINEAR_KERNELS",
     "DEVICES",
     "DISTRIBUTED_EXECUTOR_BACKENDS",
     "DTYPES",

@@ -16,6 +16,7 @@ from typing import Any
 
 from hetero_infer.engine.settings.choices import (
     ATTENTION_BACKENDS,
+    CPU_LINEAR_KERNELS,
     DEVICES,
     DISTRIBUTED_EXECUTOR_BACKENDS,
     DTYPES,
@@ -176,6 +177,9 @@ class EngineConfig:
     cpu_kernels: bool = setting(
         True, "false: the torch code instead of the C++ CPU kernels (same results, slower)"
     )
+    cpu_linear_kernel: str = setting(
+        "measure", "which bf16 kernel runs a projection's rows (docs/cpu.md)", CPU_LINEAR_KERNELS
+    )
     enforce_eager: bool = setting(False, "no CUDA graphs: run every decode step eagerly")
     async_scheduling: bool | None = setting(
         False,
@@ -190,10 +194,7 @@ class EngineConfig:
         hash=False,
     )
     pooling: str = setting(
-        "last",
-        "how /v1/embeddings pools a prompt's final hidden states: last (vLLM's default for "
-        "decoder models) or mean",
-        POOLINGS,
+        "last", "how /v1/embeddings pools a prompt: last (vLLM's default) or mean", POOLINGS
     )
 
     enable_lora: bool = setting(False, "as vLLM's: serve LoRA adapters on the model (docs/lora.md)")
@@ -222,9 +223,8 @@ class EngineConfig:
 
     # The seed API's name for max_num_batched_tokens.
     max_total_tokens: InitVar[int | None] = None
-    # The seed API's most sequences in one step. Here every running sequence takes
-    # part in every step, so it caps max_num_seqs (the seed's config.json gives both,
-    # e.g. 32 and 256: 32 sequences run at once).
+    # The seed API's most sequences in one step: it caps max_num_seqs, since every running
+    # sequence takes part in every step (its config.json's 32 and 256: 32 run at once).
     max_batch_size: InitVar[int | None] = None
 
     def __post_init__(self, max_total_tokens: int | None, max_batch_size: int | None) -> None:

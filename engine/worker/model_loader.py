@@ -19,13 +19,17 @@ from hetero_infer.engine.settings import host_memory
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import Kernels, select_kernels
+from hetero_infer.kernels.linear_choice import CACHE_PATH, LinearChooser
 
 logger = logging.getLogger(__name__)
 
 
 def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
+    chooser = LinearChooser(config.cpu_linear_kernel, CACHE_PATH)
     try:
-        kernels = select_kernels(config.attention_backend, device, cpu_kernels=config.cpu_kernels)
+        kernels = select_kernels(
+            config.attention_backend, device, config.cpu_kernels, linear_chooser=chooser
+        )
     except ValueError as exc:  # a backend that cannot run here
         raise ConfigError(str(exc)) from exc
     return kernels
@@ -85,6 +89,8 @@ def load_model(
     model.pack_weights(host_memory.gather_on_huge_pages if device.type == "cpu" else None)
     model.init_rope(device)
     model.eval()
+    if kernels.linear_chooser is not None and kernels.linear_chooser.chosen:
+        logger.info("%s", kernels.linear_chooser.table())
     if device.type == "cpu":
         host_memory.release_freed_memory()
     logger.info("loaded %s in %.1f s", source.path, time.monotonic() - started)

@@ -1,0 +1,230 @@
+"""The choice between our bf16 kernel and oneDNN per projection and row bucket: decided
+by (fake) timings, kept per machine, and followed by the packed projections and the
+one-call decoder stack."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hetero_infer.kernels import linear_choice, linear_cpu
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.decoder_stack_cpu import _buckets_served
+from hetero_infer.kernels.linear import GatedLinear
+from hetero_infer.kernels.linear_choice import (
+    KERNEL,
+    ONEDNN,
+    ROW_BUCKETS,
+    TIMED_PAIRS,
+    TIMED_ROWS,
+    LinearChooser,
+    ShapeChoice,
+    pick,
+    row_bucket,
+)
+from hetero_infer.kernels.linear_cpu import (
+    KernelLinear,
+    OneDnnLinear,
+    RowSplitLinear,
+    pack_gated_linear,
+    pack_linear,
+)
+
+
+def fresh_flags(*flags: str) -> frozenset[str]:
+    """CPU flags of a machine of its own: no choice measured in this process holds for it."""
+    return frozenset({f"test-{uuid.uuid4().hex}", *flags})
+
+
+def fake_timer(seconds: dict[str, tuple[float, ...]], calls: list | None = None):
+    """A timer factory whose candidates take ``seconds[kind][bucket]``."""
+
+    def factory():
+        def time_call(kind: str, rows: int) -> float:
+            if calls is not None:
+                calls.append((kind, rows))
+            return seconds[kind][TIMED_ROWS.index(rows)]
+
+        return time_call
+
+    return factory
+
+
+# the timings one shape's measurement takes: both kernels, warm-up and pairs, per row count
+TIMINGS = 2 * (TIMED_PAIRS + 1) * len(TIMED_ROWS)
+OURS_THEN_ONEDNN = {KERNEL: (1.0, 1.0, 1.0, 1.0, 1.0), ONEDNN: (2.0, 0.95, 0.5, 0.3, 0.2)}
+
+
+def test_rows_fall_in_their_buckets():
+    assert [row_bucket(r) for r in (1, 2, 8, 9, 32, 33, 128, 129, 10_000)] == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
+    ]
+    assert [row_bucket(r) for r in TIMED_ROWS] == list(range(len(ROW_BUCKETS) + 1))
+
+
+def test_onednn_replaces_ours_only_where_clearly_faster():
+    # 0.95 is within the margin: a near tie keeps our kernel
+    assert pick(tuple(zip(*OURS_THEN_ONEDNN.values(), strict=True))) == (
+        KERNEL,
+        KERNEL,
+        ONEDNN,
+        ONEDNN,
+        ONEDNN,
+    )
+
+
+def test_measures_each_shape_once_per_machine():
+    flags, calls = fresh_flags(), []
+    chooser = LinearChooser("measure", flags=flags)
+    choice = chooser.choose("64x32", fake_timer(OURS_THEN_ONEDNN, calls))
+    assert choice.kernels == (KERNEL, KERNEL, ONEDNN, ONEDNN, ONEDNN)
+    assert choice.source == "measured" and len(choice.seconds) == len(TIMED_ROWS)
+    assert len(calls) == TIMINGS
+    # another engine on the same machine, in the same process: no timing again
+    again = LinearChooser("measure", flags=flags).choose("64x32", fake_timer({}, calls))
+    assert again == choice and len(calls) == TIMINGS
+    # another shape is timed
+    LinearChooser("measure", flags=flags).choose("32x32", fake_timer(OURS_THEN_ONEDNN, calls))
+    assert len(calls) == 2 * TIMINGS
+
+
+def test_a_cache_file_keeps_the_choice_per_machine(tmp_path):
+    cache = tmp_path / "choices.json"
+    flags = fresh_flags()
+    LinearChooser("measure", cache, flags).choose("64x32", fake_timer(OURS_THEN_ONEDNN))
+    machines = json.loads(cache.read_text())
+    (key,) = machines
+    assert machines[key] == {"64x32": "kernel/kernel/onednn/onednn/onednn"}
+    linear_choice._MEASURED.clear()  # a new process: only the file remembers
+    calls: list = []
+    cached = LinearChooser("measure", cache, flags).choose("64x32", fake_timer({}, calls))
+    assert cached.kernels == (KERNEL, KERNEL, ONEDNN, ONEDNN, ONEDNN)
+    assert cached.source == "cached" and calls == []
+    # another machine (another CPU flag) measures its own and keeps the first's
+    other = LinearChooser("measure", cache, fresh_flags("amx_bf16"))
+    other.choose("64x32", fake_timer({KERNEL: (1.0,) * 5, ONEDNN: (2.0,) * 5}, calls))
+    assert len(calls) == TIMINGS and len(json.loads(cache.read_text())) == 2
+
+
+def test_an_unreadable_cache_is_measured_over(tmp_path, caplog):
+    cache = tmp_path / "choices.json"
+    cache.write_text("{not json")
+    calls: list = []
+    with caplog.at_level(logging.WARNING):
+        choice = LinearChooser("measure", cache, fresh_flags()).choose(
+            "64x32", fake_timer(OURS_THEN_ONEDNN, calls)
+        )
+    assert choice.source == "measured" and calls and "cannot read" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("mode", "flags", "expected", "source"),
+    [
+        ("rule", (), (KERNEL,) * 5, "rule"),
+        ("rule", ("amx_bf16",), (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN), "rule"),
+        ("kernel", ("amx_bf16",), (KERNEL,) * 5, "forced"),
+        ("onednn", (), (ONEDNN,) * 5, "forced"),
+    ],
+)
+def test_rule_and_forced_modes_time_nothing(mode, flags, expected, source):
+    calls: list = []
+    chooser = LinearChooser(mode, flags=fresh_flags(*flags))
+    choice = chooser.choose("64x32", fake_timer({}, calls))
+    assert (choice.kernels, choice.source, calls) == (expected, source, [])
+    assert f"64x32: {'/'.join(expected)} ({source})" in chooser.table()
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="cpu_linear_kernel"):
+        LinearChooser("fastest")
+
+
+def test_the_decoder_stack_serves_only_buckets_ours_runs_everywhere():
+    choice = ShapeChoice((KERNEL, KERNEL, ONEDNN, KERNEL, ONEDNN), "rule")
+    split = RowSplitLinear(SimpleNamespace(gated=False, out_features=4), print, choice)
+    layer = SimpleNamespace(qkv=split, o=object(), gate_up=None, down=object())
+    assert _buckets_served(SimpleNamespace(layers=[layer])) == (True, True, False, True, False)
+    plain = SimpleNamespace(qkv=object(), o=object(), gate_up=None, down=object())
+    assert _buckets_served(SimpleNamespace(layers=[plain])) is None
+
+
+# ---- the packed projections, on the real kernels ----
+
+module = load_cpu_kernels()
+needs_both = pytest.mark.skipif(
+    module is None
+    or not module.linear_packed_available()
+    or not torch.backends.mkldnn.is_available()
+    or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="needs our bf16 kernel and oneDNN's bf16 matmul",
+)
+MIXED = {KERNEL: (1.0, 1.0, 1.0, 1.0, 1.0), ONEDNN: (2.0, 0.5, 2.0, 0.5, 0.5)}
+
+
+def randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def mixed_chooser(monkeypatch) -> LinearChooser:
+    """A chooser whose measurement finds ours at 1 and 9-32 rows, oneDNN elsewhere."""
+    monkeypatch.setattr(linear_cpu, "copies_timer", lambda *args: fake_timer(MIXED)())
+    return LinearChooser("measure", flags=fresh_flags())
+
+
+@needs_both
+@pytest.mark.parametrize("rows", [1, 5, 20, 100, 300])
+def test_each_call_runs_the_kernel_chosen_for_its_rows(monkeypatch, rows):
+    # gated: ours applies SiLU to its fp32 sums, oneDNN's route to bf16 ones, so the two
+    # differ in some bits (plain projections agree to the bit here)
+    weight = randn(128, 96, seed=1)
+    split = pack_gated_linear(weight, None, module, mixed_chooser(monkeypatch), module.silu_and_mul)
+    assert isinstance(split, RowSplitLinear)
+    x = randn(rows, 96)
+    ours = KernelLinear(module, weight, gated=True)(x)
+    onednn = GatedLinear(OneDnnLinear(weight), module.silu_and_mul, "silu")(x)
+    assert not torch.equal(ours, onednn)
+    expected = ours if rows in (1, 20) else onednn
+    assert torch.equal(split(x), expected)
+    assert torch.equal(split(x.view(1, rows, 96)), expected.view(1, rows, 64))
+    plain = pack_linear(weight, None, module, mixed_chooser(monkeypatch))
+    assert isinstance(plain, RowSplitLinear) and plain.out_features == 128
+    assert torch.equal(plain(x), OneDnnLinear(weight)(x))
+
+
+@needs_both
+@pytest.mark.parametrize("rows", [1, 5])
+def test_gated_rows_and_lora_addends_take_the_same_split(monkeypatch, rows):
+    weight = randn(128, 96, seed=1)  # gate then up, 64 each
+    gated = pack_gated_linear(weight, None, module, mixed_chooser(monkeypatch), module.silu_and_mul)
+    assert isinstance(gated, RowSplitLinear) and gated.gated and gated.out_features == 64
+    x = randn(rows, 96)
+    for addend in (None, torch.randn(rows, 128) * 0.1):
+        sums = x.float() @ weight.float().T + (0 if addend is None else addend)
+        expected = F.silu(sums[:, :64]) * sums[:, 64:]
+        actual = gated(x, addend=addend)
+        assert actual.dtype == torch.bfloat16 and actual.shape == (rows, 64)
+        assert (actual.float() - expected).abs().max() < 0.02 * expected.abs().max()
+
+
+@needs_both
+def test_a_shape_ours_wins_everywhere_packs_ours_alone(monkeypatch):
+    monkeypatch.setattr(
+        linear_cpu, "copies_timer", lambda *args: fake_timer({KERNEL: (1,) * 5, ONEDNN: (2,) * 5})()
+    )
+    chooser = LinearChooser("measure", flags=fresh_flags())
+    assert isinstance(pack_linear(randn(64, 96), None, module, chooser), KernelLinear)
+    forced = LinearChooser("onednn", flags=fresh_flags())
+    assert isinstance(pack_linear(randn(64, 96), None, module, forced), OneDnnLinear)
