@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from hetero_infer.kernels import linear_choice
     from hetero_infer.kernels.cpu_extension import load_cpu_kernels
     from hetero_infer.kernels.linear import GatedLinear
-    from hetero_infer.kernels.linear_choice import KERNEL, TIMED_ROWS, pick
-    from hetero_infer.kernels.linear_cpu import KernelLinear, OneDnnLinear
+    from hetero_infer.kernels.linear_choice import TIMED_ROWS, pick
+    from hetero_infer.kernels.linear_cpu import KernelLinear, OneDnnLinear, copies_timer
 
     from bench.throughput import machine_info
 
@@ -67,19 +67,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("our bf16 kernel is not built on this CPU: nothing to choose")
     timers = {}
     for name, (out_features, in_features, gated) in shapes(args).items():
-        weight = torch.randn(out_features, in_features).bfloat16()
+
+        def ours(w: torch.Tensor, gated: bool = gated) -> Any:
+            return KernelLinear(module, w, gated=gated)
 
         def onednn(w: torch.Tensor, gated: bool = gated) -> Any:
             linear = OneDnnLinear(w)
             return GatedLinear(linear, module.silu_and_mul, "silu") if gated else linear
 
-        timers[name] = linear_choice.stream_timer(
-            lambda kind, w=weight, g=gated, o=onednn: [
-                KernelLinear(module, c, gated=g) if kind == KERNEL else o(c)
-                for c in [w] + [w.clone() for _ in range(linear_choice.num_copies(w) - 1)]
-            ],
-            in_features,
-        )
+        weight = torch.randn(out_features, in_features).bfloat16()
+        timers[name] = copies_timer(weight, ours, onednn)
     ratios: dict[str, dict[int, list[float]]] = {
         name: {rows: [] for rows in TIMED_ROWS} for name in timers
     }

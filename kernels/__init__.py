@@ -44,6 +44,8 @@ _EXPORTS = {
     "rope_tables": "rotary",
     "partial_rotary_order": "rotary",
     "Kernels": "selection",
+    # which of our bf16 linear kernel and oneDNN runs a projection's rows (measured)
+    "LinearChooser": "linear_choice",
     "select_kernels": "selection",
     "triton_available": "selection",
     # the decoder stack's description, which the model gives and the kernels pack

@@ -120,7 +120,8 @@ class LinearChooser:
     """The choice of kernel for each bf16 projection shape an engine packs."""
 
     mode: str = "measure"
-    cache_path: Path | None = None
+    # where measured choices are kept (None: in this process only)
+    cache_path: Path | None = field(default_factory=lambda: CACHE_PATH)
     flags: frozenset[str] | None = None  # the CPU's (None: this one's)
     # the shapes chosen for this engine, for the start log: shape -> choice
     chosen: dict[str, ShapeChoice] = field(default_factory=dict)

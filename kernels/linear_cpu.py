@@ -13,6 +13,7 @@ available, torch's ``F.linear`` runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -22,6 +23,7 @@ from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
 from hetero_infer.kernels.linear_choice import (
     KERNEL,
     ONEDNN,
+    STREAM_BYTES,
     LinearChooser,
     ShapeChoice,
     Timer,
@@ -113,19 +115,14 @@ def pack_linear(
     it); any other weight as it is, for torch's F.linear."""
     if isinstance(weight, QuantizedWeight):
         return QuantizedLinear(module, weight, bias)
-    ours = kernel_takes(module, weight)
-    if ours and (chooser is None or chooser.mode == KERNEL):
-        return KernelLinear(module, weight, bias)
-    onednn = onednn_linear(weight, bias)
-    if onednn is None:
-        return KernelLinear(module, weight, bias) if ours else TorchLinear(weight, bias)
-    if not ours or chooser is None:
-        return onednn
-    choice = chooser.choose(
-        shape_name(weight),
-        lambda: copies_timer(weight, lambda w: KernelLinear(module, w), OneDnnLinear),
+    if not kernel_takes(module, weight):
+        return onednn_linear(weight, bias) or TorchLinear(weight, bias)
+    return ours_or_onednn(
+        weight,
+        chooser,
+        lambda w: KernelLinear(module, w, bias),
+        lambda w: OneDnnLinear(w, bias),
     )
-    return by_rows(choice, lambda: KernelLinear(module, weight, bias), onednn)
 
 
 def pack_gated_linear(
@@ -140,52 +137,59 @@ def pack_gated_linear(
     rows ``chooser`` gives it; None where our kernel does not take it."""
     if isinstance(weight, QuantizedWeight) or bias is not None or not kernel_takes(module, weight):
         return None
-    if chooser is None or chooser.mode == KERNEL or silu_and_mul is None:
-        return KernelLinear(module, weight, gated=True)
-    onednn = onednn_linear(weight, None)
-    if onednn is None:
-        return KernelLinear(module, weight, gated=True)
-
-    def onednn_gated(w: torch.Tensor) -> LinearFn:
-        return GatedLinear(OneDnnLinear(w), silu_and_mul, "silu")
-
-    choice = chooser.choose(
-        shape_name(weight, gated=True),
-        lambda: copies_timer(weight, lambda w: KernelLinear(module, w, gated=True), onednn_gated),
-    )
-    return by_rows(
-        choice,
-        lambda: KernelLinear(module, weight, gated=True),
-        GatedLinear(onednn, silu_and_mul, "silu"),
+    return ours_or_onednn(
+        weight,
+        chooser if silu_and_mul is not None else None,
+        lambda w: KernelLinear(module, w, gated=True),
+        lambda w: GatedLinear(OneDnnLinear(w), silu_and_mul, "silu"),
+        gated=True,
     )
 
 
-def shape_name(weight: torch.Tensor, gated: bool = False) -> str:
-    """How the choice names a projection: its weight's shape, out x in."""
+def ours_or_onednn(
+    weight: torch.Tensor,
+    chooser: LinearChooser | None,
+    ours: Callable[[torch.Tensor], KernelLinear],
+    onednn: Callable[[torch.Tensor], LinearFn],
+    gated: bool = False,
+) -> LinearFn:
+    """For a weight our kernel takes: ours, oneDNN's, or both split by rows, as
+    ``chooser`` has it (None: ours)."""
+    if chooser is None or chooser.mode == KERNEL or not onednn_runs():
+        return ours(weight)
     out_features, in_features = weight.shape
-    return f"{out_features}x{in_features}{' gated' if gated else ''}"
+    choice = chooser.choose(
+        f"{out_features}x{in_features}{' gated' if gated else ''}",
+        lambda: copies_timer(weight, ours, onednn),
+    )
+    kernels = set(choice.kernels)
+    if kernels == {ONEDNN}:
+        return onednn(weight)
+    if kernels == {KERNEL}:
+        return ours(weight)
+    return RowSplitLinear(ours(weight), onednn(weight), choice)
+
+
+@functools.cache
+def onednn_runs() -> bool:
+    """Whether oneDNN's packed bf16 matmul runs on this CPU."""
+    return onednn_linear(torch.zeros(32, 32, dtype=torch.bfloat16), None) is not None
 
 
 def copies_timer(
     weight: torch.Tensor,
-    kernel: Callable[[torch.Tensor], LinearFn],
+    ours: Callable[[torch.Tensor], LinearFn],
     onednn: Callable[[torch.Tensor], LinearFn],
 ) -> Timer:
     """The choice's timer for ``weight``: each candidate packed on copies of it, which a
-    timing streams through as a step streams the layers' weights."""
+    timing streams through as a step streams the layers' weights. A weight larger than
+    STREAM_BYTES is timed on its first rows: the same work a row, without packing all of
+    it twice more (an 8B model's lm_head is 1 GB)."""
+    rows = max(64, STREAM_BYTES // (weight.shape[1] * weight.element_size()) // 64 * 64)
+    weight = weight[:rows]
     copies = [weight] + [weight.clone() for _ in range(num_copies(weight) - 1)]
-    packers = {KERNEL: kernel, ONEDNN: onednn}
+    packers = {KERNEL: ours, ONEDNN: onednn}
     return stream_timer(lambda kind: [packers[kind](w) for w in copies], weight.shape[1])
-
-
-def by_rows(choice: ShapeChoice, kernel: Callable[[], KernelLinear], onednn: LinearFn) -> LinearFn:
-    """One kernel where the choice gives it every row count; both, split by rows, else."""
-    kernels = set(choice.kernels)
-    if kernels == {ONEDNN}:
-        return onednn
-    if kernels == {KERNEL}:
-        return kernel()
-    return RowSplitLinear(kernel(), onednn, choice)
 
 
 class RowSplitLinear:

@@ -18,14 +18,13 @@ from hetero_infer.engine.models.sharding import shard_state_dict
 from hetero_infer.engine.settings import host_memory
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import Kernels, select_kernels
-from hetero_infer.kernels.linear_choice import CACHE_PATH, LinearChooser
+from hetero_infer.kernels import Kernels, LinearChooser, select_kernels
 
 logger = logging.getLogger(__name__)
 
 
 def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
-    chooser = LinearChooser(config.cpu_linear_kernel, CACHE_PATH)
+    chooser = LinearChooser(config.cpu_linear_kernel)
     try:
         kernels = select_kernels(
             config.attention_backend, device, config.cpu_kernels, linear_chooser=chooser

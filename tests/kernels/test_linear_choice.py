@@ -88,16 +88,16 @@ def test_onednn_replaces_ours_only_where_clearly_faster():
 
 def test_measures_each_shape_once_per_machine():
     flags, calls = fresh_flags(), []
-    chooser = LinearChooser("measure", flags=flags)
+    chooser = LinearChooser("measure", None, flags=flags)
     choice = chooser.choose("64x32", fake_timer(OURS_THEN_ONEDNN, calls))
     assert choice.kernels == (KERNEL, KERNEL, ONEDNN, ONEDNN, ONEDNN)
     assert choice.source == "measured" and len(choice.seconds) == len(TIMED_ROWS)
     assert len(calls) == TIMINGS
     # another engine on the same machine, in the same process: no timing again
-    again = LinearChooser("measure", flags=flags).choose("64x32", fake_timer({}, calls))
+    again = LinearChooser("measure", None, flags=flags).choose("64x32", fake_timer({}, calls))
     assert again == choice and len(calls) == TIMINGS
     # another shape is timed
-    LinearChooser("measure", flags=flags).choose("32x32", fake_timer(OURS_THEN_ONEDNN, calls))
+    LinearChooser("measure", None, flags=flags).choose("32x32", fake_timer(OURS_THEN_ONEDNN, calls))
     assert len(calls) == 2 * TIMINGS
 
 
@@ -141,7 +141,7 @@ def test_an_unreadable_cache_is_measured_over(tmp_path, caplog):
 )
 def test_rule_and_forced_modes_time_nothing(mode, flags, expected, source):
     calls: list = []
-    chooser = LinearChooser(mode, flags=fresh_flags(*flags))
+    chooser = LinearChooser(mode, None, flags=fresh_flags(*flags))
     choice = chooser.choose("64x32", fake_timer({}, calls))
     assert (choice.kernels, choice.source, calls) == (expected, source, [])
     assert f"64x32: {'/'.join(expected)} ({source})" in chooser.table()
@@ -181,7 +181,7 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
 def mixed_chooser(monkeypatch) -> LinearChooser:
     """A chooser whose measurement finds ours at 1 and 9-32 rows, oneDNN elsewhere."""
     monkeypatch.setattr(linear_cpu, "copies_timer", lambda *args: fake_timer(MIXED)())
-    return LinearChooser("measure", flags=fresh_flags())
+    return LinearChooser("measure", None, flags=fresh_flags())
 
 
 @needs_both
@@ -224,7 +224,7 @@ def test_a_shape_ours_wins_everywhere_packs_ours_alone(monkeypatch):
     monkeypatch.setattr(
         linear_cpu, "copies_timer", lambda *args: fake_timer({KERNEL: (1,) * 5, ONEDNN: (2,) * 5})()
     )
-    chooser = LinearChooser("measure", flags=fresh_flags())
+    chooser = LinearChooser("measure", None, flags=fresh_flags())
     assert isinstance(pack_linear(randn(64, 96), None, module, chooser), KernelLinear)
     forced = LinearChooser("onednn", flags=fresh_flags())
     assert isinstance(pack_linear(randn(64, 96), None, module, forced), OneDnnLinear)

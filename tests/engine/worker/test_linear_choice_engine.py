@@ -8,7 +8,6 @@ import logging
 import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.worker import model_loader
 from hetero_infer.kernels import linear_choice, linear_cpu
 from hetero_infer.kernels.linear_choice import KERNEL, ONEDNN, TIMED_ROWS
 
@@ -52,7 +51,7 @@ def prompt_logprobs(engine: LLMEngine, prompt: list[int]) -> list[float]:
 
 def test_a_split_choice_runs_and_is_logged(folder, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(linear_choice, "_MEASURED", {})  # nothing measured before
-    monkeypatch.setattr(model_loader, "CACHE_PATH", tmp_path / "choices.json")
+    monkeypatch.setattr(linear_choice, "CACHE_PATH", tmp_path / "choices.json")
     monkeypatch.setattr(linear_cpu, "copies_timer", fake_timer)
     with caplog.at_level(logging.INFO):
         engine = LLMEngine(
