@@ -45,6 +45,7 @@ def run(gguf: Path, threads: int, prompt_len: int, output_len: int) -> dict[str,
         return {"command": command, "error": f"timed out after {TIMEOUT:.0f} s"}
     record: dict[str, Any] = {
         "command": command,
+        "build": peers.llama_server_build(),
         "returncode": proc.returncode,
         "output": proc.stdout,
         "tests": parse(proc.stdout),

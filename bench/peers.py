@@ -170,6 +170,15 @@ def llama_server_binary(name: str = "llama-server") -> Path:
     return path
 
 
+def llama_server_build() -> str:
+    """Which build bench/setup_llama_server.sh installed: its source and whether the
+    native build's AMX instructions were turned off (they fault on some machines)."""
+    prefix = LLAMA_SERVER_BIN.parent
+    files = [prefix / "SOURCE", prefix / "BUILD"]
+    parts = [path.read_text().strip() for path in files if path.is_file()]
+    return ", ".join(parts) or "not recorded (built before the setup script recorded it)"
+
+
 def gguf_dtypes(model: str) -> tuple[str, ...]:
     """The --gguf-dtype values benchmark model ``model`` has a file in."""
     return (GGUF_MODELS[model][1],) if model in GGUF_MODELS else WRITTEN_DTYPES
@@ -361,6 +370,7 @@ def peer_llama_server(model: str, port: int, args: argparse.Namespace) -> PeerSe
             f"llama-server weights: {weights}",
             f"llama-server: {slots} slots of {per_request} tokens (continuous batching), "
             f"{args.threads} threads",
+            f"llama-server build: {llama_server_build()}",
             *(
                 [f"llama-server: chat template {template.name}, the one ours gives the file"]
                 if template is not None

