@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from hetero_infer.kernels import cpu_isa
+from hetero_infer.kernels import cpu_build, cpu_isa
 from hetero_infer.kernels.linear import LinearFn
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,17 @@ def machine_key(flags: frozenset[str] | None = None) -> str:
             f"threads={torch.get_num_threads()}",
             torch.__version__,
             str(torch.backends.mkldnn.is_available()),
+            _kernel_sources(),
         ]
     )
+
+
+def _kernel_sources() -> str:
+    """A digest of our kernels' C++ sources: a changed kernel is measured anew."""
+    try:
+        return cpu_build.sources_digest()[:16]
+    except OSError:
+        return "no sources"
 
 
 def _cpu_model() -> str:
@@ -136,7 +145,7 @@ class LinearChooser:
         self.key = machine_key(flags)
 
     def choose(self, shape: str, timer: Callable[[], Timer]) -> ShapeChoice:
-        """The choice for ``shape`` (e.g. "gated 3072x576"); ``timer`` makes the timer
+        """The choice for ``shape`` (e.g. "3072x576 gated"); ``timer`` makes the timer
         of its candidates, called only where the shape is measured now."""
         if self.mode in (KERNEL, ONEDNN):
             choice = ShapeChoice((self.mode,) * len(TIMED_ROWS), "forced")
