@@ -4,6 +4,7 @@
     hetero-infer serve ./my-model-folder                (the model, as `vllm serve MODEL`)
     hetero-infer --input "Hello" --max-tokens 50
     hetero-infer --input "What is the capital of France? Answer with one word." --chat
+    hetero-infer tune --model ./my-bf16-model-folder     (server/tune.py)
 
 Settings come from flags, then HETERO_* environment variables (HETERO_PORT,
 HETERO_API_KEY, HETERO_MAX_NUM_SEQS, ...), then LeaderWorkerSet's (LWS_GROUP_SIZE,
@@ -314,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"] or "--serve" in argv:
         return serve_main([a for a in argv if a not in ("serve", "--serve")])
+    if argv[:1] == ["tune"]:
+        from hetero_infer.server.tune import tune_main
+
+        return tune_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -56,7 +56,7 @@ class ModelRunner:
         beside the target's (worker/draft_runner.py; on rank 0 only, whole)."""
         self.config = config = setup.config
         self.device, self.dtype = setup.device, setup.dtype
-        kernels = select_model_kernels(config, self.device)
+        self.kernels = kernels = select_model_kernels(config, self.device)
         source, quantization = (setup.source, setup.model_config), config.quantization
         self.model = load_model(*source, kernels, self.device, self.dtype, quantization, tp)
         # Each sequence's latest sampled token, the input of its next step where async
