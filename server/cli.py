@@ -309,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def tune_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hetero-infer tune", description="time and keep a model's kernel choices"
+    )
+    add_engine_flags(parser, serving=False)
+    try:
+        config = engine_config_from_args(parser.parse_args(argv))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from hetero_infer.server.tune import tune  # loads torch
+
+    return tune(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Nothing imported so far loads torch: what must precede it goes first.
     set_openmp_wait_policy()
@@ -316,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"] or "--serve" in argv:
         return serve_main([a for a in argv if a not in ("serve", "--serve")])
     if argv[:1] == ["tune"]:
-        from hetero_infer.server.tune import tune_main
-
         return tune_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -12,23 +12,14 @@ runs where.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from hetero_infer.engine.entrypoints.process_settings import apply_process_settings
+from hetero_infer.engine.settings.config import EngineConfig
 
 
-def tune_main(argv: list[str]) -> int:
-    from hetero_infer.server.cli import add_engine_flags, engine_config_from_args
-
-    parser = argparse.ArgumentParser(prog="hetero-infer tune", description=__doc__.split("\n\n")[0])
-    add_engine_flags(parser, serving=False)
-    args = parser.parse_args(argv)
-    try:
-        config = engine_config_from_args(args).replace(cpu_linear_kernel="measure")
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def tune(config: EngineConfig) -> int:
+    """Load the model of ``config``, its bf16 projections' choice measured (whatever
+    ``cpu_linear_kernel`` says), and print it."""
+    config = config.replace(cpu_linear_kernel="measure")
     apply_process_settings(config)
     from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 
