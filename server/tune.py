@@ -7,7 +7,7 @@ them, so that the server starts without timing (kernels/linear_choice.py).
 It loads the model as an engine with the same settings would, in the same environment
 (its threads too: the choice is kept per thread count), times each bf16 projection
 shape on our kernel and on oneDNN's, keeps the choice in the cache file, and prints what
-runs where.
+runs where (a shape the file already holds for this machine is printed as cached).
 """
 
 from __future__ import annotations
