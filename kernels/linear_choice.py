@@ -11,11 +11,14 @@ reads them, and each bucket gets its winner. oneDNN replaces ours only where it 
 ONEDNN_MARGIN faster: a near tie keeps the incumbent, so the numerics do not follow the
 noise of a measurement.
 
-Modes (EngineConfig.cpu_linear_kernel): "measure" times each shape once per machine:
-the choice is kept in this process and in CACHE_PATH, a JSON file keyed by the CPU, its
-flags, the threads and the library versions, so that a later start reads it; "rule"
-takes RULE's choice without timing; "kernel" and "onednn" force one kernel wherever it
-takes the weight.
+Modes (EngineConfig.cpu_linear_kernel): "kernel" (the default) and "onednn" run one
+kernel wherever it takes the weight; "measure" times each shape once per machine, the
+choice kept in this process and in CACHE_PATH, a JSON file keyed by the CPU, its flags,
+the threads and the library versions, so that a later start reads it; "rule" takes
+RULE's choice without timing. One kernel at every row count is the default because it
+keeps a request's results independent of the batch it runs in (n choices equal lone
+requests, seeded sampling whatever the batch: the engine's tests hold it to that); a
+choice split by rows gives that up, in bf16, for speed where oneDNN wins the larger rows.
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ _MEASURED: dict[str, dict[str, ShapeChoice]] = {}
 class LinearChooser:
     """The choice of kernel for each bf16 projection shape an engine packs."""
 
-    mode: str = "measure"
+    mode: str = KERNEL
     # where measured choices are kept (None: in this process only)
     cache_path: Path | None = field(default_factory=lambda: CACHE_PATH)
     flags: frozenset[str] | None = None  # the CPU's (None: this one's)

@@ -178,7 +178,7 @@ class EngineConfig:
         True, "false: the torch code instead of the C++ CPU kernels (same results, slower)"
     )
     cpu_linear_kernel: str = setting(
-        "measure", "which bf16 kernel runs a projection's rows (docs/cpu.md)", CPU_LINEAR_KERNELS
+        "kernel", "which bf16 kernel runs a projection's rows (docs/cpu.md)", CPU_LINEAR_KERNELS
     )
     enforce_eager: bool = setting(False, "no CUDA graphs: run every decode step eagerly")
     async_scheduling: bool | None = setting(
