@@ -273,6 +273,14 @@ IDEFICS3_CHAT_TEMPLATE = (
 IDEFICS3_TILE_SIZE = 64
 
 
+def save_tiny_llama_in_panels(folder: Path) -> Path:
+    """The tiny Llama with every projection a multiple of 32 outputs wide, so that our
+    bf16 linear kernel (kernels/linear_cpu.py) takes them all."""
+    return save_tiny_model(
+        "llama", folder, hidden_size=64, intermediate_size=128, num_attention_heads=4, head_dim=16
+    )
+
+
 def save_tiny_idefics3(folder: Path, seed: int = 0) -> Path:
     """Write a random-weight Idefics3ForConditionalGeneration (SmolVLM's architecture: a
     SigLIP vision tower, a pixel-shuffle connector and a Llama text model) with its

@@ -9,7 +9,7 @@ import torch
 from hetero_infer.kernels import linear_choice
 from hetero_infer.server.cli import main
 
-from tests.tiny_models import save_tiny_model
+from tests.tiny_models import save_tiny_llama_in_panels, save_tiny_model
 
 pytestmark = [
     pytest.mark.cpu_kernels("linear_packed"),
@@ -23,14 +23,7 @@ def test_tune_times_keeps_and_prints_the_choice(tmp_path, monkeypatch, capsys):
     cache = tmp_path / "choices.json"
     monkeypatch.setattr(linear_choice, "CACHE_PATH", cache)
     monkeypatch.setattr(linear_choice, "_MEASURED", {})
-    folder = save_tiny_model(
-        "llama",
-        tmp_path / "llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        head_dim=16,
-    )
+    folder = save_tiny_llama_in_panels(tmp_path / "llama")
     argv = ["tune", "--model", str(folder), "--dtype", "bfloat16", "--cpu-linear-kernel", "rule"]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.kernels import linear_choice, linear_cpu
 from hetero_infer.kernels.linear_choice import KERNEL, ONEDNN, TIMED_ROWS
 
-from tests.tiny_models import save_tiny_model
+from tests.tiny_models import save_tiny_llama_in_panels
 
 pytestmark = [
     pytest.mark.cpu_kernels("linear_packed"),
@@ -32,15 +32,7 @@ def fake_timer(*args: object):
 
 @pytest.fixture
 def folder(tmp_path):
-    # Every projection a multiple of 32 outputs: our kernel takes them all.
-    return save_tiny_model(
-        "llama",
-        tmp_path / "llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        head_dim=16,
-    )
+    return save_tiny_llama_in_panels(tmp_path / "llama")
 
 
 def prompt_logprobs(engine: LLMEngine, prompt: list[int]) -> list[float]:
