@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if module is None or not module.linear_packed_available():
         raise SystemExit("our bf16 kernel is not built on this CPU: nothing to choose")
     timers = {}
-    for name, (out_features, in_features, gated) in shapes(args).items():
+    layer = shapes(args)
+    for name, (out_features, in_features, gated) in layer.items():
 
         def ours(w: torch.Tensor, gated: bool = gated) -> Any:
             return KernelLinear(module, w, gated=gated)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, by_rows in ratios.items():
         medians = tuple((spread(values)["median"], 1.0) for values in by_rows.values())
         results[name] = {
-            "shape": shapes(args)[name],
+            "shape": layer[name],
             "ours_over_onednn_time": {
                 str(rows): {**spread(v), "rounds": v} for rows, v in by_rows.items()
             },

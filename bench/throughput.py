@@ -266,14 +266,13 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
 def machine_info() -> dict[str, Any]:
     import torch
     import transformers
+    from hetero_infer.kernels.cpu_isa import cpu_model
 
-    cpu = platform.processor() or platform.machine()
+    cpu = cpu_model() or platform.processor() or platform.machine()
     flags: list[str] = []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
+            if line.startswith("flags"):
                 # The vector and matrix extensions a kernel may use: a figure holds
                 # for the CPU kind it was measured on.
                 wanted = ("avx", "amx", "fma", "f16c")

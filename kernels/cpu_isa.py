@@ -50,6 +50,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(cpu_build.cpu_features())
 
 
+@functools.cache
+def cpu_model() -> str:
+    """This CPU's model name, as /proc/cpuinfo gives it ("" where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def has_bf16_matmul(flags: frozenset[str] | None = None) -> bool:
     """Whether the CPU (``flags``: this one's) computes in bf16."""
     flags = cpu_flags() if flags is None else flags

@@ -93,7 +93,7 @@ def machine_key(flags: frozenset[str] | None = None) -> str:
     flags = cpu_isa.cpu_flags() if flags is None else flags
     return "|".join(
         [
-            _cpu_model(),
+            cpu_isa.cpu_model() or "unknown CPU",
             ",".join(sorted(flags)),
             f"threads={torch.get_num_threads()}",
             torch.__version__,
@@ -109,17 +109,6 @@ def _kernel_sources() -> str:
         return cpu_build.sources_digest()[:16]
     except OSError:
         return "no sources"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 # Choices measured in this process, by machine key and shape: engines started one after

@@ -155,7 +155,7 @@ def ours_or_onednn(
 ) -> LinearFn:
     """For a weight our kernel takes: ours, oneDNN's, or both split by rows, as
     ``chooser`` has it (None: ours)."""
-    if chooser is None or chooser.mode == KERNEL or not onednn_runs():
+    if chooser is None or not onednn_runs():
         return ours(weight)
     out_features, in_features = weight.shape
     choice = chooser.choose(

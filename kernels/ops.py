@@ -132,9 +132,6 @@ def cpu_ops(module: ModuleType | None, chooser: LinearChooser | None = None) -> 
     (kernels/linear_choice.py; None: ours wherever it takes the weight)."""
     packed = KernelOps(
         pack_linear=functools.partial(linear_cpu.pack_linear, module=module, chooser=chooser),
-        pack_fused_silu_and_mul_linear=functools.partial(
-            linear_cpu.pack_gated_linear, module=module
-        ),
     )
     if module is None:
         return packed

@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 
 def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
-    chooser = LinearChooser(config.cpu_linear_kernel)
+    # Ours wherever it takes the weight (the default) needs no chooser.
+    mode = config.cpu_linear_kernel
+    chooser = LinearChooser(mode) if mode != "kernel" else None
     try:
         kernels = select_kernels(
             config.attention_backend, device, config.cpu_kernels, linear_chooser=chooser
