@@ -38,6 +38,7 @@ SOURCES = (
     "store_kv_cpu.cpp",
     "moe_cpu.cpp",
     "quantized_pack_cpu.cpp",
+    "image_resample_cpu.cpp",
 )
 # Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so
 # (hetero_infer.kernels.hetero_cpu_kernels).

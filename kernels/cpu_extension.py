@@ -38,6 +38,16 @@ def load_cpu_kernels() -> ModuleType | None:
     return module
 
 
+def built_cpu_kernels() -> ModuleType | None:
+    """The extension where it is built already (loaded by this process, or installed),
+    without compiling it: for work that may run on a CPU when the engine does not (an
+    image's resize), and must not wait minutes for a compile."""
+    if load_cpu_kernels.cache_info().currsize:
+        return load_cpu_kernels()
+    return _installed_build()
+
+
+@functools.cache
 def _installed_build() -> ModuleType | None:
     """The library built at install time, where it fits this torch, source and CPU."""
     info_path = cpu_build.SOURCE_DIR.parent / cpu_build.BUILD_INFO_FILE

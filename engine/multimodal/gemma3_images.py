@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import PIL.Image
+import torch
 from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
     check_mean_and_std,
     normalized,
     pixel_settings,
+    pixels_of,
     read_json,
+    resized,
     to_rgb,
     to_tensor,
 )
@@ -119,13 +122,13 @@ class Gemma3ImageProcessor:
 
     def process(self, image: PIL.Image.Image) -> ProcessedImage:
         """The image as the vision tower takes it: pixel_values [1, 3, height, width]."""
-        return self.process_rgb(self.to_rgb(image))
+        return self.process_rgb(pixels_of(self.to_rgb(image)))
 
-    def process_rgb(self, image: PIL.Image.Image) -> ProcessedImage:
-        """process() of an image to_rgb() has made."""
+    def process_rgb(self, pixels: torch.Tensor) -> ProcessedImage:
+        """process() of an image to_rgb() has made, as its pixels (pixels_of)."""
         if self.do_resize:
-            image = image.resize((self.width, self.height), resample=self.resample)
-        pixel_values = normalized(to_tensor(image)[None], self)
+            pixels = resized(pixels, self.height, self.width, self.resample)
+        pixel_values = normalized(to_tensor(pixels)[None], self)
         return ProcessedImage(pixel_values, rows=0, cols=0)
 
     def placeholder_parts(self, rows: int = 0, cols: int = 0) -> tuple[str, str, str]:

@@ -25,7 +25,9 @@ from hetero_infer.engine.multimodal.pixels import (
     check_mean_and_std,
     normalized,
     pixel_settings,
+    pixels_of,
     read_json,
+    resized,
     to_rgb,
     to_tensor,
 )
@@ -108,28 +110,27 @@ class Idefics3ImageProcessor:
 
     def process(self, image: PIL.Image.Image) -> ProcessedImage:
         """The image's tiles, row by row, then the global image (or the one tile)."""
-        return self.process_rgb(self.to_rgb(image))
+        return self.process_rgb(pixels_of(self.to_rgb(image)))
 
-    def process_rgb(self, image: PIL.Image.Image) -> ProcessedImage:
-        """process() of an image to_rgb() has made."""
+    def process_rgb(self, pixels: torch.Tensor) -> ProcessedImage:
+        """process() of an image to_rgb() has made, as its pixels (pixels_of)."""
         if self.do_resize:
-            image = self._resize(
-                image, *_fit_longest_edge(image.height, image.width, self.longest_edge)
-            )
+            pixels = self._resize(pixels, *_fit_longest_edge(*pixels.shape[:2], self.longest_edge))
         tile = self.tile_size
         rows = cols = 0
         if not self.do_image_splitting:
-            tiles = to_tensor(self._resize(image, tile, tile))[None]
+            tiles = to_tensor(self._resize(pixels, tile, tile))[None]
         else:
-            image = self._resize(image, *_whole_tiles(image.height, image.width, tile))
-            if image.height > tile or image.width > tile:
-                rows, cols = image.height // tile, image.width // tile
-                grid = to_tensor(image)  # [3, rows * tile, cols * tile]
+            pixels = self._resize(pixels, *_whole_tiles(*pixels.shape[:2], tile))
+            height, width = pixels.shape[:2]
+            if height > tile or width > tile:
+                rows, cols = height // tile, width // tile
+                grid = to_tensor(pixels)  # [3, rows * tile, cols * tile]
                 grid = grid.view(3, rows, tile, cols, tile).permute(1, 3, 0, 2, 4)
-                global_image = to_tensor(self._resize(image, tile, tile))
+                global_image = to_tensor(self._resize(pixels, tile, tile))
                 tiles = torch.cat([grid.reshape(rows * cols, 3, tile, tile), global_image[None]])
             else:
-                tiles = to_tensor(image)[None]
+                tiles = to_tensor(pixels)[None]
         return ProcessedImage(normalized(tiles, self), rows, cols)
 
     def placeholder_text(self, rows: int, cols: int) -> str:
@@ -153,8 +154,8 @@ class Idefics3ImageProcessor:
         """The image in RGB, as the processor first makes it."""
         return to_rgb(image, self.do_convert_rgb)
 
-    def _resize(self, image: PIL.Image.Image, height: int, width: int) -> PIL.Image.Image:
-        return image.resize((width, height), resample=self.resample)
+    def _resize(self, pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        return resized(pixels, height, width, self.resample)
 
 
 def _fit_longest_edge(height: int, width: int, longest_edge: int) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
+from hetero_infer.engine.multimodal.pixels import pixels_of
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.multimodal.recent_images import PreparedImage, RecentImages
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
@@ -168,10 +169,11 @@ class ImagePrompts:
         under which RecentImages.of_source finds it again. The server calls this on a
         worker thread as an image arrives, and hands expand() the result."""
         rgb = self.processor.to_rgb(image)
-        image_hash = content_hash(rgb.tobytes(), struct.pack("<II", *rgb.size))
+        pixels = pixels_of(rgb)  # the bytes hashed are the bytes processed
+        image_hash = content_hash(memoryview(pixels.numpy()), struct.pack("<II", *rgb.size))
         prepared = self.recent.get(image_hash)
         if prepared is None:
-            prepared = PreparedImage(image_hash, self.processor.process_rgb(rgb))
+            prepared = PreparedImage(image_hash, self.processor.process_rgb(pixels))
         self.recent.add(prepared, source)
         return prepared
 

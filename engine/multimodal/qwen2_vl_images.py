@@ -35,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import PIL.Image
+import torch
 from hetero_infer.engine.multimodal.pixels import (
     ProcessedImage,
     check_mean_and_std,
     normalized,
     pixel_settings,
+    pixels_of,
     read_json,
+    resized,
     to_rgb,
     to_tensor,
 )
@@ -166,18 +169,19 @@ class Qwen2VLImageProcessor:
 
     def process(self, image: PIL.Image.Image) -> ProcessedImage:
         """The image as the vision tower takes it; see process_rgb()."""
-        return self.process_rgb(self.to_rgb(image))
+        return self.process_rgb(pixels_of(self.to_rgb(image)))
 
-    def process_rgb(self, image: PIL.Image.Image) -> ProcessedImage:
-        """process() of an image to_rgb() has made: pixel_values [grid_h, grid_w, 3 *
-        temporal_patch_size * patch_size**2] float32, rows=grid_h and cols=grid_w (the
-        grid in patches, before merging). The reshape only carries the grid: flattened to
-        [grid_h * grid_w, dim], the rows are transformers' pixel_values rows in its order
-        (by merge_size x merge_size block), so [i, j] is not the patch at row i, column j."""
-        height, width = self.resized_size(image.height, image.width)
+    def process_rgb(self, pixels: torch.Tensor) -> ProcessedImage:
+        """process() of an image to_rgb() has made, as its pixels (pixels_of):
+        pixel_values [grid_h, grid_w, 3 * temporal_patch_size * patch_size**2] float32,
+        rows=grid_h and cols=grid_w (the grid in patches, before merging). The reshape
+        only carries the grid: flattened to [grid_h * grid_w, dim], the rows are
+        transformers' pixel_values rows in its order (by merge_size x merge_size block),
+        so [i, j] is not the patch at row i, column j."""
+        height, width = self.resized_size(*pixels.shape[:2])
         if self.do_resize:
-            image = image.resize((width, height), resample=self.resample)
-        values = normalized(to_tensor(image)[None], self)[0]
+            pixels = resized(pixels, height, width, self.resample)
+        values = normalized(to_tensor(pixels)[None], self)[0]
         patch, merge = self.patch_size, self.merge_size
         if height % (patch * merge) or width % (patch * merge):
             raise ValueError(

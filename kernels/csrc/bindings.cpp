@@ -42,6 +42,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_pick", &greedy_pick,
         "argmax token of each row and its log-probability (NaN unless with_logprobs)",
         py::arg("logits"), py::arg("with_logprobs") = true, without_gil());
+  m.def("resample_vertical", &resample_vertical,
+        "one pass of Pillow's resize along an 8-bit image's height (its weights given)",
+        py::arg("image"), py::arg("bounds"), py::arg("weights"), without_gil());
+  m.def("resample_horizontal", &resample_horizontal,
+        "one pass of Pillow's resize along an 8-bit image's width (its weights given)",
+        py::arg("image"), py::arg("bounds"), py::arg("weights"), without_gil());
   m.def("philox_uniform", &philox_uniform,
         "Philox4x32-10 uniforms in [0, 1) for keys [n] and counters [n, 2]");
   m.def("sample", &sample,

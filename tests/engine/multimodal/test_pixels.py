@@ -7,7 +7,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from hetero_infer.engine.multimodal.pixels import rescale_and_normalize, to_tensor
+from hetero_infer.engine.multimodal.pixels import pixels_of, rescale_and_normalize, to_tensor
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -40,7 +40,7 @@ def test_lookup_equals_each_pixel_computed(rescale_factor, mean, std) -> None:
 def test_an_image_read_through_its_strides() -> None:
     """to_tensor gives a [3, H, W] view of the image's [H, W, 3] pixels, not a copy."""
     image = PIL.Image.fromarray(np.random.default_rng(0).integers(0, 256, (6, 10, 3), np.uint8))
-    tiles = to_tensor(image)[None]
+    tiles = to_tensor(pixels_of(image))[None]
     assert not tiles.is_contiguous()
     assert torch.equal(
         rescale_and_normalize(tiles, 1 / 255, CLIP_MEAN, CLIP_STD),

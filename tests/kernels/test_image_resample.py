@@ -1,0 +1,103 @@
+"""PIL's resize on the CPU kernels (kernels/image_resample.py): equal to the installed
+Pillow's result to the bit, for every filter it follows, shrinking and growing either
+axis (so both pass orders of Pillow 13 are taken), on one and three channels; Pillow
+itself where the order of a Pillow version is not known here."""
+
+from __future__ import annotations
+
+import numpy as np
+import PIL
+import PIL.Image
+import pytest
+import torch
+from hetero_infer.engine.multimodal.pixels import pixels_of, resized
+from hetero_infer.kernels import image_resample
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.image_resample import resize_like_pillow
+
+Resampling = PIL.Image.Resampling
+FILTERS = [
+    Resampling.LANCZOS,
+    Resampling.BICUBIC,
+    Resampling.BILINEAR,
+    Resampling.BOX,
+    Resampling.HAMMING,
+]
+# (width, height) -> (width, height): shrinking and growing each axis, 1-pixel sides,
+# a height shrunk by far more pixels than the width (Pillow 13 runs that pass first),
+# the vision processors' own (SmolVLM's 640 x 480 to a 256 longest edge, then tiles).
+SIZES = [
+    ((640, 480), (256, 192)),
+    ((256, 192), (64, 64)),
+    ((33, 71), (64, 64)),
+    ((7, 900), (64, 64)),
+    ((306, 292), (254, 53)),
+    ((156, 86), (122, 30)),
+    ((100, 37), (300, 111)),
+    ((1000, 3), (17, 5)),
+    ((64, 64), (64, 200)),
+    ((90, 64), (31, 64)),
+    ((1, 1), (5, 3)),
+    ((5, 3), (1, 1)),
+]
+
+
+def noise(width: int, height: int, channels: int, seed: int) -> np.ndarray:
+    shape = (height, width) if channels == 1 else (height, width, channels)
+    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("resample", FILTERS)
+@pytest.mark.parametrize(("size", "new_size"), SIZES)
+@pytest.mark.parametrize("channels", [3, 1])
+def test_equal_to_pillow(resample, size, new_size, channels):
+    assert load_cpu_kernels() is not None
+    pixels = noise(*size, channels, seed=sum(size) + sum(new_size))
+    expected = np.asarray(PIL.Image.fromarray(pixels).resize(new_size, resample=resample))
+    tensor = torch.from_numpy(pixels.reshape(size[1], size[0], channels))
+    got = resize_like_pillow(tensor, new_size[1], new_size[0], resample)
+    assert got is not None
+    assert np.array_equal(got.numpy().reshape(expected.shape), expected)
+
+
+def test_random_sizes_equal_to_pillow():
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        width, height, new_width, new_height = (int(v) for v in rng.integers(1, 200, 4))
+        resample = FILTERS[int(rng.integers(len(FILTERS)))]
+        pixels = noise(width, height, 3, seed=int(rng.integers(1 << 30)))
+        expected = PIL.Image.fromarray(pixels).resize((new_width, new_height), resample=resample)
+        got = resize_like_pillow(torch.from_numpy(pixels), new_height, new_width, resample)
+        assert np.array_equal(got.numpy(), np.asarray(expected)), (width, height, new_width)
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"), [("12.3.0", False), ("10.4.0", False), ("13.0.0", True)]
+)
+def test_the_pass_order_follows_the_pillow_version(monkeypatch, version, expected):
+    """Height shrunk by 200 pixels, width by 10: Pillow 13 goes vertical first."""
+    monkeypatch.setattr(PIL, "__version__", version)
+    assert image_resample.vertical_first(300, 100, 100, 90) is expected
+    assert image_resample.vertical_first(300, 100, 290, 90) is False
+
+
+def test_a_pillow_or_filter_not_known_here_is_left_to_pillow(monkeypatch):
+    pixels = torch.from_numpy(noise(40, 30, 3, seed=1))
+    assert resize_like_pillow(pixels, 10, 10, Resampling.NEAREST) is None
+    monkeypatch.setattr(PIL, "__version__", "14.0.0")
+    assert resize_like_pillow(pixels, 10, 10, Resampling.LANCZOS) is None
+    # ... which pixels.resized then asks, with the same result.
+    image = PIL.Image.fromarray(pixels.numpy())
+    expected = pixels_of(image.resize((10, 10), resample=Resampling.LANCZOS))
+    assert torch.equal(resized(pixels, 10, 10, Resampling.LANCZOS), expected)
+
+
+def test_bounds_outside_the_image_are_refused():
+    kernels = load_cpu_kernels()
+    image = torch.zeros(4, 5, 3, dtype=torch.uint8)
+    bounds = torch.tensor([[3, 3]], dtype=torch.int32)  # rows 3..5 of 4
+    weights = torch.ones(1, 3, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="out of the image"):
+        kernels.resample_vertical(image, bounds, weights)
+    with pytest.raises(RuntimeError, match="out of the image"):
+        kernels.resample_horizontal(image, torch.tensor([[4, 2]], dtype=torch.int32), weights)
