@@ -44,10 +44,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logits"), py::arg("with_logprobs") = true, without_gil());
   m.def("resample_vertical", &resample_vertical,
         "one pass of Pillow's resize along an 8-bit image's height (its weights given)",
-        py::arg("image"), py::arg("bounds"), py::arg("weights"), without_gil());
+        py::arg("image"), py::arg("bounds"), py::arg("weights"), py::arg("parallel"),
+        without_gil());
   m.def("resample_horizontal", &resample_horizontal,
         "one pass of Pillow's resize along an 8-bit image's width (its weights given)",
-        py::arg("image"), py::arg("bounds"), py::arg("weights"), without_gil());
+        py::arg("image"), py::arg("bounds"), py::arg("weights"), py::arg("parallel"),
+        without_gil());
   m.def("philox_uniform", &philox_uniform,
         "Philox4x32-10 uniforms in [0, 1) for keys [n] and counters [n, 2]");
   m.def("sample", &sample,

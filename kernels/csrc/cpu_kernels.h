@@ -80,9 +80,9 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
 std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits, bool with_logprobs);
 at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters);
 at::Tensor resample_vertical(const at::Tensor& image, const at::Tensor& bounds,
-                             const at::Tensor& weights);
+                             const at::Tensor& weights, bool parallel);
 at::Tensor resample_horizontal(const at::Tensor& image, const at::Tensor& bounds,
-                               const at::Tensor& weights);
+                               const at::Tensor& weights, bool parallel);
 std::tuple<at::Tensor, at::Tensor> sample(
     const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
     const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& uniforms,

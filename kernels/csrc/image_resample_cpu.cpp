@@ -5,7 +5,7 @@
 // which computes them as Pillow does). So the result equals Pillow's to the bit, and
 // the speed comes from the layout: each pass adds whole rows of pixels, 16 lanes at a
 // time, where Pillow adds one pixel's channels at a time, and the rows are shared
-// between threads, where Pillow runs on one.
+// between threads (where asked: see kernels/image_resample.py), where Pillow runs on one.
 //
 // The vertical pass (along the image's height) adds rows of [width * channels] values
 // as they lie. The horizontal pass (along the width) takes the image in blocks of
@@ -76,7 +76,7 @@ void check_bounds(const Taps& taps, int64_t size) {
 }  // namespace
 
 at::Tensor resample_vertical(const at::Tensor& image, const at::Tensor& bounds,
-                             const at::Tensor& weights) {
+                             const at::Tensor& weights, bool parallel) {
   check_image(image);
   const Taps taps = taps_of(bounds, weights);
   check_bounds(taps, image.size(0));
@@ -84,7 +84,8 @@ at::Tensor resample_vertical(const at::Tensor& image, const at::Tensor& bounds,
   auto out = tensors::empty({taps.outputs, image.size(1), image.size(2)}, image.options());
   const uint8_t* src = image.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, taps.outputs, 1, [&](int64_t begin, int64_t end) {
+  // A grain of the whole range runs on the calling thread alone.
+  at::parallel_for(0, taps.outputs, parallel ? 1 : taps.outputs, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> sums(row_length);
     for (int64_t o = begin; o < end; ++o) {
       weighted_rows(src, row_length, row_length, taps.starts[2 * o], taps.counts[2 * o],
@@ -130,7 +131,7 @@ void horizontal_block(const uint8_t* src, int64_t width, int64_t rows, const Tap
 }  // namespace
 
 at::Tensor resample_horizontal(const at::Tensor& image, const at::Tensor& bounds,
-                               const at::Tensor& weights) {
+                               const at::Tensor& weights, bool parallel) {
   check_image(image);
   const Taps taps = taps_of(bounds, weights);
   const int64_t height = image.size(0), width = image.size(1), channels = image.size(2);
@@ -140,7 +141,7 @@ at::Tensor resample_horizontal(const at::Tensor& image, const at::Tensor& bounds
   const uint8_t* src = image.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t blocks = (height + kBlockRows - 1) / kBlockRows;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks, parallel ? 1 : blocks, [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> columns(width * kBlockRows * channels);
     for (int64_t block = begin; block < end; ++block) {
       const int64_t first = block * kBlockRows;

@@ -5,6 +5,8 @@ itself where the order of a Pillow version is not known here."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import PIL
 import PIL.Image
@@ -98,6 +100,39 @@ def test_bounds_outside_the_image_are_refused():
     bounds = torch.tensor([[3, 3]], dtype=torch.int32)  # rows 3..5 of 4
     weights = torch.ones(1, 3, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="out of the image"):
-        kernels.resample_vertical(image, bounds, weights)
+        kernels.resample_vertical(image, bounds, weights, True)
     with pytest.raises(RuntimeError, match="out of the image"):
-        kernels.resample_horizontal(image, torch.tensor([[4, 2]], dtype=torch.int32), weights)
+        kernels.resample_horizontal(image, torch.tensor([[4, 2]], dtype=torch.int32), weights, True)
+
+
+def test_off_the_main_thread_a_resize_runs_on_its_thread_alone(monkeypatch):
+    """A worker thread's parallel region would leave OpenMP a second pool of threads,
+    which slows the engine's steps: there the kernels are asked for one thread, with
+    the same result."""
+    kernels, asked = load_cpu_kernels(), []
+
+    class Recording:
+        def __getattr__(self, name):
+            def call(*args):
+                asked.append((name, args[-1]))
+                return getattr(kernels, name)(*args)
+
+            return call
+
+    monkeypatch.setattr(image_resample, "built_cpu_kernels", Recording)
+    pixels = torch.from_numpy(noise(300, 200, 3, seed=3))
+    expected = resize_like_pillow(pixels, 90, 120, Resampling.LANCZOS)
+    results = []
+    worker = threading.Thread(
+        target=lambda: results.append(resize_like_pillow(pixels, 90, 120, Resampling.LANCZOS))
+    )
+    worker.start()
+    worker.join()
+    assert torch.equal(results[0], expected)
+    # horizontal first (Pillow 13: the height shrinks by 110 pixels, the width by 180)
+    assert asked == [
+        ("resample_horizontal", True),
+        ("resample_vertical", True),
+        ("resample_horizontal", False),
+        ("resample_vertical", False),
+    ]
