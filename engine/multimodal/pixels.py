@@ -6,6 +6,7 @@ to the bit), the processed image, and the reading of a model folder's JSON files
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,12 @@ def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
 
 
 def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
-    """An RGB image's pixels as [H, W, 3] uint8, a copy of its own."""
-    height, width = image.height, image.width
-    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(height, width, 3)
+    """An RGB image's pixels as [H, W, 3] uint8, read only: on the bytes of its
+    tobytes(), not another copy (nothing here writes pixels; each step makes new ones)."""
+    array = np.frombuffer(image.tobytes(), dtype=np.uint8).reshape(image.height, image.width, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's warning that the array is read only
+        return torch.from_numpy(array)
 
 
 def resized(pixels: torch.Tensor, height: int, width: int, resample: int) -> torch.Tensor:
