@@ -47,8 +47,9 @@ _EXPORTS = {
     # which of our bf16 linear kernel and oneDNN runs a projection's rows (measured)
     "LinearChooser": "linear_choice",
     "select_kernels": "selection",
-    # PIL's resize of an 8-bit image, to the bit, on the CPU kernels
-    "resize_like_pillow": "image_resample",
+    # an image's preprocessing as transformers' PIL-based processors, on the CPU kernels
+    "resize_like_pillow": "image_cpu",
+    "pixel_levels": "image_cpu",
     "triton_available": "selection",
     # the decoder stack's description, which the model gives and the kernels pack
     "DecoderLayerSpec": "decoder_stack",

@@ -42,6 +42,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_pick", &greedy_pick,
         "argmax token of each row and its log-probability (NaN unless with_logprobs)",
         py::arg("logits"), py::arg("with_logprobs") = true, without_gil());
+  m.def("pixel_levels", &pixel_levels,
+        "8-bit pixels [n, channels, h, w] -> float32 by each channel's 256 levels",
+        py::arg("pixels"), py::arg("levels"), py::arg("parallel"), without_gil());
   m.def("resample_vertical", &resample_vertical,
         "one pass of Pillow's resize along an 8-bit image's height (its weights given)",
         py::arg("image"), py::arg("bounds"), py::arg("weights"), py::arg("parallel"),

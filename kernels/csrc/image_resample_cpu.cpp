@@ -1,11 +1,11 @@
 // One pass of Pillow's two-pass resize of an 8-bit image, with Pillow's own arithmetic:
 // each output value is 2^21 plus the sum of its taps' pixels times their 22-bit
 // fixed-point weights, shifted right by 22 bits and clipped to 0..255, in int32 as
-// Pillow adds them (the weights and their bounds come from kernels/image_resample.py,
+// Pillow adds them (the weights and their bounds come from kernels/image_cpu.py,
 // which computes them as Pillow does). So the result equals Pillow's to the bit, and
 // the speed comes from the layout: each pass adds whole rows of pixels, 16 lanes at a
 // time, where Pillow adds one pixel's channels at a time, and the rows are shared
-// between threads (where asked: see kernels/image_resample.py), where Pillow runs on one.
+// between threads (where asked: see kernels/image_cpu.py), where Pillow runs on one.
 //
 // The vertical pass (along the image's height) adds rows of [width * channels] values
 // as they lie. The horizontal pass (along the width) takes the image in blocks of

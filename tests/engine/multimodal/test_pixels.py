@@ -1,5 +1,6 @@
-"""The pixel values' lookup (pixels.rescale_and_normalize) against computing each pixel
-as transformers does: float64 rescale rounded to float32, then a float32 normalize."""
+"""The pixel values' lookup (pixels.rescale_and_normalize, on the CPU kernels and in
+numpy without them) against computing each pixel as transformers does: float64 rescale
+rounded to float32, then a float32 normalize."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from hetero_infer.engine.multimodal import pixels
 from hetero_infer.engine.multimodal.pixels import pixels_of, rescale_and_normalize, to_tensor
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -26,7 +28,10 @@ def per_pixel(tiles, rescale_factor, mean, std) -> torch.Tensor:
     [(1 / 255, CLIP_MEAN, CLIP_STD), (1 / 255, (0.5,) * 3, (0.5,) * 3), (1 / 255, None, None),
      (None, CLIP_MEAN, CLIP_STD), (None, None, None)],
 )  # fmt: skip
-def test_lookup_equals_each_pixel_computed(rescale_factor, mean, std) -> None:
+@pytest.mark.parametrize("kernels", [True, False])
+def test_lookup_equals_each_pixel_computed(rescale_factor, mean, std, kernels, monkeypatch) -> None:
+    if not kernels:
+        monkeypatch.setattr(pixels, "pixel_levels", lambda tiles, levels: None)
     generator = torch.Generator().manual_seed(0)
     tiles = torch.randint(0, 256, (5, 3, 7, 9), dtype=torch.uint8, generator=generator)
     tiles[0, :, 0, :] = torch.arange(9, dtype=torch.uint8) * 31 + 7  # both ends of 0..255

@@ -1,13 +1,16 @@
-"""Pillow's resize of an 8-bit image (``Image.resize`` with a convolution filter), equal
-to Pillow's result to the bit, on the CPU kernels (kernels/csrc/image_resample_cpu.cpp).
+"""An image's preprocessing on the CPU kernels, equal to the bit to what transformers'
+PIL-based processors compute: Pillow's resize (kernels/csrc/image_resample_cpu.cpp) and
+the 8-bit pixels' float values by a lookup in each channel's 256 levels
+(pixel_levels_cpu.cpp).
 
-Pillow resizes in two passes, one along each axis; each output value is a weighted sum
-of a run of input values, the weights taken from the filter, normalised to sum to 1,
-and rounded to 22-bit fixed point. The weights and their bounds are computed here as
-Pillow computes them (the same double arithmetic, the C library's ``sin`` through
-``math.sin``), once per (input size, output size, filter); the kernels do the sums as
-Pillow does, in int32, and share the rows between threads, where Pillow runs on one
-thread (SmolVLM's 640 x 480 -> 256 x 192 LANCZOS: 2.9 ms in Pillow, below 0.5 ms here).
+``resize_like_pillow`` is ``Image.resize`` with a convolution filter. Pillow resizes in
+two passes, one along each axis; each output value is a weighted sum of a run of input
+values, the weights taken from the filter, normalised to sum to 1, and rounded to 22-bit
+fixed point. The weights and their bounds are computed here as Pillow computes them (the
+same double arithmetic, the C library's ``sin`` through ``math.sin``), once per (input
+size, output size, filter); the kernels do the sums as Pillow does, in int32, and share
+the rows between threads, where Pillow runs on one thread (SmolVLM's 640 x 480 -> 256 x
+192 LANCZOS: 2.9 ms in Pillow, below 0.5 ms here).
 
 Which pass runs first changes the result (the first one's output is rounded to 8 bits),
 and Pillow 13 changed it: before, the horizontal pass always ran first; since, the
@@ -17,12 +20,12 @@ width. ``resize`` follows the installed Pillow, and leaves a Pillow it does not 
 to Pillow itself (``None``). The kernels are used where this process has them
 built, never compiled here for an image.
 
-The rows are shared between torch's threads only on the main thread, where an offline
+The work is shared between torch's threads only on the main thread, where an offline
 engine runs its steps: a parallel region started from another thread (the server's
 workers, which preprocess images as they arrive) gives OpenMP a second pool of
 threads, and with more threads than cores libgomp stops spinning between regions,
 which slows every step of the engine's own thread (AsyncEngine.load). There each
-resize runs on its thread alone, still several times faster than Pillow's loop.
+call runs on its thread alone, still several times faster than Pillow's loop.
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ def resize_like_pillow(
         return None
     if (in_height, in_width) == (height, width):
         return pixels
-    parallel = threading.current_thread() is threading.main_thread()
+    parallel = _may_share_threads()
 
     def horizontal(image: torch.Tensor) -> torch.Tensor:
         if image.shape[1] == width:
@@ -172,3 +175,17 @@ def resize_like_pillow(
         return kernels.resample_vertical(image, *weights, parallel)
 
     return horizontal(vertical(pixels)) if order else vertical(horizontal(pixels))
+
+
+def pixel_levels(tiles: torch.Tensor, levels: torch.Tensor) -> torch.Tensor | None:
+    """uint8 ``tiles`` [n, channels, H, W] (any strides) as float32: each pixel the value
+    its channel's ``levels`` [channels, 256] give its level; None without the kernels."""
+    kernels = built_cpu_kernels()
+    if kernels is None:
+        return None
+    return kernels.pixel_levels(tiles, levels, _may_share_threads())
+
+
+def _may_share_threads() -> bool:
+    """Whether this thread may start parallel regions (see the module's docstring)."""
+    return threading.current_thread() is threading.main_thread()

@@ -1,7 +1,8 @@
-"""PIL's resize on the CPU kernels (kernels/image_resample.py): equal to the installed
-Pillow's result to the bit, for every filter it follows, shrinking and growing either
-axis (so both pass orders of Pillow 13 are taken), on one and three channels; Pillow
-itself where the order of a Pillow version is not known here."""
+"""An image's preprocessing on the CPU kernels (kernels/image_cpu.py): PIL's resize,
+equal to the installed Pillow's result to the bit, for every filter it follows,
+shrinking and growing either axis (so both pass orders of Pillow 13 are taken), on one
+and three channels, Pillow itself where the order of a Pillow version is not known
+here; the pixels' levels looked up."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import PIL.Image
 import pytest
 import torch
 from hetero_infer.engine.multimodal.pixels import pixels_of, resized
-from hetero_infer.kernels import image_resample
+from hetero_infer.kernels import image_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.image_resample import resize_like_pillow
+from hetero_infer.kernels.image_cpu import pixel_levels, resize_like_pillow
 
 Resampling = PIL.Image.Resampling
 FILTERS = [
@@ -79,8 +80,8 @@ def test_random_sizes_equal_to_pillow():
 def test_the_pass_order_follows_the_pillow_version(monkeypatch, version, expected):
     """Height shrunk by 200 pixels, width by 10: Pillow 13 goes vertical first."""
     monkeypatch.setattr(PIL, "__version__", version)
-    assert image_resample.vertical_first(300, 100, 100, 90) is expected
-    assert image_resample.vertical_first(300, 100, 290, 90) is False
+    assert image_cpu.vertical_first(300, 100, 100, 90) is expected
+    assert image_cpu.vertical_first(300, 100, 290, 90) is False
 
 
 def test_a_pillow_or_filter_not_known_here_is_left_to_pillow(monkeypatch):
@@ -119,7 +120,7 @@ def test_off_the_main_thread_a_resize_runs_on_its_thread_alone(monkeypatch):
 
             return call
 
-    monkeypatch.setattr(image_resample, "built_cpu_kernels", Recording)
+    monkeypatch.setattr(image_cpu, "built_cpu_kernels", Recording)
     pixels = torch.from_numpy(noise(300, 200, 3, seed=3))
     expected = resize_like_pillow(pixels, 90, 120, Resampling.LANCZOS)
     results = []
@@ -136,3 +137,16 @@ def test_off_the_main_thread_a_resize_runs_on_its_thread_alone(monkeypatch):
         ("resample_horizontal", False),
         ("resample_vertical", False),
     ]
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_pixel_levels_look_up_each_channels_level(contiguous):
+    generator = torch.Generator().manual_seed(0)
+    hwc = torch.randint(0, 256, (2, 5, 7, 3), dtype=torch.uint8, generator=generator)
+    tiles = hwc.permute(0, 3, 1, 2)  # [2, 3, 5, 7] read through the HWC strides
+    if contiguous:
+        tiles = tiles.contiguous()
+    levels = torch.randn(3, 256, generator=generator)
+    got = pixel_levels(tiles, levels)
+    expected = torch.stack([levels[c][tiles[:, c].long()] for c in range(3)], dim=1)
+    assert got.is_contiguous() and torch.equal(got, expected)
