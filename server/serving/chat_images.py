@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import blake3
 from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
 from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
@@ -122,7 +122,7 @@ def prepared_image(prompts: ImagePrompts, data: bytes, param: str) -> PreparedIm
     """The image in ``data`` decoded and preprocessed for the model; the same bytes as
     a recent image's (a chat sends its images again each turn) are neither decoded nor
     hashed pixel by pixel again."""
-    source = hashlib.sha256(data).digest()
+    source = blake3.blake3(data).digest()
     prepared = prompts.recent.of_source(source)
     if prepared is not None:
         return prepared
