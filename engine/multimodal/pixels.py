@@ -52,6 +52,8 @@ def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
         rgba = image.convert("RGBA")
         white = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return PIL.Image.alpha_composite(white, rgba).convert("RGB")
+    if image.mode == "RGB":
+        return image  # convert() would copy it, and nothing here writes it
     return image.convert("RGB")
 
 
