@@ -40,12 +40,16 @@ void weighted_rows(const uint8_t* src, int64_t stride, int64_t length, int32_t s
   for (int64_t i = 0; i < length; ++i) out[i] = clip8(sums[i]);
 }
 
+// Each output's run of inputs: bounds [outputs, 2] (its first input, its number of
+// taps) and weights [outputs, width] (a tap's fixed-point weight; 0 past its taps).
 struct Taps {
-  const int32_t* starts;
-  const int32_t* counts;
-  const int32_t* weights;  // [outputs, width]
+  const int32_t* bounds;
+  const int32_t* weights;
   int64_t width;
   int64_t outputs;
+  int32_t start(int64_t output) const { return bounds[2 * output]; }
+  int32_t count(int64_t output) const { return bounds[2 * output + 1]; }
+  const int32_t* weights_of(int64_t output) const { return weights + output * width; }
 };
 
 Taps taps_of(const at::Tensor& bounds, const at::Tensor& weights) {
@@ -55,9 +59,8 @@ Taps taps_of(const at::Tensor& bounds, const at::Tensor& weights) {
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) == bounds.size(0) &&
                   weights.scalar_type() == at::kInt && weights.is_contiguous(),
               "weights must be a contiguous int32 [outputs, taps]");
-  const int32_t* b = bounds.data_ptr<int32_t>();
-  // starts and counts interleaved: a stride of 2.
-  return {b, b + 1, weights.data_ptr<int32_t>(), weights.size(1), bounds.size(0)};
+  return {bounds.data_ptr<int32_t>(), weights.data_ptr<int32_t>(), weights.size(1),
+          bounds.size(0)};
 }
 
 void check_image(const at::Tensor& image) {
@@ -67,9 +70,43 @@ void check_image(const at::Tensor& image) {
 
 void check_bounds(const Taps& taps, int64_t size) {
   for (int64_t o = 0; o < taps.outputs; ++o) {
-    const int32_t start = taps.starts[2 * o], count = taps.counts[2 * o];
+    const int32_t start = taps.start(o), count = taps.count(o);
     TORCH_CHECK(start >= 0 && count >= 0 && count <= taps.width && start + count <= size,
                 "resample bounds out of the image");
+  }
+}
+
+// The horizontal pass over kBlockRows rows of a kChannels-channel image: the block's
+// columns laid side by side as rows of kLanes values, whose sums stay in registers.
+template <int kChannels>
+void horizontal_block(const uint8_t* src, int64_t width, int64_t rows, const Taps& taps,
+                      uint8_t* columns, uint8_t* dst) {
+  constexpr int64_t kLanes = kBlockRows * kChannels;
+  // columns[x][r * kChannels + c] = src[r][x][c]
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* line = src + r * width * kChannels;
+    for (int64_t x = 0; x < width; ++x) {
+      for (int c = 0; c < kChannels; ++c) {
+        columns[x * kLanes + r * kChannels + c] = line[x * kChannels + c];
+      }
+    }
+  }
+  for (int64_t o = 0; o < taps.outputs; ++o) {
+    int32_t sums[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) sums[i] = 1 << (kPrecisionBits - 1);
+    // A block of fewer rows leaves the lanes past them stale: summed, never written.
+    const uint8_t* column = columns + taps.start(o) * kLanes;
+    const int32_t* weights = taps.weights_of(o);
+    for (int32_t t = 0; t < taps.count(o); ++t) {
+      const int32_t weight = weights[t];
+      for (int64_t i = 0; i < kLanes; ++i) {
+        sums[i] += static_cast<int32_t>(column[t * kLanes + i]) * weight;
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      uint8_t* out = dst + (r * taps.outputs + o) * kChannels;
+      for (int c = 0; c < kChannels; ++c) out[c] = clip8(sums[r * kChannels + c]);
+    }
   }
 }
 
@@ -88,47 +125,12 @@ at::Tensor resample_vertical(const at::Tensor& image, const at::Tensor& bounds,
   at::parallel_for(0, taps.outputs, parallel ? 1 : taps.outputs, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> sums(row_length);
     for (int64_t o = begin; o < end; ++o) {
-      weighted_rows(src, row_length, row_length, taps.starts[2 * o], taps.counts[2 * o],
-                    taps.weights + o * taps.width, sums.data(), dst + o * row_length);
+      weighted_rows(src, row_length, row_length, taps.start(o), taps.count(o),
+                    taps.weights_of(o), sums.data(), dst + o * row_length);
     }
   });
   return out;
 }
-
-namespace {
-
-// The horizontal pass over kBlockRows rows of a kChannels-channel image: the block's
-// columns laid side by side as rows of kLanes values, whose sums stay in registers.
-template <int kChannels>
-void horizontal_block(const uint8_t* src, int64_t width, int64_t rows, const Taps& taps,
-                      uint8_t* columns, uint8_t* dst) {
-  constexpr int64_t kLanes = kBlockRows * kChannels;
-  // columns[x][r * kChannels + c] = src[r][x][c]
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* line = src + r * width * kChannels;
-    for (int64_t x = 0; x < width; ++x) {
-      for (int c = 0; c < kChannels; ++c) columns[x * kLanes + r * kChannels + c] = line[x * kChannels + c];
-    }
-  }
-  for (int64_t o = 0; o < taps.outputs; ++o) {
-    int32_t sums[kLanes];
-    for (int64_t i = 0; i < kLanes; ++i) sums[i] = 1 << (kPrecisionBits - 1);
-    const uint8_t* column = columns + taps.starts[2 * o] * kLanes;
-    const int32_t* weights = taps.weights + o * taps.width;
-    for (int32_t t = 0; t < taps.counts[2 * o]; ++t) {
-      const int32_t weight = weights[t];
-      for (int64_t i = 0; i < kLanes; ++i) {
-        sums[i] += static_cast<int32_t>(column[t * kLanes + i]) * weight;
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      uint8_t* out = dst + (r * taps.outputs + o) * kChannels;
-      for (int c = 0; c < kChannels; ++c) out[c] = clip8(sums[r * kChannels + c]);
-    }
-  }
-}
-
-}  // namespace
 
 at::Tensor resample_horizontal(const at::Tensor& image, const at::Tensor& bounds,
                                const at::Tensor& weights, bool parallel) {
