@@ -80,7 +80,9 @@ class LLMEngine:
             config.pooling,
             scheduling_policy=config.scheduling_policy,
             request_timeout=config.request_timeout,
-            image_prompts=ImagePrompts.for_model(source.folder, setup.model_config, self.tokenizer),
+            image_prompts=ImagePrompts.for_model(
+                source.folder, setup.model_config, self.tokenizer, config.cpu_kernels
+            ),
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)
         self._ids = itertools.count()

@@ -64,6 +64,9 @@ class Gemma3ImageProcessor:
     rescale_factor: float = 1 / 255
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # Whether the CPU kernels resize and look up the pixels (the engine's cpu_kernels;
+    # the same values either way).
+    cpu_kernels: bool = True
     boi_token: str = BOI_TOKEN
     image_token: str = IMAGE_TOKEN
     eoi_token: str = EOI_TOKEN
@@ -127,7 +130,7 @@ class Gemma3ImageProcessor:
     def process_rgb(self, pixels: torch.Tensor) -> ProcessedImage:
         """process() of an image to_rgb() has made, as its pixels (pixels_of)."""
         if self.do_resize:
-            pixels = resized(pixels, self.height, self.width, self.resample)
+            pixels = resized(pixels, self.height, self.width, self.resample, self.cpu_kernels)
         pixel_values = normalized(to_tensor(pixels)[None], self)
         return ProcessedImage(pixel_values, rows=0, cols=0)
 

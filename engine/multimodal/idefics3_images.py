@@ -57,6 +57,9 @@ class Idefics3ImageProcessor:
     rescale_factor: float = 1 / 255
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # Whether the CPU kernels resize and look up the pixels (the engine's cpu_kernels;
+    # the same values either way).
+    cpu_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.image_seq_len <= 0 or self.tile_size <= 0 or self.longest_edge <= 0:
@@ -155,7 +158,7 @@ class Idefics3ImageProcessor:
         return to_rgb(image, self.do_convert_rgb)
 
     def _resize(self, pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        return resized(pixels, height, width, self.resample)
+        return resized(pixels, height, width, self.resample, self.cpu_kernels)
 
 
 def _fit_longest_edge(height: int, width: int, longest_edge: int) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -73,16 +74,17 @@ class ImagePrompts:
 
     @classmethod
     def for_model(
-        cls, folder: Path, config: ModelConfig, tokenizer: Tokenizer
+        cls, folder: Path, config: ModelConfig, tokenizer: Tokenizer, cpu_kernels: bool = True
     ) -> ImagePrompts | None:
-        """A vision model's, from its folder's preprocessing config; None for text only."""
+        """A vision model's, from its folder's preprocessing config; None for text only.
+        ``cpu_kernels``: the engine's setting, whether the CPU kernels preprocess."""
         if config.vision is None:
             return None
         processor_class = PROCESSORS.get(config.architecture)
         if processor_class is None:
             raise ConfigError(f"{config.architecture}: no image processor for its images")
         vision = config.vision
-        processor = processor_class.from_folder(folder)
+        processor = replace(processor_class.from_folder(folder), cpu_kernels=cpu_kernels)
         mrope = config.mrope_section is not None
         return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional, mrope)
 

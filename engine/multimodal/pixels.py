@@ -66,13 +66,17 @@ def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def resized(pixels: torch.Tensor, height: int, width: int, resample: int) -> torch.Tensor:
+def resized(
+    pixels: torch.Tensor, height: int, width: int, resample: int, cpu_kernels: bool = True
+) -> torch.Tensor:
     """[H, W, 3] uint8 pixels resized to ``height`` x ``width`` as PIL's
     ``Image.resize`` resizes their image, to the bit: by the CPU kernels where they
-    follow the installed Pillow (several times faster, on all threads), else by PIL."""
-    done = resize_like_pillow(pixels, height, width, PIL.Image.Resampling(resample))
-    if done is not None:
-        return done
+    follow the installed Pillow (several times faster, and on all threads) and
+    ``cpu_kernels`` allows them, else by PIL."""
+    if cpu_kernels:
+        done = resize_like_pillow(pixels, height, width, PIL.Image.Resampling(resample))
+        if done is not None:
+            return done
     image = PIL.Image.fromarray(pixels.numpy())
     return pixels_of(image.resize((width, height), resample=resample))
 
@@ -87,6 +91,7 @@ def rescale_and_normalize(
     rescale_factor: float | None,
     mean: tuple[float, ...] | None,
     std: tuple[float, ...] | None,
+    cpu_kernels: bool = True,
 ) -> torch.Tensor:
     """uint8 tiles [n, 3, H, W] -> float32, rescaled (None: not) and normalized (None:
     not), each value as transformers computes it. A channel's pixels take 256 values, so
@@ -95,7 +100,7 @@ def rescale_and_normalize(
     52 -> 7 ms); on the CPU kernels where they are built (numpy's take first widens
     every pixel to an int64 index)."""
     levels = level_values(rescale_factor, mean, std)
-    looked_up = pixel_levels(tiles, levels)
+    looked_up = pixel_levels(tiles, levels) if cpu_kernels else None
     if looked_up is not None:
         return looked_up
     table = levels.numpy()
@@ -157,6 +162,7 @@ def normalized(tiles: torch.Tensor, settings: Any) -> torch.Tensor:
         settings.rescale_factor if settings.do_rescale else None,
         settings.image_mean if settings.do_normalize else None,
         settings.image_std if settings.do_normalize else None,
+        settings.cpu_kernels,
     )
 
 

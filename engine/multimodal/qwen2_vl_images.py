@@ -101,6 +101,9 @@ class Qwen2VLImageProcessor:
     rescale_factor: float = 1 / 255
     image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
     image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+    # Whether the CPU kernels resize and look up the pixels (the engine's cpu_kernels;
+    # the same values either way).
+    cpu_kernels: bool = True
     image_token: str = IMAGE_TOKEN
 
     def __post_init__(self) -> None:
@@ -180,7 +183,7 @@ class Qwen2VLImageProcessor:
         so [i, j] is not the patch at row i, column j."""
         height, width = self.resized_size(*pixels.shape[:2])
         if self.do_resize:
-            pixels = resized(pixels, height, width, self.resample)
+            pixels = resized(pixels, height, width, self.resample, self.cpu_kernels)
         values = normalized(to_tensor(pixels)[None], self)[0]
         patch, merge = self.patch_size, self.merge_size
         if height % (patch * merge) or width % (patch * merge):

@@ -13,6 +13,7 @@ import PIL.Image
 import pytest
 import torch
 import transformers
+from hetero_infer.engine.multimodal import pixels
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 
 from tests.tiny_models import IDEFICS3_TILE_SIZE, save_tiny_idefics3
@@ -109,6 +110,20 @@ def test_matches_transformers(
     assert torch.equal(input_ids, expected["input_ids"])
     image_token_id = hf_processor.tokenizer.convert_tokens_to_ids(ours.image_token)
     assert (input_ids == image_token_id).sum() == num_tiles * ours.image_seq_len
+
+
+def test_without_the_cpu_kernels_pil_and_numpy_give_the_same_pixels(folder, monkeypatch):
+    """cpu_kernels off (the engine's setting): no kernel runs, and nothing changes."""
+    image = IMAGES["landscape"]()
+    with_kernels = Idefics3ImageProcessor.from_folder(folder).process(image)
+
+    def refused(*args):
+        raise AssertionError("a CPU kernel ran with cpu_kernels off")
+
+    monkeypatch.setattr(pixels, "resize_like_pillow", refused)
+    monkeypatch.setattr(pixels, "pixel_levels", refused)
+    ours = dataclasses.replace(Idefics3ImageProcessor.from_folder(folder), cpu_kernels=False)
+    assert torch.equal(ours.process(image).pixel_values, with_kernels.pixel_values)
 
 
 def test_splitting_grid() -> None:
