@@ -15,9 +15,9 @@ the rows between threads, where Pillow runs on one thread (SmolVLM's 640 x 480 -
 Which pass runs first changes the result (the first one's output is rounded to 8 bits),
 and Pillow 13 changed it: before, the horizontal pass always ran first; since, the
 vertical one does where the height shrinks by more than twice as many pixels as the
-width. ``resize`` follows the installed Pillow, and leaves a Pillow it does not know
-(a later major version), a filter it does not know, or a machine without the kernels
-to Pillow itself (``None``). The kernels are used where this process has them
+width. ``resize_like_pillow`` follows the installed Pillow, and leaves a Pillow it does
+not know (a later major version), a filter it does not know, or a machine without the
+kernels to Pillow itself (``None``). The kernels are used where this process has them
 built, never compiled here for an image.
 
 The work is shared between torch's threads only on the main thread, where an offline
