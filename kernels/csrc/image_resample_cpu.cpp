@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -82,12 +83,19 @@ template <int kChannels>
 void horizontal_block(const uint8_t* src, int64_t width, int64_t rows, const Taps& taps,
                       uint8_t* columns, uint8_t* dst) {
   constexpr int64_t kLanes = kBlockRows * kChannels;
-  // columns[x][r * kChannels + c] = src[r][x][c]
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* line = src + r * width * kChannels;
-    for (int64_t x = 0; x < width; ++x) {
-      for (int c = 0; c < kChannels; ++c) {
-        columns[x * kLanes + r * kChannels + c] = line[x * kChannels + c];
+  // columns[x][r * kChannels + c] = src[r][x][c], column by column. A 3-channel pixel
+  // moves as 4 bytes (one load, one store): the 4th, the next pixel's, lands on the lane
+  // the next row writes, or on the next column's first, written after it; the last
+  // column moves byte by byte, so no read passes the image's end.
+  const int64_t line = width * kChannels;
+  for (int64_t x = 0; x < width; ++x) {
+    const uint8_t* pixel = src + x * kChannels;
+    uint8_t* column = columns + x * kLanes;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (kChannels == 3 && x + 1 < width) {
+        std::memcpy(column + r * kChannels, pixel + r * line, 4);
+      } else {
+        for (int c = 0; c < kChannels; ++c) column[r * kChannels + c] = pixel[r * line + c];
       }
     }
   }
