@@ -67,14 +67,18 @@ def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
 
 
 def resized(
-    pixels: torch.Tensor, height: int, width: int, resample: int, cpu_kernels: bool = True
+    pixels: torch.Tensor,
+    height: int,
+    width: int,
+    resample: PIL.Image.Resampling,
+    cpu_kernels: bool = True,
 ) -> torch.Tensor:
     """[H, W, 3] uint8 pixels resized to ``height`` x ``width`` as PIL's
     ``Image.resize`` resizes their image, to the bit: by the CPU kernels where they
     follow the installed Pillow (several times faster, and on all threads) and
     ``cpu_kernels`` allows them, else by PIL."""
     if cpu_kernels:
-        done = resize_like_pillow(pixels, height, width, PIL.Image.Resampling(resample))
+        done = resize_like_pillow(pixels, height, width, resample)
         if done is not None:
             return done
     image = PIL.Image.fromarray(pixels.numpy())
