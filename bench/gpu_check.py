@@ -186,7 +186,8 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     planes_command = [python, "-m", "bench.planes_linear", "--rows", "1,16"]
     planes_command += ["--json", str(runs / "planes-linear.json")]
     sweep_command = [*planes_command[:-1], str(runs / "planes-sweep.json"), "--sweep"]
-    step_time_command = [python, "-m", "bench.step_time", "--model", model]
+    # --profile: the host's functions by their own time at 256 sequences, in the log.
+    step_time_command = [python, "-m", "bench.step_time", "--model", model, "--profile"]
     step_time_command += ["--json", str(runs / "step-time.json")]
     throughput_command = [python, "-m", "bench.throughput", "--systems", "ours,hf-cb"]
     throughput_command += ["--model", model, "--num-requests", "64", "--timeout", "90"]
@@ -198,7 +199,7 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     return steps + [
         Step("kernels", kernels_command, 40),
         Step("planes linear", planes_command, 70),
-        Step("planes sweep", sweep_command, 120),
+        Step("planes sweep", sweep_command, 150),
         Step("step time", step_time_command, 90),
         Step("throughput", throughput_command, 130),
     ]

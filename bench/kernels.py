@@ -68,6 +68,40 @@ def timed(fn: Any, *args: Any) -> float:
     return triton.testing.do_bench(lambda: fn(*args))
 
 
+def copies_past_cache(nbytes: int, device: torch.device) -> int:
+    """How many copies of ``nbytes`` of operands fill twice the GPU's L2 cache: cycled
+    through, each call reads its copy from memory, as a model's layers read theirs."""
+    cache = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
+    return max(2, -(-2 * cache // max(nbytes, 1)))
+
+
+def graph_timed(calls: list[Any], rounds: int = 4, replays: int = 10) -> float:
+    """Median milliseconds of one call as a CUDA graph replays it: the device's time
+    without the host's launches (the engine's decode steps replay graphs), the calls
+    taken in turn, each on its own copy of the operands (``copies_past_cache``)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiled and warm before the capture
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rounds):
+            for call in calls:
+                call()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (rounds * len(calls)))
+    return statistics.median(times)
+
+
 def decode_case(
     batch: int,
     context: int,

@@ -8,9 +8,11 @@ on the dequantized weight, the kernel on the file's blocks, and the memory bound
 
 Per shape (N x K: qkv 6144 x 4096, o 4096 x 4096, gate or up 14336 x 4096, down
 4096 x 14336), type (Q4_0, Q4_K, Q8_0) and rows of bf16 activations (1 and 16): the
-median time of each (triton.testing.do_bench, L2 flushed), the bytes the planes' kernel
-must read (its planes, x and y) over the device's bandwidth (its spec, else a measured
-copy) as the bound, and the kernel's largest error against x @ W^T in fp32 on the
+median time of each, replayed from a CUDA graph as the engine's decode steps are
+(copies of the weight in turn, so that each call reads its own from memory; the
+planes' kernel also launched call by call), the bytes the planes' kernel must read
+(its planes, x and y) over the device's bandwidth (its spec, else a measured copy) as
+the bound, and the kernel's largest error against x @ W^T in fp32 on the
 dequantized weight, relative to the largest |y|. The weights are random bytes with
 small finite fp16 scales (bench.kernels.timing_weight): the time depends on no value.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,6 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 import torch.nn.functional as F
-import triton.testing
 from hetero_infer.kernels.linear_planes_triton import (
     GEMV_MAX_ROWS,
     STEP_VALUES,
@@ -53,9 +56,34 @@ def moved_bytes(planes: PlanarWeight, x: torch.Tensor) -> int:
     return planes.nbytes + (m * k + m * n) * x.element_size()
 
 
+def in_turn(fn: Any, x: torch.Tensor, weights: list[Any]) -> float:
+    """Milliseconds of fn(x, weight) replayed from a CUDA graph, the weights in turn."""
+    from bench import kernels
+
+    return kernels.graph_timed([partial(fn, x, weight) for weight in weights])
+
+
+def weight_copies(weight: Any, nbytes: int, device: torch.device) -> list[Any]:
+    """``weight`` (of ``nbytes``, on ``device``) and copies of it, enough that each call
+    reads its own from memory."""
+    from bench.kernels import copies_past_cache
+
+    if device.type != "cuda":  # the tests' CPU tensors: the timer is replaced
+        return [weight]
+    count = copies_past_cache(nbytes, device)
+    if isinstance(weight, torch.Tensor):
+        return [weight] + [weight.clone() for _ in range(count - 1)]
+    if isinstance(weight, PlanarWeight):
+        return [weight] + [weight.rows(slice(None)) for _ in range(count - 1)]
+    return [weight] + [replace(weight, data=weight.data.clone()) for _ in range(count - 1)]
+
+
 def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[str, Any]:
-    """One type, shape and row count: the three kernels' times and the bound."""
-    from bench.kernels import timed
+    """One type, shape and row count: the three kernels' times (replayed from a CUDA
+    graph, as decode steps run, each call's weight read from memory) and the bound; the
+    planes' kernel also launched one call at a time (its time then includes the host's
+    launch, as an eager step's does)."""
+    from bench import kernels
 
     n, k = weight.shape
     planes = pack_planes(weight)
@@ -63,10 +91,13 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     y = planes_linear_triton(x, planes).float()
     reference = x.float() @ dense.float().T
     error = float((y - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
-    ms = timed(planes_linear_triton, x, planes)
-    file_ms = timed(quantized_linear_triton, x, weight)
-    torch_ms = timed(F.linear, x, dense)
     nbytes = moved_bytes(planes, x)
+    ms = in_turn(planes_linear_triton, x, weight_copies(planes, planes.nbytes, x.device))
+    eager_ms = kernels.timed(planes_linear_triton, x, planes)
+    file_ms = in_turn(
+        quantized_linear_triton, x, weight_copies(weight, weight.data.nbytes, x.device)
+    )
+    torch_ms = in_turn(F.linear, x, weight_copies(dense, dense.nbytes, x.device))
     bound = nbytes / (peak * 1e3)  # us at peak GB/s
     tiles = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
     return {
@@ -76,6 +107,7 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
         "m": m,
         "tiles": str(tiles),
         "planes_us": ms * 1e3,
+        "planes_launched_us": eager_ms * 1e3,
         "file_blocks_us": file_ms * 1e3,
         "torch_bf16_us": torch_ms * 1e3,
         "bytes": nbytes,
@@ -87,38 +119,62 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     }
 
 
+# The GEMV's (weight rows a program, warps, steps a loop turn) the sweep tries: a turn
+# reads rows x 128 x steps bytes of Q4_0's values (Q8_0: twice), 16 bytes a lane per
+# load; from one load a lane a turn to eight, so that more bytes are in flight.
+GEMV_CANDIDATES = (
+    (4, 1, 1),
+    (8, 2, 1),
+    (4, 1, 2),
+    (4, 2, 2),
+    (8, 2, 2),
+    (2, 1, 4),
+    (4, 1, 4),
+    (4, 2, 4),
+    (4, 4, 4),
+    (8, 2, 4),
+    (8, 4, 4),
+    (2, 1, 8),
+    (4, 2, 8),
+    (4, 4, 8),
+    (8, 4, 8),
+    (16, 4, 2),
+)
+
+
 def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
     """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
-    weight rows a program, warps and steps a loop turn (M <= 4), else the dot kernel's
-    tile width and warps (each compiled variant costs a second or two); each with the
-    chosen K splits, none, and twice as many."""
+    GEMV_CANDIDATES with K split 1, 2 and 4 ways (M <= 4), else the dot kernel's tile
+    width and warps with the chosen K splits, none, and twice as many (each compiled
+    variant costs a second or two; a split is only the grid)."""
     if m <= GEMV_MAX_ROWS:
-        # Warps up to the steps a turn: a turn's tile of 4 weight rows is 512 bytes a step,
-        # one 16-byte load for each lane of a warp.
-        turns = [(1, 1), (1, 2), (2, 2), (1, 4), (2, 4), (4, 4)]
-        shapes = [(n, w, 3, u) for n in (4, 8) for w, u in turns]
-    else:
-        shapes = [(n, w, 3, 1) for n in (32, 64, 128) for w in (4, 8)]
+        return [
+            PlanesTiles("gemv", chosen.block_m, n, split, warps, 3, unroll)
+            for n, warps, unroll in GEMV_CANDIDATES
+            for split in (1, 2, 4)
+        ]
     splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
     return [
-        PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, stages, unroll)
-        for n, warps, stages, unroll in shapes
+        PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, chosen.num_stages)
+        for n in (32, 64, 128)
+        for warps in (4, 8)
         for split in splits
     ]
 
 
 def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
-    """Each candidate's time at one type, shape and row count (short do_bench runs), the
-    fastest against the chosen tiles."""
+    """Each candidate's time at one type, shape and row count (replayed from a CUDA
+    graph, the weight's copies in turn), the fastest against the chosen tiles."""
     n, k = weight.shape
     planes = pack_planes(weight)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=planes.device)
     chosen = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
+    copies = weight_copies(planes, planes.nbytes, x.device)
     times = {}
     for tiles in [chosen, *candidate_tiles(m, chosen)]:
         if str(tiles) not in times:
-            run = lambda t=tiles: planes_linear_triton(x, planes, tiles=t)  # noqa: E731
-            times[str(tiles)] = triton.testing.do_bench(run, warmup=5, rep=20) * 1e3
+            run = partial(planes_linear_triton, tiles=tiles)
+            times[str(tiles)] = in_turn(run, x, copies) * 1e3
     best = min(times, key=times.get)
     return {
         "qtype": weight.qtype,

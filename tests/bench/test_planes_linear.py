@@ -13,12 +13,14 @@ from bench import kernels, planes_linear  # noqa: E402
 
 @pytest.mark.parametrize("qtype", planes_linear.QTYPES)
 def test_a_case_reports_times_the_bound_and_the_error(qtype, monkeypatch):
-    monkeypatch.setattr(kernels, "timed", lambda fn, *args: 0.5)  # ms
+    monkeypatch.setattr(kernels, "timed", lambda fn, *args: 0.25)  # ms
+    monkeypatch.setattr(kernels, "graph_timed", lambda calls: [c() for c in calls] and 0.5)
     weight = kernels.timing_weight(qtype, 40, 512, torch.device("cpu"))
     dense = weight.dequantize(torch.bfloat16)
     row = planes_linear.bench_case(weight, 2, dense, peak=1000.0)
     assert (row["qtype"], row["n"], row["k"], row["m"]) == (qtype, 40, 512, 2)
     assert row["planes_us"] == row["file_blocks_us"] == row["torch_bf16_us"] == 500.0
+    assert row["planes_launched_us"] == 250.0
     # the planes (padded rows) and x and y in bf16, at 1000 GB/s
     assert row["bytes"] >= 40 * 512 // 2 + (2 * 512 + 2 * 40) * 2
     assert row["hbm_bound_us"] == pytest.approx(row["bytes"] / 1e6)
@@ -31,11 +33,12 @@ def test_without_a_gpu_it_refuses(capsys):
     assert "torch.cuda.is_available() is False" in capsys.readouterr().err
 
 
-def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(monkeypatch):
-    import triton.testing
+from hetero_infer.kernels.linear_planes_triton import PlanesTiles  # noqa: E402
 
+
+def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(monkeypatch):
     times = iter(range(100, 0, -1))  # each later candidate faster: the last is the best
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: (fn(), next(times))[1])
+    monkeypatch.setattr(kernels, "graph_timed", lambda calls: [c() for c in calls] and next(times))
     weight = kernels.timing_weight("Q4_0", 40, 512, torch.device("cpu"))
     row = planes_linear.sweep_case(weight, 1, peak=1000.0)
     tiles = list(row["us_by_tiles"])
@@ -43,11 +46,13 @@ def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(m
     assert len(tiles) == len(set(tiles)) > 1  # each candidate once
     assert row["best"] == tiles[-1] and row["best_us"] == min(row["us_by_tiles"].values())
     assert all("gemv" in t for t in tiles)  # one row: the GEMV's candidates
+    gemv = planes_linear.candidate_tiles(1, PlanesTiles("gemv", 1, 8, 1, 2, 3))
+    assert {(t.unroll, t.num_splits) for t in gemv} == {
+        (u, s) for u in (1, 2, 4, 8) for s in (1, 2, 4)
+    }
 
 
 def test_candidates_vary_the_split_and_keep_the_kernel():
-    from hetero_infer.kernels.linear_planes_triton import PlanesTiles
-
     chosen = PlanesTiles("dot", 16, 64, 4, 4, 2)
     candidates = planes_linear.candidate_tiles(16, chosen)
     assert {c.num_splits for c in candidates} == {1, 4, 8}
