@@ -53,5 +53,10 @@ class VisionLanguageModel(DecoderForCausalLM, abc.ABC):
                 vision[name] = tensor
             else:
                 text[self.text_name(name)] = tensor
-        self.vision.load_weights(vision)
+        # To where the model's parameters were made (its device): the vision side
+        # assigns the tensors it is given, and the loader's are on the CPU.
+        device = next(self.vision.parameters()).device
+        self.vision.load_weights(
+            {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in vision.items()}
+        )
         super().load_weights(text)
