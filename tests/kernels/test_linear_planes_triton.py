@@ -121,9 +121,11 @@ CASES = [
     ("gemv", 3, torch.float32, (72, 352), True, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     ("gemv", 4, torch.float16, (40, 512), False, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     # Steps a loop turn: a split's last turn past its end (5 steps split 3 + 2, 2 a
-    # turn), and 4 a turn over 2 steps, the last of them ending early (1312: 41 blocks).
+    # turn), 4 a turn over 2 steps, the last of them ending early (1312: 41 blocks), and
+    # 16 a turn over 17 steps (the second turn's 15 past the row's end).
     ("gemv-unrolled", 1, torch.float32, (40, 1280), False, PlanesTiles("gemv", 1, 8, 2, 1, 3, 2)),
     ("gemv-unrolled", 2, torch.float16, (72, 1312), True, PlanesTiles("gemv", 2, 4, 1, 1, 3, 4)),
+    ("gemv-unrolled", 1, torch.float16, (24, 4352), False, PlanesTiles("gemv", 1, 1, 1, 1, 3, 16)),
     ("split-K", 5, torch.float32, (72, 512), True, PlanesTiles("dot", 16, 64, 2, 4, 1)),
     ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2)),
     ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1)),
@@ -148,11 +150,11 @@ def test_kernels_match_the_dequantized_product(qtype, kind, rows, dtype, shape, 
 
 
 def test_the_rows_choose_the_kernel():
-    assert choose_planes_tiles(GPU, 1, 4096, 16) == PlanesTiles("gemv", 1, 8, 1, 2, 3)
+    assert choose_planes_tiles(GPU, 1, 4096, 16) == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
     assert choose_planes_tiles(GPU, 3, 4096, 16).block_m == 4
     # narrow outputs, long rows: K split until about two programs per SM
-    narrow = choose_planes_tiles(GPU, 1, 576, 56)
-    assert narrow.kernel == "gemv" and 72 * narrow.num_splits <= 2 * 132 + 72
+    narrow = choose_planes_tiles(GPU, 1, 256, 56)
+    assert narrow.kernel == "gemv" and 128 * narrow.num_splits <= 2 * 132 + 128
     assert narrow.num_splits > 1
     split = choose_planes_tiles(GPU, 16, 4096, 56)
     assert (split.kernel, split.block_m, split.num_splits) == ("dot", 16, 5)

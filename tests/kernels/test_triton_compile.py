@@ -317,12 +317,12 @@ VARIANTS = [
         quantized_linear_constants("I8", 16, 32),
         dict(num_warps=4, num_stages=2),
     ),
-    (  # GGUF planes, decode: 1 row, 8 weight rows a program (choose_planes_tiles)
+    (  # GGUF planes, decode: 1 row, 2 weight rows a program (choose_planes_tiles)
         "planes-gemv-q4_0-bf16",
         PLANES_GEMV,
         planes_pointers("Q4_0", "bf16", "bf16"),
-        planes_constants("Q4_0", 1, 8, HAS_BIAS=True, UNROLL=1),
-        dict(num_warps=2, num_stages=3),
+        planes_constants("Q4_0", 1, 2, HAS_BIAS=True, UNROLL=8),
+        dict(num_warps=1, num_stages=3),
     ),
     (  # 4 rows, a split's fp32 partial sums
         "planes-gemv-q4_k-fp16-split",
