@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from hetero_infer.engine.models.exact_convolution import fp32_convolutions
 from hetero_infer.engine.settings.exceptions import ConfigError
 from torch import nn
 
@@ -144,7 +145,9 @@ class PatchEmbed(nn.Module):
         tiny model's large weights make a difference of 1e-3 relative downstream."""
         weight = self.proj.weight
         patches = pixels.view(-1, *weight.shape[1:])
-        return F.conv3d(patches, weight, stride=weight.shape[2:]).view(-1, weight.shape[0])
+        with fp32_convolutions():
+            embedded = F.conv3d(patches, weight, stride=weight.shape[2:])
+        return embedded.view(-1, weight.shape[0])
 
 
 class PatchMerger(nn.Module):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from hetero_infer.engine.models.exact_convolution import fp32_convolutions
 from hetero_infer.engine.settings.exceptions import ConfigError
 from torch import nn
 
@@ -94,7 +95,8 @@ class SiglipVisionEmbeddings(nn.Module):
         self.position_ids = position_ids.to("cpu")
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        patches = self.patch_embedding(pixel_values)  # [tiles, hidden, side, side]
+        with fp32_convolutions():
+            patches = self.patch_embedding(pixel_values)  # [tiles, hidden, side, side]
         patches = patches.flatten(2).transpose(1, 2)  # [tiles, side * side, hidden]
         rows = self.position_ids.to(patches.device)
         return patches + self.position_embedding(rows)
