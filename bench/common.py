@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -149,3 +150,19 @@ def save_figure(fig: Any, path: Path, dpi: int) -> Path:
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
+
+
+def checkout_commit() -> str:
+    """The checkout's commit, "-dirty" after it where its files differ from it (a copy
+    of a work tree over an older repository says so rather than name the older commit);
+    "" where git cannot tell."""
+    try:
+        result = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return ""
+    return result.stdout.strip()

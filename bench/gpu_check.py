@@ -64,7 +64,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import REPO_ROOT, RESULTS_DIR, portable
+from bench.common import REPO_ROOT, RESULTS_DIR, checkout_commit, portable
 
 TESTS_DIR = REPO_ROOT / "tests"
 # The folders pyproject.toml maps to hetero_infer's parts.
@@ -358,7 +358,7 @@ def run_check(device: Device, out: Path, model: str, command: str) -> dict[str, 
         "command": command,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": device.info,
-        "commit": _commit(),
+        "commit": checkout_commit(),
         "steps": {},
     }
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as link_root:
@@ -381,16 +381,6 @@ def run_check(device: Device, out: Path, model: str, command: str) -> dict[str, 
         summary["steps"]["throughput"]["result"] = throughput
     summary["passed"] = all(s["status"] == "ok" for s in summary["steps"].values())
     return portable(summary)
-
-
-def _commit() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-        )
-    except OSError:
-        return ""
-    return result.stdout.strip()
 
 
 def print_summary(summary: dict[str, Any], path: Path) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ from hetero_infer.kernels.linear_quantized_triton import (
     quantized_linear_triton,
 )
 
-from bench.common import REPO_ROOT, RESULTS_DIR
+from bench.common import RESULTS_DIR, checkout_commit
 from bench.gpu_check import device_slug
 from bench.kernels import timing_weight
 
@@ -188,10 +187,12 @@ def main() -> None:
         raise SystemExit("bench.quantized_linear_sweep needs a CUDA GPU")
     device = torch.device("cuda")
     name = torch.cuda.get_device_name()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    results = {"device": name, "commit": commit, "command": " ".join(sys.argv), "rows": []}
+    results = {
+        "device": name,
+        "commit": checkout_commit(),
+        "command": " ".join(sys.argv),
+        "rows": [],
+    }
     start = time.time()
     for (n, k), qtype, m in itertools.product(SHAPES, QTYPES, ROWS):
         weight = timing_weight(qtype, n, k, device)

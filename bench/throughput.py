@@ -60,6 +60,7 @@ from bench.common import (
     REPO_ROOT,
     RESULTS_DIR,
     align,
+    checkout_commit,
     column_widths,
     parse_ints,
     pyplot,
@@ -280,12 +281,7 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = checkout_commit()
     return {
         "cpu": cpu,
         "cpu_flags": flags,
