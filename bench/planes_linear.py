@@ -136,16 +136,23 @@ GEMV_CANDIDATES = (
 )
 
 
-def candidate_tiles(m: int, chosen: PlanesTiles) -> list[PlanesTiles]:
+def candidate_tiles(
+    m: int, chosen: PlanesTiles, dot_chosen: PlanesTiles | None = None
+) -> list[PlanesTiles]:
     """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
-    GEMV_CANDIDATES with the chosen K splits (M <= 4), else the dot kernel's tile width
-    and warps with the chosen K splits, none, and twice as many (each compiled variant
-    costs a second or two; a split is only the grid)."""
+    GEMV_CANDIDATES with the chosen K splits (M <= 4), and the dot kernel's widths
+    around ``dot_chosen`` (its tiles at 16 rows: the rows padded to 16, the products
+    on tensor cores); else the dot kernel's tile width and warps with the chosen K
+    splits, none, and twice as many (each compiled variant costs a second or two; a
+    split is only the grid)."""
     if m <= GEMV_MAX_ROWS:
-        return [
+        gemv = [
             PlanesTiles("gemv", chosen.block_m, n, chosen.num_splits, warps, 3, unroll)
             for n, warps, unroll in GEMV_CANDIDATES
         ]
+        if dot_chosen is None:
+            return gemv
+        return gemv + [replace(dot_chosen, block_n=n) for n in (32, 64, 128)]
     splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
     return [
         PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, chosen.num_stages)
@@ -161,10 +168,12 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
     n, k = weight.shape
     planes = pack_planes(weight)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=planes.device)
-    chosen = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
+    steps = -(-k // STEP_VALUES)
+    chosen = choose_planes_tiles(device_info(x), m, n, steps)
+    dot_chosen = choose_planes_tiles(device_info(x), GEMV_MAX_ROWS + 1, n, steps)
     copies = weight_copies(planes, planes.nbytes, x.device)
     times = {}
-    for tiles in [chosen, *candidate_tiles(m, chosen)]:
+    for tiles in [chosen, *candidate_tiles(m, chosen, dot_chosen)]:
         if str(tiles) not in times:
             run = partial(planes_linear_triton, tiles=tiles)
             times[str(tiles)] = in_turn(run, x, copies) * 1e3
