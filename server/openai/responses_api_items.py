@@ -242,9 +242,10 @@ def _content_value(value: Any, taken: tuple[str, ...] = TEXT_PARTS) -> Any:
         return value
     if not isinstance(value, list) or not all(isinstance(p, dict) for p in value):
         raise ValueError("must be a string or a list of content parts")
-    kinds = {p.get("type") for p in value} - set(taken)
+    # A type may be any JSON value, a list or an object too: named by its text.
+    kinds = {str(p.get("type"))[:64] for p in value} - set(taken)
     if kinds:
-        shown = sorted(str(kind)[:64] for kind in kinds)
+        shown = sorted(kinds)
         raise ValueError(f"only {', '.join(taken)} content parts are supported here, not {shown}")
     for j, part in enumerate(value):
         # Checked here, not by InputImagePart: the union's errors would name its string form.

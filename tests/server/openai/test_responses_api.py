@@ -380,6 +380,11 @@ REFUSED = [
         "input.0.content",
         "input_file",
     ),
+    (  # a part's type as an object (the fuzzer's): a 400, not a 500
+        {"input": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]},
+        "input.0.content",
+        "{'a': 1}",
+    ),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", None),
     ({"input": [{**CALL_ITEM, "arguments": "[1]"}]}, "input.0.arguments", None),
     ({"input": [{"role": "user", "content": "x", "extra": 1}]}, "input.0.extra", None),
