@@ -476,13 +476,26 @@ class ImageOnlyProcessor(transformers.Qwen2_5_VLProcessor):
         return super().check_argument_for_proper_class(argument_name, argument)
 
 
+def pil_processor(folder: Path) -> transformers.ProcessorMixin:
+    """The folder's processor with the PIL image processor, the one the engine's
+    preprocessing reproduces (engine/multimodal): where torchvision is installed,
+    transformers 5 takes its torchvision image processor by default, which resizes
+    otherwise (on a GPU machine it gave Qwen2.5-VL's tiny model other tokens)."""
+    return transformers.AutoProcessor.from_pretrained(folder, use_fast=False)
+
+
+def pil_image_processor(folder: Path) -> transformers.BaseImageProcessor:
+    """The folder's PIL image processor (see pil_processor)."""
+    return transformers.AutoImageProcessor.from_pretrained(folder, use_fast=False)
+
+
 def qwen2_5_vl_processor(folder: Path) -> transformers.ProcessorMixin:
-    """The folder's Qwen2_5_VLProcessor: AutoProcessor's where torchvision is installed,
-    else the same for images alone."""
+    """The folder's Qwen2_5_VLProcessor (its PIL image processor): AutoProcessor's where
+    torchvision is installed, else the same for images alone."""
     if importlib.util.find_spec("torchvision") is not None:
-        return transformers.AutoProcessor.from_pretrained(folder)
+        return pil_processor(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    image_processor = pil_image_processor(folder)
     return ImageOnlyProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,

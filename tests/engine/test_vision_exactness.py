@@ -32,6 +32,7 @@ from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from PIL import Image
 
 from tests.tiny_models import (
+    pil_processor,
     qwen2_5_vl_processor,
     save_tiny_gemma3_vision,
     save_tiny_idefics3,
@@ -70,7 +71,7 @@ class Family:
     # their answers take more.
     pool: dict[str, int]
     eos: tuple[int, ...] = (EOS,)
-    processor: Any = transformers.AutoProcessor.from_pretrained  # (folder) -> transformers'
+    processor: Any = pil_processor  # (folder) -> transformers'
 
 
 FAMILIES = {

@@ -28,6 +28,7 @@ from PIL import Image
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server
 from tests.server.local_origin import local_origin
 from tests.tiny_models import (
+    pil_processor,
     qwen2_5_vl_processor,
     save_tiny_gemma3_vision,
     save_tiny_idefics3,
@@ -52,7 +53,7 @@ PNG_BASE64 = base64.b64encode(PNG).decode()
 
 # Each family: its tiny checkpoint, transformers' class, the tokens that end an answer
 # (Gemma's <end_of_turn>, Qwen's <|im_end|> too), transformers' processor.
-AUTO = transformers.AutoProcessor.from_pretrained
+AUTO = pil_processor
 FAMILIES = {
     "idefics3": (save_tiny_idefics3, transformers.Idefics3ForConditionalGeneration, [EOS], AUTO),
     "gemma3": (

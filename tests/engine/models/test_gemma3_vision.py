@@ -23,7 +23,7 @@ from hetero_infer.kernels import select_kernels
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from tests.tiny_models import GEMMA3_TOKENS_PER_IMAGE, save_tiny_gemma3_vision
+from tests.tiny_models import GEMMA3_TOKENS_PER_IMAGE, pil_processor, save_tiny_gemma3_vision
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def state_dict(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def pixel_values(folder: Path) -> torch.Tensor:
     """Two images through the folder's own processor: [2, 3, 32, 32]."""
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = pil_processor(folder)
     gradient = torch.linspace(0, 255, 40 * 30).view(30, 40).to(torch.uint8)
     images = [
         Image.new("RGB", (40, 30), (200, 10, 90)),

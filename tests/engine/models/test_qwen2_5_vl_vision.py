@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import (
     QWEN2_5_VL_MROPE_SECTION,
+    pil_image_processor,
     qwen2_5_vl_processor,
     save_tiny_qwen2_5_vl,
 )
@@ -61,7 +62,7 @@ def images() -> list[Image.Image]:
 @pytest.fixture(scope="module")
 def processed(folder: Path) -> transformers.BatchFeature:
     """Three images through the folder's own image processor."""
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    image_processor = pil_image_processor(folder)
     return image_processor(images(), return_tensors="pt")
 
 

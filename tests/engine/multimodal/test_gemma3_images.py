@@ -21,6 +21,7 @@ from hetero_infer.engine.settings.exceptions import ConfigError
 
 from tests.engine.multimodal.test_idefics3_images import noise, palette_with_transparency
 from tests.helpers import make_byte_fallback_tokenizer
+from tests.tiny_models import pil_image_processor, pil_processor
 
 PROMPT = "user: What is in <start_of_image> this picture?\nassistant:"
 IMAGE_SEQ_LENGTH = 7
@@ -123,7 +124,7 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def hf_image_processor(folder: Path) -> transformers.BaseImageProcessor:
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    image_processor = pil_image_processor(folder)
     # The one this venv has (no torchvision); ours must match it either way.
     assert image_processor.backend == "pil"
     return image_processor
@@ -131,7 +132,7 @@ def hf_image_processor(folder: Path) -> transformers.BaseImageProcessor:
 
 @pytest.fixture(scope="module")
 def hf_processor(folder: Path) -> transformers.ProcessorMixin:
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = pil_processor(folder)
     assert isinstance(processor, transformers.Gemma3Processor)
     return processor
 
@@ -182,7 +183,7 @@ def test_placeholder_parts(tmp_path: Path) -> None:
     folder = save_processor(tmp_path, 32, **tokens)
     ours = Gemma3ImageProcessor.from_folder(folder)
     assert (ours.marker, ours.image_token, ours.eoi_token) == ("<boi>", "<img>", "<eoi>")
-    hf_processor = transformers.AutoProcessor.from_pretrained(folder)
+    hf_processor = pil_processor(folder)
     assert "".join(ours.placeholder_parts()) == hf_processor.full_image_sequence
     assert ours.placeholder_parts()[1] == "<boi>" + "<img>" * IMAGE_SEQ_LENGTH + "<eoi>"
 
@@ -226,7 +227,7 @@ def test_from_folder_reads_hub_layout(tmp_path: Path) -> None:
     ours = Gemma3ImageProcessor.from_folder(folder)
     assert (ours.height, ours.width, ours.image_seq_length) == (32, 32, 5)
     assert ours.do_convert_rgb and ours.resample == PIL.Image.Resampling.BILINEAR
-    hf_processor = transformers.AutoProcessor.from_pretrained(folder)
+    hf_processor = pil_processor(folder)
     expected = hf_processor(text=PROMPT, images=[IMAGES["rgba"]()], return_tensors="pt")
     assert torch.equal(ours.process(IMAGES["rgba"]()).pixel_values, expected["pixel_values"])
     assert "".join(ours.placeholder_parts()) == hf_processor.full_image_sequence

@@ -16,7 +16,7 @@ import transformers
 from hetero_infer.engine.multimodal import pixels
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 
-from tests.tiny_models import IDEFICS3_TILE_SIZE, save_tiny_idefics3
+from tests.tiny_models import IDEFICS3_TILE_SIZE, pil_processor, save_tiny_idefics3
 
 PROMPT = "User:<image>What is in the picture?<end_of_utterance>\nAssistant:"
 
@@ -59,7 +59,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_processor(folder: Path) -> transformers.ProcessorMixin:
-    return transformers.AutoProcessor.from_pretrained(folder)
+    return pil_processor(folder)
 
 
 def test_from_folder_reads_transformers_5_layout(folder: Path) -> None:

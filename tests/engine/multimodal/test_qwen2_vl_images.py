@@ -26,7 +26,7 @@ from tests.engine.multimodal.test_gemma3_images import (
 )
 from tests.engine.multimodal.test_idefics3_images import noise, palette_with_transparency
 from tests.helpers import make_byte_fallback_tokenizer
-from tests.tiny_models import qwen2_5_vl_processor
+from tests.tiny_models import pil_image_processor, qwen2_5_vl_processor
 
 IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
 PROMPT = f"user: {IMAGE_PROMPT}What is in this picture?\nassistant:"
@@ -88,7 +88,7 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def hf_image_processor(folder: Path) -> transformers.BaseImageProcessor:
-    image_processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    image_processor = pil_image_processor(folder)
     # The one this venv has (no torchvision); ours must match it either way.
     assert image_processor.backend == "pil"
     return image_processor
@@ -227,7 +227,7 @@ def test_settings_precedence(tmp_path: Path, name: str, settings: dict[str, obje
     source = save_processor(tmp_path / "source")
     folder = hub_layout(tmp_path / "layout", source, name, **settings)
     ours = Qwen2VLImageProcessor.from_folder(folder)
-    hf = transformers.AutoImageProcessor.from_pretrained(folder)
+    hf = pil_image_processor(folder)
     assert (ours.min_pixels, ours.max_pixels) == (hf.size["shortest_edge"], hf.size["longest_edge"])
     for image in ("landscape", "tall_strip", "tiny", "rgba"):
         processed = ours.process(IMAGES[image]())
@@ -262,4 +262,4 @@ def test_aspect_ratio_over_limit_refused(folder: Path, size: tuple[int, int]) ->
     with pytest.raises(ValueError, match="aspect ratio .* is over 200"):
         ours.process(image)
     with pytest.raises(ValueError, match="aspect ratio must be smaller than 200"):
-        transformers.AutoImageProcessor.from_pretrained(folder)(image)
+        pil_image_processor(folder)(image)
