@@ -112,10 +112,9 @@ MAGIC_BITS = tl.constexpr(0x4B400000)
 def integers_to_f32(q):
     """int32 q (|q| < 2^22) -> fp32, exactly, by an integer add and a float subtract:
     the bits of 1.5 * 2^23 plus q are the float 1.5 * 2^23 + q. A conversion
-    instruction (I2F) runs at a quarter of the FMA's rate or less, and the GEMV
-    converts every value: the H200 ran Q4_0 and Q8_0 products of the same shape in the
-    same time, bound by the instructions per value, not the bytes. (tl.dot's operands
-    are left to the compiler: for int8 it converts without I2F.)"""
+    instruction (I2F) issues at a fraction of the FMA's rate, and the GEMV converts
+    every value it multiplies. (tl.dot's operands are left to the compiler: for int8 it
+    converts without I2F.)"""
     return (q + MAGIC_BITS).to(tl.float32, bitcast=True) - MAGIC_FLOAT
 
 
