@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -176,6 +177,32 @@ bool process_row(const Batch& b, int64_t r, float* row, Scratch& s) {
   return changed;
 }
 
+// Logits that are not finite numbers would stall the searches below: a NaN compares
+// false to every floor, an infinite top makes every floor NaN (top-k's widening then
+// never ends). An overflowed penalty (a repetition penalty near 0 divides a logit past
+// the largest float) or a broken row makes them. NaN and -inf are excluded as banned
+// tokens are; +inf becomes the largest float, so that those tokens hold the mass as
+// they would. Tested on the bits: -ffast-math lets the compiler assume no NaN. Returns
+// whether the row held any (one vectorised pass finds none in a sound row).
+bool make_finite(float* row, int64_t n) {
+  constexpr uint32_t kExponent = 0x7F800000u;
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, row + i, sizeof(bits));
+    any |= (bits & kExponent) == kExponent;
+  }
+  if (!any) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, row + i, sizeof(bits));
+    if ((bits & kExponent) != kExponent) continue;
+    const bool positive_infinity = bits == kExponent;
+    row[i] = positive_infinity ? std::numeric_limits<float>::max() : kExcluded;
+  }
+  return true;
+}
+
 // log(sum exp(row - top)): the row's log-softmax is row - top - this.
 float log_sum_exp_shifted(const float* row, int64_t n, float top) {
   float sum = 0.f;
@@ -199,12 +226,13 @@ float top_k_floor(const float* row, int64_t n, int64_t k, float top) {
     if (count[m] >= k) return floors[m];
   }
   float margin = 64.f;
-  while (true) {
+  for (int widening = 0; widening < 12; ++widening) {  // past the floats' range by then
     margin *= 1024.f;
     int64_t held = 0;
     for (int64_t i = 0; i < n; ++i) held += row[i] >= top - margin;
     if (held >= k) return top - margin;
   }
+  return std::numeric_limits<float>::lowest();  // holds every (finite) value
 }
 
 // Top-k: the tokens at or above the row's k-th largest value (1 <= k < n), in
@@ -420,7 +448,9 @@ int64_t draw_row(const Batch& b, int64_t r, const float* row, float top, Scratch
 // `loaded_max`: the row's maximum as loaded, before process_row.
 void sample_row(const Batch& b, int64_t r, float* row, float loaded_max, int64_t* token,
                 float* logprob, Scratch& s) {
-  const float top = process_row(b, r, row, s) ? row_max(row, b.vocab) : loaded_max;
+  bool changed = process_row(b, r, row, s);
+  changed |= make_finite(row, b.vocab);  // after the penalties, which may overflow
+  const float top = changed ? row_max(row, b.vocab) : loaded_max;
   *token = b.temperature[r] > 0.f ? draw_row(b, r, row, top, s)
                                   : first_index_of(row, b.vocab, top);
   *logprob = b.wants_logprob[r] ? row[*token] - top - log_sum_exp_shifted(row, b.vocab, top)

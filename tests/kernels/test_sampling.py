@@ -5,6 +5,7 @@ reference on random batches with every feature, at 1, 2 and 4 threads."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 
 import pytest
@@ -188,6 +189,52 @@ def test_kernel_never_draws_an_excluded_token():
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3))
     tokens, _ = OPS.sample(logits, tensors)
     assert set(tokens.tolist()) <= allowed
+
+
+def sample_within(seconds: float, logits: torch.Tensor, tensors: SamplingTensors):
+    """OPS.sample's answer, failing (not hanging) where it does not end in time: the
+    kernel releases the GIL, so a stuck call is left spinning on its thread."""
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(OPS.sample(logits, tensors)))
+    thread.daemon = True
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the sampler did not end"
+    return answer[0]
+
+
+@pytest.mark.parametrize(
+    "truncation",
+    [{}, {"top_k": 5}, {"top_p": 0.5}, {"top_k": 5, "top_p": 0.5, "min_p": 0.1}],
+    ids=["none", "top-k", "top-p", "all"],
+)
+def test_kernel_ends_on_logits_that_are_not_finite(truncation):
+    """NaN logits (a broken row) and infinite ones (a repetition penalty near 0 divides
+    a logit past the largest float): top-k's floor search never ended on them (planted:
+    without make_finite, the top-k rows time out). A NaN is never drawn; +inf takes the
+    whole mass; a row of NaN still gives a token."""
+    vocab = 1000
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(5))
+    logits[0, ::3] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2] = float("nan")
+    logits[3, ::2] = float("-inf")
+    logits[4, 9] = float("inf")  # a greedy row
+    rows = len(logits)
+    tensors = SamplingTensors.build(
+        temperature=[0.7] * (rows - 1) + [0.0],
+        top_k=[truncation.get("top_k", 0)] * rows,
+        top_p=[truncation.get("top_p", 1.0)] * rows,
+        min_p=[truncation.get("min_p", 0.0)] * rows,
+        uniforms=torch.tensor([0.1, 0.5, 0.9, 0.3, 0.6], dtype=torch.float64),
+        wants_logprob=[True] * rows,
+    )
+    tokens, logprobs = sample_within(20, logits, tensors)
+    assert tokens[0] % 3 != 0 and torch.isfinite(logprobs[0])
+    assert tokens[1] == 7 and logprobs[1] == 0
+    assert 0 <= tokens[2] < vocab
+    assert tokens[3] % 2 == 1 and torch.isfinite(logprobs[3])
+    assert tokens[4] == 9
 
 
 def test_kernel_rows_are_the_same_on_any_thread_count():
