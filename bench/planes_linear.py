@@ -40,6 +40,7 @@ from hetero_infer.kernels.linear_planes_triton import (
     planes_linear_triton,
 )
 from hetero_infer.kernels.linear_quantized_triton import quantized_linear_triton
+from hetero_infer.kernels.planes_gemv_triton import GEMV_WORD_TYPES
 from hetero_infer.kernels.quantized_planes import PlanarWeight, pack_planes
 from hetero_infer.kernels.triton_utils import device_info
 
@@ -99,7 +100,7 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     )
     torch_ms = in_turn(F.linear, x, weight_copies(dense, dense.nbytes, x.device))
     bound = nbytes / (peak * 1e3)  # us at peak GB/s
-    tiles = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES))
+    tiles = choose_planes_tiles(device_info(x), m, n, -(-k // STEP_VALUES), weight.qtype)
     return {
         "qtype": weight.qtype,
         "n": n,
@@ -119,40 +120,58 @@ def bench_case(weight: Any, m: int, dense: torch.Tensor, peak: float) -> dict[st
     }
 
 
-# The GEMV's (weight rows a program, warps, steps a loop turn) the sweep tries: a turn
-# reads rows x 128 x steps bytes of Q4_0's values (Q8_0: twice), 16 bytes a lane per
-# load. An H200's first sweep found 2 to 4 rows with 4 to 8 steps the fastest and no
-# K split faster, so these are around them.
+# The byte-wise GEMV's (weight rows a program, warps, steps a loop turn) the sweep
+# tries: a turn reads rows x 128 x steps bytes of Q4_0's values (Q8_0: twice), 16 bytes
+# a lane per load. An H200's first sweep found 2 to 4 rows with 4 to 8 steps the
+# fastest and no K split faster, so these are around them.
 GEMV_CANDIDATES = (
     (2, 1, 8),
     (4, 2, 8),
     (2, 1, 4),
-    (4, 2, 4),
     (4, 1, 8),
-    (1, 1, 16),
     (2, 1, 16),
-    (4, 2, 16),
     (8, 4, 8),
+)
+# The word GEMV's (weight rows a program, warps, chunks a lane a turn), for the types
+# it takes (kernels/planes_gemv_triton.py): more rows share the activations' loads and
+# conversions, more warps and chunks put more bytes in flight.
+WORDS_CANDIDATES = (
+    (8, 4, 1),
+    (4, 4, 1),
+    (16, 4, 1),
+    (8, 2, 1),
+    (8, 8, 1),
+    (8, 4, 2),
+    (4, 2, 2),
+    (16, 2, 1),
 )
 
 
 def candidate_tiles(
-    m: int, chosen: PlanesTiles, dot_chosen: PlanesTiles | None = None
+    m: int, chosen: PlanesTiles, dot_chosen: PlanesTiles | None = None, qtype: str = "Q6_K"
 ) -> list[PlanesTiles]:
-    """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMV's
-    GEMV_CANDIDATES with the chosen K splits (M <= 4), and the dot kernel's widths
+    """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMVs'
+    candidates (the word GEMV's for the types it takes, with and without the chosen K
+    splits; the byte-wise one's with them) at M <= 4, and the dot kernel's widths
     around ``dot_chosen`` (its tiles at 16 rows: the rows padded to 16, the products
     on tensor cores); else the dot kernel's tile width and warps with the chosen K
     splits, none, and twice as many (each compiled variant costs a second or two; a
     split is only the grid)."""
     if m <= GEMV_MAX_ROWS:
+        block_m = chosen.block_m
+        splits = sorted({1, chosen.num_splits})
+        words = [
+            PlanesTiles("words", block_m, n, split, warps, 1, unroll)
+            for n, warps, unroll in WORDS_CANDIDATES
+            for split in splits
+            if qtype in GEMV_WORD_TYPES
+        ]
         gemv = [
-            PlanesTiles("gemv", chosen.block_m, n, chosen.num_splits, warps, 3, unroll)
+            PlanesTiles("gemv", block_m, n, chosen.num_splits, warps, 3, unroll)
             for n, warps, unroll in GEMV_CANDIDATES
         ]
-        if dot_chosen is None:
-            return gemv
-        return gemv + [replace(dot_chosen, block_n=n) for n in (32, 64, 128)]
+        dot = [] if dot_chosen is None else [replace(dot_chosen, block_n=n) for n in (32, 64, 128)]
+        return words + gemv + dot
     splits = sorted({1, chosen.num_splits, 2 * chosen.num_splits})
     return [
         PlanesTiles(chosen.kernel, chosen.block_m, n, split, warps, chosen.num_stages)
@@ -169,11 +188,11 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
     planes = pack_planes(weight)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=planes.device)
     steps = -(-k // STEP_VALUES)
-    chosen = choose_planes_tiles(device_info(x), m, n, steps)
-    dot_chosen = choose_planes_tiles(device_info(x), GEMV_MAX_ROWS + 1, n, steps)
+    chosen = choose_planes_tiles(device_info(x), m, n, steps, weight.qtype)
+    dot_chosen = choose_planes_tiles(device_info(x), GEMV_MAX_ROWS + 1, n, steps, weight.qtype)
     copies = weight_copies(planes, planes.nbytes, x.device)
     times = {}
-    for tiles in [chosen, *candidate_tiles(m, chosen, dot_chosen)]:
+    for tiles in [chosen, *candidate_tiles(m, chosen, dot_chosen, weight.qtype)]:
         if str(tiles) not in times:
             run = partial(planes_linear_triton, tiles=tiles)
             times[str(tiles)] = in_turn(run, x, copies) * 1e3

@@ -38,6 +38,10 @@ from hetero_infer.kernels.planes_decode_triton import (
     integers_to_f32,
     load_x_chunk,
 )
+from hetero_infer.kernels.planes_gemv_triton import (
+    GEMV_WORD_TYPES,
+    launch_planes_gemv_words,
+)
 from hetero_infer.kernels.quantized import QuantizedWeight
 from hetero_infer.kernels.quantized_planes import PlanarWeight, pack_planes, planes_take
 from hetero_infer.kernels.triton_utils import (
@@ -229,20 +233,26 @@ def _planes_dot_kernel(
 
 @dataclass(frozen=True)
 class PlanesTiles:
-    kernel: str  # "gemv" (no tl.dot) or "dot" (split-K where num_splits > 1, tiles)
+    # "words" (kernels/planes_gemv_triton.py: Q4_0, Q4_1, Q4_K, Q8_0), "gemv" (the
+    # other types; no tl.dot either) or "dot" (split-K where num_splits > 1, tiles)
+    kernel: str
     block_m: int  # activation rows per program (tl.dot needs >= 16)
     block_n: int  # weight rows (outputs) per program
     num_splits: int  # programs along K per output tile, 1: none
     num_warps: int
     num_stages: int
-    unroll: int = 1  # gemv: steps a loop turn (more bytes in flight), a power of two
+    # gemv: steps a loop turn (more bytes in flight); words: 16-byte chunks a lane a
+    # turn. A power of two.
+    unroll: int = 1
 
 
 def choose_planes_tiles(
-    info: DeviceInfo, num_rows: int, out_features: int, num_steps: int
+    info: DeviceInfo, num_rows: int, out_features: int, num_steps: int, qtype: str
 ) -> PlanesTiles:
-    """The kernel and its tiles by the activation rows; no autotuning (see
+    """The kernel and its tiles by the activation rows and the type; no autotuning (see
     kernels/triton_utils.py)."""
+    if num_rows <= GEMV_MAX_ROWS and qtype in GEMV_WORD_TYPES:
+        return _words_tiles(info, num_rows, out_features, num_steps)
     if info.interpreter:
         # Cost is per program and per loop step: few programs, wide tiles.
         if num_rows <= GEMV_MAX_ROWS:
@@ -265,6 +275,19 @@ def choose_planes_tiles(
         splits = _splits(tiles, num_steps, 2 * info.num_sms, min_steps=2)
         return PlanesTiles("dot", 16 if num_rows <= 16 else 32, 64, splits, 4, 2)
     return PlanesTiles("dot", 64, 64, 1, 4, 2)
+
+
+def _words_tiles(info: DeviceInfo, num_rows: int, out_features: int, num_steps: int) -> PlanesTiles:
+    block_m = next_pow2(num_rows)
+    if info.interpreter:  # few programs, long turns
+        return PlanesTiles("words", block_m, min(64, next_pow2(out_features)), 1, 1, 1, 4)
+    # 8 weight rows a program against the same activations, 4 warps along K, a chunk a
+    # lane a turn: by the compiled code's count (sm90), ~4 instructions a value, where
+    # the byte-wise GEMV's tiles took 8. Not yet timed on a GPU (bench.planes_linear's
+    # sweep times these beside the byte-wise GEMV's).
+    tiles = triton.cdiv(out_features, 8)
+    splits = _splits(tiles, num_steps, 2 * info.num_sms, min_steps=4)
+    return PlanesTiles("words", block_m, 8, splits, 4, 1, 1)
 
 
 def _splits(tiles: int, num_steps: int, programs: int, min_steps: int) -> int:
@@ -299,11 +322,26 @@ def planes_linear_triton(
     info = device_info(x)
     num_steps = triton.cdiv(in_features, STEP_VALUES)
     if tiles is None:
-        tiles = choose_planes_tiles(info, num_rows, out_features, num_steps)
-    assert tiles.kernel == "gemv" or tiles.block_m >= 16, tiles
+        tiles = choose_planes_tiles(info, num_rows, out_features, num_steps, weight.qtype)
+    assert tiles.kernel != "dot" or tiles.block_m >= 16, tiles
     splits = tiles.num_splits
     steps_per_split = triton.cdiv(num_steps, splits)
     target = split_k_target(out, splits)
+    if tiles.kernel == "words":
+        assert weight.qtype in GEMV_WORD_TYPES, (tiles, weight.qtype)
+        launch_planes_gemv_words(
+            target,
+            x,
+            weight,
+            bias if splits == 1 else None,
+            tiles.block_m,
+            tiles.block_n,
+            splits,
+            tiles.num_warps,
+            tiles.unroll,
+        )
+        finish_split_k(out, target, bias)
+        return out
     planes = [weight.planes.get(name, weight.planes["values"]) for name in PLANE_ARGS]
     for plane in planes:
         assert plane.stride(1) == 1, plane.stride()

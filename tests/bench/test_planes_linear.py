@@ -24,7 +24,7 @@ def test_a_case_reports_times_the_bound_and_the_error(qtype, monkeypatch):
     # the planes (padded rows) and x and y in bf16, at 1000 GB/s
     assert row["bytes"] >= 40 * 512 // 2 + (2 * 512 + 2 * 40) * 2
     assert row["hbm_bound_us"] == pytest.approx(row["bytes"] / 1e6)
-    assert row["max_relative_error"] < 1e-2 and "gemv" in row["tiles"]
+    assert row["max_relative_error"] < 1e-2 and "words" in row["tiles"]  # a word type
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
@@ -45,9 +45,14 @@ def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(m
     assert tiles[0] == row["chosen"] and row["chosen_us"] == 100 * 1e3
     assert len(tiles) == len(set(tiles)) > 1  # each candidate once
     assert row["best"] == tiles[-1] and row["best_us"] == min(row["us_by_tiles"].values())
-    # one row: the GEMV's candidates, and the dot kernel's on rows padded to 16
-    assert {t.split("(")[1].split(",")[0] for t in tiles} == {"kernel='gemv'", "kernel='dot'"}
-    gemv = planes_linear.candidate_tiles(1, PlanesTiles("gemv", 1, 8, 3, 2, 3))
+    # one row: both GEMVs' candidates, and the dot kernel's on rows padded to 16
+    kernels_tried = {t.split("(")[1].split(",")[0] for t in tiles}
+    assert kernels_tried == {"kernel='words'", "kernel='gemv'", "kernel='dot'"}
+    words = planes_linear.candidate_tiles(1, PlanesTiles("words", 1, 8, 3, 4, 1), qtype="Q4_K")
+    assert {t.kernel for t in words} == {"words", "gemv"}
+    assert {t.num_splits for t in words if t.kernel == "words"} == {1, 3}
+    gemv = planes_linear.candidate_tiles(1, PlanesTiles("gemv", 1, 8, 3, 2, 3), qtype="Q6_K")
+    assert {t.kernel for t in gemv} == {"gemv"}
     assert {t.unroll for t in gemv} == {4, 8, 16} and {t.num_splits for t in gemv} == {3}
 
 

@@ -27,6 +27,7 @@ from hetero_infer.kernels.linear_planes_triton import (  # noqa: E402
     planes_triton_takes,
 )
 from hetero_infer.kernels.linear_quantized import dequantize_rows  # noqa: E402
+from hetero_infer.kernels.planes_gemv_triton import GEMV_WORD_TYPES  # noqa: E402
 from hetero_infer.kernels.quantized import QuantizedWeight, row_bytes  # noqa: E402
 from hetero_infer.kernels.quantized_planes import (  # noqa: E402
     ALIGN,
@@ -109,6 +110,7 @@ def assert_matches(
 
 
 GPU = DeviceInfo(False, 132, (9, 0))
+INTERPRETER = DeviceInfo(True, 1, (0, 0))
 
 # (rows, dtype, (out_features, in_features), bias, tiles): each kernel with the tiles a
 # GPU takes for its rows (choose_planes_tiles on an H200-like device), and with a split
@@ -116,8 +118,8 @@ GPU = DeviceInfo(False, 132, (9, 0))
 # 16s, 40 of 64s), one step of K (256) and two (512), a row's last step ending early
 # (352: 8 blocks and 3).
 CASES = [
-    ("gemv", 1, torch.float32, (72, 512), False, choose_planes_tiles(GPU, 1, 72, 2)),
-    ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1)),
+    ("gemv", 1, torch.float32, (72, 512), False, choose_planes_tiles(GPU, 1, 72, 2, "Q6_K")),
+    ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1, "Q6_K")),
     ("gemv", 3, torch.float32, (72, 352), True, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     ("gemv", 4, torch.float16, (40, 512), False, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     # Steps a loop turn: a split's last turn past its end (5 steps split 3 + 2, 2 a
@@ -127,8 +129,8 @@ CASES = [
     ("gemv-unrolled", 2, torch.float16, (72, 1312), True, PlanesTiles("gemv", 2, 4, 1, 1, 3, 4)),
     ("gemv-unrolled", 1, torch.float16, (24, 4352), False, PlanesTiles("gemv", 1, 1, 1, 1, 3, 16)),
     ("split-K", 5, torch.float32, (72, 512), True, PlanesTiles("dot", 16, 64, 2, 4, 1)),
-    ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2)),
-    ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1)),
+    ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2, "Q6_K")),
+    ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1, "Q6_K")),
     ("tiles", 33, torch.float16, (96, 512), True, PlanesTiles("dot", 64, 64, 1, 4, 1)),
 ]
 CASE_IDS = [f"{kind}-{m}-{DTYPE_IDS[dt]}-{n}x{k}" for kind, m, dt, (n, k), *_ in CASES]
@@ -149,17 +151,51 @@ def test_kernels_match_the_dequantized_product(qtype, kind, rows, dtype, shape, 
     assert_matches(actual, x, weight, bias)
 
 
-def test_the_rows_choose_the_kernel():
-    assert choose_planes_tiles(GPU, 1, 4096, 16) == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
-    assert choose_planes_tiles(GPU, 3, 4096, 16).block_m == 4
+# The word GEMV (kernels/planes_gemv_triton.py) on the types it takes: the choice under
+# the interpreter and on a GPU, K split in 3, 2 chunks a lane a turn, rows that fill no
+# tile with 2 warps.
+WORD_CASES = [
+    (1, torch.float32, (72, 512), False, None),
+    (2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1, "Q4_0")),
+    (3, torch.float32, (72, 512), True, PlanesTiles("words", 4, 16, 3, 1, 1, 1)),
+    (4, torch.float16, (40, 1024), False, PlanesTiles("words", 4, 8, 2, 1, 1, 2)),
+    (1, torch.float32, (7, 256), True, PlanesTiles("words", 1, 4, 1, 2, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("qtype", GEMV_WORD_TYPES)
+@pytest.mark.parametrize(
+    ("rows", "dtype", "shape", "with_bias", "tiles"),
+    WORD_CASES,
+    ids=[f"{m}-{DTYPE_IDS[dt]}-{n}x{k}-{i}" for i, (m, dt, (n, k), *_) in enumerate(WORD_CASES)],
+)
+def test_the_word_gemv_matches_the_dequantized_product(qtype, rows, dtype, shape, with_bias, tiles):
+    out_features, in_features = shape
+    weight, planes = planar(qtype, out_features, in_features)
+    x = randn(rows, in_features, dtype=dtype, seed=rows)
+    bias = randn(out_features, seed=2) if with_bias else None
+    if tiles is None:
+        tiles = choose_planes_tiles(INTERPRETER, rows, out_features, in_features // 256, qtype)
+        assert tiles.kernel == "words"
+    assert_matches(planes_linear_triton(x, planes, bias, tiles=tiles), x, weight, bias)
+
+
+def test_the_rows_and_the_type_choose_the_kernel():
+    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q4_0") == PlanesTiles("words", 1, 8, 1, 4, 1)
+    assert choose_planes_tiles(GPU, 4, 4096, 16, "Q8_0").kernel == "words"
+    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q6_K") == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
+    assert choose_planes_tiles(GPU, 3, 4096, 16, "Q5_K").block_m == 4
     # narrow outputs, long rows: K split until about two programs per SM
-    narrow = choose_planes_tiles(GPU, 1, 256, 56)
+    narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q6_K")
     assert narrow.kernel == "gemv" and 128 * narrow.num_splits <= 2 * 132 + 128
     assert narrow.num_splits > 1
-    split = choose_planes_tiles(GPU, 16, 4096, 56)
+    narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q4_K")
+    assert narrow.kernel == "words" and 32 * narrow.num_splits <= 2 * 132 + 32
+    assert narrow.num_splits > 1
+    split = choose_planes_tiles(GPU, 16, 4096, 56, "Q4_0")
     assert (split.kernel, split.block_m, split.num_splits) == ("dot", 16, 5)
-    assert choose_planes_tiles(GPU, 32, 4096, 16).block_m == 32
-    assert choose_planes_tiles(GPU, 33, 4096, 16) == PlanesTiles("dot", 64, 64, 1, 4, 2)
+    assert choose_planes_tiles(GPU, 32, 4096, 16, "Q8_0").block_m == 32
+    assert choose_planes_tiles(GPU, 33, 4096, 16, "Q4_0") == PlanesTiles("dot", 64, 64, 1, 4, 2)
 
 
 def test_the_layer_over_leading_dims_strides_and_empty_batches():

@@ -110,10 +110,12 @@ def quantized_linear_constants(qtype: str, block_m: int, block_n: int, **overrid
 QUANTIZED_LINEAR = "hetero_infer.kernels.linear_quantized_triton:_quantized_linear_kernel"
 PLANES_GEMV = "hetero_infer.kernels.linear_planes_triton:_planes_gemv_kernel"
 PLANES_DOT = "hetero_infer.kernels.linear_planes_triton:_planes_dot_kernel"
+PLANES_WORDS = "hetero_infer.kernels.planes_gemv_triton:_planes_gemv_words_kernel"
 # Each type's planes' element types (kernels/quantized_planes.py), by kernel argument.
 PLANE_POINTERS = {
     "Q8_0": dict(v_ptr="i8", s_ptr="fp16"),
     "Q4_0": dict(v_ptr="u8", s_ptr="fp16"),
+    "Q4_1": dict(v_ptr="u8", s_ptr="fp16", m_ptr="fp16"),
     "Q5_1": dict(v_ptr="u8", h_ptr="i32", s_ptr="fp16", m_ptr="fp16"),
     "Q4_K": dict(v_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
     "Q6_K": dict(v_ptr="u8", h_ptr="u8", s_ptr="i8", d_ptr="fp16"),
@@ -125,6 +127,14 @@ def planes_pointers(qtype: str, activations: str, out: str) -> dict[str, str]:
     planes = PLANE_POINTERS[qtype]
     names = ("v_ptr", "h_ptr", "s_ptr", "m_ptr", "d_ptr", "dm_ptr")
     pointers = {name: f"*{planes.get(name, planes['v_ptr'])}" for name in names}
+    return {**pointers, "out_ptr": f"*{out}", "x_ptr": f"*{activations}", "bias_ptr": "*fp32"}
+
+
+def word_pointers(qtype: str, activations: str, out: str) -> dict[str, str]:
+    """The word GEMV's: the values plane as int32 words, the K-quants' byte scales."""
+    scales = "u8" if qtype == "Q4_K" else "fp16"
+    planes = dict(v_ptr="i32", s_ptr=scales, m_ptr=scales, d_ptr="fp16", dm_ptr="fp16")
+    pointers = {name: f"*{kind}" for name, kind in planes.items()}
     return {**pointers, "out_ptr": f"*{out}", "x_ptr": f"*{activations}", "bias_ptr": "*fp32"}
 
 
@@ -337,6 +347,27 @@ VARIANTS = [
         planes_pointers("Q6_K", "bf16", "bf16"),
         planes_constants("Q6_K", 2, 8, UNROLL=2),
         dict(num_warps=2, num_stages=3),
+    ),
+    (  # the word GEMV at 1 row: 8 weight rows a program, 4 warps (choose_planes_tiles)
+        "planes-words-q4_0-bf16",
+        PLANES_WORDS,
+        word_pointers("Q4_0", "bf16", "bf16"),
+        dict(QTYPE="Q4_0", HAS_BIAS=True, BLOCK_M=1, ROWS=8, CHUNKS=128),
+        dict(num_warps=4, num_stages=1),
+    ),
+    (  # 4 rows, a split's fp32 partial sums, 2 chunks a lane a turn
+        "planes-words-q4_k-fp16-split",
+        PLANES_WORDS,
+        word_pointers("Q4_K", "fp16", "fp32"),
+        dict(QTYPE="Q4_K", HAS_BIAS=False, BLOCK_M=4, ROWS=8, CHUNKS=128),
+        dict(num_warps=2, num_stages=1),
+    ),
+    (
+        "planes-words-q8_0-bf16",
+        PLANES_WORDS,
+        word_pointers("Q8_0", "bf16", "bf16"),
+        dict(QTYPE="Q8_0", HAS_BIAS=False, BLOCK_M=2, ROWS=4, CHUNKS=64),
+        dict(num_warps=2, num_stages=1),
     ),
     (  # split-K at up to 16 rows
         "planes-split-k-q8_0-bf16",
