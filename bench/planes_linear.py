@@ -148,7 +148,7 @@ WORDS_CANDIDATES = (
 
 
 def candidate_tiles(
-    m: int, chosen: PlanesTiles, dot_chosen: PlanesTiles | None = None, qtype: str = "Q6_K"
+    m: int, qtype: str, chosen: PlanesTiles, dot_chosen: PlanesTiles | None = None
 ) -> list[PlanesTiles]:
     """The tiles ``--sweep`` tries at ``m`` rows beside the chosen ones: the GEMVs'
     candidates (the word GEMV's for the types it takes, with and without the chosen K
@@ -192,7 +192,7 @@ def sweep_case(weight: Any, m: int, peak: float) -> dict[str, Any]:
     dot_chosen = choose_planes_tiles(device_info(x), GEMV_MAX_ROWS + 1, n, steps, weight.qtype)
     copies = weight_copies(planes, planes.nbytes, x.device)
     times = {}
-    for tiles in [chosen, *candidate_tiles(m, chosen, dot_chosen, weight.qtype)]:
+    for tiles in [chosen, *candidate_tiles(m, weight.qtype, chosen, dot_chosen)]:
         if str(tiles) not in times:
             run = partial(planes_linear_triton, tiles=tiles)
             times[str(tiles)] = in_turn(run, x, copies) * 1e3

@@ -1,5 +1,5 @@
-"""The planes' GEMV for decode (1-4 activation rows) on the types whose values are whole
-nibbles or bytes: Q4_0, Q4_1, Q4_K and Q8_0, read as 32-bit words.
+"""The planes' GEMV for decode (1-4 activation rows) on Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and
+Q8_0, their values read as 32-bit words.
 
 A GEMV streams the weight once, so its time should be the weight's bytes over the
 memory's bandwidth; on an H200 the byte-wise GEMV (kernels/linear_planes_triton.py)
@@ -8,20 +8,22 @@ conversion, a multiply and a tree of adds per half) and took twice the memory's 
 Here a value costs about three:
 
 - a LOP3 that keeps the value's nibble (or byte) where it lies in its 32-bit word and
-  ORs in the exponent of 2^23, so that the word's bits are the float 2^23 + q * 16^p
-  (p: the nibble's place, 0-3 in each 16-bit half; the upper half is shifted down
-  once per word);
-- an FMA that scales it back and takes the offset away at once: (2^23 + q 16^p)
-  16^-p - (2^23 16^-p + offset) is q - offset, exact in fp32 (every term is an integer
-  of at most 24 bits times a power of two, and the result is exact, so the one
-  rounding does nothing);
+  ORs in the exponent of 2^23, so that the word's bits are the float 2^23 + q 2^s (s:
+  the field's bit offset, at most 16; the fields above are taken from the word shifted
+  down once);
+- an FMA that scales it back and takes the offset away at once: (2^23 + q 2^s) 2^-s -
+  (2^23 2^-s + offset) is q - offset, exact in fp32 (every term is an integer of at
+  most 24 bits times a power of two, and the result is exact, so the one rounding
+  does nothing);
 - an FMA that multiplies it by its activation into a running sum.
 
-Each lane takes 16 bytes of a row (4 words: Q4_0's and Q4_1's block, a Q4_K
-super-block's sixteenth, half of Q8_0's block) and the program ``ROWS`` weight rows
+Each lane takes 16 bytes of a row (4 words: Q4_0's and Q4_1's block, a K-quant
+super-block's eighth, half of Q8_0's block) and the program ``ROWS`` weight rows
 against the same activations, which are loaded and converted once for all of them.
-The sums are scaled per block (per sub-block in Q4_K) and reduced across lanes once,
-at the end. Q8_0's bytes are made offset-binary (XOR 0x80) per word first.
+The sums are scaled per block (per sub-block in the K-quants) and reduced across lanes
+once, at the end. Q8_0's bytes are made offset-binary (XOR 0x80) per word first;
+Q5_K's 5-bit and Q6_K's 6-bit values are put together a word at a time (the nibbles
+and their top bits from the highs plane, a byte each) and then read as bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton
 import triton.language as tl
 from hetero_infer.kernels.quantized_planes import PlanarWeight
 
-GEMV_WORD_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+GEMV_WORD_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 CHUNK_BYTES = 16  # a lane's run of a row's values plane
 # 2^23 as fp32 bits: ORed with a value kept in place, the float 2^23 + value.
 MAGIC_BITS_VALUE = 0x4B000000
@@ -45,13 +47,14 @@ def chunk_values(qtype: str) -> int:
 
 
 @triton.jit
-def _in_place(src, magic, place: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr):
+def _in_place(src, magic, place: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, SCALE=1.0):
     """The ``BITS``-bit field at ``place`` (0 or more, in fields) of each int32 in
-    ``src``, less OFFSET, as fp32, exactly (see the module's docstring)."""
+    ``src``, times SCALE (a power of two) less OFFSET, as fp32, exactly (see the
+    module's docstring)."""
     shift: tl.constexpr = place * BITS
     field = src & (((1 << BITS) - 1) << shift)
     raw = (field | magic).to(tl.float32, bitcast=True)
-    unit: tl.constexpr = 1.0 / (1 << shift)
+    unit: tl.constexpr = SCALE / (1 << shift)
     return raw * unit - (MAGIC * unit + OFFSET)
 
 
@@ -68,18 +71,19 @@ def _split4(x):
 @triton.jit
 def _word_sums(s, magic, x_row, at, x_mask, word, HALF: tl.constexpr, QTYPE: tl.constexpr):
     """s + the sum over one int32 word's 4 bytes of x * q (one FMA chain), q the bytes'
-    values (Q8_0, the word made offset-binary) or their low (HALF 0) or high (HALF 1)
-    nibbles; and the 4 activations' sum. ``x_row + at``: the activations, contiguous.
-    Byte b's low nibble lies at place 2 (b % 2) of its half-word, its high one next
-    to it."""
+    values (Q8_0: the word made offset-binary; Q5_K, Q6_K: the values put together
+    byte by byte) or their low (HALF 0) or high (HALF 1) nibbles; and the 4
+    activations' sum. ``x_row + at``: the activations, contiguous. Byte b's low nibble
+    lies at place 2 (b % 2) of its half-word, its high one next to it."""
     x = tl.load(x_row + at, mask=x_mask, other=0.0).to(tl.float32)  # [BM, 1, C, 4]
     x0, x1, x2, x3 = _split4(x)
-    if QTYPE == "Q8_0":
+    if QTYPE == "Q8_0" or QTYPE == "Q5_K" or QTYPE == "Q6_K":
+        offset: tl.constexpr = 128.0 if QTYPE == "Q8_0" else (32.0 if QTYPE == "Q6_K" else 0.0)
         high = word.to(tl.uint32, bitcast=True) >> 16  # bytes 2 and 3 at places 0, 1
-        s += x0 * _in_place(word, magic, 0, 8, 128.0)
-        s += x1 * _in_place(word, magic, 1, 8, 128.0)
-        s += x2 * _in_place(high, magic, 0, 8, 128.0)
-        s += x3 * _in_place(high, magic, 1, 8, 128.0)
+        s += x0 * _in_place(word, magic, 0, 8, offset)
+        s += x1 * _in_place(word, magic, 1, 8, offset)
+        s += x2 * _in_place(high, magic, 0, 8, offset)
+        s += x3 * _in_place(high, magic, 1, 8, offset)
     else:
         # Nibble places 0-4 fit below the float's exponent as they lie; 5-7 are places
         # 2-4 of the word shifted down 12 bits.
@@ -99,6 +103,17 @@ def _word_sums(s, magic, x_row, at, x_mask, word, HALF: tl.constexpr, QTYPE: tl.
 
 
 @triton.jit
+def _joined_bytes(word, tops, HALF: tl.constexpr, TOP_BITS: tl.constexpr, HIGH_AT: tl.constexpr):
+    """Q5_K, Q6_K: the values of a word's low (HALF 0) or high (HALF 1) nibbles with their
+    TOP_BITS top bits, a byte each: ``tops``, the highs word shifted so that byte b's
+    top bits for its low nibble lie at bit 8 b, for its high one at 8 b + HIGH_AT."""
+    nibbles = word.to(tl.uint32, bitcast=True) >> (4 * HALF)
+    shift: tl.constexpr = 4 - HIGH_AT * HALF
+    top_mask: tl.constexpr = ((1 << TOP_BITS) - 1) * 0x01010101 << 4
+    return ((nibbles & 0x0F0F0F0F) | ((tops << shift) & top_mask)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _load_f32(ptrs, mask):
     return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
 
@@ -108,6 +123,7 @@ def _planes_gemv_words_kernel(
     out_ptr,
     x_ptr,
     v_ptr,
+    h_ptr,
     s_ptr,
     m_ptr,
     d_ptr,
@@ -117,6 +133,7 @@ def _planes_gemv_words_kernel(
     stride_out,
     stride_x,
     stride_v,
+    stride_h,
     stride_s,
     stride_m,
     stride_d,
@@ -162,11 +179,35 @@ def _planes_gemv_words_kernel(
         x_mask = m_live & live[:, :, :, None]
         # Where each word's 4 activations start (Q4_*: of its low nibbles; the high
         # ones' are HIGH further on).
-        if QTYPE == "Q4_K":
+        if QTYPE == "Q4_K" or QTYPE == "Q5_K":
+            # Values byte 32 i + t: sub-block 2 i's value t (low nibble), 2 i + 1's (high).
             step = chunk // 8
             c = chunk % 8
             start = step * 256 + c // 2 * 64 + c % 2 * 16
             HIGH: tl.constexpr = 32
+            if QTYPE == "Q5_K":  # sub-block b's value t: its fifth bit is bit b of byte t
+                highs = tl.load(
+                    h_ptr + (n_rows * stride_h + step * 8 + c % 2 * 4)[:, :, :, None] + four,
+                    mask=w_mask[:, :, :, None],
+                    other=0,
+                )
+                tops = _split4(highs.to(tl.uint32, bitcast=True) >> (c // 2 * 2)[:, :, :, None])
+        elif QTYPE == "Q6_K":
+            # Values byte 64 h + r: value 128 h + r (low nibble), 128 h + 64 + r (high);
+            # highs byte 32 h + r: value 128 h + 32 u + r's top 2 bits at bits 2 u.
+            step = chunk // 8
+            c = chunk % 8
+            start = step * 256 + c // 4 * 128 + c % 4 * 16
+            HIGH: tl.constexpr = 64
+            highs = tl.load(
+                h_ptr
+                + (n_rows * stride_h + step * 16 + c // 4 * 8 + c % 2 * 4)[:, :, :, None]
+                + four,
+                mask=w_mask[:, :, :, None],
+                other=0,
+            )
+            # The chunk's low nibbles' bits at u = c % 4 // 2, the high ones' at u + 2.
+            tops = _split4(highs.to(tl.uint32, bitcast=True) >> (c % 4 // 2 * 2)[:, :, :, None])
         else:
             start = chunk * (16 if QTYPE == "Q8_0" else 32)
             HIGH: tl.constexpr = 16
@@ -176,13 +217,24 @@ def _planes_gemv_words_kernel(
         x_lo = tl.zeros((BLOCK_M, 1, CHUNKS), dtype=tl.float32)
         x_hi = tl.zeros((BLOCK_M, 1, CHUNKS), dtype=tl.float32)
         for i in tl.static_range(4):
-            s_lo, x_sum = _word_sums(s_lo, magic, x_row, start + 4 * i, x_mask, w[i], 0, QTYPE)
+            lo, hi = w[i], w[i]
+            if QTYPE == "Q5_K":
+                lo, hi = (
+                    _joined_bytes(w[i], tops[i], 0, 1, 1),
+                    _joined_bytes(w[i], tops[i], 1, 1, 1),
+                )
+            elif QTYPE == "Q6_K":
+                lo, hi = (
+                    _joined_bytes(w[i], tops[i], 0, 2, 4),
+                    _joined_bytes(w[i], tops[i], 1, 2, 4),
+                )
+            s_lo, x_sum = _word_sums(s_lo, magic, x_row, start + 4 * i, x_mask, lo, 0, QTYPE)
             x_lo += x_sum
             if QTYPE != "Q8_0":
                 at = start + (4 * i + HIGH)
-                s_hi, x_sum = _word_sums(s_hi, magic, x_row, at, x_mask, w[i], 1, QTYPE)
+                s_hi, x_sum = _word_sums(s_hi, magic, x_row, at, x_mask, hi, 1, QTYPE)
                 x_hi += x_sum
-        if QTYPE == "Q4_K":
+        if QTYPE == "Q4_K" or QTYPE == "Q5_K":
             # Sub-block 2 (c // 2) holds the low nibbles, the next one the high ones.
             sub = step * 8 + c // 2 * 2
             d = _load_f32(d_ptr + n_rows * stride_d + step, w_mask)
@@ -191,6 +243,11 @@ def _planes_gemv_words_kernel(
             mins = m_ptr + n_rows * stride_m + sub
             acc += d * (s_lo * _load_f32(scales, w_mask) + s_hi * _load_f32(scales + 1, w_mask))
             acc -= dmin * (x_lo * _load_f32(mins, w_mask) + x_hi * _load_f32(mins + 1, w_mask))
+        elif QTYPE == "Q6_K":
+            sub = step * 16 + c // 4 * 8 + c % 4  # the low nibbles' 16; the high ones' 4 on
+            d = _load_f32(d_ptr + n_rows * stride_d + step, w_mask)
+            scales = s_ptr + n_rows * stride_s + sub
+            acc += d * (s_lo * _load_f32(scales, w_mask) + s_hi * _load_f32(scales + 4, w_mask))
         else:
             block = chunk // 2 if QTYPE == "Q8_0" else chunk
             acc += (s_lo + s_hi) * _load_f32(s_ptr + n_rows * stride_s + block, w_mask)
@@ -222,6 +279,7 @@ def launch_planes_gemv_words(
     values = planes["values"]
     words = values.view(torch.int32)  # the rows are 16-byte multiples
     num_chunks = values.shape[1] * values.element_size() // CHUNK_BYTES
+    highs = planes.get("highs", values).view(torch.int32)  # the K-quants'; else unused
     others = [planes.get(name, values) for name in ("scales", "mins", "d", "dmin")]
     num_rows, out_features = x.shape[0], weight.shape[0]
     grid = (triton.cdiv(out_features, rows), triton.cdiv(num_rows, block_m), num_splits)
@@ -229,12 +287,14 @@ def launch_planes_gemv_words(
         target,
         x,
         words,
+        highs,
         *others,
         x if bias is None else bias,  # unused without a bias
         num_rows * out_features,
         out_features if num_splits > 1 else target.stride(0),
         x.stride(0),
         words.stride(0),
+        highs.stride(0),
         *(plane.stride(0) for plane in others),
         num_rows,
         out_features,

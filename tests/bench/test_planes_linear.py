@@ -48,16 +48,16 @@ def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(m
     # one row: both GEMVs' candidates, and the dot kernel's on rows padded to 16
     kernels_tried = {t.split("(")[1].split(",")[0] for t in tiles}
     assert kernels_tried == {"kernel='words'", "kernel='gemv'", "kernel='dot'"}
-    words = planes_linear.candidate_tiles(1, PlanesTiles("words", 1, 8, 3, 4, 1), qtype="Q4_K")
+    words = planes_linear.candidate_tiles(1, "Q4_K", PlanesTiles("words", 1, 8, 3, 4, 1))
     assert {t.kernel for t in words} == {"words", "gemv"}
     assert {t.num_splits for t in words if t.kernel == "words"} == {1, 3}
-    gemv = planes_linear.candidate_tiles(1, PlanesTiles("gemv", 1, 8, 3, 2, 3), qtype="Q6_K")
+    gemv = planes_linear.candidate_tiles(1, "Q5_1", PlanesTiles("gemv", 1, 8, 3, 2, 3))
     assert {t.kernel for t in gemv} == {"gemv"}
     assert {t.unroll for t in gemv} == {4, 8, 16} and {t.num_splits for t in gemv} == {3}
 
 
 def test_candidates_vary_the_split_and_keep_the_kernel():
     chosen = PlanesTiles("dot", 16, 64, 4, 4, 2)
-    candidates = planes_linear.candidate_tiles(16, chosen)
+    candidates = planes_linear.candidate_tiles(16, "Q4_0", chosen)
     assert {c.num_splits for c in candidates} == {1, 4, 8}
     assert {(c.kernel, c.block_m) for c in candidates} == {("dot", 16)}

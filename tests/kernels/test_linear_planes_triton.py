@@ -118,8 +118,8 @@ INTERPRETER = DeviceInfo(True, 1, (0, 0))
 # 16s, 40 of 64s), one step of K (256) and two (512), a row's last step ending early
 # (352: 8 blocks and 3).
 CASES = [
-    ("gemv", 1, torch.float32, (72, 512), False, choose_planes_tiles(GPU, 1, 72, 2, "Q6_K")),
-    ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1, "Q6_K")),
+    ("gemv", 1, torch.float32, (72, 512), False, choose_planes_tiles(GPU, 1, 72, 2, "Q5_1")),
+    ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1, "Q5_1")),
     ("gemv", 3, torch.float32, (72, 352), True, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     ("gemv", 4, torch.float16, (40, 512), False, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     # Steps a loop turn: a split's last turn past its end (5 steps split 3 + 2, 2 a
@@ -129,8 +129,8 @@ CASES = [
     ("gemv-unrolled", 2, torch.float16, (72, 1312), True, PlanesTiles("gemv", 2, 4, 1, 1, 3, 4)),
     ("gemv-unrolled", 1, torch.float16, (24, 4352), False, PlanesTiles("gemv", 1, 1, 1, 1, 3, 16)),
     ("split-K", 5, torch.float32, (72, 512), True, PlanesTiles("dot", 16, 64, 2, 4, 1)),
-    ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2, "Q6_K")),
-    ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1, "Q6_K")),
+    ("split-K", 32, torch.float16, (72, 352), False, choose_planes_tiles(GPU, 32, 72, 2, "Q5_1")),
+    ("tiles", 40, torch.float32, (72, 256), False, choose_planes_tiles(GPU, 40, 72, 1, "Q5_1")),
     ("tiles", 33, torch.float16, (96, 512), True, PlanesTiles("dot", 64, 64, 1, 4, 1)),
 ]
 CASE_IDS = [f"{kind}-{m}-{DTYPE_IDS[dt]}-{n}x{k}" for kind, m, dt, (n, k), *_ in CASES]
@@ -183,10 +183,10 @@ def test_the_word_gemv_matches_the_dequantized_product(qtype, rows, dtype, shape
 def test_the_rows_and_the_type_choose_the_kernel():
     assert choose_planes_tiles(GPU, 1, 4096, 16, "Q4_0") == PlanesTiles("words", 1, 8, 1, 4, 1)
     assert choose_planes_tiles(GPU, 4, 4096, 16, "Q8_0").kernel == "words"
-    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q6_K") == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
-    assert choose_planes_tiles(GPU, 3, 4096, 16, "Q5_K").block_m == 4
+    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q5_1") == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
+    assert choose_planes_tiles(GPU, 3, 4096, 16, "Q5_0").block_m == 4
     # narrow outputs, long rows: K split until about two programs per SM
-    narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q6_K")
+    narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q5_1")
     assert narrow.kernel == "gemv" and 128 * narrow.num_splits <= 2 * 132 + 128
     assert narrow.num_splits > 1
     narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q4_K")

@@ -131,9 +131,10 @@ def planes_pointers(qtype: str, activations: str, out: str) -> dict[str, str]:
 
 
 def word_pointers(qtype: str, activations: str, out: str) -> dict[str, str]:
-    """The word GEMV's: the values plane as int32 words, the K-quants' byte scales."""
-    scales = "u8" if qtype == "Q4_K" else "fp16"
-    planes = dict(v_ptr="i32", s_ptr=scales, m_ptr=scales, d_ptr="fp16", dm_ptr="fp16")
+    """The word GEMV's: the values and highs planes as int32 words, the K-quants' byte
+    scales (Q6_K's signed)."""
+    scales = {"Q4_K": "u8", "Q5_K": "u8", "Q6_K": "i8"}.get(qtype, "fp16")
+    planes = dict(v_ptr="i32", h_ptr="i32", s_ptr=scales, m_ptr=scales, d_ptr="fp16", dm_ptr="fp16")
     pointers = {name: f"*{kind}" for name, kind in planes.items()}
     return {**pointers, "out_ptr": f"*{out}", "x_ptr": f"*{activations}", "bias_ptr": "*fp32"}
 
@@ -356,11 +357,18 @@ VARIANTS = [
         dict(num_warps=4, num_stages=1),
     ),
     (  # 4 rows, a split's fp32 partial sums, 2 chunks a lane a turn
-        "planes-words-q4_k-fp16-split",
+        "planes-words-q5_k-fp16-split",
         PLANES_WORDS,
-        word_pointers("Q4_K", "fp16", "fp32"),
-        dict(QTYPE="Q4_K", HAS_BIAS=False, BLOCK_M=4, ROWS=8, CHUNKS=128),
+        word_pointers("Q5_K", "fp16", "fp32"),
+        dict(QTYPE="Q5_K", HAS_BIAS=False, BLOCK_M=4, ROWS=8, CHUNKS=128),
         dict(num_warps=2, num_stages=1),
+    ),
+    (
+        "planes-words-q6_k-bf16",
+        PLANES_WORDS,
+        word_pointers("Q6_K", "bf16", "bf16"),
+        dict(QTYPE="Q6_K", HAS_BIAS=False, BLOCK_M=1, ROWS=8, CHUNKS=128),
+        dict(num_warps=4, num_stages=1),
     ),
     (
         "planes-words-q8_0-bf16",
