@@ -13,13 +13,17 @@ with q the half's integers (exact in fp32 and in x's 16-bit dtype, |q| <= 128) a
 sums in fp32: the result differs from the fp64 product with the dequantized weight by
 fp32 rounding only (and the rounding of y to x's dtype).
 
-Three shapes of program, chosen by the activation rows M (``choose_planes_tiles``):
+Four shapes of program, chosen by the activation rows M and the type
+(``choose_planes_tiles``):
 
-- ``gemv`` (M <= 4, decode): no tl.dot; a program takes BLOCK_N weight rows and all M
-  rows of x, loads UNROLL steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16 contiguous
-  bytes a lane), and keeps [M, BLOCK_N, 8 UNROLL] partial sums in registers, reduced
-  once at the end; memory bound, so many small programs with loads in flight, K split
-  only where they would leave SMs idle;
+- ``words`` (M <= 4, decode, the types of kernels/planes_gemv_triton.py): the GEMV
+  that reads values as 32-bit words, about half the instructions a value of
+  ``gemv``;
+- ``gemv`` (M <= 4, Q5_0 and Q5_1): no tl.dot; a program takes BLOCK_N weight rows and
+  all M rows of x, loads UNROLL steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16
+  contiguous bytes a lane), and keeps [M, BLOCK_N, 8 UNROLL] partial sums in
+  registers, reduced once at the end; K split only where the programs would leave
+  SMs idle;
 - ``split-K`` (M <= 32): tl.dot per half ([BLOCK_M, 16] @ [16, BLOCK_N]), K split across
   programs whose fp32 partial sums are added afterwards;
 - ``tiles`` (M > 32): the same kernel, 64 x 64 tiles, no split.
@@ -233,8 +237,8 @@ def _planes_dot_kernel(
 
 @dataclass(frozen=True)
 class PlanesTiles:
-    # "words" (kernels/planes_gemv_triton.py: Q4_0, Q4_1, Q4_K, Q8_0), "gemv" (the
-    # other types; no tl.dot either) or "dot" (split-K where num_splits > 1, tiles)
+    # "words" (kernels/planes_gemv_triton.py: GEMV_WORD_TYPES), "gemv" (the other
+    # types; no tl.dot either) or "dot" (split-K where num_splits > 1, tiles)
     kernel: str
     block_m: int  # activation rows per program (tl.dot needs >= 16)
     block_n: int  # weight rows (outputs) per program

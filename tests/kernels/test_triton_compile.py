@@ -118,6 +118,7 @@ PLANE_POINTERS = {
     "Q4_1": dict(v_ptr="u8", s_ptr="fp16", m_ptr="fp16"),
     "Q5_1": dict(v_ptr="u8", h_ptr="i32", s_ptr="fp16", m_ptr="fp16"),
     "Q4_K": dict(v_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
+    "Q5_K": dict(v_ptr="u8", h_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
     "Q6_K": dict(v_ptr="u8", h_ptr="u8", s_ptr="i8", d_ptr="fp16"),
 }
 
