@@ -63,18 +63,11 @@ def kernel_and_arguments(kind: str, qtype: str, rows: int, warps: int, unroll: i
         constants = dict(QTYPE=qtype, HAS_BIAS=False, BLOCK_M=m, ROWS=rows, CHUNKS=chunks)
         pointers = word_pointers(qtype, "bf16", "bf16")
         return _planes_gemv_words_kernel, pointers, constants, rows * chunks * chunk_values(qtype)
-    from hetero_infer.kernels.linear_planes_triton import HAS_OFFSET, _planes_gemv_kernel
+    from hetero_infer.kernels.linear_planes_triton import _planes_gemv_kernel
 
-    from tests.kernels.test_triton_compile import planes_pointers
+    from tests.kernels.test_triton_compile import planes_constants, planes_pointers
 
-    constants = dict(
-        QTYPE=qtype,
-        HAS_OFFSET=qtype in HAS_OFFSET,
-        HAS_BIAS=False,
-        BLOCK_M=m,
-        BLOCK_N=rows,
-        UNROLL=unroll,
-    )
+    constants = planes_constants(qtype, m, rows, UNROLL=unroll)
     pointers = planes_pointers(qtype, "bf16", "bf16")
     return _planes_gemv_kernel, pointers, constants, rows * 256 * unroll
 

@@ -4,30 +4,25 @@ fresh Python without the interpreter, as tests/kernels/test_triton_compile.py do
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton.backends.nvidia.compiler")
 
+from tests.kernels.test_triton_compile import run_compiling  # noqa: E402
+
 
 def test_the_word_gemv_issues_half_the_byte_wise_instructions(tmp_path):
     out = tmp_path / "counts.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    command = ["-m", "bench.planes_instructions", "--qtypes", "Q4_0", "--activation-rows", "1"]
-    result = subprocess.run(
-        [sys.executable, *command, "--json", str(out)],
-        cwd=Path(__file__).resolve().parents[2],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_compiling(
+        "bench.planes_instructions",
+        "--qtypes",
+        "Q4_0",
+        "--activation-rows",
+        "1",
+        "--json",
+        str(out),
     )
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     per_value = {(r["kernel"], r["weight_rows"], r["unroll"]): r for r in rows}
     byte_wise = per_value["byte-wise", 2, 8]["lane_instructions_per_value"]

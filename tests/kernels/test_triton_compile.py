@@ -533,12 +533,13 @@ def main() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not nvidia_backend(), reason="needs triton with its NVIDIA backend")
-def test_kernels_compile_for_nvidia_gpus():
+def run_compiling(*module_and_args: str) -> None:
+    """``python -m module args`` from the repository's root in a fresh Python without
+    the interpreter (the kernels must be real JIT functions); it must succeed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when it is unset
     result = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.test_triton_compile"],
+        [sys.executable, "-m", *module_and_args],
         cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
@@ -546,6 +547,11 @@ def test_kernels_compile_for_nvidia_gpus():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+
+@pytest.mark.skipif(not nvidia_backend(), reason="needs triton with its NVIDIA backend")
+def test_kernels_compile_for_nvidia_gpus():
+    run_compiling("tests.kernels.test_triton_compile")
 
 
 if __name__ == "__main__":
