@@ -232,8 +232,11 @@ def _planes_gemv_words_kernel(
             x_lo += x_sum
             if QTYPE != "Q8_0":
                 at = start + (4 * i + HIGH)
-                s_hi, x_sum = _word_sums(s_hi, magic, x_row, at, x_mask, hi, 1, QTYPE)
-                x_hi += x_sum
+                if QTYPE == "Q4_0":  # one scale and no offset: both halves in one chain
+                    s_lo, _ = _word_sums(s_lo, magic, x_row, at, x_mask, hi, 1, QTYPE)
+                else:
+                    s_hi, x_sum = _word_sums(s_hi, magic, x_row, at, x_mask, hi, 1, QTYPE)
+                    x_hi += x_sum
         if QTYPE == "Q4_K" or QTYPE == "Q5_K":
             # Sub-block 2 (c // 2) holds the low nibbles, the next one the high ones.
             sub = step * 8 + c // 2 * 2
@@ -250,9 +253,12 @@ def _planes_gemv_words_kernel(
             acc += d * (s_lo * _load_f32(scales, w_mask) + s_hi * _load_f32(scales + 4, w_mask))
         else:
             block = chunk // 2 if QTYPE == "Q8_0" else chunk
-            acc += (s_lo + s_hi) * _load_f32(s_ptr + n_rows * stride_s + block, w_mask)
+            scale = _load_f32(s_ptr + n_rows * stride_s + block, w_mask)
             if QTYPE == "Q4_1":
-                acc += (x_lo + x_hi) * _load_f32(m_ptr + n_rows * stride_m + block, w_mask)
+                mins = _load_f32(m_ptr + n_rows * stride_m + block, w_mask)
+                acc += (s_lo + s_hi) * scale + (x_lo + x_hi) * mins
+            else:  # s_lo is all (Q8_0 has no high nibbles; adding a zero s_hi costs an add)
+                acc += s_lo * scale
     y = tl.sum(acc, axis=2)  # [BLOCK_M, ROWS]
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=cols < N, other=0.0)[None, :]
