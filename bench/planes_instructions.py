@@ -13,7 +13,8 @@ at the tiles it now runs with and the others bench.planes_linear's sweep tries. 
 kernels are compiled as a launch on Llama-8B's shapes specializes them (16-byte
 aligned pointers, strides that are multiples of 16); the loop is the longest backward
 branch of the SASS. A count per value is the loop's instructions times the lanes that
-issue them, over the multiply-adds a turn does (rows x values x activation rows).
+issue them, over the multiply-adds a turn does (rows x values x activation rows); the
+tl.dot kernel's (``dot_rows``, at 16 activation rows) is counted the same way.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ H200_PROFILE = {
     "duration_us_at_profiler_clocks": 29.98,
 }
 BYTE_WISE = ("byte-wise", 2, 1, 8)  # (kernel, weight rows, warps, steps a turn)
+DOT = ("dot", 64, 4, 1)  # the tl.dot kernel's tiles at 16 rows (choose_planes_tiles)
+DOT_ROWS = 16
 WORDS = [("words", 8, 4, 1), ("words", 16, 4, 1), ("words", 4, 4, 1), ("words", 8, 4, 2)]
 QTYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 DIVISIBLE = {"stride_out_split", "stride_out", "stride_x", "N", "num_blocks", "num_chunks"}
@@ -63,12 +66,15 @@ def kernel_and_arguments(kind: str, qtype: str, rows: int, warps: int, unroll: i
         constants = dict(QTYPE=qtype, HAS_BIAS=False, BLOCK_M=m, ROWS=rows, CHUNKS=chunks)
         pointers = word_pointers(qtype, "bf16", "bf16")
         return _planes_gemv_words_kernel, pointers, constants, rows * chunks * chunk_values(qtype)
-    from hetero_infer.kernels.linear_planes_triton import _planes_gemv_kernel
+    from hetero_infer.kernels.linear_planes_triton import _planes_dot_kernel, _planes_gemv_kernel
 
     from tests.kernels.test_triton_compile import planes_constants, planes_pointers
 
-    constants = planes_constants(qtype, m, rows, UNROLL=unroll)
     pointers = planes_pointers(qtype, "bf16", "bf16")
+    if kind == "dot":  # a step of 256 values a loop turn
+        constants = planes_constants(qtype, m, rows, DOT_FP32=False)
+        return _planes_dot_kernel, pointers, constants, rows * 256
+    constants = planes_constants(qtype, m, rows, UNROLL=unroll)
     return _planes_gemv_kernel, pointers, constants, rows * 256 * unroll
 
 
@@ -89,7 +95,9 @@ def compiled_sass(kernel: Any, pointers: dict, constants: dict, warps: int) -> s
             if name in DIVISIBLE or name.startswith("stride_"):
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constants, attrs)
-    options = dict(num_warps=warps, num_stages=1 if "CHUNKS" in constants else 3)
+    # The launchers' stages: the word GEMV 1, the byte-wise GEMV 3, the dot kernel 2.
+    stages = 1 if "CHUNKS" in constants else (2 if "DOT_FP32" in constants else 3)
+    options = dict(num_warps=warps, num_stages=stages)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -130,6 +138,8 @@ def count(kind: str, qtype: str, rows: int, warps: int, unroll: int, m: int) -> 
         "unroll": unroll,
         "loop_instructions": total,
         "lane_instructions_per_value": total * warps * 32 / (values * m),
+        # each weight value serves every activation row of the tile
+        "lane_instructions_per_weight_value": total * warps * 32 / values,
         "top_opcodes": dict(loop.most_common(8)),
     }
 
@@ -151,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{unroll}: {row['lane_instructions_per_value']:.2f} a value",
                     flush=True,
                 )
+    # The tl.dot kernel at 16 rows, per multiply-add (a weight value per activation row).
+    dot_rows = [count(*DOT[:1], qtype, *DOT[1:], DOT_ROWS) for qtype in args.qtypes.split(",")]
+    for row in dot_rows:
+        print(f"{row['qtype']} M={DOT_ROWS} dot: {row['lane_instructions_per_value']:.2f} a MAC")
     import triton
 
     result = {
@@ -161,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": checkout_commit(),
         "h200_profile_of_the_byte_wise_gemv": H200_PROFILE,
         "rows": rows,
+        "dot_rows": dot_rows,
     }
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
