@@ -47,14 +47,14 @@ def chunk_values(qtype: str) -> int:
 
 
 @triton.jit
-def _in_place(src, magic, place: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr, SCALE=1.0):
+def _in_place(src, magic, place: tl.constexpr, BITS: tl.constexpr, OFFSET: tl.constexpr):
     """The ``BITS``-bit field at ``place`` (0 or more, in fields) of each int32 in
-    ``src``, times SCALE (a power of two) less OFFSET, as fp32, exactly (see the
-    module's docstring)."""
+    ``src``, less OFFSET, as fp32, exactly (see the module's docstring; the field must
+    end below bit 23)."""
     shift: tl.constexpr = place * BITS
     field = src & (((1 << BITS) - 1) << shift)
     raw = (field | magic).to(tl.float32, bitcast=True)
-    unit: tl.constexpr = SCALE / (1 << shift)
+    unit: tl.constexpr = 1.0 / (1 << shift)
     return raw * unit - (MAGIC * unit + OFFSET)
 
 
@@ -74,7 +74,7 @@ def _word_sums(s, magic, x_row, at, x_mask, word, HALF: tl.constexpr, QTYPE: tl.
     values (Q8_0: the word made offset-binary; Q5_K, Q6_K: the values put together
     byte by byte) or their low (HALF 0) or high (HALF 1) nibbles; and the 4
     activations' sum. ``x_row + at``: the activations, contiguous. Byte b's low nibble
-    lies at place 2 (b % 2) of its half-word, its high one next to it."""
+    is the word's nibble 2 b, its high one 2 b + 1."""
     x = tl.load(x_row + at, mask=x_mask, other=0.0).to(tl.float32)  # [BM, 1, C, 4]
     x0, x1, x2, x3 = _split4(x)
     if QTYPE == "Q8_0" or QTYPE == "Q5_K" or QTYPE == "Q6_K":
@@ -151,8 +151,9 @@ def _planes_gemv_words_kernel(
 ):
     """out[m, n] = sum_k x[m, k] dequant(w)[n, k] (+ bias[n]) over this program's
     chunks (a split's share: ``out`` its fp32 partial sums, ``stride_out_split``
-    apart, no bias). Program (row tile, m tile, split); ``v_ptr``: the values plane as
-    int32 words; tiles [BLOCK_M, ROWS, CHUNKS], a lane a chunk."""
+    apart, no bias). Program (row tile, m tile, split); ``v_ptr`` and ``h_ptr``: the
+    values and highs planes as int32 words; tiles [BLOCK_M, ROWS, CHUNKS], a lane a
+    chunk."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     n_live = (cols < N)[None, :, None]  # [1, ROWS, 1]
@@ -177,8 +178,8 @@ def _planes_gemv_words_kernel(
             words ^= SIGNS
         w = _split4(words)
         x_mask = m_live & live[:, :, :, None]
-        # Where each word's 4 activations start (Q4_*: of its low nibbles; the high
-        # ones' are HIGH further on).
+        # Where each word's 4 activations start (of its low nibbles' values where it
+        # holds nibbles: the high ones' are HIGH further on).
         if QTYPE == "Q4_K" or QTYPE == "Q5_K":
             # Values byte 32 i + t: sub-block 2 i's value t (low nibble), 2 i + 1's (high).
             step = chunk // 8
