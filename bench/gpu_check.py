@@ -7,7 +7,7 @@ then the GPU benchmarks, their results in one file per device under bench/result
     make gpu-check GPU_PYTHON=python3      # a python that has a CUDA torch already
 
 What runs, each step a subprocess with its own time limit (a hang costs that step
-only; the limits add up to about 10 minutes on one GPU):
+only; the limits add up to about 11 minutes, an H200 took about 8):
 
 1. ``cuda tests``: every test marked ``cuda`` (found by reading tests/ for the marker),
    by ``pytest -m cuda`` on their files, with a JUnit report. TRITON_INTERPRET=0, so
@@ -27,6 +27,9 @@ only; the limits add up to about 10 minutes on one GPU):
    continuous batching on the same GPU: a short greedy workload on random weights in
    Qwen2.5-0.5B's shapes (built locally, nothing downloaded), CUDA graphs and the
    Triton kernels as the engine picks them.
+7. ``gemv profile``, where Nsight Compute (``ncu``) is installed: one launch of the
+   planes' decode GEMV (``bench.planes_once``: Q4_0, 14,336 x 4,096, one row)
+   profiled in full, the report in the run's folder as ``ncu-gemv.txt``.
 
 A SIGINT stops the step running and the rest; what ran is still written.
 
@@ -74,6 +77,8 @@ EXIT_FAILED = 1
 # Compiled kernels; the test workers' CPU threads (transformers' references) split the cores.
 CUDA_TESTS_ENV = {"TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "2"}
 EXIT_NO_GPU = 2
+# Where CUDA's installers put Nsight Compute when it is not on the PATH.
+NCU_PATHS = ("/usr/local/cuda/bin/ncu",)
 # The steps that write a JSON result, and its name under the run's folder.
 RESULT_FILES = {
     "kernels": "kernels.json",
@@ -196,13 +201,23 @@ def plan(slug: str, out: Path, model: str) -> list[Step]:
     # kernels 14, planes 42, step time ~60, throughput 95), the sweep's cut at what is
     # left.
     steps = [Step("cuda tests", pytest_command, 200, CUDA_TESTS_ENV)] if files else []
-    return steps + [
+    steps += [
         Step("kernels", kernels_command, 40),
         Step("planes linear", planes_command, 70),
         Step("planes sweep", sweep_command, 150),
         Step("step time", step_time_command, 90),
         Step("throughput", throughput_command, 130),
     ]
+    # Last, where Nsight Compute is installed: one launch of the decode GEMV (Q4_0 at one
+    # row) profiled in full, the report under the run's folder (what binds it: issue,
+    # memory or latency; an H200's took ~40 s).
+    ncu = shutil.which("ncu") or next((p for p in NCU_PATHS if Path(p).exists()), None)
+    if ncu is not None:
+        profile_command = [ncu, "-k", "regex:_planes", "--launch-skip", "2", "--launch-count"]
+        profile_command += ["1", "--set", "full", "--log-file", str(runs / "ncu-gemv.txt")]
+        profile_command += [python, "-m", "bench.planes_once"]
+        steps.append(Step("gemv profile", profile_command, 90))
+    return steps
 
 
 def describe(steps: list[Step]) -> str:

@@ -1,6 +1,7 @@
 """bench/gpu_check.py on a machine without a GPU: its dry run lists the tests marked
 cuda and the benchmarks, a real run refuses, and the parts of a run (finding the marked
-tests, a step's limit, the JUnit counts, the summary) on made-up steps."""
+tests, a step's limit, the JUnit counts, the summary) on made-up steps; the profile
+step where Nsight Compute is, and bench/planes_once.py's refusal without a GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check
+from bench import gpu_check, planes_once
 from bench.gpu_check import Device, Step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,24 @@ def test_the_dry_run_lists_the_cuda_tests_and_the_benchmarks():
 
 
 @no_gpu
+def test_a_profile_of_the_gemv_runs_last_where_nsight_compute_is(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
+    monkeypatch.setattr(gpu_check, "NCU_PATHS", ())
+    assert "gemv profile" not in [step.name for step in gpu_check.plan("gpu", tmp_path, "m")]
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: f"/opt/{name}")
+    last = gpu_check.plan("gpu", tmp_path, "m")[-1]
+    assert last.name == "gemv profile" and last.command[0] == "/opt/ncu"
+    assert last.command[-2:] == ["-m", "bench.planes_once"]
+    report = last.command[last.command.index("--log-file") + 1]
+    assert report == str(tmp_path / "runs" / "gpu-check-gpu" / "ncu-gemv.txt")
+
+
+@no_gpu
+def test_the_profiled_launches_need_a_gpu(capsys):
+    assert planes_once.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_without_a_gpu_it_refuses_saying_why():
     proc = run_module()
     assert proc.returncode == gpu_check.EXIT_NO_GPU
