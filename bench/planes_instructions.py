@@ -51,7 +51,7 @@ BYTE_WISE = ("byte-wise", 2, 1, 8)  # (kernel, weight rows, warps, steps a turn)
 DOT = ("dot", 64, 4, 1)  # the tl.dot kernel's tiles at 16 rows (choose_planes_tiles)
 DOT_ROWS = 16
 WORDS = [("words", 8, 4, 1), ("words", 16, 4, 1), ("words", 4, 4, 1), ("words", 8, 4, 2)]
-QTYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+QTYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q5_1")
 DIVISIBLE = {"stride_out_split", "stride_out", "stride_x", "N", "num_blocks", "num_chunks"}
 
 

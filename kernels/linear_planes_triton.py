@@ -16,10 +16,11 @@ fp32 rounding only (and the rounding of y to x's dtype).
 Four shapes of program, chosen by the activation rows M and the type
 (``choose_planes_tiles``):
 
-- ``words`` (M <= 4, decode, the types of kernels/planes_gemv_triton.py): the GEMV
-  that reads values as 32-bit words, about half the instructions a value of
-  ``gemv``;
-- ``gemv`` (M <= 4, Q5_0 and Q5_1): no tl.dot; a program takes BLOCK_N weight rows and
+- ``words`` (M <= 4, decode, the types of kernels/planes_gemv_triton.py: all of the
+  planes' today): the GEMV that reads values as 32-bit words, about half the
+  instructions a value of ``gemv``;
+- ``gemv`` (M <= 4, a type the words would not take; the sweep times it beside them):
+  no tl.dot; a program takes BLOCK_N weight rows and
   all M rows of x, loads UNROLL steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16
   contiguous bytes a lane), and keeps [M, BLOCK_N, 8 UNROLL] partial sums in
   registers, reduced once at the end; K split only where the programs would leave
@@ -237,8 +238,9 @@ def _planes_dot_kernel(
 
 @dataclass(frozen=True)
 class PlanesTiles:
-    # "words" (kernels/planes_gemv_triton.py: GEMV_WORD_TYPES), "gemv" (the other
-    # types; no tl.dot either) or "dot" (split-K where num_splits > 1, tiles)
+    # "words" (kernels/planes_gemv_triton.py: every type of the planes today), "gemv"
+    # (byte-wise, no tl.dot either: a type the words do not take, and the sweep's
+    # comparison) or "dot" (split-K where num_splits > 1, tiles)
     kernel: str
     block_m: int  # activation rows per program (tl.dot needs >= 16)
     block_n: int  # weight rows (outputs) per program

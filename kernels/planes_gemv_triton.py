@@ -1,5 +1,5 @@
-"""The planes' GEMV for decode (1-4 activation rows) on Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and
-Q8_0, their values read as 32-bit words.
+"""The planes' GEMV for decode (1-4 activation rows) on every type the planes hold
+(kernels/quantized_planes.py), their values read as 32-bit words.
 
 A GEMV streams the weight once, so its time should be the weight's bytes over the
 memory's bandwidth; on an H200 the byte-wise GEMV (kernels/linear_planes_triton.py)
@@ -22,8 +22,8 @@ super-block's eighth, half of Q8_0's block) and the program ``ROWS`` weight rows
 against the same activations, which are loaded and converted once for all of them.
 The sums are scaled per block (per sub-block in the K-quants) and reduced across lanes
 once, at the end. Q8_0's bytes are made offset-binary (XOR 0x80) per word first;
-Q5_K's 5-bit and Q6_K's 6-bit values are put together a word at a time (the nibbles
-and their top bits from the highs plane, a byte each) and then read as bytes.
+the 5-bit and 6-bit types' values are put together a word at a time (the nibbles and
+their top bits from the highs plane, a byte each) and then read as bytes.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 from hetero_infer.kernels.quantized_planes import PlanarWeight
 
-GEMV_WORD_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+# Every type of the planes (kernels/quantized_planes.py).
+GEMV_WORD_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 CHUNK_BYTES = 16  # a lane's run of a row's values plane
 # 2^23 as fp32 bits: ORed with a value kept in place, the float 2^23 + value.
 MAGIC_BITS_VALUE = 0x4B000000
@@ -77,8 +78,14 @@ def _word_sums(s, magic, x_row, at, x_mask, word, HALF: tl.constexpr, QTYPE: tl.
     is the word's nibble 2 b, its high one 2 b + 1."""
     x = tl.load(x_row + at, mask=x_mask, other=0.0).to(tl.float32)  # [BM, 1, C, 4]
     x0, x1, x2, x3 = _split4(x)
-    if QTYPE == "Q8_0" or QTYPE == "Q5_K" or QTYPE == "Q6_K":
-        offset: tl.constexpr = 128.0 if QTYPE == "Q8_0" else (32.0 if QTYPE == "Q6_K" else 0.0)
+    if QTYPE == "Q8_0" or QTYPE == "Q5_0" or QTYPE == "Q5_1" or QTYPE == "Q5_K" or QTYPE == "Q6_K":
+        # What the integers' offset is (Q8_0's made offset-binary; Q5_1's and Q5_K's
+        # have a min instead).
+        offset: tl.constexpr = (
+            128.0
+            if QTYPE == "Q8_0"
+            else (16.0 if QTYPE == "Q5_0" else (32.0 if QTYPE == "Q6_K" else 0.0))
+        )
         high = word.to(tl.uint32, bitcast=True) >> 16  # bytes 2 and 3 at places 0, 1
         s += x0 * _in_place(word, magic, 0, 8, offset)
         s += x1 * _in_place(word, magic, 1, 8, offset)
@@ -111,6 +118,13 @@ def _joined_bytes(word, tops, HALF: tl.constexpr, TOP_BITS: tl.constexpr, HIGH_A
     shift: tl.constexpr = 4 - HIGH_AT * HALF
     top_mask: tl.constexpr = ((1 << TOP_BITS) - 1) * 0x01010101 << 4
     return ((nibbles & 0x0F0F0F0F) | ((tops << shift) & top_mask)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _spread(bits):
+    """Bits 0-3 of each int32 -> bit 0 of its bytes 0-3 (the multiply's 16 shifted
+    copies land on distinct bits, so nothing carries)."""
+    return (bits * 0x204081) & 0x01010101
 
 
 @triton.jit
@@ -212,6 +226,9 @@ def _planes_gemv_words_kernel(
         else:
             start = chunk * (16 if QTYPE == "Q8_0" else 32)
             HIGH: tl.constexpr = 16
+            if QTYPE == "Q5_0" or QTYPE == "Q5_1":  # bit t of the block's int32: value t's fifth
+                fifths = tl.load(h_ptr + n_rows * stride_h + chunk, mask=w_mask, other=0)
+                fifths = fifths.to(tl.uint32, bitcast=True)
         start = start[:, :, :, None] + four  # [1, 1, C, 4]
         s_lo = tl.zeros((BLOCK_M, ROWS, CHUNKS), dtype=tl.float32)
         s_hi = tl.zeros((BLOCK_M, ROWS, CHUNKS), dtype=tl.float32)
@@ -219,7 +236,13 @@ def _planes_gemv_words_kernel(
         x_hi = tl.zeros((BLOCK_M, 1, CHUNKS), dtype=tl.float32)
         for i in tl.static_range(4):
             lo, hi = w[i], w[i]
-            if QTYPE == "Q5_K":
+            if QTYPE == "Q5_0" or QTYPE == "Q5_1":
+                # Word i holds values 4 i + b (low nibbles) and 16 + 4 i + b (high).
+                low_tops = _spread((fifths >> (4 * i)) & 15)
+                high_tops = _spread((fifths >> (16 + 4 * i)) & 15)
+                tops_i = low_tops | (high_tops << 1)
+                lo, hi = _joined_bytes(w[i], tops_i, 0, 1, 1), _joined_bytes(w[i], tops_i, 1, 1, 1)
+            elif QTYPE == "Q5_K":
                 lo, hi = (
                     _joined_bytes(w[i], tops[i], 0, 1, 1),
                     _joined_bytes(w[i], tops[i], 1, 1, 1),
@@ -233,7 +256,7 @@ def _planes_gemv_words_kernel(
             x_lo += x_sum
             if QTYPE != "Q8_0":
                 at = start + (4 * i + HIGH)
-                if QTYPE == "Q4_0":  # one scale and no offset: both halves in one chain
+                if QTYPE == "Q4_0" or QTYPE == "Q5_0":  # one scale, no min: one chain
                     s_lo, _ = _word_sums(s_lo, magic, x_row, at, x_mask, hi, 1, QTYPE)
                 else:
                     s_hi, x_sum = _word_sums(s_hi, magic, x_row, at, x_mask, hi, 1, QTYPE)
@@ -255,7 +278,7 @@ def _planes_gemv_words_kernel(
         else:
             block = chunk // 2 if QTYPE == "Q8_0" else chunk
             scale = _load_f32(s_ptr + n_rows * stride_s + block, w_mask)
-            if QTYPE == "Q4_1":
+            if QTYPE == "Q4_1" or QTYPE == "Q5_1":
                 mins = _load_f32(m_ptr + n_rows * stride_m + block, w_mask)
                 acc += (s_lo + s_hi) * scale + (x_lo + x_hi) * mins
             else:  # s_lo is all (Q8_0 has no high nibbles; adding a zero s_hi costs an add)

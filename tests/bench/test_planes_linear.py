@@ -51,7 +51,8 @@ def test_the_sweep_times_the_chosen_tiles_and_the_others_and_keeps_the_fastest(m
     words = planes_linear.candidate_tiles(1, "Q4_K", PlanesTiles("words", 1, 8, 3, 4, 1))
     assert {t.kernel for t in words} == {"words", "gemv"}
     assert {t.num_splits for t in words if t.kernel == "words"} == {1, 3}
-    gemv = planes_linear.candidate_tiles(1, "Q5_1", PlanesTiles("gemv", 1, 8, 3, 2, 3))
+    # a type the word GEMV would not take: the byte-wise GEMV's candidates alone
+    gemv = planes_linear.candidate_tiles(1, "X", PlanesTiles("gemv", 1, 8, 3, 2, 3))
     assert {t.kernel for t in gemv} == {"gemv"}
     assert {t.unroll for t in gemv} == {4, 8, 16} and {t.num_splits for t in gemv} == {3}
 

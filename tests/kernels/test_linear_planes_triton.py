@@ -118,8 +118,8 @@ INTERPRETER = DeviceInfo(True, 1, (0, 0))
 # 16s, 40 of 64s), one step of K (256) and two (512), a row's last step ending early
 # (352: 8 blocks and 3).
 CASES = [
-    ("gemv", 1, torch.float32, (72, 512), False, choose_planes_tiles(GPU, 1, 72, 2, "Q5_1")),
-    ("gemv", 2, torch.float16, (64, 256), True, choose_planes_tiles(GPU, 2, 64, 1, "Q5_1")),
+    ("gemv", 1, torch.float32, (72, 512), False, PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)),
+    ("gemv", 2, torch.float16, (64, 256), True, PlanesTiles("gemv", 2, 2, 1, 1, 3, 8)),
     ("gemv", 3, torch.float32, (72, 352), True, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     ("gemv", 4, torch.float16, (40, 512), False, PlanesTiles("gemv", 4, 16, 2, 4, 1)),
     # Steps a loop turn: a split's last turn past its end (5 steps split 3 + 2, 2 a
@@ -181,12 +181,13 @@ def test_the_word_gemv_matches_the_dequantized_product(qtype, rows, dtype, shape
 
 
 def test_the_rows_and_the_type_choose_the_kernel():
-    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q4_0") == PlanesTiles("words", 1, 8, 1, 4, 1)
-    assert choose_planes_tiles(GPU, 4, 4096, 16, "Q8_0").kernel == "words"
-    assert choose_planes_tiles(GPU, 1, 4096, 16, "Q5_1") == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
+    for qtype in PLANE_TYPES:  # every type's decode: the word GEMV
+        assert choose_planes_tiles(GPU, 1, 4096, 16, qtype) == PlanesTiles("words", 1, 8, 1, 4, 1)
     assert choose_planes_tiles(GPU, 3, 4096, 16, "Q5_0").block_m == 4
+    # A type the word GEMV would not take: the byte-wise GEMV's tiles.
+    assert choose_planes_tiles(GPU, 1, 4096, 16, "X") == PlanesTiles("gemv", 1, 2, 1, 1, 3, 8)
     # narrow outputs, long rows: K split until about two programs per SM
-    narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q5_1")
+    narrow = choose_planes_tiles(GPU, 1, 256, 56, "X")
     assert narrow.kernel == "gemv" and 128 * narrow.num_splits <= 2 * 132 + 128
     assert narrow.num_splits > 1
     narrow = choose_planes_tiles(GPU, 1, 256, 56, "Q4_K")

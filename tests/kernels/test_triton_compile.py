@@ -116,6 +116,7 @@ PLANE_POINTERS = {
     "Q8_0": dict(v_ptr="i8", s_ptr="fp16"),
     "Q4_0": dict(v_ptr="u8", s_ptr="fp16"),
     "Q4_1": dict(v_ptr="u8", s_ptr="fp16", m_ptr="fp16"),
+    "Q5_0": dict(v_ptr="u8", h_ptr="i32", s_ptr="fp16"),
     "Q5_1": dict(v_ptr="u8", h_ptr="i32", s_ptr="fp16", m_ptr="fp16"),
     "Q4_K": dict(v_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
     "Q5_K": dict(v_ptr="u8", h_ptr="u8", s_ptr="u8", m_ptr="u8", d_ptr="fp16", dm_ptr="fp16"),
@@ -369,6 +370,13 @@ VARIANTS = [
         PLANES_WORDS,
         word_pointers("Q6_K", "bf16", "bf16"),
         dict(QTYPE="Q6_K", HAS_BIAS=False, BLOCK_M=1, ROWS=8, CHUNKS=128),
+        dict(num_warps=4, num_stages=1),
+    ),
+    (
+        "planes-words-q5_1-bf16-bias",
+        PLANES_WORDS,
+        word_pointers("Q5_1", "bf16", "bf16"),
+        dict(QTYPE="Q5_1", HAS_BIAS=True, BLOCK_M=2, ROWS=8, CHUNKS=128),
         dict(num_warps=4, num_stages=1),
     ),
     (
