@@ -20,11 +20,10 @@ Four shapes of program, chosen by the activation rows M and the type
   planes' today): the GEMV that reads values as 32-bit words, about half the
   instructions a value of ``gemv``;
 - ``gemv`` (M <= 4, a type the words would not take; the sweep times it beside them):
-  no tl.dot; a program takes BLOCK_N weight rows and
-  all M rows of x, loads UNROLL steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16
-  contiguous bytes a lane), and keeps [M, BLOCK_N, 8 UNROLL] partial sums in
-  registers, reduced once at the end; K split only where the programs would leave
-  SMs idle;
+  no tl.dot; a program takes BLOCK_N weight rows and all M rows of x, loads UNROLL
+  steps' [BLOCK_N, 8 UNROLL, 16] bytes at once (16 contiguous bytes a lane), and keeps
+  [M, BLOCK_N, 8 UNROLL] partial sums in registers, reduced once at the end; K split
+  only where the programs would leave SMs idle;
 - ``split-K`` (M <= 32): tl.dot per half ([BLOCK_M, 16] @ [16, BLOCK_N]), K split across
   programs whose fp32 partial sums are added afterwards;
 - ``tiles`` (M > 32): the same kernel, 64 x 64 tiles, no split.
