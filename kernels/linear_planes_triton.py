@@ -332,13 +332,14 @@ def planes_linear_triton(
     splits = tiles.num_splits
     steps_per_split = triton.cdiv(num_steps, splits)
     target = split_k_target(out, splits)
+    add_bias = bias is not None and splits == 1  # else finish_split_k adds it
     if tiles.kernel == "words":
         assert weight.qtype in GEMV_WORD_TYPES, (tiles, weight.qtype)
         launch_planes_gemv_words(
             target,
             x,
             weight,
-            bias if splits == 1 else None,
+            bias if add_bias else None,
             tiles.block_m,
             tiles.block_n,
             splits,
@@ -350,7 +351,6 @@ def planes_linear_triton(
     planes = [weight.planes.get(name, weight.planes["values"]) for name in PLANE_ARGS]
     for plane in planes:
         assert plane.stride(1) == 1, plane.stride()
-    add_bias = bias is not None and splits == 1
     grid = (
         triton.cdiv(out_features, tiles.block_n),
         triton.cdiv(num_rows, tiles.block_m),

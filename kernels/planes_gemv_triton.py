@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from hetero_infer.kernels.planes_decode_triton import load_f32
 from hetero_infer.kernels.quantized_planes import PlanarWeight
 
 # Every type of the planes (kernels/quantized_planes.py).
@@ -111,9 +112,10 @@ def _word_sums(s, magic, x_row, at, x_mask, word, HALF: tl.constexpr, QTYPE: tl.
 
 @triton.jit
 def _joined_bytes(word, tops, HALF: tl.constexpr, TOP_BITS: tl.constexpr, HIGH_AT: tl.constexpr):
-    """Q5_K, Q6_K: the values of a word's low (HALF 0) or high (HALF 1) nibbles with their
-    TOP_BITS top bits, a byte each: ``tops``, the highs word shifted so that byte b's
-    top bits for its low nibble lie at bit 8 b, for its high one at 8 b + HIGH_AT."""
+    """The 5- and 6-bit types: the values of a word's low (HALF 0) or high (HALF 1)
+    nibbles with their TOP_BITS top bits, a byte each: ``tops``, the highs word shifted
+    so that byte b's top bits for its low nibble lie at bit 8 b, for its high one at
+    8 b + HIGH_AT."""
     nibbles = word.to(tl.uint32, bitcast=True) >> (4 * HALF)
     shift: tl.constexpr = 4 - HIGH_AT * HALF
     top_mask: tl.constexpr = ((1 << TOP_BITS) - 1) * 0x01010101 << 4
@@ -125,11 +127,6 @@ def _spread(bits):
     """Bits 0-3 of each int32 -> bit 0 of its bytes 0-3 (the multiply's 16 shifted
     copies land on distinct bits, so nothing carries)."""
     return (bits * 0x204081) & 0x01010101
-
-
-@triton.jit
-def _load_f32(ptrs, mask):
-    return tl.load(ptrs, mask=mask, other=0).to(tl.float32)
 
 
 @triton.jit
@@ -264,22 +261,22 @@ def _planes_gemv_words_kernel(
         if QTYPE == "Q4_K" or QTYPE == "Q5_K":
             # Sub-block 2 (c // 2) holds the low nibbles, the next one the high ones.
             sub = step * 8 + c // 2 * 2
-            d = _load_f32(d_ptr + n_rows * stride_d + step, w_mask)
-            dmin = _load_f32(dm_ptr + n_rows * stride_dm + step, w_mask)
+            d = load_f32(d_ptr + n_rows * stride_d + step, w_mask)
+            dmin = load_f32(dm_ptr + n_rows * stride_dm + step, w_mask)
             scales = s_ptr + n_rows * stride_s + sub
             mins = m_ptr + n_rows * stride_m + sub
-            acc += d * (s_lo * _load_f32(scales, w_mask) + s_hi * _load_f32(scales + 1, w_mask))
-            acc -= dmin * (x_lo * _load_f32(mins, w_mask) + x_hi * _load_f32(mins + 1, w_mask))
+            acc += d * (s_lo * load_f32(scales, w_mask) + s_hi * load_f32(scales + 1, w_mask))
+            acc -= dmin * (x_lo * load_f32(mins, w_mask) + x_hi * load_f32(mins + 1, w_mask))
         elif QTYPE == "Q6_K":
             sub = step * 16 + c // 4 * 8 + c % 4  # the low nibbles' 16; the high ones' 4 on
-            d = _load_f32(d_ptr + n_rows * stride_d + step, w_mask)
+            d = load_f32(d_ptr + n_rows * stride_d + step, w_mask)
             scales = s_ptr + n_rows * stride_s + sub
-            acc += d * (s_lo * _load_f32(scales, w_mask) + s_hi * _load_f32(scales + 4, w_mask))
+            acc += d * (s_lo * load_f32(scales, w_mask) + s_hi * load_f32(scales + 4, w_mask))
         else:
             block = chunk // 2 if QTYPE == "Q8_0" else chunk
-            scale = _load_f32(s_ptr + n_rows * stride_s + block, w_mask)
+            scale = load_f32(s_ptr + n_rows * stride_s + block, w_mask)
             if QTYPE == "Q4_1" or QTYPE == "Q5_1":
-                mins = _load_f32(m_ptr + n_rows * stride_m + block, w_mask)
+                mins = load_f32(m_ptr + n_rows * stride_m + block, w_mask)
                 acc += (s_lo + s_hi) * scale + (x_lo + x_hi) * mins
             else:  # s_lo is all (Q8_0 has no high nibbles; adding a zero s_hi costs an add)
                 acc += s_lo * scale
@@ -309,7 +306,8 @@ def launch_planes_gemv_words(
     values = planes["values"]
     words = values.view(torch.int32)  # the rows are 16-byte multiples
     num_chunks = values.shape[1] * values.element_size() // CHUNK_BYTES
-    highs = planes.get("highs", values).view(torch.int32)  # the K-quants'; else unused
+    # The 5- and 6-bit types' highs (a placeholder for the others, unused).
+    highs = planes.get("highs", values).view(torch.int32)
     others = [planes.get(name, values) for name in ("scales", "mins", "d", "dmin")]
     num_rows, out_features = x.shape[0], weight.shape[0]
     grid = (triton.cdiv(out_features, rows), triton.cdiv(num_rows, block_m), num_splits)
