@@ -33,7 +33,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import RESULTS_DIR, checkout_commit, parse_ints
+from bench.common import RESULTS_DIR, parse_ints
 
 # Nsight Compute (--set full) on the byte-wise GEMV at one row, Q4_0 14336 x 4096 (58.7M
 # values), one launch at its H200 tiles (2 rows a program, 1 warp, 8 steps a turn).
@@ -167,12 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['qtype']} M={DOT_ROWS} dot: {row['lane_instructions_per_value']:.2f} a MAC")
     import triton
 
+    from bench.throughput import machine_info
+
     result = {
         "benchmark": "planes_instructions",
         "command": shlex.join(["python", "-m", "bench.planes_instructions", *(argv or [])]),
         "target": "sm90 (H100, H200), compiled here by triton's ptxas",
         "triton": triton.__version__,
-        "commit": checkout_commit(),
+        # The CPU that compiled them (the counts are of the sm90 code, the same from
+        # any host; the machine, the commit and the library versions, as every result).
+        "machine": machine_info(),
         "h200_profile_of_the_byte_wise_gemv": H200_PROFILE,
         "rows": rows,
         "dot_rows": dot_rows,
