@@ -3,29 +3,37 @@ a second question about the same image against the first, and 8 users each sendi
 image at once, on SmolVLM's architecture (Idefics3) in fp32.
 
     python -m bench.vision                        # the tiny random checkpoint, 10 rounds
-    python -m bench.vision --rounds 5 --threads 1 --json out.json
+    python -m bench.vision --rounds 5 --threads 1 --input decoded --json out.json
 
 The checkpoint is tests/tiny_models.py's tiny random Idefics3 (a SigLIP tower of 2
 layers, a Llama of 2 layers, 64-pixel tiles), built into a temporary folder. Both
 sides run in this process on the same ``--threads`` torch threads, the server's OpenMP
 and malloc settings applied (the engine's, which transformers then shares).
 
-A time to first token covers all the work from a chat and a PIL image to one greedy
-token, so both sides count the same steps: on the engine, the chat template, the
-image's preprocessing and placeholder expansion (``InputProcessor.with_images``, as
-the server does per request), then ``add_processed`` and ``step`` until the one-token
-request is done; on transformers, the processor call (template text and image) and
-``generate(max_new_tokens=1, do_sample=False)``. The engine's time is also split
-into its preparation (template and image) and its steps.
+A time to first token covers all the work from a chat and its image to one greedy
+token, so both sides count the same steps. The image comes (``--input``) as a client
+sends it to the server, a file's bytes (``jpeg``, the default, or ``png``), or decoded
+already, as a Python caller may hand it over (``decoded``: a PIL image). On the engine:
+the chat template, the image as the server takes a request's
+(``chat_images.prepared_image``: the bytes' digest, then decoding, hashing and
+preprocessing, or the recent image those bytes gave; a decoded image is hashed and
+preprocessed, or found by its hash) and placeholder expansion
+(``InputProcessor.with_images``), then ``add_processed`` and ``step`` until the
+one-token request is done. On transformers: the file decoded with PIL, the processor
+call (template text and image) and ``generate(max_new_tokens=1, do_sample=False)``.
+The engine's time is also split into its preparation (template and image) and its
+steps.
 
 Per round, the order of the two sides alternating (drift falls on both):
 
 - first question: a fresh random ``--width`` x ``--height`` image each round and side
   (its own seed), so that neither the prefix cache nor the encoder cache can hit;
-- second question: right after the engine's first, the chat so far (the image, the
-  question, the one-token answer) and a new question, which hits the prefix cache up
-  to the new text and the encoder cache on the image; its ratio to the first is the
-  figure. Transformers' second question (no cache kept between calls) is beside it;
+- second question: right after the engine's first, the chat so far (the same image,
+  the question, the one-token answer) and a new question, which hits the prefix cache
+  up to the new text, and the recent images on the file's bytes (a chat client sends
+  them again each turn) or on the decoded pixels' hash; its ratio to the first is the
+  figure. Transformers' second question
+  (no cache kept between calls) is beside it;
 - 8 users: 8 chats, each with its own fresh image, all added to the engine before it
   steps, against transformers' ``generate`` on the 8 as one left-padded batch and as
   8 calls one after another; wall time to all 8 first tokens.
@@ -33,12 +41,13 @@ Per round, the order of the two sides alternating (drift falls on both):
 Reported: each round's figures, each series' median and range, and the ratios
 (transformers / engine for speed-ups, second / first for the cache); the engine's
 first token is checked against transformers' on the first question. Results go to
-``bench/results/vision-<cpu>.json`` by default.
+``bench/results/vision-<cpu>-<input>.json`` by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import json
 import os
@@ -66,12 +75,26 @@ SECOND_QUESTION = "And what colour is it mostly?"
 EOS = 2  # the tiny tokenizer's end of sequence
 USERS = 8
 REQUEST_IDS = itertools.count()
+# How each image file is written: JPEG at a camera's usual quality.
+FILE_FORMATS: dict[str, dict[str, Any]] = {"jpeg": {"quality": 90}, "png": {}}
+INPUTS = (*FILE_FORMATS, "decoded")
+# Where the image part sits in the request, as the server names it in errors.
+IMAGE_PARAM = "messages.0.content.0"
 
 
-def noise_image(seed: int, width: int, height: int) -> Image.Image:
-    """A random image: its pixels differ by seed, so no cache keyed on content hits."""
+def noise_image(seed: int, width: int, height: int, kind: str) -> bytes | Image.Image:
+    """A random image as ``kind`` of INPUTS (a file's bytes, or decoded from a JPEG):
+    its pixels differ by seed, so no cache keyed on content or bytes hits."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
+    out = io.BytesIO()
+    file_format = "jpeg" if kind == "decoded" else kind
+    Image.fromarray(pixels).save(out, format=file_format, **FILE_FORMATS[file_format])
+    return decoded(out.getvalue()) if kind == "decoded" else out.getvalue()
+
+
+def decoded(image: bytes | Image.Image) -> Image.Image:
+    """The image as a PIL image in RGB, as transformers' users decode a file."""
+    return image if isinstance(image, Image.Image) else Image.open(io.BytesIO(image)).convert("RGB")
 
 
 def first_chat() -> list[dict[str, Any]]:
@@ -98,10 +121,15 @@ class EngineSide:
         apply_process_settings(config)
         self.engine = LLMEngine(config)
 
-    def prompt(self, chat: list[dict[str, Any]], image: Image.Image) -> Any:
-        """The prompt as the server makes it: the chat template, then the image."""
+    def prompt(self, chat: list[dict[str, Any]], image: bytes | Image.Image) -> Any:
+        """The prompt as the server makes it: the chat template, then the image (a
+        file's bytes as the server prepares a request's, or a decoded image)."""
+        from hetero_infer.server.serving.chat_images import prepared_image
+
         processor = self.engine.input_processor
         token_ids = self.engine.tokenizer.apply_chat_template(chat, True)
+        if isinstance(image, bytes):
+            image = prepared_image(processor.image_prompts, image, IMAGE_PARAM)
         return processor.with_images(processor.tokenize(token_ids), [image])
 
     def first_tokens(self, prompts: list[Any]) -> list[int]:
@@ -118,7 +146,7 @@ class EngineSide:
             self.engine.step()
         return [self.engine.get_output(i).token_ids[0] for i in ids]
 
-    def ttft(self, chat: list[dict[str, Any]], image: Image.Image) -> dict[str, Any]:
+    def ttft(self, chat: list[dict[str, Any]], image: bytes | Image.Image) -> dict[str, Any]:
         hits_before = self.engine.memory_stats()["prefix_cache_hits"]
         started = time.perf_counter()
         prompt = self.prompt(chat, image)
@@ -135,7 +163,7 @@ class EngineSide:
             "token": token,
         }
 
-    def users(self, images: list[Image.Image]) -> tuple[float, float]:
+    def users(self, images: list[Any]) -> tuple[float, float]:
         """(wall time to all first tokens, the part of it spent preparing prompts)."""
         started = time.perf_counter()
         prompts = [self.prompt(first_chat(), image) for image in images]
@@ -161,12 +189,13 @@ class TransformersSide:
             folder, dtype=torch.float32
         ).eval()
 
-    def first_tokens(self, chats: list[list[dict[str, Any]]], images: list[Image.Image]) -> list:
+    def first_tokens(self, chats: list[list[dict[str, Any]]], images: list[Any]) -> list:
+        pictures = [decoded(image) for image in images]
         texts = [self.processor.apply_chat_template(c, add_generation_prompt=True) for c in chats]
         # The template writes the BOS: no special tokens of the tokenizer's own.
         inputs = self.processor(
             text=texts,
-            images=[[image] for image in images],
+            images=[[picture] for picture in pictures],
             return_tensors="pt",
             padding=len(texts) > 1,
             add_special_tokens=False,
@@ -177,17 +206,17 @@ class TransformersSide:
             )
         return out[:, -1].tolist()
 
-    def ttft(self, chat: list[dict[str, Any]], image: Image.Image) -> dict[str, Any]:
+    def ttft(self, chat: list[dict[str, Any]], image: bytes | Image.Image) -> dict[str, Any]:
         started = time.perf_counter()
         (token,) = self.first_tokens([chat], [image])
         return {"ttft_s": time.perf_counter() - started, "token": token}
 
-    def users_batched(self, images: list[Image.Image]) -> float:
+    def users_batched(self, images: list[Any]) -> float:
         started = time.perf_counter()
         self.first_tokens([first_chat()] * len(images), images)
         return time.perf_counter() - started
 
-    def users_sequential(self, images: list[Image.Image]) -> float:
+    def users_sequential(self, images: list[Any]) -> float:
         started = time.perf_counter()
         for image in images:
             self.first_tokens([first_chat()], [image])
@@ -206,8 +235,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     engine, hf = EngineSide(folder), TransformersSide(folder)
     seeds = itertools.count(1000)
 
-    def image() -> Image.Image:
-        return noise_image(next(seeds), args.width, args.height)
+    def image() -> bytes | Image.Image:
+        return noise_image(next(seeds), args.width, args.height, args.input)
 
     # Warm-up: first calls pay for allocations and lazy set-up that later ones do not.
     for _ in range(2):
@@ -321,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--width", type=int, default=640, help="of each image, in pixels")
     parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--input", choices=INPUTS, default="jpeg", help="how images come")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     # tests/ is a sibling of bench/ in the repository, not an installed package.
@@ -360,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({users['speedup_transformers_sequential_over_engine']['median']:.2f}x)"
     )
     machine = {**machine_info(), "load_avg_1m_before_after": [load_before[0], load_after[0]]}
-    path = args.json or RESULTS_DIR / f"vision-{device_slug(machine['cpu'])}.json"
+    path = args.json or RESULTS_DIR / f"vision-{device_slug(machine['cpu'])}-{args.input}.json"
     settings = {
-        **{k: getattr(args, k) for k in ("rounds", "threads", "width", "height")},
+        **{k: getattr(args, k) for k in ("rounds", "threads", "width", "height", "input")},
         "model": "tests.tiny_models.save_tiny_idefics3 (random, fp32)",
         "dtype": "float32",
         "users": USERS,
