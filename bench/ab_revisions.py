@@ -15,7 +15,8 @@ the first two by default):
   prefill included);
 - ``batch``: ``--batch`` sampled requests at once, ``--output-len`` tokens each;
 - ``host``: the host's decode steps at ``--batch`` requests, with a model runner that
-  computes nothing (bench/host_step.py), in steps per second.
+  computes nothing (bench/host_step.py), in steps per second; ``host-final`` the same
+  with the outputs made only at the end, as offline runs and answers sent whole ask.
 
 Wall time: a round runs one process per revision, in alternating order (ABBA), each
 taking the median of ``--repeats`` runs of each workload in tokens per second; the
@@ -57,7 +58,7 @@ from bench.common import RESULTS_DIR, portable
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = ("single", "batch")  # the default ones
-ALL_WORKLOADS = (*WORKLOADS, "host")
+ALL_WORKLOADS = (*WORKLOADS, "host", "host-final")
 WORDS = "the of and to in is it that for on with as was at by be this from".split()  # noqa: SIM905
 # What valgrind 3.19 can run: no AVX-512.
 CALLGRIND_MARCH = "x86-64-v3"
@@ -96,8 +97,9 @@ def measure(
     rates: dict[str, list[float]] = {name: [] for name in workloads}
     for _ in range(repeats):
         for name in workloads:
-            if name == "host":
-                rates[name].append(host_steps_per_second(engine, batch, steps=40))
+            if name.startswith("host"):
+                final_only = name == "host-final"
+                rates[name].append(host_steps_per_second(engine, batch, 40, final_only))
                 continue
             workload_prompts, params = runs[name]
             started = time.perf_counter()
@@ -107,15 +109,17 @@ def measure(
     return {name: statistics.median(values) for name, values in rates.items() if values}
 
 
-def host_steps_per_second(engine: Any, batch: int, steps: int) -> float:
+def host_steps_per_second(engine: Any, batch: int, steps: int, final_only: bool) -> float:
     """Decode steps per second of the engine's loop over ``batch`` requests with a
-    model runner that computes nothing: the host's own pace."""
+    model runner that computes nothing: the host's own pace (``final_only``: outputs
+    made only at the end)."""
     from bench.host_step import IdleRunner, decode_step_times
 
     runner = engine.core.runner
     try:
         token_id = engine.tokenizer.encode(" the")[-1]
-        times = decode_step_times(engine, IdleRunner(token_id, 0.0), batch, steps)
+        idle = IdleRunner(token_id, 0.0)
+        times = decode_step_times(engine, idle, batch, steps, final_only)
     finally:
         engine.core.runner = runner
     return 1 / statistics.median(times)

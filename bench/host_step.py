@@ -59,12 +59,20 @@ class IdleRunner:
         return ModelRunnerOutput(sampled={s.request_id: token for s in out.scheduled if s.samples})
 
 
-def step_times(engine: Any, batch: int, steps: int, first_token: int = 100) -> list[float]:
+def step_times(
+    engine: Any, batch: int, steps: int, first_token: int = 100, final_only: bool = False
+) -> list[float]:
     """Seconds of every step of ``batch`` requests (prompts of PROMPT_TOKENS ids from
-    ``first_token`` on) run to ``steps + 4`` tokens each."""
+    ``first_token`` on) run to ``steps + 4`` tokens each. ``final_only``: their outputs
+    made only at the end, as offline runs (LLMEngine.generate) and the server's answers
+    sent whole ask; else one a step, as a stream's."""
     from hetero_infer.engine import SamplingParams
+    from hetero_infer.engine.params.sampling_params import RequestOutputKind
 
-    params = SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0.0)
+    kind = RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE
+    params = SamplingParams(
+        max_tokens=steps + 4, ignore_eos=True, temperature=0.0, output_kind=kind
+    )
     for i in range(batch):
         engine.add_request([first_token + i % 50] * PROMPT_TOKENS, params)
     times = []
@@ -75,10 +83,13 @@ def step_times(engine: Any, batch: int, steps: int, first_token: int = 100) -> l
     return times
 
 
-def decode_step_times(engine: Any, runner: IdleRunner, batch: int, steps: int) -> list[float]:
+def decode_step_times(
+    engine: Any, runner: IdleRunner, batch: int, steps: int, final_only: bool = False
+) -> list[float]:
     """Seconds of each step once every request decodes (prefill steps left out)."""
     engine.core.runner = runner
-    return step_times(engine, batch, steps)[2 : 2 + steps]  # the prompts' step, then decodes
+    # The prompts' step, then decodes.
+    return step_times(engine, batch, steps, final_only=final_only)[2 : 2 + steps]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class ChoiceState:
     # FINAL_ONLY: when the last token-bearing step ended, and (gap, tokens) since.
     last_token_time: float | None = None
     token_gaps: list[tuple[float, int]] = field(default_factory=list)
+    # FINAL_ONLY without stop strings: no text is read before the end, so the ids wait
+    # here and are decoded at once as the choice ends (None: decoded a token at a time).
+    undecoded: list[int] | None = None
 
     def note_token_time(self, num_tokens: int) -> None:
         """FINAL_ONLY: the gap since the last token-bearing step, for the latency metrics
@@ -66,9 +69,24 @@ class ChoiceState:
     def decode(self, token_id: int, finish_reason: str | None) -> None:
         """Add a token's text; ``finish_reason``: the update's, for its last token."""
         if not self._drops_text(token_id, finish_reason):
-            self.decoded += self.detokenizer.step([token_id])
+            if self.undecoded is not None:
+                self.undecoded.append(token_id)
+            else:
+                self.decoded += self.detokenizer.step([token_id])
         if finish_reason is not None:
-            self.decoded += self.detokenizer.flush()
+            self.finish_text()
+
+    def decode_undecoded(self) -> None:
+        """The ids waiting to be decoded (FINAL_ONLY), decoded: the detokenizer's text
+        for a run of ids is that of the same ids a step at a time."""
+        if self.undecoded:
+            self.decoded += self.detokenizer.step(self.undecoded)
+            self.undecoded.clear()
+
+    def finish_text(self) -> None:
+        """The text's end: what the detokenizer held back (a character cut short)."""
+        self.decode_undecoded()
+        self.decoded += self.detokenizer.flush()
 
     def _drops_text(self, token_id: int, finish_reason: str | None) -> bool:
         """Whether the token that ends a request leaves its text out: a stop_token_ids

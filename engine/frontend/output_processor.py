@@ -4,7 +4,8 @@ Per choice it keeps the detokenizer, the text so far, the logprobs and the timin
 makes a RequestOutput snapshot as the request's output kind says: after each step
 that added a token or finished, holding everything so far (CUMULATIVE) or the step's
 part only (DELTA: a stream's cost per token does not grow with its length), or once at
-the end (FINAL_ONLY: an answer sent whole costs no output per step). Stop
+the end (FINAL_ONLY: an answer sent whole costs no output per step, and without stop
+strings no text either: its ids are decoded at once as it ends). Stop
 strings are found here (they need text): the sequence that completes one is reported
 back, for the scheduler to finish as stopped, as vLLM's output processor turns them
 into aborts. Finished outputs are kept a while for ``get_output``.
@@ -51,6 +52,8 @@ class OutputProcessor:
         prompt_logprobs = [None] if parent.params.prompt_logprobs is not None else None
         for index, request_id in enumerate(parent.choice_ids):
             params = parent.choice_params(index)
+            # Text that nothing reads before the end is decoded there (ChoiceState.undecoded).
+            text_at_end = params.output_kind is RequestOutputKind.FINAL_ONLY and not params.stop
             self._choices[request_id] = ChoiceState(
                 request_id=request_id,
                 parent=parent,
@@ -68,6 +71,7 @@ class OutputProcessor:
                 arrival_time=now,
                 logprobs=[] if params.logprobs is not None else None,
                 prompt_logprobs=prompt_logprobs,
+                undecoded=[] if text_at_end else None,
             )
         self._parents[parent.request_id] = parent
 
@@ -108,6 +112,9 @@ class OutputProcessor:
         state = self._choices.get(request_id)
         if state is None:
             return False
+        if state.undecoded is not None:  # its text so far, as decoded by steps it was sent
+            state.decode_undecoded()
+            state.sent = len(state.decoded)
         self._finish(state, state.snapshot("", [], "abort", time.monotonic()))
         return True
 
@@ -142,7 +149,7 @@ class OutputProcessor:
                 break
         if not update.new_tokens:
             if finish_reason is not None:
-                state.decoded += state.detokenizer.flush()
+                state.finish_text()
             send_to, stopped = state.check_stop_strings(sent_before, update.num_output_tokens)
         if stopped:
             finish_reason = "stop"

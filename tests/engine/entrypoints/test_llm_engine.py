@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
@@ -81,6 +82,71 @@ def test_generate_makes_only_the_final_outputs_and_leaves_the_params_as_given(en
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
     assert [o.text for o in outputs] == [o.text for o in expected]
     assert GREEDY.output_kind is RequestOutputKind.CUMULATIVE
+
+
+def outputs_of(engine: LLMEngine, prompt, params: SamplingParams) -> list:
+    """The request's outputs, one a step, run to its end."""
+    request_id = engine.add_request(prompt, params)
+    outputs = []
+    while engine.has_pending_work():
+        outputs += [out for out in engine.step() if out.request_id == request_id]
+    return outputs
+
+
+@pytest.mark.parametrize(
+    ("fields", "drops_last"),
+    [
+        (dict(ignore_eos=True), False),
+        # A stop token's text is left out, unless asked for, special tokens shown or not.
+        (dict(stop_token_ids=["fifth"]), True),
+        (dict(stop_token_ids=["fifth"], include_stop_str_in_output=True), False),
+        (dict(skip_special_tokens=False, stop_token_ids=["fifth"]), True),
+        (dict(skip_special_tokens=False, ignore_eos=True), False),
+    ],
+)
+def test_a_final_only_answer_decodes_its_text_once_and_as_the_steps_do(engine, fields, drops_last):
+    """FINAL_ONLY without stop strings reads no text before its end: its ids are decoded
+    at once there, into the text a token-at-a-time decode makes."""
+    from hetero_infer.engine.frontend import choice_state
+
+    prompt = [5, 6, 7, 8]
+    fifth = engine.generate([prompt], GREEDY, use_tqdm=False)[0].token_ids[4]
+    fields = {k: [fifth] if v == ["fifth"] else v for k, v in fields.items()}
+    params = SamplingParams(max_tokens=12, temperature=0.0, **fields)
+    by_steps = outputs_of(engine, prompt, params)[-1]
+    waiting = []
+    finish_text = choice_state.ChoiceState.finish_text
+
+    def counted(self):
+        waiting.append(list(self.undecoded or []))
+        finish_text(self)
+
+    choice_state.ChoiceState.finish_text = counted
+    try:
+        final = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+        outputs = outputs_of(engine, prompt, final)
+    finally:
+        choice_state.ChoiceState.finish_text = finish_text
+    (out,) = outputs
+    assert out.finished and out.text
+    assert (out.text, out.token_ids) == (by_steps.text, by_steps.token_ids)
+    assert (out.finish_reason, out.stop_reason) == (by_steps.finish_reason, by_steps.stop_reason)
+    # Decoded in one go at the end: every id waited for it, but a stop token left out.
+    assert waiting == [out.token_ids[: len(out.token_ids) - drops_last]]
+
+
+def test_an_aborted_final_only_answer_has_its_text_so_far(engine):
+    prompt = [5, 6, 7, 8]
+    texts = []
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
+        request_id = engine.add_request(prompt, replace(GREEDY, output_kind=kind))
+        for _ in range(6):
+            engine.step()
+        assert engine.abort(request_id)
+        out = engine.get_output(request_id)
+        assert out.finish_reason == "abort" and len(out.token_ids) == 6
+        texts.append(out.text)
+    assert texts[0] == texts[1] != ""
 
 
 def test_kv_waste_is_the_unfilled_tail_of_each_last_block(model_dir):
