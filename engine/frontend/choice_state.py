@@ -68,7 +68,7 @@ class ChoiceState:
 
     def decode(self, token_id: int, finish_reason: str | None) -> None:
         """Add a token's text; ``finish_reason``: the update's, for its last token."""
-        if not self._drops_text(token_id, finish_reason):
+        if finish_reason is None or not self._drops_text(token_id, finish_reason):
             if self.undecoded is not None:
                 self.undecoded.append(token_id)
             else:
@@ -88,12 +88,10 @@ class ChoiceState:
         self.decode_undecoded()
         self.decoded += self.detokenizer.flush()
 
-    def _drops_text(self, token_id: int, finish_reason: str | None) -> bool:
+    def _drops_text(self, token_id: int, finish_reason: str) -> bool:
         """Whether the token that ends a request leaves its text out: a stop_token_ids
         token does, as in vLLM (unless include_stop_str_in_output), and so does eos
         (decoding drops it anyway where it skips special tokens)."""
-        if finish_reason is None:
-            return False
         if self.stop_reason is not None and not self.params.include_stop_str_in_output:
             return True
         return (
