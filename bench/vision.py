@@ -32,8 +32,7 @@ Per round, the order of the two sides alternating (drift falls on both):
   the question, the one-token answer) and a new question, which hits the prefix cache
   up to the new text, and the recent images on the file's bytes (a chat client sends
   them again each turn) or on the decoded pixels' hash; its ratio to the first is the
-  figure. Transformers' second question
-  (no cache kept between calls) is beside it;
+  figure. Transformers' second question (no cache kept between calls) is beside it;
 - 8 users: 8 chats, each with its own fresh image, all added to the engine before it
   steps, against transformers' ``generate`` on the 8 as one left-padded batch and as
   8 calls one after another; wall time to all 8 first tokens.
