@@ -37,15 +37,20 @@ class SequenceStatus(enum.Enum):
     # Refused before it started (max_queue_time): the server answers 503, not a choice.
     FINISHED_REJECTED = "rejected"
 
+    # A dict's lookup, not the member's name and value: an Enum's are found through a
+    # descriptor, and the engine asks these of every sequence at every step.
     @property
     def is_finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+        return self in _FINISH_REASONS
 
     @property
     def finish_reason(self) -> str | None:
         """OpenAI's finish_reason for a finished status ("stop", "length", "abort", "error"),
         or "rejected", which the server turns into a 503."""
-        return self.value if self.is_finished else None
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {s: s.value for s in SequenceStatus if s.name.startswith("FINISHED")}
 
 
 class Sequence:
