@@ -77,8 +77,8 @@ class ChoiceState:
             self.finish_text()
 
     def decode_undecoded(self) -> None:
-        """The ids waiting to be decoded (FINAL_ONLY), decoded: the detokenizer's text
-        for a run of ids is that of the same ids a step at a time."""
+        """Decode the ids that waited (FINAL_ONLY) in one go: by the detokenizers'
+        contract, a run of ids gives the text of the same ids a step at a time."""
         if self.undecoded:
             self.decoded += self.detokenizer.step(self.undecoded)
             self.undecoded.clear()

@@ -112,7 +112,7 @@ class OutputProcessor:
         state = self._choices.get(request_id)
         if state is None:
             return False
-        if state.undecoded is not None:  # its text so far, as decoded by steps it was sent
+        if state.undecoded is not None:  # the text so far, as decoded a step at a time
             state.decode_undecoded()
             state.sent = len(state.decoded)
         self._finish(state, state.snapshot("", [], "abort", time.monotonic()))
