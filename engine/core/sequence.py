@@ -107,6 +107,18 @@ class Sequence:
         self.num_prompt_logprobs: int | None = (
             1 if sampling_params.prompt_logprobs is not None else None
         )
+        # A plain generation asks the runner for nothing but its tokens' KV and samples
+        # (once past min_tokens): no grammar, penalties, bad words, thinking budget,
+        # prompt logprobs, images or pooling (step_records.schedule_entry's short way).
+        self.plain = (
+            grammar is None
+            and pooling is None
+            and not images
+            and self.num_prompt_logprobs is None
+            and not sampling_params.has_penalties
+            and not sampling_params.bad_words_token_ids
+            and sampling_params.thinking_budget is None
+        )
         self.num_preemptions = 0
         # LongRoPE: whether its KV is rotated with the long factors (its tokens had passed
         # the model's original context when it started computing them). It salts the

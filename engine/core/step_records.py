@@ -19,50 +19,53 @@ def schedule_entry(
     ``num_new`` tokens, then the draft tokens the step verifies. ``draft_model``: the
     runner has a draft model, which runs for this sequence where it drafts or computes
     more than its newest token (a prompt chunk), catching up on the tokens it lags by."""
-    drafts = tuple(draft_token_ids) if draft_token_ids else ()
     start = seq.num_computed_tokens
     params = seq.sampling_params
     reaches_end = start + num_new == len(seq.token_ids)
     samples = reaches_end and seq.pooling is None
-    token_ids = seq.token_ids[start : start + num_new]
-    if drafts:
-        token_ids += drafts
-    draft_lag = None
+    entry = ScheduledSequence(
+        request_id=seq.request_id,
+        token_ids=seq.token_ids[start : start + num_new],
+        start=start,
+        # Copies: the runner may still read them while the next step's are changed.
+        block_tables=[table.copy() for table in seq.block_tables],
+        samples=samples,
+        sampling_params=params,
+        num_prompt_logprobs=seq.num_prompt_logprobs,
+        pooling=seq.pooling,
+        returns_embedding=reaches_end and seq.pooling is not None,
+        long_rope=seq.long_rope,
+        lora_slot=seq.lora_slot,
+    )
+    if (
+        seq.plain
+        and not draft_token_ids
+        and not draft_model
+        and params.allows_stop(seq.num_output_tokens)
+    ):
+        return entry  # nothing more to ask (most steps of most sequences)
+    if draft_token_ids:
+        entry.draft_token_ids = tuple(draft_token_ids)
+        entry.token_ids += entry.draft_token_ids
     if draft_model and seq.pooling is None:
         # A decode step without drafts leaves the draft model behind by a token: running
         # it in every step would cost a draft pass even where nothing is drafted.
         lone_decode = num_new == 1 and reaches_end and seq.num_output_tokens > 0
-        if drafts or not lone_decode:
-            draft_lag = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
-    wants_history = params.has_penalties or seq.needs_prompt_logprobs
-    return ScheduledSequence(
-        request_id=seq.request_id,
-        token_ids=token_ids,
-        start=start,
-        # Copies: the runner may still read them while the next step's are changed.
-        block_tables=[table.copy() for table in seq.block_tables],
-        long_rope=seq.long_rope,
-        lora_slot=seq.lora_slot,
-        images=seq.images_for_chunk(start, start + num_new) if seq.images else (),
-        samples=samples,
-        sampling_params=params,
-        draft_token_ids=drafts,
-        draft_lag_token_ids=draft_lag,
-        banned_token_ids=banned_token_ids(seq) if samples else frozenset(),
-        forced_token_id=(
-            params.thinking_budget.forced_token(seq.token_ids)
-            if samples and params.thinking_budget is not None
-            else None
-        ),
-        prompt_token_ids=seq.prompt_token_ids if wants_history else None,
-        output_token_ids=seq.output_token_ids if params.has_penalties else None,
-        grammar_bitmask=(
-            seq.grammar.compute_bitmask() if samples and seq.grammar is not None else None
-        ),
-        num_prompt_logprobs=seq.num_prompt_logprobs,
-        pooling=seq.pooling,
-        returns_embedding=reaches_end and seq.pooling is not None,
-    )
+        if draft_token_ids or not lone_decode:
+            entry.draft_lag_token_ids = tuple(seq.token_ids[seq.num_draft_computed_tokens : start])
+    if seq.images:
+        entry.images = seq.images_for_chunk(start, start + num_new)
+    if samples:
+        entry.banned_token_ids = banned_token_ids(seq)
+        if params.thinking_budget is not None:
+            entry.forced_token_id = params.thinking_budget.forced_token(seq.token_ids)
+        if seq.grammar is not None:
+            entry.grammar_bitmask = seq.grammar.compute_bitmask()
+    if params.has_penalties or seq.needs_prompt_logprobs:
+        entry.prompt_token_ids = seq.prompt_token_ids
+    if params.has_penalties:
+        entry.output_token_ids = seq.output_token_ids
+    return entry
 
 
 def sequence_update(
