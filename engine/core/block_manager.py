@@ -202,6 +202,10 @@ class BlockManager:
         """New first-group blocks the sequence needs to hold its next ``num_new_tokens`` tokens."""
         return self.groups[0].num_blocks_needed(seq, num_new_tokens)
 
+    def has_room(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether its tables hold the next tokens as they are (most decode steps)."""
+        return all(group.has_room(seq, num_new_tokens) for group in self.groups)
+
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         for group in self.groups:  # a loop, not all(): a decode step asks it per sequence
             if group.num_blocks_needed(seq, num_new_tokens) > group.pool.num_free_blocks:

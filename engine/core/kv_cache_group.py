@@ -66,6 +66,16 @@ class KVCacheGroup:
         returned = sum(1 for i in self._out_of_window(seq) if not self.pool.is_shared(table[i]))
         return max(0, needed - returned)
 
+    def has_room(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether the table holds the next ``num_new_tokens`` tokens as it is: no block
+        to take, to copy on write or (outside a window) to give back."""
+        if self.window is not None:
+            return False
+        table = self.table(seq)
+        if seq.num_computed_tokens + num_new_tokens > len(table) * self.block_size:
+            return False
+        return not self._needs_copy_on_write(seq, table)
+
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[BlockPair]:
         """Grow the table for the next tokens; return (src, dst) block copies. The
         blocks that left the window go back first; a partly filled last block that

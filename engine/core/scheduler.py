@@ -108,12 +108,13 @@ class Scheduler:
             if num_new == 0:  # the rest of an image, for a step with room for it
                 i += 1
                 continue
-            while not bm.can_allocate_slots(seq, num_new):
-                victim = self.queues.running[-1]
-                self._preempt(victim, out)
-                if victim is seq:
-                    return budget
-            out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
+            if not bm.has_room(seq, num_new):  # else its blocks hold the new tokens already
+                while not bm.can_allocate_slots(seq, num_new):
+                    victim = self.queues.running[-1]
+                    self._preempt(victim, out)
+                    if victim is seq:
+                        return budget
+                out.blocks_to_copy.extend(bm.allocate_slots(seq, num_new))
             steps.append((seq, num_new))
             budget -= num_new
             i += 1

@@ -434,6 +434,38 @@ def test_copy_on_write_needs_a_free_block() -> None:
     assert not bm.can_allocate_slots(parent, 1)
 
 
+def test_a_decode_with_room_in_its_blocks_needs_no_allocation() -> None:
+    """has_room: the scheduler's short way for most decode steps, which must agree with
+    allocate_slots taking nothing: no block, no copy."""
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
+    seq = make_seq("a", list(range(6)))  # 2 blocks, 2 free slots in the last
+    prefill(bm, seq)
+    assert bm.has_room(seq, 2) and not bm.has_room(seq, 3)
+    for token in (100, 101):
+        seq.token_ids.append(token)
+        assert bm.has_room(seq, 1)
+        assert compute(bm, seq, 1) == [] and len(seq.block_table) == 2
+    seq.token_ids.append(102)
+    assert not bm.has_room(seq, 1)  # its blocks are full: a new one
+    # A shared, partly filled last block is copied before it is written to.
+    parent = make_seq("p", list(range(6)))
+    prefill(bm, parent)
+    child = make_seq("c", list(range(6)))
+    bm.fork(parent, child)
+    parent.token_ids.append(100)
+    assert not bm.has_room(parent, 1) and len(compute(bm, parent, 1)) == 1
+    assert bm.has_room(parent, 1)  # its own copy now
+
+
+def test_a_windowed_group_always_takes_the_long_way() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE, later_groups=[(8, 8)])
+    seq = make_seq("a", list(range(6)))
+    prefill(bm, seq)
+    seq.token_ids.append(100)
+    # Blocks may leave its window at any step: allocate_slots gives them back.
+    assert not bm.has_room(seq, 1)
+
+
 def test_free_after_fork_keeps_the_other_holder() -> None:
     bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
     parent = make_seq("p", list(range(6)))
