@@ -134,6 +134,13 @@ class OutputProcessor:
         state.stop_reason = update.stop_reason
         state.embedding = update.embedding
         finish_reason = update.finish_reason
+        if state.undecoded is not None and finish_reason is None:
+            # FINAL_ONLY without stop strings, before its end: the ids wait, nothing goes out.
+            for token in update.new_tokens:
+                state.add_token(token)
+                state.undecoded.append(token.token_id)
+            state.note_token_time(len(update.new_tokens))
+            return None, False
         new_ids: list[int] = []
         sent_before = len(state.decoded)
         send_to, stopped = len(state.decoded), False
