@@ -265,7 +265,7 @@ class Scheduler:
                 if seq.fork_children:
                     self._fork_children(seq)
                 new_tokens, status = append_until_stop(seq, sampled, self.max_model_len)
-                if status is None:
+                if status is None and later:  # async: the step after's tokens, pending
                     put_back(seq, later)
             if item.num_draft_tokens and sampled:
                 # Each token kept before the last confirmed a draft, whose KV this step
