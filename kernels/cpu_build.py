@@ -26,6 +26,7 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 # the last one does (on 2 cores quantized_linear_cpu.cpp alone takes a third of it).
 SOURCES = (
     "quantized_linear_cpu.cpp",
+    "quantized_linear_amx.cpp",
     "bindings.cpp",
     "paged_attention_cpu.cpp",
     "decoder_stack_cpu.cpp",
@@ -34,6 +35,7 @@ SOURCES = (
     "lora_cpu.cpp",
     "linear_cpu.cpp",
     "prefill_attention_cpu.cpp",
+    "amx_tiles.cpp",
     "greedy_cpu.cpp",
     "store_kv_cpu.cpp",
     "moe_cpu.cpp",

@@ -2,17 +2,18 @@
 for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.py's
 ``cpu_kernels`` marker), so that both decide the same way and say why.
 
-The C++ kernels (kernels/csrc) are compiled with -march=native. The three that need an
-extension of AVX-512 are compiled only where the compiler targets it: each sits inside
-an ``#if defined(...)`` of its macros (the bf16 linear layer and prefill attention:
-``__AVX512BW__``; the quantized linear layer: ``__AVX512VNNI__`` and ``__AVX512BW__``)
+The C++ kernels (kernels/csrc) are compiled with -march=native. Those that need an
+extension of AVX-512 (or AMX) are compiled only where the compiler targets it: each
+sits inside an ``#if defined(...)`` of its macros (the bf16 linear layer and prefill
+attention: ``__AVX512BW__``; the quantized linear layer: ``__AVX512VNNI__`` and
+``__AVX512BW__``; AMX's tiles: ``__AMX_TILE__``, ``__AMX_INT8__`` and ``__AMX_BF16__``)
 and reports it through ``<name>_available()``.
 Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
 for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
-per-token kernel for bf16 prefill attention. (Without AVX512-BF16, the bf16 kernels
-widen each pair of bf16 values to fp32 and multiply with FMAs.) KERNEL_FEATURES names each one's
-extensions by their /proc/cpuinfo flags (tests/kernels/test_cpu_isa.py holds it to the
-guards in the C++ source).
+per-token kernel for bf16 prefill attention, AVX-512 code for what AMX's tiles do.
+(Without AVX512-BF16, the bf16 kernels widen each pair of bf16 values to fp32 and
+multiply with FMAs.) KERNEL_FEATURES names each one's extensions by their /proc/cpuinfo
+flags (tests/kernels/test_cpu_isa.py holds it to the guards in the C++ source).
 """
 
 from __future__ import annotations
@@ -31,12 +32,18 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     # widened to fp32 by shifts and masks and multiplied by FMAs
     "linear_packed": ("avx512bw",),
     "prefill_attention": ("avx512bw",),
+    # AMX's int8 and bf16 tiles: the quantized linear kernel's calls of many rows and
+    # bf16 prefill attention (the same kernels' AVX-512 code elsewhere)
+    "amx_tiles": ("amx_tile", "amx_int8", "amx_bf16"),
 }
 # The compiler's macro for each flag (what the C++ guards test).
 FEATURE_MACROS = {
     "avx512bw": "__AVX512BW__",
     "avx512_vnni": "__AVX512VNNI__",
     "avx512_bf16": "__AVX512BF16__",
+    "amx_tile": "__AMX_TILE__",
+    "amx_int8": "__AMX_INT8__",
+    "amx_bf16": "__AMX_BF16__",
 }
 # Instructions that compute in bf16 (AVX512-BF16, or AMX's tiles): without one, bf16 is
 # emulated and slower than fp32.

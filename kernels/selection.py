@@ -12,11 +12,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend
 from hetero_infer.kernels.backends import BACKENDS
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.cpu_isa import cpu_flags
 from hetero_infer.kernels.linear_choice import LinearChooser
 from hetero_infer.kernels.ops import KernelOps, cpu_ops
 from hetero_infer.kernels.paged_attention import torch_attention
@@ -48,18 +50,22 @@ def select_kernels(
     device: torch.device,
     cpu_kernels: bool = True,
     linear_chooser: LinearChooser | None = None,
+    amx: bool = True,
 ) -> Kernels:
     """The kernels an engine on ``device`` runs. ``cpu_kernels``: whether the C++ CPU
     kernels may be used (else the torch code runs, with the same results, more slowly);
     ``linear_chooser``: which of ours and oneDNN runs a bf16 projection's rows on the
-    CPU (kernels/linear_choice.py; None: ours wherever it takes the weight). ValueError
-    where the choice cannot run here."""
+    CPU (kernels/linear_choice.py; None: ours wherever it takes the weight); ``amx``:
+    whether the C++ kernels may use AMX's tiles where the CPU has them. ValueError where
+    the choice cannot run here."""
     if attention_backend not in BACKENDS:
         raise ValueError(
             f"attention_backend must be one of {', '.join(BACKENDS)}; got {attention_backend!r}"
         )
     on_cpu = device.type == "cpu"
     module = load_cpu_kernels() if on_cpu and cpu_kernels else None
+    if module is not None:
+        use_amx_tiles(module, amx)
     if not on_cpu or module is None:
         linear_chooser = None  # nothing to choose between: one kernel takes bf16 weights
     device_ops = cpu_ops(module, linear_chooser) if on_cpu else KernelOps()  # GPU: references
@@ -75,6 +81,22 @@ def select_kernels(
     if module is not None:
         return Kernels(cpu_attention(module), device_ops, linear_chooser)
     return Kernels(torch_attention(), device_ops)
+
+
+def use_amx_tiles(module: ModuleType, wanted: bool) -> None:
+    """AMX's tiles on or off for the C++ kernels (a process-wide switch), saying which."""
+    module.set_amx_tiles(wanted)
+    if module.amx_tiles_available():
+        state = "in use" if wanted else "not used (cpu_amx is off)"
+        logger.info(
+            "AMX tiles: %s for quantized projections of many rows",
+            state,
+        )
+    elif "amx_tile" in cpu_flags():
+        logger.warning(
+            "AMX tiles: this CPU has them but the kernels cannot use them (not built for "
+            "them, or the process was refused their state); the AVX-512 code runs"
+        )
 
 
 def _check_triton_runs_on(device: torch.device) -> None:

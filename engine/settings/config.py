@@ -177,6 +177,7 @@ class EngineConfig:
     cpu_kernels: bool = setting(
         True, "false: the torch code instead of the C++ CPU kernels (same results, slower)"
     )
+    cpu_amx: bool = setting(True, "AMX's tiles where the CPU has them; false: AVX-512 code instead")
     cpu_linear_kernel: str = setting(
         "kernel", "which bf16 kernel runs a projection's rows (docs/cpu.md)", CPU_LINEAR_KERNELS
     )

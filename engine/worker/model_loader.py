@@ -29,7 +29,11 @@ def select_model_kernels(config: EngineConfig, device: torch.device) -> Kernels:
     chooser = LinearChooser(mode) if mode != "kernel" else None
     try:
         kernels = select_kernels(
-            config.attention_backend, device, config.cpu_kernels, linear_chooser=chooser
+            config.attention_backend,
+            device,
+            config.cpu_kernels,
+            linear_chooser=chooser,
+            amx=config.cpu_amx,
         )
     except ValueError as exc:  # a backend that cannot run here
         raise ConfigError(str(exc)) from exc

@@ -2,6 +2,7 @@
 
 #include <torch/python.h>
 
+#include "amx_tiles.h"
 #include "cpu_kernels.h"
 #include "decoder_stack_cpu.h"
 #include "lora_cpu.h"
@@ -32,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("addend") = std::nullopt, without_gil());
   m.def("quantized_linear_available", &quantized_linear_available,
         "whether quantized_linear was built (AVX512-VNNI and -BW)");
+  m.def("amx_tiles_available", &amx_tiles_available,
+        "whether the kernels may run on AMX's tiles (built for them, and granted them)");
+  m.def("set_amx_tiles", &set_amx_tiles, "AMX's tiles on or off for the kernels; the previous wish");
   m.def("pack_quantized_weight", &pack_quantized_weight,
         "a GGUF weight's blocks [N, row_bytes] (or int8 rows and their scales) in "
         "quantized_linear's panels",

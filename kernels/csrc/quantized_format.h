@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace quantized_format {
 
@@ -89,6 +90,22 @@ constexpr int32_t value_offset(QType t) {
 inline int64_t packed_row_bytes(QType t, int64_t k) {
   return k / kBlock * (value_bytes(t) + block_factor_bytes(t)) / kPanel +
          k / kSuper * super_factor_bytes(t) / kPanel + panel_factor_bytes(t) / kPanel;
+}
+
+// Calls f with the QType as a compile-time constant.
+template <typename F>
+void with_qtype(QType t, const F& f) {
+  switch (t) {
+    case QType::Q8_0: f(std::integral_constant<QType, QType::Q8_0>{}); break;
+    case QType::Q4_0: f(std::integral_constant<QType, QType::Q4_0>{}); break;
+    case QType::Q4_1: f(std::integral_constant<QType, QType::Q4_1>{}); break;
+    case QType::Q5_0: f(std::integral_constant<QType, QType::Q5_0>{}); break;
+    case QType::Q5_1: f(std::integral_constant<QType, QType::Q5_1>{}); break;
+    case QType::Q4_K: f(std::integral_constant<QType, QType::Q4_K>{}); break;
+    case QType::Q5_K: f(std::integral_constant<QType, QType::Q5_K>{}); break;
+    case QType::Q6_K: f(std::integral_constant<QType, QType::Q6_K>{}); break;
+    case QType::I8: f(std::integral_constant<QType, QType::I8>{}); break;
+  }
 }
 
 }  // namespace quantized_format

@@ -1,0 +1,72 @@
+"""The quantized linear kernel on AMX's int8 tiles (kernels/csrc/quantized_linear_amx.cpp)
+gives the AVX512-VNNI kernel's bits: the same integer sums per scale group and the same
+fp32 steps after them, for every type, both activation widths, and calls of every row
+count the tiles take (whole tiles of 16 rows and a shorter last one, runs of rows and of
+panels, an odd number of scale groups). Skipped where the CPU has no tiles; the switch
+between the two is the kernels' (set_amx_tiles), as the engine's cpu_amx setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hetero_infer.kernels.linear_quantized import QuantizedLinear
+from hetero_infer.kernels.quantized import INT8
+
+from tests.kernels.test_quantized_linear import (
+    K_TYPES,
+    SIMPLE_TYPES,
+    kernel_module,
+    randn,
+    raw_weight,
+    wide,
+)
+
+needs_tiles = pytest.mark.cpu_kernels("quantized_linear", "amx_tiles")
+# From kAmxRows (96) on: a whole number of 16-row tiles, a shorter last tile, and more
+# than a run of 256 rows (300: 256 + 44, its last tile 12 rows).
+ROWS = [96, 113, 300]
+
+
+@pytest.fixture
+def module():
+    module = kernel_module()
+    before = module.set_amx_tiles(True)
+    yield module
+    module.set_amx_tiles(before)
+
+
+def on_both(module, linear: QuantizedLinear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the VNNI kernel's result, the tiles')."""
+    module.set_amx_tiles(False)
+    vnni = linear(x)
+    module.set_amx_tiles(True)
+    return vnni, linear(x)
+
+
+@needs_tiles
+@pytest.mark.parametrize("qtype", (*SIMPLE_TYPES, *K_TYPES, INT8))
+@pytest.mark.parametrize("bits", [8, 16])
+def test_the_tiles_give_the_vnni_kernels_bits(module, qtype, bits):
+    # 17 blocks (an odd number of groups: the last pair has one) for the simple types,
+    # 3 super-blocks for the K-quants; 65 panels: each thread's share more than one run
+    # of unpacked panels (256 KB).
+    in_features = 768 if qtype in K_TYPES else 544
+    weight = raw_weight(qtype, 1040, in_features)
+    weight = wide(weight) if bits == 16 else weight
+    linear = QuantizedLinear(module, weight, randn(1040, seed=5))
+    for rows in ROWS:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = randn(rows, in_features, seed=rows, dtype=dtype)
+            vnni, tiles = on_both(module, linear, x)
+            assert torch.equal(vnni, tiles), (rows, dtype, (vnni - tiles).abs().max())
+
+
+@needs_tiles
+def test_the_switch_is_the_engines_cpu_amx_setting(module):
+    """select_kernels turns the tiles on or off by the engine's cpu_amx."""
+    from hetero_infer.kernels import select_kernels
+
+    select_kernels("auto", torch.device("cpu"), amx=False)
+    assert module.set_amx_tiles(True) is False
+    select_kernels("auto", torch.device("cpu"), amx=True)
+    assert module.set_amx_tiles(True) is True
