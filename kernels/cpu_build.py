@@ -35,6 +35,7 @@ SOURCES = (
     "lora_cpu.cpp",
     "linear_cpu.cpp",
     "prefill_attention_cpu.cpp",
+    "prefill_attention_amx.cpp",
     "amx_tiles.cpp",
     "greedy_cpu.cpp",
     "store_kv_cpu.cpp",

@@ -25,6 +25,7 @@
 
 #include "load_row.h"
 #include "parallel_by_work.h"
+#include "prefill_attention_amx.h"
 #include "vector_math.h"
 
 bool prefill_attention_available() {
@@ -52,7 +53,8 @@ struct KvTiles {
   void build(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table,
              int64_t context, int64_t block_size, int64_t token_stride, int64_t offset,
              int64_t head_dim) {
-    const int64_t tiles = (context + kTile - 1) / kTile;
+    // An even count: the AMX kernel takes two tiles at a time (zeros past the context).
+    const int64_t tiles = (context + 2 * kTile - 1) / (2 * kTile) * 2;
     const int64_t pairs = head_dim / 2;
     keys.assign(tiles * pairs * kTile, 0);
     values.assign(tiles * kTile * head_dim, 0);  // zeros past the context: 0 * 0, not NaN
@@ -261,12 +263,20 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       }
     }
   }
+  const bool on_tiles = prefill_attention_amx_ready();  // AMX's, where the CPU has them
   auto attend = [&](const Item& item, float* acc) {
     const int64_t chunk_len = query_lens[item.seq];
     const int64_t count = std::min<int64_t>(kTile, chunk_len - item.first);
     const uint16_t* query_rows = q_ptr + starts[item.seq] * q_token_stride + item.head * head_dim;
     at::BFloat16* out_rows = out_ptr + (starts[item.seq] * num_heads + item.head) * head_dim;
     const KvTiles& tiles = kv[item.seq * num_kv_heads + item.head / group];
+    if (on_tiles) {
+      attend_query_tile_amx(query_rows, q_token_stride, item.first, count, chunk_len,
+                            lens[item.seq], tiles.keys.data(), tiles.values.data(), head_dim,
+                            static_cast<float>(scale), static_cast<float>(softcap), acc,
+                            out_rows, num_heads * head_dim);
+      return;
+    }
     auto run = [&](auto tile_fn) {
       tile_fn(query_rows, q_token_stride, item.first, count, chunk_len, lens[item.seq], tiles,
               static_cast<float>(scale), static_cast<float>(softcap), acc, out_rows,

@@ -3,7 +3,8 @@
 The C++ decode kernel is checked against ``decode_attention_ref`` and against the
 padded reference (``paged_attention_ref``), and the whole CPU path (per-token rows,
 or the tiled kernel for bf16 prefill chunks beside the decode kernel) against the
-reference on mixed steps; each also with the scores soft-capped (Gemma 2). An int8
+reference on mixed steps (the tiled kernel's AVX-512 code and, where the CPU has them,
+AMX's tiles); each also with the scores soft-capped (Gemma 2). An int8
 cache (kernels/kv_quant.py) is checked against the fp32 reference on its dequantized
 values: decode rows, prefill chunks (by rows), sliding windows, soft-caps and GQA.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hetero_infer.kernels import cpu_isa
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.kv_quant import stored_head_size
 from hetero_infer.kernels.paged_attention import (
@@ -44,6 +46,17 @@ def module():
     if load_cpu_kernels() is None:
         pytest.skip("the C++ kernels did not build (test_kernel_builds_here says so)")
     return load_cpu_kernels()
+
+
+@pytest.fixture(params=[False, True], ids=["avx512", "amx"])
+def tiles(request, module):
+    """The tiled prefill kernel's AVX-512 code, and its AMX tiles where the CPU has them
+    (tests/kernels/test_cpu_isa.py says why not)."""
+    if request.param and (reason := cpu_isa.kernel_unavailable("amx_tiles")) is not None:
+        pytest.skip(reason)
+    before = module.set_amx_tiles(request.param)
+    yield request.param
+    module.set_amx_tiles(before)
 
 
 def padded_reference(
@@ -196,7 +209,7 @@ def test_cpu_path_on_mixed_steps(module, dtype, window, softcap):
     [(16, 3, 3, 64), (32, 2, 4, 32), (16, 1, 7, 96), (8, 2, 1, 128)],
 )
 def test_tiled_prefill_kernel_on_mixed_steps(
-    module, block_size, num_kv_heads, group, head_dim, softcap
+    module, tiles, block_size, num_kv_heads, group, head_dim, softcap
 ):
     """bf16 chunks by the tiled kernel: first chunks, chunks after cached context (on
     and off tile and block boundaries), a 2-token chunk, with decodes between them."""
@@ -214,7 +227,7 @@ def test_tiled_prefill_kernel_on_mixed_steps(
 
 
 @needs_tiled_kernel
-def test_tiled_prefill_kernel_on_one_long_chunk(module):
+def test_tiled_prefill_kernel_on_one_long_chunk(module, tiles):
     # One chunk is split among the threads by its query tiles, not given to one thread.
     batch = make_batch([(100, 300)], 16, 3, 3, 64, torch.bfloat16, seed=12)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
