@@ -487,6 +487,11 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
       const int64_t g = units[i][0], begin = units[i][1], end = units[i][2];
       const int64_t row0 = row_offsets[g], group_rows = row_offsets[g + 1] - row0;
       const Activations ag = rows_from(a, row0);
+      if (group_rows >= quantized_linear_amx::kAmxRows &&
+          quantized_linear_amx::multiply_range(t, wide, ag, group_rows, weights[g], begin, end,
+                                               panel_bytes, nullptr, op + row0 * n, n)) {
+        continue;  // an expert with many tokens (a prefill's) on AMX's tiles
+      }
       with_qtype(t, [&](auto type) {
         auto run = [&](auto wide_values) {
           constexpr QType T = decltype(type)::value;

@@ -70,3 +70,19 @@ def test_the_switch_is_the_engines_cpu_amx_setting(module):
     assert module.set_amx_tiles(True) is False
     select_kernels("auto", torch.device("cpu"), amx=True)
     assert module.set_amx_tiles(True) is True
+
+
+@needs_tiles
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "I8"])
+def test_experts_with_many_tokens_take_the_tiles_with_the_same_bits(module, qtype):
+    """A mixture-of-experts step's expert with 96 tokens and more (a prefill's) goes to
+    the tiles, the others to the VNNI kernel: the block's output is the same."""
+    from tests.kernels.test_moe_cpu import HIDDEN, block_for, random_routing
+
+    moe, _ = block_for(qtype, top_k=2)
+    x = torch.randn(400, HIDDEN, generator=torch.Generator().manual_seed(9))
+    ids, weights = random_routing(400, 2, seed=9)  # ~133 tokens an expert
+    module.set_amx_tiles(False)
+    vnni = moe.block.experts(x, ids, weights)
+    module.set_amx_tiles(True)
+    assert torch.equal(vnni, moe.block.experts(x, ids, weights))
