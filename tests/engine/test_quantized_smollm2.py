@@ -186,8 +186,10 @@ def test_int8_at_load_matches_fp32_teacher_forced(reference, safetensors_copy) -
     # weights: one scale per row of 576+ values re-rounds weights that sit on Q4_1's
     # per-32 grid (0.85% relative error per matrix); the int8 rounding's 0.058 and
     # bf16's 0.031 add up as independent errors (sqrt(0.058^2 + 0.031^2) = 0.066).
-    # The perplexity of these tokens moves by a few 0.1% with the order of the sums
-    # (+0.23% to +0.50% on a Cascade Lake Xeon).
+    # The perplexity of these tokens moves by several 0.1% with the order of the sums
+    # (+0.23% to +0.50% on a Cascade Lake Xeon; on a Xeon with AMX +0.28% with the
+    # AVX-512 prefill attention, +0.89% with AMX's, the mean |change| 0.079 and 0.080):
+    # the signed mean of a few hundred tokens' changes of ~0.08 each.
     change = logprob_change(fp32, logprobs)
     assert change < 0.1, change
-    assert abs(perplexity_change(fp32, logprobs)) < 0.0075
+    assert abs(perplexity_change(fp32, logprobs)) < 0.012
