@@ -434,6 +434,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="ours: async scheduling (auto: the engine's default)",
     )
+    parser.add_argument(
+        "--cpu-linear-kernel",
+        choices=("kernel", "measure", "rule", "onednn"),
+        default="kernel",
+        help="ours: which kernel runs a bf16 projection's rows (docs/cpu.md)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -479,6 +485,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hf_static_batch_sizes": args.hf_static_batch_sizes,
         "vllm_enforce_eager": args.vllm_eager,
         "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling],
+        "cpu_linear_kernel": args.cpu_linear_kernel,
     }
     prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
     output_tokens = sum(r["output_len"] for r in workload)
