@@ -19,8 +19,9 @@ constexpr int64_t kAmxRows = 96;
 // the VNNI kernel's multiply_range writes; false (nothing written) where the tiles are
 // not ready (not built, the process not granted them, or turned off).
 template <typename out_t>
-bool multiply_range(quantized_format::QType t, bool wide, const quantized_activations::Activations& a,
-                    int64_t rows, const uint8_t* packed, int64_t begin, int64_t end,
-                    int64_t panel_bytes, const float* bias, out_t* out, int64_t n);
+bool multiply_range(quantized_format::QType t, bool wide,
+                    const quantized_activations::Activations& a, int64_t rows,
+                    const uint8_t* packed, int64_t begin, int64_t end, int64_t panel_bytes,
+                    const float* bias, out_t* out, int64_t n);
 
 }  // namespace quantized_linear_amx
