@@ -3,6 +3,7 @@ for a choice that cannot run here, and no state left behind for the next choice.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import torch
 from hetero_infer import kernels
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import selection
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.rms_norm import rms_norm_ref
 
@@ -106,3 +108,43 @@ def test_cpu_path_works_without_triton():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+class FakeKernels:
+    """The AMX switch of a built extension: whether the tiles are there, and the wish."""
+
+    def __init__(self, available: bool) -> None:
+        self.available, self.wanted = available, True
+
+    def amx_tiles_available(self) -> bool:
+        return self.available
+
+    def set_amx_tiles(self, wanted: bool) -> bool:
+        before, self.wanted = self.wanted, wanted
+        return before
+
+
+@pytest.mark.parametrize(
+    ("available", "wanted", "flags", "said"),
+    [
+        (True, True, {"amx_tile"}, "AMX tiles: in use"),
+        (True, False, {"amx_tile"}, "AMX tiles: not used (cpu_amx is off)"),
+        # The CPU has them, the process was refused them (or the build lacks them).
+        (False, True, {"amx_tile"}, "the kernels cannot use them"),
+        (False, True, set(), None),  # a CPU without them: nothing to say
+    ],
+)
+def test_the_amx_switch_follows_cpu_amx_and_says_so(
+    monkeypatch, caplog, available, wanted, flags, said
+):
+    kernels = FakeKernels(available)
+    monkeypatch.setattr(selection, "cpu_flags", lambda: frozenset(flags))
+    with caplog.at_level(logging.INFO, logger=selection.__name__):
+        selection.use_amx_tiles(kernels, wanted)
+    assert kernels.wanted is wanted
+    if said is None:
+        assert not caplog.records
+    else:
+        assert said in caplog.text
+        warned = any(r.levelno == logging.WARNING for r in caplog.records)
+        assert warned is (not available)
