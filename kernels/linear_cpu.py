@@ -114,7 +114,8 @@ def pack_linear(
     weight); a quantized weight for the quantized kernels (which the caller checked take
     it); any other weight as it is, for torch's F.linear."""
     if isinstance(weight, QuantizedWeight):
-        return QuantizedLinear(module, weight, bias)
+        # A chooser gives up batch-independent results for speed: so do AMX's bf16 tiles.
+        return QuantizedLinear(module, weight, bias, bf16_tiles=chooser is not None)
     if not kernel_takes(module, weight):
         return onednn_linear(weight, bias) or TorchLinear(weight, bias)
     return ours_or_onednn(

@@ -43,6 +43,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "x W^T + b on a packed quantized weight",
         py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"),
         py::arg("activation_bits") = 8, without_gil());
+  m.def("quantized_linear_bf16_ready", &quantized_linear_bf16_ready,
+        "whether quantized_linear_bf16 runs here (AMX's tiles)");
+  m.def("quantized_linear_bf16", &quantized_linear_bf16,
+        "x W^T + b on AMX's bf16 tiles, the packed quantized weight dequantized to bf16",
+        py::arg("x"), py::arg("packed"), py::arg("qtype"), py::arg("bias"), without_gil());
   m.def("greedy_pick", &greedy_pick,
         "argmax token of each row and its log-probability (NaN unless with_logprobs)",
         py::arg("logits"), py::arg("with_logprobs") = true, without_gil());

@@ -68,6 +68,11 @@ class QuantizedLinearWork {
   struct Plan;  // quantized_linear_cpu.cpp's
   std::shared_ptr<const Plan> plan_;
 };
+// quantized_linear's product on AMX's bf16 tiles, the weight dequantized to bf16 and x
+// rounded to it (not the int8 kernels' bits): where quantized_linear_bf16_ready().
+bool quantized_linear_bf16_ready();
+at::Tensor quantized_linear_bf16(const at::Tensor& x, const at::Tensor& packed,
+                                 const std::string& qtype, const std::optional<at::Tensor>& bias);
 // quantized_linear over several packed weights, each on its own run of x's rows (fp32),
 // into out [R, N] fp32, in one parallel pass: a mixture-of-experts step's experts.
 void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& row_offsets,

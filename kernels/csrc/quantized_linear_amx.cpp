@@ -23,13 +23,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "quantized_format.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QUANTIZED_LINEAR_BUILT 1
 #include "quantized_linear_amx.h"
 #endif
-#if defined(QUANTIZED_LINEAR_BUILT) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(QUANTIZED_LINEAR_BUILT) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && \
+    defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define QUANTIZED_AMX_BUILT 1
 #include "amx_tiles.h"
 #include "quantized_weights.h"
@@ -248,6 +250,207 @@ void multiply_panels(const Activations& a, int64_t rows, const uint8_t* packed, 
   _tile_release();
 }
 
+// ---- bf16 tiles on the weights dequantized (cpu_linear_kernel other than "kernel") ----
+//
+// The weights dequantized panel by panel into bf16 pairs (TDPBF16PS's layout: per pair
+// of values, the 16 outputs' two values), the activations in bf16: the sums run over
+// the whole row in the tile, with nothing to scale per group. Not the VNNI kernel's
+// bits (bf16 activations and weights instead of int8 activations): chosen only where
+// the engine gives up batch-independent results for speed, as with oneDNN's bf16.
+#define X_TILE 0
+#define PAIRS_0 1
+#define PAIRS_1 2
+#define OUT_0 3
+#define OUT_1 4
+#define X_TILE_2 5  // a second tile of 16 rows, and its sums of the two panels
+#define OUT_2 6
+#define OUT_3 7
+
+constexpr int64_t kPairRowWords = 32;  // a pair row: 16 outputs x 2 bf16
+
+void configure_bf16_tiles(int64_t m) {
+  amx_tiles::TileConfig config;
+  config.set(X_TILE, m, 64);  // 32 bf16 values of each row
+  config.set(PAIRS_0, 16, 64);  // 16 pairs x 16 outputs
+  config.set(PAIRS_1, 16, 64);
+  config.set(OUT_0, m, 64);  // 16 fp32 sums of each row
+  config.set(OUT_1, m, 64);
+  for (int tile : {X_TILE_2, OUT_2, OUT_3}) config.set(tile, 16, 64);
+  config.load();
+}
+
+// A panel's weights as bf16 pairs [K / 2][16 outputs][2]: each value d (q - c) + m in
+// fp32 (the group's scale, the block's min), rounded to bf16 (to nearest even).
+// `signed_rows`: blocks x 512 bytes of scratch for unpack_panel.
+template <QType T>
+void dequantize_panel(const uint8_t* panel, int64_t blocks, uint8_t* signed_rows,
+                      uint16_t* pairs) {
+  unpack_panel<T>(panel, blocks, signed_rows);
+  const uint8_t* block_factors = panel + blocks * value_bytes(T);
+  const uint8_t* super_factors = block_factors + blocks * block_factor_bytes(T);
+  // Words 0, 2, .. 30 (the 16 outputs' values 4r, 4r + 1) and 1, 3, .. 31 (4r + 2, 4r + 3)
+  // of a row of 4 values x 16 outputs; each output's factor twice, outputs 0-7 and 8-15.
+  __m512i even_words, odd_words;
+  {
+    alignas(64) int16_t even[32], odd[32];
+    for (int w = 0; w < 32; ++w) even[w] = static_cast<int16_t>(2 * (w % 16)), odd[w] = even[w] + 1;
+    even_words = _mm512_load_si512(even);
+    odd_words = _mm512_load_si512(odd);
+  }
+  alignas(64) int32_t low_index[16], high_index[16];
+  for (int i = 0; i < 16; ++i) low_index[i] = i / 2, high_index[i] = 8 + i / 2;
+  const __m512i low_outputs = _mm512_load_si512(low_index);
+  const __m512i high_outputs = _mm512_load_si512(high_index);
+  constexpr int64_t kGroupValues = kBlock / groups(T);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 min_low = _mm512_setzero_ps(), min_high = _mm512_setzero_ps();
+    if constexpr (has_min(T)) {
+      const __m512 min = weight_min<T>(block_factors, super_factors, b);
+      min_low = _mm512_permutexvar_ps(low_outputs, min);
+      min_high = _mm512_permutexvar_ps(high_outputs, min);
+    }
+    for (int g = 0; g < groups(T); ++g) {
+      const __m512 d = weight_scale<T>(block_factors, super_factors, b, g);
+      const __m512 d_low = _mm512_permutexvar_ps(low_outputs, d);
+      const __m512 d_high = _mm512_permutexvar_ps(high_outputs, d);
+      const int64_t first_row = (b * kBlock + g * kGroupValues) / 4;  // of 4 values each
+      for (int64_t r = first_row; r < first_row + kGroupValues / 4; ++r) {
+        const __m512i row = _mm512_loadu_si512(signed_rows + r * kRowBytes);
+        for (int half = 0; half < 2; ++half) {  // values 4r, 4r + 1, then 4r + 2, 4r + 3
+          const __m256i bytes =
+              _mm512_castsi512_si256(_mm512_permutexvar_epi16(half ? odd_words : even_words, row));
+          const __m512 low = _mm512_fmadd_ps(
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), d_low,
+              min_low);
+          const __m512 high = _mm512_fmadd_ps(
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))),
+              d_high, min_high);
+          _mm512_storeu_si512(pairs + (2 * r + half) * kPairRowWords,
+                              (__m512i)_mm512_cvtne2ps_pbh(high, low));
+        }
+      }
+    }
+  }
+}
+
+// Rows row0 .. row0 + m - 1 (m <= 16) of x (bf16, k values a row) times one or two
+// adjacent panels' pairs (`pair_panels`), into out with the bias.
+template <typename out_t>
+void multiply_bf16_tile(const at::BFloat16* x, int64_t k, int64_t row0, int64_t m,
+                        const uint16_t* pairs, int pair_panels, int64_t panel_words,
+                        const float* bias, out_t* out, int64_t n) {
+  alignas(64) float sums[2][kTileRows][16];
+  _tile_zero(OUT_0);
+  _tile_zero(OUT_1);
+  const at::BFloat16* rows = x + row0 * k;
+  for (int64_t v = 0; v < k; v += 32) {
+    _tile_loadd(X_TILE, rows + v, k * sizeof(at::BFloat16));
+    _tile_loadd(PAIRS_0, pairs + v / 2 * kPairRowWords, 64);
+    _tile_dpbf16ps(OUT_0, X_TILE, PAIRS_0);
+    if (pair_panels == 2) {
+      _tile_loadd(PAIRS_1, pairs + panel_words + v / 2 * kPairRowWords, 64);
+      _tile_dpbf16ps(OUT_1, X_TILE, PAIRS_1);
+    }
+  }
+  _tile_stored(OUT_0, sums[0], 64);
+  _tile_stored(OUT_1, sums[1], 64);
+  for (int j = 0; j < pair_panels; ++j) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < m; ++r) {
+      store16(out + (row0 + r) * n + j * kPanel, _mm512_add_ps(_mm512_load_ps(sums[j][r]), b));
+    }
+  }
+}
+
+// multiply_bf16_tile for 32 rows from row0 (two tiles of 16, configured so): each
+// panel's pairs loaded once for both.
+template <typename out_t>
+void multiply_bf16_tiles_32(const at::BFloat16* x, int64_t k, int64_t row0,
+                            const uint16_t* pairs, int pair_panels, int64_t panel_words,
+                            const float* bias, out_t* out, int64_t n) {
+  alignas(64) float sums[4][kTileRows][16];  // [rows 0-15, 16-31] x [panel 0, 1]
+  _tile_zero(OUT_0);
+  _tile_zero(OUT_1);
+  _tile_zero(OUT_2);
+  _tile_zero(OUT_3);
+  const at::BFloat16* rows = x + row0 * k;
+  const int64_t stride = k * sizeof(at::BFloat16);
+  for (int64_t v = 0; v < k; v += 32) {
+    _tile_loadd(X_TILE, rows + v, stride);
+    _tile_loadd(X_TILE_2, rows + kTileRows * k + v, stride);
+    _tile_loadd(PAIRS_0, pairs + v / 2 * kPairRowWords, 64);
+    _tile_dpbf16ps(OUT_0, X_TILE, PAIRS_0);
+    _tile_dpbf16ps(OUT_2, X_TILE_2, PAIRS_0);
+    if (pair_panels == 2) {
+      _tile_loadd(PAIRS_1, pairs + panel_words + v / 2 * kPairRowWords, 64);
+      _tile_dpbf16ps(OUT_1, X_TILE, PAIRS_1);
+      _tile_dpbf16ps(OUT_3, X_TILE_2, PAIRS_1);
+    }
+  }
+  _tile_stored(OUT_0, sums[0], 64);
+  _tile_stored(OUT_1, sums[1], 64);
+  _tile_stored(OUT_2, sums[2], 64);
+  _tile_stored(OUT_3, sums[3], 64);
+  for (int j = 0; j < pair_panels; ++j) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
+    for (int half = 0; half < 2; ++half) {
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const __m512 sum = _mm512_load_ps(sums[2 * half + j][r]);
+        store16(out + (row0 + half * kTileRows + r) * n + j * kPanel, _mm512_add_ps(sum, b));
+      }
+    }
+  }
+}
+
+// Panels begin .. end - 1 for all rows, dequantized a run at a time (kRunBytes of
+// pairs), two panels per tile step.
+template <QType T, typename out_t>
+void multiply_panels_bf16(const at::BFloat16* x, int64_t rows, int64_t k, const uint8_t* packed,
+                          int64_t begin, int64_t end, int64_t panel_bytes, const float* bias,
+                          out_t* out, int64_t n) {
+  const int64_t blocks = k / kBlock, panel_words = k / 2 * kPairRowWords;
+  const int64_t run_panels = std::max<int64_t>(2, kRunBytes / (panel_words * 2) / 2 * 2);
+  thread_local std::vector<uint16_t> pairs;
+  thread_local std::vector<uint8_t> signed_rows;
+  const size_t wanted = std::min(run_panels, end - begin) * panel_words;
+  if (pairs.size() < wanted) pairs.resize(wanted);
+  if (signed_rows.size() < static_cast<size_t>(blocks * kBlockRowBytes)) {
+    signed_rows.resize(blocks * kBlockRowBytes);
+  }
+  const int64_t full = rows / kTileRows * kTileRows;
+  for (int64_t p0 = begin; p0 < end; p0 += run_panels) {
+    const int64_t p1 = std::min(end, p0 + run_panels);
+    for (int64_t p = p0; p < p1; ++p) {
+      dequantize_panel<T>(packed + p * panel_bytes, blocks, signed_rows.data(),
+                          pairs.data() + (p - p0) * panel_words);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRunRows) {
+      const int64_t r1 = std::min(rows, r0 + kRunRows);
+      for (int64_t p = p0; p < p1; p += 2) {
+        const int pair_panels = p + 1 < p1 ? 2 : 1;
+        const uint16_t* panel_pairs = pairs.data() + (p - p0) * panel_words;
+        const float* panel_bias = bias ? bias + p * kPanel : nullptr;
+        configure_bf16_tiles(kTileRows);
+        int64_t t = r0;
+        for (; t + 2 * kTileRows <= std::min(r1, full); t += 2 * kTileRows) {
+          multiply_bf16_tiles_32(x, k, t, panel_pairs, pair_panels, panel_words, panel_bias,
+                                 out + p * kPanel, n);
+        }
+        for (; t < std::min(r1, full); t += kTileRows) {
+          multiply_bf16_tile(x, k, t, kTileRows, panel_pairs, pair_panels, panel_words,
+                             panel_bias, out + p * kPanel, n);
+        }
+        if (full < r1) {
+          configure_bf16_tiles(r1 - full);
+          multiply_bf16_tile(x, k, full, r1 - full, panel_pairs, pair_panels, panel_words,
+                             panel_bias, out + p * kPanel, n);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
 }  // namespace
 #endif
 
@@ -282,4 +485,59 @@ template bool multiply_range<at::BFloat16>(QType, bool, const quantized_activati
                                            const float*, at::BFloat16*, int64_t);
 
 }  // namespace quantized_linear_amx
+
 #endif
+
+// x [M, K] (bf16, or fp32 rounded to bf16) times a packed quantized weight on AMX's bf16
+// tiles, the weight dequantized a panel run at a time (see multiply_panels_bf16): ->
+// [M, N] in x's dtype. Only where amx_tiles::ready() (quantized_linear_bf16_ready()).
+bool quantized_linear_bf16_ready() {
+#if defined(QUANTIZED_AMX_BUILT)
+  return amx_tiles::ready();
+#else
+  return false;
+#endif
+}
+
+at::Tensor quantized_linear_bf16(const at::Tensor& x, const at::Tensor& packed,
+                                 const std::string& qtype, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(quantized_linear_bf16_ready(), "AMX's tiles are not ready here");
+  const QType t = parse_qtype(qtype);
+  TORCH_CHECK(x.is_cpu() && x.dim() == 2 &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              "x [M, K] bf16 or fp32 on the CPU");
+  const int64_t rows = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % file_block_values(t) == 0, "K must be whole ", qtype, " blocks");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) == kPanel * packed_row_bytes(t, k),
+              "packed weight does not fit x");
+  const int64_t panels = packed.size(0), panel_bytes = packed.size(1), n = panels * kPanel;
+  at::Tensor bias_f;
+  if (bias.has_value() && bias->defined()) {
+    bias_f = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bias_f.numel() == n, "bias [N]");
+  }
+  at::Tensor out = tensors::empty({rows, n}, x.options());
+#if defined(QUANTIZED_AMX_BUILT)
+  if (rows == 0) return out;
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  const at::BFloat16* xp = xb.data_ptr<at::BFloat16>();
+  const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // Pairs of panels split among the threads.
+  at::parallel_for(0, (panels + 1) / 2, 1, [&](int64_t first, int64_t last) {
+    const int64_t begin = 2 * first, end = std::min(panels, 2 * last);
+    with_qtype(t, [&](auto type) {
+      constexpr QType T = decltype(type)::value;
+      if (out.scalar_type() == at::kFloat) {
+        multiply_panels_bf16<T>(xp, rows, k, wp, begin, end, panel_bytes, bp,
+                                out.data_ptr<float>(), n);
+      } else {
+        multiply_panels_bf16<T>(xp, rows, k, wp, begin, end, panel_bytes, bp,
+                                out.data_ptr<at::BFloat16>(), n);
+      }
+    });
+  });
+#endif
+  return out;
+}

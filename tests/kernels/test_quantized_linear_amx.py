@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.kernels.linear_quantized import QuantizedLinear
+from hetero_infer.kernels.linear_quantized import BF16_TILES_FROM, QuantizedLinear
 from hetero_infer.kernels.quantized import INT8
 
 from tests.kernels.test_quantized_linear import (
@@ -86,3 +86,39 @@ def test_experts_with_many_tokens_take_the_tiles_with_the_same_bits(module, qtyp
     vnni = moe.block.experts(x, ids, weights)
     module.set_amx_tiles(True)
     assert torch.equal(vnni, moe.block.experts(x, ids, weights))
+
+
+@needs_tiles
+@pytest.mark.parametrize("qtype", (*SIMPLE_TYPES, *K_TYPES, INT8))
+def test_bf16_tiles_match_the_dequantized_product(module, qtype):
+    """The other path (cpu_linear_kernel other than "kernel"): the weight dequantized to
+    bf16 a few panels at a time, x rounded to bf16, the sums in fp32 in the tiles: within
+    the two bf16 roundings of the fp64 product (and the output's, in bf16)."""
+    in_features = 768 if qtype in K_TYPES else 544
+    weight = raw_weight(qtype, 1040, in_features)
+    linear = QuantizedLinear(module, weight, randn(1040, seed=5))
+    dequantized = weight.dequantize(torch.float64)
+    for rows in (1, 17, 300):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = randn(rows, in_features, seed=rows, dtype=dtype)
+            out = module.quantized_linear_bf16(x, linear.packed, qtype, linear.bias)
+            assert out.dtype == dtype and out.shape == (rows, 1040)
+            x_bf16 = x.bfloat16().double()
+            expected = x_bf16 @ dequantized.T + linear.bias.double()
+            magnitude = x_bf16.abs() @ dequantized.abs().T
+            error = (out.double() - expected).abs()
+            assert (error <= 2**-8 * (magnitude + expected.abs()) + 1e-6).all(), error.max()
+
+
+@needs_tiles
+def test_bf16_tiles_take_the_calls_of_many_rows_only(module):
+    weight = raw_weight("Q4_1", 96, 512)
+    tiled = QuantizedLinear(module, weight, bf16_tiles=True)
+    plain = QuantizedLinear(module, weight)
+    few, many = (randn(rows, 512, dtype=torch.bfloat16) for rows in (BF16_TILES_FROM - 1, 200))
+    assert torch.equal(tiled(few), plain(few))  # the int8 kernels' below the threshold
+    on_tiles = module.quantized_linear_bf16(many, tiled.packed, "Q4_1", None)
+    assert torch.equal(tiled(many), on_tiles)
+    assert not torch.equal(plain(many), on_tiles)
+    module.set_amx_tiles(False)  # the switch turns this path off too
+    assert torch.equal(tiled(many), plain(many))
