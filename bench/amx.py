@@ -4,6 +4,7 @@ them, on the workloads they touch.
 
     python -m bench.amx                         # the embedded Q4_1 SmolLM2, 5 rounds
     python -m bench.amx --model smollm2         # the bf16 SmolLM2 folder (bench.models)
+    python -m bench.amx --cpu-linear-kernel measure   # projections on bf16 tiles too
 
 Workloads, each run to exactly its output length (EOS ignored), all requests at once:
 - ``prefill``: 4 prompts of 1,024 random tokens, one output token each (prompt tokens
@@ -85,6 +86,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=None, help="default: the embedded Q4_1 SmolLM2")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument(
+        "--cpu-linear-kernel",
+        choices=("kernel", "measure", "rule", "onednn"),
+        default="kernel",
+        help="the engine's setting: other than kernel, the projections' larger calls may run "
+        "on bf16 tiles (oneDNN's for bf16 weights, ours over quantized ones dequantized)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     names = [w for w in args.workloads.split(",") if w]
@@ -101,11 +109,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     module = load_cpu_kernels()
     if module is None or not module.amx_tiles_available():
         raise SystemExit("this CPU (or this build, or this process) has no AMX tiles to compare")
-    config = EngineConfig(model=resolve_model(args.model)) if args.model else EngineConfig()
+    model = {"model": resolve_model(args.model)} if args.model else {}
+    config = EngineConfig(**model, cpu_linear_kernel=args.cpu_linear_kernel)
     apply_process_settings(config)
     llm = LLMEngine(config)
     vocab_size = llm.tokenizer.vocab_size
     label = args.model or "smollm2-q4_1-gguf"
+    if args.cpu_linear_kernel != "kernel":
+        label += f"-{args.cpu_linear_kernel}"
     results: dict[str, Any] = {}
     with torch.inference_mode():
         timed_run(llm, requests("prefill", vocab_size, seed=99))  # warm-up
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model": label,
             "dtype": str(llm.setup.dtype).removeprefix("torch."),
             "rounds": args.rounds,
+            "cpu_linear_kernel": args.cpu_linear_kernel,
             "command": "python -m bench.amx " + " ".join(argv or sys.argv[1:]),
         },
         "machine": machine,
