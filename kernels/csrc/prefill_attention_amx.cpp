@@ -17,7 +17,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
 #define PREFILL_AMX_BUILT 1
-#include "load_row.h"
+#include "query_tile.h"
 #include "vector_math.h"
 #endif
 
@@ -39,10 +39,9 @@ namespace {
 #define SCORES_1 3      // and of its second 16
 #define VALUES_SUM 4    // 16 dims of the probability-weighted values
 
-constexpr int64_t kTile = 16;
+constexpr int64_t kTile = kQueryTile;
 constexpr int64_t kStepKeys = 32;
-// Masked scores and the running maximum's start: finite, as -ffast-math assumes.
-constexpr float kMasked = -1e30f;
+constexpr float kMasked = kMaskedScore;
 
 }  // namespace
 #endif
@@ -62,10 +61,10 @@ void attend_query_tile_amx(const uint16_t* query, int64_t query_stride, int64_t 
   alignas(64) float scores[2][kTile][kTile];
   alignas(64) uint16_t probs[kTile][kStepKeys];
   alignas(64) float value_sums[kTile][16];
-  float maxes[kTile], sums[kTile], rescale[kTile];
-  std::fill(maxes, maxes + kTile, kMasked);
-  std::fill(sums, sums + kTile, 0.f);
-  std::fill(acc, acc + kTile * head_dim, 0.f);
+  QueryTile state(acc, head_dim);
+  float* maxes = state.maxes;
+  float* sums = state.sums;
+  float rescale[kTile];
   const int64_t first_pos = context - chunk_len + first;
   const int64_t last_pos = first_pos + count - 1;
   const __m512 scale_v = _mm512_set1_ps(scale);
@@ -131,11 +130,6 @@ void attend_query_tile_amx(const uint16_t* query, int64_t query_stride, int64_t 
     }
   }
   _tile_release();
-  for (int64_t i = 0; i < count; ++i) {
-    float* row = acc + i * head_dim;
-    const float inv = 1.f / sums[i];
-    for (int64_t d = 0; d < head_dim; ++d) row[d] *= inv;
-    store_row(row, out + (first + i) * out_stride, head_dim);
-  }
+  state.write(first, count, out, out_stride);
 #endif
 }

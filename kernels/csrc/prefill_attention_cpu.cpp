@@ -26,6 +26,7 @@
 #include "load_row.h"
 #include "parallel_by_work.h"
 #include "prefill_attention_amx.h"
+#include "query_tile.h"
 #include "vector_math.h"
 
 bool prefill_attention_available() {
@@ -39,9 +40,8 @@ bool prefill_attention_available() {
 #if defined(__AVX512BW__)
 namespace {
 
-constexpr int64_t kTile = 16;
-// Masked scores and the running maximum's start: finite, as -ffast-math assumes.
-constexpr float kMasked = -1e30f;
+constexpr int64_t kTile = kQueryTile;
+constexpr float kMasked = kMaskedScore;
 
 // One sequence's keys and values for one KV head, re-laid out for the products.
 struct KvTiles {
@@ -86,10 +86,9 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
   // Queries whose value sums are updated together: independent chains of dot
   // instructions, within the 32 vector registers.
   constexpr int kQueries = CHUNKS <= 4 ? 4 : 2;
-  float maxes[kTile], sums[kTile];
-  std::fill(maxes, maxes + kTile, kMasked);
-  std::fill(sums, sums + kTile, 0.f);
-  std::fill(acc, acc + kTile * head_dim, 0.f);
+  QueryTile state(acc, head_dim);
+  float* maxes = state.maxes;
+  float* sums = state.sums;
   const int64_t first_pos = context - chunk_len + first;
   const int64_t last_pos = first_pos + count - 1;
   const __m512 scale_v = _mm512_set1_ps(scale);
@@ -175,12 +174,7 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
       }
     }
   }
-  for (int64_t i = 0; i < count; ++i) {
-    float* row = acc + i * head_dim;
-    const float inv = 1.f / sums[i];
-    for (int64_t d = 0; d < head_dim; ++d) row[d] *= inv;
-    store_row(row, out + (first + i) * out_stride, head_dim);
-  }
+  state.write(first, count, out, out_stride);
 }
 
 }  // namespace
