@@ -333,41 +333,14 @@ void dequantize_panel(const uint8_t* panel, int64_t blocks, uint8_t* signed_rows
   }
 }
 
-// Rows row0 .. row0 + m - 1 (m <= 16) of x (bf16, k values a row) times one or two
-// adjacent panels' pairs (`pair_panels`), into out with the bias.
+// Rows row0 .. row0 + m - 1 of x (bf16, k values a row; m <= 16 in one tile of the
+// configured rows, or 32 in two tiles of 16) times one or two adjacent panels' pairs
+// (`pair_panels`: each loaded once for both row tiles), into out with the bias.
 template <typename out_t>
-void multiply_bf16_tile(const at::BFloat16* x, int64_t k, int64_t row0, int64_t m,
+void multiply_bf16_rows(const at::BFloat16* x, int64_t k, int64_t row0, int64_t m,
                         const uint16_t* pairs, int pair_panels, int64_t panel_words,
                         const float* bias, out_t* out, int64_t n) {
-  alignas(64) float sums[2][kTileRows][16];
-  _tile_zero(OUT_0);
-  _tile_zero(OUT_1);
-  const at::BFloat16* rows = x + row0 * k;
-  for (int64_t v = 0; v < k; v += 32) {
-    _tile_loadd(X_TILE, rows + v, k * sizeof(at::BFloat16));
-    _tile_loadd(PAIRS_0, pairs + v / 2 * kPairRowWords, 64);
-    _tile_dpbf16ps(OUT_0, X_TILE, PAIRS_0);
-    if (pair_panels == 2) {
-      _tile_loadd(PAIRS_1, pairs + panel_words + v / 2 * kPairRowWords, 64);
-      _tile_dpbf16ps(OUT_1, X_TILE, PAIRS_1);
-    }
-  }
-  _tile_stored(OUT_0, sums[0], 64);
-  _tile_stored(OUT_1, sums[1], 64);
-  for (int j = 0; j < pair_panels; ++j) {
-    const __m512 b = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
-    for (int64_t r = 0; r < m; ++r) {
-      store16(out + (row0 + r) * n + j * kPanel, _mm512_add_ps(_mm512_load_ps(sums[j][r]), b));
-    }
-  }
-}
-
-// multiply_bf16_tile for 32 rows from row0 (two tiles of 16, configured so): each
-// panel's pairs loaded once for both.
-template <typename out_t>
-void multiply_bf16_tiles_32(const at::BFloat16* x, int64_t k, int64_t row0,
-                            const uint16_t* pairs, int pair_panels, int64_t panel_words,
-                            const float* bias, out_t* out, int64_t n) {
+  const bool two = m > kTileRows;
   alignas(64) float sums[4][kTileRows][16];  // [rows 0-15, 16-31] x [panel 0, 1]
   _tile_zero(OUT_0);
   _tile_zero(OUT_1);
@@ -377,14 +350,14 @@ void multiply_bf16_tiles_32(const at::BFloat16* x, int64_t k, int64_t row0,
   const int64_t stride = k * sizeof(at::BFloat16);
   for (int64_t v = 0; v < k; v += 32) {
     _tile_loadd(X_TILE, rows + v, stride);
-    _tile_loadd(X_TILE_2, rows + kTileRows * k + v, stride);
+    if (two) _tile_loadd(X_TILE_2, rows + kTileRows * k + v, stride);
     _tile_loadd(PAIRS_0, pairs + v / 2 * kPairRowWords, 64);
     _tile_dpbf16ps(OUT_0, X_TILE, PAIRS_0);
-    _tile_dpbf16ps(OUT_2, X_TILE_2, PAIRS_0);
+    if (two) _tile_dpbf16ps(OUT_2, X_TILE_2, PAIRS_0);
     if (pair_panels == 2) {
       _tile_loadd(PAIRS_1, pairs + panel_words + v / 2 * kPairRowWords, 64);
       _tile_dpbf16ps(OUT_1, X_TILE, PAIRS_1);
-      _tile_dpbf16ps(OUT_3, X_TILE_2, PAIRS_1);
+      if (two) _tile_dpbf16ps(OUT_3, X_TILE_2, PAIRS_1);
     }
   }
   _tile_stored(OUT_0, sums[0], 64);
@@ -393,11 +366,9 @@ void multiply_bf16_tiles_32(const at::BFloat16* x, int64_t k, int64_t row0,
   _tile_stored(OUT_3, sums[3], 64);
   for (int j = 0; j < pair_panels; ++j) {
     const __m512 b = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
-    for (int half = 0; half < 2; ++half) {
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const __m512 sum = _mm512_load_ps(sums[2 * half + j][r]);
-        store16(out + (row0 + half * kTileRows + r) * n + j * kPanel, _mm512_add_ps(sum, b));
-      }
+    for (int64_t r = 0; r < m; ++r) {
+      const __m512 sum = _mm512_load_ps(sums[2 * (r / kTileRows) + j][r % kTileRows]);
+      store16(out + (row0 + r) * n + j * kPanel, _mm512_add_ps(sum, b));
     }
   }
 }
@@ -418,6 +389,7 @@ void multiply_panels_bf16(const at::BFloat16* x, int64_t rows, int64_t k, const 
     signed_rows.resize(blocks * kBlockRowBytes);
   }
   const int64_t full = rows / kTileRows * kTileRows;
+  configure_bf16_tiles(kTileRows);  // once a call, and again after a shorter last tile
   for (int64_t p0 = begin; p0 < end; p0 += run_panels) {
     const int64_t p1 = std::min(end, p0 + run_panels);
     for (int64_t p = p0; p < p1; ++p) {
@@ -430,20 +402,16 @@ void multiply_panels_bf16(const at::BFloat16* x, int64_t rows, int64_t k, const 
         const int pair_panels = p + 1 < p1 ? 2 : 1;
         const uint16_t* panel_pairs = pairs.data() + (p - p0) * panel_words;
         const float* panel_bias = bias ? bias + p * kPanel : nullptr;
-        configure_bf16_tiles(kTileRows);
-        int64_t t = r0;
-        for (; t + 2 * kTileRows <= std::min(r1, full); t += 2 * kTileRows) {
-          multiply_bf16_tiles_32(x, k, t, panel_pairs, pair_panels, panel_words, panel_bias,
-                                 out + p * kPanel, n);
-        }
-        for (; t < std::min(r1, full); t += kTileRows) {
-          multiply_bf16_tile(x, k, t, kTileRows, panel_pairs, pair_panels, panel_words,
-                             panel_bias, out + p * kPanel, n);
+        for (int64_t t = r0; t < std::min(r1, full); t += 2 * kTileRows) {
+          const int64_t m = std::min(2 * kTileRows, std::min(r1, full) - t);
+          multiply_bf16_rows(x, k, t, m, panel_pairs, pair_panels, panel_words, panel_bias,
+                             out + p * kPanel, n);
         }
         if (full < r1) {
           configure_bf16_tiles(r1 - full);
-          multiply_bf16_tile(x, k, full, r1 - full, panel_pairs, pair_panels, panel_words,
+          multiply_bf16_rows(x, k, full, r1 - full, panel_pairs, pair_panels, panel_words,
                              panel_bias, out + p * kPanel, n);
+          configure_bf16_tiles(kTileRows);
         }
       }
     }
