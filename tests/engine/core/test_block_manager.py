@@ -312,6 +312,22 @@ def test_unhashed_free_blocks_are_handed_out_before_cached_ones() -> None:
     assert b.block_table == [full0]
 
 
+def test_a_reset_hands_out_the_blocks_written_before_first() -> None:
+    """Their memory is resident; a never-written block's pages are faulted in when first
+    written, which a reset between runs of new prompts need not pay again."""
+    bm = BlockManager(num_blocks=8, block_size=2)
+    a = make_seq("a", [1, 2, 3, 4, 5])
+    prefill(bm, a)
+    written = list(a.block_table)
+    bm.free(a)
+    assert list(bm.free_blocks)[-2:] == written[1::-1]  # cached: last, as evicted
+    assert bm.reset_prefix_cache()
+    assert sorted(list(bm.free_blocks)[:3]) == sorted(written)
+    c = make_seq("c", [7, 8, 9, 10, 11, 12])
+    prefill(bm, c)
+    assert sorted(c.block_table) == sorted(written)
+
+
 def test_least_recently_freed_cached_block_is_evicted_first() -> None:
     bm = BlockManager(num_blocks=2, block_size=2)
     a, b = make_seq("a", [1, 2]), make_seq("b", [3, 4])
