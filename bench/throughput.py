@@ -4,6 +4,7 @@
     python -m bench.throughput --quick                      # a smoke run: about a minute or two
     python -m bench.throughput --model qwen2.5-0.5b-shape --systems ours,vllm-cpu --threads 2
     python -m bench.throughput --model path/to/hf-folder --num-requests 32 --systems ours
+    python -m bench.throughput --workload chat --shared-prefix 384 --num-requests 96
 
 What runs: N requests with random token-id prompts, prompt and output lengths drawn
 uniformly (seeded) from inclusive ranges, every request run to exactly its output
@@ -112,18 +113,21 @@ def make_workload(
     vocab_size: int,
     seed: int = 0,
     workload: str = "greedy",
+    shared_prefix: int = 0,
 ) -> list[dict[str, Any]]:
     """Seeded requests: ``{"prompt_token_ids": [...], "output_len": n, "sampling":
     {...}}`` each, lengths uniform over the inclusive ranges, token ids uniform over
     ``token_id_range``; ``sampling`` is temperature 0, or the chat workload's with the
-    request's own seed."""
+    request's own seed. ``shared_prefix``: every prompt starts with the same that many
+    tokens (a system prompt), its drawn length after them."""
     rng = random.Random(seed)
     low, high = token_id_range(vocab_size)
+    prefix = [rng.randrange(low, high) for _ in range(shared_prefix)]
     requests = []
     for _ in range(num_requests):
         n_prompt = rng.randint(*prompt_len)
         n_output = rng.randint(*output_len)
-        prompt = [rng.randrange(low, high) for _ in range(n_prompt)]
+        prompt = prefix + [rng.randrange(low, high) for _ in range(n_prompt)]
         sampling = (
             {**CHAT_SAMPLING, "seed": seed * 100_000 + len(requests)}
             if workload == "chat"
@@ -389,6 +393,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload", choices=("greedy", "chat"), default="greedy")
     parser.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every prompt starts with the same N tokens (a system prompt), then --prompt-len",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="16 short requests, one setting per system"
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -440,6 +451,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="kernel",
         help="ours: which kernel runs a bf16 projection's rows (docs/cpu.md)",
     )
+    parser.add_argument(
+        "--kv-cache-prefault",
+        action="store_true",
+        help="ours: write the KV cache once at start, as vLLM does (kv_cache_prefault)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -466,8 +482,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vocab_size = model_vocab_size(folder)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"throughput-{label}" + ("-chat" if args.workload == "chat" else "")
+    stem += f"-prefix{args.shared_prefix}" if args.shared_prefix else ""
     workload = make_workload(
-        args.num_requests, args.prompt_len, args.output_len, vocab_size, args.seed, args.workload
+        args.num_requests,
+        args.prompt_len,
+        args.output_len,
+        vocab_size,
+        args.seed,
+        args.workload,
+        args.shared_prefix,
     )
     workload_path = args.out / f"{stem}-workload.json"
     workload_path.write_text(json.dumps({"seed": args.seed, "requests": workload}))
@@ -486,6 +509,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vllm_enforce_eager": args.vllm_eager,
         "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling],
         "cpu_linear_kernel": args.cpu_linear_kernel,
+        "kv_cache_prefault": args.kv_cache_prefault,
     }
     prompt_tokens = sum(len(r["prompt_token_ids"]) for r in workload)
     output_tokens = sum(r["output_len"] for r in workload)
@@ -533,6 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "output_len": list(args.output_len),
             "seed": args.seed,
             "kind": args.workload,
+            "shared_prefix": args.shared_prefix,
             "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens,
             "file": workload_path.name,
@@ -548,7 +573,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     title = (
-        f"{label}, {len(workload)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]}, "
+        f"{label}, {len(workload)} requests, prompts "
+        f"{f'{args.shared_prefix} shared + ' if args.shared_prefix else ''}"
+        f"{args.prompt_len[0]}-{args.prompt_len[1]}, "
         f"outputs {args.output_len[0]}-{args.output_len[1]}, {args.dtype}, "
         f"{args.threads} thread{'s' if args.threads > 1 else ''}"
     )

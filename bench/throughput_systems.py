@@ -91,6 +91,7 @@ def run_ours(job: dict[str, Any]) -> dict[str, Any]:
         kv_cache_memory=int(job["kv_cache_gib"] * 2**30),
         async_scheduling=job.get("async_scheduling"),
         cpu_linear_kernel=job.get("cpu_linear_kernel", "kernel"),
+        kv_cache_prefault=job.get("kv_cache_prefault", False),
     )
     engine.apply_process_settings(config)  # as the server's entry point does
     llm = engine.LLMEngine(config)

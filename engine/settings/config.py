@@ -78,14 +78,15 @@ class EngineConfig:
     # Paged KV cache.
     block_size: int = setting(16, "tokens per KV block")
     max_num_blocks: int | None = setting(
-        None,
-        "KV blocks (none: sized from gpu_memory_utilization on CUDA, kv_cache_memory bytes "
-        "on the CPU)",
+        None, "KV blocks (none: from gpu_memory_utilization on CUDA, kv_cache_memory on the CPU)"
     )
     gpu_memory_utilization: float = setting(
         0.9, "the share of the GPU's memory the engine may use, the KV cache included"
     )
     kv_cache_memory: int = setting(2 * 1024**3, "bytes of KV cache on the CPU")
+    kv_cache_prefault: bool = setting(
+        False, "write the KV cache once at start, as vLLM does, not as its blocks are first used"
+    )
     num_cpu_blocks: int = setting(0, "CPU blocks that hold swapped-out sequences (0: no swap)")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of a repeated prefix")
     prefix_caching_hash_algo: str = setting(
@@ -122,9 +123,8 @@ class EngineConfig:
     )
     kv_cache_dtype: str = setting(
         "auto",
-        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (an fp16 "
-        "scale per 32 values: about twice the tokens in the same memory), fp8 (e4m3, CUDA "
-        "only)",
+        "as vLLM's: how keys and values are stored: auto (the model's dtype), int8 (an fp16 scale "
+        "per 32 values: about twice the tokens in the same memory), fp8 (e4m3, CUDA only)",
         KV_CACHE_DTYPES,
     )
 
@@ -183,8 +183,7 @@ class EngineConfig:
     )
     enforce_eager: bool = setting(False, "no CUDA graphs: run every decode step eagerly")
     async_scheduling: bool | None = setting(
-        False,
-        "as vLLM's: schedule step N+1 while the model computes step N (null: off)",
+        False, "as vLLM's: schedule step N+1 while the model computes step N (null: off)"
     )
     speculative_config: dict[str, Any] | None = setting(
         None,

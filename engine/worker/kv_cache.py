@@ -51,6 +51,10 @@ class KVCache:
         self.device = device
         self.layers = layer_caches(self.device_blocks)
 
+    def prefault(self) -> None:
+        """Write every block once (zeros), so that none is faulted in when first used."""
+        self.device_blocks.zero_()
+
     def copy_blocks(self, moves: BlockMoves) -> None:
         # Order matters: a block swapped out may be handed to a swap-in or a copy
         # in the same step.
@@ -115,6 +119,11 @@ class ModelKVCache:
     def group_layers(self) -> list[int]:
         """The layers of each KV cache group."""
         return [len(cache.layers) for cache in self.groups]
+
+    def prefault(self) -> None:
+        """Every group's blocks written once (the kv_cache_prefault setting)."""
+        for cache in self.groups:
+            cache.prefault()
 
     def close_tiers(self, timeout: float) -> None:
         """The disk tier's queued writes, made within ``timeout`` seconds (a stop's)."""

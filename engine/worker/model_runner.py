@@ -12,6 +12,7 @@ logits for, to the other ranks (engine/distributed/step_broadcast.py).
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from hetero_infer.engine.core.step_data import (
@@ -121,6 +122,10 @@ class ModelRunner:
             self.kv_dtype,
             self.device,
         )
+        if config.kv_cache_prefault:
+            started = time.perf_counter()
+            self.kv_cache.prefault()
+            logger.info("KV cache written once in %.2f s", time.perf_counter() - started)
         self.kv_caches = self.kv_cache.layers
         self.kv_cache.tiers = build_tier_store(
             setup, self.kv_cache.group_layers, self.block_shape, self.device
