@@ -58,14 +58,17 @@ def main(job_path: str) -> None:
         enforce_eager=job["vllm_enforce_eager"],
     )
 
+    def sampling(request: dict[str, Any]) -> dict[str, Any]:
+        """As throughput_systems.sampling, without the request's seed: vLLM 0.32's CPU
+        build fails a seeded request whose prompt is split over steps ("CPU Generator
+        does not use offset"); unseeded, it samples from its own generator (no slower)."""
+        given = request.get("sampling", {"temperature": 0.0})
+        return {k: v for k, v in given.items() if k != "seed"}
+
     def generate(batch: list[dict[str, Any]]) -> int:
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in batch]
         params = [
-            SamplingParams(
-                max_tokens=r["output_len"],
-                ignore_eos=True,
-                **r.get("sampling", {"temperature": 0.0}),  # as throughput_systems.sampling
-            )
+            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, **sampling(r))
             for r in batch
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)

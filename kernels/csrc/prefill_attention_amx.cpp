@@ -1,5 +1,5 @@
 // Prefill attention's query tiles (prefill_attention_cpu.cpp) on AMX's bf16 tiles: per
-// 16 query tokens of one head and 32 keys at a time, the scores are tile products
+// 16 query tokens of one head and 64 keys at a time, the scores are tile products
 // (TDPBF16PS: the queries' rows of bf16 pairs times a key tile's dim pairs, as the
 // tiles are laid out for the vector kernel), the online softmax runs in vector code on
 // them, and the probabilities, rounded to bf16 as there, multiply the values in tiles
@@ -32,15 +32,23 @@ bool prefill_attention_amx_ready() {
 #if defined(PREFILL_AMX_BUILT)
 namespace {
 
-// The tiles, by number (the intrinsics paste it into the instruction).
-#define ROWS_TILE 0     // the queries' dims, or their probabilities
-#define COLUMNS_TILE 1  // a key tile's dim pairs, or the values' key pairs
-#define SCORES_0 2      // the scores of the step's first 16 keys
-#define SCORES_1 3      // and of its second 16
-#define VALUES_SUM 4    // 16 dims of the probability-weighted values
+// The tiles, by number (the intrinsics paste it into the instruction). Tiles have no
+// renaming: a load into a tile waits for the product reading it, so key and value
+// tiles alternate between two, and the four score tiles, stored once a step's scores
+// are taken, then hold the sums of four 16-dim chunks of values at once.
+#define ROWS_TILE 0  // the queries' dims, or the probabilities of the step's keys 0-31
+#define COLUMNS_A 1  // a key tile's dim pairs, or the values' key pairs
+#define SUMS_0 2     // the scores of the step's keys 0-15, then values' dims 0-15
+#define SUMS_1 3     // keys 16-31, dims 16-31
+#define SUMS_2 4     // keys 32-47, dims 32-47
+#define SUMS_3 5     // keys 48-63, dims 48-63 (of the 64 dims a pass)
+#define COLUMNS_B 6  // as COLUMNS_A, in turn with it
+#define PROBS_1 7    // the probabilities of the step's keys 32-63
 
 constexpr int64_t kTile = kQueryTile;
-constexpr int64_t kStepKeys = 32;
+// Keys a step: 64 rather than 32 halved the softmax's reductions per key; with the
+// alternating tiles and the four sums at once, 1.5x the 32-key step on SmolLM2's heads.
+constexpr int64_t kStepKeys = 64;
 constexpr float kMasked = kMaskedScore;
 
 }  // namespace
@@ -54,78 +62,133 @@ void attend_query_tile_amx(const uint16_t* query, int64_t query_stride, int64_t 
 #if defined(PREFILL_AMX_BUILT)
   const int64_t pairs = head_dim / 2;
   amx_tiles::TileConfig config;
-  config.set(ROWS_TILE, count, 64);  // 32 bf16: dims, or the step's keys' probabilities
-  config.set(COLUMNS_TILE, 16, 64);  // 16 pairs x 16 columns
-  for (int tile : {SCORES_0, SCORES_1, VALUES_SUM}) config.set(tile, count, 64);
+  for (int tile : {ROWS_TILE, SUMS_0, SUMS_1, SUMS_2, SUMS_3, PROBS_1}) {
+    config.set(tile, count, 64);  // 32 bf16 (dims or probabilities), or 16 fp32 sums
+  }
+  config.set(COLUMNS_A, 16, 64);  // 16 pairs x 16 columns
+  config.set(COLUMNS_B, 16, 64);
   config.load();
-  alignas(64) float scores[2][kTile][kTile];
+  alignas(64) float sums_out[4][kTile][kTile];  // the score tiles, then the value sums
   alignas(64) uint16_t probs[kTile][kStepKeys];
-  alignas(64) float value_sums[kTile][16];
+  alignas(64) float old_max[kTile] = {}, step_sum[kTile] = {}, rescale[kTile];
   QueryTile state(acc, head_dim);
   float* maxes = state.maxes;
-  float* sums = state.sums;
-  float rescale[kTile];
   const int64_t first_pos = context - chunk_len + first;
   const int64_t last_pos = first_pos + count - 1;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const uint16_t* query_rows = query + first * query_stride;
+  const int64_t value_stride = head_dim * 2 * sizeof(uint16_t);  // a key pair's row
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kStepKeys) {
     const int64_t tile = k0 / kTile;
-    const bool second = k0 + kTile <= last_pos;  // whether any query sees keys k0 + 16 ..
-    _tile_zero(SCORES_0);
-    _tile_zero(SCORES_1);
+    // The step's 16-key tiles any query sees (1-4); KvTiles has zeros up to 64 keys.
+    const int64_t seen_tiles = std::min<int64_t>(4, (last_pos - k0) / kTile + 1);
+    _tile_zero(SUMS_0);
+    _tile_zero(SUMS_1);
+    _tile_zero(SUMS_2);
+    _tile_zero(SUMS_3);
     for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
+      const uint32_t* key_dims = keys + (tile * pairs + d0 / 2) * kTile;
+      const int64_t next = pairs * kTile;  // the next key tile's same dims
       _tile_loadd(ROWS_TILE, query_rows + d0, query_stride * 2);
-      _tile_loadd(COLUMNS_TILE, keys + (tile * pairs + d0 / 2) * kTile, 64);
-      _tile_dpbf16ps(SCORES_0, ROWS_TILE, COLUMNS_TILE);
-      if (second) {
-        _tile_loadd(COLUMNS_TILE, keys + ((tile + 1) * pairs + d0 / 2) * kTile, 64);
-        _tile_dpbf16ps(SCORES_1, ROWS_TILE, COLUMNS_TILE);
+      _tile_loadd(COLUMNS_A, key_dims, 64);
+      _tile_dpbf16ps(SUMS_0, ROWS_TILE, COLUMNS_A);
+      if (seen_tiles > 1) {
+        _tile_loadd(COLUMNS_B, key_dims + next, 64);
+        _tile_dpbf16ps(SUMS_1, ROWS_TILE, COLUMNS_B);
+      }
+      if (seen_tiles > 2) {
+        _tile_loadd(COLUMNS_A, key_dims + 2 * next, 64);
+        _tile_dpbf16ps(SUMS_2, ROWS_TILE, COLUMNS_A);
+      }
+      if (seen_tiles > 3) {
+        _tile_loadd(COLUMNS_B, key_dims + 3 * next, 64);
+        _tile_dpbf16ps(SUMS_3, ROWS_TILE, COLUMNS_B);
       }
     }
-    _tile_stored(SCORES_0, scores[0], 64);
-    _tile_stored(SCORES_1, scores[1], 64);
+    _tile_stored(SUMS_0, sums_out[0], 64);
+    _tile_stored(SUMS_1, sums_out[1], 64);
+    _tile_stored(SUMS_2, sums_out[2], 64);
+    _tile_stored(SUMS_3, sums_out[3], 64);
     // Online softmax: each query's maximum so far; what was summed is rescaled to it.
     // Keys a query does not see (past it, or past the context) get no weight.
     for (int64_t i = 0; i < count; ++i) {
       const int64_t visible = first_pos + i - k0 + 1;  // keys of the step it sees
-      __m512 part[2];
-      __mmask16 keep[2];
-      float step_max = kMasked;
-      for (int h = 0; h < 2; ++h) {
+      __m512 part[4];
+      __mmask16 keep[4];
+      __m512 step_max = _mm512_set1_ps(kMasked);
+      for (int h = 0; h < 4; ++h) {
         const int64_t seen = std::clamp<int64_t>(visible - h * kTile, 0, kTile);
         keep[h] = seen == kTile ? static_cast<__mmask16>(0xFFFF)
                                 : static_cast<__mmask16>((1u << seen) - 1);
-        part[h] = _mm512_mul_ps(_mm512_load_ps(scores[h][i]), scale_v);
+        part[h] = _mm512_mul_ps(_mm512_load_ps(sums_out[h][i]), scale_v);
         if (softcap > 0.f) part[h] = softcap16(part[h], softcap);
         part[h] = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep[h], part[h]);
-        step_max = std::max(step_max, _mm512_reduce_max_ps(part[h]));
+        step_max = _mm512_max_ps(step_max, part[h]);
       }
-      if (visible <= 0) step_max = kMasked;
-      const float new_max = std::max(maxes[i], step_max);
-      rescale[i] = visible <= 0 ? 1.f : std::exp(maxes[i] - new_max);  // 0 on the first keys
-      maxes[i] = new_max;
-      float step_sum = 0.f;
-      for (int h = 0; h < 2; ++h) {
+      // A query that sees none of the step's keys keeps its maximum: rescaled by 1.
+      old_max[i] = maxes[i];
+      maxes[i] = std::max(maxes[i], _mm512_reduce_max_ps(step_max));
+      __m512 sum = _mm512_setzero_ps();
+      for (int h = 0; h < 4; ++h) {
         const __m512 p = _mm512_maskz_mov_ps(
-            keep[h], exp16(_mm512_sub_ps(part[h], _mm512_set1_ps(new_max))));
-        step_sum += _mm512_reduce_add_ps(p);
+            keep[h], exp16(_mm512_sub_ps(part[h], _mm512_set1_ps(maxes[i]))));
+        sum = _mm512_add_ps(sum, p);
         _mm256_store_si256(reinterpret_cast<__m256i*>(probs[i] + h * kTile), round_to_bf16(p));
       }
-      sums[i] = sums[i] * rescale[i] + step_sum;
+      step_sum[i] = _mm512_reduce_add_ps(sum);
     }
-    // The values of the step's 32 keys (16 key pairs, two tiles' rows), 16 dims a tile.
+    // The 16 queries' rescales at once (0 on a query's first keys: its sums are 0).
+    const __m512 factor = exp16(_mm512_sub_ps(_mm512_load_ps(old_max), _mm512_load_ps(maxes)));
+    _mm512_store_ps(rescale, factor);
+    _mm512_storeu_ps(state.sums, _mm512_fmadd_ps(_mm512_loadu_ps(state.sums), factor,
+                                                 _mm512_load_ps(step_sum)));
+    // The values of the step's keys (16 key pairs a tile's rows), 64 dims a pass.
+    const bool second_half = seen_tiles > 2;
     _tile_loadd(ROWS_TILE, probs, sizeof(probs[0]));
+    if (second_half) _tile_loadd(PROBS_1, probs[0] + 32, sizeof(probs[0]));
     const uint16_t* value_rows = values + tile * (kTile / 2) * head_dim * 2;
-    for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
-      _tile_loadd(COLUMNS_TILE, value_rows + d0 * 2, head_dim * 2 * sizeof(uint16_t));
-      _tile_zero(VALUES_SUM);
-      _tile_dpbf16ps(VALUES_SUM, ROWS_TILE, COLUMNS_TILE);
-      _tile_stored(VALUES_SUM, value_sums, 64);
+    const uint16_t* second_rows = value_rows + kTile * head_dim * 2;  // keys 32-63
+    for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {
+      const int64_t chunks = std::min<int64_t>(4, (head_dim - d0) / 16);
+      _tile_zero(SUMS_0);
+      _tile_zero(SUMS_1);
+      _tile_loadd(COLUMNS_A, value_rows + d0 * 2, value_stride);
+      _tile_dpbf16ps(SUMS_0, ROWS_TILE, COLUMNS_A);
+      _tile_loadd(COLUMNS_B, value_rows + (d0 + 16) * 2, value_stride);
+      _tile_dpbf16ps(SUMS_1, ROWS_TILE, COLUMNS_B);
+      if (chunks > 2) {
+        _tile_zero(SUMS_2);
+        _tile_zero(SUMS_3);
+        _tile_loadd(COLUMNS_A, value_rows + (d0 + 32) * 2, value_stride);
+        _tile_dpbf16ps(SUMS_2, ROWS_TILE, COLUMNS_A);
+        _tile_loadd(COLUMNS_B, value_rows + (d0 + 48) * 2, value_stride);
+        _tile_dpbf16ps(SUMS_3, ROWS_TILE, COLUMNS_B);
+      }
+      if (second_half) {
+        _tile_loadd(COLUMNS_A, second_rows + d0 * 2, value_stride);
+        _tile_dpbf16ps(SUMS_0, PROBS_1, COLUMNS_A);
+        _tile_loadd(COLUMNS_B, second_rows + (d0 + 16) * 2, value_stride);
+        _tile_dpbf16ps(SUMS_1, PROBS_1, COLUMNS_B);
+        if (chunks > 2) {
+          _tile_loadd(COLUMNS_A, second_rows + (d0 + 32) * 2, value_stride);
+          _tile_dpbf16ps(SUMS_2, PROBS_1, COLUMNS_A);
+          _tile_loadd(COLUMNS_B, second_rows + (d0 + 48) * 2, value_stride);
+          _tile_dpbf16ps(SUMS_3, PROBS_1, COLUMNS_B);
+        }
+      }
+      _tile_stored(SUMS_0, sums_out[0], 64);
+      _tile_stored(SUMS_1, sums_out[1], 64);
+      if (chunks > 2) {
+        _tile_stored(SUMS_2, sums_out[2], 64);
+        _tile_stored(SUMS_3, sums_out[3], 64);
+      }
       for (int64_t i = 0; i < count; ++i) {
-        float* a = acc + i * head_dim + d0;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), _mm512_set1_ps(rescale[i]),
-                                            _mm512_load_ps(value_sums[i])));
+        const __m512 r = _mm512_set1_ps(rescale[i]);
+        for (int64_t c = 0; c < chunks; ++c) {
+          float* a = acc + i * head_dim + d0 + 16 * c;
+          _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), r,
+                                              _mm512_load_ps(sums_out[c][i])));
+        }
       }
     }
   }

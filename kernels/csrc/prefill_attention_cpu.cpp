@@ -53,8 +53,8 @@ struct KvTiles {
   void build(const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table,
              int64_t context, int64_t block_size, int64_t token_stride, int64_t offset,
              int64_t head_dim) {
-    // An even count: the AMX kernel takes two tiles at a time (zeros past the context).
-    const int64_t tiles = (context + 2 * kTile - 1) / (2 * kTile) * 2;
+    // A multiple of four: the AMX kernel takes 64 keys at a time (zeros past the context).
+    const int64_t tiles = (context + 4 * kTile - 1) / (4 * kTile) * 4;
     const int64_t pairs = head_dim / 2;
     keys.assign(tiles * pairs * kTile, 0);
     values.assign(tiles * kTile * head_dim, 0);  // zeros past the context: 0 * 0, not NaN
