@@ -64,6 +64,7 @@ from bench.common import (
     checkout_commit,
     column_widths,
     parse_ints,
+    portable,
     pyplot,
     resolve_model_folder,
     save_figure,
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "table": table,
     }
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{stem}.json").write_text(json.dumps(portable(result), indent=2))
     title = (
         f"{label}, {len(workload)} requests, prompts "
         f"{f'{args.shared_prefix} shared + ' if args.shared_prefix else ''}"
