@@ -76,6 +76,9 @@ void attend_query_tile_amx(const uint16_t* query, int64_t query_stride, int64_t 
   const int64_t first_pos = context - chunk_len + first;
   const int64_t last_pos = first_pos + count - 1;
   const __m512 scale_v = _mm512_set1_ps(scale);
+  // What turns a score as kept into a scaled one: the scale, or 1 once soft-capped.
+  const float unit = softcap > 0.f ? 1.f : scale;
+  const __m512 unit_log2e = _mm512_set1_ps(unit * kLog2E);
   const uint16_t* query_rows = query + first * query_stride;
   const int64_t value_stride = head_dim * 2 * sizeof(uint16_t);  // a key pair's row
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kStepKeys) {
@@ -110,28 +113,35 @@ void attend_query_tile_amx(const uint16_t* query, int64_t query_stride, int64_t 
     _tile_stored(SUMS_2, sums_out[2], 64);
     _tile_stored(SUMS_3, sums_out[3], 64);
     // Online softmax: each query's maximum so far; what was summed is rescaled to it.
-    // Keys a query does not see (past it, or past the context) get no weight.
+    // Keys a query does not see (past it, or past the context) get no weight. The
+    // scores stay as the tiles give them (soft-capped, scaled first) and the maximum is
+    // taken on them, as scaling by unit > 0 keeps the order; e^(unit x - max) is
+    // 2^(x unit log2e - max log2e), one FMA, and a masked score gives 2^(-1e29): 0.
     for (int64_t i = 0; i < count; ++i) {
       const int64_t visible = first_pos + i - k0 + 1;  // keys of the step it sees
+      old_max[i] = maxes[i];
+      if (visible <= 0) {  // none: nothing added, its maximum kept (rescaled by 1)
+        std::fill(probs[i], probs[i] + kStepKeys, uint16_t{0});
+        step_sum[i] = 0.f;
+        continue;
+      }
       __m512 part[4];
-      __mmask16 keep[4];
       __m512 step_max = _mm512_set1_ps(kMasked);
       for (int h = 0; h < 4; ++h) {
-        const int64_t seen = std::clamp<int64_t>(visible - h * kTile, 0, kTile);
-        keep[h] = seen == kTile ? static_cast<__mmask16>(0xFFFF)
-                                : static_cast<__mmask16>((1u << seen) - 1);
-        part[h] = _mm512_mul_ps(_mm512_load_ps(sums_out[h][i]), scale_v);
-        if (softcap > 0.f) part[h] = softcap16(part[h], softcap);
-        part[h] = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep[h], part[h]);
+        part[h] = _mm512_load_ps(sums_out[h][i]);
+        if (softcap > 0.f) part[h] = softcap16(_mm512_mul_ps(part[h], scale_v), softcap);
+        if (visible < kStepKeys) {
+          const int64_t seen = std::clamp<int64_t>(visible - h * kTile, 0, kTile);
+          const auto keep = static_cast<__mmask16>((1u << seen) - 1);  // 16: all
+          part[h] = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, part[h]);
+        }
         step_max = _mm512_max_ps(step_max, part[h]);
       }
-      // A query that sees none of the step's keys keeps its maximum: rescaled by 1.
-      old_max[i] = maxes[i];
-      maxes[i] = std::max(maxes[i], _mm512_reduce_max_ps(step_max));
+      maxes[i] = std::max(maxes[i], _mm512_reduce_max_ps(step_max) * unit);
+      const __m512 shift = _mm512_set1_ps(-maxes[i] * kLog2E);
       __m512 sum = _mm512_setzero_ps();
       for (int h = 0; h < 4; ++h) {
-        const __m512 p = _mm512_maskz_mov_ps(
-            keep[h], exp16(_mm512_sub_ps(part[h], _mm512_set1_ps(maxes[i]))));
+        const __m512 p = exp2_16(_mm512_fmadd_ps(part[h], unit_log2e, shift));
         sum = _mm512_add_ps(sum, p);
         _mm256_store_si256(reinterpret_cast<__m256i*>(probs[i] + h * kTile), round_to_bf16(p));
       }

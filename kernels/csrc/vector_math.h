@@ -4,11 +4,12 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-// e^x for each lane, to ~1e-7 relative: 2^(x log2 e) split into an integer power
-// (applied by scalef) and a fraction in [-0.5, 0.5] (a degree-6 polynomial).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 2^t for each lane, to ~1e-7 relative: an integer power (applied by scalef, which
+// gives 0 for very negative t) times 2 to a fraction in [-0.5, 0.5] (a degree-6
+// polynomial).
+inline __m512 exp2_16(__m512 t) {
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
@@ -19,6 +20,12 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
+}
+
+// e^x for each lane: 2^(x log2 e), x kept above -87 (e^-87 is below fp32's normals).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  return exp2_16(_mm512_mul_ps(x, _mm512_set1_ps(kLog2E)));
 }
 
 // tanh(x) for each lane, within 6 ulp: Eigen's rational approximation (odd degree-13
