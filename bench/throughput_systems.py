@@ -58,10 +58,16 @@ def sampling(request: dict[str, Any]) -> dict[str, Any]:
     return request.get("sampling", {"temperature": 0.0})
 
 
+def unseeded_sampling(request: dict[str, Any]) -> dict[str, Any]:
+    """sampling without the request's seed, for a system that samples from a generator
+    of its own."""
+    return {k: v for k, v in sampling(request).items() if k != "seed"}
+
+
 def hf_sampling(requests: list[dict[str, Any]]) -> dict[str, Any]:
     """transformers' generate arguments for the workload's sampling: one setting for
     all (its batches sample from the global generator, with no seed per request)."""
-    fields = {k: v for k, v in sampling(requests[0]).items() if k != "seed"}
+    fields = unseeded_sampling(requests[0])
     if not fields.get("temperature"):
         return {"do_sample": False}
     return {"do_sample": True, **fields}

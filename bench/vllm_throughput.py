@@ -5,8 +5,8 @@
 Runs inside vLLM's own virtualenv (``bash bench/setup_vllm_cpu.sh``), which has none
 of this project's packages. Of the repository it imports only
 ``bench.throughput_systems`` (the standard library alone at import): the workload,
-the scheduler setting it shares with ours, and the record of a timed run, so that its
-results have the other systems' shape.
+the scheduler setting it shares with ours, the sampling fields, and the record of a
+timed run, so that its results have the other systems' shape.
 The job file (written by ``bench.throughput``) names the model folder, dtype,
 workload file and settings, and the result goes to the file it names, as JSON.
 Threads and the KV cache come from the environment the driver sets:
@@ -31,7 +31,12 @@ if not __package__:
     # spawns, as __mp_main__): import the repository's bench package.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.throughput_systems import load_workload, measurement, scheduler_setting
+from bench.throughput_systems import (
+    load_workload,
+    measurement,
+    scheduler_setting,
+    unseeded_sampling,
+)
 
 # Then the repository leaves the path again: its top-level folders would shadow
 # packages of vLLM's environment (transformers probes for a package named "kernels",
@@ -58,17 +63,13 @@ def main(job_path: str) -> None:
         enforce_eager=job["vllm_enforce_eager"],
     )
 
-    def sampling(request: dict[str, Any]) -> dict[str, Any]:
-        """As throughput_systems.sampling, without the request's seed: vLLM 0.32's CPU
-        build fails a seeded request whose prompt is split over steps ("CPU Generator
-        does not use offset"); unseeded, it samples from its own generator (no slower)."""
-        given = request.get("sampling", {"temperature": 0.0})
-        return {k: v for k, v in given.items() if k != "seed"}
-
     def generate(batch: list[dict[str, Any]]) -> int:
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in batch]
+        # Unseeded: vLLM 0.32's CPU build fails a seeded request whose prompt is split
+        # over steps ("CPU Generator does not use offset"); it samples from its own
+        # generator instead (no slower).
         params = [
-            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, **sampling(r))
+            SamplingParams(max_tokens=r["output_len"], ignore_eos=True, **unseeded_sampling(r))
             for r in batch
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
