@@ -10,6 +10,7 @@ before torch, whose OpenMP settings must be made before it loads (see
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import subprocess
 from collections.abc import Sequence
@@ -74,6 +75,29 @@ def portable(value: Any) -> Any:
 
 
 # ---- threads ----
+
+
+# The vector and matrix extensions a kernel may use: a figure holds for the CPU kind it
+# was measured on, so results record them.
+KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
+
+
+def cpu_description() -> dict[str, Any]:
+    """This CPU's model name and its kernel-relevant flags, from /proc/cpuinfo (the
+    platform's processor name and no flags where that cannot be read)."""
+    model, flags = "", []
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        if not model and line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags"):
+            found = line.split(":", 1)[1].split()
+            flags = sorted(f for f in found if f.startswith(KERNEL_FLAG_PREFIXES))
+            break
+    return {"cpu": model or platform.processor() or platform.machine(), "cpu_flags": flags}
 
 
 def apply_engine_thread_settings() -> None:

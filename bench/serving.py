@@ -56,7 +56,15 @@ if __name__ == "__main__" and not __package__:
 import httpx
 import numpy as np
 
-from bench.common import RESULTS_DIR, align, column_widths, pyplot, resolve_model, save_figure
+from bench.common import (
+    RESULTS_DIR,
+    align,
+    column_widths,
+    cpu_description,
+    pyplot,
+    resolve_model,
+    save_figure,
+)
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E latency"}
@@ -492,7 +500,11 @@ def benchmark(config: BenchConfig, tokenizer: Any | None = None) -> dict[str, An
     return {
         "label": config.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": {"platform": platform.platform(), "python": platform.python_version()},
+        "host": {
+            **cpu_description(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "settings": settings,
         "summary": summarize(records, duration),
         "requests": [{**asdict(r), "tpot": r.tpot} for r in records],
@@ -580,6 +592,8 @@ def compare(results: Sequence[dict[str, Any]], baseline: str | None = None) -> d
         "baseline": base,
         "labels": labels,
         "settings": {label: by_label[label]["settings"] for label in labels},
+        # Where each run was measured (its CPU and flags, where its record has them).
+        "hosts": {label: by_label[label].get("host") for label in labels},
         "rows": rows,
     }
 

@@ -63,6 +63,7 @@ from bench.common import (
     align,
     checkout_commit,
     column_widths,
+    cpu_description,
     parse_ints,
     portable,
     pyplot,
@@ -272,24 +273,10 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
 def machine_info() -> dict[str, Any]:
     import torch
     import transformers
-    from hetero_infer.kernels.cpu_isa import cpu_model
 
-    cpu = cpu_model() or platform.processor() or platform.machine()
-    flags: list[str] = []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                # The vector and matrix extensions a kernel may use: a figure holds
-                # for the CPU kind it was measured on.
-                wanted = ("avx", "amx", "fma", "f16c")
-                flags = sorted(f for f in line.split(":", 1)[1].split() if f.startswith(wanted))
-                break
-    except OSError:
-        pass
     commit = checkout_commit()
     return {
-        "cpu": cpu,
-        "cpu_flags": flags,
+        **cpu_description(),
         "cpu_count": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "platform": platform.platform(),

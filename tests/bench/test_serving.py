@@ -181,6 +181,10 @@ def test_a_run_against_our_server(live: LiveServer, tiny_dir: Path, tmp_path: Pa
     table, paths = serving.write_comparison([result, other], tmp_path, "cmp")
     assert "tiny/tiny-again" in table
     assert all(p.stat().st_size > 0 for p in paths)
+    # Each run, and so the comparison, says which CPU it was measured on.
+    hosts = json.loads(paths[0].read_text())["hosts"]
+    assert hosts["tiny"]["cpu"] and isinstance(hosts["tiny"]["cpu_flags"], list)
+    assert hosts["tiny-again"] == result["host"]
 
 
 def test_the_chat_workload_samples_with_a_seed_per_request(
