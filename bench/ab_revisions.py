@@ -16,7 +16,14 @@ the first two by default):
 - ``batch``: ``--batch`` sampled requests at once, ``--output-len`` tokens each;
 - ``host``: the host's decode steps at ``--batch`` requests, with a model runner that
   computes nothing (bench/host_step.py), in steps per second; ``host-final`` the same
-  with the outputs made only at the end, as offline runs and answers sent whole ask.
+  with the outputs made only at the end, as offline runs and answers sent whole ask;
+- ``prefill`` and ``chat-16``: bench/amx.py's workloads of those names (4 prompts of
+  1,024 tokens; 16 sampled chats), prompt and output tokens a second, each run once
+  unmeasured first, so that a revision is measured against today's on the same work.
+
+``--settings`` gives both revisions' engines settings (JSON, EngineConfig fields),
+``--head-settings`` the head's alone (a setting the base does not know), e.g.
+``--settings '{"enable_prefix_caching": false}' --head-settings '{"cpu_amx": false}'``.
 
 Wall time: a round runs one process per revision, in alternating order (ABBA), each
 taking the median of ``--repeats`` runs of each workload in tokens per second; the
@@ -54,11 +61,14 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench import amx
 from bench.common import RESULTS_DIR, portable
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = ("single", "batch")  # the default ones
-ALL_WORKLOADS = (*WORKLOADS, "host", "host-final")
+# bench/amx.py's workloads of these names, as it builds them.
+AMX_WORKLOADS = ("prefill", "chat-16")
+ALL_WORKLOADS = (*WORKLOADS, "host", "host-final", *AMX_WORKLOADS)
 WORDS = "the of and to in is it that for on with as was at by be this from".split()  # noqa: SIM905
 # What valgrind 3.19 can run: no AVX-512.
 CALLGRIND_MARCH = "x86-64-v3"
@@ -94,9 +104,19 @@ def measure(
         ),
     }
     engine.generate(prompts[:4], greedy, use_tqdm=False)  # warm-up
+    amx_work = {
+        name: amx.requests(name, engine.tokenizer.vocab_size, seed=1)
+        for name in workloads
+        if name in AMX_WORKLOADS
+    }
+    for work in amx_work.values():  # their first run writes KV blocks for the first time
+        amx.timed_run(engine, work)
     rates: dict[str, list[float]] = {name: [] for name in workloads}
     for _ in range(repeats):
         for name in workloads:
+            if name in amx_work:
+                rates[name].append(amx.timed_run(engine, amx_work[name])["total_tokens_per_s"])
+                continue
             if name.startswith("host"):
                 final_only = name == "host-final"
                 rates[name].append(host_steps_per_second(engine, batch, 40, final_only))
@@ -147,10 +167,13 @@ def git(*args: str) -> str:
     ).stdout.strip()
 
 
-def child_command(args: argparse.Namespace, repeats: int, workloads: tuple[str, ...]) -> list[str]:
+def child_command(
+    args: argparse.Namespace, repeats: int, workloads: tuple[str, ...], settings: dict[str, Any]
+) -> list[str]:
     command = [sys.executable, "-m", "bench.ab_revisions", "--child"]
     command += ["--repeats", str(repeats), "--batch", str(args.batch)]
     command += ["--output-len", str(args.output_len), "--workloads", ",".join(workloads)]
+    command += ["--settings", json.dumps(settings)]
     if args.callgrind:
         command += ["--march", CALLGRIND_MARCH]
     return command
@@ -170,9 +193,14 @@ def side_env(package: Path, kernels: Path, threads: int | None = None) -> dict[s
     return env
 
 
-def run_side(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, float]:
+def side_settings(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    """The engine settings of ``side`` ("base" or "head")."""
+    return {**args.settings, **(args.head_settings if side == "head" else {})}
+
+
+def run_side(side: str, package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, float]:
     done = subprocess.run(
-        child_command(args, args.repeats, args.workloads),
+        child_command(args, args.repeats, args.workloads, side_settings(args, side)),
         cwd=package,
         env=side_env(package, kernels),
         check=True,
@@ -182,16 +210,17 @@ def run_side(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def callgrind(package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, int]:
+def callgrind(side: str, package: Path, kernels: Path, args: argparse.Namespace) -> dict[str, int]:
     """Instructions of each workload: its run under callgrind minus the warm-up's."""
     workloads = args.workloads
+    settings = side_settings(args, side)
     runs = {"warm-up": (0, workloads), **{name: (1, (name,)) for name in workloads}}
     processes = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, (repeats, ran) in runs.items():
             out = Path(folder) / f"{name}.out"
             command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-            command += child_command(args, repeats, ran)
+            command += child_command(args, repeats, ran, settings)
             processes[name] = (
                 subprocess.Popen(
                     command,
@@ -219,11 +248,11 @@ def median_interval(ratios: list[float], draws: int = 2000) -> tuple[float, floa
 
 def wall_time(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> dict[str, Any]:
     for name, (package, kernels) in sides.items():  # builds the kernels, unmeasured
-        print(f"{name}: ready, {run_side(package, kernels, args)}", flush=True)
+        print(f"{name}: ready, {run_side(name, package, kernels, args)}", flush=True)
     rounds: list[dict[str, dict[str, float]]] = []
     for i in range(args.pairs):
         order = ["base", "head"] if i % 2 == 0 else ["head", "base"]
-        result = {name: run_side(*sides[name], args) for name in order}
+        result = {name: run_side(name, *sides[name], args) for name in order}
         rounds.append(result)
         ratios = {w: result["head"][w] / result["base"][w] for w in args.workloads}
         print(f"round {i + 1}: " + ", ".join(f"{w} {r:.3f}" for w, r in ratios.items()))
@@ -245,10 +274,12 @@ def wall_time(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> 
 def instructions(sides: dict[str, tuple[Path, Path]], args: argparse.Namespace) -> dict[str, Any]:
     for name, (package, kernels) in sides.items():  # builds the kernels, uncounted
         subprocess.run(
-            child_command(args, 0, args.workloads), cwd=package, env=side_env(package, kernels)
+            child_command(args, 0, args.workloads, side_settings(args, name)),
+            cwd=package,
+            env=side_env(package, kernels),
         ).check_returncode()
         print(f"{name}: kernels built for {CALLGRIND_MARCH}", flush=True)
-    counts = {name: callgrind(*side, args) for name, side in sides.items()}
+    counts = {name: callgrind(name, *side, args) for name, side in sides.items()}
     summary = {}
     for workload in args.workloads:
         base, head = counts["base"][workload], counts["head"][workload]
@@ -273,6 +304,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="of " + ",".join(ALL_WORKLOADS)
     )
+    parser.add_argument("--settings", type=json.loads, default={}, help="both engines' (JSON)")
+    parser.add_argument("--head-settings", type=json.loads, default={}, help="the head's (JSON)")
     parser.add_argument("--march", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workloads = tuple(args.workloads.split(","))
@@ -286,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"-march={args.march}" if flag.startswith("-march=") else flag
                 for flag in cpu_build.CFLAGS
             ]
-        settings = CALLGRIND_SETTINGS if args.march else {}
+        settings = {**(CALLGRIND_SETTINGS if args.march else {}), **args.settings}
         rates = measure(args.repeats, args.batch, args.output_len, args.workloads, **settings)
         print(json.dumps(rates))
         return {}
