@@ -34,6 +34,7 @@ SOURCES = (
     "elementwise_cpu.cpp",
     "lora_cpu.cpp",
     "linear_cpu.cpp",
+    "linear_amx.cpp",
     "prefill_attention_cpu.cpp",
     "prefill_attention_amx.cpp",
     "amx_tiles.cpp",

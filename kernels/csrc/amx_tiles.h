@@ -1,7 +1,7 @@
 // AMX's tiles on Linux: the process's permission to use them, the wish to, and their
 // configuration (amx_tiles.cpp). The kernels that use them (quantized_linear_amx.cpp,
-// prefill_attention_amx.cpp) are compiled where the compiler targets AMX (-march=native
-// on a CPU that has it).
+// linear_amx.cpp, prefill_attention_amx.cpp) are compiled where the compiler targets AMX
+// (-march=native on a CPU that has it).
 #pragma once
 
 #include <cstdint>

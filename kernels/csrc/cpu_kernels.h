@@ -43,6 +43,7 @@ class PackedLinearWork {
 
  private:
   bool gated_;
+  bool tiles_;  // on AMX's tiles (linear_amx.h)
   int64_t rows_, pairs_, panels_;
   at::Tensor x_, packed_, bias_, addend_;
 };

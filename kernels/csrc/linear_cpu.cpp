@@ -15,6 +15,10 @@
 // outputs and the 16 up outputs of the same features, and the tile writes
 // silu(gate) * up from its fp32 sums, so the MLP's [rows, 2 x intermediate]
 // activations are never written out and read back.
+//
+// Where AMX's tiles are ready (and K is a multiple of 32), every call runs on them
+// instead, on the same packed panels (linear_amx.cpp): 3-9x this code from 16 rows on
+// a Xeon with AMX, and as fast at one row.
 
 #include "tensor_api.h"
 
@@ -22,6 +26,7 @@
 #include <optional>
 
 #include "cpu_kernels.h"
+#include "linear_amx.h"
 #include "vector_math.h"
 #include "work_in_shares.h"
 
@@ -80,11 +85,6 @@ at::Tensor pack_gated_linear_weight(const at::Tensor& weight) {
 #if defined(__AVX512BW__)
 namespace {
 
-inline __m512 load_bf16(const at::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 // fp32 values added to a tile's sums before they are rounded (or activated): the
 // panel's first 16 outputs' at lo, its last 16's at hi, a row `stride` apart; lo null:
 // none. (LoRA's updates of a gated gate_up, which come before its activation.)
@@ -101,8 +101,8 @@ inline void multiply_tile(const ScalarPair* x, int64_t pairs, const uint32_t* pa
                           const at::BFloat16* bias, const char* ahead, uint16_t* out,
                           int64_t out_stride, const Addend& add) {
   __m512 sum[ROWS][2];
-  const __m512 bias_lo = bias ? load_bf16(bias) : _mm512_setzero_ps();
-  const __m512 bias_hi = bias ? load_bf16(bias + 16) : _mm512_setzero_ps();
+  const __m512 bias_lo = bias ? load_bf16_16(bias) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias ? load_bf16_16(bias + 16) : _mm512_setzero_ps();
   for (int r = 0; r < ROWS; ++r) {
     sum[r][0] = bias_lo;
     sum[r][1] = bias_hi;
@@ -183,6 +183,8 @@ PackedLinearWork::PackedLinearWork(const at::Tensor& x, const at::Tensor& packed
   }
   packed_ = packed;
   out = tensors::empty({rows_, gated ? n / 2 : n}, x.options());
+  // Decided once for the weight, not by the rows: every call of it on the same unit.
+  tiles_ = x_.scalar_type() == at::kBFloat16 && linear_amx::ready(pairs_);
 }
 
 void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
@@ -195,6 +197,13 @@ void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
   const at::BFloat16* bp = bias_.defined() ? bias_.data_ptr<at::BFloat16>() : nullptr;
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float* ap = addend_.defined() ? addend_.data_ptr<float>() : nullptr;
+  if (tiles_) {
+    const linear_amx::Product product{reinterpret_cast<const uint16_t*>(xp), wp,
+                                      reinterpret_cast<const uint16_t*>(bp), ap, op, rows,
+                                      pairs, panels_, gated_};
+    linear_amx::multiply_panels(product, begin, end);
+    return;
+  }
   for (int64_t p = begin; p < end; ++p) {
     const uint32_t* panel = wp + p * pairs * kPanel;
     const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + pairs * kPanel) : nullptr;

@@ -66,6 +66,12 @@ inline __m512 silu_mul16(__m512 gate, __m512 up) {
 }
 
 #if defined(__AVX512BW__)
+// 16 bf16 values widened to fp32 (bf16 is fp32's top half).
+inline __m512 load_bf16_16(const void* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // 16 fp32 lanes rounded to bf16 (to nearest even), as 16 words.
 inline __m256i round_to_bf16(__m512 values) {
 #if defined(__AVX512BF16__)

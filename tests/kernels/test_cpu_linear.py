@@ -1,10 +1,12 @@
-"""The AVX512-BF16 linear kernel on packed weights against an fp32 matmul."""
+"""The bf16 linear kernel on packed weights, on AVX512-BF16 and on AMX's tiles where the
+CPU has them (kernels/csrc/linear_amx.cpp), against an fp32 matmul; a row's result is
+the same whichever rows share its call."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.kernels import select_kernels
+from hetero_infer.kernels import cpu_isa, select_kernels
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear_cpu import pack_linear
 
@@ -23,6 +25,18 @@ def silu_and_mul_linear(
     return ops.pack_silu_and_mul_linear(weight, bias)(x)
 
 
+@pytest.fixture(params=[False, True], ids=["avx512", "amx"])
+def tiles(request):
+    """The kernel's AVX-512 code, and its AMX tiles where the CPU has them
+    (tests/kernels/test_cpu_isa.py says why not)."""
+    if request.param and (reason := cpu_isa.kernel_unavailable("amx_tiles")) is not None:
+        pytest.skip(reason)
+    module = load_cpu_kernels()
+    before = module.set_amx_tiles(request.param)
+    yield request.param
+    module.set_amx_tiles(before)
+
+
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
 
@@ -38,12 +52,15 @@ def assert_matches_fp32(actual: torch.Tensor, x, weight, bias) -> None:
     assert ((actual.float() - expected).abs() / scale).max() < 2 * 2**-7
 
 
-# Rows: below, at and past a tile of 8, and a step's sizes; shapes: a projection, one
-# panel, and a long input row.
-@pytest.mark.parametrize("rows", [1, 3, 7, 8, 9, 64, 130])
-@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (32, 2), (64, 4864)])
+# Rows: below, at and past a tile of 8 (AVX-512) and of 16 and 32 (AMX), a step's sizes
+# and past a run of 256; shapes: a projection, one panel, a long input row, and inputs
+# not a multiple of 32 (which the tiles leave to the AVX-512 code).
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 17, 33, 64, 130, 300])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(960, 576), (32, 2), (64, 4864), (64, 100)]
+)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_an_fp32_matmul(rows, out_features, in_features, with_bias):
+def test_matches_an_fp32_matmul(tiles, rows, out_features, in_features, with_bias):
     x, weight = randn(rows, in_features), randn(out_features, in_features, seed=1)
     bias = randn(out_features, seed=2) if with_bias else None
     module = load_cpu_kernels()
@@ -70,9 +87,9 @@ def test_other_shapes_go_to_onednn(out_features, in_features):
     assert_matches_fp32(linear(x, weight), x, weight, None)
 
 
-@pytest.mark.parametrize("rows", [1, 8, 13, 64])
+@pytest.mark.parametrize("rows", [1, 8, 13, 64, 300])
 @pytest.mark.parametrize(("intermediate", "in_features"), [(16, 64), (1536, 576)])
-def test_gated_matches_silu_and_mul_of_an_fp32_matmul(rows, intermediate, in_features):
+def test_gated_matches_silu_and_mul_of_an_fp32_matmul(tiles, rows, intermediate, in_features):
     x, weight = randn(rows, in_features), randn(2 * intermediate, in_features, seed=1) * 0.2
     sums = torch.nn.functional.linear(x.float(), weight.float())
     gate, up = sums.split(intermediate, dim=-1)
@@ -95,9 +112,9 @@ def test_gated_leaves_bias_and_other_dtypes_to_the_unfused_ops():
     assert torch.equal(silu_and_mul_linear(xf, wf), ops.silu_and_mul(linear(xf, wf)))
 
 
-@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("rows", [1, 9, 40])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-def test_an_addend_joins_the_sums_before_rounding_and_activation(rows, gated):
+def test_an_addend_joins_the_sums_before_rounding_and_activation(tiles, rows, gated):
     """LoRA's updates of a gate_up whose kernel fuses the activation: fp32 values added
     to the fp32 sums, gate then up, in the weight's own column order."""
     module = load_cpu_kernels()
@@ -113,3 +130,20 @@ def test_an_addend_joins_the_sums_before_rounding_and_activation(rows, gated):
     assert ((actual.float() - sums).abs() / scale).max() < 2 * 2**-7
     with pytest.raises(RuntimeError, match="addend"):
         module.linear_packed(x, pack(weight), None, gated, addend[:, :64].contiguous())
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_a_row_gives_the_same_bits_in_any_batch(tiles, gated):
+    """A request's results do not depend on the rows it shares a step with: each row of
+    a call of 300 rows (whole tiles, a shorter last one, two runs) as that row alone,
+    and as part of a call of 17, bit for bit."""
+    module = load_cpu_kernels()
+    x, weight = randn(300, 576), randn(128, 576, seed=1) * 0.2
+    bias = None if gated else randn(128, seed=2)
+    packed = (module.pack_gated_linear_weight if gated else module.pack_linear_weight)(weight)
+    batch = module.linear_packed(x, packed, bias, gated)
+    some = module.linear_packed(x[100:117].contiguous(), packed, bias, gated)
+    assert torch.equal(some, batch[100:117])
+    for row in (0, 15, 16, 31, 255, 256, 299):
+        alone = module.linear_packed(x[row : row + 1].contiguous(), packed, bias, gated)
+        assert torch.equal(alone[0], batch[row]), row
