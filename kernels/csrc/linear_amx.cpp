@@ -74,8 +74,11 @@ void write_rows(const float (&lo)[kTileRows][16], const float (&hi)[kTileRows][1
     bias_hi = load_bf16_16(p.bias + panel * kPanel + 16);
   }
   for (int64_t r = 0; r < m; ++r) {
-    __m512 sum_lo = _mm512_add_ps(bias_lo, _mm512_load_ps(lo[r]));
-    __m512 sum_hi = _mm512_add_ps(bias_hi, _mm512_load_ps(hi[r]));
+    __m512 sum_lo = _mm512_load_ps(lo[r]), sum_hi = _mm512_load_ps(hi[r]);
+    if (p.bias) {
+      sum_lo = _mm512_add_ps(bias_lo, sum_lo);
+      sum_hi = _mm512_add_ps(bias_hi, sum_hi);
+    }
     if (p.addend) {  // the panel's columns: a gated one's 16 gates and their 16 ups
       const float* add_lo = p.addend + (row0 + r) * n + panel * panel_cols;
       const float* add_hi = p.gated ? add_lo + n / 2 : add_lo + 16;
@@ -85,9 +88,8 @@ void write_rows(const float (&lo)[kTileRows][16], const float (&hi)[kTileRows][1
     auto* row = reinterpret_cast<__m256i*>(p.out + (row0 + r) * out_cols + panel * panel_cols);
     if (p.gated) {
       _mm256_storeu_si256(row, round_to_bf16(silu_mul16(sum_lo, sum_hi)));
-    } else {
-      _mm256_storeu_si256(row, round_to_bf16(sum_lo));
-      _mm256_storeu_si256(row + 1, round_to_bf16(sum_hi));
+    } else {  // both halves rounded by one instruction, as round_to_bf16 rounds
+      _mm512_storeu_si512(row, (__m512i)_mm512_cvtne2ps_pbh(sum_hi, sum_lo));
     }
   }
 }
