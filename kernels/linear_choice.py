@@ -1,15 +1,16 @@
 """Which kernel runs a bf16 projection on this CPU, by the rows of a call: chosen by
 timing the candidates on the model's own weights, on the machine it runs on.
 
-Two kernels take a bf16 weight (kernels/linear_cpu.py): ours, on AVX-512 panels, and
-oneDNN's, which uses AMX tiles where the CPU has them. Which is faster depends on the
-CPU and the rows: on AMD EPYCs ours wins at every row count (1.1-2x), while on an
-Emerald Rapids Xeon ours won 1.8x at one row and oneDNN 3-6x from 16 rows on, its
-tiles. So each projection shape is timed at one row count per bucket of rows
-(ROW_BUCKETS), over enough copies of its weight that they stream from memory as a step
-reads them, and each bucket gets its winner. oneDNN replaces ours only where it is
-ONEDNN_MARGIN faster: a near tie keeps the incumbent, so the numerics do not follow the
-noise of a measurement.
+Two kernels take a bf16 weight (kernels/linear_cpu.py): ours, on AVX-512 panels or on
+AMX's tiles where it runs on them (kernels/csrc/linear_amx.cpp), and oneDNN's, which
+uses AMX's tiles where the CPU has them. Which is faster depends on the CPU and the
+rows: on AMD EPYCs ours wins at every row count (1.1-2x); on an Emerald Rapids Xeon ours
+on AVX-512 won 1.8x at one row and oneDNN 3-6x from 16 rows on, its tiles, and ours on
+the tiles takes 0.5-0.9x oneDNN's time up to 256 rows. So each projection shape is
+timed at one row count per bucket of rows (ROW_BUCKETS), over enough copies of its
+weight that they stream from memory as a step reads them, and each bucket gets its
+winner. oneDNN replaces ours only where it is ONEDNN_MARGIN faster: a near tie keeps
+the incumbent, so the numerics do not follow the noise of a measurement.
 
 Modes (EngineConfig.cpu_linear_kernel): "kernel" (the default) and "onednn" run one
 kernel wherever it takes the weight; "measure" times each shape once per machine, the
@@ -56,7 +57,8 @@ MAX_COPIES = 8
 TIMED_PAIRS = 5
 CACHE_PATH = Path.home() / ".cache" / "hetero-infer" / "cpu-linear-choice.json"
 
-# Without time to measure: ours everywhere, but on AMX, where oneDNN's tiles win from a
+# Without time to measure: ours everywhere, but on a CPU with AMX where ours does not run
+# on the tiles (not built for them, refused them, or cpu_amx off), oneDNN's tiles from a
 # few rows on (the Emerald Rapids figures above).
 RULE_WITH_AMX = (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN)
 RULE = (KERNEL,) * len(TIMED_ROWS)
@@ -124,6 +126,9 @@ class LinearChooser:
     # where measured choices are kept (None: in this process only)
     cache_path: Path | None = field(default_factory=lambda: CACHE_PATH)
     flags: frozenset[str] | None = None  # the CPU's (None: this one's)
+    # whether our kernel runs on AMX's tiles (None: as this process's kernels say when a
+    # rule is taken, after the engine has set their switch)
+    kernel_on_tiles: bool | None = None
     # the shapes chosen for this engine, for the start log: shape -> choice
     chosen: dict[str, ShapeChoice] = field(default_factory=dict)
 
@@ -133,7 +138,7 @@ class LinearChooser:
                 f"cpu_linear_kernel must be one of {', '.join(MODES)}; got {self.mode!r}"
             )
         flags = cpu_isa.cpu_flags() if self.flags is None else self.flags
-        self.rule = RULE_WITH_AMX if "amx_bf16" in flags else RULE
+        self.has_amx = "amx_bf16" in flags
         self.key = machine_key(flags)
 
     def choose(self, shape: str, timer: Callable[[], Timer]) -> ShapeChoice:
@@ -142,11 +147,20 @@ class LinearChooser:
         if self.mode in (KERNEL, ONEDNN):
             choice = ShapeChoice((self.mode,) * len(TIMED_ROWS), "forced")
         elif self.mode == "rule":
-            choice = ShapeChoice(self.rule, "rule")
+            choice = ShapeChoice(self._rule(), "rule")
         else:
             choice = self._measured(shape, timer)
         self.chosen[shape] = choice
         return choice
+
+    def _rule(self) -> tuple[str, ...]:
+        on_tiles = self.kernel_on_tiles
+        if on_tiles is None:
+            from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+
+            module = load_cpu_kernels()
+            on_tiles = module is not None and module.amx_tiles_ready()
+        return RULE_WITH_AMX if self.has_amx and not on_tiles else RULE
 
     def _measured(self, shape: str, timer: Callable[[], Timer]) -> ShapeChoice:
         known = _MEASURED.setdefault(self.key, self._read_cache())

@@ -89,7 +89,8 @@ def use_amx_tiles(module: ModuleType, wanted: bool) -> None:
     if module.amx_tiles_available():
         state = "in use" if wanted else "not used (cpu_amx is off)"
         logger.info(
-            "AMX tiles: %s for quantized projections of many rows and bf16 prefill attention",
+            "AMX tiles: %s for bf16 projections, quantized projections of many rows and "
+            "bf16 prefill attention",
             state,
         )
     elif "amx_tile" in cpu_flags():

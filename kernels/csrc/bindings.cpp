@@ -36,6 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_tiles_available", &amx_tiles_available,
         "whether the kernels may run on AMX's tiles (built for them, and granted them)");
   m.def("set_amx_tiles", &set_amx_tiles, "AMX's tiles on or off for the kernels; the previous wish");
+  m.def("amx_tiles_ready", &amx_tiles::ready,
+        "whether the kernels run on AMX's tiles now: available, and wished for");
   m.def("pack_quantized_weight", &pack_quantized_weight,
         "a GGUF weight's blocks [N, row_bytes] (or int8 rows and their scales) in "
         "quantized_linear's panels",

@@ -131,20 +131,38 @@ def test_an_unreadable_cache_is_measured_over(tmp_path, caplog):
 
 
 @pytest.mark.parametrize(
-    ("mode", "flags", "expected", "source"),
+    ("mode", "flags", "on_tiles", "expected", "source"),
     [
-        ("rule", (), (KERNEL,) * 5, "rule"),
-        ("rule", ("amx_bf16",), (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN), "rule"),
-        ("kernel", ("amx_bf16",), (KERNEL,) * 5, "forced"),
-        ("onednn", (), (ONEDNN,) * 5, "forced"),
+        ("rule", (), False, (KERNEL,) * 5, "rule"),
+        ("rule", ("amx_bf16",), False, (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN), "rule"),
+        ("rule", ("amx_bf16",), True, (KERNEL,) * 5, "rule"),  # ours on the tiles too
+        ("kernel", ("amx_bf16",), False, (KERNEL,) * 5, "forced"),
+        ("onednn", (), False, (ONEDNN,) * 5, "forced"),
     ],
 )
-def test_rule_and_forced_modes_time_nothing(mode, flags, expected, source):
+def test_rule_and_forced_modes_time_nothing(mode, flags, on_tiles, expected, source):
     calls: list = []
-    chooser = LinearChooser(mode, None, flags=fresh_flags(*flags))
+    chooser = LinearChooser(mode, None, flags=fresh_flags(*flags), kernel_on_tiles=on_tiles)
     choice = chooser.choose("64x32", fake_timer({}, calls))
     assert (choice.kernels, choice.source, calls) == (expected, source, [])
     assert f"64x32: {'/'.join(expected)} ({source})" in chooser.table()
+
+
+def test_the_rule_asks_the_kernels_whether_ours_runs_on_the_tiles():
+    """On a CPU with AMX the rule gives ours every row count where it runs on the tiles
+    (faster than oneDNN's up to 256 rows), else oneDNN's tiles from 2 rows."""
+    module = load_cpu_kernels()
+    if module is None:
+        pytest.skip("the C++ kernels did not build (test_kernel_builds_here says so)")
+    amx_cpu = fresh_flags("amx_bf16")
+    before = module.set_amx_tiles(False)
+    try:
+        off = LinearChooser("rule", None, flags=amx_cpu).choose("64x32", fake_timer({}))
+    finally:
+        module.set_amx_tiles(before)
+    assert off.kernels == (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN)
+    on = LinearChooser("rule", None, flags=amx_cpu).choose("64x32", fake_timer({}))
+    assert on.kernels == ((KERNEL,) * 5 if module.amx_tiles_ready() else off.kernels)
 
 
 def test_an_unknown_mode_is_refused():
