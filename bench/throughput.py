@@ -220,8 +220,9 @@ def run_system(system: str, job: dict[str, Any], prefix: Path, timeout_s: float)
     """Run one system's job in a subprocess; a record with ``runs`` and ``best``, or
     with ``skipped`` / ``error`` saying why there are none. Its files (job, result,
     log of everything it printed) are ``prefix`` + ``-<system>.*``."""
-    job_path = Path(f"{prefix}-{system}-job.json")
-    result_path = Path(f"{prefix}-{system}-result.json")
+    # Absolute: vLLM's process runs in another directory (below).
+    job_path = Path(f"{prefix}-{system}-job.json").resolve()
+    result_path = Path(f"{prefix}-{system}-result.json").resolve()
     log_path = Path(f"{prefix}-{system}.log")
     result_path.unlink(missing_ok=True)
     job = {**job, "system": system, "result": str(result_path)}
