@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vocab_size": vocab_size,
         "dtype": args.dtype,
         "threads": args.threads,
-        "workload": str(workload_path),
+        "workload": str(workload_path.resolve()),  # vLLM's process runs elsewhere
         "warmup": warmup_workload(vocab_size),
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
