@@ -24,8 +24,6 @@
 #define LINEAR_AMX_BUILT 1
 #endif
 
-
-
 namespace linear_amx {
 
 #if defined(LINEAR_AMX_BUILT)
