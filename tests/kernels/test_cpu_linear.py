@@ -136,7 +136,9 @@ def test_an_addend_joins_the_sums_before_rounding_and_activation(tiles, rows, ga
 def test_a_row_gives_the_same_bits_in_any_batch(tiles, gated):
     """A request's results do not depend on the rows it shares a step with: each row of
     a call of 300 rows (whole tiles, a shorter last one, two runs) as that row alone,
-    and as part of a call of 17, bit for bit."""
+    and as part of a call of 17, bit for bit. (The AVX-512 code and the tiles differ in
+    5 and 6 of these rows' bf16 results, plain and gated: a kernel that ran one row on the
+    one and many on the other would fail here.)"""
     module = load_cpu_kernels()
     x, weight = randn(300, 576), randn(128, 576, seed=1) * 0.2
     bias = None if gated else randn(128, seed=2)
@@ -144,6 +146,6 @@ def test_a_row_gives_the_same_bits_in_any_batch(tiles, gated):
     batch = module.linear_packed(x, packed, bias, gated)
     some = module.linear_packed(x[100:117].contiguous(), packed, bias, gated)
     assert torch.equal(some, batch[100:117])
-    for row in (0, 15, 16, 31, 255, 256, 299):
+    for row in range(len(x)):
         alone = module.linear_packed(x[row : row + 1].contiguous(), packed, bias, gated)
         assert torch.equal(alone[0], batch[row]), row
