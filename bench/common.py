@@ -83,21 +83,12 @@ KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
 
 
 def cpu_description() -> dict[str, Any]:
-    """This CPU's model name and its kernel-relevant flags, from /proc/cpuinfo (the
-    platform's processor name and no flags where that cannot be read)."""
-    model, flags = "", []
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        if not model and line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            found = line.split(":", 1)[1].split()
-            flags = sorted(f for f in found if f.startswith(KERNEL_FLAG_PREFIXES))
-            break
-    return {"cpu": model or platform.processor() or platform.machine(), "cpu_flags": flags}
+    """This CPU's model name and its kernel-relevant flags, as kernels/cpu_isa.py reads
+    /proc/cpuinfo (the platform's processor name and no flags where it cannot be read)."""
+    from hetero_infer.kernels.cpu_isa import cpu_flags, cpu_model
+
+    flags = sorted(f for f in cpu_flags() if f.startswith(KERNEL_FLAG_PREFIXES))
+    return {"cpu": cpu_model() or platform.processor() or platform.machine(), "cpu_flags": flags}
 
 
 def apply_engine_thread_settings() -> None:

@@ -184,7 +184,8 @@ PackedLinearWork::PackedLinearWork(const at::Tensor& x, const at::Tensor& packed
   packed_ = packed;
   out = tensors::empty({rows_, gated ? n / 2 : n}, x.options());
   // Decided once for the weight, not by the rows: every call of it on the same unit.
-  tiles_ = x_.scalar_type() == at::kBFloat16 && linear_amx::ready(pairs_);
+  // (Built for the tiles means built for AVX512-BF16: x_ is bf16 there.)
+  tiles_ = linear_amx::ready(pairs_);
 }
 
 void PackedLinearWork::run_share(int64_t thread, int64_t threads) const {
