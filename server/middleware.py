@@ -23,15 +23,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
-# Probes and scrapes stay open when an API key is set, as in vLLM; so does what a
-# router reads when it registers a replica (/health, /server_info), and the chat page
-# (server/routes/ui.py), whose own API calls send the key the user types.
+# Probes and scrapes stay open when an API key is set, as in vLLM (whose key guards /v1
+# alone); so do what a router reads when it registers a replica (/health, /server_info),
+# /version, and the chat page (server/routes/ui.py), whose own API calls send the key
+# the user types.
 OPEN_PATHS = (
     "/healthz",
     "/readyz",
     "/ready",
     "/health",
+    "/ping",
     "/server_info",
+    "/version",
     "/metrics",
     "/",
     "/static/chat.css",

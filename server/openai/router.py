@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/responses,
-/v1/embeddings, /v1/models, /tokenize and /detokenize; and vLLM's /v1/score and
-/rerank (/v1/rerank).
+/v1/embeddings, /v1/models (and one model's card, /v1/models/{model}), /tokenize and
+/detokenize; and vLLM's /v1/score and /rerank (/v1/rerank).
 
 Each handler only routes: completions.py, chat.py, responses_api.py and embeddings.py
 build the engine requests (through the engine's input processor, which checks them)
@@ -20,6 +20,7 @@ from hetero_infer.server.openai.answers import (
     CompletionResponse,
     DetokenizeResponse,
     EmbeddingResponse,
+    ModelCard,
     ModelList,
     RerankResponse,
     ScoreResponse,
@@ -45,7 +46,7 @@ from hetero_infer.server.openai.responses_api_stream import respond_events
 from hetero_infer.server.openai.scoring import rerank, score
 from hetero_infer.server.openai.scoring_request import RerankRequest, ScoreRequest
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
-from hetero_infer.server.serving.request_context import RequestContext
+from hetero_infer.server.serving.request_context import RequestContext, unknown_model
 
 router = APIRouter()
 
@@ -107,6 +108,16 @@ async def models(request: Request) -> dict[str, Any]:
     if engine is not None and engine.lora is not None:
         adapters = [(a.name, a.path) for a in engine.lora.adapters]
     return model_list(state.settings, engine.max_model_len if engine else None, adapters)
+
+
+# OpenAI's "retrieve model" (the SDKs' models.retrieve): a listed name's card, else a 404.
+# A path, since hub ids have a slash (Qwen/Qwen2.5-0.5B-Instruct).
+@router.get("/v1/models/{model:path}", responses=route_responses(ModelCard))
+async def model(model: str, request: Request) -> dict[str, Any]:
+    for card in (await models(request))["data"]:
+        if card["id"] == model:
+            return card
+    raise unknown_model(model)
 
 
 @router.post("/tokenize", responses=route_responses(TokenizeResponse))

@@ -7,7 +7,9 @@ model is loaded and warmed up and the server is neither draining nor dead.
 balancers probe before they send a replica traffic. vLLM opens its port only once
 the model is loaded, so its 200 there means "ready"; this server listens while it
 loads, so /health answers as /readyz does, with vLLM's empty 200 body. /ready is
-/readyz by the name llm-d's inference simulator gives it.
+/readyz by the name llm-d's inference simulator gives it. /ping (GET or POST) is
+/health by the name SageMaker's containers are probed at, which vLLM, SGLang and TGI
+answer too.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/health")
+@router.get("/ping")
+@router.post("/ping")
 async def health(request: Request) -> Response:
     # A draining replica answers 503 too, so a router stops sending it new requests
     # while it finishes the ones it has.

@@ -1,4 +1,5 @@
-"""GET /server_info: the served model's name, where SGLang's router looks for it.
+"""GET /server_info: the served model's name, where SGLang's router looks for it; and
+GET /version, this server's version, in vLLM's shape.
 
 sglang-router (docs/deployment.md, "Replicas behind a router") asks each replica for
 SGLang's /server_info when it registers it, and takes `served_model_name` as the replica's
@@ -11,6 +12,8 @@ the router registers replicas before any client's key reaches it.
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -21,3 +24,8 @@ router = APIRouter()
 async def server_info(request: Request) -> JSONResponse:
     settings = request.app.state.server.settings
     return JSONResponse({"served_model_name": settings.model_name})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": metadata.version("hetero-paged-infer")})

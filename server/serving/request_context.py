@@ -37,14 +37,19 @@ MAX_ECHOED_NAME = 256
 def check_model(settings: ServerSettings, model: str | None) -> None:
     """404 for a model name the server does not answer to (None: any)."""
     if model is not None and model not in settings.model_names:
-        shown = model if len(model) <= MAX_ECHOED_NAME else model[:MAX_ECHOED_NAME] + "..."
-        raise APIError(
-            404,
-            f"The model `{shown}` does not exist.",
-            "not_found_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise unknown_model(model)
+
+
+def unknown_model(model: str) -> APIError:
+    """The 404 for a model name the server does not answer to."""
+    shown = model if len(model) <= MAX_ECHOED_NAME else model[:MAX_ECHOED_NAME] + "..."
+    return APIError(
+        404,
+        f"The model `{shown}` does not exist.",
+        "not_found_error",
+        param="model",
+        code="model_not_found",
+    )
 
 
 @dataclass(frozen=True)

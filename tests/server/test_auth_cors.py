@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -47,6 +48,7 @@ def check_401(response: httpx.Response) -> None:
 def test_v1_needs_the_key(secured: LiveServer, headers: dict[str, str]):
     with secured.client() as http:
         check_401(http.get("/v1/models", headers=headers))
+        check_401(http.get(f"/v1/models/{MODEL_NAME}", headers=headers))
         check_401(http.post("/v1/completions", json=COMPLETION, headers=headers))
         check_401(
             http.post(
@@ -71,7 +73,11 @@ def test_probes_and_metrics_stay_open(secured: LiveServer):
         assert http.get("/healthz").status_code == 200
         assert http.get("/readyz").status_code == 200
         assert http.get("/health").status_code == 200
+        assert http.get("/ping").status_code == 200
+        assert http.post("/ping").status_code == 200
         assert http.get("/server_info").json() == {"served_model_name": MODEL_NAME}
+        # the package's own version, as vLLM's /version gives its own
+        assert http.get("/version").json() == {"version": metadata.version("hetero-paged-infer")}
         metrics = http.get("/metrics")
         assert metrics.status_code == 200 and "vllm:num_requests_running" in metrics.text
 

@@ -58,6 +58,7 @@ FUZZED = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/embeddings"),
     ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("POST", "/v1/responses"),
@@ -83,6 +84,7 @@ WITHOUT_INPUTS = {
 }
 # Routes whose only input is a string in the path: no value of it breaks the schema.
 NOTHING_INVALID = WITHOUT_INPUTS | {
+    ("GET", "/v1/models/{model}"),
     ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"),
 }

@@ -39,19 +39,23 @@ def test_the_seed_readme_request(default_names_server):
 
 
 def test_several_served_names(model_dir):
-    live = start_server(model_dir, served_model_name=("first", "second"))
+    # A hub id's slash in a name: /v1/models/{model} takes it whole.
+    live = start_server(model_dir, served_model_name=("first", "org/second"))
     try:
         with live.client() as client:
-            for name in ("first", "second"):
+            for name in ("first", "org/second"):
                 response = client.post(
                     "/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 2}
                 )
                 assert response.status_code == 200 and response.json()["model"] == "first"
             cards = client.get("/v1/models").json()["data"]
-            assert [card["id"] for card in cards] == ["first", "second"]
+            assert [card["id"] for card in cards] == ["first", "org/second"]
             for card in cards:  # every name a card for the one model
                 check_model_card(card, card["id"], str(model_dir))
                 assert card["max_model_len"] == live.engine.max_model_len
+                retrieved = client.get(f"/v1/models/{card['id']}").json()
+                check_model_card(retrieved, card["id"], str(model_dir))
+            assert client.get("/v1/models/org").status_code == 404
             response = client.post("/v1/completions", json={"model": "hetero-infer", "prompt": "x"})
             assert response.status_code == 404
     finally:

@@ -10,6 +10,7 @@ import asyncio
 import json
 
 import openai
+import pytest
 from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.params.sampling_params import SamplingParams
@@ -366,6 +367,21 @@ def test_models(client, server):
     assert raw["object"] == "list"
     assert raw["data"][0]["max_model_len"] == server.engine.max_model_len
     check_model_card(raw["data"][0], MODEL_NAME, server.settings.engine.model)
+
+
+def test_retrieve_a_model(client, server):
+    """OpenAI's GET /v1/models/{model}: a served name's card as /v1/models lists it, a
+    404 in the error shape for any other name."""
+    card = client.models.retrieve(MODEL_NAME)
+    assert card.id == MODEL_NAME and card.object == "model" and card.owned_by
+    raw = server.client().get(f"/v1/models/{MODEL_NAME}").json()
+    check_model_card(raw, MODEL_NAME, server.settings.engine.model)
+    assert raw["max_model_len"] == server.engine.max_model_len
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("not-served")
+    error = info.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "not-served" in error["message"]
 
 
 def check_model_card(card: dict, name: str, root: str) -> None:
