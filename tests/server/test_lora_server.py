@@ -80,6 +80,8 @@ def test_model_field_selects_the_adapter(live, adapters, expected):
         cards = listed(http)
         assert cards["a"]["parent"] == MODEL_NAME and cards["a"]["root"] == str(adapters["a"])
         assert cards[MODEL_NAME]["parent"] is None
+        retrieved = http.get("/v1/models/a").json()  # the adapter's own card
+        assert (retrieved["parent"], retrieved["root"]) == (MODEL_NAME, str(adapters["a"]))
         answer = complete(http, "a")
         assert text_of(answer) == expected["a"] and answer.json()["model"] == "a"
         assert text_of(complete(http, MODEL_NAME)) == expected[None]
