@@ -243,20 +243,26 @@ class Scheduler:
         runner, their tokens pending (async scheduling, core/pending_tokens.py)."""
         updates = []
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
+        sequences, sampled_of = self.queues.sequences, runner_output.sampled
+        block_size = self.block_manager.block_size
+        # Most steps have neither: no look-up per sequence then.
+        prompt_logprobs_of, embeddings_of = runner_output.prompt_logprobs, runner_output.embeddings
         for item in out.scheduled:
-            seq = self.queues.sequences.get(item.request_id)
+            seq = sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
                 continue
+            num_drafts = len(item.draft_token_ids)
             if not handed_over:
-                seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+                seq.num_computed_tokens += len(item.token_ids) - num_drafts
             if draft_model:
                 # Before any fork below: n > 1 choices share the prompt's draft KV too.
                 advance_draft_kv(seq, item)
-            prompt_logprobs = runner_output.prompt_logprobs.get(seq.request_id, [])
-            if prompt_logprobs:
+            prompt_logprobs = []
+            if prompt_logprobs_of:
+                prompt_logprobs = prompt_logprobs_of.get(seq.request_id, [])
                 seq.num_prompt_logprobs += len(prompt_logprobs)
-            sampled = runner_output.sampled.get(seq.request_id, [])
-            embedding = runner_output.embeddings.get(seq.request_id)
+            sampled = sampled_of.get(seq.request_id)
+            embedding = embeddings_of.get(seq.request_id) if embeddings_of else None
             # An embedding request ends with its prefill: nothing is generated.
             status = SequenceStatus.FINISHED_STOPPED if embedding is not None else None
             new_tokens = []
@@ -267,7 +273,7 @@ class Scheduler:
                 new_tokens, status = append_until_stop(seq, sampled, self.max_model_len)
                 if status is None and later:  # async: the step after's tokens, pending
                     put_back(seq, later)
-            if item.num_draft_tokens and sampled:
+            if num_drafts and sampled:
                 # Each token kept before the last confirmed a draft, whose KV this step
                 # computed; the slots of the rest go back.
                 seq.num_computed_tokens += len(new_tokens) - 1
@@ -276,7 +282,12 @@ class Scheduler:
                     self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
             # Again, now that accepted drafts count as computed.
             registered = advance_draft_kv(seq, item) if draft_model else None
-            if seq.status is SequenceStatus.RUNNING:  # not preempted since it was handed over
+            # Not preempted since it was handed over, and (register_full_blocks' own
+            # first test, without the call) a block newly full: most decode steps fill none.
+            if seq.status is SequenceStatus.RUNNING and (
+                registered is not None
+                or seq.num_computed_tokens >= (seq.num_registered_blocks + 1) * block_size
+            ):
                 self.block_manager.register_full_blocks(seq, registered)
             if status is not None:
                 self.queues.finish(seq.request_id, status)
