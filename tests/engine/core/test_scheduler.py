@@ -716,6 +716,21 @@ def test_prefix_hit_shortens_the_first_chunk() -> None:
     assert stats["prefix_cache_hit_rate"] == 8 / 25
 
 
+def test_a_block_filled_by_decoding_is_registered_in_the_step_that_fills_it() -> None:
+    # A 6-token prompt (blocks of 4): its decode steps fill the second block at the
+    # step that computes token 8 and the third at token 12, and only those steps add one.
+    sched = make_scheduler()
+    a = make_seq("a", 6)
+    sched.queues.add(a)
+    run_step(sched)  # the prompt: one full block
+    assert (a.num_computed_tokens, a.num_registered_blocks) == (6, 1)
+    registered = []
+    for _ in range(7):
+        run_step(sched)
+        registered.append((a.num_computed_tokens, a.num_registered_blocks))
+    assert registered == [(7, 1), (8, 2), (9, 2), (10, 2), (11, 2), (12, 3), (13, 3)]
+
+
 def test_prefix_hit_after_the_first_request_finished() -> None:
     sched = make_scheduler()
     prompt = list(range(1, 14))
