@@ -98,10 +98,11 @@ class Scheduler:
         self, out: SchedulerOutput, steps: list[tuple[Sequence, int]], budget: int
     ) -> int:
         bm = self.block_manager
+        long_rope = self.long_rope_after is not None  # (asked once: most models have none)
         i = 0
         while i < len(self.queues.running) and budget > 0:
             seq = self.queues.running[i]
-            if self._crossed_long_rope(seq):
+            if long_rope and self._crossed_long_rope(seq):
                 self._preempt(seq, out)  # by recompute: it starts again, long
                 continue
             num_new = seq.chunk_tokens(budget)

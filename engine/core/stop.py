@@ -19,15 +19,17 @@ def check_stop(seq: Sequence, max_model_len: int) -> SequenceStatus | None:
     ``seq.stop_reason`` for a stop_token_ids entry. The grammar (response_format) is fed
     the token here too: where the JSON is complete, the sequence stops."""
     params = seq.sampling_params
-    token_id = seq.token_ids[-1]
-    may_stop = params.allows_stop(seq.num_output_tokens)
+    token_ids = seq.token_ids  # (counted here, not through Sequence's properties: per token)
+    token_id = token_ids[-1]
+    num_output_tokens = len(token_ids) - seq.num_prompt_tokens
+    may_stop = params.allows_stop(num_output_tokens)
     status = None
     if may_stop and not params.ignore_eos and token_id in seq.eos_token_ids:
         status = SequenceStatus.FINISHED_STOPPED
     elif may_stop and token_id in params.stop_token_set:
         status = SequenceStatus.FINISHED_STOPPED
         seq.stop_reason = token_id
-    elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+    elif num_output_tokens >= params.max_tokens or len(token_ids) >= max_model_len:
         status = SequenceStatus.FINISHED_LENGTH
     if seq.grammar is None:
         return status
