@@ -4,7 +4,7 @@ none is given. The served names answer with or without ``:latest``."""
 from __future__ import annotations
 
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.serving.request_context import MAX_ECHOED_NAME
+from hetero_infer.server.serving.request_context import echoed
 from hetero_infer.server.settings import ServerSettings
 
 LATEST = ":latest"
@@ -21,10 +21,9 @@ def check_model_name(settings: ServerSettings, name: str) -> str:
     untagged = name.removesuffix(LATEST)
     if name in served or untagged in served:
         return name
-    shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
     raise APIError(
         404,
-        f'model "{shown}" not found (this server serves {", ".join(map(tagged, served))})',
+        f'model "{echoed(name)}" not found (this server serves {", ".join(map(tagged, served))})',
         "not_found_error",
         param="model",
     )

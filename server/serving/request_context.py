@@ -34,6 +34,11 @@ T = TypeVar("T")
 MAX_ECHOED_NAME = 256
 
 
+def echoed(name: str) -> str:
+    """A model name as an error message repeats it: cut at MAX_ECHOED_NAME."""
+    return name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+
+
 def check_model(settings: ServerSettings, model: str | None) -> None:
     """404 for a model name the server does not answer to (None: any)."""
     if model is not None and model not in settings.model_names:
@@ -42,10 +47,9 @@ def check_model(settings: ServerSettings, model: str | None) -> None:
 
 def unknown_model(model: str) -> APIError:
     """The 404 for a model name the server does not answer to."""
-    shown = model if len(model) <= MAX_ECHOED_NAME else model[:MAX_ECHOED_NAME] + "..."
     return APIError(
         404,
-        f"The model `{shown}` does not exist.",
+        f"The model `{echoed(model)}` does not exist.",
         "not_found_error",
         param="model",
         code="model_not_found",
