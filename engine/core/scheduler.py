@@ -244,10 +244,9 @@ class Scheduler:
         runner, their tokens pending (async scheduling, core/pending_tokens.py)."""
         updates = []
         draft_model = self.speculator is not None and self.speculator.uses_draft_model
-        sequences, sampled_of = self.queues.sequences, runner_output.sampled
-        block_size = self.block_manager.block_size
-        # Most steps have neither: no look-up per sequence then.
-        prompt_logprobs_of, embeddings_of = runner_output.prompt_logprobs, runner_output.embeddings
+        sequences, block_size = self.queues.sequences, self.block_manager.block_size
+        sampled_of, embeddings_of = runner_output.sampled, runner_output.embeddings
+        prompt_logprobs_of = runner_output.prompt_logprobs
         for item in out.scheduled:
             seq = sequences.get(item.request_id)
             if seq is None:  # finished (aborted) while the step ran
@@ -258,19 +257,18 @@ class Scheduler:
             if draft_model:
                 # Before any fork below: n > 1 choices share the prompt's draft KV too.
                 advance_draft_kv(seq, item)
-            prompt_logprobs = []
-            if prompt_logprobs_of:
-                prompt_logprobs = prompt_logprobs_of.get(seq.request_id, [])
+            prompt_logprobs = prompt_logprobs_of.get(seq.request_id, [])
+            if prompt_logprobs:
                 seq.num_prompt_logprobs += len(prompt_logprobs)
             sampled = sampled_of.get(seq.request_id)
-            embedding = embeddings_of.get(seq.request_id) if embeddings_of else None
+            embedding = embeddings_of.get(seq.request_id)
             # An embedding request ends with its prefill: nothing is generated.
             status = SequenceStatus.FINISHED_STOPPED if embedding is not None else None
             new_tokens = []
             if sampled:
                 later = take_pending(seq) if handed_over else 0  # the next step's
                 if seq.fork_children:
-                    self._fork_children(seq)
+                    self.queues.start_forks(seq)
                 new_tokens, status = append_until_stop(seq, sampled, self.max_model_len)
                 if status is None and later:  # async: the step after's tokens, pending
                     put_back(seq, later)
@@ -280,7 +278,7 @@ class Scheduler:
                 seq.num_computed_tokens += len(new_tokens) - 1
                 self.block_manager.free_uncomputed_blocks(seq)
                 if self.speculator is not None:
-                    self.speculator.record(seq, item.num_draft_tokens, len(sampled) - 1)
+                    self.speculator.record(seq, num_drafts, len(sampled) - 1)
             # Again, now that accepted drafts count as computed.
             registered = advance_draft_kv(seq, item) if draft_model else None
             # Not preempted since it was handed over, and (register_full_blocks' own
@@ -294,19 +292,3 @@ class Scheduler:
                 self.queues.finish(seq.request_id, status)
             updates.append(sequence_update(seq, new_tokens, prompt_logprobs, embedding))
         return updates
-
-    def _fork_children(self, parent: Sequence) -> None:
-        """n > 1: the other choices share the parent's computed prompt but for its last
-        token, which each computes itself next step, to sample its first token from its
-        own logits and generator (their shared partial block is copied on write)."""
-        assert parent.num_output_tokens == 0 and parent.num_computed_tokens == parent.num_tokens
-        for child in parent.fork_children:
-            if child.is_finished:  # aborted with its group
-                continue
-            self.block_manager.fork(parent, child, parent.num_tokens - 1)
-            child.long_rope = parent.long_rope
-            child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
-            child.status = SequenceStatus.RUNNING
-            child.first_scheduled_time = parent.first_scheduled_time
-            self.queues.running.append(child)
-        parent.fork_children = []

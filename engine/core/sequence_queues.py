@@ -107,6 +107,23 @@ class SequenceQueues:
             self.finish(seq.request_id, SequenceStatus.FINISHED_REJECTED)
         return [sequence_update(seq, [], []) for seq in seqs]
 
+    def start_forks(self, parent: Sequence) -> None:
+        """n > 1: the other choices join the running ones, sharing the parent's computed
+        prompt but for its last token, which each computes itself next step, to sample
+        its first token from its own logits and generator (their shared partial block
+        is copied on write). Called as the parent samples its first token."""
+        assert parent.num_output_tokens == 0 and parent.num_computed_tokens == parent.num_tokens
+        for child in parent.fork_children:
+            if child.is_finished:  # aborted with its group
+                continue
+            self.block_manager.fork(parent, child, parent.num_tokens - 1)
+            child.long_rope = parent.long_rope
+            child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
+            child.status = SequenceStatus.RUNNING
+            child.first_scheduled_time = parent.first_scheduled_time
+            self.running.append(child)
+        parent.fork_children = []
+
     def finish(self, request_id: str, status: SequenceStatus) -> bool:
         """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
         False if there is no such unfinished sequence."""
