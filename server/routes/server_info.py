@@ -18,6 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 router = APIRouter()
+# The installed package's version, read once: it cannot change while the server runs.
+VERSION = metadata.version("hetero-paged-infer")
 
 
 @router.get("/server_info")
@@ -28,4 +30,4 @@ async def server_info(request: Request) -> JSONResponse:
 
 @router.get("/version")
 async def version() -> JSONResponse:
-    return JSONResponse({"version": metadata.version("hetero-paged-infer")})
+    return JSONResponse({"version": VERSION})
