@@ -58,6 +58,50 @@ def transformers_embedding(model: torch.nn.Module, prompt: list[int], pooling: s
 # Router scores this close are a tie within fp32 rounding: two correct computations
 # (summing in different orders) may pick different experts, and a different token.
 ROUTER_TIE = 1e-4
+# Next-token logits this close are a tie within fp32 rounding too: the same sums in
+# another order (another kernel, or the same tokens in another batch) may pick either.
+LOGIT_TIE = 1e-4
+
+
+def check_same_tokens(
+    folder: Any,
+    prompt: list[int],
+    out: list[int],
+    ref: list[int],
+    logit_bias: dict[int, float] | None = None,
+) -> None:
+    """Greedy ``out`` equals transformers' ``ref`` token for token, or parts from it at
+    a tie alone: where transformers' two best next-token logits (``logit_bias`` added)
+    are within LOGIT_TIE of each other, or a mixture of experts' router chose its last
+    expert within ROUTER_TIE of the next. The reference model is loaded from ``folder``
+    only where they part."""
+    if out == ref:
+        return
+    at = next(i for i in range(len(ref)) if i == len(out) or out[i] != ref[i])
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    context = prompt + ref[:at]
+    logit_gap = closest_logit_gap(model, context, logit_bias)
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    routing_gap = closest_routing_gap(model, context, top_k) if top_k else None
+    assert logit_gap < LOGIT_TIE or (routing_gap is not None and routing_gap < ROUTER_TIE), (
+        f"differs at token {at} ({len(prompt)}-token prompt): {out} != {ref}; the best "
+        f"logits are {logit_gap:.2e} apart"
+        + ("" if routing_gap is None else f", the closest routing gap is {routing_gap:.2e}")
+        + ": no tie"
+    )
+
+
+@torch.no_grad()
+def closest_logit_gap(
+    model: torch.nn.Module, token_ids: list[int], logit_bias: dict[int, float] | None = None
+) -> float:
+    """The gap between transformers' two best logits for the token after ``token_ids``
+    (each token's ``logit_bias`` added)."""
+    logits = model(torch.tensor([token_ids])).logits[0, -1].float()
+    for token, bias in (logit_bias or {}).items():
+        logits[token] += bias
+    best, second = logits.topk(2).values.tolist()
+    return best - second
 
 
 @torch.no_grad()
