@@ -23,6 +23,8 @@ def mrope_rows(
     which = section_of.repeat_interleave(torch.tensor(sections, device=cos.device))
     if 2 * which.numel() != head_dim:
         raise ValueError(f"mrope_section {sections} does not cover half of {head_dim} dims")
-    rows = positions[torch.cat([which, which])].T  # [num_tokens, head_dim]
+    # [num_tokens, head_dim], laid out so that the tables' gathered rows are contiguous,
+    # as the rotary kernels take them (gathered through the transpose they were not)
+    rows = positions[torch.cat([which, which])].T.contiguous()
     columns = torch.arange(head_dim, device=cos.device)
     return cos[rows, columns], sin[rows, columns]

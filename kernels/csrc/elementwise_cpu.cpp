@@ -1,4 +1,5 @@
-// The model's elementwise steps in one pass each over memory, for bf16 and fp16.
+// The model's elementwise steps in one pass each over memory, for bf16 and fp16 (and
+// the rotation for fp32 too, rounded as torch rounds it).
 //
 // In torch each of these is several operators with a temporary per operator (cast to
 // fp32, square, mean, rsqrt, multiply, cast back, ...). Here each row is read once,
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "load_row.h"
@@ -116,6 +118,15 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 
 namespace {
 
+// x * y rounded to fp32 on its own. -ffast-math would fuse a product into the add
+// after it (one rounding instead of two); an fp32 rotation must equal torch's, which
+// rounds each product, to the bit (tests/kernels/test_reference_kernels.py).
+inline float rounded_product(float x, float y) {
+  float product = x * y;
+  __asm__("" : "+v"(product));  // opaque to the optimizer: nothing fuses across it
+  return product;
+}
+
 // x: [tokens, heads, head_dim] with rows `row_stride` apart (a view into the merged
 // qkv projection); out: contiguous. cos/sin: fp32 [max_positions, head_dim].
 template <typename scalar_t>
@@ -137,8 +148,13 @@ void rotate(const scalar_t* x, int64_t row_stride, scalar_t* out, const int64_t*
           // neox pairs i with i + half; GPT-J pairs 2i with 2i + 1. Frequency i either way.
           const int64_t a = is_neox ? i : 2 * i;
           const int64_t b = is_neox ? i + half : 2 * i + 1;
-          oh[a] = static_cast<scalar_t>(v[a] * c[i] - v[b] * s[i]);
-          oh[b] = static_cast<scalar_t>(v[b] * c[i] + v[a] * s[i]);
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            oh[a] = rounded_product(v[a], c[i]) - rounded_product(v[b], s[i]);
+            oh[b] = rounded_product(v[b], c[i]) + rounded_product(v[a], s[i]);
+          } else {
+            oh[a] = static_cast<scalar_t>(v[a] * c[i] - v[b] * s[i]);
+            oh[b] = static_cast<scalar_t>(v[b] * c[i] + v[a] * s[i]);
+          }
         }
       }
     }
@@ -150,7 +166,7 @@ at::Tensor rotate_tensor(const at::Tensor& x, const at::Tensor& positions, const
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.stride(1) == x.size(2),
               "q/k must be [tokens, heads, head_dim] with contiguous heads");
   auto out = tensors::empty(x.sizes(), x.options());
-  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "rotary", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary", [&] {
     rotate(x.data_ptr<scalar_t>(), x.stride(0), out.data_ptr<scalar_t>(),
            positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
            x.size(0), x.size(1), x.size(2), is_neox);

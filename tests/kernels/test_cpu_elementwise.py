@@ -1,5 +1,5 @@
-"""The C++ elementwise kernels (bf16/fp16 on the CPU) against their torch references,
-through the ops the engine selects on the CPU."""
+"""The C++ elementwise kernels (bf16/fp16 on the CPU, and the rotation in fp32) against
+their torch references, through the ops the engine selects on the CPU."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from hetero_infer.engine.models.mrope import mrope_rows
 from hetero_infer.kernels import cpu_ops, select_kernels
 from hetero_infer.kernels.activation import silu_and_mul_ref
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
@@ -43,11 +44,16 @@ def test_dispatch_uses_the_kernels_for_reduced_precision_only():
         recorded.rms_norm(randn(2, 8, dtype=dtype), randn(8, dtype=dtype), 1e-5)
         recorded.silu_and_mul(randn(2, 8, dtype=dtype))
     assert module.calls == ["rms_norm", "silu_and_mul"] * len(DTYPES)
-    # fp32 keeps the references, which round exactly as transformers does.
+    # fp32 keeps the references, which round exactly as transformers does, but for the
+    # rotation, whose kernel rounds as they do (test_rotary_in_fp32_equals_the_reference).
     module.calls.clear()
     recorded.rms_norm(randn(2, 8, dtype=torch.float32), randn(8, dtype=torch.float32), 1e-5)
     recorded.silu_and_mul(randn(2, 8, dtype=torch.float32))
     assert module.calls == []
+    cos, sin = rope_cos_sin(rope_inv_freq(8, 10000.0, None), 16)
+    q = randn(3, 2, 8, dtype=torch.float32)
+    recorded.rotary(torch.arange(3), q, q, cos, sin)
+    assert module.calls == ["rotary"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -88,5 +94,37 @@ def test_rotary_on_views_of_a_merged_projection(dtype, is_neox):
     positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(3))
     q_out, k_out = ops.rotary(positions, q, k, cos, sin, is_neox)
     q_ref, k_ref = rotary_ref(positions, q, k, cos, sin, is_neox)
+    assert_close(q_out, q_ref, dtype, "q")
+    assert_close(k_out, k_ref, dtype, "k")
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_in_fp32_equals_the_reference(is_neox):
+    # Each product rounded before the add, as torch's operators round them: equal to
+    # the bit (an FMA, rounding once, differs in the last bit of some values).
+    tokens, heads, kv_heads, head_dim = 41, 4, 2, 64
+    q, k = (
+        randn(tokens, heads, head_dim, dtype=torch.float32),
+        randn(tokens, kv_heads, head_dim, dtype=torch.float32, seed=1),
+    )
+    cos, sin = rope_cos_sin(rope_inv_freq(head_dim, 10000.0, None), 4096)
+    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(3))
+    q_out, k_out = ops.rotary(positions, q, k, cos, sin, is_neox)
+    q_ref, k_ref = rotary_ref(positions, q, k, cos, sin, is_neox)
+    assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])
+def test_rotary_on_m_ropes_tables_of_each_token(dtype):
+    """M-RoPE (Qwen2.5-VL) gathers each token's cos and sin rows from the tables by its
+    three positions; the kernel takes them as tables with token i at row i."""
+    tokens, head_dim = 9, 16
+    cos, sin = rope_cos_sin(rope_inv_freq(head_dim, 10000.0, None), 64)
+    positions = torch.randint(0, 64, (3, tokens), generator=torch.Generator().manual_seed(4))
+    rows = mrope_rows((cos, sin), positions, (2, 3, 3))
+    q, k = randn(tokens, 2, head_dim, dtype=dtype), randn(tokens, 1, head_dim, dtype=dtype)
+    at_row = torch.arange(tokens)
+    q_out, k_out = ops.rotary(at_row, q, k, *rows)
+    q_ref, k_ref = rotary_ref(at_row, q, k, *rows)
     assert_close(q_out, q_ref, dtype, "q")
     assert_close(k_out, k_ref, dtype, "k")
