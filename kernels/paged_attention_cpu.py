@@ -6,11 +6,11 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
 
 - paged_attention_cpu.cpp takes any token as a row of its own: the sequence's block
   table with a context of pos(t) + 1 keys. It serves the decodes, and every token
-  where the tiled kernel does not apply (fp32/fp16, sliding windows, odd head sizes,
-  an int8 cache: kernels/kv_quant.py, which it reads as stored).
-- prefill_attention_cpu.cpp takes whole prefill chunks in bf16: 16 query tokens at a
-  time against 16 keys at a time, as small matrix products (flash attention), so a
-  chunk's keys are read once per 16 tokens instead of once per token.
+  where the tiled kernel does not apply (fp16, sliding windows, odd head sizes, an
+  int8 cache: kernels/kv_quant.py, which it reads as stored).
+- prefill_attention_cpu.cpp takes whole prefill chunks in bf16 and fp32: 16 query
+  tokens at a time against 16 keys at a time, as small matrix products (flash
+  attention), so a chunk's keys are read once per 16 tokens instead of once per token.
 
 Neither pads to the longest chunk nor works past the causal diagonal, as torch's
 padded attention does; both soft-cap the scores where asked (Gemma 2).
@@ -32,8 +32,12 @@ import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.paged_attention import TorchAttentionMetadata, paged_attention_ref
 
-# Head sizes the tiled kernel is built for (a multiple of 16 values per vector).
-TILED_HEAD_DIMS = (32, 64, 96, 128)
+# Head sizes the tiled kernel is built for: in bf16 (a multiple of 16 values per
+# vector, as its AMX path takes them), and in fp32 (one to eight vectors of 16).
+TILED_HEAD_DIMS = {
+    torch.bfloat16: (32, 64, 96, 128),
+    torch.float32: (16, 32, 48, 64, 80, 96, 112, 128),
+}
 
 
 @dataclass
@@ -123,12 +127,12 @@ def tiled_kernel_serves(
     module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, sliding_window: int | None
 ) -> bool:
     # An int8 cache's prefill chunks go row by row: the tiled kernel's products take
-    # bf16 keys, and a chunk's keys converted per tile would cost what the rows do.
+    # keys in the query's dtype, and a chunk's keys converted per tile would cost what
+    # the rows do. The tiles are built for bf16 and fp32; fp16 goes row by row.
     return (
         module.prefill_attention_available()
-        and query.dtype == torch.bfloat16
         and k_cache.dtype == query.dtype
-        and query.shape[2] in TILED_HEAD_DIMS
+        and query.shape[2] in TILED_HEAD_DIMS.get(query.dtype, ())
         and sliding_window is None
     )
 

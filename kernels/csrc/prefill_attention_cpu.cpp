@@ -1,14 +1,16 @@
-// Causal attention of prefill chunks over the paged KV cache on the CPU, bf16 only.
+// Causal attention of prefill chunks over the paged KV cache on the CPU, in bf16 and
+// fp32.
 //
 // A chunk's query tokens all read the same keys and values, so here they are read in
-// tiles of 16 tokens against tiles of 16 keys, as matrix products on bf16 pairs
-// (vector_math.h's LanePairs: AVX512-BF16's dot instruction, or FMAs), with an online
-// softmax (flash attention): the decode kernel, one token at a time, re-reads every
-// key per token and reduces each dot product across lanes. Two passes, each split
-// among torch's threads by its work:
+// tiles of 16 tokens against tiles of 16 keys, as matrix products (bf16: on pairs, by
+// vector_math.h's LanePairs: AVX512-BF16's dot instruction, or FMAs; fp32: by FMAs),
+// with an online softmax (flash attention): the decode kernel, one token at a time,
+// re-reads every key per token and reduces each dot product across lanes (at fp32's
+// small head sizes, 16 or 32, that reduction is most of its work). Two passes, each
+// split among torch's threads by its work:
 // 1. per (chunk, KV head), the keys are laid out with a tile's 16 keys across the
-//    lanes (pairs of dims per lane, as the instruction multiplies pairs), and the
-//    values with pairs of keys per lane;
+//    lanes (in bf16 a pair of dims per lane, as the instruction multiplies pairs), and
+//    the values with pairs of keys per lane (fp32: a key's values in a row);
 // 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
 //    small keep both threads busy when a step holds a single long chunk.
 // The probabilities are rounded to bf16 for the value product, as GPU flash attention
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "load_row.h"
@@ -42,6 +45,31 @@ namespace {
 
 constexpr int64_t kTile = kQueryTile;
 constexpr float kMasked = kMaskedScore;
+
+// Online softmax, one query's step over a tile of 16 keys: its scores (`dots` scaled,
+// soft-capped where softcap > 0) against the `visible` keys of the tile it sees, its
+// running maximum and weight sum updated. Returns its probabilities there (0 where it
+// does not see a key; all 0 for visible <= 0, a query past the tile's end or before
+// its keys) and sets `rescale`, what its value sums so far are multiplied by.
+inline __m512 tile_probabilities(__m512 dots, __m512 scale_v, float softcap, int64_t visible,
+                                 float& max, float& sum, float& rescale) {
+  if (visible <= 0) {
+    rescale = 1.f;
+    return _mm512_setzero_ps();
+  }
+  const __mmask16 keep = visible >= kTile ? static_cast<__mmask16>(0xFFFF)
+                                          : static_cast<__mmask16>((1u << visible) - 1);
+  __m512 scores = _mm512_mul_ps(dots, scale_v);
+  if (softcap > 0.f) scores = softcap16(scores, softcap);
+  scores = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, scores);
+  const float new_max = std::max(max, _mm512_reduce_max_ps(scores));
+  rescale = std::exp(max - new_max);  // 0 on the first tile
+  max = new_max;
+  const __m512 probs =
+      _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+  sum = sum * rescale + _mm512_reduce_add_ps(probs);
+  return probs;
+}
 
 // One sequence's keys and values for one KV head, re-laid out for the products.
 struct KvTiles {
@@ -122,30 +150,14 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
           odd[j] = k1.dot(odd[j], q[j][p + 1]);
         }
       }
-      // Online softmax: each query's maximum so far; what was summed is rescaled to
-      // it. Queries past the tile's end, or that see none of its keys, get no weight.
       float rescale[4];
       ScalarPair prob_pairs[4][kTile / 2];
       for (int j = 0; j < 4; ++j) {
         const int64_t i = i0 + j;
-        const int64_t visible = first_pos + i - tile * kTile + 1;  // keys of the tile it sees
-        if (i >= count || visible <= 0) {
-          rescale[j] = 1.f;
-          store_pairs(prob_pairs[j], _mm512_setzero_ps());
-          continue;
-        }
-        const __mmask16 keep = visible >= kTile ? static_cast<__mmask16>(0xFFFF)
-                                                : static_cast<__mmask16>((1u << visible) - 1);
-        __m512 scores = _mm512_mul_ps(_mm512_add_ps(even[j], odd[j]), scale_v);
-        if (softcap > 0.f) scores = softcap16(scores, softcap);
-        scores = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, scores);
-        const float new_max = std::max(maxes[i], _mm512_reduce_max_ps(scores));
-        rescale[j] = std::exp(maxes[i] - new_max);  // 0 on the first tile
-        maxes[i] = new_max;
-        const __m512 probs =
-            _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
-        sums[i] = sums[i] * rescale[j] + _mm512_reduce_add_ps(probs);
-        store_pairs(prob_pairs[j], probs);
+        const int64_t visible = i0 + j < count ? first_pos + i - tile * kTile + 1 : 0;
+        const __m512 dots = _mm512_add_ps(even[j], odd[j]);
+        store_pairs(prob_pairs[j], tile_probabilities(dots, scale_v, softcap, visible, maxes[i],
+                                                      sums[i], rescale[j]));
       }
       // Value sums: each pair of keys' value chunk is loaded once for kQueries queries.
       for (int j0 = 0; j0 < 4; j0 += kQueries) {
@@ -177,34 +189,108 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
   state.write(first, count, out, out_stride);
 }
 
-}  // namespace
-#endif
+// KvTiles' fp32 counterpart: keys[tile][dim][key], a tile's 16 keys across the lanes;
+// values[tile][key][dim], a key's values in a row. Zeros past the context.
+struct KvTilesF32 {
+  std::vector<float> keys;
+  std::vector<float> values;
 
-// out[t] for the query tokens of each chunk: rows chunk_starts[s] .. chunk_starts[s] +
-// chunk_lens[s] - 1 of query are the last tokens of sequence s, whose context (the
-// chunk's keys already stored) is context_lens[s]. Other rows of `out` are left as
-// they are.
-void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& block_tables,
-                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
-                       const at::Tensor& chunk_lens, double scale, double softcap,
-                       at::Tensor& out) {
-  TORCH_CHECK(prefill_attention_available(), "built without AVX-512 (BW)");
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
-                  out.scalar_type() == at::kBFloat16,
-              "bf16 only");
-  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2) &&
-                  out.is_contiguous() && out.sizes() == query.sizes(),
-              "query [tokens, heads, dim] with contiguous heads; out like it, contiguous");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK((query.size(2) == 32 || query.size(2) == 64 || query.size(2) == 96 ||
-               query.size(2) == 128) &&
-                  query.size(1) % k_cache.size(2) == 0,
-              "head_dim 32, 64, 96 or 128; heads a multiple of KV heads");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
-                  chunk_starts.scalar_type() == at::kInt && chunk_lens.scalar_type() == at::kInt,
-              "block_tables, context_lens, chunk_starts and chunk_lens must be int32");
-#if defined(__AVX512BW__)
+  void build(const float* k_cache, const float* v_cache, const int32_t* table, int64_t context,
+             int64_t block_size, int64_t token_stride, int64_t offset, int64_t head_dim) {
+    const int64_t tiles = (context + kTile - 1) / kTile;
+    keys.assign(tiles * head_dim * kTile, 0.f);
+    values.assign(tiles * kTile * head_dim, 0.f);
+    for (int64_t pos = 0; pos < context; ++pos) {
+      const int64_t slot =
+          static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+      const float* k = k_cache + slot * token_stride + offset;
+      float* kt = keys.data() + (pos / kTile) * head_dim * kTile + pos % kTile;
+      for (int64_t d = 0; d < head_dim; ++d) kt[d * kTile] = k[d];
+      std::memcpy(values.data() + pos * head_dim, v_cache + slot * token_stride + offset,
+                  head_dim * sizeof(float));
+    }
+  }
+};
+
+// attend_query_tile in fp32: a query's scores against a tile's 16 keys are head_dim
+// FMAs of its values (broadcast) with the keys' lanes, in two chains of alternate dims;
+// the value sums take each probability (broadcast) times its key's value row.
+template <int CHUNKS>
+void attend_query_tile_f32(const float* query, int64_t query_stride, int64_t first,
+                           int64_t count, int64_t chunk_len, int64_t context,
+                           const KvTilesF32& kv, float scale, float softcap, float* acc,
+                           float* out, int64_t out_stride) {
+  constexpr int64_t head_dim = CHUNKS * 16;
+  constexpr int kQueries = CHUNKS <= 4 ? 4 : 2;  // value sums within the 32 registers
+  QueryTile state(acc, head_dim);
+  const int64_t first_pos = context - chunk_len + first;
+  const int64_t last_pos = first_pos + count - 1;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t tile = 0; tile * kTile <= last_pos; ++tile) {
+    const float* kt = kv.keys.data() + tile * head_dim * kTile;
+    const float* vt = kv.values.data() + tile * kTile * head_dim;
+    for (int64_t i0 = 0; i0 < count; i0 += 4) {
+      const float* q[4];
+      for (int j = 0; j < 4; ++j) {
+        q[j] = query + (first + std::min<int64_t>(i0 + j, count - 1)) * query_stride;
+      }
+      __m512 even[4], odd[4];
+      for (int j = 0; j < 4; ++j) even[j] = odd[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 2) {
+        const __m512 k0 = _mm512_loadu_ps(kt + d * kTile);
+        const __m512 k1 = _mm512_loadu_ps(kt + (d + 1) * kTile);
+        for (int j = 0; j < 4; ++j) {
+          even[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][d]), k0, even[j]);
+          odd[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][d + 1]), k1, odd[j]);
+        }
+      }
+      float rescale[4];
+      alignas(64) float probs[4][kTile];
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = i0 + j;
+        const int64_t visible = i < count ? first_pos + i - tile * kTile + 1 : 0;
+        const __m512 dots = _mm512_add_ps(even[j], odd[j]);
+        _mm512_store_ps(probs[j], tile_probabilities(dots, scale_v, softcap, visible,
+                                                     state.maxes[i], state.sums[i], rescale[j]));
+      }
+      for (int j0 = 0; j0 < 4; j0 += kQueries) {
+        __m512 sum[kQueries][CHUNKS];
+        for (int j = 0; j < kQueries; ++j) {
+          const __m512 r = _mm512_set1_ps(rescale[j0 + j]);
+          for (int c = 0; c < CHUNKS; ++c) {
+            sum[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c), r);
+          }
+        }
+        for (int64_t k = 0; k < kTile; ++k) {
+          __m512 value[CHUNKS];
+          for (int c = 0; c < CHUNKS; ++c) value[c] = _mm512_loadu_ps(vt + k * head_dim + 16 * c);
+          for (int j = 0; j < kQueries; ++j) {
+            const __m512 weight = _mm512_set1_ps(probs[j0 + j][k]);
+            for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_fmadd_ps(weight, value[c], sum[j][c]);
+          }
+        }
+        for (int j = 0; j < kQueries; ++j) {
+          for (int c = 0; c < CHUNKS; ++c) {
+            _mm512_storeu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c, sum[j][c]);
+          }
+        }
+      }
+    }
+  }
+  state.write(first, count, out, out_stride);
+}
+
+// prefill_attention for one dtype: bf16 (KvTiles, on AMX's tiles where the CPU has
+// them) or fp32 (KvTilesF32).
+template <typename scalar_t>
+void prefill_attention_of(const at::Tensor& query, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& block_tables,
+                          const at::Tensor& context_lens, const at::Tensor& chunk_starts,
+                          const at::Tensor& chunk_lens, float scale, float softcap,
+                          at::Tensor& out) {
+  constexpr bool kFp32 = std::is_same_v<scalar_t, float>;
+  using Tiles = std::conditional_t<kFp32, KvTilesF32, KvTiles>;
+  using Element = std::conditional_t<kFp32, float, uint16_t>;  // the tiles' build reads
   const auto tables_c = block_tables.contiguous();
   const auto lens_c = context_lens.contiguous();
   const auto starts_c = chunk_starts.contiguous();
@@ -217,10 +303,10 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   const int64_t num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   const int64_t group = num_heads / num_kv_heads, token_stride = num_kv_heads * head_dim;
-  const uint16_t* q_ptr = reinterpret_cast<const uint16_t*>(query.data_ptr<at::BFloat16>());
-  const uint16_t* k_ptr = reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>());
-  const uint16_t* v_ptr = reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>());
-  at::BFloat16* out_ptr = out.data_ptr<at::BFloat16>();
+  const Element* q_ptr = reinterpret_cast<const Element*>(query.data_ptr<scalar_t>());
+  const Element* k_ptr = reinterpret_cast<const Element*>(k_cache.data_ptr<scalar_t>());
+  const Element* v_ptr = reinterpret_cast<const Element*>(v_cache.data_ptr<scalar_t>());
+  scalar_t* out_ptr = out.data_ptr<scalar_t>();
   const int64_t q_token_stride = query.stride(0);
 
   // Pass 1: each (chunk, KV head)'s tiles, built once for all its query heads.
@@ -228,8 +314,8 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   // from mmap, and page faults cost as much as the pass. A reference, so that the
   // lambdas below, run by other threads, see the calling thread's buffers.
   const int64_t num_units = num_seqs * num_kv_heads;
-  thread_local std::vector<KvTiles> kv_buffers;
-  std::vector<KvTiles>& kv = kv_buffers;
+  thread_local std::vector<Tiles> kv_buffers;
+  std::vector<Tiles>& kv = kv_buffers;
   if (static_cast<int64_t>(kv.size()) < num_units) kv.resize(num_units);
   std::vector<int64_t> build_work(num_units);
   for (int64_t u = 0; u < num_units; ++u) build_work[u] = lens[u / num_kv_heads] + 16;
@@ -257,35 +343,86 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       }
     }
   }
-  const bool on_tiles = prefill_attention_amx_ready();  // AMX's, where the CPU has them
+  const bool on_tiles = !kFp32 && prefill_attention_amx_ready();  // AMX's, where there
   auto attend = [&](const Item& item, float* acc) {
     const int64_t chunk_len = query_lens[item.seq];
     const int64_t count = std::min<int64_t>(kTile, chunk_len - item.first);
-    const uint16_t* query_rows = q_ptr + starts[item.seq] * q_token_stride + item.head * head_dim;
-    at::BFloat16* out_rows = out_ptr + (starts[item.seq] * num_heads + item.head) * head_dim;
-    const KvTiles& tiles = kv[item.seq * num_kv_heads + item.head / group];
-    if (on_tiles) {
-      attend_query_tile_amx(query_rows, q_token_stride, item.first, count, chunk_len,
-                            lens[item.seq], tiles.keys.data(), tiles.values.data(), head_dim,
-                            static_cast<float>(scale), static_cast<float>(softcap), acc,
-                            out_rows, num_heads * head_dim);
-      return;
-    }
+    const Element* query_rows = q_ptr + starts[item.seq] * q_token_stride + item.head * head_dim;
+    scalar_t* out_rows = out_ptr + (starts[item.seq] * num_heads + item.head) * head_dim;
+    const Tiles& tiles = kv[item.seq * num_kv_heads + item.head / group];
     auto run = [&](auto tile_fn) {
       tile_fn(query_rows, q_token_stride, item.first, count, chunk_len, lens[item.seq], tiles,
-              static_cast<float>(scale), static_cast<float>(softcap), acc, out_rows,
-              num_heads * head_dim);
+              scale, softcap, acc, out_rows, num_heads * head_dim);
     };
-    switch (head_dim / 16) {
-      case 2: run(attend_query_tile<2>); break;
-      case 4: run(attend_query_tile<4>); break;
-      case 6: run(attend_query_tile<6>); break;
-      default: run(attend_query_tile<8>); break;
+    if constexpr (kFp32) {
+      switch (head_dim / 16) {
+        case 1: run(attend_query_tile_f32<1>); break;
+        case 2: run(attend_query_tile_f32<2>); break;
+        case 3: run(attend_query_tile_f32<3>); break;
+        case 4: run(attend_query_tile_f32<4>); break;
+        case 5: run(attend_query_tile_f32<5>); break;
+        case 6: run(attend_query_tile_f32<6>); break;
+        case 7: run(attend_query_tile_f32<7>); break;
+        default: run(attend_query_tile_f32<8>); break;
+      }
+    } else if (on_tiles) {
+      attend_query_tile_amx(query_rows, q_token_stride, item.first, count, chunk_len,
+                            lens[item.seq], tiles.keys.data(), tiles.values.data(), head_dim,
+                            scale, softcap, acc, out_rows, num_heads * head_dim);
+    } else {
+      switch (head_dim / 16) {
+        case 2: run(attend_query_tile<2>); break;
+        case 4: run(attend_query_tile<4>); break;
+        case 6: run(attend_query_tile<6>); break;
+        default: run(attend_query_tile<8>); break;
+      }
     }
   };
   parallel_for_by_work(work, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(kTile * head_dim);
     for (int64_t i = begin; i < end; ++i) attend(items[i], acc.data());
   });
+}
+
+}  // namespace
+#endif
+
+// out[t] for the query tokens of each chunk: rows chunk_starts[s] .. chunk_starts[s] +
+// chunk_lens[s] - 1 of query are the last tokens of sequence s, whose context (the
+// chunk's keys already stored) is context_lens[s]. Other rows of `out` are left as
+// they are.
+void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                       const at::Tensor& v_cache, const at::Tensor& block_tables,
+                       const at::Tensor& context_lens, const at::Tensor& chunk_starts,
+                       const at::Tensor& chunk_lens, double scale, double softcap,
+                       at::Tensor& out) {
+  TORCH_CHECK(prefill_attention_available(), "built without AVX-512 (BW)");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) &&
+                  k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
+                  out.scalar_type() == dtype,
+              "bf16 or fp32, query, caches and out alike");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2) &&
+                  out.is_contiguous() && out.sizes() == query.sizes(),
+              "query [tokens, heads, dim] with contiguous heads; out like it, contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t head_dim = query.size(2);
+  TORCH_CHECK(dtype == at::kFloat ? head_dim % 16 == 0 && head_dim >= 16 && head_dim <= 128
+                                  : head_dim == 32 || head_dim == 64 || head_dim == 96 ||
+                                        head_dim == 128,
+              "head_dim 32, 64, 96 or 128 (fp32: a multiple of 16 up to 128)");
+  TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "heads a multiple of KV heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+                  chunk_starts.scalar_type() == at::kInt && chunk_lens.scalar_type() == at::kInt,
+              "block_tables, context_lens, chunk_starts and chunk_lens must be int32");
+#if defined(__AVX512BW__)
+  const float scale_f = static_cast<float>(scale), softcap_f = static_cast<float>(softcap);
+  if (dtype == at::kFloat) {
+    prefill_attention_of<float>(query, k_cache, v_cache, block_tables, context_lens, chunk_starts,
+                                chunk_lens, scale_f, softcap_f, out);
+  } else {
+    prefill_attention_of<at::BFloat16>(query, k_cache, v_cache, block_tables, context_lens,
+                                       chunk_starts, chunk_lens, scale_f, softcap_f, out);
+  }
 #endif
 }

@@ -28,7 +28,8 @@ struct QueryTile {
   }
 
   // Rows first .. first + count - 1 of out: each query's value sums over its weights' sum.
-  void write(int64_t first, int64_t count, at::BFloat16* out, int64_t out_stride) const {
+  template <typename scalar_t>
+  void write(int64_t first, int64_t count, scalar_t* out, int64_t out_stride) const {
     for (int64_t i = 0; i < count; ++i) {
       float* row = acc + i * head_dim;
       const float inv = 1.f / sums[i];

@@ -202,20 +202,32 @@ def test_cpu_path_on_mixed_steps(module, dtype, window, softcap):
     assert_close(actual, expected, dtype, "cpu path")
 
 
+# (dtype, block_size, num_kv_heads, group, head_dim): bf16's four head sizes, and fp32's
+# from one vector of 16 to eight.
+TILED_CASES = [
+    (torch.bfloat16, 16, 3, 3, 64),
+    (torch.bfloat16, 32, 2, 4, 32),
+    (torch.bfloat16, 16, 1, 7, 96),
+    (torch.bfloat16, 8, 2, 1, 128),
+    (torch.float32, 16, 2, 2, 16),
+    (torch.float32, 32, 2, 4, 32),
+    (torch.float32, 16, 1, 7, 48),
+    (torch.float32, 8, 3, 3, 64),
+    (torch.float32, 16, 2, 1, 128),
+]
+
+
 @needs_tiled_kernel
 @pytest.mark.parametrize("softcap", SOFTCAPS)
-@pytest.mark.parametrize(
-    ("block_size", "num_kv_heads", "group", "head_dim"),
-    [(16, 3, 3, 64), (32, 2, 4, 32), (16, 1, 7, 96), (8, 2, 1, 128)],
-)
+@pytest.mark.parametrize(("dtype", "block_size", "num_kv_heads", "group", "head_dim"), TILED_CASES)
 def test_tiled_prefill_kernel_on_mixed_steps(
-    module, tiles, block_size, num_kv_heads, group, head_dim, softcap
+    module, tiles, dtype, block_size, num_kv_heads, group, head_dim, softcap
 ):
-    """bf16 chunks by the tiled kernel: first chunks, chunks after cached context (on
-    and off tile and block boundaries), a 2-token chunk, with decodes between them."""
+    """Chunks by the tiled kernel: first chunks, chunks after cached context (on and
+    off tile and block boundaries), a 2-token chunk, with decodes between them."""
     bs = block_size
     chunks = [(0, 37), (bs - 1, 1), (21, 50), (0, 2), (3 * bs, 16), (5, 1), (0, 1), (40, 17)]
-    batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, torch.bfloat16, seed=11)
+    batch = make_batch(chunks, bs, num_kv_heads, group, head_dim, dtype, seed=11)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, None, softcap)
     meta = prepare_cpu_attention(batch.inputs, bs, {None})
@@ -223,29 +235,37 @@ def test_tiled_prefill_kernel_on_mixed_steps(
     assert meta.prefill_chunks.lens.tolist() == [37, 50, 2, 16, 17]
     caches = (batch.k_cache, batch.v_cache)
     actual = paged_attention_cpu(module, batch.query, *caches, meta, SCALE, softcap=softcap)
-    assert_close(actual, expected, torch.bfloat16, "tiled kernel")
+    assert_close(actual, expected, dtype, "tiled kernel")
 
 
 @needs_tiled_kernel
-def test_tiled_prefill_kernel_on_one_long_chunk(module, tiles):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tiled_prefill_kernel_on_one_long_chunk(module, tiles, dtype):
     # One chunk is split among the threads by its query tiles, not given to one thread.
-    batch = make_batch([(100, 300)], 16, 3, 3, 64, torch.bfloat16, seed=12)
+    batch = make_batch([(100, 300)], 16, 3, 3, 64, dtype, seed=12)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     expected = padded_reference(batch, None)
     meta = prepare_cpu_attention(batch.inputs, 16, {None})
     actual = paged_attention_cpu(module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
-    assert_close(actual, expected, torch.bfloat16, "one long chunk")
+    assert_close(actual, expected, dtype, "one long chunk")
 
 
 @needs_tiled_kernel
-def test_tiled_kernel_serves_bf16_without_window_only(module):
+def test_tiled_kernel_serves_bf16_and_fp32_without_window_only(module):
     query = torch.empty(4, 2, 64, dtype=torch.bfloat16)
     cache = torch.empty(3, 16, 2, 64, dtype=torch.bfloat16)
     assert tiled_kernel_serves(module, query, cache, None)
     assert not tiled_kernel_serves(module, query, cache, 8)
-    assert not tiled_kernel_serves(module, query.float(), cache.float(), None)
+    assert tiled_kernel_serves(module, query.float(), cache.float(), None)
+    assert not tiled_kernel_serves(module, query.half(), cache.half(), None)
+    assert not tiled_kernel_serves(module, query.float(), cache, None)  # dtypes differ
     odd = torch.empty(4, 2, 20, dtype=torch.bfloat16)
     assert not tiled_kernel_serves(module, odd, cache, None)
+    assert not tiled_kernel_serves(module, odd.float(), cache.float(), None)
+    # 16 values a head: fp32's one vector; bf16's products take pairs of 16
+    small = torch.empty(4, 2, 16)
+    assert tiled_kernel_serves(module, small, torch.empty(3, 16, 2, 16), None)
+    assert not tiled_kernel_serves(module, small.bfloat16(), cache, None)
     # an int8 cache's chunks go row by row
     int8_cache = torch.empty(3, 16, 2, 64 + 4, dtype=torch.int8)
     assert not tiled_kernel_serves(module, query, int8_cache, None)

@@ -207,13 +207,14 @@ MIXED = [(0, 37), (15, 1), (21, 50), (0, 2), (48, 16), (5, 1), (0, 1), (40, 17),
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_attention_at_any_thread_count(module, dtype, threads):
-    """The per-token kernel (fp32; one sequence's heads split among threads where there
-    are fewer sequences than threads) and, in bf16, the tiled prefill kernel."""
+    """The tiled prefill kernel (the chunks) beside the per-token kernel (the decodes;
+    one sequence's heads split among threads where there are fewer sequences than
+    threads)."""
     batch = make_batch(MIXED, BLOCK_SIZE, 2, 3, 64, dtype, seed=7)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
     meta = prepare_cpu_attention(batch.inputs, BLOCK_SIZE, {None})
     args = (module, batch.query, batch.k_cache, batch.v_cache, meta, SCALE)
-    if dtype == torch.bfloat16 and module.prefill_attention_available():
+    if module.prefill_attention_available():
         assert tiled_kernel_serves(module, batch.query, batch.k_cache, None)
     with torch_threads(1):
         alone = paged_attention_cpu(*args)
