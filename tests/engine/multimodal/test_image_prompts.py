@@ -6,6 +6,9 @@ stretch of text between special tokens with "▁"; both must come out as the tex
 
 from __future__ import annotations
 
+import io
+
+import blake3
 import numpy as np
 import pytest
 from hetero_infer.engine.loader import load_tokenizer, resolve_model
@@ -79,3 +82,28 @@ def test_markers_and_images_must_pair_up(hf_tokenizer):
     token_ids = hf_tokenizer.encode(TEXTS[0], add_special_tokens=False)
     with pytest.raises(ValidationError, match=r"2 image\(s\) for 1 image place"):
         prompts.expand(token_ids, [image(0), image(1)], "messages")
+
+
+def file_bytes(picture: Image.Image, file_format: str) -> bytes:
+    out = io.BytesIO()
+    picture.save(out, format=file_format)
+    return out.getvalue()
+
+
+def test_an_images_content_hash_is_its_files_or_else_its_pixels():
+    """A file's image is known by its bytes' digest (the same bytes decode to the same
+    pixels: no hashing of pixels), a decoded one by its pixels."""
+    prompts = ImagePrompts(PROCESSOR, Tokenizer(byte_fallback_tokenizer()), 0)
+    picture = image(3)
+
+    def from_file(data: bytes) -> int:
+        digest = blake3.blake3(data).digest()
+        return prompts.preprocess(Image.open(io.BytesIO(data)), digest).content_hash
+
+    png, bmp = file_bytes(picture, "PNG"), file_bytes(picture, "BMP")  # the same pixels
+    assert from_file(png) == from_file(png)
+    assert len({from_file(png), from_file(bmp), prompts.preprocess(picture).content_hash}) == 3
+    assert (
+        prompts.preprocess(picture.copy()).content_hash == prompts.preprocess(picture).content_hash
+    )
+    assert from_file(file_bytes(image(4), "PNG")) != from_file(png)
