@@ -19,6 +19,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int kPrecisionBits = 22;  // Pillow's PRECISION_BITS (32 - 8 - 2)
@@ -29,9 +33,45 @@ inline uint8_t clip8(int32_t sum) {
   return static_cast<uint8_t>(std::min(std::max(value, 0), 255));
 }
 
+#if defined(__AVX512F__)
+// out[i] = clip8(2^21 + sum over taps t of src[t * stride + i] * weights[t]) for 16 *
+// kVectors lanes i, their sums in registers: each byte widened to int32, multiplied and
+// added in int32 as Pillow does, 16 lanes to an instruction. (Left to the compiler, the
+// scalar loops below took 256-bit vectors and a chain of widenings and extractions per
+// tap: 3-4x slower.)
+template <int kVectors>
+inline void weighted_lanes(const uint8_t* src, int64_t stride, int32_t taps,
+                           const int32_t* weights, uint8_t* out) {
+  __m512i sums[kVectors];
+  for (int v = 0; v < kVectors; ++v) sums[v] = _mm512_set1_epi32(1 << (kPrecisionBits - 1));
+  for (int32_t t = 0; t < taps; ++t) {
+    const __m512i weight = _mm512_set1_epi32(weights[t]);
+    const uint8_t* row = src + t * stride;
+    for (int v = 0; v < kVectors; ++v) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * v));
+      sums[v] = _mm512_add_epi32(sums[v], _mm512_mullo_epi32(_mm512_cvtepu8_epi32(bytes), weight));
+    }
+  }
+  const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(255);
+  for (int v = 0; v < kVectors; ++v) {  // clip8, 16 at a time
+    const __m512i value = _mm512_srai_epi32(sums[v], kPrecisionBits);
+    const __m512i clipped = _mm512_min_epi32(_mm512_max_epi32(value, zero), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * v), _mm512_cvtepi32_epi8(clipped));
+  }
+}
+#endif
+
 // out[i] = clip8(2^21 + sum over taps t of src[(start + t) * stride + i] * weights[t]).
 void weighted_rows(const uint8_t* src, int64_t stride, int64_t length, int32_t start,
                    int32_t taps, const int32_t* weights, int32_t* sums, uint8_t* out) {
+#if defined(__AVX512F__)
+  constexpr int64_t kRun = 64;  // lanes a pass over the taps: 4 vectors of sums
+  const int64_t runs = length / kRun * kRun;
+  for (int64_t i = 0; i < runs; i += kRun) {
+    weighted_lanes<kRun / 16>(src + start * stride + i, stride, taps, weights, out + i);
+  }
+  src += runs, length -= runs, out += runs;  // the rest as below
+#endif
   std::fill(sums, sums + length, 1 << (kPrecisionBits - 1));
   for (int32_t t = 0; t < taps; ++t) {
     const uint8_t* row = src + (start + t) * stride;
@@ -100,20 +140,17 @@ void horizontal_block(const uint8_t* src, int64_t width, int64_t rows, const Tap
     }
   }
   for (int64_t o = 0; o < taps.outputs; ++o) {
-    int32_t sums[kLanes];
-    for (int64_t i = 0; i < kLanes; ++i) sums[i] = 1 << (kPrecisionBits - 1);
     // A block of fewer rows leaves the lanes past them stale: summed, never written.
     const uint8_t* column = columns + taps.start(o) * kLanes;
-    const int32_t* weights = taps.weights_of(o);
-    for (int32_t t = 0; t < taps.count(o); ++t) {
-      const int32_t weight = weights[t];
-      for (int64_t i = 0; i < kLanes; ++i) {
-        sums[i] += static_cast<int32_t>(column[t * kLanes + i]) * weight;
-      }
-    }
+    uint8_t values[kLanes];
+#if defined(__AVX512F__)
+    weighted_lanes<kLanes / 16>(column, kLanes, taps.count(o), taps.weights_of(o), values);
+#else
+    int32_t sums[kLanes];
+    weighted_rows(column, kLanes, kLanes, 0, taps.count(o), taps.weights_of(o), sums, values);
+#endif
     for (int64_t r = 0; r < rows; ++r) {
-      uint8_t* out = dst + (r * taps.outputs + o) * kChannels;
-      for (int c = 0; c < kChannels; ++c) out[c] = clip8(sums[r * kChannels + c]);
+      std::memcpy(dst + (r * taps.outputs + o) * kChannels, values + r * kChannels, kChannels);
     }
   }
 }
