@@ -108,18 +108,26 @@ class SiglipAttention(nn.Module):
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, hidden)
-        self.k_proj = nn.Linear(hidden, hidden)
-        self.v_proj = nn.Linear(hidden, hidden)
+        # The checkpoint's q_proj, k_proj and v_proj as one product (_load_from_state_dict
+        # joins them): each output's sum is the one its own projection makes, to the bit,
+        # in two calls fewer a layer.
+        self.qkv_proj = nn.Linear(hidden, 3 * hidden)
         self.out_proj = nn.Linear(hidden, hidden)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{part}_proj.{kind}" for part in "qkv"]
+            if all(name in state_dict for name in names):
+                state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat(
+                    [state_dict.pop(name) for name in names]
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tiles, patches, hidden = x.shape
         heads = (tiles, patches, self.num_heads, self.head_dim)
-        # [tiles, heads, patches, head_dim]
-        q = self.q_proj(x).view(heads).transpose(1, 2)
-        k = self.k_proj(x).view(heads).transpose(1, 2)
-        v = self.v_proj(x).view(heads).transpose(1, 2)
+        # [tiles, heads, patches, head_dim] each
+        q, k, v = (p.view(heads).transpose(1, 2) for p in self.qkv_proj(x).split(hidden, -1))
         # Every patch sees every patch of its tile: no mask, since every tile is a whole
         # image (Idefics3 masks only the padding of tiles smaller than the encoder's size,
         # which one image's tiles never are: idefics3_images.py).
