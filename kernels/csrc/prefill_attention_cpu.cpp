@@ -71,6 +71,26 @@ inline __m512 tile_probabilities(__m512 dots, __m512 scale_v, float softcap, int
   return probs;
 }
 
+// The value sums of QUERIES queries (rows of `acc`, CHUNKS * 16 values each) into
+// registers, each multiplied by its rescale; and back.
+template <int QUERIES, int CHUNKS>
+inline void load_rescaled_sums(const float* acc, const float* rescale,
+                               __m512 (&sum)[QUERIES][CHUNKS]) {
+  for (int j = 0; j < QUERIES; ++j) {
+    const __m512 r = _mm512_set1_ps(rescale[j]);
+    for (int c = 0; c < CHUNKS; ++c) {
+      sum[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + j * CHUNKS * 16 + 16 * c), r);
+    }
+  }
+}
+
+template <int QUERIES, int CHUNKS>
+inline void store_sums(const __m512 (&sum)[QUERIES][CHUNKS], float* acc) {
+  for (int j = 0; j < QUERIES; ++j) {
+    for (int c = 0; c < CHUNKS; ++c) _mm512_storeu_ps(acc + j * CHUNKS * 16 + 16 * c, sum[j][c]);
+  }
+}
+
 // One sequence's keys and values for one KV head, re-laid out for the products.
 struct KvTiles {
   // keys[tile][dim pair][key]: a tile's 16 keys across the lanes, a pair of dims each.
@@ -162,12 +182,7 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
       // Value sums: each pair of keys' value chunk is loaded once for kQueries queries.
       for (int j0 = 0; j0 < 4; j0 += kQueries) {
         __m512 sum[kQueries][CHUNKS];
-        for (int j = 0; j < kQueries; ++j) {
-          const __m512 r = _mm512_set1_ps(rescale[j0 + j]);
-          for (int c = 0; c < CHUNKS; ++c) {
-            sum[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c), r);
-          }
-        }
+        load_rescaled_sums(acc + (i0 + j0) * head_dim, rescale + j0, sum);
         for (int64_t kp = 0; kp < kTile / 2; ++kp) {
           LanePairs value[CHUNKS];
           for (int c = 0; c < CHUNKS; ++c) value[c] = LanePairs(vt + (kp * head_dim + 16 * c) * 2);
@@ -178,11 +193,7 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
             }
           }
         }
-        for (int j = 0; j < kQueries; ++j) {
-          for (int c = 0; c < CHUNKS; ++c) {
-            _mm512_storeu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c, sum[j][c]);
-          }
-        }
+        store_sums(sum, acc + (i0 + j0) * head_dim);
       }
     }
   }
@@ -255,12 +266,7 @@ void attend_query_tile_f32(const float* query, int64_t query_stride, int64_t fir
       }
       for (int j0 = 0; j0 < 4; j0 += kQueries) {
         __m512 sum[kQueries][CHUNKS];
-        for (int j = 0; j < kQueries; ++j) {
-          const __m512 r = _mm512_set1_ps(rescale[j0 + j]);
-          for (int c = 0; c < CHUNKS; ++c) {
-            sum[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c), r);
-          }
-        }
+        load_rescaled_sums(acc + (i0 + j0) * head_dim, rescale + j0, sum);
         for (int64_t k = 0; k < kTile; ++k) {
           __m512 value[CHUNKS];
           for (int c = 0; c < CHUNKS; ++c) value[c] = _mm512_loadu_ps(vt + k * head_dim + 16 * c);
@@ -269,11 +275,7 @@ void attend_query_tile_f32(const float* query, int64_t query_stride, int64_t fir
             for (int c = 0; c < CHUNKS; ++c) sum[j][c] = _mm512_fmadd_ps(weight, value[c], sum[j][c]);
           }
         }
-        for (int j = 0; j < kQueries; ++j) {
-          for (int c = 0; c < CHUNKS; ++c) {
-            _mm512_storeu_ps(acc + (i0 + j0 + j) * head_dim + 16 * c, sum[j][c]);
-          }
-        }
+        store_sums(sum, acc + (i0 + j0) * head_dim);
       }
     }
   }
