@@ -71,9 +71,9 @@ class ImageEmbeddings:
         """The step's image rows (which token rows, and their embeddings)."""
         self._encode_missing([p.image for p in placements])
         step_rows = np.concatenate([p.step_rows for p in placements])
-        embeddings = torch.cat(
-            [self.cache[p.image.content_hash][torch.from_numpy(p.image_rows)] for p in placements]
-        )
+        cache = self.cache
+        rows = [cache[p.image.content_hash][torch.from_numpy(p.image_rows)] for p in placements]
+        embeddings = rows[0] if len(rows) == 1 else torch.cat(rows)  # one image: no copy
         return torch.from_numpy(step_rows).to(self.device), embeddings
 
     def _encode_missing(self, images: list[ImageInput]) -> None:
