@@ -5,7 +5,8 @@ scheduling regimes that change how the KV cache is filled (plain, chunked prefil
 budget that splits an image's tokens, preemption by recompute and by swap, the KV
 tiers, two tensor-parallel ranks), with the prefix cache hit on the same image and
 missed on a different image behind the same text; plainly and chunked on an NVIDIA GPU
-too (marked cuda: make gpu-check runs them).
+too (marked cuda: make gpu-check runs them). In bf16, each prompt's first token is
+transformers' bf16 one.
 
 Gemma 3's image tokens attend to each other both ways: its chunks stop at an image's
 edge instead (core/scheduler.py), and its image steps take the torch reference's
@@ -305,3 +306,26 @@ def test_a_prompt_longer_than_the_context_once_its_images_expand_is_refused(vlm)
     params = SamplingParams(max_tokens=1)
     with pytest.raises(ValidationError, match="longer than max_model_len"):
         engine.input_processor.request("too-long", prompt, params)
+
+
+def test_bf16_starts_as_transformers_in_bf16(vlm):
+    """The dtype a vision model runs in on a CPU by default: bf16, on the C++ kernels
+    (the fp32 runs above take torch's code for much of a layer). Each prompt with its
+    images starts with the token transformers' bf16 model gives first; rounding parts
+    the two a few tokens on, as it parts either from fp32."""
+    family, folder, _ = vlm
+    processor = family.processor(folder)
+    model = family.model_class.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    expected = []
+    for question, images in CASES:
+        text = processor.apply_chat_template(
+            messages(question, len(images)), add_generation_prompt=True
+        )
+        inputs = processor(text=text, images=images, return_tensors="pt", add_special_tokens=False)
+        inputs = {k: v.bfloat16() if v.is_floating_point() else v for k, v in inputs.items()}
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=1, do_sample=False)
+        expected.append(out[0, -1:].tolist())
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16"))
+    outputs = run(engine, [engine_prompt(engine, q, images) for q, images in CASES])
+    assert [out[:1] for out in outputs] == expected
