@@ -32,8 +32,8 @@ import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.paged_attention import TorchAttentionMetadata, paged_attention_ref
 
-# Head sizes the tiled kernel is built for: in bf16 (a multiple of 16 values per
-# vector, as its AMX path takes them), and in fp32 (one to eight vectors of 16).
+# Head sizes the tiled kernel is built for, by dtype: bf16's in pairs of values (16
+# pairs a vector), fp32's in one to eight vectors of 16 values.
 TILED_HEAD_DIMS = {
     torch.bfloat16: (32, 64, 96, 128),
     torch.float32: (16, 32, 48, 64, 80, 96, 112, 128),
