@@ -169,24 +169,31 @@ class ImagePrompts:
     def preprocess(self, image: Any, source: bytes | None = None) -> PreparedImage:
         """The image's content hash and its preprocessed tiles, taken from the recent
         images where they are there (a second question about an image costs no
-        resizing). ``source``: a digest of the bytes the image was decoded from, under
-        which RecentImages.of_source finds it again, and from which its content hash is
-        made: the same bytes decode to the same pixels, so their digest stands for them
-        and the pixels need no hashing (0.2 ms for 640 x 480). Without one, the hash is
-        of the RGB pixels (the processor's settings are the engine's, so equal pixels
+        resizing). ``source``: the digest of the bytes the image was decoded from, which
+        makes its content hash (file_hash): the same bytes decode to the same pixels, so
+        the pixels need no hashing (0.2 ms for 640 x 480). Without one, the hash is of
+        the RGB pixels (the processor's settings are the engine's, so equal pixels
         preprocess equally). The server calls this on a worker thread as an image
         arrives, and hands expand() the result."""
         rgb = self.processor.to_rgb(image)
-        pixels = pixels_of(rgb)  # the bytes hashed are the bytes processed
+        pixels = None
         if source is not None:
-            image_hash = content_hash(SOURCE_DIGEST, source)
+            image_hash = file_hash(source)
         else:
+            pixels = pixels_of(rgb)  # the bytes hashed are the bytes processed
             image_hash = content_hash(memoryview(pixels.numpy()), struct.pack("<II", *rgb.size))
         prepared = self.recent.get(image_hash)
         if prepared is None:
-            prepared = PreparedImage(image_hash, self.processor.process_rgb(pixels))
-        self.recent.add(prepared, source)
+            processed = self.processor.process_rgb(pixels_of(rgb) if pixels is None else pixels)
+            prepared = PreparedImage(image_hash, processed)
+            self.recent.add(prepared)
         return prepared
+
+
+def file_hash(source: bytes) -> int:
+    """The content hash of an image decoded from an encoded file whose bytes' digest is
+    ``source`` (apart from pixel hashes by SOURCE_DIGEST)."""
+    return content_hash(SOURCE_DIGEST, source)
 
 
 def _single_token(tokenizer: Tokenizer, text: str) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import blake3
-from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
+from hetero_infer.engine.multimodal.image_prompts import ImagePrompts, file_hash
 from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_messages import ChatMessage
@@ -123,7 +123,7 @@ def prepared_image(prompts: ImagePrompts, data: bytes, param: str) -> PreparedIm
     a recent image's (a chat sends its images again each turn) are neither decoded nor
     hashed pixel by pixel again."""
     source = blake3.blake3(data).digest()
-    prepared = prompts.recent.of_source(source)
+    prepared = prompts.recent.get(file_hash(source))
     if prepared is not None:
         return prepared
     image = decode_image(data, param)

@@ -1,5 +1,5 @@
-"""RecentImages: preprocessed images kept by content hash and by their bytes' digest,
-least recently used dropped first past the byte bound."""
+"""RecentImages: preprocessed images kept by content hash, least recently used dropped
+first past the byte bound."""
 
 from __future__ import annotations
 
@@ -14,21 +14,18 @@ def image(content_hash: int) -> PreparedImage:
     return PreparedImage(content_hash, ProcessedImage(torch.zeros(1, 3, 4, 4), 0, 0))
 
 
-def test_found_by_hash_and_by_source() -> None:
+def test_found_by_hash() -> None:
     recent = RecentImages()
-    recent.add(image(1), source=b"png-1")
+    recent.add(image(1))
     assert recent.get(1).content_hash == 1
-    assert recent.of_source(b"png-1").content_hash == 1
-    assert recent.of_source(b"png-2") is None and recent.get(2) is None
-    recent.add(image(1), source=b"jpeg-1")  # the same pixels from other bytes
-    assert recent.of_source(b"jpeg-1").content_hash == 1
+    assert recent.get(2) is None
 
 
 def test_the_least_recently_used_go_first_past_the_bound() -> None:
     recent = RecentImages(max_bytes=2 * TILE_BYTES)
-    recent.add(image(1), source=b"a")
-    recent.add(image(2), source=b"b")
-    assert recent.of_source(b"a") is not None  # 1 used again: 2 is the oldest now
+    recent.add(image(1))
+    recent.add(image(2))
+    assert recent.get(1) is not None  # 1 used again: 2 is the oldest now
     recent.add(image(3))
-    assert recent.get(2) is None and recent.of_source(b"b") is None
+    assert recent.get(2) is None
     assert recent.get(1) is not None and recent.get(3) is not None
