@@ -207,8 +207,9 @@ class DecoderForCausalLM(nn.Module):
         (on the CPU: packed bf16 copies). A weight changed afterwards needs this again.
         ``place``: the loader's placement of the packed weights in the order a step
         reads them (on the CPU, one buffer on huge pages)."""
-        for module in self.modules():
-            if isinstance(module, Linear):
+        for name, module in self.named_modules():
+            # A part loaded apart packs its own as it loads (vision_weights.py).
+            if isinstance(module, Linear) and not name.startswith(self.loaded_apart):
                 module.pack_weight()
         for module in self.modules():  # after their router's and shared expert's Linears
             if isinstance(module, SparseMoe):

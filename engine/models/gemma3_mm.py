@@ -30,7 +30,7 @@ TEXT_PREFIXES = (
 
 class Gemma3ForConditionalGeneration(VisionLanguageModel):
     def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
-        return Gemma3Vision.from_hf(hf_config)
+        return Gemma3Vision.from_hf(hf_config, self.kernels.ops)
 
     def is_vision_weight(self, name: str) -> bool:
         return is_vision_name(name)

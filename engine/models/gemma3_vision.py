@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from hetero_infer.engine.models.siglip import SiglipVisionConfig, SiglipVisionTransformer
+from hetero_infer.engine.models.vision_weights import load_vision_weights
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import KernelOps
 from torch import nn
 
 # The checkpoint's names for the tower (stripped, its weights are SiglipVisionTransformer's
@@ -100,17 +102,23 @@ class Gemma3Projector(nn.Module):
 
 class Gemma3Vision(nn.Module):
     def __init__(
-        self, vision: SiglipVisionConfig, tokens_per_image: int, text_hidden_size: int
+        self,
+        vision: SiglipVisionConfig,
+        tokens_per_image: int,
+        text_hidden_size: int,
+        ops: KernelOps,
     ) -> None:
+        """``ops``: the kernels the tower's projections run on."""
         super().__init__()
         self.mm_tokens_per_image = tokens_per_image
-        self.vision_model = SiglipVisionTransformer(vision)  # SigLIP's own position ids
+        self.vision_model = SiglipVisionTransformer(vision, ops)  # SigLIP's own position ids
         self.multi_modal_projector = Gemma3Projector(vision, tokens_per_image, text_hidden_size)
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any] | Any) -> Gemma3Vision:
+    def from_hf(cls, config: Mapping[str, Any] | Any, ops: KernelOps | None = None) -> Gemma3Vision:
         """From the model's config.json as a dict (or a transformers Gemma3Config): its
-        vision_config, mm_tokens_per_image and text_config's hidden_size."""
+        vision_config, mm_tokens_per_image and text_config's hidden_size; the tower's
+        projections on ``ops``' kernels (None: torch's)."""
         if not isinstance(config, Mapping):
             config = config.to_dict()
         vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
@@ -119,6 +127,7 @@ class Gemma3Vision(nn.Module):
             SiglipVisionConfig.from_hf(vision),
             tokens_per_image=config.get("mm_tokens_per_image") or DEFAULT_TOKENS_PER_IMAGE,
             text_hidden_size=text.get("hidden_size", DEFAULT_TEXT_HIDDEN_SIZE),
+            ops=ops or KernelOps(),
         )
 
     @torch.inference_mode()
@@ -133,24 +142,14 @@ class Gemma3Vision(nn.Module):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """From the whole checkpoint's tensors, by their Hugging Face names (any of
-        TOWER_PREFIXES and PROJECTOR_PREFIXES; the text model's are left alone). The
-        module takes the tensors themselves (their dtype and device): built on the meta
-        device, it holds no memory before."""
+        TOWER_PREFIXES and PROJECTOR_PREFIXES; the text model's are left alone), taken
+        themselves (their dtype and device), as vision_weights.py has it."""
         weights = {}
         for name, tensor in state_dict.items():
             ours = vision_name(name)
             if ours is not None:
                 weights[ours] = tensor
-        not_tensors = [
-            name for name, tensor in weights.items() if not isinstance(tensor, torch.Tensor)
-        ]
-        if not_tensors:
-            raise ConfigError(f"Gemma 3 vision weights must be plain tensors: {not_tensors[:3]}")
-        missing, unexpected = self.load_state_dict(weights, strict=False, assign=True)
-        if missing or unexpected:
-            raise ConfigError(
-                f"Gemma 3 vision weights: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
+        load_vision_weights(self, weights, "Gemma 3")
 
 
 def is_vision_name(name: str) -> bool:

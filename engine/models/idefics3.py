@@ -21,7 +21,7 @@ VISION_PARTS = ("model.vision_model.", "model.connector.")
 
 class Idefics3ForConditionalGeneration(VisionLanguageModel):
     def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
-        return Idefics3Vision.from_hf(hf_config)
+        return Idefics3Vision.from_hf(hf_config, self.kernels.ops)
 
     def is_vision_weight(self, name: str) -> bool:
         return name.startswith(VISION_PARTS)

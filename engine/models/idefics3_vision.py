@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 from hetero_infer.engine.models.siglip import SiglipVisionConfig, SiglipVisionTransformer
+from hetero_infer.engine.models.vision_weights import load_vision_weights, vision_linear
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import KernelOps
 from torch import nn
 
 # The checkpoint's names: the tower's weights under VISION_PREFIX (stripped, they are
@@ -69,7 +71,14 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
 
 
 class Idefics3Vision(nn.Module):
-    def __init__(self, vision: SiglipVisionConfig, scale_factor: int, text_hidden_size: int):
+    def __init__(
+        self,
+        vision: SiglipVisionConfig,
+        scale_factor: int,
+        text_hidden_size: int,
+        ops: KernelOps,
+    ) -> None:
+        """``ops``: the kernels its projections run on."""
         super().__init__()
         if vision.patches_per_side % scale_factor:
             raise ConfigError(
@@ -79,15 +88,18 @@ class Idefics3Vision(nn.Module):
         self.scale_factor = scale_factor
         self.image_seq_len = (vision.patches_per_side // scale_factor) ** 2
         position_ids = fractional_position_ids(vision.patches_per_side)
-        self.vision_model = SiglipVisionTransformer(vision, position_ids)
-        self.projection = nn.Linear(
-            vision.hidden_size * scale_factor**2, text_hidden_size, bias=False
+        self.vision_model = SiglipVisionTransformer(vision, ops, position_ids)
+        self.projection = vision_linear(
+            vision.hidden_size * scale_factor**2, text_hidden_size, ops, bias=False
         )
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any] | Any) -> Idefics3Vision:
+    def from_hf(
+        cls, config: Mapping[str, Any] | Any, ops: KernelOps | None = None
+    ) -> Idefics3Vision:
         """From the model's config.json as a dict (or a transformers Idefics3Config):
-        its vision_config, scale_factor and text_config's hidden_size."""
+        its vision_config, scale_factor and text_config's hidden_size; its projections
+        on ``ops``' kernels (None: torch's)."""
         if not isinstance(config, Mapping):
             config = config.to_dict()
         vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
@@ -96,6 +108,7 @@ class Idefics3Vision(nn.Module):
             SiglipVisionConfig.from_hf(vision),
             scale_factor=config.get("scale_factor", DEFAULT_SCALE_FACTOR),
             text_hidden_size=text.get("hidden_size", DEFAULT_TEXT_HIDDEN_SIZE),
+            ops=ops or KernelOps(),
         )
 
     @torch.inference_mode()
@@ -111,9 +124,8 @@ class Idefics3Vision(nn.Module):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """From the whole checkpoint's tensors, by their Hugging Face names: those under
-        VISION_PREFIX and PROJECTION_WEIGHT (the text model's are left alone). The module
-        takes the tensors themselves (their dtype and device): built on the meta device,
-        it holds no memory before."""
+        VISION_PREFIX and PROJECTION_WEIGHT (the text model's are left alone), taken
+        themselves (their dtype and device), as vision_weights.py has it."""
         weights = {
             "vision_model." + name.removeprefix(VISION_PREFIX): tensor
             for name, tensor in state_dict.items()
@@ -121,13 +133,4 @@ class Idefics3Vision(nn.Module):
         }
         if PROJECTION_WEIGHT in state_dict:
             weights["projection.weight"] = state_dict[PROJECTION_WEIGHT]
-        not_tensors = [
-            name for name, tensor in weights.items() if not isinstance(tensor, torch.Tensor)
-        ]
-        if not_tensors:
-            raise ConfigError(f"Idefics3 vision weights must be plain tensors: {not_tensors[:3]}")
-        missing, unexpected = self.load_state_dict(weights, strict=False, assign=True)
-        if missing or unexpected:
-            raise ConfigError(
-                f"Idefics3 vision weights: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
+        load_vision_weights(self, weights, "Idefics3")

@@ -31,7 +31,7 @@ class Qwen2_5_VLForConditionalGeneration(VisionLanguageModel):
     / 4 embeddings each, in order."""
 
     def build_vision(self, hf_config: dict[str, Any]) -> nn.Module:
-        return Qwen2_5_VLVision.from_hf(hf_config)
+        return Qwen2_5_VLVision.from_hf(hf_config, self.kernels.ops)
 
     def is_vision_weight(self, name: str) -> bool:
         return is_vision_name(name)

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from hetero_infer.engine.models.exact_convolution import fp32_convolutions
+from hetero_infer.engine.models.vision_weights import load_vision_weights, vision_linear
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import KernelOps
 from torch import nn
 
 # The checkpoint's prefixes of the vision tower: the Hub's files and transformers 5's
@@ -65,11 +67,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int) -> None:
+    def __init__(self, dim: int, num_heads: int, ops: KernelOps) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = vision_linear(dim, 3 * dim, ops)
+        self.proj = vision_linear(dim, dim, ops)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
@@ -103,11 +105,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: str) -> None:
+    def __init__(self, dim: int, hidden: int, act: str, ops: KernelOps) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden)
-        self.up_proj = nn.Linear(dim, hidden)
-        self.down_proj = nn.Linear(hidden, dim)
+        self.gate_proj = vision_linear(dim, hidden, ops)
+        self.up_proj = vision_linear(dim, hidden, ops)
+        self.down_proj = vision_linear(hidden, dim, ops)
         self.act = {"silu": F.silu, "gelu": F.gelu, "quick_gelu": quick_gelu}[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,12 +121,14 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, intermediate: int, act: str) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, intermediate: int, act: str, ops: KernelOps
+    ) -> None:
         super().__init__()
         self.norm1 = RMSNorm(dim)
         self.norm2 = RMSNorm(dim)
-        self.attn = Attention(dim, num_heads)
-        self.mlp = MLP(dim, intermediate, act)
+        self.attn = Attention(dim, num_heads, ops)
+        self.mlp = MLP(dim, intermediate, act, ops)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
@@ -151,12 +155,14 @@ class PatchEmbed(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, dim: int, out_dim: int, merge_size: int) -> None:
+    def __init__(self, dim: int, out_dim: int, merge_size: int, ops: KernelOps) -> None:
         super().__init__()
         self.hidden = dim * merge_size**2
         self.ln_q = RMSNorm(dim)
         self.mlp = nn.Sequential(
-            nn.Linear(self.hidden, self.hidden), nn.GELU(), nn.Linear(self.hidden, out_dim)
+            vision_linear(self.hidden, self.hidden, ops),
+            nn.GELU(),
+            vision_linear(self.hidden, out_dim, ops),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,7 +170,9 @@ class PatchMerger(nn.Module):
 
 
 class Qwen2_5_VLVision(nn.Module):
-    def __init__(self, vision: Mapping[str, Any]) -> None:
+    def __init__(self, vision: Mapping[str, Any], ops: KernelOps) -> None:
+        """``vision``: its settings, every key of VISION_DEFAULTS present; ``ops``: the
+        kernels its projections run on."""
         super().__init__()
         dim, heads = vision["hidden_size"], vision["num_heads"]
         if dim % heads or (dim // heads) % 4:
@@ -180,19 +188,22 @@ class Qwen2_5_VLVision(nn.Module):
             vision["in_channels"], vision["temporal_patch_size"], self.patch_size, dim
         )
         self.blocks = nn.ModuleList(
-            Block(dim, heads, vision["intermediate_size"], vision["hidden_act"])
+            Block(dim, heads, vision["intermediate_size"], vision["hidden_act"], ops)
             for _ in range(vision["depth"])
         )
-        self.merger = PatchMerger(dim, vision["out_hidden_size"], self.merge_size)
+        self.merger = PatchMerger(dim, vision["out_hidden_size"], self.merge_size, ops)
         # RoPE's frequencies, made at each call: a buffer would not survive to_empty (the
         # engine builds the model on the meta device) nor a cast to bf16.
         self.rope_dim = dim // heads // 2  # each axis's share of a head's dims
         self.rope_theta = float(vision["rope_theta"])
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any] | Any) -> Qwen2_5_VLVision:
+    def from_hf(
+        cls, config: Mapping[str, Any] | Any, ops: KernelOps | None = None
+    ) -> Qwen2_5_VLVision:
         """From the model's config.json as a dict (or a transformers Qwen2_5_VLConfig): its
-        vision_config, with transformers' defaults for what it leaves out."""
+        vision_config, with transformers' defaults for what it leaves out; its projections
+        on ``ops``' kernels (None: torch's)."""
         if not isinstance(config, Mapping):
             config = config.to_dict()
         given = dict(config.get("vision_config") or {})
@@ -204,7 +215,7 @@ class Qwen2_5_VLVision(nn.Module):
         vision = {**VISION_DEFAULTS, **given}
         rope = vision.get("rope_parameters") or {}
         vision["rope_theta"] = rope.get("rope_theta", vision.get("rope_theta", DEFAULT_ROPE_THETA))
-        return cls(vision)
+        return cls(vision, ops or KernelOps())
 
     def window_order(self, grid_h: int, grid_w: int) -> tuple[torch.Tensor, list[int]]:
         """One image's merged patches in window order (row-major windows of self.window x
@@ -270,21 +281,14 @@ class Qwen2_5_VLVision(nn.Module):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """From the whole checkpoint's tensors, by their Hugging Face names (either of
-        VISION_PREFIXES; the text model's are left alone). The module takes the tensors
-        themselves: built on the meta device, it holds no memory before."""
+        VISION_PREFIXES; the text model's are left alone), taken themselves, as
+        vision_weights.py has it."""
         weights = {}
         for name, tensor in state_dict.items():
             ours = vision_name(name)
             if ours is not None:
                 weights[ours] = tensor
-        not_tensors = [name for name, t in weights.items() if not isinstance(t, torch.Tensor)]
-        if not_tensors:
-            raise ConfigError(f"Qwen2.5-VL vision weights must be plain tensors: {not_tensors[:3]}")
-        missing, unexpected = self.load_state_dict(weights, strict=False, assign=True)
-        if missing or unexpected:
-            raise ConfigError(
-                f"Qwen2.5-VL vision weights: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
+        load_vision_weights(self, weights, "Qwen2.5-VL")
 
 
 def is_vision_name(name: str) -> bool:

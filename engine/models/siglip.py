@@ -1,8 +1,9 @@
 """SigLIP's vision transformer, the image encoder of Idefics3 / SmolVLM: each patch of a
 tile, embedded by a strided convolution, plus a learned position embedding, then
 pre-norm layers of bidirectional attention (biases on every projection) and a GELU MLP,
-and a final LayerNorm. Plain torch ops in the weights' dtype: it runs once per image
-tile, not per decoded token, so it needs none of the decoder's kernels or KV cache.
+and a final LayerNorm. Its projections run on the kernels' packed linears, as the
+decoder's (vision_weights.py); the rest is torch's ops in the weights' dtype, with no KV
+cache (a tile's patches are all there at once).
 
 Module names follow the checkpoint's (``embeddings.patch_embedding``,
 ``encoder.layers.{i}.self_attn.q_proj`` ...), so its weights load by name.
@@ -18,7 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from hetero_infer.engine.models.exact_convolution import fp32_convolutions
+from hetero_infer.engine.models.vision_weights import vision_linear
 from hetero_infer.engine.settings.exceptions import ConfigError
+from hetero_infer.kernels import KernelOps
 from torch import nn
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -103,7 +106,7 @@ class SiglipVisionEmbeddings(nn.Module):
 
 
 class SiglipAttention(nn.Module):
-    def __init__(self, config: SiglipVisionConfig) -> None:
+    def __init__(self, config: SiglipVisionConfig, ops: KernelOps) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
@@ -111,8 +114,8 @@ class SiglipAttention(nn.Module):
         # The checkpoint's q_proj, k_proj and v_proj as one product (_load_from_state_dict
         # joins them): each output's sum is the one its own projection makes, to the bit,
         # in two calls fewer a layer.
-        self.qkv_proj = nn.Linear(hidden, 3 * hidden)
-        self.out_proj = nn.Linear(hidden, hidden)
+        self.qkv_proj = vision_linear(hidden, 3 * hidden, ops)
+        self.out_proj = vision_linear(hidden, hidden, ops)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         for kind in ("weight", "bias"):
@@ -136,10 +139,10 @@ class SiglipAttention(nn.Module):
 
 
 class SiglipMLP(nn.Module):
-    def __init__(self, config: SiglipVisionConfig) -> None:
+    def __init__(self, config: SiglipVisionConfig, ops: KernelOps) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc1 = vision_linear(config.hidden_size, config.intermediate_size, ops)
+        self.fc2 = vision_linear(config.intermediate_size, config.hidden_size, ops)
         self.act = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,12 +150,12 @@ class SiglipMLP(nn.Module):
 
 
 class SiglipEncoderLayer(nn.Module):
-    def __init__(self, config: SiglipVisionConfig) -> None:
+    def __init__(self, config: SiglipVisionConfig, ops: KernelOps) -> None:
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.self_attn = SiglipAttention(config)
+        self.self_attn = SiglipAttention(config, ops)
         self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = SiglipMLP(config)
+        self.mlp = SiglipMLP(config, ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.layer_norm1(x))
@@ -160,9 +163,11 @@ class SiglipEncoderLayer(nn.Module):
 
 
 class SiglipEncoder(nn.Module):
-    def __init__(self, config: SiglipVisionConfig) -> None:
+    def __init__(self, config: SiglipVisionConfig, ops: KernelOps) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(SiglipEncoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            SiglipEncoderLayer(config, ops) for _ in range(config.num_layers)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -172,15 +177,19 @@ class SiglipEncoder(nn.Module):
 
 class SiglipVisionTransformer(nn.Module):
     def __init__(
-        self, config: SiglipVisionConfig, position_ids: torch.Tensor | None = None
+        self,
+        config: SiglipVisionConfig,
+        ops: KernelOps,
+        position_ids: torch.Tensor | None = None,
     ) -> None:
-        """``position_ids``: as SiglipVisionEmbeddings takes them; None for SigLIP's own."""
+        """``ops``: the kernels its projections run on; ``position_ids``: as
+        SiglipVisionEmbeddings takes them, None for SigLIP's own."""
         super().__init__()
         self.config = config
         if position_ids is None:
             position_ids = torch.arange(config.patches_per_side**2, device="cpu")
         self.embeddings = SiglipVisionEmbeddings(config, position_ids)
-        self.encoder = SiglipEncoder(config)
+        self.encoder = SiglipEncoder(config, ops)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ def tiles_of(images: list[torch.Tensor]) -> torch.Tensor:
 
 
 class VisionLanguageModel(DecoderForCausalLM, abc.ABC):
+    # The vision side loads and packs its weights on its own (vision_weights.py).
     loaded_apart = ("vision.",)
 
     def __init__(

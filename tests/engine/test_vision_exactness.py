@@ -26,10 +26,13 @@ import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import PromptTokens
+from hetero_infer.engine.models.layers import Linear
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
+from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels.linear import TorchLinear
 from PIL import Image
 
 from tests.tiny_models import (
@@ -329,3 +332,18 @@ def test_bf16_starts_as_transformers_in_bf16(vlm):
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16"))
     outputs = run(engine, [engine_prompt(engine, q, images) for q, images in CASES])
     assert [out[:1] for out in outputs] == expected
+
+
+def test_the_vision_side_runs_on_the_text_models_kernels(vlm):
+    """Every projection of the vision side is packed by the engine's kernels, as the
+    text model's are: in bf16 on a CPU with the C++ kernels built, ours or oneDNN's on a
+    packed copy, not torch's F.linear on the checkpoint's weight."""
+    _, folder, _ = vlm
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16"))
+    model = engine.core.runner.model
+    linears = [m for m in model.vision.modules() if isinstance(m, Linear)]
+    assert len(linears) >= 5  # two layers' attention and MLP, at least
+    expected = {type(model.kernels.ops.pack_linear(m.weight, m.bias)) for m in linears}
+    assert {type(m.packed) for m in linears} == expected
+    if load_cpu_kernels() is not None:
+        assert TorchLinear not in expected
