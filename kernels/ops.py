@@ -18,7 +18,11 @@ from typing import Any
 
 import torch
 from hetero_infer.kernels import decoder_stack_cpu, linear_cpu, linear_quantized, moe_cpu
-from hetero_infer.kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from hetero_infer.kernels.activation import (
+    gelu_tanh_and_mul_ref,
+    gelu_tanh_ref,
+    silu_and_mul_ref,
+)
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
@@ -73,6 +77,8 @@ class KernelOps:
     silu_and_mul: Callable[[Tensor], Tensor] = silu_and_mul_ref
     # x [num_tokens, 2 * d] -> gelu_tanh(x[:, :d]) * x[:, d:] (Gemma's GeGLU)
     gelu_tanh_and_mul: Callable[[Tensor], Tensor] = gelu_tanh_and_mul_ref
+    # x (any shape) -> gelu_tanh(x), elementwise (the vision towers' MLP)
+    gelu_tanh: Callable[[Tensor], Tensor] = gelu_tanh_ref
     # (logits [rows, vocab], with_logprobs) -> (each row's argmax token, its log-softmax
     # value in fp32, or NaN without with_logprobs)
     greedy_pick: Callable[[Tensor, bool], tuple[Tensor, Tensor]] = greedy_pick_ref
@@ -168,6 +174,11 @@ def cpu_ops(module: ModuleType | None, chooser: LinearChooser | None = None) -> 
             return module.silu_and_mul(x)
         return silu_and_mul_ref(x)
 
+    def gelu_tanh(x: Tensor) -> Tensor:
+        if x.dtype in ELEMENTWISE_DTYPES and x.is_contiguous():
+            return module.gelu_tanh(x)
+        return gelu_tanh_ref(x)
+
     def greedy_pick(logits: Tensor, with_logprobs: bool = True) -> tuple[Tensor, Tensor]:
         # any dtype, in one pass per row
         return module.greedy_pick(logits.contiguous(), with_logprobs)
@@ -187,6 +198,7 @@ def cpu_ops(module: ModuleType | None, chooser: LinearChooser | None = None) -> 
         fused_add_rms_norm=fused_add_rms_norm,
         rotary=rotary,
         silu_and_mul=silu_and_mul,
+        gelu_tanh=gelu_tanh,
         pack_fused_silu_and_mul_linear=functools.partial(
             linear_cpu.pack_gated_linear, module=module, chooser=chooser, silu_and_mul=silu_and_mul
         ),

@@ -157,13 +157,10 @@ class PatchEmbed(nn.Module):
 class PatchMerger(nn.Module):
     def __init__(self, dim: int, out_dim: int, merge_size: int, ops: KernelOps) -> None:
         super().__init__()
-        self.hidden = dim * merge_size**2
+        self.hidden = hidden = dim * merge_size**2
         self.ln_q = RMSNorm(dim)
-        self.mlp = nn.Sequential(
-            vision_linear(self.hidden, self.hidden, ops),
-            nn.GELU(),
-            vision_linear(self.hidden, out_dim, ops),
-        )
+        first, second = vision_linear(hidden, hidden, ops), vision_linear(hidden, out_dim, ops)
+        self.mlp = nn.Sequential(first, nn.GELU(), second)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.hidden))
@@ -171,8 +168,7 @@ class PatchMerger(nn.Module):
 
 class Qwen2_5_VLVision(nn.Module):
     def __init__(self, vision: Mapping[str, Any], ops: KernelOps) -> None:
-        """``vision``: its settings, every key of VISION_DEFAULTS present; ``ops``: the
-        kernels its projections run on."""
+        """``vision``: every key of VISION_DEFAULTS; ``ops``: its projections' kernels."""
         super().__init__()
         dim, heads = vision["hidden_size"], vision["num_heads"]
         if dim % heads or (dim // heads) % 4:

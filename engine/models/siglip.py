@@ -1,9 +1,10 @@
 """SigLIP's vision transformer, the image encoder of Idefics3 / SmolVLM: each patch of a
 tile, embedded by a strided convolution, plus a learned position embedding, then
 pre-norm layers of bidirectional attention (biases on every projection) and a GELU MLP,
-and a final LayerNorm. Its projections run on the kernels' packed linears, as the
-decoder's (vision_weights.py); the rest is torch's ops in the weights' dtype, with no KV
-cache (a tile's patches are all there at once).
+and a final LayerNorm. Its projections and GELU run on the kernels the text model runs
+on (KernelOps: packed linears, vision_weights.py, and the C++ GELU in bf16 and fp16);
+the rest is torch's ops in the weights' dtype, with no KV cache (a tile's patches are
+all there at once).
 
 Module names follow the checkpoint's (``embeddings.patch_embedding``,
 ``encoder.layers.{i}.self_attn.q_proj`` ...), so its weights load by name.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -24,9 +24,10 @@ from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import KernelOps
 from torch import nn
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "gelu": F.gelu,
+# The MLP's activations by transformers' names, each as the kernels run it.
+ACTIVATIONS: dict[str, Callable[[KernelOps], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "gelu_pytorch_tanh": lambda ops: ops.gelu_tanh,
+    "gelu": lambda ops: F.gelu,
 }
 
 
@@ -143,7 +144,7 @@ class SiglipMLP(nn.Module):
         super().__init__()
         self.fc1 = vision_linear(config.hidden_size, config.intermediate_size, ops)
         self.fc2 = vision_linear(config.intermediate_size, config.hidden_size, ops)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.act = ACTIVATIONS[config.hidden_act](ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

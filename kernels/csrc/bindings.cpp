@@ -22,6 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (bf16/fp16)");
+  m.def("gelu_tanh", &gelu_tanh, "GELU, tanh's approximation (bf16/fp16)", without_gil());
   m.def("rotary", &rotary, "rotary embeddings of q and k (bf16/fp16)");
   m.def("linear_packed_available", &linear_packed_available,
         "whether linear_packed was built (AVX512-BF16)");

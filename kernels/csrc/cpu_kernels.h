@@ -22,6 +22,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor gelu_tanh(const at::Tensor& x);
 bool linear_packed_available();
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor pack_gated_linear_weight(const at::Tensor& weight);

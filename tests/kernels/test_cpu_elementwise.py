@@ -10,7 +10,7 @@ import pytest
 import torch
 from hetero_infer.engine.models.mrope import mrope_rows
 from hetero_infer.kernels import cpu_ops, select_kernels
-from hetero_infer.kernels.activation import silu_and_mul_ref
+from hetero_infer.kernels.activation import gelu_tanh_ref, silu_and_mul_ref
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
@@ -43,12 +43,14 @@ def test_dispatch_uses_the_kernels_for_reduced_precision_only():
     for dtype in DTYPES:
         recorded.rms_norm(randn(2, 8, dtype=dtype), randn(8, dtype=dtype), 1e-5)
         recorded.silu_and_mul(randn(2, 8, dtype=dtype))
-    assert module.calls == ["rms_norm", "silu_and_mul"] * len(DTYPES)
+        recorded.gelu_tanh(randn(2, 8, dtype=dtype))
+    assert module.calls == ["rms_norm", "silu_and_mul", "gelu_tanh"] * len(DTYPES)
     # fp32 keeps the references, which round exactly as transformers does, but for the
     # rotation, whose kernel rounds as they do (test_rotary_in_fp32_equals_the_reference).
     module.calls.clear()
     recorded.rms_norm(randn(2, 8, dtype=torch.float32), randn(8, dtype=torch.float32), 1e-5)
     recorded.silu_and_mul(randn(2, 8, dtype=torch.float32))
+    recorded.gelu_tanh(randn(2, 8, dtype=torch.float32))
     assert module.calls == []
     cos, sin = rope_cos_sin(rope_inv_freq(8, 10000.0, None), 16)
     q = randn(3, 2, 8, dtype=torch.float32)
@@ -79,6 +81,17 @@ def test_fused_add_rms_norm(dtype):
 def test_silu_and_mul(dtype, rows):
     x = randn(rows, 2 * 160, dtype=dtype) * 4
     assert_close(ops.silu_and_mul(x), silu_and_mul_ref(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 7), (4, 64, 48), (3, 9000)])
+def test_gelu_tanh(dtype, shape):
+    """Any shape, the blocks' ends included (9000 values a row: two whole blocks of 4096
+    and a part), and the tails where tanh saturates."""
+    x = randn(*shape, dtype=dtype) * 4
+    x.view(-1)[:4] = torch.tensor([-100.0, -12.0, 12.0, 100.0])
+    assert_close(ops.gelu_tanh(x), gelu_tanh_ref(x), dtype)
+    assert torch.equal(ops.gelu_tanh(x).view(-1)[:4], gelu_tanh_ref(x).view(-1)[:4])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
