@@ -10,6 +10,7 @@ before torch, whose OpenMP settings must be made before it loads (see
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import subprocess
@@ -58,6 +59,17 @@ def resolve_model_folder(name: str) -> Path:
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--model: {name!r} is neither one of {BENCH_MODELS} nor a model folder")
     return folder.resolve()
+
+
+def save_result(
+    path: Path, settings: dict[str, Any], machine: dict[str, Any], results: dict[str, Any]
+) -> None:
+    """A benchmark's result file: its settings, the machine and its results, made
+    portable (they are committed), at ``path``."""
+    result = portable({"settings": settings, "machine": machine, "results": results})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def portable(value: Any) -> Any:

@@ -32,7 +32,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-from bench.common import ab_summary, portable, resolve_model
+from bench.common import ab_summary, resolve_model, save_result
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -163,9 +163,7 @@ def main() -> None:
     settings.update(prompt_len=args.prompt_len, tokens=args.tokens, threads=args.threads)
     from bench.throughput import machine_info
 
-    result = portable({"settings": settings, "machine": machine_info(), "results": results})
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(path, settings, machine_info(), results)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Results go to ``bench/results/model-dtype-<model>.json`` by default.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ if __name__ == "__main__" and not __package__:
 
 import torch
 
-from bench.common import ab_summary, portable, resolve_model_folder
+from bench.common import ab_summary, resolve_model_folder, save_result
 
 DTYPES = ("float32", "bfloat16")
 
@@ -112,9 +111,7 @@ def main() -> None:
     settings = {k: getattr(args, k) for k in ("model", "tokens", "rounds", "threads")}
     from bench.throughput import machine_info
 
-    result = portable({"settings": settings, "machine": machine_info(), "results": results})
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(path, settings, machine_info(), results)
 
 
 if __name__ == "__main__":

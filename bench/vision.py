@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
-import json
 import os
 import sys
 import tempfile
@@ -59,7 +58,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import RESULTS_DIR, apply_engine_thread_settings, portable, spread
+from bench.common import RESULTS_DIR, apply_engine_thread_settings, save_result, spread
 
 # The server's OpenMP wait policy must be in the environment before torch loads.
 apply_engine_thread_settings()
@@ -398,10 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "questions": [FIRST_QUESTION, SECOND_QUESTION],
         "max_new_tokens": 1,
     }
-    result = portable({"settings": settings, "machine": machine, "results": results})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(path, settings, machine, results)
     return 0
 
 

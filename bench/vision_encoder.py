@@ -22,7 +22,6 @@ to ``bench/results/vision-encoder-<cpu>.json`` by default.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.common import RESULTS_DIR, apply_engine_thread_settings, portable, spread
+from bench.common import RESULTS_DIR, apply_engine_thread_settings, save_result, spread
 
 # The server's OpenMP wait policy must be in the environment before torch loads.
 apply_engine_thread_settings()
@@ -164,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "vision_config": VISION,
         "scale_factor": SCALE_FACTOR,
     }
-    result = portable({"settings": settings, "machine": machine, "results": results})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    save_result(path, settings, machine, results)
     return 0
 
 
