@@ -2,10 +2,11 @@
 a ViT over an image's own grid of patches, at the image's own size, whose output is one
 embedding per 2 x 2 patches (spatial_merge_size) for the image's ``<|image_pad|>`` tokens.
 
-As transformers computes it: the patch embedding (a Conv3d whose stride is its kernel:
-one matrix over each patch's pixels, kept a Conv3d for transformers' sums), a 2D rotary
-embedding (a row and a column angle per patch, over half of each head's dims each), RMSNorm blocks
-with a SwiGLU MLP with biases, and the patch merger (RMSNorm ``ln_q``, the 2 x 2 patches
+As transformers computes it (the projections and RMSNorms on the text model's kernels):
+the patch embedding (a Conv3d whose stride is its kernel: one matrix over each patch's
+pixels, kept a Conv3d for transformers' sums), a 2D rotary embedding (a row and a column
+angle per patch, over half of each head's dims each), RMSNorm blocks with a SwiGLU MLP
+with biases, and the patch merger (RMSNorm ``ln_q``, the 2 x 2 patches
 concatenated, a GELU MLP). Most blocks attend within windows of window_size pixels (whole
 merged patches, row by row of windows), the fullatt_block_indexes ones across the whole
 image; the tokens run in window order through the blocks (transformers'
@@ -54,16 +55,15 @@ RMS_NORM_EPS = 1e-6  # fixed in transformers' vision blocks and merger
 
 
 class RMSNorm(nn.Module):
-    """Qwen2_5_VLRMSNorm: normalized in float32, back to the input's dtype, then scaled."""
+    """Qwen2_5_VLRMSNorm, by the kernels' rms_norm: its reference is the same formula."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        self.rms_norm = ops.rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
-        return self.weight * h.to(x.dtype)
+        return self.rms_norm(x, self.weight, RMS_NORM_EPS)
 
 
 class Attention(nn.Module):
@@ -125,8 +125,8 @@ class Block(nn.Module):
         self, dim: int, num_heads: int, intermediate: int, act: str, ops: KernelOps
     ) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(dim)
-        self.norm2 = RMSNorm(dim)
+        self.norm1 = RMSNorm(dim, ops)
+        self.norm2 = RMSNorm(dim, ops)
         self.attn = Attention(dim, num_heads, ops)
         self.mlp = MLP(dim, intermediate, act, ops)
 
@@ -158,7 +158,7 @@ class PatchMerger(nn.Module):
     def __init__(self, dim: int, out_dim: int, merge_size: int, ops: KernelOps) -> None:
         super().__init__()
         self.hidden = hidden = dim * merge_size**2
-        self.ln_q = RMSNorm(dim)
+        self.ln_q = RMSNorm(dim, ops)
         first, second = vision_linear(hidden, hidden, ops), vision_linear(hidden, out_dim, ops)
         self.mlp = nn.Sequential(first, nn.GELU(), second)
 
