@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import PIL.Image
 import torch
+from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import pixel_levels, resize_like_pillow
+from hetero_infer.kernels import pixel_levels, resize_like_pillow, rgb_of_rgbx
 
 # The settings every processor here has, by transformers' names.
 PIXEL_SETTINGS = (
@@ -58,8 +59,14 @@ def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
 
 
 def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
-    """An RGB image's pixels as [H, W, 3] uint8, read only: on the bytes of its
-    tobytes(), not another copy (nothing here writes pixels; each step makes new ones)."""
+    """An RGB image's pixels as [H, W, 3] uint8, read only: packed by the kernels from
+    where Pillow keeps them (pillow_arrow.py), or on the bytes of its tobytes(), not
+    another copy (nothing here writes pixels; each step makes new ones)."""
+    kept = rgbx_pixels(image)
+    if kept is not None:
+        packed = rgb_of_rgbx(torch.from_numpy(kept))
+        if packed is not None:
+            return packed
     array = np.frombuffer(image.tobytes(), dtype=np.uint8).reshape(image.height, image.width, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's warning that the array is read only

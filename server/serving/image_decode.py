@@ -22,6 +22,13 @@ FORMAT_NAMES = "PNG, JPEG, WebP, GIF or BMP"
 # The most pixels an image may declare: 40 megapixels (a 7,000 x 5,700 photo). Vision
 # models scale every image down to a few megapixels at most, so more is only cost.
 MAX_IMAGE_PIXELS = 40_000_000
+# Pillow's blocks of image memory (PILLOW_BLOCK_SIZE; 16 MB by default, which splits a
+# 2,000 x 2,000 picture) as large as the largest image taken, 4 bytes a pixel: each
+# decoded image in one block, whose pixels the processors read without a copy
+# (engine/multimodal/pillow_arrow.py). A block is as large as its image needs; Pillow
+# takes sizes in whole pages.
+PILLOW_BLOCK_BYTES = -(-4 * MAX_IMAGE_PIXELS // 4096) * 4096
+Image.core.set_block_size(max(Image.core.get_block_size(), PILLOW_BLOCK_BYTES))
 
 
 def decode_image(data: bytes, param: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
@@ -34,6 +41,9 @@ def decode_image(data: bytes, param: str, max_pixels: int = MAX_IMAGE_PIXELS) ->
             raise _bad(
                 param, f"the image is too large: {width} x {height} pixels, more than {max_pixels}"
             )
+        # The whole file to the decoder at once (it is in memory already), where PIL
+        # reads 64 KB at a time and the JPEG decoder stops and restarts at each.
+        image.decodermaxblock = max(len(data), image.decodermaxblock)
         image.load()  # the pixels: a file cut short fails here
         return _rgb(image)
     except UnidentifiedImageError:

@@ -1,5 +1,6 @@
-"""The pixel values' lookup (pixels.rescale_and_normalize, on the CPU kernels and in
-numpy without them) against computing each pixel as transformers does: float64 rescale
+"""An image's pixels (pixels.pixels_of: where Pillow keeps them, or through tobytes) and
+their values' lookup (pixels.rescale_and_normalize, on the CPU kernels and in numpy
+without them) against computing each pixel as transformers does: float64 rescale
 rounded to float32, then a float32 normalize."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import PIL.Image
 import pytest
 import torch
 from hetero_infer.engine.multimodal import pixels
+from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.engine.multimodal.pixels import pixels_of, rescale_and_normalize, to_tensor
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -51,3 +53,46 @@ def test_an_image_read_through_its_strides() -> None:
         rescale_and_normalize(tiles, 1 / 255, CLIP_MEAN, CLIP_STD),
         per_pixel(tiles.contiguous(), 1 / 255, CLIP_MEAN, CLIP_STD),
     )
+
+
+@pytest.fixture
+def small_pillow_blocks():
+    """Pillow's blocks of image memory at their smallest (a page): an image of more
+    rows than fit in one lies in several blocks, as one past 16 MB does by default."""
+    before = PIL.Image.core.get_block_size()
+    PIL.Image.core.set_block_size(4096)
+    yield
+    PIL.Image.core.set_block_size(before)
+
+
+def random_image(height: int, width: int) -> PIL.Image.Image:
+    return PIL.Image.fromarray(
+        np.random.default_rng(1).integers(0, 256, (height, width, 3), np.uint8)
+    )
+
+
+def as_bytes(image: PIL.Image.Image) -> np.ndarray:
+    return np.frombuffer(image.tobytes(), np.uint8).reshape(image.height, image.width, 3)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (7, 33), (480, 640)])
+def test_pixels_are_read_where_pillow_keeps_them(size) -> None:
+    """Pillow's own memory through its Arrow export (a pixel's 4 bytes: R, G, B, padding),
+    packed: the bytes tobytes() gives, widths of any remainder of 16 pixels included."""
+    image = random_image(*size)
+    kept = rgbx_pixels(image)
+    assert kept is not None and kept.shape == (*size, 4)
+    assert np.array_equal(kept[..., :3], as_bytes(image))
+    assert np.array_equal(pixels_of(image).numpy(), as_bytes(image))
+
+
+def test_an_image_in_several_blocks_is_read_through_tobytes(small_pillow_blocks) -> None:
+    image = random_image(40, 300)  # 1200 bytes a row: 3 rows a block
+    assert rgbx_pixels(image) is None
+    assert np.array_equal(pixels_of(image).numpy(), as_bytes(image))
+
+
+def test_only_rgb_images_are_read_in_place() -> None:
+    assert rgbx_pixels(random_image(4, 4).convert("RGBA")) is None
+    assert rgbx_pixels(random_image(4, 4).convert("L")) is None
+

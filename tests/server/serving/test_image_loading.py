@@ -21,6 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving import media_fetch
@@ -396,3 +397,11 @@ def test_the_image_limit_names_the_first_image_past_it():
     )
     with pytest.raises(APIError, match=r"^messages\.0\.content\.1: at most 0 image"):
         check_image_limit(parts, ServerSettings(limit_mm_per_prompt='{"image": 0}'))
+
+
+def test_a_decoded_photo_lies_in_one_block_of_pillow_memory():
+    """A 12 MP photo (48 MB as Pillow keeps it, past its default 16 MB blocks) in one
+    block: the processors read its pixels where they lie (pillow_arrow.py)."""
+    file = io.BytesIO()
+    Image.new("RGB", (4032, 3024), (200, 30, 90)).save(file, format="JPEG")
+    assert rgbx_pixels(decode_image(file.getvalue(), PARAM)) is not None
