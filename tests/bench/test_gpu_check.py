@@ -196,34 +196,44 @@ def test_a_run_writes_one_summary_with_every_steps_results(tmp_path, monkeypatch
     assert "cuda tests: ok (2 passed, 0 failed, 0 skipped)" in capsys.readouterr().out
 
 
-def test_an_interrupted_run_still_writes_what_ran(tmp_path, monkeypatch):
+# The check run in a process of its own: a SIGINT to a pytest worker, which has run
+# other tests' threads and libraries, did not always reach its main thread (the step
+# then ran its 30 s and the next step started).
+INTERRUPTED_CHECK = """
+import json, sys
+from pathlib import Path
+from bench import gpu_check
+from bench.gpu_check import Device, Step
+out = Path(sys.argv[1])
+runs = out / "runs" / "gpu-check-fake-gpu"
+kernels = {"device": "Fake GPU", "results": []}
+interrupt = "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(30)"
+write = f"open({str(runs / 'kernels.json')!r}, 'w').write({json.dumps(kernels)!r})"
+gpu_check.plan = lambda slug, out, model: [
+    Step("kernels", [sys.executable, "-c", write], 30),
+    Step("step time", [sys.executable, "-c", interrupt], 30),
+    Step("throughput", [sys.executable, "-c", "pass"], 30),
+]
+gpu_check.detect_device = lambda: Device("Fake GPU", "fake-gpu", {"name": "Fake GPU", "count": 1})
+sys.exit(gpu_check.main(["--out", str(out)]))
+"""
+
+
+def test_an_interrupted_run_still_writes_what_ran(tmp_path):
     """SIGINT (``timeout -s INT`` around the check) stops the step running and the rest;
     the summary keeps the steps before it."""
-    runs = tmp_path / "runs" / "gpu-check-fake-gpu"
-    kernels = {"device": "Fake GPU", "results": []}
-    interrupt = "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(30)"
-    steps = [
-        Step(
-            "kernels",
-            [
-                sys.executable,
-                "-c",
-                f"open({str(runs / 'kernels.json')!r}, 'w').write({json.dumps(kernels)!r})",
-            ],
-            30,
-        ),
-        Step("step time", [sys.executable, "-c", interrupt], 30),
-        Step("throughput", [sys.executable, "-c", "pass"], 30),
-    ]
-    monkeypatch.setattr(gpu_check, "plan", lambda slug, out, model: steps)
-    fake = Device("Fake GPU", "fake-gpu", {"name": "Fake GPU", "count": 1})
-    monkeypatch.setattr(gpu_check, "detect_device", lambda: fake)
-
     started = time.monotonic()
-    assert gpu_check.main(["--out", str(tmp_path)]) == gpu_check.EXIT_FAILED
+    check = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_CHECK, str(tmp_path)],
+        cwd=Path(gpu_check.__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == gpu_check.EXIT_FAILED, check.stdout + check.stderr
     assert time.monotonic() - started < 20  # the sleeping step was stopped
     summary = json.loads((tmp_path / "gpu-check-fake-gpu.json").read_text())
-    assert summary["steps"]["kernels"]["result"] == kernels
+    assert summary["steps"]["kernels"]["result"] == {"device": "Fake GPU", "results": []}
     assert summary["steps"]["step time"]["status"] == "interrupted"
     assert "throughput" not in summary["steps"]
 
