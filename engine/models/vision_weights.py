@@ -2,7 +2,7 @@
 parameters by name (built on the meta device, it holds no memory before), then its
 projections packed for the kernels, as the decoder packs its own (layers.Linear: on the
 CPU in bf16, our AMX or AVX-512 kernel, or oneDNN's, on a copy packed once; in fp32,
-torch's F.linear, so that the features equal transformers' to the bit).
+torch's F.linear, whose sums are transformers' own).
 
 A vision side loads and packs on its own (VisionLanguageModel.loaded_apart), so that it
 also runs alone, as its tests build it.
