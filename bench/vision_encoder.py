@@ -7,9 +7,9 @@ weights and threads.
     python -m bench.vision_encoder --layers 12 --tiles 1 --rounds 5
 
 Four sides encode the same tiles, in interleaved rounds (the order rotating, so that
-drift falls on all): transformers (``get_image_features``), the engine's tower with its
-projections on torch's F.linear and torch's GELU (``KernelOps()``, the tower as it ran
-before it took the text model's kernels), and the engine's tower on the kernels the
+drift falls on all): transformers (``get_image_features``), the engine's tower with
+torch's F.linear and GELU in place of the kernels (``KernelOps()``, as it ran before it
+took the text model's kernels), and the engine's tower on the kernels the
 engine selects for this CPU (``select_kernels``: the C++ GELU, and the projections on
 our AMX or AVX-512 bf16 kernel, packed), with the projections' kernel as the engine's
 default has it (``cpu_linear_kernel="kernel"``: ours at every row count) and as measured
