@@ -59,9 +59,9 @@ def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
 
 
 def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
-    """An RGB image's pixels as [H, W, 3] uint8, read only: packed by the kernels from
-    where Pillow keeps them (pillow_arrow.py), or on the bytes of its tobytes(), not
-    another copy (nothing here writes pixels; each step makes new ones)."""
+    """An RGB image's pixels as [H, W, 3] uint8, to be read only (nothing here writes
+    pixels; each step makes new ones): packed by the kernels from where Pillow keeps
+    them (pillow_arrow.py), else on the bytes of its tobytes() without another copy."""
     kept = rgbx_pixels(image)
     if kept is not None:
         packed = rgb_of_rgbx(torch.from_numpy(kept))
