@@ -298,7 +298,8 @@ def import_path_env(link_root: Path) -> dict[str, str]:
 
 def run_step(step: Step, env: dict[str, str], log_path: Path) -> dict[str, Any]:
     """Run ``step``, its output to the console and ``log_path``; its status and time.
-    A step past its limit is stopped with everything it started (its own process group)."""
+    A step past its limit, or running when the check gets a SIGINT, is stopped with
+    everything it started (its own process group)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(f"\n== {step.name}: {shlex.join(portable(step.command))}", flush=True)
@@ -313,31 +314,37 @@ def run_step(step: Step, env: dict[str, str], log_path: Path) -> dict[str, Any]:
             errors="replace",
             start_new_session=True,
         )
-        timed_out = threading.Event()
-
-        def stop() -> None:
-            timed_out.set()
-            os.killpg(proc.pid, signal.SIGKILL)
-
-        timer = threading.Timer(step.timeout_s, stop)
-        timer.start()
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
+            # The output is copied on a thread of its own while this one waits in short
+            # naps: a SIGINT is raised here within one, whichever thread the kernel hands
+            # it to (a read blocked on the pipe is interrupted only in the thread that
+            # takes the signal, and the step may run for minutes more).
+            pump = threading.Thread(target=copy_lines, args=(proc.stdout, log), daemon=True)
+            pump.start()
+            deadline = started + step.timeout_s
+            while pump.is_alive() and time.monotonic() < deadline:
+                pump.join(0.1)
+            timed_out = pump.is_alive()
+            if timed_out:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pump.join()
             returncode = proc.wait()
         except KeyboardInterrupt:  # the whole check stopped: its step with it
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-        finally:
-            timer.cancel()
     seconds = round(time.monotonic() - started, 1)
-    if timed_out.is_set():
+    if timed_out:
         status = f"timed out after {step.timeout_s:.0f} s"
     else:
         status = "ok" if returncode == 0 else f"failed: exit status {returncode}"
     return {"status": status, "seconds": seconds, "log": portable(log_path)}
+
+
+def copy_lines(source: Any, log: Any) -> None:
+    """A step's output, line by line as it comes, to the console and its log."""
+    for line in source:
+        sys.stdout.write(line)
+        log.write(line)
 
 
 def junit_summary(path: Path) -> dict[str, Any]:

@@ -196,9 +196,8 @@ def test_a_run_writes_one_summary_with_every_steps_results(tmp_path, monkeypatch
     assert "cuda tests: ok (2 passed, 0 failed, 0 skipped)" in capsys.readouterr().out
 
 
-# The check run in a process of its own: a SIGINT to a pytest worker, which has run
-# other tests' threads and libraries, did not always reach its main thread (the step
-# then ran its 30 s and the next step started).
+# The check in a python of its own, as `timeout -s INT` runs it: a pytest worker's
+# other threads (execnet's, torch's) may take the signal instead of its main thread.
 INTERRUPTED_CHECK = """
 import json, sys
 from pathlib import Path
