@@ -441,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         print(no_gpu_message(), file=sys.stderr)
         return EXIT_NO_GPU
+    # SIGINT stops the check (what ran is still written), even where it was started with
+    # SIGINT ignored, as a background job of a script is: Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     command = ["python", "-m", "bench.gpu_check", *(sys.argv[1:] if argv is None else argv)]
     summary = run_check(device, args.out, args.model, shlex.join(command))
     path = args.out / f"gpu-check-{device.slug}.json"

@@ -196,10 +196,12 @@ def test_a_run_writes_one_summary_with_every_steps_results(tmp_path, monkeypatch
     assert "cuda tests: ok (2 passed, 0 failed, 0 skipped)" in capsys.readouterr().out
 
 
-# The check in a python of its own, as `timeout -s INT` runs it: a pytest worker's
-# other threads (execnet's, torch's) may take the signal instead of its main thread.
+# The check in a python of its own, as `timeout -s INT` runs it; started with SIGINT
+# ignored (as `make test &` in a script starts pytest, whose children inherit it), which
+# the check must undo.
 INTERRUPTED_CHECK = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a script starts
 from pathlib import Path
 from bench import gpu_check
 from bench.gpu_check import Device, Step
