@@ -24,7 +24,14 @@ from typing import Any
 import torch
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.models.decoder_weights import load_decoder_weights
-from hetero_infer.engine.models.layers import MLP, DecoderLayer, Linear, RMSNorm, not_packed
+from hetero_infer.engine.models.layers import (
+    MLP,
+    DecoderLayer,
+    Linear,
+    RMSNorm,
+    not_packed,
+    pack_linears,
+)
 from hetero_infer.engine.models.moe import SparseMoe
 from hetero_infer.engine.models.mrope import mrope_rows
 from hetero_infer.engine.models.protocol import ImageEmbeds, TensorParallel
@@ -207,10 +214,8 @@ class DecoderForCausalLM(nn.Module):
         (on the CPU: packed bf16 copies). A weight changed afterwards needs this again.
         ``place``: the loader's placement of the packed weights in the order a step
         reads them (on the CPU, one buffer on huge pages)."""
-        for name, module in self.named_modules():
-            # A part loaded apart packs its own as it loads (vision_weights.py).
-            if isinstance(module, Linear) and not name.startswith(self.loaded_apart):
-                module.pack_weight()
+        # A part loaded apart packs its own as it loads (vision_weights.py).
+        pack_linears(self, skip=self.loaded_apart)
         for module in self.modules():  # after their router's and shared expert's Linears
             if isinstance(module, SparseMoe):
                 module.pack_weights(self.kernels.ops)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from hetero_infer.engine.models.gemma3_vision import Gemma3Vision, is_vision_name
-from hetero_infer.engine.models.vision_language import VisionLanguageModel, tiles_of
+from hetero_infer.engine.models.vision_language import VisionLanguageModel, joined
 from torch import nn
 
 # The text model's prefixes -> the decoder's, first match wins.
@@ -43,4 +43,4 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
 
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """Images, each [1, 3, size, size] -> their placeholders' embeddings."""
-        return self.vision.encode(tiles_of(pixel_values))
+        return self.vision.encode(joined(pixel_values))

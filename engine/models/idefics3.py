@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from hetero_infer.engine.models.idefics3_vision import Idefics3Vision
-from hetero_infer.engine.models.vision_language import VisionLanguageModel, tiles_of
+from hetero_infer.engine.models.vision_language import VisionLanguageModel, joined
 from torch import nn
 
 TEXT_MODEL = "model.text_model."
@@ -32,4 +32,4 @@ class Idefics3ForConditionalGeneration(VisionLanguageModel):
     def encode_images(self, pixel_values: list[torch.Tensor]) -> torch.Tensor:
         """Images, each its tiles [tiles, 3, size, size] -> their placeholders'
         embeddings."""
-        return self.vision.encode(tiles_of(pixel_values))
+        return self.vision.encode(joined(pixel_values))

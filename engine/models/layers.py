@@ -83,6 +83,14 @@ class Linear(DirectCall, nn.Linear):
         return self.packed(x)
 
 
+def pack_linears(module: nn.Module, skip: tuple[str, ...] = ()) -> None:
+    """Every Linear in ``module`` packed for its kernel (pack_weight), but those whose
+    names start with one of ``skip``."""
+    for name, part in module.named_modules():
+        if isinstance(part, Linear) and not name.startswith(skip):
+            part.pack_weight()
+
+
 class Attention(DirectCall, nn.Module):
     def __init__(
         self,

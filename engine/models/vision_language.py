@@ -23,11 +23,11 @@ from hetero_infer.kernels import Kernels, QuantizedWeight
 from torch import nn
 
 
-def tiles_of(images: list[torch.Tensor]) -> torch.Tensor:
-    """Images' pixel values (each [tiles, ...]) one after another, one batch for the
-    encoder: a single image's as they are (torch.cat copies even one tensor, 0.1 ms for
-    SmolVLM's 13 tiles)."""
-    return images[0] if len(images) == 1 else torch.cat(images)
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Tensors one after another along their first dim (images' tiles for one encoder
+    batch, a step's image embedding rows): a single one as it is (torch.cat copies even
+    one tensor, 0.1 ms for SmolVLM's 13 tiles)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class VisionLanguageModel(DecoderForCausalLM, abc.ABC):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from hetero_infer.engine.models.layers import Linear
+from hetero_infer.engine.models.layers import Linear, pack_linears
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.kernels import KernelOps
 from torch import nn
@@ -37,6 +37,4 @@ def load_vision_weights(module: nn.Module, weights: Mapping[str, Any], family: s
         raise ConfigError(
             f"{family} vision weights: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    for part in module.modules():
-        if isinstance(part, Linear):
-            part.pack_weight()
+    pack_linears(module)

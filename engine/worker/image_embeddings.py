@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from hetero_infer.engine.models.protocol import CausalLM, ImageEmbeds
+from hetero_infer.engine.models.vision_language import joined
 from hetero_infer.engine.params.image_input import ImageInput
 
 # The encoder cache's size: its least recently used images go first past it. An image
@@ -73,7 +74,7 @@ class ImageEmbeddings:
         step_rows = np.concatenate([p.step_rows for p in placements])
         cache = self.cache
         rows = [cache[p.image.content_hash][torch.from_numpy(p.image_rows)] for p in placements]
-        embeddings = rows[0] if len(rows) == 1 else torch.cat(rows)  # one image: no copy
+        embeddings = joined(rows)
         return torch.from_numpy(step_rows).to(self.device), embeddings
 
     def _encode_missing(self, images: list[ImageInput]) -> None:
