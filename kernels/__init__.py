@@ -51,6 +51,7 @@ _EXPORTS = {
     "resize_like_pillow": "image_cpu",
     "pixel_levels": "image_cpu",
     "rgb_of_rgbx": "image_cpu",
+    "with_padding": "image_cpu",
     "triton_available": "selection",
     # the decoder stack's description, which the model gives and the kernels pack
     "DecoderLayerSpec": "decoder_stack",

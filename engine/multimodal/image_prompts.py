@@ -26,7 +26,7 @@ import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
-from hetero_infer.engine.multimodal.pixels import pixels_of
+from hetero_infer.engine.multimodal.pixels import packed, pixels_of
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.multimodal.recent_images import PreparedImage, RecentImages
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
@@ -180,7 +180,7 @@ class ImagePrompts:
         if source is not None:
             image_hash = file_hash(source)
         else:
-            pixels = pixels_of(rgb)  # the bytes hashed are the bytes processed
+            pixels = packed(pixels_of(rgb))  # the bytes hashed are the bytes processed
             image_hash = content_hash(memoryview(pixels.numpy()), struct.pack("<II", *rgb.size))
         prepared = self.recent.get(image_hash)
         if prepared is None:

@@ -18,7 +18,7 @@ import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import pixel_levels, resize_like_pillow, rgb_of_rgbx
+from hetero_infer.kernels import pixel_levels, resize_like_pillow, rgb_of_rgbx, with_padding
 
 # The settings every processor here has, by transformers' names.
 PIXEL_SETTINGS = (
@@ -60,17 +60,23 @@ def to_rgb(image: PIL.Image.Image, convert: bool) -> PIL.Image.Image:
 
 def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
     """An RGB image's pixels as [H, W, 3] uint8, to be read only (nothing here writes
-    pixels; each step makes new ones): packed by the kernels from where Pillow keeps
-    them (pillow_arrow.py), else on the bytes of its tobytes() without another copy."""
+    pixels; each step makes new ones): a view of where Pillow keeps them (pillow_arrow.py),
+    4 bytes a pixel, which the resize reads as they lie; else on the bytes of its
+    tobytes() without another copy."""
     kept = rgbx_pixels(image)
     if kept is not None:
-        packed = rgb_of_rgbx(torch.from_numpy(kept))
-        if packed is not None:
-            return packed
+        return torch.from_numpy(kept)[..., :3]
     array = np.frombuffer(image.tobytes(), dtype=np.uint8).reshape(image.height, image.width, 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's warning that the array is read only
         return torch.from_numpy(array)
+
+
+def packed(pixels: torch.Tensor) -> torch.Tensor:
+    """[H, W, 3] pixels laid out 3 bytes a pixel, as a hash of them reads them."""
+    padded = with_padding(pixels)  # pixels_of's view of Pillow's memory
+    done = None if padded is None else rgb_of_rgbx(padded)
+    return pixels.contiguous() if done is None else done
 
 
 def resized(
@@ -88,7 +94,7 @@ def resized(
         done = resize_like_pillow(pixels, height, width, resample)
         if done is not None:
             return done
-    image = PIL.Image.fromarray(pixels.numpy())
+    image = PIL.Image.fromarray(packed(pixels).numpy())
     return pixels_of(image.resize((width, height), resample=resample))
 
 

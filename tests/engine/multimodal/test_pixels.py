@@ -11,7 +11,14 @@ import pytest
 import torch
 from hetero_infer.engine.multimodal import pixels
 from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
-from hetero_infer.engine.multimodal.pixels import pixels_of, rescale_and_normalize, to_tensor
+from hetero_infer.engine.multimodal.pixels import (
+    packed,
+    pixels_of,
+    rescale_and_normalize,
+    resized,
+    to_tensor,
+)
+from PIL.Image import Resampling
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -83,7 +90,26 @@ def test_pixels_are_read_where_pillow_keeps_them(size) -> None:
     kept = rgbx_pixels(image)
     assert kept is not None and kept.shape == (*size, 4)
     assert np.array_equal(kept[..., :3], as_bytes(image))
-    assert np.array_equal(pixels_of(image).numpy(), as_bytes(image))
+    view = pixels_of(image)
+    assert np.array_equal(view.numpy(), as_bytes(image))
+    # A view of Pillow's memory, not a copy; packed() lays it out 3 bytes a pixel.
+    assert view.data_ptr() == kept.ctypes.data and view.stride() == (4 * size[1], 4, 1)
+    assert packed(view).is_contiguous() and torch.equal(packed(view), view)
+
+
+@pytest.mark.parametrize("resample", [Resampling.LANCZOS, Resampling.BICUBIC])
+@pytest.mark.parametrize(("size", "new_size"), [((480, 640), (192, 256)), ((300, 100), (100, 90))])
+def test_pillows_pixels_resize_as_pillow_resizes_them(size, new_size, resample) -> None:
+    """Pixels on Pillow's memory resized with their padding bytes (no pass to pack them),
+    to the bit what Image.resize gives (the second size: Pillow 13's vertical pass
+    first), and handed on in the same layout."""
+    image = random_image(*size)
+    view = pixels_of(image)
+    assert not view.is_contiguous()
+    got = resized(view, *new_size, resample)
+    expected = image.resize(new_size[::-1], resample=resample)
+    assert np.array_equal(got.numpy(), as_bytes(expected))
+    assert got.stride() == (4 * new_size[1], 4, 1)
 
 
 def test_an_image_in_several_blocks_is_read_through_tobytes(small_pillow_blocks) -> None:
