@@ -50,7 +50,6 @@ _EXPORTS = {
     # an image's preprocessing as transformers' PIL-based processors, on the CPU kernels
     "resize_like_pillow": "image_cpu",
     "pixel_levels": "image_cpu",
-    "rgb_of_rgbx": "image_cpu",
     "with_padding": "image_cpu",
     "triton_available": "selection",
     # the decoder stack's description, which the model gives and the kernels pack

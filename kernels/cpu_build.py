@@ -44,7 +44,6 @@ SOURCES = (
     "quantized_pack_cpu.cpp",
     "image_resample_cpu.cpp",
     "pixel_levels_cpu.cpp",
-    "pixel_pack_cpu.cpp",
 )
 # Also the Python module's name: the installed library is kernels/hetero_cpu_kernels*.so
 # (hetero_infer.kernels.hetero_cpu_kernels).

@@ -1,8 +1,8 @@
 """An image's preprocessing on the CPU kernels, equal to the bit to what transformers'
 PIL-based processors compute: Pillow's resize (kernels/csrc/image_resample_cpu.cpp) and
 the 8-bit pixels' float values by a lookup in each channel's 256 levels
-(pixel_levels_cpu.cpp); and an RGB image's pixels, as Pillow keeps them (4 bytes each),
-packed into 3 bytes each (pixel_pack_cpu.cpp).
+(pixel_levels_cpu.cpp). RGB pixels as Pillow keeps them (4 bytes each: R, G, B and a
+padding byte) are resized as they lie (with_padding).
 
 ``resize_like_pillow`` is ``Image.resize`` with a convolution filter. Pillow resizes in
 two passes, one along each axis; each output value is a weighted sum of a run of input
@@ -193,15 +193,6 @@ def with_padding(pixels: torch.Tensor) -> torch.Tensor | None:
     if channels != 3 or pixels.stride() != (4 * width, 4, 1):
         return None
     return pixels.as_strided((height, width, 4), (4 * width, 4, 1))
-
-
-def rgb_of_rgbx(pixels: torch.Tensor) -> torch.Tensor | None:
-    """uint8 ``pixels`` [height, width, 4] (R, G, B and a padding byte, contiguous) as
-    [height, width, 3]; None without the kernels."""
-    kernels = built_cpu_kernels()
-    if kernels is None:
-        return None
-    return kernels.rgb_of_rgbx(pixels, _may_share_threads())
 
 
 def pixel_levels(tiles: torch.Tensor, levels: torch.Tensor) -> torch.Tensor | None:

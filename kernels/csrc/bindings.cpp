@@ -57,9 +57,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pixel_levels", &pixel_levels,
         "8-bit pixels [n, channels, h, w] -> float32 by each channel's 256 levels",
         py::arg("pixels"), py::arg("levels"), py::arg("parallel"), without_gil());
-  m.def("rgb_of_rgbx", &rgb_of_rgbx,
-        "8-bit RGB pixels as Pillow keeps them [h, w, 4] -> packed [h, w, 3]", py::arg("rgbx"),
-        py::arg("parallel"), without_gil());
   m.def("resample_vertical", &resample_vertical,
         "one pass of Pillow's resize along an 8-bit image's height (its weights given)",
         py::arg("image"), py::arg("bounds"), py::arg("weights"), py::arg("parallel"),

@@ -87,7 +87,6 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, const at:
 std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits, bool with_logprobs);
 at::Tensor philox_uniform(const at::Tensor& keys, const at::Tensor& counters);
 at::Tensor pixel_levels(const at::Tensor& pixels, const at::Tensor& levels, bool parallel);
-at::Tensor rgb_of_rgbx(const at::Tensor& rgbx, bool parallel);
 at::Tensor resample_vertical(const at::Tensor& image, const at::Tensor& bounds,
                              const at::Tensor& weights, bool parallel);
 at::Tensor resample_horizontal(const at::Tensor& image, const at::Tensor& bounds,

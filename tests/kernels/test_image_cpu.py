@@ -150,16 +150,3 @@ def test_pixel_levels_look_up_each_channels_level(contiguous):
     got = pixel_levels(tiles, levels)
     expected = torch.stack([levels[c][tiles[:, c].long()] for c in range(3)], dim=1)
     assert got.is_contiguous() and torch.equal(got, expected)
-
-
-@pytest.mark.parametrize(("width", "height"), [(1, 1), (17, 3), (640, 480), (1000, 333)])
-@pytest.mark.parametrize("parallel", [True, False])
-def test_rgbx_pixels_packed_into_rgb(width, height, parallel):
-    """Pillow's 4 bytes a pixel -> 3: whole runs of 16 pixels, the rest one by one, and
-    a large image's pixels shared between threads in runs of their own."""
-    kernels = load_cpu_kernels()
-    if kernels is None:
-        pytest.skip("needs the C++ kernels")
-    rgbx = torch.from_numpy(noise(width, height, 4, seed=5))
-    packed = kernels.rgb_of_rgbx(rgbx, parallel)
-    assert packed.is_contiguous() and torch.equal(packed, rgbx[..., :3])

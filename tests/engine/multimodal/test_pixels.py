@@ -5,6 +5,8 @@ rounded to float32, then a float32 normalize."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import PIL.Image
 import pytest
@@ -12,12 +14,13 @@ import torch
 from hetero_infer.engine.multimodal import pixels
 from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.engine.multimodal.pixels import (
-    packed,
+    pixels_hash,
     pixels_of,
     rescale_and_normalize,
     resized,
     to_tensor,
 )
+from hetero_infer.engine.params.image_input import content_hash
 from PIL.Image import Resampling
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -85,16 +88,15 @@ def as_bytes(image: PIL.Image.Image) -> np.ndarray:
 @pytest.mark.parametrize("size", [(1, 1), (7, 33), (480, 640)])
 def test_pixels_are_read_where_pillow_keeps_them(size) -> None:
     """Pillow's own memory through its Arrow export (a pixel's 4 bytes: R, G, B, padding),
-    packed: the bytes tobytes() gives, widths of any remainder of 16 pixels included."""
+    read in place: the bytes tobytes() gives."""
     image = random_image(*size)
     kept = rgbx_pixels(image)
     assert kept is not None and kept.shape == (*size, 4)
     assert np.array_equal(kept[..., :3], as_bytes(image))
     view = pixels_of(image)
     assert np.array_equal(view.numpy(), as_bytes(image))
-    # A view of Pillow's memory, not a copy; packed() lays it out 3 bytes a pixel.
+    # A view of Pillow's memory, not a copy.
     assert view.data_ptr() == kept.ctypes.data and view.stride() == (4 * size[1], 4, 1)
-    assert packed(view).is_contiguous() and torch.equal(packed(view), view)
 
 
 @pytest.mark.parametrize("resample", [Resampling.LANCZOS, Resampling.BICUBIC])
@@ -112,6 +114,19 @@ def test_pillows_pixels_resize_as_pillow_resizes_them(size, new_size, resample) 
     assert got.stride() == (4 * new_size[1], 4, 1)
 
 
+def test_a_decoded_images_hash_reads_its_pixels_where_pillow_keeps_them() -> None:
+    """Pillow's 4 bytes a pixel hashed as they lie (no packed copy first), with the
+    layout and the size: equal pixels hash alike, one pixel more or less does not."""
+    image = random_image(48, 64)
+    changed = image.copy()
+    changed.putpixel((5, 7), tuple(255 - v for v in image.getpixel((5, 7))))
+    got = pixels_hash(pixels_of(image))
+    assert got == pixels_hash(pixels_of(image.copy()))
+    assert got != pixels_hash(pixels_of(changed))
+    size = struct.pack("<II", 64, 48)
+    assert got == content_hash(memoryview(rgbx_pixels(image)), b"RGBX", size)
+
+
 def test_an_image_in_several_blocks_is_read_through_tobytes(small_pillow_blocks) -> None:
     image = random_image(40, 300)  # 1200 bytes a row: 3 rows a block
     assert rgbx_pixels(image) is None
@@ -121,4 +136,3 @@ def test_an_image_in_several_blocks_is_read_through_tobytes(small_pillow_blocks)
 def test_only_rgb_images_are_read_in_place() -> None:
     assert rgbx_pixels(random_image(4, 4).convert("RGBA")) is None
     assert rgbx_pixels(random_image(4, 4).convert("L")) is None
-
