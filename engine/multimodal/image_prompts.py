@@ -175,7 +175,7 @@ class ImagePrompts:
         pixels preprocess equally). The server calls this on a worker thread as an image
         arrives, and hands expand() the result."""
         rgb = self.processor.to_rgb(image)
-        pixels = pixels_of(rgb)  # where Pillow keeps them: no copy
+        pixels = pixels_of(rgb)  # a view of Pillow's memory, where it exports one
         image_hash = file_hash(source) if source is not None else pixels_hash(pixels)
         prepared = self.recent.get(image_hash)
         if prepared is None:
