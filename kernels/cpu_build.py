@@ -37,6 +37,7 @@ SOURCES = (
     "linear_amx.cpp",
     "prefill_attention_cpu.cpp",
     "prefill_attention_amx.cpp",
+    "encoder_attention_cpu.cpp",
     "amx_tiles.cpp",
     "greedy_cpu.cpp",
     "store_kv_cpu.cpp",

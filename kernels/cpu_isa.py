@@ -32,6 +32,7 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
     # widened to fp32 by shifts and masks and multiplied by FMAs
     "linear_packed": ("avx512bw",),
     "prefill_attention": ("avx512bw",),
+    "encoder_attention": ("avx512bw",),
     # AMX's int8 and bf16 tiles: the quantized linear kernel's calls of many rows and
     # bf16 prefill attention (the same kernels' AVX-512 code elsewhere)
     "amx_tiles": ("amx_tile", "amx_int8", "amx_bf16"),

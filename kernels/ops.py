@@ -1,4 +1,5 @@
-"""The model's ops other than attention, with their implementations chosen once.
+"""The model's ops other than its attention over the KV cache, with their implementations
+chosen once.
 
 ``KernelOps`` holds one function per op, the torch references unless told otherwise;
 kernels/selection.py builds it with the attention backend (as it is on a GPU,
@@ -24,6 +25,11 @@ from hetero_infer.kernels.activation import (
     silu_and_mul_ref,
 )
 from hetero_infer.kernels.decoder_stack import DecoderStackFn, DecoderStackSpec, no_decoder_stack
+from hetero_infer.kernels.encoder_attention import (
+    EncoderAttentionFn,
+    cpu_encoder_attention,
+    encoder_attention_ref,
+)
 from hetero_infer.kernels.greedy import greedy_pick_ref
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
 from hetero_infer.kernels.linear_choice import LinearChooser
@@ -61,8 +67,8 @@ def _no_quantized_kernel(weight: QuantizedWeight) -> bool:
 
 @dataclass(frozen=True)
 class KernelOps:
-    """The model's ops other than attention; by default the torch references (any
-    device)."""
+    """The model's ops other than its attention over the KV cache; by default the torch
+    references (any device)."""
 
     # x [num_tokens, hidden] -> weight * x / rms(x)
     rms_norm: Callable[[Tensor, Tensor, float], Tensor] = rms_norm_ref
@@ -79,6 +85,9 @@ class KernelOps:
     gelu_tanh_and_mul: Callable[[Tensor], Tensor] = gelu_tanh_and_mul_ref
     # x (any shape) -> gelu_tanh(x), elementwise (the vision towers' MLP)
     gelu_tanh: Callable[[Tensor], Tensor] = gelu_tanh_ref
+    # (q, k, v [segments, heads, length, head_dim], scale) -> [segments, length, heads,
+    # head_dim]: attention within each segment (a vision tower's tiles), no mask
+    encoder_attention: EncoderAttentionFn = encoder_attention_ref
     # (logits [rows, vocab], with_logprobs) -> (each row's argmax token, its log-softmax
     # value in fp32, or NaN without with_logprobs)
     greedy_pick: Callable[[Tensor, bool], tuple[Tensor, Tensor]] = greedy_pick_ref
@@ -199,6 +208,7 @@ def cpu_ops(module: ModuleType | None, chooser: LinearChooser | None = None) -> 
         rotary=rotary,
         silu_and_mul=silu_and_mul,
         gelu_tanh=gelu_tanh,
+        encoder_attention=cpu_encoder_attention(module),
         pack_fused_silu_and_mul_linear=functools.partial(
             linear_cpu.pack_gated_linear, module=module, chooser=chooser, silu_and_mul=silu_and_mul
         ),

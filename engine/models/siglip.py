@@ -1,9 +1,10 @@
 """SigLIP's vision transformer, the image encoder of Idefics3 / SmolVLM: each patch of a
 tile, embedded by a strided convolution, plus a learned position embedding, then
 pre-norm layers of bidirectional attention (biases on every projection) and a GELU MLP,
-and a final LayerNorm. Its projections and GELU run on the kernels the text model runs
-on (KernelOps: packed linears, vision_weights.py, and the C++ GELU in bf16 and fp16);
-the rest is torch's ops in the weights' dtype, with no KV cache (a tile's patches are
+and a final LayerNorm. Its projections, GELU and attention run on the kernels the text
+model runs on (KernelOps: packed linears, vision_weights.py, the C++ GELU in bf16 and
+fp16, and the C++ attention for fp32's small heads: kernels/encoder_attention.py); the
+rest is torch's ops in the weights' dtype, with no KV cache (a tile's patches are
 all there at once).
 
 Module names follow the checkpoint's (``embeddings.patch_embedding``,
@@ -120,6 +121,7 @@ class SiglipAttention(nn.Module):
         # in two calls fewer a layer.
         self.qkv_proj = vision_linear(hidden, 3 * hidden, ops)
         self.out_proj = vision_linear(hidden, hidden, ops)
+        self.attention = ops.encoder_attention
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
         for kind in ("weight", "bias"):
@@ -138,8 +140,8 @@ class SiglipAttention(nn.Module):
         # Every patch sees every patch of its tile: no mask, since every tile is a whole
         # image (Idefics3 masks only the padding of tiles smaller than the encoder's size,
         # which one image's tiles never are: idefics3_images.py).
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
-        return self.out_proj(out.transpose(1, 2).reshape(tiles, patches, hidden))
+        out = self.attention(q, k, v, self.head_dim**-0.5)  # [tiles, patches, heads, dim]
+        return self.out_proj(out.reshape(tiles, patches, hidden))
 
 
 class SiglipMLP(nn.Module):

@@ -18,6 +18,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether prefill_attention was built (AVX512-BF16)");
   m.def("prefill_attention", &prefill_attention, "tiled causal attention of prefill chunks",
         without_gil());
+  m.def("encoder_attention_available", &encoder_attention_available,
+        "whether encoder_attention was built (AVX-512 BW)");
+  m.def("encoder_attention", &encoder_attention,
+        "attention within segments of one length (fp32, heads of 8, 16 or 32 dims)",
+        without_gil());
   m.def("store_kv", &store_kv, "write keys/values into their cache slots (-1: skipped)");
   m.def("rms_norm", &rms_norm, "RMSNorm (bf16/fp16)");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual add + RMSNorm (bf16/fp16)");

@@ -99,6 +99,9 @@ std::tuple<at::Tensor, at::Tensor> sample(
     const at::Tensor& output_offsets, const at::Tensor& output_ids,
     const at::Tensor& bias_offsets, const at::Tensor& bias_ids, const at::Tensor& bias_values,
     const at::Tensor& banned_offsets, const at::Tensor& banned_ids, const at::Tensor& allowed);
+bool encoder_attention_available();
+at::Tensor encoder_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale);
 bool prefill_attention_available();
 void prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& block_tables,

@@ -13,6 +13,9 @@
 //    the values with pairs of keys per lane (fp32: a key's values in a row);
 // 2. per (chunk, head, 16 query tokens), the attention over those tiles. Units this
 //    small keep both threads busy when a step holds a single long chunk.
+// fp32 heads of 16 or 32 dims take a tile's queries across the lanes instead
+// (query_lanes_f32.h: at those sizes the per-query softmax steps cost more than the
+// products), the keys then laid out in rows.
 // The probabilities are rounded to bf16 for the value product, as GPU flash attention
 // does, where the dot instruction takes them; the FMAs take them in fp32 (rounded, they
 // cost SmolLM2 +1% perplexity there). Scores may be soft-capped (Gemma 2) before the
@@ -29,6 +32,7 @@
 #include "load_row.h"
 #include "parallel_by_work.h"
 #include "prefill_attention_amx.h"
+#include "query_lanes_f32.h"
 #include "query_tile.h"
 #include "vector_math.h"
 
@@ -45,6 +49,9 @@ namespace {
 
 constexpr int64_t kTile = kQueryTile;
 constexpr float kMasked = kMaskedScore;
+// fp32 heads of up to this many dims take their tiles' queries across the lanes
+// (attend_query_lanes_f32).
+constexpr int64_t kLanesMaxHeadDim = 32;
 
 // Online softmax, one query's step over a tile of 16 keys: its scores (`dots` scaled,
 // soft-capped where softcap > 0) against the `visible` keys of the tile it sees, its
@@ -200,8 +207,10 @@ void attend_query_tile(const uint16_t* query, int64_t query_stride, int64_t firs
   state.write(first, count, out, out_stride);
 }
 
-// KvTiles' fp32 counterpart: keys[tile][dim][key], a tile's 16 keys across the lanes;
-// values[tile][key][dim], a key's values in a row. Zeros past the context.
+// KvTiles' fp32 counterpart: values[tile][key][dim], a key's values in a row; keys as
+// the kernel reading them takes them: keys[tile][dim][key], a tile's 16 keys across the
+// lanes (attend_query_tile_f32), or in rows as the values (attend_query_lanes_f32).
+// Zeros past the context.
 struct KvTilesF32 {
   std::vector<float> keys;
   std::vector<float> values;
@@ -209,14 +218,19 @@ struct KvTilesF32 {
   void build(const float* k_cache, const float* v_cache, const int32_t* table, int64_t context,
              int64_t block_size, int64_t token_stride, int64_t offset, int64_t head_dim) {
     const int64_t tiles = (context + kTile - 1) / kTile;
+    const bool key_rows = head_dim <= kLanesMaxHeadDim;
     keys.assign(tiles * head_dim * kTile, 0.f);
     values.assign(tiles * kTile * head_dim, 0.f);
     for (int64_t pos = 0; pos < context; ++pos) {
       const int64_t slot =
           static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
       const float* k = k_cache + slot * token_stride + offset;
-      float* kt = keys.data() + (pos / kTile) * head_dim * kTile + pos % kTile;
-      for (int64_t d = 0; d < head_dim; ++d) kt[d * kTile] = k[d];
+      if (key_rows) {
+        std::memcpy(keys.data() + pos * head_dim, k, head_dim * sizeof(float));
+      } else {
+        float* kt = keys.data() + (pos / kTile) * head_dim * kTile + pos % kTile;
+        for (int64_t d = 0; d < head_dim; ++d) kt[d * kTile] = k[d];
+      }
       std::memcpy(values.data() + pos * head_dim, v_cache + slot * token_stride + offset,
                   head_dim * sizeof(float));
     }
@@ -280,6 +294,23 @@ void attend_query_tile_f32(const float* query, int64_t query_stride, int64_t fir
     }
   }
   state.write(first, count, out, out_stride);
+}
+
+// attend_query_tile_f32 for heads of 16 or 32 dims: the tile's queries across the
+// lanes (query_lanes_f32.h), the keys in rows.
+template <int HEAD_DIM>
+void attend_query_lanes_f32(const float* query, int64_t query_stride, int64_t first,
+                            int64_t count, int64_t chunk_len, int64_t context,
+                            const KvTilesF32& kv, float scale, float softcap, float* /*acc*/,
+                            float* out, int64_t out_stride) {
+  QueryLanesF32<HEAD_DIM> lanes(query + first * query_stride, query_stride, count);
+  // Query i sits at position first_pos + i and sees the keys up to it; the tiles hold
+  // zeros past the context to a tile's end, so the keys read are whole steps of 8.
+  const int64_t first_pos = context - chunk_len + first;
+  const int64_t keys_read = (first_pos + count + 7) / 8 * 8;
+  lanes.attend(kv.keys.data(), kv.values.data(), HEAD_DIM, keys_read,
+               lanes.causal_reach(first_pos + 1), scale, softcap);
+  lanes.write(out + first * out_stride, out_stride);
 }
 
 // prefill_attention for one dtype: bf16 (KvTiles, on AMX's tiles where the CPU has
@@ -358,8 +389,8 @@ void prefill_attention_of(const at::Tensor& query, const at::Tensor& k_cache,
     };
     if constexpr (kFp32) {
       switch (head_dim / 16) {
-        case 1: run(attend_query_tile_f32<1>); break;
-        case 2: run(attend_query_tile_f32<2>); break;
+        case 1: run(attend_query_lanes_f32<16>); break;
+        case 2: run(attend_query_lanes_f32<32>); break;
         case 3: run(attend_query_tile_f32<3>); break;
         case 4: run(attend_query_tile_f32<4>); break;
         case 5: run(attend_query_tile_f32<5>); break;
