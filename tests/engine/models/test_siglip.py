@@ -1,0 +1,31 @@
+"""engine/models/siglip.py: the patch convolution of a checkpoint, loaded by its names,
+embeds the patches as torch's convolution does (one projection of each patch's pixels)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hetero_infer.engine.models.siglip import SiglipVisionConfig, SiglipVisionEmbeddings
+from hetero_infer.kernels import KernelOps
+
+
+def test_the_patch_projection_is_the_checkpoints_convolution() -> None:
+    config = SiglipVisionConfig(8, 16, 1, 2, image_size=8, patch_size=4)
+    embeddings = SiglipVisionEmbeddings(config, torch.tensor([2, 0, 3, 1]), KernelOps())
+    generator = torch.Generator().manual_seed(0)
+    checkpoint = {
+        "patch_embedding.weight": torch.randn(8, 3, 4, 4, generator=generator),
+        "patch_embedding.bias": torch.randn(8, generator=generator),
+        "position_embedding.weight": torch.randn(4, 8, generator=generator),
+    }
+    missing, unexpected = embeddings.load_state_dict(dict(checkpoint), strict=False)
+    assert not missing and not unexpected
+    embeddings.patch_projection.pack_weight()
+    pixels = torch.randn(2, 3, 8, 8, generator=generator)
+    convolved = F.conv2d(
+        pixels, checkpoint["patch_embedding.weight"], checkpoint["patch_embedding.bias"], stride=4
+    )
+    # [tiles, hidden, 2, 2] -> the patches row by row, each plus its position's embedding
+    positions = checkpoint["position_embedding.weight"][[2, 0, 3, 1]]
+    expected = convolved.flatten(2).transpose(1, 2) + positions
+    torch.testing.assert_close(embeddings(pixels), expected, rtol=1e-6, atol=1e-6)
