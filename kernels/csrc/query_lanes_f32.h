@@ -53,6 +53,8 @@ class QueryLanesF32 {
   void attend(const float* keys, const float* values, int64_t row_stride, int64_t keys_read,
               __m512i reach, float scale, float softcap) {
     const __m512 scale_v = _mm512_set1_ps(scale);
+    // Keys below every lane's reach need no mask (lanes past `count` are never written).
+    const int64_t all_see = _mm512_mask_reduce_min_epi32(used_, reach);
     for (int64_t k0 = 0; k0 < keys_read; k0 += kKeys) {
       const float* k = keys + k0 * row_stride;
       const float* v = values + k0 * row_stride;
@@ -66,8 +68,11 @@ class QueryLanesF32 {
       }
       __mmask16 seen[kKeys];
       __m512 step_max = _mm512_set1_ps(kMaskedScore);
+      const bool masked = k0 + kKeys > all_see;
       for (int j = 0; j < kKeys; ++j) {
-        seen[j] = _mm512_cmpgt_epi32_mask(reach, _mm512_set1_epi32(static_cast<int32_t>(k0 + j)));
+        seen[j] = masked ? _mm512_cmpgt_epi32_mask(
+                               reach, _mm512_set1_epi32(static_cast<int32_t>(k0 + j)))
+                         : static_cast<__mmask16>(0xFFFF);
         __m512 scores = _mm512_mul_ps(p[j], scale_v);
         if (softcap > 0.f) scores = softcap16(scores, softcap);
         p[j] = _mm512_mask_mov_ps(_mm512_set1_ps(kMaskedScore), seen[j], scores);
