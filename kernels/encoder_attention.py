@@ -34,6 +34,8 @@ def encoder_attention_ref(
 def cpu_encoder_attention(module: ModuleType) -> EncoderAttentionFn:
     """encoder_attention_ref's contract, on the C++ kernel where it takes the step's
     tensors (its result contiguous)."""
+    if not module.encoder_attention_available():
+        return encoder_attention_ref
 
     def encoder_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -42,8 +44,6 @@ def cpu_encoder_attention(module: ModuleType) -> EncoderAttentionFn:
             return module.encoder_attention(q, k, v, scale)
         return encoder_attention_ref(q, k, v, scale)
 
-    if not module.encoder_attention_available():
-        return encoder_attention_ref
     return encoder_attention
 
 

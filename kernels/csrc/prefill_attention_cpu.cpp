@@ -388,9 +388,12 @@ void prefill_attention_of(const at::Tensor& query, const at::Tensor& k_cache,
               scale, softcap, acc, out_rows, num_heads * head_dim);
     };
     if constexpr (kFp32) {
+      // Small heads across the lanes (KvTilesF32 laid their keys in rows for them)
+      if (head_dim <= kLanesMaxHeadDim) {
+        head_dim == 16 ? run(attend_query_lanes_f32<16>) : run(attend_query_lanes_f32<32>);
+        return;
+      }
       switch (head_dim / 16) {
-        case 1: run(attend_query_lanes_f32<16>); break;
-        case 2: run(attend_query_lanes_f32<32>); break;
         case 3: run(attend_query_tile_f32<3>); break;
         case 4: run(attend_query_tile_f32<4>); break;
         case 5: run(attend_query_tile_f32<5>); break;
