@@ -1,8 +1,10 @@
-"""Async scheduling over the features whose next step needs a sequence's tokens
-(core/pending_tokens.py's ``needs_known_tokens``): penalties, a grammar, multi-token bad
-words, a thinking budget, n > 1's forks and prompt logprobs, on the real engine.
+"""Async scheduling on the real engine (core/pending_tokens.py, core/engine_core.py):
+each decode step carries every running sequence, a step's blocks are found while it is
+in flight, the runner forgets finished sequences; and the features whose next step needs
+a sequence's tokens (``needs_known_tokens``): penalties, a grammar, multi-token bad
+words, a thinking budget, n > 1's forks and prompt logprobs.
 
-Each runs beside plain requests (so steps are handed over while it waits) and must give
+Each feature runs beside plain requests (so steps are handed over while it waits) and must give
 what steps one at a time give: the same tokens and logprobs. A schedule made before the
 step in flight is applied would count a pending token as a seen one, build a grammar's
 mask a token late, miss a bad word's start, count a thinking section short, fork a
@@ -83,3 +85,35 @@ def test_async_scheduling_gives_what_steps_one_at_a_time_give(model_dir, feature
     if feature == "bad words":
         plain = outputs(make_engine(model_dir, False), GREEDY)[0][0]
         assert first != plain
+
+
+def test_async_steps_carry_every_running_sequence(model_dir):
+    """A sequence whose pending token were lost would sit out every other step: the
+    same tokens, in more steps."""
+    steps = []
+    for async_scheduling in (False, True):
+        engine = make_engine(model_dir, async_scheduling)
+        engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+        steps.append(engine.core.counters.num_steps)
+    assert steps[1] == steps[0]
+
+
+def test_a_prompt_s_blocks_are_found_while_its_step_is_in_flight(model_dir):
+    """Registered when the step is handed over: a request that comes right after it
+    takes them from the prefix cache, as with steps one at a time."""
+    engine = make_engine(model_dir, async_scheduling=True)
+    prompt = PROMPTS[0][:24] + PROMPTS[1]  # the budget's 24 tokens: one full block
+    engine.add_request(prompt, GREEDY)
+    engine.step()  # hands over the prompt's first chunk
+    engine.add_request(prompt, GREEDY)
+    while engine.has_pending_work():
+        engine.step()
+    assert engine.memory_stats()["prefix_cache_hits"] > 0
+
+
+def test_the_runner_forgets_finished_sequences(model_dir):
+    engine = make_engine(model_dir, async_scheduling=True)
+    for _ in range(3):
+        outs = engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+    # Those that ended in the last step are forgotten with the next one.
+    assert set(engine.core.runner.last_sampled) <= {o.request_id for o in outs}
