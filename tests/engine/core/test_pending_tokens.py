@@ -18,6 +18,7 @@ from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.params.thinking_budget import ThinkingBudget
 
 from tests.engine.test_json_schema import SMALL
+from tests.engine.worker.test_cuda_graphs import skip_unless_compiled_triton
 from tests.tiny_models import save_tiny_model
 
 # The first, the feature's, in chunks over three steps (the budget's 24 tokens a step).
@@ -33,10 +34,11 @@ def model_dir(tmp_path_factory):
     return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
 
 
-def make_engine(model_dir, async_scheduling: bool) -> LLMEngine:
+def make_engine(model_dir, async_scheduling: bool, device: str = "cpu") -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model=str(model_dir),
+            device=device,
             dtype="float32",
             max_model_len=256,
             max_num_blocks=64,
@@ -54,9 +56,10 @@ def outputs(engine: LLMEngine, params: SamplingParams) -> list[tuple]:
     return [(o.token_ids, o.logprobs, o.prompt_logprobs, o.finish_reason) for o in outs]
 
 
-def bad_words_of(model_dir) -> list[list[int]]:
+def bad_words_of(model_dir, device: str) -> list[list[int]]:
     """Two-token words the first prompt's greedy answer holds: banned, it must change."""
-    out = make_engine(model_dir, False).generate(PROMPTS[0], GREEDY, use_tqdm=False)[0]
+    engine = make_engine(model_dir, False, device)
+    out = engine.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0]
     return [out.token_ids[2:4], out.token_ids[5:7]]
 
 
@@ -72,18 +75,30 @@ FEATURES = {
 
 @pytest.mark.parametrize("feature", FEATURES)
 def test_async_scheduling_gives_what_steps_one_at_a_time_give(model_dir, feature):
+    check_feature(model_dir, feature, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("feature", FEATURES)
+def test_async_scheduling_on_cuda_gives_what_steps_one_at_a_time_give(model_dir, feature):
+    """The same with CUDA's kernels: the sampler's on the GPU, graphs for the decodes."""
+    skip_unless_compiled_triton()
+    check_feature(model_dir, feature, "cuda")
+
+
+def check_feature(model_dir, feature: str, device: str) -> None:
     settings = dict(FEATURES[feature])
     if feature == "bad words":
-        settings["bad_words_token_ids"] = bad_words_of(model_dir)
+        settings["bad_words_token_ids"] = bad_words_of(model_dir, device)
     params = SamplingParams(**{**vars(GREEDY), "ignore_eos": False, **settings})
-    expected = outputs(make_engine(model_dir, False), params)
-    actual = outputs(make_engine(model_dir, True), params)
+    expected = outputs(make_engine(model_dir, False, device), params)
+    actual = outputs(make_engine(model_dir, True, device), params)
     assert actual == expected
     first = expected[0][0]
     if feature == "thinking budget":  # the end mark was forced after 3 thought tokens
         assert first[3:5] == [40, 41], first
     if feature == "bad words":
-        plain = outputs(make_engine(model_dir, False), GREEDY)[0][0]
+        plain = outputs(make_engine(model_dir, False, device), GREEDY)[0][0]
         assert first != plain
 
 
