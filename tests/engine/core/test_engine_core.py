@@ -99,3 +99,18 @@ def test_a_request_that_waits_past_max_queue_time_is_rejected():
     assert updates["first"][-1].finish_reason == "rejected"
     assert updates["second"][-1].finish_reason == "rejected"
     assert counters.num_rejected == 2 and counters.num_steps == 0
+
+
+def test_a_request_started_before_max_queue_time_runs_to_its_end():
+    """The limit is on the wait for a first step: one of n choices started is enough
+    (the others fork later), and a request that has started is never rejected."""
+    counters = CoreCounters()
+    scheduler = make_scheduler(max_num_seqs=2)
+    core = EngineCore(scheduler, FakeRunner(), counters, max_queue_time=0.05)
+    core.add(choices("started", n=2, max_tokens=4), deadline=None)
+    core.step()  # its first choice's prompt: started
+    time.sleep(0.06)  # past its deadline, which the next step checks
+    updates = run(core)
+    assert [u.finish_reason for u in updates["started"]][-1] == "length"
+    assert updates["started#1"][-1].finish_reason == "length"
+    assert counters.num_rejected == 0
