@@ -124,13 +124,13 @@ class SequenceQueues:
             self.running.append(child)
         parent.fork_children = []
 
-    def finish(self, request_id: str, status: SequenceStatus) -> bool:
-        """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks.
-        False if there is no such unfinished sequence."""
+    def finish(self, request_id: str, status: SequenceStatus) -> None:
+        """End a sequence wherever it is (a stop, an abort, a failure) and free its blocks;
+        nothing if there is no such unfinished sequence (it ended already)."""
         assert status.is_finished
         seq = self.sequences.pop(request_id, None)
         if seq is None:
-            return False
+            return
         if seq in self.running:
             self.running.remove(seq)
             self.block_manager.free(seq)
@@ -143,4 +143,3 @@ class SequenceQueues:
         seq.status = status
         seq.finished_time = time.monotonic()
         self._finished_ids.append(request_id)
-        return True
