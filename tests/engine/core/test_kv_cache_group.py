@@ -58,6 +58,31 @@ def test_blocks_leave_the_window_as_decoding_goes_on() -> None:
     assert sliding_used(bm) == 0 and bm.num_used_blocks == 0
 
 
+def test_the_first_kept_block_holds_the_window_s_first_key() -> None:
+    group = manager().groups[1]
+    # A query at p sees p - 7 .. p; block b holds positions 4b .. 4b + 3.
+    assert [group.first_kept(p) for p in (0, 7, 10, 11, 14, 15)] == [0, 0, 0, 1, 1, 2]
+
+
+def test_a_block_leaving_the_window_pays_for_the_next_one() -> None:
+    """A chunk that needs a new block as one leaves the window takes none from the pool,
+    unless the leaving block is shared (another sequence keeps it)."""
+    bm = manager()
+    group = bm.groups[1]
+    seq = make_seq("a", [10, 11, 12])  # less than a block: none kept for the prompt
+    compute(bm, seq, 3)
+    for step in range(8):
+        seq.token_ids.append(100 + step)
+        compute(bm, seq, 1)
+    seq.token_ids += [200, 201]
+    # Positions 11 and 12: block 3 is new, and the query at 11 sees 4 .. 11, so block 0
+    # goes back.
+    assert seq.num_computed_tokens == 11 and len(seq.block_tables[1]) == 3
+    assert group.num_blocks_needed(seq, 2) == 0
+    group.pool.take(seq.block_tables[1][0])  # as a sequence with the same tokens would
+    assert group.num_blocks_needed(seq, 2) == 1
+
+
 def test_next_turn_finds_the_window_before_its_prefix() -> None:
     bm = manager()
     turn1 = make_seq("t1", list(range(10, 47)))  # 37 tokens
