@@ -6,10 +6,12 @@ it had never been there. Also the priority check and the limit's arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams, ValidationError
+from hetero_infer.engine.params.sampling_params import RequestOutputKind
 
 from tests.tiny_models import save_tiny_model
 
@@ -68,6 +70,21 @@ def test_a_request_out_of_time_ends_with_its_tokens_so_far(model_dir):
     assert engine.metrics.num_timeouts == 1
     stats = engine.memory_stats()
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
+
+
+def test_an_answer_sent_whole_has_its_text_when_out_of_time(model_dir):
+    """FINAL_ONLY decodes its tokens at its end (the output processor): an end by the
+    time limit, which brings no token, still gives their text."""
+    engine = make_engine(model_dir)
+    params = dataclasses.replace(LONG, output_kind=RequestOutputKind.FINAL_ONLY)
+    timed = engine.add_request([5, 6, 7], params, timeout=0.5)
+    for _ in range(4):
+        assert engine.step() == []  # nothing goes out before the end
+    time.sleep(0.55)
+    [final] = run_to_end(engine)[timed]
+    assert final.finish_reason == "length" and len(final.token_ids) == 4
+    expected = engine.tokenizer.decode([5, 6, 7] + final.token_ids)
+    assert final.text and final.text == expected[len(engine.tokenizer.decode([5, 6, 7])) :]
 
 
 def test_every_choice_of_a_request_ends_with_it(model_dir):
