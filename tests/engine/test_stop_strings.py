@@ -7,6 +7,7 @@ streamed delta ever shows text that the final output does not have.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -183,6 +184,30 @@ def test_min_tokens_delays_stop_strings_and_masks_stop_tokens(engine):
     assert out.token_ids[0] != stop_id
     assert stop_id not in out.token_ids[:5]
     assert len(out.token_ids) >= 5 or out.finish_reason == "length"
+
+
+def test_a_stop_string_completed_by_the_min_tokens_th_token_ends_there(engine):
+    """min_tokens = k lets the k-th token's text stop the output (vLLM's: stop strings
+    count from k tokens out), and k + 1 does not."""
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    ref = engine.generate("ok ok", params, use_tqdm=False)[0]
+    detokenizer = IncrementalDetokenizer(engine.tokenizer, ref.prompt_token_ids)
+    pieces = [detokenizer.step([token_id]) for token_id in ref.token_ids]  # as streamed
+    # The first token whose text is new (not in the text before it), from the second on.
+    k = next(
+        k
+        for k in range(2, MAX_TOKENS)
+        if pieces[k - 1].strip() and pieces[k - 1] not in "".join(pieces[: k - 1])
+    )
+    piece = pieces[k - 1]
+    stopped = engine.generate(
+        "ok ok", dataclasses.replace(params, min_tokens=k, stop=[piece]), use_tqdm=False
+    )[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == ref.token_ids[:k]
+    later = engine.generate(
+        "ok ok", dataclasses.replace(params, min_tokens=k + 1, stop=[piece]), use_tqdm=False
+    )[0]
+    assert later.token_ids[:k] == ref.token_ids[:k] and len(later.token_ids) > k
 
 
 def test_special_tokens_kept_on_request_but_not_the_eos(engine):
