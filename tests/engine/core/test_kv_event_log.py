@@ -72,3 +72,21 @@ def test_a_reset_clears_the_cache_and_says_so():
     assert isinstance(bm.events.events[-1], AllBlocksCleared)
     again = make_seq("again", list(range(9)))
     assert bm.allocate_cached_prefix(again) == 0  # nothing left to find
+
+
+def test_a_block_is_announced_once_however_many_sequences_share_it():
+    """A prefix hit and a fork register the blocks they share again: only blocks not yet
+    findable are stored events (a router counts each once)."""
+    bm, batches = logged_manager()
+    first = make_seq("first", list(range(9)))  # 2 full blocks
+    prefill(bm, first)
+    again = make_seq("again", list(range(9)) + [50, 51, 52])  # a hit on both, a third
+    bm.allocate_cached_prefix(again)
+    prefill(bm, again)
+    child = make_seq("child", list(range(9)))
+    bm.fork(first, child, first.num_tokens - 1)
+    child.num_computed_tokens = first.num_tokens - 1
+    prefill(bm, child)
+    bm.events.end_step()
+    stored = [h for e in batches[0] if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert len(stored) == len(set(stored)) == 3
