@@ -37,8 +37,11 @@ def phi3_short_original(tmp_path_factory) -> Path:
 
 
 def test_long_factors_past_the_original_context(phi3_short_original: Path):
-    # Below it throughout (with the 24 tokens generated), past it at once.
+    # Below it throughout (with the 24 tokens generated), past it at once; and at its
+    # edge: ORIGINAL tokens are within it (the first token generated after a prompt of
+    # ORIGINAL - 1 is, the second is not), ORIGINAL + 1 past it.
     prompts = [p for p in random_prompts(5, 384) if len(p) in (15, 31, 100, 200, 250)]
+    prompts += [prompts[-1][: ORIGINAL + n] for n in (-1, 0, 1)]
     expected = reference_outputs(phi3_short_original, prompts)
     engine = LLMEngine(EngineConfig(model=str(phi3_short_original), dtype="float32"))
     model = engine.runner.model
@@ -49,6 +52,8 @@ def test_long_factors_past_the_original_context(phi3_short_original: Path):
     for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
         assert out.token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens) differs"
     assert EOS not in [t for out in outputs for t in out.token_ids[:-1]]
+    # Restarted once each, the two that crossed it while generating, and nothing else.
+    assert engine.metrics.as_dict()["num_preemptions"] == 2
 
 
 @pytest.mark.parametrize(
