@@ -23,6 +23,12 @@ def priority_key(seq: Sequence) -> tuple[int, float]:
     return (seq.priority, seq.arrival_time)
 
 
+def slots_needed(seq: Sequence) -> int:
+    """The running slots a sequence takes: itself and its n > 1 choices still to fork
+    (they join it as it samples its first token)."""
+    return 1 + sum(not child.is_finished for child in seq.fork_children)
+
+
 class SequenceQueues:
     def __init__(self, block_manager: BlockManager, policy: str) -> None:
         assert policy in SCHEDULING_POLICIES, policy
@@ -60,6 +66,11 @@ class SequenceQueues:
             return None
         victim = max(self.running, key=priority_key)
         return victim if victim.priority > seq.priority else None
+
+    def num_slots_taken(self) -> int:
+        """What counts against max_num_seqs: the running sequences and the n > 1 choices
+        still to fork from them (as vLLM counts a request's n when it admits it)."""
+        return len(self.running) + sum(slots_needed(s) - 1 for s in self.running if s.fork_children)
 
     def take_finished_ids(self) -> list[str]:
         """The sequences finished since the last call (the runner drops their state)."""

@@ -62,6 +62,23 @@ def test_choices_are_reproducible_and_independent_of_other_traffic(model_dir):
     assert [o.token_ids for o in group] == first
 
 
+def test_choices_count_against_max_num_seqs(model_dir):
+    """As vLLM counts a request's n: the choices still to fork hold their slots, so the
+    running sequences never outnumber max_num_seqs; and the choices come out the same."""
+    first = [o.token_ids for o in make_engine(model_dir).generate(PROMPT, SEEDED, use_tqdm=False)]
+    engine = make_engine(model_dir, max_num_seqs=5)
+    short = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    engine.add_request(PROMPT[:30], dataclasses.replace(short, n=3))
+    request_id = engine.add_request(PROMPT, SEEDED)
+    finals, peak_running = {}, 0
+    while engine.has_pending_work():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        peak_running = max(peak_running, engine.memory_stats()["num_running"])
+    assert peak_running == 4  # one group at a time: the second waits for the first
+    group = sorted((o for o in finals.values() if o.group_id == request_id), key=lambda o: o.index)
+    assert [o.token_ids for o in group] == first
+
+
 def test_n_choices_use_fewer_blocks_than_separate_requests(model_dir):
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     # Without the prefix cache, so that only the fork can share blocks.
