@@ -23,10 +23,6 @@ class SamplingMetadata:
     # Per row: how many top logprobs it asked for (None: no logprobs at all).
     num_logprobs: list[int | None]
 
-    @property
-    def all_plain_greedy(self) -> bool:
-        return self.tensors is None
-
     @classmethod
     def build(
         cls,
