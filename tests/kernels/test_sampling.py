@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
+from collections.abc import Collection
 
 import pytest
 import torch
@@ -113,8 +114,14 @@ def test_excluded_tokens_stay_out_whatever_the_bias():
 # ---- the C++ kernel against the reference ----
 
 
-def random_batch(rows: int, vocab: int, seed: int, features: bool = True) -> SamplingTensors:
-    """Rows that mix greedy and random, every truncation, and (with ``features``)
+# What a row's logits go through before the draw (process_logits_ref).
+FEATURES = ("penalties", "bias", "banned", "allowed")
+
+
+def random_batch(
+    rows: int, vocab: int, seed: int, features: Collection[str] = FEATURES
+) -> SamplingTensors:
+    """Rows that mix greedy and random, every truncation, and ``features`` of FEATURES:
     penalties, bias, banned tokens and grammar masks."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
@@ -139,15 +146,15 @@ def random_batch(rows: int, vocab: int, seed: int, features: bool = True) -> Sam
             (rng.choice([0.0, 1.5]), rng.choice([0.0, -1.0, 0.5]), rng.choice([1.0, 1.3, 0.8]))
             for _ in range(rows)
         ]
-        if features
+        if "penalties" in features
         else None,
         prompt_ids=[ids(6) for _ in range(rows)],
         output_ids=[ids(12) for _ in range(rows)],
         bias=[{t: rng.uniform(-100, 100) for t in ids(4)} for _ in range(rows)]
-        if features
+        if "bias" in features
         else None,
-        banned=[set(ids(3)) for _ in range(rows)] if features else None,
-        allowed=allowed.masked_fill_(allowed == 0, 1) if features else None,
+        banned=[set(ids(3)) for _ in range(rows)] if "banned" in features else None,
+        allowed=allowed.masked_fill_(allowed == 0, 1) if "allowed" in features else None,
     )
 
 
@@ -167,12 +174,21 @@ def check_same(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, 
     # 1000: logits spread so far that top-k's floor lies beyond the first margins
     [(64, 3000, 3.0), (8, 49152, 5.0), (33, 517, 0.3), (24, 2000, 1000.0)],
 )
-@pytest.mark.parametrize("features", [False, True])
+@pytest.mark.parametrize("features", [(), FEATURES], ids=["plain", "features"])
 def test_kernel_matches_reference(dtype, rows, vocab, scale, features):
     seed = rows * vocab
     logits = scale * torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed))
     tensors = random_batch(rows, vocab, seed, features)
     check_same(OPS.sample(logits.to(dtype), tensors), sample_ref(logits.to(dtype), tensors))
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_kernel_matches_reference_with_one_feature(feature):
+    """Each feature on its own: the others' absence must not skip it."""
+    logits = 3 * torch.randn(12, 700, generator=torch.Generator().manual_seed(5))
+    tensors = random_batch(12, 700, 5, [feature])
+    check_same(OPS.sample(logits, tensors), sample_ref(logits, tensors))
+    assert not torch.equal(process_logits_ref(logits, tensors), logits)  # it changes the rows
 
 
 def test_kernel_never_draws_an_excluded_token():
