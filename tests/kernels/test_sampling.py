@@ -102,6 +102,13 @@ def test_the_draw_is_the_inverse_of_the_running_sum():
     assert draw_ref(weights, uniforms).tolist() == [1, 1, 3, 3, 4]
 
 
+def test_the_draw_never_passes_the_last_kept_token():
+    """Where u times the total rounds up to the total (u = 1 here), the running sum is
+    reached at the last kept token and stays there over the dropped ones after it."""
+    weights = torch.tensor([[1.0, 2.0, 0.0, 0.0]])
+    assert draw_ref(weights, torch.tensor([1.0], dtype=torch.float64)).tolist() == [1]
+
+
 def test_excluded_tokens_stay_out_whatever_the_bias():
     logits = torch.zeros(1, 8)
     tensors = SamplingTensors.build(

@@ -251,6 +251,19 @@ def test_banned_tokens_are_never_drawn(sampler):
     assert drawn == {1, 2, 3}
 
 
+def test_allowed_token_ids_are_the_only_ones_drawn(sampler):
+    """Several in one 32-token word of the mask, and the word's sign bit (token 31)."""
+    allowed = [3, 5, 31, 33]
+    params = SamplingParams(temperature=1.0, allowed_token_ids=allowed)
+    randomness = Randomness(0, uniforms_ref)
+    drawn = set()
+    for _ in range(200):
+        drawn |= set(
+            _sample(sampler, torch.zeros(1, 40), [_row("a", params, [1], [])], randomness)[0]
+        )
+    assert drawn == set(allowed)
+
+
 def test_sampler_gives_the_same_greedy_result_on_either_path(sampler):
     # bf16 logits, as the model returns them: plain greedy rows take the one-pass kernel;
     # asking for top logprobs takes the general path.
