@@ -84,7 +84,6 @@ class IncrementalDetokenizer(SentText):
         self._prefix_offset = 0  # window start: ids[prefix_offset:read_offset] is context
         self._read_offset = len(self._ids)  # ids from here on are not yet sent
         self._prefix_text = self._decode(0, self._read_offset)
-        self._open_byte_run = False
 
     def step(self, new_token_ids: list[int]) -> str:
         """Adds newly generated ids; returns the text they complete, possibly ""."""
@@ -92,14 +91,12 @@ class IncrementalDetokenizer(SentText):
         if not kept:
             return ""
         self._ids.extend(kept)
-        self._open_byte_run = kept[-1] in self._byte_ids
-        if self._open_byte_run:
+        if kept[-1] in self._byte_ids:  # a run of bytes may go on: it is held
             return ""
         return self._emit(final=False)
 
     def flush(self) -> str:
         """Ends the sequence: returns everything held back (invalid bytes as U+FFFD)."""
-        self._open_byte_run = False
         if self._read_offset == len(self._ids):
             return ""
         return self._emit(final=True)
