@@ -518,12 +518,20 @@ def test_n_choices_fork_from_the_prompt_when_it_first_samples() -> None:
     assert used_blocks(sched) == 4
 
 
-def test_n_choices_count_against_max_num_seqs_when_admitted() -> None:
-    sched = make_scheduler(max_num_seqs=3)
+def queue_choices_and_another(sched: Scheduler, n: int) -> Sequence:
+    """Queue a request "p" of n choices (p, p#1, ...), then a lone one, "o": returns o."""
     parent, other = make_seq("p", 6), make_seq("o", 6)
-    parent.fork_children = [make_seq(f"p#{i}", token_ids=parent.prompt_token_ids) for i in (1, 2)]
+    parent.fork_children = [
+        make_seq(f"p#{i}", token_ids=parent.prompt_token_ids) for i in range(1, n)
+    ]
     sched.queues.add(parent)
     sched.queues.add(other)
+    return other
+
+
+def test_n_choices_count_against_max_num_seqs_when_admitted() -> None:
+    sched = make_scheduler(max_num_seqs=3)
+    other = queue_choices_and_another(sched, 3)
     out = run_step(sched)
     assert scheduled(out) == [("p", 6)]  # its two choices to come take the other slots
     assert len(sched.queues.running) == 3 and list(sched.queues.waiting) == [other]
@@ -533,20 +541,14 @@ def test_n_choices_count_against_max_num_seqs_when_admitted() -> None:
 
 def test_a_choice_aborted_before_the_fork_frees_its_slot() -> None:
     sched = make_scheduler(max_num_seqs=2)
-    parent, other = make_seq("p", 6), make_seq("o", 6)
-    parent.fork_children = [make_seq("p#1", token_ids=parent.prompt_token_ids)]
-    sched.queues.add(parent)
-    sched.queues.add(other)
+    queue_choices_and_another(sched, 2)
     sched.queues.finish("p#1", SequenceStatus.FINISHED_ABORTED)
     assert scheduled(run_step(sched)) == [("p", 6), ("o", 6)]
 
 
 def test_a_request_with_more_choices_than_max_num_seqs_runs_alone() -> None:
     sched = make_scheduler(max_num_seqs=2)
-    parent, other = make_seq("p", 6), make_seq("o", 6)
-    parent.fork_children = [make_seq(f"p#{i}", token_ids=parent.prompt_token_ids) for i in (1, 2)]
-    sched.queues.add(parent)
-    sched.queues.add(other)
+    other = queue_choices_and_another(sched, 3)
     run_step(sched)
     assert len(sched.queues.running) == 3 and list(sched.queues.waiting) == [other]
 
