@@ -191,6 +191,10 @@ def test_abort_frees_blocks_and_spares_the_others(engine):
         ("", GREEDY, "prompt"),
         ([], GREEDY, "prompt"),
         ([1, 2, 10**6], GREEDY, "prompt"),
+        ([1, -1], GREEDY, "prompt"),
+        ([1, 2.0], GREEDY, "prompt"),
+        ([1, "2"], GREEDY, "prompt"),
+        ([True], GREEDY, "prompt"),
         ([1] * 300, GREEDY, "max_model_len"),
         (123, GREEDY, "prompt"),
     ],
@@ -216,6 +220,16 @@ def test_bad_input_names_the_field_and_others_keep_running(engine, prompt, param
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_the_vocabulary_and_the_context_are_open_at_their_ends(engine):
+    vocab = engine.model_config.vocab_size
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request([1, vocab], GREEDY)
+    ids = [engine.add_request([0, vocab - 1], GREEDY), engine.add_request([1] * 256, GREEDY)]
+    run_to_end(engine)
+    assert [engine.get_output(i).finish_reason for i in ids] == ["length", "length"]
+    assert len(engine.get_output(ids[1]).token_ids) == 1  # a prompt of max_model_len
 
 
 def test_generate_rejects_a_bad_prompt_without_leaking(engine):
