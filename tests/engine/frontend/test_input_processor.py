@@ -50,3 +50,9 @@ def test_truncate_keeps_the_last_tokens(processor, keep, kept):
 def test_truncate_to_nothing_is_refused(processor):
     with pytest.raises(ValidationError, match="truncate_prompt_tokens"):
         processor.truncate(prompt_of(5), 0)
+
+
+def test_an_embedding_input_may_fill_the_context(processor):
+    assert processor.embedding_request("e", prompt_of(CONTEXT)).pooling is not None
+    with pytest.raises(ContextLengthError, match=f"the input has {CONTEXT + 1} tokens"):
+        processor.embedding_request("e", prompt_of(CONTEXT + 1))
