@@ -30,7 +30,7 @@ import time
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.pending_tokens import put_back, take_pending
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
-from hetero_infer.engine.core.sequence_queues import SequenceQueues, priority_key, slots_needed
+from hetero_infer.engine.core.sequence_queues import SequenceQueues, priority_key
 from hetero_infer.engine.core.speculator import Speculator, advance_draft_kv
 from hetero_infer.engine.core.step_data import ModelRunnerOutput, SchedulerOutput, SequenceUpdate
 from hetero_infer.engine.core.step_records import schedule_entry, sequence_update
@@ -128,7 +128,11 @@ class Scheduler:
         while self.queues.swapped and budget > 0:
             seq = self.queues.swapped[0]
             num_new = seq.chunk_tokens(budget)
-            if num_new == 0 or not self._has_slots(seq) or not bm.can_swap_in(seq, num_new):
+            if (
+                num_new == 0
+                or not self.queues.has_slots(seq, self.max_num_seqs)
+                or not bm.can_swap_in(seq, num_new)
+            ):
                 break
             self.queues.swapped.popleft()
             out.blocks_to_swap_in.extend(bm.swap_in(seq))
@@ -166,7 +170,7 @@ class Scheduler:
     def _try_admit(self, seq: Sequence, budget: int) -> int | None:
         """The tokens a waiting sequence computes if it starts now (its cached prefix
         taken); None, with nothing taken, if there is no room for it."""
-        if not self._has_slots(seq):
+        if not self.queues.has_slots(seq, self.max_num_seqs):
             return None
         bm = self.block_manager
         long_rope = self.long_rope_after is not None and seq.num_tokens > self.long_rope_after
@@ -200,14 +204,6 @@ class Scheduler:
                 break
         self._preempt(victim, out)
         return given_back
-
-    def _has_slots(self, seq: Sequence) -> bool:
-        """Whether max_num_seqs leaves room for the sequence and its choices still to
-        fork. A request alone may take more (n > max_num_seqs): it would never start."""
-        queues = self.queues
-        return not queues.running or (
-            queues.num_slots_taken() + slots_needed(seq) <= self.max_num_seqs
-        )
 
     def _can_admit(self, seq: Sequence, num_new_tokens: int) -> bool:
         bm = self.block_manager

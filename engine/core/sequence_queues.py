@@ -67,10 +67,16 @@ class SequenceQueues:
         victim = max(self.running, key=priority_key)
         return victim if victim.priority > seq.priority else None
 
-    def num_slots_taken(self) -> int:
-        """What counts against max_num_seqs: the running sequences and the n > 1 choices
-        still to fork from them (as vLLM counts a request's n when it admits it)."""
-        return len(self.running) + sum(slots_needed(s) - 1 for s in self.running if s.fork_children)
+    def has_slots(self, seq: Sequence, max_num_seqs: int) -> bool:
+        """Whether max_num_seqs leaves room to run the sequence and its n > 1 choices
+        still to fork, beside the running ones and theirs (vLLM counts a request's n when
+        it admits it). A request alone may take more: it could never start otherwise."""
+        if not self.running:
+            return True
+        taken = len(self.running) + sum(
+            slots_needed(s) - 1 for s in self.running if s.fork_children
+        )
+        return taken + slots_needed(seq) <= max_num_seqs
 
     def take_finished_ids(self) -> list[str]:
         """The sequences finished since the last call (the runner drops their state)."""
