@@ -73,10 +73,11 @@ class SequenceQueues:
         it admits it). A request alone may take more: it could never start otherwise."""
         if not self.running:
             return True
-        taken = len(self.running) + sum(
+        room = max_num_seqs - len(self.running) - slots_needed(seq)
+        # (The running set full, as under load, is answered without the walk.)
+        return room >= 0 and room >= sum(
             slots_needed(s) - 1 for s in self.running if s.fork_children
         )
-        return taken + slots_needed(seq) <= max_num_seqs
 
     def take_finished_ids(self) -> list[str]:
         """The sequences finished since the last call (the runner drops their state)."""
