@@ -69,7 +69,7 @@ at::Tensor encoder_attention(const at::Tensor& q, const at::Tensor& k, const at:
               "q, k and v [segments, heads, length, head_dim] alike");
   const int64_t head_dim = q.size(3), length = q.size(2);
   TORCH_CHECK(head_dim == 8 || head_dim == 16 || head_dim == 32, "head_dim 8, 16 or 32");
-  TORCH_CHECK(length % QueryLanesF32<8>::kKeys == 0, "a segment's length a multiple of 8");
+  TORCH_CHECK(length % kLaneKeys == 0, "a segment's length a multiple of 8");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 &&
                   k.stride(2) == v.stride(2),
               "rows of contiguous values; k's and v's rows equally apart");

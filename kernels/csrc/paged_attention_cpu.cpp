@@ -343,7 +343,7 @@ void decode_attention_kernel(
   const int64_t max_blocks = block_tables.size(1);
   const int64_t head_stride = head_dim + scale_elements<cache_t>(head_dim);
   const int64_t token_stride = num_kv_heads * head_stride;
-  constexpr bool bf16_cache = std::is_same_v<cache_t, c10::BFloat16>;
+  [[maybe_unused]] constexpr bool bf16_cache = std::is_same_v<cache_t, c10::BFloat16>;
 
   const scalar_t* q_ptr = query.data_ptr<scalar_t>();
   const cache_t* k_ptr = k_cache.data_ptr<cache_t>();

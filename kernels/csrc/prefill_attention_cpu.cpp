@@ -306,9 +306,8 @@ void attend_query_lanes_f32(const float* query, int64_t query_stride, int64_t fi
   QueryLanesF32<HEAD_DIM> lanes(query + first * query_stride, query_stride, count);
   // Query i sits at position first_pos + i and sees the keys up to it; the tiles hold
   // zeros past the context to a tile's end, so the keys read are whole steps.
-  constexpr int64_t kStep = QueryLanesF32<HEAD_DIM>::kKeys;
   const int64_t first_pos = context - chunk_len + first;
-  const int64_t keys_read = (first_pos + count + kStep - 1) / kStep * kStep;
+  const int64_t keys_read = (first_pos + count + kLaneKeys - 1) / kLaneKeys * kLaneKeys;
   lanes.attend(kv.keys.data(), kv.values.data(), HEAD_DIM, keys_read,
                lanes.causal_reach(first_pos + 1), scale, softcap);
   lanes.write(out + first * out_stride, out_stride);

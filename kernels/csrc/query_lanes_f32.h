@@ -10,10 +10,14 @@
 // read in rows, 8 keys at a time.
 #pragma once
 
+#include <cstdint>
+
+// Keys a step of QueryLanesF32 reads: their scores stay in registers. Outside the class
+// for the checks that every build compiles, with AVX-512 or without.
+inline constexpr int64_t kLaneKeys = 8;
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-
-#include <cstdint>
 
 #include "query_tile.h"
 #include "vector_math.h"
@@ -21,8 +25,6 @@
 template <int HEAD_DIM>
 class QueryLanesF32 {
  public:
-  static constexpr int64_t kKeys = 8;  // keys per step: their scores stay in registers
-
   // Queries 0 .. count - 1 (count <= 16), `stride` floats apart.
   QueryLanesF32(const float* query, int64_t stride, int64_t count) : count_(count) {
     for (int64_t d = 0; d < HEAD_DIM; ++d) {
@@ -48,28 +50,28 @@ class QueryLanesF32 {
     return _mm512_maskz_mov_epi32(used_, _mm512_set1_epi32(static_cast<int32_t>(keys)));
   }
 
-  // Keys 0 .. keys_read - 1 (a multiple of kKeys, rows `row_stride` floats apart, values
+  // Keys 0 .. keys_read - 1 (a multiple of kLaneKeys, rows `row_stride` floats apart, values
   // likewise), each lane taking those below its `reach`.
   void attend(const float* keys, const float* values, int64_t row_stride, int64_t keys_read,
               __m512i reach, float scale, float softcap) {
     const __m512 scale_v = _mm512_set1_ps(scale);
     // Keys below every lane's reach need no mask (lanes past `count` are never written).
     const int64_t all_see = _mm512_mask_reduce_min_epi32(used_, reach);
-    for (int64_t k0 = 0; k0 < keys_read; k0 += kKeys) {
+    for (int64_t k0 = 0; k0 < keys_read; k0 += kLaneKeys) {
       const float* k = keys + k0 * row_stride;
       const float* v = values + k0 * row_stride;
-      __m512 p[kKeys];
-      for (int j = 0; j < kKeys; ++j) p[j] = _mm512_setzero_ps();
+      __m512 p[kLaneKeys];
+      for (int j = 0; j < kLaneKeys; ++j) p[j] = _mm512_setzero_ps();
       for (int d = 0; d < HEAD_DIM; ++d) {
         const __m512 q = _mm512_load_ps(lanes_[d]);
-        for (int j = 0; j < kKeys; ++j) {
+        for (int j = 0; j < kLaneKeys; ++j) {
           p[j] = _mm512_fmadd_ps(q, _mm512_set1_ps(k[j * row_stride + d]), p[j]);
         }
       }
-      __mmask16 seen[kKeys];
+      __mmask16 seen[kLaneKeys];
       __m512 step_max = _mm512_set1_ps(kMaskedScore);
-      const bool masked = k0 + kKeys > all_see;
-      for (int j = 0; j < kKeys; ++j) {
+      const bool masked = k0 + kLaneKeys > all_see;
+      for (int j = 0; j < kLaneKeys; ++j) {
         seen[j] = masked ? _mm512_cmpgt_epi32_mask(
                                reach, _mm512_set1_epi32(static_cast<int32_t>(k0 + j)))
                          : static_cast<__mmask16>(0xFFFF);
@@ -82,14 +84,14 @@ class QueryLanesF32 {
       const __m512 rescale = exp16(_mm512_sub_ps(max_, new_max));
       max_ = new_max;
       __m512 step_sum = _mm512_setzero_ps();
-      for (int j = 0; j < kKeys; ++j) {
+      for (int j = 0; j < kLaneKeys; ++j) {
         p[j] = _mm512_maskz_mov_ps(seen[j], exp16(_mm512_sub_ps(p[j], new_max)));
         step_sum = _mm512_add_ps(step_sum, p[j]);
       }
       sum_ = _mm512_fmadd_ps(sum_, rescale, step_sum);
       for (int d = 0; d < HEAD_DIM; ++d) {
         __m512 a = _mm512_mul_ps(acc_[d], rescale);
-        for (int j = 0; j < kKeys; ++j) {
+        for (int j = 0; j < kLaneKeys; ++j) {
           a = _mm512_fmadd_ps(p[j], _mm512_set1_ps(v[j * row_stride + d]), a);
         }
         acc_[d] = a;
