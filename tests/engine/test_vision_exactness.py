@@ -31,7 +31,7 @@ from hetero_infer.engine.multimodal.gemma3_images import Gemma3ImageProcessor
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
-from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from hetero_infer.kernels import cpu_isa
 from hetero_infer.kernels.linear import TorchLinear
 from PIL import Image
 
@@ -336,8 +336,8 @@ def test_bf16_starts_as_transformers_in_bf16(vlm):
 
 def test_the_vision_side_runs_on_the_text_models_kernels(vlm):
     """Every projection of the vision side is packed by the engine's kernels, as the
-    text model's are: in bf16 on a CPU with the C++ kernels built, ours or oneDNN's on a
-    packed copy, not torch's F.linear on the checkpoint's weight."""
+    text model's are: in bf16 on a CPU where our bf16 kernel runs (AVX-512), ours or
+    oneDNN's on a packed copy, not torch's F.linear on the checkpoint's weight."""
     _, folder, _ = vlm
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16"))
     model = engine.core.runner.model
@@ -345,5 +345,5 @@ def test_the_vision_side_runs_on_the_text_models_kernels(vlm):
     assert len(linears) >= 5  # two layers' attention and MLP, at least
     expected = {type(model.kernels.ops.pack_linear(m.weight, m.bias)) for m in linears}
     assert {type(m.packed) for m in linears} == expected
-    if load_cpu_kernels() is not None:
+    if cpu_isa.kernel_unavailable("linear_packed") is None:
         assert TorchLinear not in expected
