@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams, num_candidates
@@ -78,8 +78,9 @@ class Completion:
 
     @classmethod
     def build(cls, ctx: RequestContext, body: CompletionRequest) -> Completion:
-        """Tokenize and check every prompt, then its params (max_tokens fits the
-        longest prompt's context)."""
+        """Tokenize and check every prompt, then its params: each prompt's max_tokens
+        fits its own context, as in vLLM (without one asked for, a short prompt may run
+        longer than a long one); a beam search takes the least for all."""
         if body.suffix:
             raise APIError(400, "'suffix' is not supported", param="suffix")
         processor = ctx.engine.input_processor
@@ -88,21 +89,27 @@ class Completion:
         requested = body.max_tokens
         if "max_tokens" not in body.model_fields_set and defaults.max_tokens is not None:
             requested = None  # OpenAI's default of 16 gives way to the model's own
-        max_tokens = min([ctx.max_tokens(prompt, requested) for prompt in prompts])
+        limits = [ctx.max_tokens(prompt, requested) for prompt in prompts]
         beam = None
         if body.use_beam_search:
-            params, beam = body.beam_search_params(max_tokens)
+            limits = [min(limits)] * len(prompts)  # the one search's params serve all
+            params, beam = body.beam_search_params(limits[0])
             num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
         else:
-            params = body.sampling_params(max_tokens, defaults.sampling)
+            params = body.sampling_params(min(limits), defaults.sampling)
         params = ctx.thinking_budget(params, body.thinking_token_budget)
         engine_id = new_id("cmpl")
         constraint = body.constraint_param()
         requests = [
             processor.request(
-                f"{engine_id}-{i}", prompt, params, body.priority, body.timeout, constraint
+                f"{engine_id}-{i}",
+                prompt,
+                replace(params, max_tokens=limit),  # checked at the least
+                body.priority,
+                body.timeout,
+                constraint,
             )
-            for i, prompt in enumerate(prompts)
+            for i, (prompt, limit) in enumerate(zip(prompts, limits, strict=True))
         ]
         return cls(ctx, body, body.answer_id(engine_id, "cmpl"), requests, beam)
 

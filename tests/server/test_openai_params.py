@@ -11,7 +11,7 @@ from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
-from tests.server.conftest import MODEL_NAME
+from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 PROMPT = "Hello world and the"
 MESSAGES = [{"role": "user", "content": "Hello there, is it working?"}]
@@ -146,3 +146,16 @@ def test_seed_top_k_min_p(client, reference_engine):
 def test_ignore_eos_runs_to_max_tokens(client):
     out = complete(client, max_tokens=24, extra_body={"ignore_eos": True})
     assert out.usage.completion_tokens == 24 and out.choices[0].finish_reason == "length"
+
+
+def test_without_max_tokens_each_prompt_runs_to_its_own_context_end(client):
+    """max_tokens null: each prompt of a request generates what its own context has
+    left (vLLM's rule), the short one no less for sharing the request with a long one."""
+    prompts = [[1, 300, 301], [1] + [300] * 400]
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    out = complete(client, prompt=prompts, max_tokens=None, extra_body=extra)
+    choices = sorted(out.choices, key=lambda choice: choice.index)
+    generated = [len(choice.model_extra["token_ids"]) for choice in choices]
+    assert generated == [MAX_MODEL_LEN - len(prompt) for prompt in prompts]
+    assert [choice.finish_reason for choice in choices] == ["length", "length"]
+    assert out.usage.completion_tokens == sum(generated)
