@@ -41,9 +41,12 @@ def async_client(server: LiveServer) -> openai.AsyncOpenAI:
 
 
 def check_completion_chunks(chunks: list[Completion], expected: RequestOutput) -> None:
-    """Text chunks then, only if asked, one usage chunk; finish_reason on the last text one."""
+    """Text chunks then, only if asked, one usage chunk; finish_reason on the last text one.
+    A chunk without text is only the last (a token whose text is still held back, as
+    PROMPT's first ones, bytes of one character, are, rides on a later chunk)."""
     assert chunks and all(isinstance(c, Completion) for c in chunks)
     assert all(c.choices and c.usage is None for c in chunks)
+    assert all(c.choices[0].text for c in chunks[:-1])
     assert "".join(c.choices[0].text for c in chunks) == expected.text
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].choices[0].finish_reason == expected.finish_reason
@@ -54,6 +57,7 @@ def check_chat_chunks(chunks: list[ChatCompletionChunk], expected: RequestOutput
     assert chunks and all(isinstance(c, ChatCompletionChunk) for c in chunks)
     assert all(c.choices and c.usage is None for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.content for c in chunks[1:-1])
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
     assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1].choices[0].finish_reason == expected.finish_reason
@@ -191,6 +195,7 @@ def test_chat_stream_with_continuous_usage(client, reference_engine):
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.content for c in chunks[1:-1])
     assert chunks[0].usage.completion_tokens == 0  # the role chunk
     assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == expected.text
     check_continuous_usage(chunks, len(expected.prompt_token_ids), len(expected.token_ids))

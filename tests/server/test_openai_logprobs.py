@@ -21,10 +21,10 @@ def run(engine: LLMEngine, prompt, **kw) -> RequestOutput:
     return engine.generate(prompt, params, use_tqdm=False)[0]
 
 
-def complete(client, **kw):
+def complete(client, prompt: str | list = PROMPT, **kw):
     return client.completions.create(
         model=MODEL_NAME,
-        prompt=PROMPT,
+        prompt=prompt,
         max_tokens=MAX_TOKENS,
         temperature=0,
         extra_body={"ignore_eos": True},
@@ -74,6 +74,18 @@ def test_echo_with_prompt_logprobs(client, reference_engine):
     chunks = list(complete(client, echo=True, stream=True))
     assert chunks[0].choices[0].text.startswith(PROMPT)
     assert "".join(c.choices[0].text for c in chunks) == choice.text
+
+
+def test_echo_of_a_token_id_prompt_is_its_text(client, reference_engine):
+    """A prompt sent as token ids is echoed as their decode, whole and streamed."""
+    ids = reference_engine.tokenizer.encode(PROMPT)
+    expected = run(reference_engine, ids)
+    out = complete(client, echo=True, prompt=ids)
+    assert out.choices[0].text == reference_engine.tokenizer.decode(ids) + expected.text
+    chunks = list(complete(client, echo=True, prompt=[ids, ids[:3]], stream=True))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in (0, 1)]
+    assert texts[0] == out.choices[0].text
+    assert texts[1].startswith(reference_engine.tokenizer.decode(ids[:3]))
 
 
 def test_chat_logprobs(client, reference_engine):
