@@ -10,6 +10,7 @@ import random
 import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.block_pool import NULL_BLOCK
+from hetero_infer.engine.kv.tier_planner import TierHit, TierPlanner
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.worker.kv_sizing import pool_sizes, windowed_blocks_needed
 
@@ -274,3 +275,43 @@ def test_a_third_group_is_one_more_index() -> None:
     bm.free(seq)
     stats = bm.memory_stats()
     assert stats["used_blocks"] == stats["group1_used_blocks"] == stats["group2_used_blocks"] == 0
+
+
+def test_a_shorter_prefix_needs_its_own_window_too() -> None:
+    """can_take for fewer blocks than usable_prefix gave (a busy pool): the window
+    before the shorter prefix may reach a block the cache lacks."""
+    group = manager().groups[1]
+    cached = [None, None, 5, 6, 7, None, 9]
+    assert group.usable_prefix(cached) == 5
+    assert group.can_take(cached, 5) and group.can_take(cached, 4)  # blocks 3-4, 2-3
+    assert not group.can_take(cached, 3)  # blocks 1-2: block 1 is not cached
+
+
+def test_a_prefix_fits_when_the_blocks_leaving_the_free_list_do() -> None:
+    """A cached block a sequence holds costs no free block; a host-RAM hit takes one."""
+    bm = BlockManager(num_blocks=64, block_size=BS, num_cpu_blocks=0)
+    group = bm.groups[0]
+    held = make_seq("held", list(range(4 * 50)))
+    compute(bm, held, 4 * 50)
+    free = group.pool.num_free_blocks
+    assert 0 < free < 20
+    found = [*held.block_table[:3], *["ram"] * free, "ram"]
+    assert group.can_take(found, 3 + free)
+    assert not group.can_take(found, 3 + free + 1)
+
+
+def test_host_ram_hits_past_a_miss_count_only_with_a_window() -> None:
+    """find_cached with the tiers: blocks 0 and 2 in host RAM, block 1 nowhere. Without
+    a window nothing after the miss is usable, so the lookup stops there (and holds no
+    slot for block 2); a windowed group may start past it, so it looks on."""
+    tokens = list(range(100, 100 + 3 * BS))
+    hashes = [7000, 7001, 7002]
+    planner = TierPlanner(num_groups=2, num_slots=4, block_size=BS, disk=None)
+    for group in (0, 1):
+        for i in (0, 2):
+            planner.save(group, i, hashes[i], tuple(tokens[i * BS : (i + 1) * BS]))
+    bm = manager()
+    found_global = bm.groups[0].find_cached(hashes, tokens, planner)
+    found_sliding = bm.groups[1].find_cached(hashes, tokens, planner)
+    assert [type(entry) for entry in found_global] == [TierHit, type(None)]
+    assert [type(entry) for entry in found_sliding] == [TierHit, type(None), TierHit]
