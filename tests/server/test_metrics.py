@@ -127,3 +127,28 @@ def test_values_follow_requests(server: LiveServer):
     # Idle again.
     for name in GAUGES:
         assert value(after, name) == 0, name
+
+
+def test_a_beam_search_counts_each_beam_once(server: LiveServer):
+    """A beam search's n beams are n finished choices to the metrics, each observed
+    once, whole (its outputs come at the search's end: no stream of deltas to time)."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Hello world and the",
+        "max_tokens": 4,
+        "n": 2,
+        "use_beam_search": True,
+        "ignore_eos": True,
+    }
+    with server.client() as http:
+        before = scrape(http)
+        answer = http.post("/v1/completions", json=body).json()
+        after = scrape(http)
+    assert len(answer["choices"]) == 2
+
+    def delta(name: str, suffix: str = "", **labels: str) -> float:
+        return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
+
+    assert delta("request_success", "_total") == 2
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        assert delta(name, "_count") == 2, name
