@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,6 +58,15 @@ def value(families: dict, name: str, suffix: str = "", **labels: str) -> float:
     )
 
 
+def changes(before: dict, after: dict) -> Callable[..., float]:
+    """``delta(name, suffix, **labels)``: how much ``value`` moved between two scrapes."""
+
+    def delta(name: str, suffix: str = "", **labels: str) -> float:
+        return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
+
+    return delta
+
+
 def test_names_types_and_buckets(server: LiveServer):
     with server.client() as http:
         http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
@@ -102,8 +112,7 @@ def test_values_follow_requests(server: LiveServer):
         usages.append(json.loads(usage_line.removeprefix("data: "))["usage"])
         after = scrape(http)
 
-    def delta(name: str, suffix: str = "", **labels: str) -> float:
-        return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
+    delta = changes(before, after)
 
     num_requests = len(usages)
     prompt_tokens = sum(u["prompt_tokens"] for u in usages)
@@ -146,8 +155,7 @@ def test_a_beam_search_counts_each_beam_once(server: LiveServer):
         after = scrape(http)
     assert len(answer["choices"]) == 2
 
-    def delta(name: str, suffix: str = "", **labels: str) -> float:
-        return value(after, name, suffix, **labels) - value(before, name, suffix, **labels)
+    delta = changes(before, after)
 
     assert delta("request_success", "_total") == 2
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
