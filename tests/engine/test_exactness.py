@@ -40,9 +40,16 @@ def reference_model(model_dir) -> torch.nn.Module:
     return model.eval()
 
 
-def reference_outputs(model_dir, prompts: list[list[int]]) -> list[list[int]]:
+def reference_outputs(
+    model_dir, prompts: list[list[int]], one_batch: bool = True
+) -> list[list[int]]:
     return transformers_greedy(
-        reference_model(model_dir), prompts, MAX_NEW_TOKENS, eos_token_id=EOS, pad_token_id=0
+        reference_model(model_dir),
+        prompts,
+        MAX_NEW_TOKENS,
+        one_batch=one_batch,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )
 
 

@@ -83,18 +83,22 @@ def fp32_teacher_forced() -> list[float]:
     return teacher_forced(engine_for("float32", **SCORING), TEXT_PAST_WINDOW)
 
 
+@pytest.mark.skipif(
+    not QUANTIZED_KERNEL,
+    reason="without the quantized kernel this is bf16 on dequantized weights alone: "
+    "test_quantized_smollm2.py's case",
+)
 def test_bf16_stays_close_to_fp32_teacher_forced(fp32_teacher_forced):
     """bf16 on the file's blocks kept for the quantized kernel (the MLP's Q5_0 and Q6_K;
     q/k/v mix Q5_0 and Q8_0, so they are dequantized), as the model is served: bf16's
     own rounding and the kernel's together (bf16 alone on dequantized weights is
     test_quantized_smollm2.py's, on SmolLM2)."""
     engine = engine_for("bfloat16", quantization="gguf", **SCORING)
-    if QUANTIZED_KERNEL:
-        mlp = [layer.mlp for layer in engine.runner.model.layers]
-        assert all(isinstance(m.down_proj.packed, QuantizedLinear) for m in mlp)
-        assert all(isinstance(m.gate_up_proj.packed.linear, QuantizedLinear) for m in mlp)
-        assert all(m.down_proj.packed.activation_bits == 16 for m in mlp)
-        assert all(m.gate_up_proj.packed.linear.activation_bits == 16 for m in mlp)
+    mlp = [layer.mlp for layer in engine.runner.model.layers]
+    assert all(isinstance(m.down_proj.packed, QuantizedLinear) for m in mlp)
+    assert all(isinstance(m.gate_up_proj.packed.linear, QuantizedLinear) for m in mlp)
+    assert all(m.down_proj.packed.activation_bits == 16 for m in mlp)
+    assert all(m.gate_up_proj.packed.linear.activation_bits == 16 for m in mlp)
     logprobs = teacher_forced(engine)
     # the text's tokens are the first of TEXT_PAST_WINDOW's
     fp32 = fp32_teacher_forced[: len(logprobs)]

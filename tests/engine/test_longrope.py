@@ -4,7 +4,8 @@ transformers' forward pass over its prompt does; one that crosses it while gener
 starts again with them, as transformers drops its cache there (Phi-3's
 prepare_inputs_for_generation); a prompt past it prefilled in chunks takes them from its
 first chunk; and the prefix cache never serves keys rotated one way to a sequence
-rotated the other (the block hashes are salted)."""
+rotated the other (the block hashes are salted). transformers' reference runs one
+prompt at a time: in a batch it takes the factors by the longest sequence for all."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_long_factors_past_the_original_context(phi3_short_original: Path):
     # ORIGINAL - 1 is, the second is not), ORIGINAL + 1 past it.
     prompts = [p for p in random_prompts(5, 384) if len(p) in (15, 31, 100, 200, 250)]
     prompts += [prompts[-1][: ORIGINAL + n] for n in (-1, 0, 1)]
-    expected = reference_outputs(phi3_short_original, prompts)
+    expected = reference_outputs(phi3_short_original, prompts, one_batch=False)
     engine = LLMEngine(EngineConfig(model=str(phi3_short_original), dtype="float32"))
     model = engine.runner.model
     assert model.long_rope_after == ORIGINAL
@@ -81,7 +82,7 @@ def test_crossing_chunks_and_prefix_hits(phi3_short_original: Path, regime):
     base.append(rng_prompts[-1][:60])
     shared = [base[-1][:48] + p[:n] for p, n in zip(base, (5, 40, 100, 150), strict=False)]
     prompts = base + shared
-    expected = reference_outputs(phi3_short_original, prompts)
+    expected = reference_outputs(phi3_short_original, prompts, one_batch=False)
     config = EngineConfig(model=str(phi3_short_original), dtype="float32", **regime)
     engine = LLMEngine(config)
     params = SamplingParams(max_tokens=24, temperature=0.0)
