@@ -4,6 +4,7 @@ files: once per file, kept under HF_HOME, and once for processes that start at o
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import logging
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import transformers
+import transformers.modeling_gguf_pytorch_utils as transformers_gguf
 from hetero_infer.engine.loader.gguf_header import read_gguf_header
 from hetero_infer.engine.loader.gguf_moe import moe_gguf_config
 from hetero_infer.engine.loader.gguf_rope import phi3_rope_from_gguf
@@ -87,6 +89,28 @@ def _file_lock(path: Path) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _metadata_read_once() -> Iterator[None]:
+    """transformers reads a GGUF file's metadata whole (load_gguf_checkpoint: ~5 s for
+    SmolLM2's file, 12 for Gemma 3's) for the config and again for the tokenizer: within
+    this block the second read takes a copy of the first one's result."""
+    load = transformers_gguf.load_gguf_checkpoint
+    read: dict[str, Any] = {}
+
+    def load_once(path: str, return_tensors: bool = False, **kwargs: Any) -> Any:
+        if return_tensors or kwargs:
+            return load(path, return_tensors, **kwargs)
+        if path not in read:
+            read[path] = load(path)
+        return copy.deepcopy(read[path])  # the callers change what they are given
+
+    transformers_gguf.load_gguf_checkpoint = load_once
+    try:
+        yield
+    finally:
+        transformers_gguf.load_gguf_checkpoint = load
+
+
 def _convert_metadata(source: ModelSource, folder: Path) -> Path:
     start = time.perf_counter()
     kwargs = {"gguf_file": source.gguf_file}
@@ -94,10 +118,11 @@ def _convert_metadata(source: ModelSource, folder: Path) -> Path:
     # comes without transformers' config, which it has none of for some of them.
     config = moe_gguf_config(source.path)
     if config is None:
-        config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            source.folder, tokenizer_type=own_tokenizer_type(config), **kwargs
-        )
+        with _metadata_read_once():
+            config = transformers.AutoConfig.from_pretrained(source.folder, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                source.folder, tokenizer_type=own_tokenizer_type(config), **kwargs
+            )
         if config.model_type == "phi3":
             phi3_rope_from_gguf(read_gguf_header(source.path), config)
     else:

@@ -1,5 +1,6 @@
 """engine/loader/gguf_metadata.py: a GGUF file's metadata is converted once, also when
-processes ask for it at once (the others wait and take the first one's files)."""
+processes ask for it at once (the others wait and take the first one's files), and
+the conversion reads the file once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+import gguf
+import numpy as np
+import transformers
+import transformers.modeling_gguf_pytorch_utils as transformers_gguf
 from hetero_infer.engine.loader import gguf_metadata
 from hetero_infer.engine.loader.source import ModelSource
 
@@ -40,3 +45,59 @@ def test_callers_at_once_convert_the_file_once(tmp_path, monkeypatch) -> None:
     assert len(set(folders)) == 1 and (folders[0] / "config.json").is_file()
     assert gguf_metadata.gguf_metadata_folder(source) == folders[0]
     assert len(conversions) == 1
+
+
+def write_tiny_gguf(path: Path) -> None:
+    """A GGUF file with a tiny Llama's config fields, a byte-pair tokenizer of a few
+    tokens and its embedding."""
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(4)
+    tokens = ["<s>", "</s>", "a", "b", "c", "ab", "abc", "Ġ"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3] + [1] * (len(tokens) - 2))  # 3: control
+    writer.add_token_merges(["a b", "ab c"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_the_conversion_reads_the_file_once(tmp_path, monkeypatch) -> None:
+    """transformers reads the whole file for the config and again for the tokenizer
+    (~5 s each for SmolLM2's): the second takes the first one's result, and the files
+    are what transformers' own two reads give."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    monkeypatch.setattr(gguf_metadata, "GGUF_METADATA_CACHE", tmp_path / "cache")
+    reads = []
+    load = transformers_gguf.load_gguf_checkpoint
+
+    def counted(gguf_path, return_tensors=False, **kwargs):
+        reads.append(gguf_path)
+        return load(gguf_path, return_tensors, **kwargs)
+
+    monkeypatch.setattr(transformers_gguf, "load_gguf_checkpoint", counted)
+    folder = gguf_metadata.gguf_metadata_folder(ModelSource(path=path, gguf_file=path.name))
+    assert len(reads) == 1
+    assert transformers_gguf.load_gguf_checkpoint is counted  # put back
+    config = transformers.AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert len(reads) == 3
+    converted = transformers.AutoConfig.from_pretrained(folder).to_dict()
+    assert {**converted, "_name_or_path": ""} == {**config.to_dict(), "_name_or_path": ""}
+    converted_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert converted_tokenizer.get_vocab() == tokenizer.get_vocab()
+    text = "abcab cba"
+    assert converted_tokenizer.encode(text) == tokenizer.encode(text)
+    assert tokenizer.encode(text, add_special_tokens=False)[:2] == [6, 5]  # abc, ab
