@@ -52,8 +52,10 @@ SCALE_FACTOR = 4
 TEXT_HIDDEN = 576
 
 
-def hf_model(layers: int) -> transformers.Idefics3ForConditionalGeneration:
-    vision = transformers.Idefics3VisionConfig(**VISION, num_hidden_layers=layers)
+def hf_model(layers: int, image_size: int) -> transformers.Idefics3ForConditionalGeneration:
+    vision = transformers.Idefics3VisionConfig(
+        **{**VISION, "image_size": image_size}, num_hidden_layers=layers
+    )
     text = transformers.LlamaConfig(
         hidden_size=TEXT_HIDDEN,
         intermediate_size=64,
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     apply_process_settings(EngineConfig())
-    model = hf_model(args.layers)
+    model = hf_model(args.layers, args.image_size)
     cpu = torch.device("cpu")
     kernels = select_kernels("auto", cpu)
     measured = select_kernels("auto", cpu, linear_chooser=LinearChooser("measure", None))
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine_kernels": engine_tower(model, kernels.ops).encode,
         "engine_kernels_measured": engine_tower(model, measured.ops).encode,
     }
-    size = VISION["image_size"]
+    size = args.image_size
     generator = torch.Generator().manual_seed(1)
     tiles = (torch.rand(args.tiles, 3, size, size, generator=generator) * 2 - 1).bfloat16()
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -139,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--layers", type=int, default=2, help="of the tower (SmolVLM: 12)")
     parser.add_argument("--tiles", type=int, default=4, help="encoded at once")
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=VISION["image_size"],
+        help="a tile's side in pixels, a multiple of 64 (SmolVLM: 512)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     from bench.gpu_check import device_slug
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     path = args.json or RESULTS_DIR / f"vision-encoder-{device_slug(machine['cpu'])}.json"
     settings = {
-        **{k: getattr(args, k) for k in ("rounds", "threads", "layers", "tiles")},
+        **{k: getattr(args, k) for k in ("rounds", "threads", "layers", "tiles", "image_size")},
         "model": "SmolVLM-256M's vision tower and connector (random weights), bf16",
         "vision_config": VISION,
         "scale_factor": SCALE_FACTOR,

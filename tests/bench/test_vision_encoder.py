@@ -10,7 +10,9 @@ from bench import vision_encoder
 
 def test_one_round_times_every_side_on_the_same_features(tmp_path: Path) -> None:
     out = tmp_path / "encoder.json"
-    args = ["--rounds", "1", "--layers", "1", "--tiles", "1", "--threads", "1"]
+    # 128-pixel tiles: 64 patches, which the connector's 4x4 shuffle takes.
+    args = ["--rounds", "1", "--layers", "1", "--tiles", "1", "--image-size", "128"]
+    args += ["--threads", "1"]
     assert vision_encoder.main([*args, "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     sides = {"engine_torch_linear", "engine_kernels", "engine_kernels_measured"}

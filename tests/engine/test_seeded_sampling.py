@@ -1,7 +1,8 @@
-"""Seeded sampling on the embedded SmolLM2 as it is served (bf16 activations, the Q4_1
-weights kept, the decoder stack, the C++ sampler): a request's tokens are the same
-alone and in any batch, and on 1, 2 or 4 threads (each row is sampled by one thread,
-and the model's rows do not depend on how its kernels split the work)."""
+"""Seeded sampling on the embedded SmolLM2 as it is served (dtype auto: bf16 activations
+and the Q4_1 weights kept where the CPU's kernels run them, else fp32; the decoder
+stack, the C++ sampler): a request's tokens are the same alone and in any batch, and
+on 1, 2 or 4 threads (each row is sampled by one thread, and the model's rows do not
+depend on how its kernels split the work)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ KINDS = [
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(dtype="bfloat16", max_num_seqs=8, max_model_len=256))
+    return LLMEngine(EngineConfig(max_num_seqs=8, max_model_len=256))
 
 
 def params(i: int) -> SamplingParams:
