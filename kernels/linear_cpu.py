@@ -8,7 +8,8 @@ from memory as in a real step, it ran 350-440 GFLOP/s at 32-128 rows where oneDN
 on a copy packed once into its blocked layout (``_reorder_linear_weight``): torch's
 ``F.linear`` reorders the weight on every call, 10-25% slower. The packed copy is kept
 by the returned object beside its weight (e.g. 270 MB for SmolLM2). Where neither is
-available, torch's ``F.linear`` runs.
+available, torch's ``F.linear`` runs, in fp32 from WIDEN_ROWS rows where the CPU has no
+bf16 arithmetic (WidenedLinear).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
+from hetero_infer.kernels import cpu_isa
 from hetero_infer.kernels.linear import GatedLinear, LinearFn, TorchLinear
 from hetero_infer.kernels.linear_choice import (
     KERNEL,
@@ -34,6 +37,12 @@ from hetero_infer.kernels.linear_quantized import QuantizedLinear
 from hetero_infer.kernels.quantized import QuantizedWeight
 
 logger = logging.getLogger(__name__)
+
+# Rows from which WidenedLinear computes a bf16 product in fp32. Widening the weight
+# costs a pass over it, which 16 rows repay on every shape measured (AVX2 EPYC, one
+# thread: SmolLM2's projections 3-5x faster, its 49152-row lm_head 1.4x); at 2-8 rows
+# the lm_head ran 1.3-5x slower widened, the projections already faster.
+WIDEN_ROWS = 16
 
 
 class KernelLinear:
@@ -58,6 +67,28 @@ class KernelLinear:
     def __call__(self, x: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
         out = self.run(x.reshape(-1, x.shape[-1]), self.packed, self.bias, self.gated, addend)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+class WidenedLinear(TorchLinear):
+    """torch's F.linear on a bf16 weight, where the CPU has no bf16 arithmetic and
+    neither packed form takes the weight: torch then emulates the bf16 matmul, about
+    3 GFLOP/s a core, so from WIDEN_ROWS rows the rows and the weight are widened to
+    fp32 (each product exact, the sums in fp32, rounded to bf16 once, as a bf16 matmul
+    rounds them): 5-7x faster at 16-32 rows on SmolLM2's projections."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < WIDEN_ROWS * x.shape[-1]:
+            return super().__call__(x)
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+
+
+def torch_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> TorchLinear:
+    """torch's F.linear on the weight as it is, widened from WIDEN_ROWS rows for a bf16
+    weight where the CPU has no bf16 arithmetic."""
+    if bf16_cpu_matrix(weight) and not cpu_isa.has_bf16_matmul():
+        return WidenedLinear(weight, bias)
+    return TorchLinear(weight, bias)
 
 
 class OneDnnLinear:
@@ -91,11 +122,16 @@ def kernel_takes(module: ModuleType | None, weight: torch.Tensor) -> bool:
 def onednn_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn | None:
     """oneDNN on its packed copy of a bf16 CPU weight, or None where it cannot take it
     here (then torch's F.linear runs)."""
-    if not (bf16_cpu_matrix(weight) and torch.backends.mkldnn.is_available()):
+    if not (bf16_cpu_matrix(weight) and onednn_runs()):
         return None
+    return tried_onednn_linear(weight, bias)
+
+
+def tried_onednn_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn | None:
+    """OneDnnLinear, with one row through it: it fails here, if at all, not in a step."""
     try:
         linear = OneDnnLinear(weight, bias)
-        with torch.no_grad():  # one row through it: fails here, if at all, not in a step
+        with torch.no_grad():
             linear(torch.zeros(1, weight.shape[1], dtype=weight.dtype))
     except (AttributeError, RuntimeError) as exc:
         logger.warning("packed oneDNN linear unavailable, using F.linear: %s", exc)
@@ -117,7 +153,7 @@ def pack_linear(
         # A chooser gives up batch-independent results for speed: so do AMX's bf16 tiles.
         return QuantizedLinear(module, weight, bias, bf16_tiles=chooser is not None)
     if not kernel_takes(module, weight):
-        return onednn_linear(weight, bias) or TorchLinear(weight, bias)
+        return onednn_linear(weight, bias) or torch_linear(weight, bias)
     return ours_or_onednn(
         weight,
         chooser,
@@ -173,8 +209,11 @@ def ours_or_onednn(
 
 @functools.cache
 def onednn_runs() -> bool:
-    """Whether oneDNN's packed bf16 matmul runs on this CPU."""
-    return onednn_linear(torch.zeros(32, 32, dtype=torch.bfloat16), None) is not None
+    """Whether oneDNN's packed bf16 matmul runs on this CPU: tried once (where it does
+    not, one warning rather than one a layer)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return tried_onednn_linear(torch.zeros(32, 32, dtype=torch.bfloat16), None) is not None
 
 
 def copies_timer(

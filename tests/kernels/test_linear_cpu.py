@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetero_infer.kernels import select_kernels
+import torch.nn.functional as F
+from hetero_infer.kernels import cpu_isa, linear_cpu, select_kernels
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear import TorchLinear
-from hetero_infer.kernels.linear_cpu import pack_linear
+from hetero_infer.kernels.linear_cpu import WIDEN_ROWS, WidenedLinear, pack_linear
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
 )
 # Where neither our bf16 kernel nor oneDNN's packs bf16 weights (oneDNN needs AVX-512 or
-# AVX-NE-CONVERT), a bf16 weight is served by F.linear as it is: nothing is packed.
+# AVX-NE-CONVERT), a bf16 weight is served by F.linear as it is (widened to fp32 from
+# WIDEN_ROWS rows): nothing is packed.
 kernels = load_cpu_kernels()
 packs_bf16 = pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -76,3 +78,31 @@ def test_serves_bf16_cpu_only_and_the_engine_uses_it():
     x = randn(9, 64)
     ops = select_kernels("auto", torch.device("cpu")).ops
     assert torch.equal(ops.pack_linear(weight, None)(x), packed_linear(x, weight))
+
+
+def test_a_bf16_weight_no_kernel_takes_is_widened_from_16_rows(monkeypatch):
+    """Where the CPU has no bf16 arithmetic and neither packed form takes a bf16 weight
+    (40 outputs: not a multiple of our kernel's 32; oneDNN refused here), fewer than
+    WIDEN_ROWS rows run torch's bf16 F.linear, more run it in fp32, rounded once."""
+    monkeypatch.setattr(linear_cpu, "onednn_linear", lambda weight, bias: None)
+    monkeypatch.setattr(cpu_isa, "has_bf16_matmul", lambda flags=None: False)
+    weight, bias = randn(40, 64), randn(40, seed=1)
+    linear = pack_linear(weight, bias, kernels)
+    assert isinstance(linear, WidenedLinear)
+    torch_linear, computed_in = F.linear, []
+
+    def spied(x, w, b=None):
+        computed_in.append(x.dtype)
+        return torch_linear(x, w, b)
+
+    monkeypatch.setattr(F, "linear", spied)
+    few = randn(WIDEN_ROWS - 1, 64, seed=2)
+    assert torch.equal(linear(few), torch_linear(few, weight, bias))
+    many = randn(2, WIDEN_ROWS // 2, 64, seed=3)  # rows over leading dims
+    widened = torch_linear(many.float(), weight.float(), bias.float()).bfloat16()
+    assert torch.equal(linear(many), widened)
+    assert computed_in == [torch.bfloat16, torch.float32]
+    # fp32 weights, and a CPU with bf16 arithmetic: F.linear as it is
+    assert type(pack_linear(weight.float(), None, kernels)) is TorchLinear
+    monkeypatch.setattr(cpu_isa, "has_bf16_matmul", lambda flags=None: True)
+    assert type(pack_linear(weight, bias, kernels)) is TorchLinear
