@@ -189,6 +189,32 @@ def test_kernel_matches_reference(dtype, rows, vocab, scale, features):
     check_same(OPS.sample(logits.to(dtype), tensors), sample_ref(logits.to(dtype), tensors))
 
 
+def test_kernel_top_k_keeps_a_kth_logit_that_sits_on_its_floor():
+    """The kernel gathers top-k's candidates at or above a floor 2, 4, ..., 64 below the
+    row's top (then 1024-fold wider): a row whose k-th logit is exactly on the floor
+    keeps it, as the reference does. 40 draws of each row: the k-th token, e^-2 of the
+    top's weight where it sits 2 below, is drawn in about a tenth of its row's."""
+    vocab, top, k, draws = 64, 10.0, 3, 40
+    margins = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 65536.0]
+    logits = torch.full((len(margins) * draws, vocab), -1e6)
+    for row, margin in enumerate(margins * draws):
+        logits[row, [5, 17, 40]] = torch.tensor([top, top - 1, top - margin])
+    rows = len(logits)
+    generator = torch.Generator().manual_seed(3)
+    keys = torch.randint(0, 2**62, (rows,), generator=generator)
+    tensors = SamplingTensors.build(
+        temperature=[1.0] * rows,
+        top_k=[k] * rows,
+        top_p=[1.0] * rows,
+        min_p=[0.0] * rows,
+        uniforms=uniforms_ref(keys, torch.randint(0, 2**40, (rows, 2), generator=generator)),
+        wants_logprob=[True] * rows,
+    )
+    expected = sample_ref(logits, tensors)
+    assert 40 in expected[0].tolist()  # the k-th token was drawn
+    check_same(OPS.sample(logits, tensors), expected)
+
+
 @pytest.mark.parametrize("feature", FEATURES)
 def test_kernel_matches_reference_with_one_feature(feature):
     """Each feature on its own: the others' absence must not skip it."""
