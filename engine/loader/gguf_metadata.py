@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,26 +90,32 @@ def _file_lock(path: Path) -> Iterator[None]:
         yield
 
 
+# One conversion at a time in a process while transformers' reader is swapped (two
+# threads converting two files would each put back what the other swapped in).
+_READ_ONCE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _metadata_read_once() -> Iterator[None]:
     """transformers reads a GGUF file's metadata whole (load_gguf_checkpoint: ~5 s for
     SmolLM2's file, 12 for Gemma 3's) for the config and again for the tokenizer: within
     this block the second read takes a copy of the first one's result."""
-    load = transformers_gguf.load_gguf_checkpoint
-    read: dict[str, Any] = {}
+    with _READ_ONCE_LOCK:
+        load = transformers_gguf.load_gguf_checkpoint
+        read: dict[str, Any] = {}
 
-    def load_once(path: str, return_tensors: bool = False, **kwargs: Any) -> Any:
-        if return_tensors or kwargs:
-            return load(path, return_tensors, **kwargs)
-        if path not in read:
-            read[path] = load(path)
-        return copy.deepcopy(read[path])  # the callers change what they are given
+        def load_once(path: str, return_tensors: bool = False, **kwargs: Any) -> Any:
+            if return_tensors or kwargs:
+                return load(path, return_tensors, **kwargs)
+            if path not in read:
+                read[path] = load(path)
+            return copy.deepcopy(read[path])  # the callers change what they are given
 
-    transformers_gguf.load_gguf_checkpoint = load_once
-    try:
-        yield
-    finally:
-        transformers_gguf.load_gguf_checkpoint = load
+        transformers_gguf.load_gguf_checkpoint = load_once
+        try:
+            yield
+        finally:
+            transformers_gguf.load_gguf_checkpoint = load
 
 
 def _convert_metadata(source: ModelSource, folder: Path) -> Path:

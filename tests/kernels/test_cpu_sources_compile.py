@@ -41,11 +41,8 @@ pytestmark = [
 ]
 
 
-def guards_on(level: str) -> frozenset[str]:
-    """The sources' guard macros (``defined(__AVX512BW__)`` and the like) that the
-    compiler defines at ``-march=level``."""
-    sources = "".join(path.read_text() for path in cpu_build.SOURCE_DIR.iterdir())
-    guards = set(re.findall(r"defined\((__\w+__)\)", sources))
+def guards_on(level: str, guards: set[str]) -> frozenset[str]:
+    """Those of ``guards`` that the compiler defines at ``-march=level``."""
     run = [COMPILER, f"-march={level}", "-dM", "-E", "-x", "c++", os.devnull]
     macros = subprocess.run(run, check=True, capture_output=True, text=True).stdout.split()
     return frozenset(guards.intersection(macros))
@@ -81,8 +78,11 @@ def syntax_errors(level: str, work: Path) -> list[str]:
 
 
 def test_every_source_compiles_at_every_level(tmp_path: Path) -> None:
-    native = guards_on("native")
-    levels = [level for level in LEVELS if guards_on(level) != native]
+    # the sources' guard macros: defined(__AVX512BW__) and the like
+    sources = "".join(path.read_text() for path in cpu_build.SOURCE_DIR.iterdir())
+    guards = set(re.findall(r"defined\((__\w+__)\)", sources))
+    native = guards_on("native", guards)
+    levels = [level for level in LEVELS if guards_on(level, guards) != native]
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
         found = pool.map(lambda level: syntax_errors(level, tmp_path), levels)
         errors = [error for level_errors in found for error in level_errors]
