@@ -2,9 +2,10 @@
 for the CPU that builds them (``-march=native``): their AVX-512, AVX512-BF16, VNNI and
 AMX code sits behind preprocessor guards, so a name used outside its guard breaks the
 build only on the CPUs that lack it (an AVX2-only EPYC, a Cascade Lake), where the
-engine would then run without any of its kernels. The level whose guards are this
-CPU's is left out: the build compiled every source with them, and the kernel tests
-load what it built."""
+engine would then run without any of its kernels. A source is checked once for each
+set of the guards it reads (its own and its headers') that a level turns on, leaving
+out this CPU's set: the build compiled every source with that one, and the kernel
+tests load what it built."""
 
 from __future__ import annotations
 
@@ -41,11 +42,48 @@ pytestmark = [
 ]
 
 
+GUARD = re.compile(r"defined\((__\w+__)\)")  # defined(__AVX512BW__) and the like
+INCLUDE = re.compile(r'#include "([^"]+)"')
+
+
 def guards_on(level: str, guards: set[str]) -> frozenset[str]:
     """Those of ``guards`` that the compiler defines at ``-march=level``."""
     run = [COMPILER, f"-march={level}", "-dM", "-E", "-x", "c++", os.devnull]
     macros = subprocess.run(run, check=True, capture_output=True, text=True).stdout.split()
     return frozenset(guards.intersection(macros))
+
+
+def guards_read_by(source: Path) -> set[str]:
+    """The guard macros that ``source`` and the headers of ours it includes test."""
+    guards: set[str] = set()
+    read: set[Path] = set()
+    unread = [source]
+    while unread:
+        path = unread.pop()
+        if path not in read:
+            read.add(path)
+            text = path.read_text()
+            guards.update(GUARD.findall(text))
+            unread += [cpu_build.SOURCE_DIR / name for name in INCLUDE.findall(text)]
+    return guards
+
+
+def sources_to_check() -> dict[str, list[Path]]:
+    """The sources to compile at each level: a source's code differs between two levels
+    only where the guards it reads do, so each source once for each set of them that a
+    level turns on, except the set this CPU's build compiled. A source that reads no
+    guards is never checked again; one that reads only AVX-512F's at one level."""
+    read = {source: guards_read_by(source) for source in CHECKED}
+    every = set().union(*read.values())
+    on = {level: guards_on(level, every) for level in ["native", *LEVELS]}
+    plan: dict[str, list[Path]] = {level: [] for level in LEVELS}
+    for source, guards in read.items():
+        compiled = {on["native"] & guards}
+        for level in LEVELS:
+            if (on[level] & guards) not in compiled:
+                compiled.add(on[level] & guards)
+                plan[level].append(source)
+    return {level: sources for level, sources in plan.items() if sources}
 
 
 def compile_flags(level: str) -> list[str]:
@@ -56,8 +94,8 @@ def compile_flags(level: str) -> list[str]:
     return ["-std=c++20", *flags, "-w", *(f"-I{path}" for path in includes)]
 
 
-def syntax_errors(level: str, work: Path) -> list[str]:
-    """Each checked source's errors at ``level``. torch's headers, which every source
+def syntax_errors(level: str, sources: list[Path], work: Path) -> list[str]:
+    """The errors of ``sources`` at ``level``. torch's headers, which every source
     reads first (kernels/csrc/tensor_api.h), are parsed once into a precompiled header
     in a folder of ``work`` (the compiler takes it for the -include it finds there):
     ~0.5 s a source rather than ~3."""
@@ -69,7 +107,7 @@ def syntax_errors(level: str, work: Path) -> list[str]:
     run = [COMPILER, *flags, "-x", "c++-header", str(header), "-o", str(precompiled)]
     subprocess.run(run, check=True, capture_output=True)
     errors = []
-    for source in CHECKED:
+    for source in sources:
         run = [COMPILER, *flags, "-include", "tensor_api.h", "-fsyntax-only", str(source)]
         done = subprocess.run(run, cwd=folder, capture_output=True, text=True)
         if done.returncode != 0:
@@ -78,12 +116,18 @@ def syntax_errors(level: str, work: Path) -> list[str]:
 
 
 def test_every_source_compiles_at_every_level(tmp_path: Path) -> None:
-    # the sources' guard macros: defined(__AVX512BW__) and the like
-    sources = "".join(path.read_text() for path in cpu_build.SOURCE_DIR.iterdir())
-    guards = set(re.findall(r"defined\((__\w+__)\)", sources))
-    native = guards_on("native", guards)
-    levels = [level for level in LEVELS if guards_on(level, guards) != native]
+    plan = sources_to_check()
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        found = pool.map(lambda level: syntax_errors(level, tmp_path), levels)
+        found = pool.map(lambda level: syntax_errors(level, plan[level], tmp_path), plan)
         errors = [error for level_errors in found for error in level_errors]
     assert not errors, "\n".join(errors)
+
+
+def test_a_source_is_checked_at_the_levels_where_its_guards_differ() -> None:
+    plan = sources_to_check()
+    levels = {source.name: [level for level in plan if source in plan[level]] for source in CHECKED}
+    # its guards and its headers': none
+    assert levels["elementwise_cpu.cpp"] == []
+    # AMX's tiles alone: at Sapphire Rapids, unless this CPU has them
+    amx = guards_on("native", {"__AMX_TILE__"})
+    assert levels["amx_tiles.cpp"] == ([] if amx else ["sapphirerapids"])
