@@ -33,6 +33,7 @@ _FORMATS = {
     11: "<q",
     12: "<d",
 }
+_STRUCTS = {fmt: struct.Struct(fmt) for fmt in _FORMATS.values()}
 _STRING, _ARRAY = 8, 9
 _FILE_TYPE_KEY = "general.file_type"
 # Tensor types stored as plain numbers; every other type is blocks of bytes.
@@ -69,20 +70,23 @@ class GGUFHeader:
 
 
 class _Cursor:
-    """Reads GGUF's little-endian values from a buffer, front to back."""
+    """Reads GGUF's little-endian values from a mapped file, front to back, through a
+    memoryview: a slice of the memory map costs microseconds (numpy sets up each view),
+    a memoryview's a tenth of one. Over Gemma 3's vocabulary that was 0.7 s a load."""
 
-    def __init__(self, buffer: Any) -> None:
-        self.buffer, self.offset = buffer, 0
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.buffer, self.offset = data, memoryview(data), 0
 
     def number(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self.buffer, self.offset)
-        self.offset += struct.calcsize(fmt)
+        unpack = _STRUCTS[fmt]
+        (value,) = unpack.unpack_from(self.buffer, self.offset)
+        self.offset += unpack.size
         return value
 
     def string(self) -> str:
         length = self.number("<Q")
         start, self.offset = self.offset, self.offset + length
-        return bytes(self.buffer[start : self.offset]).decode("utf-8", errors="replace")
+        return str(self.buffer[start : self.offset], "utf-8", "replace")
 
     def value(self, value_type: int) -> Any:
         if value_type == _STRING:
@@ -119,7 +123,7 @@ def read_gguf_header(path: Path | str) -> GGUFHeader:
     if opened is None:
         raise ValueError(f"{path}: not a GGUF file (version 2 or later, little-endian)")
     cursor, tensor_count, field_count = opened
-    data = cursor.buffer
+    data = cursor.data
     fields: dict[str, Any] = {}
     for _ in range(field_count):
         key = cursor.string()
