@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import transformers
 from hetero_infer.engine.loader import ModelSource
+from hetero_infer.engine.loader.gguf_bulk_reader import bulk_gguf_reader
 from hetero_infer.engine.loader.gguf_metadata import gguf_metadata_folder
 
 
@@ -15,14 +16,16 @@ def transformers_from_gguf(source: ModelSource) -> tuple[Any, torch.nn.Module]:
     """transformers' tokenizer and fp32 model of a GGUF file. transformers reads the
     weights from the file itself; the config and tokenizer are its own conversion of the
     file's metadata as the engine keeps it (gguf_metadata_folder), as each conversion
-    reads every field of the file through gguf-py: 6 s on SmolLM2's, 20-30 on Gemma 3's."""
+    reads every field of the file through gguf-py. gguf-py's reader takes the fields in
+    bulk (BulkGGUFReader: the same fields, 17 s sooner on Gemma 3's file)."""
     metadata = gguf_metadata_folder(source)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.folder,
-        config=transformers.AutoConfig.from_pretrained(metadata),
-        dtype=torch.float32,
-        gguf_file=source.gguf_file,
-    ).eval()
+    with bulk_gguf_reader():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            source.folder,
+            config=transformers.AutoConfig.from_pretrained(metadata),
+            dtype=torch.float32,
+            gguf_file=source.gguf_file,
+        ).eval()
     return transformers.AutoTokenizer.from_pretrained(metadata), model
 
 
