@@ -4,6 +4,7 @@ features this CPU lacks (kernels/cpu_isa.py decides, as the engine does)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 # Triton's kernels run on CPU tensors in its interpreter (tests/kernels). The knob must be
@@ -30,6 +31,11 @@ from collections.abc import Iterable  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hetero_infer.kernels import cpu_isa  # noqa: E402
+
+if os.environ["TRITON_INTERPRET"] == "1" and importlib.util.find_spec("triton"):
+    from tests.triton_interpreter import patch_helper_modules_once
+
+    patch_helper_modules_once()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
