@@ -360,7 +360,7 @@ def test_smollm2_greedy_with_its_quantized_self_as_the_draft():
         for question in SMOLLM2_QUESTIONS * 2
     ]
     # Past eos too: every answer is as long, which the small cache cannot hold at once.
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     expected = plain.generate(prompts, params, use_tqdm=False)
     draft = {"model": "default", "num_speculative_tokens": K, "quantization": "gguf"}
     speculative = LLMEngine(config.replace(speculative_config=draft))
