@@ -47,7 +47,7 @@ def reference_outputs(
         reference_model(model_dir),
         prompts,
         MAX_NEW_TOKENS,
-        one_batch=one_batch,
+        batch_size=len(prompts) if one_batch else 1,
         eos_token_id=EOS,
         pad_token_id=0,
     )

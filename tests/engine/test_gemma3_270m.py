@@ -55,7 +55,7 @@ def reference():
     prompts = [build_prompts(tokenizer)[i] for i in PROMPT_KINDS]
     prompts.append(tokenizer(DOCUMENT * 8)["input_ids"])
     assert max(len(p) for p in prompts) > SLIDING_WINDOW
-    return prompts, transformers_greedy(model, prompts, MAX_NEW_TOKENS)
+    return prompts, transformers_greedy(model, prompts, MAX_NEW_TOKENS, batch_size=4)
 
 
 def engine_for(dtype: str, **settings) -> LLMEngine:

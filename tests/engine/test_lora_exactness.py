@@ -38,7 +38,7 @@ ASSIGNED = ["all", None, "attn", "mlp"]
 def reference(model_dir, adapter_dir, prompts):
     model = merged_model(model_dir, adapter_dir)
     return transformers_greedy(
-        model, prompts, MAX_NEW_TOKENS, one_batch=True, eos_token_id=EOS, pad_token_id=0
+        model, prompts, MAX_NEW_TOKENS, batch_size=len(prompts), eos_token_id=EOS, pad_token_id=0
     )
 
 

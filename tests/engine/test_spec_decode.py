@@ -77,7 +77,7 @@ def greedy_with_and_without_loops(
             model.eval(),
             prompts,
             MAX_NEW_TOKENS,
-            one_batch=True,
+            batch_size=len(prompts),
             eos_token_id=EOS,
             pad_token_id=0,
             sequence_bias=sequence_bias,
