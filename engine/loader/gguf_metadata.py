@@ -134,7 +134,10 @@ def _convert_metadata(source: ModelSource, folder: Path) -> Path:
         if config.model_type == "phi3":
             phi3_rope_from_gguf(read_gguf_header(source.path), config)
     else:
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(source.folder, **kwargs)
+        with bulk_gguf_reader():
+            tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(
+                source.folder, **kwargs
+            )
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=folder.parent))
