@@ -22,7 +22,7 @@ import gguf
 import numpy as np
 
 _LENGTH = struct.Struct("<Q")
-_SWAP_LOCK = threading.Lock()
+_SWAP_LOCK = threading.RLock()  # a block within a block (same thread) nests
 
 
 class BulkGGUFReader(gguf.GGUFReader):
