@@ -93,7 +93,7 @@ system-tools:
 # (xdist's own order puts the files with the most tests first). Most tests are bound
 # by Python rather than by matmuls: on a 2-core Xeon without AVX512-BF16, pytest took
 # 47.5 minutes in one process and 27.5 in two workers (now about 10 in two on 2 cores
-# of an AMD EPYC Zen 4, 12 on an AVX2-only EPYC; three workers took longer on both).
+# of an AMD EPYC Zen 4, 11 on an AVX2-only EPYC; three workers took longer on both).
 # The 30 slowest tests are
 # listed at the end, to see what the time goes to.
 TEST_WORKERS ?= 2
