@@ -291,6 +291,18 @@ def test_prefix_caching_disabled() -> None:
     assert bm.allocate_cached_prefix(b) == 0
 
 
+@pytest.mark.parametrize("asks", ["prompt_logprobs", "mean_pooling"])
+def test_a_sequence_that_needs_every_prompt_position_takes_nothing_cached(asks: str) -> None:
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
+    prefill(bm, make_seq("a", list(range(9))))
+    if asks == "prompt_logprobs":
+        b = Sequence("b", list(range(9)), SamplingParams(max_tokens=1, prompt_logprobs=0))
+    else:
+        b = Sequence("b", list(range(9)), SamplingParams(max_tokens=1), pooling="mean")
+    assert bm.allocate_cached_prefix(b) == 0
+    assert b.num_computed_tokens == 0 and b.block_table == []
+
+
 def test_unhashed_free_blocks_are_handed_out_before_cached_ones() -> None:
     bm = BlockManager(num_blocks=4, block_size=2)
     a = make_seq("a", [1, 2, 3, 4, 5])  # two full blocks and a partial one
@@ -408,6 +420,22 @@ def test_writer_copies_a_shared_partial_last_block() -> None:
     assert bm.num_blocks_needed(child, 1) == 0
     assert compute(bm, child, 1) == []
     assert child.block_table == [full, shared]
+
+
+def test_a_preempted_writers_copy_is_forgotten_and_no_other() -> None:
+    """A sequence preempted in the step that copied its shared block into a block of its
+    own frees that block, which the step may hand out again: its copy must not run."""
+    bm = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
+    parent = make_seq("p", list(range(6)))
+    prefill(bm, parent)
+    children = [make_seq(f"c{i}", list(range(6))) for i in (1, 2)]
+    for child in children:
+        bm.fork(parent, child)
+        child.token_ids.append(200)
+    copies = [*bm.allocate_slots(children[0], 1), *bm.allocate_slots(children[1], 1)]
+    assert len(copies) == 2
+    bm.forget_copies_into(children[0], copies)
+    assert copies == [(parent.block_table[1], children[1].block_table[1])]
 
 
 def test_copy_on_write_plus_new_block_in_one_chunk() -> None:

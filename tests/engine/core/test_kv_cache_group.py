@@ -179,6 +179,19 @@ def test_swap_moves_only_the_blocks_in_the_window() -> None:
     assert sliding_used(bm) == 0
 
 
+def test_a_swap_in_waits_for_the_windows_blocks_too() -> None:
+    bm = manager(num_sliding_blocks=5, num_cpu_blocks=8)  # 4 blocks and the null one
+    seq = make_seq("s", list(range(10)))
+    compute(bm, seq, 10)
+    bm.swap_out(seq)
+    seq.token_ids.append(10)
+    other = make_seq("o", list(range(100, 106)))
+    compute(bm, other, 6)  # 2 of the window's 4 blocks left; seq needs 3 for position 10
+    assert not bm.can_swap_in(seq, 1)  # though the first group has 62 free
+    bm.free(other)
+    assert bm.can_swap_in(seq, 1)
+
+
 def left_behind(group, seq) -> list[int]:
     """Entries a step should have given back by now: every block left of the window but
     the window before the prompt's last full block (a whole scan of the table)."""

@@ -31,6 +31,7 @@ def make_scheduler(
     memory_threshold: float = 1.0,
     use_swap: bool = False,
     enable_prefix_caching: bool = True,
+    long_rope_after: int | None = None,
 ) -> Scheduler:
     bm = BlockManager(num_blocks, block_size, num_cpu_blocks, enable_prefix_caching)
     return Scheduler(
@@ -40,6 +41,7 @@ def make_scheduler(
         max_model_len=max_model_len,
         memory_threshold=memory_threshold,
         use_swap=use_swap,
+        long_rope_after=long_rope_after,
     )
 
 
@@ -225,6 +227,20 @@ def test_a_chunk_never_ends_inside_an_image_seen_both_ways() -> None:
     assert scheduled(run_step(sched))[-1] == ("c", 7)
 
 
+def test_a_sequence_waiting_for_its_image_holds_up_none_after_it() -> None:
+    sched = make_scheduler(max_num_batched_tokens=8)
+    a = make_seq("a", 4)
+    sched.queues.add(a)
+    run_step(sched)  # a is decoding now
+    b, c = make_seq("b", 20), make_seq("c", 2)
+    b.images = (ImageInput(1, None, tuple(range(5, 13)), bidirectional=True),)
+    sched.queues.add(b)
+    sched.queues.add(c)
+    assert scheduled(run_step(sched)) == [("a", 1), ("b", 5), ("c", 2)]
+    # 7 tokens left after a's: b waits for its image's 8, c still decodes.
+    assert scheduled(run_step(sched)) == [("a", 1), ("c", 1)]
+
+
 def test_a_long_prompt_alone_is_chunked_to_the_budget() -> None:
     sched = make_scheduler(max_num_batched_tokens=5)
     a = make_seq("a", 12)
@@ -405,6 +421,7 @@ def test_preempt_by_swap() -> None:
     assert [gpu for gpu, _ in out.blocks_to_swap_out] == gpu_table
     assert b.block_table == [cpu for _, cpu in out.blocks_to_swap_out]
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 2
+    assert sched.block_manager.memory_stats()["swapped_out_blocks"] == 2
     assert used_blocks(sched) == 3
 
 
@@ -430,6 +447,16 @@ def test_swapped_sequence_comes_back_before_waiting_ones() -> None:
     assert b.num_computed_tokens == 9
     assert not sched.queues.swapped
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 0
+
+
+def test_a_swapped_sequence_comes_back_on_the_budgets_last_token() -> None:
+    sched = make_scheduler(num_blocks=4, num_cpu_blocks=8, use_swap=True)
+    a, b = _fill_with_two_decoders(sched)
+    a.sampling_params.max_tokens = 4
+    run_step(sched)  # b swapped out
+    run_step(sched)  # a ends
+    sched.max_num_batched_tokens = 1
+    assert scheduled(run_step(sched)) == [("b", 1)]
 
 
 def test_several_victims_come_back_oldest_first() -> None:
@@ -470,6 +497,23 @@ def test_a_lone_sequence_that_cannot_grow_preempts_itself() -> None:
     assert out.preempted == [a.request_id] and out.is_empty
     assert a.status == SequenceStatus.WAITING
     assert used_blocks(sched) == 0
+
+
+def test_a_sequence_past_long_ropes_original_context_starts_again_long() -> None:
+    """LongRoPE: a sequence that passes the original context while decoding is
+    preempted by recompute, the others decoding in the same step, and comes back with
+    the long factors, its whole KV computed again."""
+    sched = make_scheduler(use_swap=True, num_cpu_blocks=8, long_rope_after=8)
+    a, b = make_seq("a", 7), make_seq("b", 3)
+    sched.queues.add(a)
+    sched.queues.add(b)
+    run_step(sched)
+    run_step(sched)  # a holds 9 tokens now, 8 of them computed with the short factors
+    out = run_step(sched)
+    assert out.preempted == ["a"] and out.blocks_to_swap_out == []
+    assert scheduled(out) == [("b", 1)]
+    out = run_step(sched)
+    assert scheduled(out) == [("b", 1), ("a", 9)] and a.long_rope
 
 
 # ---- copy-on-write ----

@@ -148,6 +148,18 @@ def test_a_victim_scheduled_in_the_step_gives_its_tokens_back() -> None:
     assert scheduled(out) == [("lo2", 1), ("hi", 7)]
 
 
+def test_a_higher_priority_request_never_preempts_for_the_budget() -> None:
+    # The running decodes take the whole budget, as running sequences go first: hi
+    # waits, since a waiting request preempts only for blocks or a slot.
+    sched = make_scheduler(max_num_batched_tokens=2)
+    sched.queues.add(make_seq("lo1", 1, priority=2))
+    sched.queues.add(make_seq("lo2", 1, priority=1))
+    run_step(sched)
+    sched.queues.add(make_seq("hi", 4, priority=0))
+    out = run_step(sched)
+    assert out.preempted == [] and scheduled(out) == [("lo2", 1), ("lo1", 1)]
+
+
 def test_equal_priorities_never_preempt_each_other() -> None:
     sched = make_scheduler(max_num_seqs=1)
     sched.queues.add(make_seq("a", 4, priority=1))

@@ -200,28 +200,36 @@ def test_the_events_keep_a_routers_view_equal_to_each_tier(folder, monkeypatch):
     # 0.001 GiB of host RAM: 233 blocks here, which evict too
     with subscribed(folder, kv_offloading_size=0.001) as run:
         engine, sub = run.engine, run.sub
-        first, second, third = random_prompts(1, 3)
-        params = SamplingParams(max_tokens=4, temperature=0.0)
-        for prompt in (first, second, first, third):  # the third run finds the first in RAM
-            engine.generate([prompt], params, use_tqdm=False)
+        block_manager = engine.core.scheduler.block_manager
+        in_ram = block_manager.tiers.indexes[0].entries
         held: dict[str | None, set[int]] = {"GPU": set(), "CPU": set()}
         removed: dict[str | None, set[int]] = {"GPU": set(), "CPU": set()}
         stored_again = 0
-        for _, payload in receive(sub):
-            for event in DECODER.decode(payload).events:
-                if isinstance(event, BlockStored):
-                    if event.medium == "GPU":
-                        stored_again += len(removed["GPU"] & set(event.block_hashes))
-                    held[event.medium] |= set(event.block_hashes)
-                elif isinstance(event, BlockRemoved):
-                    held[event.medium] -= set(event.block_hashes)
-                    removed[event.medium] |= set(event.block_hashes)
-        assert stored_again > 0  # the third run's blocks from host RAM
+
+        def replay_and_compare() -> None:
+            """Replay the events published since the last call; each tier's view equals it."""
+            nonlocal stored_again
+            for _, payload in receive(sub):
+                for event in DECODER.decode(payload).events:
+                    if isinstance(event, BlockStored):
+                        if event.medium == "GPU":
+                            stored_again += len(removed["GPU"] & set(event.block_hashes))
+                        held[event.medium] |= set(event.block_hashes)
+                    elif isinstance(event, BlockRemoved):
+                        held[event.medium] -= set(event.block_hashes)
+                        removed[event.medium] |= set(event.block_hashes)
+            assert held["GPU"] == {h & (2**64 - 1) for h in block_manager.cached_blocks}
+            assert held["CPU"] == {h & (2**64 - 1) for h in in_ram}
+
+        first, second, third = random_prompts(1, 3)
+        params = SamplingParams(max_tokens=4, temperature=0.0)
+        for prompt in (first, second, first):
+            engine.generate([prompt], params, use_tqdm=False)
+        replay_and_compare()  # (before the next prompt evicts them again)
+        assert stored_again > 0  # the last run's blocks from host RAM
+        engine.generate([third], params, use_tqdm=False)
+        replay_and_compare()
         assert removed["CPU"]  # host RAM was full and let some go
-        block_manager = engine.core.scheduler.block_manager
-        assert held["GPU"] == {h & (2**64 - 1) for h in block_manager.cached_blocks}
-        in_ram = block_manager.tiers.indexes[0].entries
-        assert held["CPU"] == {h & (2**64 - 1) for h in in_ram}
 
         # A reset empties both tiers and says so at once, between steps.
         assert engine.core.reset_prefix_cache()
