@@ -44,6 +44,7 @@ def test_matcher_holds_back_only_a_possible_start():
     assert matcher.held_back("abcSTO") == 3
     assert matcher.held_back("abcx") == 1
     assert matcher.held_back("abcS T") == 0
+    assert matcher.held_back("abcSTOP") == 0  # a whole one is found, not held back
     assert matcher.held_back("") == 0
 
 

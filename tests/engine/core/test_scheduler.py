@@ -423,6 +423,8 @@ def test_preempt_by_swap() -> None:
     assert sched.block_manager.memory_stats()["cpu_used_blocks"] == 2
     assert sched.block_manager.memory_stats()["swapped_out_blocks"] == 2
     assert used_blocks(sched) == 3
+    counts = {"num_sequences": 2, "num_running": 1, "num_waiting": 0, "num_swapped": 1}
+    assert sched.queues.counts() == counts
 
 
 def test_swapped_sequence_comes_back_before_waiting_ones() -> None:
@@ -588,6 +590,24 @@ def test_a_choice_aborted_before_the_fork_frees_its_slot() -> None:
     queue_choices_and_another(sched, 2)
     sched.queues.finish("p#1", SequenceStatus.FINISHED_ABORTED)
     assert scheduled(run_step(sched)) == [("p", 6), ("o", 6)]
+
+
+def test_the_choices_after_one_aborted_before_the_fork_still_fork() -> None:
+    sched = make_scheduler()
+    queue_choices_and_another(sched, 3)
+    sched.queues.finish("p#1", SequenceStatus.FINISHED_ABORTED)
+    run_step(sched)
+    assert [s.request_id for s in sched.queues.running] == ["p", "o", "p#2"]
+
+
+def test_a_request_is_not_rejected_unstarted_once_its_first_choice_started() -> None:
+    sched = make_scheduler(max_num_batched_tokens=4)
+    queue_choices_and_another(sched, 2)
+    run_step(sched)  # p's first chunk: p#1 forks from it once it samples
+    assert sched.queues.reject_unstarted(["p", "p#1"]) == []
+    assert "p#1" in sched.queues.sequences
+    (rejected,) = sched.queues.reject_unstarted(["o"])
+    assert rejected.request_id == "o" and rejected.finish_reason == "rejected"
 
 
 def test_a_request_with_more_choices_than_max_num_seqs_runs_alone() -> None:
@@ -770,6 +790,33 @@ def test_no_sample_no_stop_check() -> None:
     run_step(sched, {"a": EOS})  # a chunk that does not reach the end samples nothing
     assert a.status == SequenceStatus.RUNNING
     assert a.num_output_tokens == 0
+
+
+class CompletesAfter:
+    """A constraint (response_format's) that is complete after ``length`` tokens."""
+
+    def __init__(self, length: int) -> None:
+        self.left = length
+
+    def compute_bitmask(self) -> bytes:
+        return b"every token allowed"
+
+    def consume_token(self, token_id: int) -> bool:
+        self.left -= 1
+        return True
+
+    def is_stopped(self) -> bool:
+        return self.left <= 0
+
+
+def test_a_constraint_ends_the_sequence_with_the_token_that_completes_it() -> None:
+    sched = make_scheduler()
+    seq = Sequence("g", [1000, 1001], SamplingParams(max_tokens=100), grammar=CompletesAfter(3))
+    sched.queues.add(seq)
+    for _ in range(3):
+        run_step(sched)
+    assert seq.output_token_ids == [TOKEN] * 3
+    assert seq.status == SequenceStatus.FINISHED_STOPPED
 
 
 # ---- prefix caching through the scheduler ----

@@ -53,10 +53,12 @@ class Grammar:
     [
         # Before min_tokens, eos is masked out: the sequence is plain, its step is not.
         (SamplingParams(min_tokens=4, max_tokens=8), None, {"banned_token_ids": {EOS}}),
+        # A bad word's last token, where the output ends with the rest of it (the
+        # prompt's tokens never count: [5, 6, 7, 2] bans nothing).
         (
-            SamplingParams(bad_words_token_ids=[[9], [7, 8]]),
+            SamplingParams(bad_words_token_ids=[[9], [7, 8], [6, 7, 5], [4, 7, 1], [5, 6, 7, 2]]),
             None,
-            {"banned_token_ids": {9, 8}},
+            {"banned_token_ids": {9, 8, 5}},
         ),
         (
             SamplingParams(repetition_penalty=1.2),
