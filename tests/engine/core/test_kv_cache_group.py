@@ -84,6 +84,23 @@ def test_a_block_leaving_the_window_pays_for_the_next_one() -> None:
     assert group.num_blocks_needed(seq, 2) == 1
 
 
+def free_blocks(bm: BlockManager) -> list[int]:
+    return [group.pool.num_free_blocks for group in bm.groups]
+
+
+def test_blocks_needed_are_what_a_chunk_takes_net_of_those_leaving() -> None:
+    bm = manager()
+    seq = make_seq("a", [10, 11, 12])
+    compute(bm, seq, 3)
+    for step, chunk in enumerate([1, 9, 2, 13, 1, 1, 6, 17, 4, 3, 11]):
+        seq.token_ids += [100 + step] * chunk
+        needed = [group.num_blocks_needed(seq, chunk) for group in bm.groups]
+        free_before = free_blocks(bm)
+        compute(bm, seq, chunk)
+        taken = [max(0, a - b) for a, b in zip(free_before, free_blocks(bm), strict=True)]
+        assert needed == taken, (step, chunk)
+
+
 def test_next_turn_finds_the_window_before_its_prefix() -> None:
     bm = manager()
     turn1 = make_seq("t1", list(range(10, 47)))  # 37 tokens
