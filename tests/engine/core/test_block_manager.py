@@ -551,6 +551,10 @@ def test_swap_out_needs_enough_cpu_blocks() -> None:
     seq = make_seq("a", list(range(10)))
     prefill(bm, seq)
     assert not bm.can_swap_out(seq)
+    exact = BlockManager(num_blocks=8, block_size=BLOCK_SIZE, num_cpu_blocks=3)
+    seq = make_seq("a", list(range(10)))
+    prefill(exact, seq)
+    assert exact.can_swap_out(seq)  # its 3 blocks, 3 CPU blocks
     no_swap = BlockManager(num_blocks=8, block_size=BLOCK_SIZE)
     other = make_seq("b", [1])
     prefill(no_swap, other)

@@ -52,6 +52,7 @@ def test_blocks_leave_the_window_as_decoding_goes_on() -> None:
         # (blocks 2 and 3), which the sequence keeps for requests with its prompt.
         left = [i for i in range(first_kept - 1) if i not in (2, 3)]
         assert all(table[i] == NULL_BLOCK for i in left)
+        assert NULL_BLOCK not in (table[2], table[3])
         assert len(resident(table)) <= -(-(WINDOW - 1) // BS) + 2 + 2
         assert len(seq.block_table) == -(-seq.num_computed_tokens // BS)  # global keeps all
     assert sliding_used(bm) <= 6 and bm.num_used_blocks == 15
