@@ -10,6 +10,7 @@ import itertools
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.scheduler import Scheduler
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
+from hetero_infer.engine.core.step_data import SchedulerOutput
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 from tests.engine.core.test_scheduler import EOS, feed, run_step, scheduled, used_blocks
@@ -103,13 +104,19 @@ def test_the_budget_goes_to_the_higher_priority_running_sequence_first() -> None
 # ---- preemption ----
 
 
+def step_after_hi_arrives(sched: Scheduler, lo_len: int, hi_len: int) -> SchedulerOutput:
+    """lo1 (priority 2) and lo2 (priority 1) run a step, then hi (priority 0) arrives:
+    the step after."""
+    sched.queues.add(make_seq("lo1", lo_len, priority=2))
+    sched.queues.add(make_seq("lo2", lo_len, priority=1))
+    run_step(sched)
+    sched.queues.add(make_seq("hi", hi_len, priority=0))
+    return run_step(sched)
+
+
 def test_a_higher_priority_request_preempts_the_lowest_running_one_for_a_slot() -> None:
     sched = make_scheduler(max_num_seqs=2)
-    sched.queues.add(make_seq("lo1", 4, priority=5))
-    sched.queues.add(make_seq("lo2", 4, priority=3))
-    run_step(sched)
-    sched.queues.add(make_seq("hi", 4, priority=0))
-    out = run_step(sched)
+    out = step_after_hi_arrives(sched, lo_len=4, hi_len=4)
     assert out.preempted == ["lo1"]
     assert scheduled(out) == [("lo2", 1), ("hi", 4)]
     lo1 = sched.queues.sequences["lo1"]
@@ -139,11 +146,7 @@ def test_a_victim_scheduled_in_the_step_gives_its_tokens_back() -> None:
     # lo1 and lo2 decode (1 token each) before hi is looked at; hi's 7-token prompt
     # gets the whole rest of the budget only if lo1's token comes back with lo1.
     sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=8)
-    sched.queues.add(make_seq("lo1", 3, priority=2))
-    sched.queues.add(make_seq("lo2", 3, priority=1))
-    run_step(sched)
-    sched.queues.add(make_seq("hi", 7, priority=0))
-    out = run_step(sched)
+    out = step_after_hi_arrives(sched, lo_len=3, hi_len=7)
     assert out.preempted == ["lo1"]
     assert scheduled(out) == [("lo2", 1), ("hi", 7)]
 
@@ -152,11 +155,7 @@ def test_a_higher_priority_request_never_preempts_for_the_budget() -> None:
     # The running decodes take the whole budget, as running sequences go first: hi
     # waits, since a waiting request preempts only for blocks or a slot.
     sched = make_scheduler(max_num_batched_tokens=2)
-    sched.queues.add(make_seq("lo1", 1, priority=2))
-    sched.queues.add(make_seq("lo2", 1, priority=1))
-    run_step(sched)
-    sched.queues.add(make_seq("hi", 4, priority=0))
-    out = run_step(sched)
+    out = step_after_hi_arrives(sched, lo_len=1, hi_len=4)
     assert out.preempted == [] and scheduled(out) == [("lo2", 1), ("lo1", 1)]
 
 
