@@ -175,6 +175,12 @@ def test_draft_length_backs_off_on_misses_and_recovers_on_hits():
     assert length.next() == 4  # never past the configured length
     length.record(4, 1)
     assert length.next() == 2  # what was accepted, plus one
+    length.record(2, 1)
+    assert length.next() == 2
+    # A partial hit resets the pauses too: the next misses pause from one step again.
+    length.record(2, 0)
+    length.record(1, 0)
+    assert [length.next(), length.next()] == [0, 1]
 
 
 def test_a_sequence_that_always_misses_drafts_rarely():
