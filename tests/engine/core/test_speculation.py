@@ -310,6 +310,7 @@ def test_drafts_stay_within_the_budget_max_tokens_and_the_free_blocks():
     _start(sched, seq, first_token=1)
     out, _ = _step(sched, keep=0)
     assert out.scheduled[0].num_draft_tokens == 2  # budget 3: its own token and 2 drafts
+
     sched = _scheduler(budget=2)
     seq = Sequence("a", [1, 2, 1, 2, 1, 2, 1, 2], SamplingParams(max_tokens=20))
     _start(sched, seq, first_token=1)

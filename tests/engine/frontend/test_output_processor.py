@@ -3,7 +3,6 @@ made by hand, over a tiny tokenizer whose letters are each a token."""
 
 from __future__ import annotations
 
-import pytest
 from hetero_infer.engine.core.step_data import SampledToken, SequenceUpdate
 from hetero_infer.engine.entrypoints.metrics import EngineMetrics
 from hetero_infer.engine.frontend import output_processor
@@ -12,25 +11,21 @@ from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.engine.tokenizer import Tokenizer
 
-from tests.helpers import make_byte_fallback_tokenizer
+from tests.helpers import BOS_TOKEN_ID, EOS_TOKEN_ID, make_byte_fallback_tokenizer
 
 LETTERS = make_byte_fallback_tokenizer()
+TOKENIZER = Tokenizer(LETTERS)
 
 
 def ids_of(text: str) -> list[int]:
     return LETTERS.convert_tokens_to_ids(list(text))
 
 
-PROMPT = [1, *ids_of("hi")]
+PROMPT = [BOS_TOKEN_ID, *ids_of("hi")]
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer(LETTERS)
-
-
-def processor_for(tokenizer: Tokenizer, **requests: SamplingParams) -> OutputProcessor:
-    processor = OutputProcessor(tokenizer, EngineMetrics())
+def processor_for(**requests: SamplingParams) -> OutputProcessor:
+    processor = OutputProcessor(TOKENIZER, EngineMetrics())
     for request_id, params in requests.items():
         processor.add_request(ParentRequest(request_id, params), None, PROMPT)
     return processor
@@ -46,10 +41,8 @@ def update(
     )
 
 
-def test_each_update_of_a_step_reaches_its_choice(tokenizer: Tokenizer) -> None:
-    processor = processor_for(
-        tokenizer, gone=SamplingParams(), chunk=SamplingParams(), late=SamplingParams()
-    )
+def test_each_update_of_a_step_reaches_its_choice() -> None:
+    processor = processor_for(gone=SamplingParams(), chunk=SamplingParams(), late=SamplingParams())
     processor.abort("gone")  # while its step ran
     # gone's token (dropped), chunk's prompt chunk (nothing to show), late's token.
     updates = [
@@ -64,19 +57,17 @@ def test_each_update_of_a_step_reaches_its_choice(tokenizer: Tokenizer) -> None:
     assert (output.request_id, output.finished, output.finish_reason) == ("chunk", True, "abort")
 
 
-def test_a_running_or_kept_request_id_is_known(tokenizer: Tokenizer) -> None:
-    processor = processor_for(tokenizer, a=SamplingParams())
+def test_a_running_or_kept_request_id_is_known() -> None:
+    processor = processor_for(a=SamplingParams())
     assert processor.is_known("a") and not processor.is_known("b")
     processor.process([update("a", ids_of("x"), 1, "length")])
     assert processor.is_known("a")  # finished, kept for get_output
 
 
-def test_a_stop_string_past_min_tokens_in_one_update_of_several_tokens(
-    tokenizer: Tokenizer,
-) -> None:
+def test_a_stop_string_past_min_tokens_in_one_update_of_several_tokens() -> None:
     """Accepted draft tokens come in one update; each is counted as it is decoded, so
     the stop string completed by the third output token counts with min_tokens=3."""
-    processor = processor_for(tokenizer, a=SamplingParams(stop=["yz"], min_tokens=3))
+    processor = processor_for(a=SamplingParams(stop=["yz"], min_tokens=3))
     processed = processor.process([update("a", ids_of("xyzw"), 4)])
     assert processed.stopped == ["a"]
     (output,) = processed.outputs
@@ -84,17 +75,17 @@ def test_a_stop_string_past_min_tokens_in_one_update_of_several_tokens(
     assert output.token_ids == ids_of("xyz")  # up to the token that completed it
 
 
-def test_a_finish_without_tokens_sends_the_bytes_held_back(tokenizer: Tokenizer) -> None:
-    processor = processor_for(tokenizer, a=SamplingParams())
-    byte_b = 3 + ord("b")  # <0x62>: a run of byte tokens may go on, so it is held
+def test_a_finish_without_tokens_sends_the_bytes_held_back() -> None:
+    processor = processor_for(a=SamplingParams())
+    byte_b = LETTERS.convert_tokens_to_ids("<0x62>")  # a run of bytes may go on: held
     (held,) = processor.process([update("a", [byte_b], 1)]).outputs
     assert held.text == ""
     (output,) = processor.process([update("a", [], 1, "length")]).outputs
     assert (output.text, output.finish_reason) == ("b", "length")
 
 
-def test_a_request_keeps_its_choices_until_the_last_one_ends(tokenizer: Tokenizer) -> None:
-    processor = processor_for(tokenizer, p=SamplingParams(n=2))
+def test_a_request_keeps_its_choices_until_the_last_one_ends() -> None:
+    processor = processor_for(p=SamplingParams(n=2))
     first, second = processor.choice_ids("p")
     processor.process([update(first, ids_of("x"), 1, "length")])
     assert processor.choice_ids("p") == [first, second]  # an abort of "p" reaches both
@@ -102,19 +93,17 @@ def test_a_request_keeps_its_choices_until_the_last_one_ends(tokenizer: Tokenize
     assert processor.choice_ids("p") == ["p"]  # the request forgotten
 
 
-def test_the_oldest_finished_outputs_go_first(tokenizer: Tokenizer, monkeypatch) -> None:
+def test_the_oldest_finished_outputs_go_first(monkeypatch) -> None:
     monkeypatch.setattr(output_processor, "MAX_FINISHED_KEPT", 2)
-    processor = processor_for(tokenizer, a=SamplingParams(), b=SamplingParams(), c=SamplingParams())
+    processor = processor_for(a=SamplingParams(), b=SamplingParams(), c=SamplingParams())
     for request_id in "abc":
         processor.process([update(request_id, ids_of("x"), 1, "length")])
     kept = [i for i in "abc" if processor.get_finished(i) is not None]
     assert kept == ["b", "c"]
 
 
-def test_a_cumulative_output_keeps_what_it_had_as_later_steps_come(
-    tokenizer: Tokenizer,
-) -> None:
-    processor = processor_for(tokenizer, a=SamplingParams(logprobs=0))
+def test_a_cumulative_output_keeps_what_it_had_as_later_steps_come() -> None:
+    processor = processor_for(a=SamplingParams(logprobs=0))
     (first,) = processor.process([update("a", ids_of("x"), 1)]).outputs
     (second,) = processor.process([update("a", ids_of("y"), 2)]).outputs
     assert (first.text, first.token_ids, len(first.logprobs)) == ("x", ids_of("x"), 1)
@@ -122,8 +111,8 @@ def test_a_cumulative_output_keeps_what_it_had_as_later_steps_come(
     assert second.metrics.token_gaps == ()  # its outputs' own times give the gaps
 
 
-def test_a_final_only_output_has_the_gaps_between_its_steps(tokenizer: Tokenizer) -> None:
-    processor = processor_for(tokenizer, a=SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY))
+def test_a_final_only_output_has_the_gaps_between_its_steps() -> None:
+    processor = processor_for(a=SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY))
     assert not processor.process([update("a", ids_of("x"), 1)]).outputs
     assert not processor.process([update("a", ids_of("yz"), 3)]).outputs
     (output,) = processor.process([update("a", ids_of("w"), 4, "length")]).outputs
@@ -132,9 +121,9 @@ def test_a_final_only_output_has_the_gaps_between_its_steps(tokenizer: Tokenizer
     assert all(0 <= gap < 60 for gap, _ in output.metrics.token_gaps)
 
 
-def test_a_delta_stream_sends_the_prompt_logprobs_once(tokenizer: Tokenizer) -> None:
+def test_a_delta_stream_sends_the_prompt_logprobs_once() -> None:
     params = SamplingParams(prompt_logprobs=0, output_kind=RequestOutputKind.DELTA)
-    processor = processor_for(tokenizer, a=params)
+    processor = processor_for(a=params)
     prompt_logprobs = [{token_id: -1.0} for token_id in PROMPT[1:]]
     step = update("a", ids_of("x"), 1)
     step.new_prompt_logprobs = prompt_logprobs
@@ -144,16 +133,14 @@ def test_a_delta_stream_sends_the_prompt_logprobs_once(tokenizer: Tokenizer) -> 
     assert second.prompt_logprobs is None and second.text == "y"
 
 
-def test_a_constraint_finish_keeps_its_last_tokens_text(tokenizer: Tokenizer) -> None:
+def test_a_constraint_finish_keeps_its_last_tokens_text() -> None:
     """Only eos (unless ignored) and stop_token_ids leave their text out: the token that
     completes a constraint ("stop") keeps it, special tokens shown or not."""
     for skip_special_tokens in (True, False):
-        processor = processor_for(
-            tokenizer, a=SamplingParams(skip_special_tokens=skip_special_tokens)
-        )
+        processor = processor_for(a=SamplingParams(skip_special_tokens=skip_special_tokens))
         (output,) = processor.process([update("a", ids_of("x}"), 2, "stop")]).outputs
         assert output.text == "x}"
-    eos = 2
-    processor = processor_for(tokenizer, a=SamplingParams(skip_special_tokens=False))
+    eos = EOS_TOKEN_ID
+    processor = processor_for(a=SamplingParams(skip_special_tokens=False))
     (output,) = processor.process([update("a", [*ids_of("x"), eos], 2, "stop")]).outputs
     assert output.text == "x"
