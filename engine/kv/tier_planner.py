@@ -138,15 +138,14 @@ class TierPlanner:
     def find(
         self, group: int, found: list[Any], hashes: list[int], token_ids: list[int], window: bool
     ) -> list[Any]:
-        """``found`` (the pool's hits) with host slots filling its misses; without a
-        window, up to the first block neither holds."""
+        """``found`` (the pool's hit or None, per hash) with host slots filling its
+        misses; without a window, up to the first block neither holds."""
         index, bs = self.indexes[group], self.block_size
         if group == 0:
             run = [isinstance(b, int) for b in found] + [False]
             self._device_blocks = run.index(False)
         out: list[Any] = []
-        for i, block_hash in enumerate(hashes):
-            entry = found[i] if i < len(found) else None
+        for i, (entry, block_hash) in enumerate(zip(found, hashes, strict=True)):
             if entry is None:
                 tokens = tuple(token_ids[i * bs : (i + 1) * bs])
                 slot = index.find(block_hash, tokens)
