@@ -1,6 +1,6 @@
 """The block manager's KV events, read off its event log: a LoRA request's blocks name
-their adapter, removals from different tiers stay apart, and a reset empties the cache
-and is announced."""
+their adapter, removals from different tiers stay apart, a run of blocks stored at once
+is one event, and a reset empties the cache and is announced."""
 
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ def test_sequences_take_the_adapter_from_its_request():
 
 def test_removals_from_each_tier_are_told_apart():
     log = KVEventLog(lambda events: None, BLOCK_SIZE)
-    log.events.clear()
     for block_hash in (1, 2):
         log.removed(0, block_hash)
     log.removed(0, 3, medium=MEDIUM_HOST)
     log.removed(1, 4, medium=MEDIUM_HOST)
     assert log.events == [
+        AllBlocksCleared(),
         BlockRemoved([1, 2], "GPU", 0),
         BlockRemoved([3], "CPU", 0),
         BlockRemoved([4], "CPU", 1),
@@ -90,3 +90,19 @@ def test_a_block_is_announced_once_however_many_sequences_share_it():
     bm.events.end_step()
     stored = [h for e in batches[0] if isinstance(e, BlockStored) for h in e.block_hashes]
     assert len(stored) == len(set(stored)) == 3
+
+
+def test_one_event_for_each_run_of_consecutive_blocks():
+    """Blocks 1-3 and 5 of a chain stored at once (blocks 0 and 4 were cached already):
+    two events, each naming the block before it as its parent."""
+    log = KVEventLog(lambda events: None, BLOCK_SIZE)
+    log.events.clear()
+    chain = [10, 11, 12, 13, 14, 15]
+    tokens = [tuple(range(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE)) for i in range(6)]
+    registered = [(100 + i, chain[i], tokens[i]) for i in (1, 2, 3, 5)]
+    log.stored(0, chain, registered, make_seq("a", [1]))
+    assert [(e.block_hashes, e.parent_block_hash) for e in log.events] == [
+        ([11, 12, 13], 10),
+        ([15], 14),
+    ]
+    assert log.events[0].token_ids == [t for block in tokens[1:4] for t in block]

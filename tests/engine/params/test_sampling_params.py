@@ -10,6 +10,7 @@ from hetero_infer.engine.params.sampling_params import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKEN_ID_ENTRIES,
+    RequestOutputKind,
 )
 
 MANY_IDS = list(range(MAX_TOKEN_ID_ENTRIES + 1))
@@ -59,6 +60,7 @@ MANY_IDS = list(range(MAX_TOKEN_ID_ENTRIES + 1))
         ("cache_salt", ""),
         ("allowed_token_ids", []),
         ("allowed_token_ids", [-1]),
+        ("allowed_token_ids", [5, -1]),
         ("bad_words", [""]),
         ("bad_words", ["x"] * (MAX_BAD_WORDS + 1)),
         ("bad_words", ["x" * (MAX_STOP_STRING_CHARS + 1)]),
@@ -88,6 +90,9 @@ def test_one_constraint_at_a_time():
 def test_defaults_and_greedy():
     params = SamplingParams()
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (16, 1.0, 1.0, -1)
+    # vLLM's: one choice, no min_p, special tokens left out, every output cumulative.
+    assert (params.n, params.min_p, params.skip_special_tokens) == (1, 0.0, True)
+    assert params.output_kind == RequestOutputKind.CUMULATIVE and params.min_tokens == 0
     assert SamplingParams(temperature=0).greedy and not params.greedy
     assert SamplingParams(top_k=0).top_k == -1
 
