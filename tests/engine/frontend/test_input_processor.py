@@ -1,6 +1,7 @@
 """InputProcessor's context rules at their edges: OpenAI's (the prompt and max_tokens
 together fit in max_model_len, and the prompt leaves room for a token) and vLLM's
-truncate_prompt_tokens. The processor of a real engine (a tiny random Llama, context 64)."""
+truncate_prompt_tokens; and the forms a prompt may take. The processor of a real engine
+(a tiny random Llama, context 64)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_an_embedding_input_may_fill_the_context(processor):
     assert processor.embedding_request("e", prompt_of(CONTEXT)).pooling is not None
     with pytest.raises(ContextLengthError, match=f"the input has {CONTEXT + 1} tokens"):
         processor.embedding_request("e", prompt_of(CONTEXT + 1))
+
+
+@pytest.mark.parametrize("prompt", [5, [1, "x"], [1, True], [1, 2.0], ""])
+def test_a_prompt_is_text_or_token_ids(processor, prompt):
+    """The engine's own callers reach this without the server's schema: anything else
+    is a 400 naming the field, never a TypeError from deeper in."""
+    with pytest.raises(ValidationError) as error:
+        processor.tokenize(prompt, param="input")
+    assert error.value.param == "input"
