@@ -1,12 +1,14 @@
 """TierPlanner is what the scheduling core drives as its PrefixTiers: every method the
 protocol names, with the protocol's parameters (the core types against the protocol
 alone, so nothing else would catch a method renamed or a parameter added on one side).
-Then its decisions, one at a time over a real block manager: what is saved and written,
-what a lookup counts, what comes back from host RAM, and what is read from disk."""
+Then its decisions, one at a time (most over a real block manager): what is saved
+and written, what a lookup counts, what comes back from host RAM, and what is read
+from disk."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 
 import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
@@ -143,7 +145,7 @@ def disk_manager(tmp_path, num_slots: int = 8, **options) -> BlockManager:
     return BlockManager(num_blocks=16, block_size=BS, tiers=planner, **options)
 
 
-def on_disk(bm: BlockManager, seq: Sequence, blocks: range) -> list[int]:
+def on_disk(bm: BlockManager, seq: Sequence, blocks: Iterable[int]) -> list[int]:
     """Files for the sequence's blocks ``blocks``; every full block's hash."""
     hashes = bm.block_hashes(seq, (seq.num_tokens - 1) // BS)
     bm.tiers.disk.group_folder(0).mkdir(parents=True, exist_ok=True)
