@@ -61,11 +61,16 @@ def block(i: int) -> tuple[int, ...]:
     return tuple(TOKENS[i * BS : (i + 1) * BS])
 
 
-def saved(planner: TierPlanner, *blocks: int) -> None:
-    """Blocks ``blocks`` of TOKENS evicted into host RAM, in a step of their own."""
+def saved(planner: TierPlanner, *blocks: int, group: int = 0) -> None:
+    """Blocks ``blocks`` of TOKENS evicted into a group's host RAM, in a step of their own."""
     for i in blocks:
-        planner.save(0, block_id=i, block_hash=HASHES[i], token_ids=block(i))
+        planner.save(group, block_id=i, block_hash=HASHES[i], token_ids=block(i))
     planner.take_moves()
+
+
+def tier_counts(planner: TierPlanner) -> dict[str, int]:
+    names = ("ram_hits", "ram_misses", "queried_tokens", "hit_tokens")
+    return {name: planner.stats()[f"kv_tier_{name}"] for name in names}
 
 
 def test_a_save_with_every_slot_busy_is_dropped_and_counted():
@@ -120,11 +125,6 @@ def test_a_lookup_counts_what_reached_past_the_pool():
     planner.record_lookup(2 * BS + 1, 2 * BS)
     counts["queried_tokens"] += 1
     assert counts | {"hit_tokens": 2 * BS} == tier_counts(planner)
-
-
-def tier_counts(planner: TierPlanner) -> dict[str, int]:
-    names = ("ram_hits", "ram_misses", "queried_tokens", "hit_tokens")
-    return {name: planner.stats()[f"kv_tier_{name}"] for name in names}
 
 
 @pytest.mark.parametrize("held_blocks, affordable", [(4, 4), (5, 3), (7, 1), (8, 0)])
@@ -274,9 +274,7 @@ def test_the_busiest_group_decides_what_comes_back_from_host_ram(tmp_path):
     compute(bm, held, 4 * BS)
     assert bm.groups[1].pool.num_free_blocks == 1
     for group in (0, 1):
-        for i in range(4):
-            bm.tiers.save(group, block_id=i, block_hash=HASHES[i], token_ids=block(i))
-    bm.take_tier_moves()
+        saved(bm.tiers, 0, 1, 2, 3, group=group)
     found = [bm.tiers.find(g, [None] * 4, HASHES[:4], TOKENS, window=g == 1) for g in (0, 1)]
     assert bm.tiers.affordable(bm.groups, found, 4) == 1
 
@@ -287,8 +285,7 @@ def test_a_stop_writes_every_block_the_disk_lacks(tmp_path):
     seq = make_seq("a", TOKENS)
     compute(bm, seq, seq.num_tokens)
     hashes = on_disk(bm, seq, [1, 3])
-    bm.tiers.save(0, block_id=0, block_hash=HASHES[0], token_ids=block(0))
-    bm.tiers.save(0, block_id=1, block_hash=HASHES[1], token_ids=block(1))
+    saved(bm.tiers, 0, 1)
     bm.tiers.disk.path(0, HASHES[1]).touch()
     [moves] = bm.tiers.unsaved_moves([group.pool for group in bm.groups])
     table = seq.block_table
