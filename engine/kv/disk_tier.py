@@ -6,7 +6,8 @@ replica that finds it over the cap (its own count, refreshed from the directory 
 it runs out) removes the files read or written longest ago (a read touches its file's
 modification time). A write that cannot be made (a full or read-only disk, a cap smaller
 than one block) is refused and logged once per cause; serving goes on from RAM and
-recompute. A file that fails its checks is logged, removed and counted, never used.
+recompute. A file that fails its checks is logged, removed and counted, never used;
+one that cannot be read (an I/O error) is a miss, logged once per cause.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class DiskTier:
                 self.changes.removed(group, block_hash)
             return False
         except OSError as exc:
-            self._refuse(f"read errno {exc.errno}", str(exc))
+            self._warn_once(f"read errno {exc.errno}", f"{exc}; the prefix is recomputed")
             return False
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: evicted last
@@ -93,11 +94,15 @@ class DiskTier:
         return True
 
     def _refuse(self, cause: str, message: str) -> bool:
+        """A write refused: counted, and logged once per cause."""
         self.counters.write_errors += 1
+        self._warn_once(cause, f"{message}; blocks stay in RAM only")
+        return False
+
+    def _warn_once(self, cause: str, message: str) -> None:
         if cause not in self._warned:
             self._warned.add(cause)
-            logger.warning("KV disk tier: %s; blocks stay in RAM only (logged once)", message)
-        return False
+            logger.warning("KV disk tier: %s (logged once)", message)
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         """(modification time, size, path) of every entry under the directory."""

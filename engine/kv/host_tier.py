@@ -34,7 +34,7 @@ class HostTier:
         dtype: torch.dtype,
         disk: DiskTier | None,
         writer: DiskWriter | None,
-        pin_memory: bool = False,
+        pin_memory: bool,
     ) -> None:
         self.group = group
         self.disk = disk

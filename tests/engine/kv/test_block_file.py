@@ -1,6 +1,7 @@
 """The disk tier's files: a block comes back byte for byte, and a file that is torn,
 truncated, corrupted or another model's is refused; the directory's hash key is made
-once, private, and shared; the size cap and a full disk refuse writes, logged once."""
+once, private, and shared; the size cap is filled exactly and every byte counted; a
+full disk refuses writes, logged once; a file that cannot be read is a miss."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import stat
 
 import pytest
-from hetero_infer.engine.kv.block_file import CorruptBlockFile, read_block, write_block
+from hetero_infer.engine.kv.block_file import CorruptBlockFile, file_bytes, read_block, write_block
 from hetero_infer.engine.kv.disk_layout import DiskLayout, load_or_create_key
 from hetero_infer.engine.kv.disk_tier import DiskTier
 
@@ -100,6 +101,34 @@ def test_the_cap_evicts_the_least_recently_used(tmp_path):
     kept = sorted(h for h in range(5) if layout.exists(0, h))
     assert kept and kept[-1] == 4 and 0 not in kept
     assert tier.used <= tier.capacity
+
+
+def test_the_cap_is_filled_exactly_and_every_byte_counted(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    size = file_bytes(len(TOKENS), 256)
+    tier = DiskTier(layout, capacity_bytes=2 * size)
+    assert tier.write(0, 1, TOKENS, payload()) and tier.write(0, 2, TOKENS, payload())
+    assert layout.exists(0, 1) and layout.exists(0, 2)  # two blocks fill the cap exactly
+    assert tier.used == tier.counters.bytes_written == 2 * layout.path(0, 1).stat().st_size
+    assert tier.read(0, 2, TOKENS, memoryview(bytearray(256)))
+    assert tier.counters.bytes_read == size
+    # A cap of one block: each write evicts the one before.
+    one = DiskTier(DiskLayout(tmp_path / "one", FINGERPRINT), capacity_bytes=size)
+    assert one.write(0, 1, TOKENS, payload()) and one.write(0, 2, TOKENS, payload())
+    assert not one.layout.exists(0, 1) and one.layout.exists(0, 2)
+    assert (one.used, one.counters.bytes_written) == (size, 2 * size)
+    assert DiskTier(one.layout, capacity_bytes=size).used == size  # counted at start
+
+
+def test_a_file_that_cannot_be_read_is_a_miss(tmp_path, caplog):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=10**6)
+    layout.path(0, 5).mkdir(parents=True)  # a folder where the file should be
+    with caplog.at_level(logging.WARNING):
+        assert not tier.read(0, 5, TOKENS, memoryview(bytearray(256)))
+        assert not tier.read(0, 5, TOKENS, memoryview(bytearray(256)))
+    assert len([r for r in caplog.records if "KV disk tier" in r.message]) == 1
+    assert tier.counters.write_errors == tier.counters.bytes_read == 0
 
 
 def test_a_full_disk_refuses_writes_and_says_so_once(tmp_path, caplog):

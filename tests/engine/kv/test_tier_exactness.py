@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 from hetero_infer.engine import LLMEngine
 
-from tests.engine.kv.tier_engines import assert_nothing_leaked, prompts, run_in_turn, tier_config
+from tests.engine.kv.tier_engines import (
+    assert_nothing_leaked,
+    block_files,
+    bytes_per_slot,
+    prompts,
+    run_in_turn,
+    tier_config,
+)
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
 
@@ -28,8 +35,11 @@ def test_blocks_come_back_from_ram(tiny):
     engine = LLMEngine(tier_config(folder, name, ram_slots=128))
     assert run_in_turn(engine, batch) == expected
     stats = engine.memory_stats()
-    assert stats["kv_tier_ram_hits"] > 0 and stats["kv_tier_ram_bytes_loaded"] > 0
-    assert stats["kv_tier_hit_tokens"] > 0
+    assert stats["kv_tier_ram_hits"] > 0 and stats["kv_tier_hit_tokens"] > 0
+    if name == "llama":  # one group: a hit loads one slot; 128 slots: none is reused
+        slot = bytes_per_slot(name)
+        assert stats["kv_tier_ram_bytes_loaded"] == stats["kv_tier_ram_hits"] * slot
+        assert stats["kv_tier_ram_bytes_saved"] == stats["kv_tier_ram_blocks"] * slot
     assert_nothing_leaked(engine)
 
 
@@ -39,8 +49,11 @@ def test_blocks_come_back_from_disk(tiny, tmp_path):
     engine = LLMEngine(tier_config(folder, name, ram_slots=16, disk=tmp_path))
     assert run_in_turn(engine, batch) == expected
     stats = engine.memory_stats()
-    assert stats["kv_tier_disk_hits"] > 0 and stats["kv_tier_disk_bytes_read"] > 0
-    assert stats["kv_tier_disk_corrupt_files"] == 0
+    assert stats["kv_tier_disk_hits"] > 0 and stats["kv_tier_disk_corrupt_files"] == 0
+    sizes = [path.stat().st_size for path in block_files(tmp_path)]
+    assert stats["kv_tier_disk_bytes_written"] == stats["kv_tier_disk_used_bytes"] == sum(sizes)
+    if name == "llama":  # one group: every file is one block's
+        assert stats["kv_tier_disk_bytes_read"] == stats["kv_tier_disk_hits"] * sizes[0]
     assert not list(tmp_path.rglob(".tmp-*"))
     assert_nothing_leaked(engine)
 
