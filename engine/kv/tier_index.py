@@ -23,9 +23,6 @@ class SlotIndex:
         # Told the hash of an entry whose slot is taken for another (its KV events).
         self.on_removed: Callable[[int], None] | None = None
 
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self.entries
-
     def find(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
         """The slot that holds these tokens' block, or None (also on a hash collision)."""
         entry = self.entries.get(block_hash)

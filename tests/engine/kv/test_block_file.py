@@ -92,15 +92,39 @@ def test_the_hash_key_is_made_once_private_and_shared(tmp_path):
     assert len(first) == 16 and load_or_create_key(tmp_path / "other") != first
 
 
-def test_the_cap_evicts_the_least_recently_used(tmp_path):
+def test_the_cap_evicts_the_least_recently_used_down_to_nine_tenths(tmp_path):
     layout = DiskLayout(tmp_path, FINGERPRINT)
-    tier = DiskTier(layout, capacity_bytes=3 * 400)
-    for h in range(5):
+    tier = DiskTier(layout, capacity_bytes=3 * file_bytes(len(TOKENS), 256))
+    kept = []
+    for h in range(6):
         assert tier.write(0, h, TOKENS, payload())
         os.utime(layout.path(0, h), (h, h))  # written in order
-    kept = sorted(h for h in range(5) if layout.exists(0, h))
-    assert kept and kept[-1] == 4 and 0 not in kept
-    assert tier.used <= tier.capacity
+        kept.append([k for k in range(h + 1) if layout.exists(0, k)])
+    # Past the cap, 90% of three blocks less the new one leaves room for one more.
+    assert kept == [[0], [0, 1], [0, 1, 2], [2, 3], [2, 3, 4], [4, 5]]
+    assert tier.used == 2 * file_bytes(len(TOKENS), 256)
+
+
+def test_a_file_read_is_evicted_last(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=3 * file_bytes(len(TOKENS), 256))
+    for h in range(3):
+        assert tier.write(0, h, TOKENS, payload())
+        os.utime(layout.path(0, h), (h, h))
+    assert tier.read(0, 0, TOKENS, memoryview(bytearray(256)))
+    assert tier.write(0, 3, TOKENS, payload())
+    assert [k for k in range(4) if layout.exists(0, k)] == [0, 3]
+
+
+def test_stale_temporary_files_are_removed_at_start(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    layout.folder.mkdir(parents=True)
+    stale, live = layout.folder / ".tmp-dead", layout.folder / ".tmp-live"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")  # a live writer's: renamed within a step
+    os.utime(stale, (0, 0))
+    DiskTier(layout, capacity_bytes=10**6)
+    assert not stale.exists() and live.exists()
 
 
 def test_the_cap_is_filled_exactly_and_every_byte_counted(tmp_path):
