@@ -38,7 +38,7 @@ def test_a_block_comes_back_byte_for_byte(tmp_path):
 
 def test_a_sha256_cbor_hash_of_256_bits_writes_and_reads_back(tmp_path):
     """vLLM's hashes are 256 bits: the header keeps their low 64 (the name, the whole)."""
-    wide = (0xABCD << 200) | 42
+    wide = (0xABCD << 200) | (1 << 64) | 42
     path = written(tmp_path, wide)
     into = memoryview(bytearray(256))
     read_block(path, FINGERPRINT, 0, wide, TOKENS, into)

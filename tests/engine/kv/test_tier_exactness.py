@@ -43,6 +43,16 @@ def test_blocks_come_back_from_ram(tiny):
     assert_nothing_leaked(engine)
 
 
+def test_the_ram_tier_holds_the_slots_its_size_buys(tiny):
+    name, folder, _, _ = tiny
+    assert (
+        LLMEngine(tier_config(folder, name, ram_slots=1)).memory_stats()["kv_tier_ram_slots"] == 1
+    )
+    under_one = (bytes_per_slot(name) - 1) / 2**30
+    with pytest.raises(ValueError, match="holds no block"):
+        LLMEngine(tier_config(folder, name, kv_offloading_size=under_one))
+
+
 def test_blocks_come_back_from_disk(tiny, tmp_path):
     name, folder, batch, expected = tiny
     # RAM for 16 blocks: A's are long gone from it when A comes again, but on disk.
