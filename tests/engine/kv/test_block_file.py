@@ -85,9 +85,9 @@ def test_another_models_group_hash_or_tokens_is_refused(
 
 
 def test_the_hash_key_is_made_once_private_and_shared(tmp_path):
-    first = load_or_create_key(tmp_path / "tier")
-    assert load_or_create_key(tmp_path / "tier") == first
-    mode = stat.S_IMODE(os.stat(tmp_path / "tier" / "hash_key").st_mode)
+    first = load_or_create_key(tmp_path / "new" / "tier")
+    assert load_or_create_key(tmp_path / "new" / "tier") == first
+    mode = stat.S_IMODE(os.stat(tmp_path / "new" / "tier" / "hash_key").st_mode)
     assert mode == 0o600
     assert len(first) == 16 and load_or_create_key(tmp_path / "other") != first
 
@@ -142,6 +142,16 @@ def test_the_cap_is_filled_exactly_and_every_byte_counted(tmp_path):
     assert not one.layout.exists(0, 1) and one.layout.exists(0, 2)
     assert (one.used, one.counters.bytes_written) == (size, 2 * size)
     assert DiskTier(one.layout, capacity_bytes=size).used == size  # counted at start
+
+
+def test_files_written_and_removed_are_recorded_only_while_events_are_on(tmp_path):
+    layout = DiskLayout(tmp_path, FINGERPRINT)
+    tier = DiskTier(layout, capacity_bytes=file_bytes(len(TOKENS), 256))
+    assert tier.write(0, 1, TOKENS, payload())
+    assert tier.changes.take() == []
+    tier.changes.recording = True
+    assert tier.write(0, 2, TOKENS, payload())  # evicts the first
+    assert tier.changes.take() == [(0, 1, None), (0, 2, TOKENS)]
 
 
 def test_a_file_that_cannot_be_read_is_a_miss(tmp_path, caplog):

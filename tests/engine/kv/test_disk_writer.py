@@ -56,6 +56,8 @@ def test_a_full_queue_drops_instead_of_waiting():
     assert accepted == [True, False, False] and writer.dropped == 2
     disk.go.set()
     assert writer.drain(timeout=10) and len(disk.written) == 1
+    assert writer.submit(0, 7, (1,), PAYLOAD.clone())  # written: its room is free again
+    assert writer.drain(timeout=10) and len(disk.written) == 2
     writer.close(timeout=1)
 
 
