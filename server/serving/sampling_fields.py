@@ -166,14 +166,14 @@ class SamplingFields(GuidedDecodingFields):
         takes no sampling value."""
         if self.best_of not in (None, 1):
             raise APIError(400, "'best_of' greater than 1 is not supported", param="best_of")
-        neutral: dict[str, Any] = {
-            "temperature": (None, 0, 0.0),
-            "top_p": (None, 1, 1.0),
+        neutral: dict[str, Any] = {  # (0 == 0.0: an int stands for its float too)
+            "temperature": (None, 0),
+            "top_p": (None, 1),
             "top_k": (None, -1, 0),
-            "min_p": (None, 0, 0.0),
-            "presence_penalty": (None, 0, 0.0),
-            "frequency_penalty": (None, 0, 0.0),
-            "repetition_penalty": (None, 1, 1.0),
+            "min_p": (None, 0),
+            "presence_penalty": (None, 0),
+            "frequency_penalty": (None, 0),
+            "repetition_penalty": (None, 1),
             "min_tokens": (0,),
             "logit_bias": (None, {}),
             "stop": (None, [], ""),
