@@ -1,6 +1,7 @@
 """The sampler on known logits, through the metadata the runner builds: greedy,
-truncation, seeds, logprobs only where asked, penalties and bias, and the sampled
-distribution. Each test runs with the torch reference and with the C++ kernel."""
+truncation, seeds, logprobs only where asked (and of tokens picked elsewhere),
+penalties and bias, and the sampled distribution. Each test runs with the torch
+reference and with the C++ kernel."""
 
 from __future__ import annotations
 
@@ -314,3 +315,44 @@ def test_random_and_greedy_rows_sample_on_the_gpu():
     tokens = run()
     assert all(0 <= t < 50 for t in tokens) and tokens[2] == int(logits[2].argmax())
     assert run() == tokens
+
+
+def test_probabilities_are_each_rows_own_and_only_of_random_rows():
+    logits = torch.tensor([[3.0, 2.0, 1.0], [0.0, 0.0, 2.0]])
+    random = SamplingParams(temperature=1.0)
+    meta = SamplingMetadata.build(_seqs(random, random), 3, CPU, None)
+    torch.testing.assert_close(Sampler().probabilities(logits, meta), torch.softmax(logits, -1))
+    mixed = SamplingMetadata.build(_seqs(random, SamplingParams(temperature=0)), 3, CPU, None)
+    with pytest.raises(AssertionError, match="greedy rows"):
+        Sampler().probabilities(logits, mixed)
+
+
+def test_each_row_gets_as_many_top_logprobs_as_it_asked(sampler):
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(5))
+    rows = _seqs(
+        SamplingParams(temperature=0, logprobs=1), SamplingParams(temperature=0, logprobs=3)
+    )
+    _, _, tops = _sample(sampler, logits, rows)
+    # A greedy row's token is its best: one of the k.
+    assert [len(top) for top in tops] == [1, 3]
+
+
+def test_logprobs_of_tokens_picked_elsewhere_are_the_samplers(sampler):
+    """What speculative decoding reports for the tokens rejection sampling keeps: the
+    logprobs the sampler would have reported had it picked them."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(6))
+    rows = _seqs(
+        SamplingParams(temperature=0, logprobs=2, logit_bias={7: 5.0}),
+        SamplingParams(temperature=0.8, seed=1, logprobs=0),
+        SamplingParams(temperature=0.8, seed=2, logprobs=3, presence_penalty=1.0),
+    )
+    tokens, logprobs, tops = _sample(sampler, logits, rows)
+    meta = SamplingMetadata.build(rows, 50, CPU, None)
+    chosen, tops_of = Sampler().logprobs_of(logits, meta, tokens)
+    assert chosen == pytest.approx(logprobs, abs=1e-5)
+    assert [set(top) for top in tops_of] == [set(top) for top in tops]
+    others = [3, 9, 11]
+    chosen, tops_of = Sampler().logprobs_of(logits, meta, others)
+    processed = process_logits_ref(logits, meta.tensors).log_softmax(-1)
+    assert chosen == pytest.approx(processed[range(3), others].tolist(), abs=1e-5)
+    assert [top[t] for top, t in zip(tops_of, others, strict=True)] == chosen
