@@ -4,10 +4,15 @@ from it and checks the answers against it: test_fuzz_openapi.py)."""
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 from hetero_infer.engine.settings.config import EngineConfig
+from hetero_infer.engine.settings.exceptions import ValidationError as ParamsError
 from hetero_infer.server.app import build_app
+from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.settings import ServerSettings
+from pydantic import ValidationError
 
 BODIES = {
     "/v1/completions": "CompletionRequest",
@@ -126,3 +131,28 @@ def test_loose_fields_have_useful_schemas(schema: dict):
     assert kinds == [{"const": "text"}, {"const": "image_url"}]
     bias = bodies["CompletionRequest"]["properties"]["logit_bias"]["anyOf"][0]
     assert bias["additionalProperties"]["maximum"] == 100
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "valid"),
+    [
+        ("logit_bias", {"5": -100}, True),
+        ("logit_bias", {"5": 100.0}, True),
+        ("logit_bias", {"5": -100.5}, False),
+        ("logit_bias", {"5": 101}, False),
+        ("logit_bias", {"x": 1}, False),
+        ("logit_bias", None, True),
+        ("best_of", 1, True),
+        ("best_of", None, True),
+        ("best_of", 2, False),
+    ],
+)
+def test_hand_written_schemas_take_what_the_body_takes(schema: dict, field, value, valid):
+    properties = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert jsonschema.Draft202012Validator(properties[field]).is_valid(value) == valid
+    try:
+        CompletionRequest.model_validate({"prompt": "Hi", field: value}).sampling_params(4)
+    except (APIError, ValidationError, ParamsError):  # each a 400
+        assert not valid
+    else:
+        assert valid
