@@ -51,3 +51,12 @@ def test_tag_never_leaks_while_streaming() -> None:
     assert parser.feed("ink>I think</th") == ReasoningDelta(reasoning="I think")
     assert parser.feed("ink>\n") == ReasoningDelta()
     assert parser.feed("Yes") == ReasoningDelta(content="Yes")
+
+
+def test_text_that_cannot_open_a_tag_streams_at_once() -> None:
+    """Held back is only what may still become <think>: a short answer is not."""
+    parser = reasoning_parser("qwen3")
+    assert parser.feed("Hi") == ReasoningDelta(content="Hi")
+    parser = reasoning_parser("qwen3")
+    assert parser.feed("<think>") == ReasoningDelta()
+    assert parser.feed("a") == ReasoningDelta(reasoning="a")
