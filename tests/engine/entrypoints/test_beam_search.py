@@ -16,7 +16,12 @@ import pytest
 import torch
 import transformers
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams, ValidationError
-from hetero_infer.engine.entrypoints.beam_search import BeamSearch, BeamSearchParams
+from hetero_infer.engine.entrypoints.beam_search import (
+    BeamSearch,
+    BeamSearchParams,
+    num_candidates,
+)
+from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 
 from tests.tiny_models import TINY_MODELS, save_tiny_model
 
@@ -164,7 +169,14 @@ def test_width_is_bounded_by_the_logprobs_a_round_computes(engine):
     ("fields", "param"),
     [
         (dict(beam_width=0), "n"),
+        (dict(beam_width=True), "n"),
+        (dict(beam_width=2.0), "n"),
         (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(max_tokens=4.0), "max_tokens"),
+        (dict(length_penalty=True), "length_penalty"),
+        (dict(length_penalty="1"), "length_penalty"),
+        (dict(length_penalty=float("inf")), "length_penalty"),
         (dict(early_stopping="sometimes"), "early_stopping"),
         (dict(early_stopping=1), "early_stopping"),
         (dict(length_penalty=float("nan")), "length_penalty"),
@@ -174,6 +186,35 @@ def test_bad_params_name_their_field(fields, param):
     with pytest.raises(ValidationError) as error:
         BeamSearchParams(**fields)
     assert error.value.param == param
+
+
+def test_one_token_of_one_beam_is_a_search():
+    search = BeamSearch([9], BeamSearchParams(beam_width=1, max_tokens=1), {0})
+    search.advance([{4: -0.5, 5: -1.0}])
+    assert search.done and [(h.token_ids, h.finish_reason) for h in search.finished] == [
+        ((4,), "length")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "eos", "expected"),
+    [
+        ({}, [0], 6),  # eos and one more per beam: at least 2 per beam
+        ({}, [0, 1], 9),  # (1 + 2 ending tokens) per beam
+        ({"ignore_eos": True}, [0, 1], 6),
+        ({"stop_token_ids": (5,)}, [0, 1], 12),
+        ({"stop_token_ids": (0,)}, [0], 6),  # eos and a stop token alike: one ending token
+    ],
+)
+def test_candidates_per_round(fields, eos, expected):
+    assert num_candidates(BeamSearchParams(beam_width=3, **fields), eos) == expected
+
+
+def test_candidates_per_round_are_the_logprobs_a_request_may_ask():
+    assert num_candidates(BeamSearchParams(beam_width=10), [0]) == MAX_LOGPROBS
+    with pytest.raises(ValidationError) as error:
+        num_candidates(BeamSearchParams(beam_width=11), [0])
+    assert error.value.param == "n"
 
 
 def test_search_scores_as_transformers_on_hand_made_logprobs():
@@ -189,3 +230,29 @@ def test_search_scores_as_transformers_on_hand_made_logprobs():
     assert [h.token_ids for h in search.finished] == [(0,), (1, 0)]
     assert search.finished[1].score == pytest.approx((-0.5 - 0.2) / 2)
     assert [h.finish_reason for h in search.finished] == ["stop", "stop"]
+
+
+@pytest.mark.parametrize(
+    ("early_stopping", "done"),
+    [(True, True), (False, True), ("never", False)],
+)
+def test_when_the_search_may_still_improve(early_stopping, done):
+    """Width 1, eos = 0, length_penalty 2: the first round ends the hypothesis (0,),
+    scored -0.1, and beam (1,) at -0.5 goes on. At its length it cannot beat -0.1;
+    with "never", at max_tokens (5) it could: -0.5 / 5**2 = -0.02."""
+    params = BeamSearchParams(
+        beam_width=1, max_tokens=5, length_penalty=2.0, early_stopping=early_stopping
+    )
+    search = BeamSearch([9], params, {0})
+    search.advance([{0: -0.1, 1: -0.5}])
+    assert [(h.token_ids, h.score) for h in search.finished] == [((0,), -0.1)]
+    assert search.done == done
+
+
+def test_a_search_cut_short_keeps_its_live_beams_best_first():
+    search = BeamSearch([9], BeamSearchParams(beam_width=2, max_tokens=5), {0})
+    search.advance([{1: -0.5, 2: -0.1, 3: -2.0, 4: -3.0}])
+    search.cut_short("abort")
+    assert search.done and search.prompts() == []
+    finished = [(h.token_ids, h.finish_reason) for h in search.finished]
+    assert finished == [((2,), "abort"), ((1,), "abort")]
