@@ -356,3 +356,30 @@ def test_logprobs_of_tokens_picked_elsewhere_are_the_samplers(sampler):
     processed = process_logits_ref(logits, meta.tensors).log_softmax(-1)
     assert chosen == pytest.approx(processed[range(3), others].tolist(), abs=1e-5)
     assert [top[t] for top, t in zip(tops_of, others, strict=True)] == chosen
+
+
+def test_top_k_keeps_the_k_best(sampler):
+    logits = torch.zeros(1, 10)
+    logits[0, [3, 8]] = 0.5
+    randomness = Randomness(0, uniforms_ref)
+    seen = set()
+    for _ in range(100):
+        seen |= set(_sample(sampler, logits, _seqs(SamplingParams(top_k=2)), randomness)[0])
+    assert seen == {3, 8}
+
+
+def test_a_random_row_beside_a_greedy_one_is_drawn(sampler):
+    """A batch of plain rows, one greedy: the random one is still drawn, not argmaxed."""
+    logits = torch.zeros(2, 10)
+    logits[:, 4] = 0.5
+    randomness = Randomness(0, uniforms_ref)
+    rows = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=1.0))
+    drawn = [_sample(sampler, logits, rows, randomness)[0] for _ in range(50)]
+    assert {greedy for greedy, _ in drawn} == {4}
+    assert len({random for _, random in drawn}) > 3
+
+
+def test_a_greedy_row_picks_among_its_allowed_tokens(sampler):
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]])
+    rows = _seqs(SamplingParams(temperature=0, allowed_token_ids=[0, 2]))
+    assert _sample(sampler, logits, rows)[0] == [2]
