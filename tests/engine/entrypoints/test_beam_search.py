@@ -21,6 +21,7 @@ from hetero_infer.engine.entrypoints.beam_search import (
     BeamSearchParams,
     num_candidates,
 )
+from hetero_infer.engine.entrypoints.outputs import RequestMetrics
 from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 
 from tests.tiny_models import TINY_MODELS, save_tiny_model
@@ -256,3 +257,17 @@ def test_a_search_cut_short_keeps_its_live_beams_best_first():
     assert search.done and search.prompts() == []
     finished = [(h.token_ids, h.finish_reason) for h in search.finished]
     assert finished == [((2,), "abort"), ((1,), "abort")]
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_tokens_text_is_shown_only_when_asked(engine, include):
+    params = BeamSearchParams(
+        beam_width=1, max_tokens=4, stop_token_ids=(70,), include_stop_str_in_output=include
+    )
+    search = BeamSearch([9], params, {0})
+    search.advance([{65: -0.1, 66: -1.0}])
+    search.advance([{70: -0.1, 66: -1.0}])
+    [output] = search.outputs("r", None, engine.tokenizer, RequestMetrics(arrival_time=0.0))
+    assert (output.token_ids, output.finish_reason, output.stop_reason) == ([65, 70], "stop", 70)
+    shown = [65, 70] if include else [65]
+    assert output.text == engine.tokenizer.decode(shown)
