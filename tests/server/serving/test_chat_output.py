@@ -59,8 +59,22 @@ def test_no_parallel_calls_keeps_the_first() -> None:
 
 
 def test_no_tool_parser_is_plain_text() -> None:
-    message = ChatOutputParser().parse("<tool_call>{}</tool_call>")
+    parser = ChatOutputParser()
+    message = parser.parse("<tool_call>{}</tool_call>")
     assert message == MessageDelta(content="<tool_call>{}</tool_call>")
+    assert not parser.made_calls
+
+
+def test_made_calls_only_after_a_call() -> None:
+    parser = ChatOutputParser(tools=HermesToolParser())
+    parser.parse("No tool needed.")
+    assert not parser.made_calls
+
+
+def test_a_delta_is_empty_only_with_nothing_in_it() -> None:
+    assert not MessageDelta()
+    assert MessageDelta(reasoning="a") and MessageDelta(content="a")
+    assert MessageDelta(tool_calls=[ToolCallDelta(0, arguments="{")])
 
 
 def test_delta_shape() -> None:
