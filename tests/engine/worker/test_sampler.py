@@ -383,3 +383,19 @@ def test_a_greedy_row_picks_among_its_allowed_tokens(sampler):
     logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]])
     rows = _seqs(SamplingParams(temperature=0, allowed_token_ids=[0, 2]))
     assert _sample(sampler, logits, rows)[0] == [2]
+
+
+def test_a_forced_token_is_taken_greedy_or_not(sampler):
+    """A thinking budget spent forces its end mark (step_records sets it per row)."""
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(7))
+    rows = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=1.0))
+    for row in rows:
+        row.forced_token_id = 33
+    assert _sample(sampler, logits, rows)[0] == [33, 33]
+
+
+def test_only_plain_greedy_rows_take_the_one_pass_kernel():
+    rows = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
+    assert SamplingMetadata.build(rows, 40, CPU, None).tensors is None
+    rows[1].forced_token_id = 3
+    assert SamplingMetadata.build(rows, 40, CPU, None).tensors is not None
