@@ -91,8 +91,17 @@ def test_params_check_their_shape():
         StructuredOutputsParams()
     with pytest.raises(ValueError, match="non-empty list"):
         StructuredOutputsParams(choice=[])
+    with pytest.raises(ValueError, match="non-empty list"):
+        StructuredOutputsParams(choice=["a", 1])
     with pytest.raises(ValueError, match="at most"):
         StructuredOutputsParams(grammar="x" * (MAX_GRAMMAR_CHARS + 1))
+    StructuredOutputsParams(grammar="x" * MAX_GRAMMAR_CHARS)
+    # Choices count a separator each: 2 * (half + 1) > the bound.
+    half = MAX_GRAMMAR_CHARS // 2
+    with pytest.raises(ValueError, match="at most"):
+        StructuredOutputsParams(choice=["x" * half, "y" * half])
+    assert StructuredOutputsParams(regex="a", json_object=False).kind == "regex"
+    assert not StructuredOutputsParams(regex="a").disable_additional_properties
     with pytest.raises(ValueError, match="both constrain"):
         SamplingParams(json_schema=SCHEMA, structured_outputs=StructuredOutputsParams(regex="a"))
 
