@@ -13,7 +13,12 @@ import time
 import jsonschema
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.params.guided_decoding import MAX_GRAMMAR_CHARS, StructuredOutputsParams
+from hetero_infer.engine.params.guided_decoding import (
+    MAX_GRAMMAR_CHARS,
+    StructuredOutputsParams,
+    _json_text,
+    json_options,
+)
 from hetero_infer.engine.params.structured_output import StructuredOutput
 
 from tests.helpers import make_byte_fallback_tokenizer
@@ -30,6 +35,15 @@ REGEX = r"[a-z]{1,6}@[a-z]{2,4}\.(com|org)"
 LARK = 'start: item ("," item){0,3}\nitem: /[0-9]{1,3}/ | "x"'
 LARK_TEXT = re.compile(r"([0-9]{1,3}|x)(,([0-9]{1,3}|x)){0,3}")
 GBNF = 'root ::= "<" [a-c]+ ">"'
+
+
+def tag(**fields) -> StructuredOutputsParams:
+    """A structural tag with one good structure and trigger, unless ``fields`` say otherwise."""
+    value = {
+        "structures": [{"begin": "<f=a>", "schema": SCHEMA, "end": "</f>"}],
+        "triggers": ["<f="],
+    }
+    return StructuredOutputsParams(structural_tag=value | fields)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +84,13 @@ def test_every_constraint_compiles(structured: StructuredOutput, spec: Structure
         (StructuredOutputsParams(json={"type": "bogus"}), "not usable"),
         (StructuredOutputsParams(json="{not json"), "not valid JSON"),
         (StructuredOutputsParams(structural_tag={"structures": []}), "triggers"),
+        (StructuredOutputsParams(structural_tag={"triggers": ["<f="]}), "must be"),
+        (tag(triggers=["<f=", ""]), "triggers must be"),
+        (tag(triggers=["<f=", 1]), "triggers must be"),
+        (tag(structures=[]), "structures must be"),
+        (tag(structures="<f=a>"), "structures must be"),
+        (tag(structures=[{"begin": "<f=a>"}]), "needs 'begin' and 'end'"),
+        (tag(structures=[[]]), "needs 'begin' and 'end'"),
         (
             StructuredOutputsParams(
                 structural_tag={"structures": [{"begin": "<g>", "end": ""}], "triggers": ["<f"]}
@@ -159,3 +180,31 @@ def test_tiny_model_output_satisfies_the_constraint(engine: LLMEngine, kind: str
     for out in outputs:
         assert out.finish_reason == "stop", (kind, out.text)
         assert check(out.text), (kind, out.text)
+
+
+def test_a_json_text_nests_at_most_128_levels():
+    assert _json_text("[" * 128 + "]" * 128, "bad")
+    with pytest.raises(ValueError, match="more than 128"):
+        _json_text("[" * 129 + "]" * 129, "bad")
+    with pytest.raises(ValueError, match="more than 128"):
+        _json_text('{"a": ' * 129 + "1" + "}" * 129, "bad")
+
+
+def test_no_additional_properties_closes_only_objects_with_properties():
+    schema = {
+        "type": "object",
+        "properties": {
+            "open": {"type": "object"},
+            "pattern": {"type": "object", "patternProperties": {"^x": {}}},
+            "kept": {"type": "object", "properties": {}, "additionalProperties": True},
+        },
+    }
+    spec = StructuredOutputsParams(json=schema, disable_additional_properties=True)
+    closed = json_options(schema, spec)
+    assert closed["additionalProperties"] is False
+    inner = closed["properties"]
+    assert "additionalProperties" not in inner["open"]
+    assert inner["pattern"]["additionalProperties"] is False
+    assert inner["kept"]["additionalProperties"] is True
+    assert "additionalProperties" not in schema  # the caller's schema is left as it was
+    assert "additionalProperties" not in json_options(schema, StructuredOutputsParams(json=schema))
