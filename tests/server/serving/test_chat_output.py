@@ -46,6 +46,21 @@ def test_streamed_the_same() -> None:
     assert len(streamed.tool_calls) > len(whole.tool_calls)  # it came in pieces
 
 
+def test_calls_streamed_without_a_reasoning_parser() -> None:
+    text = TEXT[TEXT.index("<tool_call>") :]
+    parser = ChatOutputParser(tools=HermesToolParser())
+    streamed = MessageDelta()
+    for char in text:
+        streamed.add(parser.feed(char))
+    streamed.add(parser.finish())
+    assert names_and_arguments(streamed) == [("weather", '{"city": "Paris"}'), ("time", "{}")]
+    assert streamed.content.strip() == ""
+    # A marker's start held back while it might open a call is content at the end.
+    parser = ChatOutputParser(tools=HermesToolParser())
+    first = parser.feed("Done <tool_c").content
+    assert "<" not in first and first + parser.finish().content == "Done <tool_c"
+
+
 def names_and_arguments(message: MessageDelta) -> list[tuple[str, str]]:
     calls = tool_calls_body(message.tool_calls)
     return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
