@@ -151,6 +151,19 @@ def test_hard_grammars_are_fast_or_refused(structured: StructuredOutput):
     structured.matcher({"$ref": "#/$defs/d0", "$defs": defs})
 
 
+def test_an_output_that_never_ends_is_refused_before_generation(structured: StructuredOutput):
+    """Forced into a loop from its first token: refused when compiled, not mid-answer."""
+    with pytest.raises(ValueError, match="past the first token"):
+        structured.guided_matcher(StructuredOutputsParams(grammar='start: "a" start'), "g")
+    with pytest.raises(ValueError, match="past the first token"):
+        structured.matcher(
+            {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+        )
+    assert not structured.guided_matcher(
+        StructuredOutputsParams(grammar='start: "ab"'), "g"
+    ).is_error()
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> LLMEngine:
     model = save_tiny_model("llama", tmp_path_factory.mktemp("guided"))
