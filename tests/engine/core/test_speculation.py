@@ -487,6 +487,26 @@ def test_rejection_sampling_gives_the_target_distribution_whatever_the_draft():
     assert accepted / n == pytest.approx(0.4, abs=0.015)
 
 
+def test_each_draft_is_tested_at_its_own_position():
+    """Two drafts at once decide as two one-draft calls at their positions would: the
+    second is tested after the first is accepted, and each accept test and residual
+    draw is keyed by its own position."""
+    target = torch.tensor([[0.3, 0.3, 0.4], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
+    draft = torch.tensor([[0.1, 0.1, 0.8], [0.1, 0.1, 0.8]])
+    shared = Randomness(0, uniforms_ref)
+    outcomes = Counter()
+    for seed in range(60):
+        both = rejection_sample(target, draft, [2, 2], 9, seed, 10, shared)
+        first = rejection_sample(target[:2], draft[:1], [2], -1, seed, 10, shared)
+        if first[0] != 2:  # the first draft rejected: the same replacement
+            assert both == first
+            continue
+        second = rejection_sample(target[1:], draft[1:], [2], 9, seed, 11, shared)
+        assert both == [2, *second]
+        outcomes[second[0] == 2] += 1
+    assert outcomes[True] and outcomes[False]  # the second draft both kept and replaced
+
+
 def test_seeded_rejection_sampling_repeats_itself():
     target = torch.tensor([[0.5, 0.3, 0.2], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
     draft = torch.tensor([[0.1, 0.1, 0.8], [0.1, 0.1, 0.8]])

@@ -37,7 +37,8 @@ def test_forced_token(tokens: int, token_ids: list[int], expected: int | None) -
 
 
 @pytest.mark.parametrize(
-    ("tokens", "start", "end"), [(-1, START, END), (1, (), END), (1, START, ())]
+    ("tokens", "start", "end"),
+    [(-1, START, END), (True, START, END), (2.0, START, END), (1, (), END), (1, START, ())],
 )
 def test_invalid_budget(tokens: int, start: tuple[int, ...], end: tuple[int, ...]) -> None:
     with pytest.raises(ValidationError) as info:
