@@ -16,6 +16,7 @@ from hetero_infer.engine.kv.disk_tier import DiskTier
 
 FINGERPRINT = "ab" * 16
 TOKENS = (5, 6, 7, 8)
+FILE_BYTES = file_bytes(len(TOKENS), 256)  # one block's file, payload() its bytes
 
 
 def payload(n: int = 256, fill: int = 7) -> memoryview:
@@ -94,7 +95,7 @@ def test_the_hash_key_is_made_once_private_and_shared(tmp_path):
 
 def test_the_cap_evicts_the_least_recently_used_down_to_nine_tenths(tmp_path):
     layout = DiskLayout(tmp_path, FINGERPRINT)
-    tier = DiskTier(layout, capacity_bytes=3 * file_bytes(len(TOKENS), 256))
+    tier = DiskTier(layout, capacity_bytes=3 * FILE_BYTES)
     kept = []
     for h in range(6):
         assert tier.write(0, h, TOKENS, payload())
@@ -102,12 +103,12 @@ def test_the_cap_evicts_the_least_recently_used_down_to_nine_tenths(tmp_path):
         kept.append([k for k in range(h + 1) if layout.exists(0, k)])
     # Past the cap, 90% of three blocks less the new one leaves room for one more.
     assert kept == [[0], [0, 1], [0, 1, 2], [2, 3], [2, 3, 4], [4, 5]]
-    assert tier.used == 2 * file_bytes(len(TOKENS), 256)
+    assert tier.used == 2 * FILE_BYTES
 
 
 def test_a_file_read_is_evicted_last(tmp_path):
     layout = DiskLayout(tmp_path, FINGERPRINT)
-    tier = DiskTier(layout, capacity_bytes=3 * file_bytes(len(TOKENS), 256))
+    tier = DiskTier(layout, capacity_bytes=3 * FILE_BYTES)
     for h in range(3):
         assert tier.write(0, h, TOKENS, payload())
         os.utime(layout.path(0, h), (h, h))
@@ -129,24 +130,23 @@ def test_stale_temporary_files_are_removed_at_start(tmp_path):
 
 def test_the_cap_is_filled_exactly_and_every_byte_counted(tmp_path):
     layout = DiskLayout(tmp_path, FINGERPRINT)
-    size = file_bytes(len(TOKENS), 256)
-    tier = DiskTier(layout, capacity_bytes=2 * size)
+    tier = DiskTier(layout, capacity_bytes=2 * FILE_BYTES)
     assert tier.write(0, 1, TOKENS, payload()) and tier.write(0, 2, TOKENS, payload())
     assert layout.exists(0, 1) and layout.exists(0, 2)  # two blocks fill the cap exactly
     assert tier.used == tier.counters.bytes_written == 2 * layout.path(0, 1).stat().st_size
     assert tier.read(0, 2, TOKENS, memoryview(bytearray(256)))
-    assert tier.counters.bytes_read == size
+    assert tier.counters.bytes_read == FILE_BYTES
     # A cap of one block: each write evicts the one before.
-    one = DiskTier(DiskLayout(tmp_path / "one", FINGERPRINT), capacity_bytes=size)
+    one = DiskTier(DiskLayout(tmp_path / "one", FINGERPRINT), capacity_bytes=FILE_BYTES)
     assert one.write(0, 1, TOKENS, payload()) and one.write(0, 2, TOKENS, payload())
     assert not one.layout.exists(0, 1) and one.layout.exists(0, 2)
-    assert (one.used, one.counters.bytes_written) == (size, 2 * size)
-    assert DiskTier(one.layout, capacity_bytes=size).used == size  # counted at start
+    assert (one.used, one.counters.bytes_written) == (FILE_BYTES, 2 * FILE_BYTES)
+    assert DiskTier(one.layout, capacity_bytes=FILE_BYTES).used == FILE_BYTES  # counted at start
 
 
 def test_files_written_and_removed_are_recorded_only_while_events_are_on(tmp_path):
     layout = DiskLayout(tmp_path, FINGERPRINT)
-    tier = DiskTier(layout, capacity_bytes=file_bytes(len(TOKENS), 256))
+    tier = DiskTier(layout, capacity_bytes=FILE_BYTES)
     assert tier.write(0, 1, TOKENS, payload())
     assert tier.changes.take() == []
     tier.changes.recording = True

@@ -58,6 +58,13 @@ def _sample(
     return sampler(logits, meta)
 
 
+def _drawn(sampler: Sampler, logits: torch.Tensor, params: SamplingParams, draws: int) -> set:
+    """The tokens a one-row batch of ``params`` draws in ``draws`` steps."""
+    randomness = Randomness(0, uniforms_ref)
+    rows = [_row("a", params, [1], [])]
+    return {_sample(sampler, logits, rows, randomness)[0][0] for _ in range(draws)}
+
+
 def test_greedy_picks_argmax_and_reports_logprobs_only_where_asked(sampler):
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, -1.0]])
     plain = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
@@ -100,11 +107,7 @@ def test_truncation_to_one_token_is_greedy(sampler):
 
 
 def test_top_k_beyond_the_vocab_keeps_everything(sampler):
-    logits = torch.zeros(1, 10)
-    seen = set()
-    randomness = Randomness(0, uniforms_ref)
-    for _ in range(200):
-        seen |= set(_sample(sampler, logits, _seqs(SamplingParams(top_k=2**40)), randomness)[0])
+    seen = _drawn(sampler, torch.zeros(1, 10), SamplingParams(top_k=2**40), 200)
     assert seen == set(range(10))
 
 
@@ -245,24 +248,14 @@ def test_banned_tokens_are_never_drawn(sampler):
     logits = torch.zeros(1, 4)
     logits[0, 0] = 3.0  # eos: the likeliest
     params = SamplingParams(temperature=1.0, min_tokens=5)
-    randomness = Randomness(0, uniforms_ref)
-    drawn = {_sample(sampler, logits, [_row("a", params, [1], [])], randomness)[0][0]}
-    for _ in range(300):
-        drawn |= set(_sample(sampler, logits, [_row("a", params, [1], [])], randomness)[0])
-    assert drawn == {1, 2, 3}
+    assert _drawn(sampler, logits, params, 301) == {1, 2, 3}
 
 
 def test_allowed_token_ids_are_the_only_ones_drawn(sampler):
     """Several in one 32-token word of the mask, and the word's sign bit (token 31)."""
     allowed = [3, 5, 31, 33]
     params = SamplingParams(temperature=1.0, allowed_token_ids=allowed)
-    randomness = Randomness(0, uniforms_ref)
-    drawn = set()
-    for _ in range(200):
-        drawn |= set(
-            _sample(sampler, torch.zeros(1, 40), [_row("a", params, [1], [])], randomness)[0]
-        )
-    assert drawn == set(allowed)
+    assert _drawn(sampler, torch.zeros(1, 40), params, 200) == set(allowed)
 
 
 def test_sampler_gives_the_same_greedy_result_on_either_path(sampler):
@@ -361,11 +354,7 @@ def test_logprobs_of_tokens_picked_elsewhere_are_the_samplers(sampler):
 def test_top_k_keeps_the_k_best(sampler):
     logits = torch.zeros(1, 10)
     logits[0, [3, 8]] = 0.5
-    randomness = Randomness(0, uniforms_ref)
-    seen = set()
-    for _ in range(100):
-        seen |= set(_sample(sampler, logits, _seqs(SamplingParams(top_k=2)), randomness)[0])
-    assert seen == {3, 8}
+    assert _drawn(sampler, logits, SamplingParams(top_k=2), 100) == {3, 8}
 
 
 def test_a_random_row_beside_a_greedy_one_is_drawn(sampler):
