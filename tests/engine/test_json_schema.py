@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
-from hetero_infer.engine.params.structured_output import StructuredOutput, bitmask_words
+from hetero_infer.engine.params.guided_decoding import StructuredOutputsParams
+from hetero_infer.engine.params.structured_output import (
+    StructuredOutput,
+    _first_line,
+    bitmask_words,
+)
 
 from tests.helpers import make_byte_fallback_tokenizer
 from tests.tiny_models import save_tiny_model
@@ -35,11 +41,44 @@ def test_mask_allows_only_what_the_grammar_does():
     tokenizer = make_byte_fallback_tokenizer()
     vocab = len(tokenizer)
     matcher = StructuredOutput(tokenizer, vocab, [2]).matcher({"enum": ["yes", "no"]})
+    # Every allowed token starts the text '"yes"' or '"no"'.
+    texts = {tokenizer.decode([i]) for i in allowed_tokens(matcher, vocab)}
+    assert texts and all('"yes"'.startswith(t) or '"no"'.startswith(t) for t in texts)
+
+
+def allowed_tokens(matcher, vocab: int) -> list[int]:
+    """The tokens the matcher's next mask allows."""
     words = bitmask_words(matcher.compute_bitmask(), vocab)
     allowed = ((words[:, None] >> torch.arange(32)) & 1).flatten()[:vocab]
-    # Every allowed token starts the text '"yes"' or '"no"'.
-    texts = {tokenizer.decode([i]) for i in allowed.nonzero().flatten().tolist()}
-    assert texts and all('"yes"'.startswith(t) or '"no"'.startswith(t) for t in texts)
+    return allowed.nonzero().flatten().tolist()
+
+
+def test_a_finished_output_allows_the_engines_eos_tokens():
+    """The grammar ends on the engine's EOS ids (its generation config's), not on the
+    tokenizer's own EOS."""
+    tokenizer = make_byte_fallback_tokenizer()
+    assert tokenizer.eos_token_id == 2
+    structured = StructuredOutput(tokenizer, len(tokenizer), [5, 7])
+    matcher = structured.guided_matcher(StructuredOutputsParams(grammar='start: "ab"'), "g")
+    for token in tokenizer.convert_tokens_to_ids(["a", "b"]):
+        assert matcher.consume_token(token)
+    assert allowed_tokens(matcher, len(tokenizer)) == [5, 7]
+
+
+def test_a_slow_tokenizer_is_refused():
+    """llguidance reads a fast (tokenizers) tokenizer; anything else is a clear error."""
+    slow = SimpleNamespace(is_fast=False)
+    with pytest.raises(ValueError, match="needs a fast"):
+        StructuredOutput(slow, 10, [2]).matcher({"type": "integer"})
+    with pytest.raises(ValueError, match="needs a fast"):
+        StructuredOutput(SimpleNamespace(), 10, [2]).matcher({"type": "integer"})
+
+
+def test_a_parser_error_keeps_its_first_line_and_its_first_error_line():
+    message = "invalid regex: parse error:\n  (abc\n  ^\nerror: unclosed group\nerror: more"
+    assert _first_line(message) == "invalid regex: parse error: error: unclosed group"
+    assert _first_line("bad grammar\nerror: at 3") == "bad grammar error: at 3"
+    assert _first_line("no detail\nparser state") == "no detail"
 
 
 def test_bad_schema_is_a_value_error():
