@@ -90,6 +90,29 @@ def test_a_ref_to_the_tools_root_is_to_its_own_schema():
         )
 
 
+def test_refs_in_every_kind_of_subschema_move_and_data_stays():
+    """Pointers under items, anyOf, patternProperties and properties start at the
+    tool's new place; a const, enum, default or example that looks like a $ref is data."""
+    data = {"$ref": "#/$defs/p"}
+    parameters = {
+        "$defs": {"p": {"type": "integer"}},
+        "type": "object",
+        "properties": {
+            "one": {"$ref": "#/$defs/p"},
+            "many": {"type": "array", "items": {"$ref": "#/$defs/p"}},
+            "either": {"anyOf": [{"$ref": "#/$defs/p"}, {"type": "null"}]},
+            "keyed": {"type": "object", "patternProperties": {"^x": {"$ref": "#/$defs/p"}}},
+            "fixed": {"const": data, "enum": [data], "default": {"x": data}, "examples": [data]},
+        },
+    }
+    schema = required_calls_schema([FunctionDefinition(name="f", parameters=parameters)], True)
+    moved = schema["$defs"]["tool_0"]["properties"]
+    rebased = {"$ref": "#/$defs/tool_0/$defs/p"}
+    assert moved["one"] == moved["many"]["items"] == moved["either"]["anyOf"][0] == rebased
+    assert moved["keyed"]["patternProperties"]["^x"] == rebased
+    assert moved["fixed"] == parameters["properties"]["fixed"]
+
+
 def test_tools_without_refs_stay_inline():
     plain = {"type": "object", "properties": {"x": {"type": "integer"}}}
     schema = required_calls_schema([FunctionDefinition(name="f", parameters=plain)], True)

@@ -36,6 +36,7 @@ def test_required_is_an_array_of_calls_each_with_its_functions_parameters():
     )
     assert one.json_schema["maxItems"] == 1
     assert use.template_tools == TOOLS and use.max_calls is None
+    assert not use.keeps_special_tokens  # JSON, decoded as text
 
 
 def test_named_is_that_functions_arguments():
@@ -44,6 +45,7 @@ def test_named_is_that_functions_arguments():
     assert use.json_schema == NO_PARAMETERS
     parser = use.new_parser()
     assert isinstance(parser, NamedToolCallParser) and parser.function_name == "g"
+    assert not use.keeps_special_tokens
 
 
 def test_auto_reads_with_the_servers_parser():
@@ -62,3 +64,11 @@ def test_auto_needs_the_flag():
     with pytest.raises(APIError, match="--enable-auto-tool-choice") as error:
         tool_use(body(tools=TOOLS), ServerSettings())
     assert error.value.param == "tool_choice"
+
+
+def test_function_names_are_unique():
+    twice = [*TOOLS, {"type": "function", "function": {"name": "f"}}]
+    with pytest.raises(APIError, match="unique") as error:
+        tool_use(body(tools=twice, tool_choice="none"), ServerSettings())
+    assert error.value.param == "tools"
+    assert tool_use(body(tools=TOOLS, tool_choice="none"), ServerSettings()).template_tools
