@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
+from hetero_infer.engine.params.guided_decoding import grammar_text
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.exceptions import ValidationError as ParamsError
 from hetero_infer.server.app import build_app
@@ -153,6 +154,47 @@ def test_hand_written_schemas_take_what_the_body_takes(schema: dict, field, valu
     try:
         CompletionRequest.model_validate({"prompt": "Hi", field: value}).sampling_params(4)
     except (APIError, ValidationError, ParamsError):  # each a 400
+        assert not valid
+    else:
+        assert valid
+
+
+STRUCTURES = [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "valid"),
+    [
+        ("structured_outputs", {"choice": ["a"]}, True),
+        ("structured_outputs", {"choice": []}, False),
+        ("structured_outputs", {}, False),
+        ("structured_outputs", {"regex": "a", "other": 1}, False),
+        (
+            "response_format",
+            {"type": "structural_tag", "structures": STRUCTURES, "triggers": ["<f"]},
+            True,
+        ),
+        (
+            "response_format",
+            {"type": "structural_tag", "structures": [], "triggers": ["<f"]},
+            False,
+        ),
+        (
+            "response_format",
+            {"type": "structural_tag", "structures": STRUCTURES, "triggers": []},
+            False,
+        ),
+    ],
+)
+def test_constraint_schemas_take_what_the_body_takes(schema: dict, field, value, valid):
+    """As above, for the constraint fields: the body refuses at reading the constraint
+    (structured_output) or at making its grammar."""
+    properties = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert jsonschema.Draft202012Validator(properties[field]).is_valid(value) == valid
+    try:
+        given = CompletionRequest.model_validate({"prompt": "Hi", field: value}).structured_output()
+        grammar_text(given[1])
+    except (APIError, ValueError):  # each a 400 (the engine names the field for grammar_text's)
         assert not valid
     else:
         assert valid
