@@ -6,7 +6,7 @@ truncate_prompt_tokens; and the forms a prompt may take. The processor of a real
 from __future__ import annotations
 
 import pytest
-from hetero_infer.engine import EngineConfig, LLMEngine
+from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
 from hetero_infer.engine.settings.exceptions import ContextLengthError, ValidationError
 
@@ -40,7 +40,7 @@ def test_without_max_tokens_the_prompt_leaves_room_for_one(processor):
     assert error.value.param == "messages"
 
 
-@pytest.mark.parametrize(("keep", "kept"), [(3, 3), (10, 10), (11, 10), (-1, 10)])
+@pytest.mark.parametrize(("keep", "kept"), [(1, 1), (3, 3), (10, 10), (11, 10), (-1, 10)])
 def test_truncate_keeps_the_last_tokens(processor, keep, kept):
     prompt = PromptTokens("text", list(range(1, 11)))
     cut = processor.truncate(prompt, keep)
@@ -66,3 +66,55 @@ def test_a_prompt_is_text_or_token_ids(processor, prompt):
     with pytest.raises(ValidationError) as error:
         processor.tokenize(prompt, param="input")
     assert error.value.param == "input"
+
+
+def test_token_ids_are_in_the_vocabulary(processor):
+    last = processor.vocab_size - 1
+    assert processor.tokenize([0, last]).token_ids == [0, last]
+    for bad in ([processor.vocab_size], [-1]):
+        with pytest.raises(ValidationError, match=f"token id {bad[0]} is outside") as error:
+            processor.tokenize(bad, param="input")
+        assert error.value.param == "input"
+
+
+def test_a_text_model_takes_no_images(processor):
+    prompt = prompt_of(3)
+    assert processor.with_images(prompt, []) is prompt
+    with pytest.raises(ValidationError, match=r"takes no image input \(1 image") as error:
+        processor.with_images(prompt, [object()], param="input")
+    assert error.value.param == "input"
+
+
+def test_a_bad_word_is_banned_where_a_text_starts_and_after_a_space(processor):
+    """Its tokens as they start a text and as they follow a space (no BOS: the words
+    come in the middle of an output), each once."""
+    encode = processor.tokenizer.encode
+    alone, spaced = encode("hi", add_special_tokens=False), encode(" hi", add_special_tokens=False)
+    assert alone != spaced
+    assert processor.bad_words_token_ids(["hi", " hi"]) == [alone, spaced]
+
+
+def test_thinking_marks_are_their_tokens_within_a_text(processor):
+    budget = processor.thinking_budget(5, "<think>", "</think>")
+    encode = processor.tokenizer.encode
+    assert budget.tokens == 5
+    assert budget.start == tuple(encode("<think>", add_special_tokens=False))
+    assert budget.end == tuple(encode("</think>", add_special_tokens=False))
+
+
+def test_the_engines_own_prompt_may_fill_the_context(processor):
+    """LLMEngine.add_request's rule: the prompt fits, max_tokens may run past it."""
+    assert processor.request("r", prompt_of(CONTEXT), SamplingParams(max_tokens=8))
+    with pytest.raises(ValidationError, match=f"{CONTEXT + 1} tokens is longer") as error:
+        processor.request("r", prompt_of(CONTEXT + 1), SamplingParams())
+    assert error.value.param == "prompt"
+
+
+def test_a_thinking_budget_cannot_be_used_with_a_constrained_output(processor):
+    budget = processor.thinking_budget(5, "<think>", "</think>")
+    thinking = processor.request("r", prompt_of(3), SamplingParams(thinking_budget=budget))
+    assert thinking.params.thinking_budget == budget
+    params = SamplingParams(thinking_budget=budget, json_schema={"type": "object"})
+    with pytest.raises(ValidationError, match="cannot be used with format") as error:
+        processor.request("r", prompt_of(3), params, schema_param="format")
+    assert error.value.param == "thinking_token_budget"
