@@ -29,6 +29,8 @@ def test_ollama_s_special_values():
     assert "seed" not in OllamaOptions(seed=-1).sampling_fields()  # a random draw
     assert OllamaOptions(num_predict=-1).max_tokens() is None
     assert OllamaOptions(num_predict=-2).max_tokens() is None
+    assert OllamaOptions(num_predict=1).max_tokens() == 1
+    assert OllamaOptions(seed=0).sampling_fields() == {"seed": 0}
     # repeat_last_n 0 turns the penalty off.
     assert OllamaOptions(repeat_penalty=1.3, repeat_last_n=0).sampling_fields() == {}
 

@@ -38,6 +38,12 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
             [("f", '{"x": [1, 2]}')],
         ),
         ('<tool_call>{"name": "now"}</tool_call>', "", [("now", "{}")]),
+        # Other strings before the name (an empty key too) are not the name.
+        (
+            '<tool_call>{"": "", "type": "function", "name": "f", "arguments": {}}</tool_call>',
+            "",
+            [("f", "{}")],
+        ),
         (
             '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>',
             "",
