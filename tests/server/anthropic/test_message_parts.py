@@ -74,6 +74,20 @@ def test_conversation_as_chat_messages():
     ]
 
 
+def test_a_user_turn_of_tool_results_and_text():
+    """Results become tool messages; the turn's text, if any, a user message after them."""
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"}
+    text = {"type": "text", "text": "Thanks."}
+    tool = {"role": "tool", "tool_call_id": "t1", "content": "Sunny"}
+    turns = {
+        "results only": ([result], [tool]),
+        "results and text": ([result, text], [tool, {"role": "user", "content": "Thanks."}]),
+        "empty": ([], [{"role": "user", "content": ""}]),
+    }
+    for content, expected in turns.values():
+        assert chat_messages(body(messages=[{"role": "user", "content": content}])) == expected
+
+
 @pytest.mark.parametrize(
     ("choice", "expected", "parallel"),
     [
