@@ -190,6 +190,10 @@ def test_a_string_is_one_user_message():
         ([{"type": "item_reference", "id": "x"}], "input.0.type"),
         ([{"role": "user"}], "input.0.content"),
         ([{"role": "user", "content": "ok"}, {"role": "user", "content": 3}], "input.1.content"),
+        (
+            [{"role": "user", "content": [{"type": "input_text", "text": "a"}, 5]}],
+            "input.0.content",
+        ),
         ([{"type": "function_call", "call_id": "c", "name": "f"}], "input.0.arguments"),
         ([{"type": "function_call_output", "output": "x"}], "input.0.call_id"),
         ([{"role": "user", "content": "\ud800"}], "input.0"),

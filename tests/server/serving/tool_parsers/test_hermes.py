@@ -52,6 +52,7 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
         # Not a call: the marker is text. A call without a name makes no call.
         ("<tool_call>oops", "<tool_call>oops", []),
         ('<tool_call>{"arguments": {}}</tool_call>', "", []),
+        ("<tool_call>{}</tool_call>", "", []),
         # Cut off by max_tokens: the arguments as far as they got.
         ('<tool_call>{"name": "f", "arguments": {"x": 1', "", [("f", '{"x": 1')]),
     ],

@@ -16,6 +16,7 @@ CALLS = '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "argum
         ("No tools needed [TOOL", "No tools needed [TOOL", []),
         (CALLS, "", [("f", '{"a": 1}'), ("g", "{}")]),
         ("Sure.\n" + CALLS, "Sure.", [("f", '{"a": 1}'), ("g", "{}")]),
+        (CALLS + "Done.", "Done.", [("f", '{"a": 1}'), ("g", "{}")]),
         ('[TOOL_CALLS] [ {"name": "f", "arguments": {"s": "]"}} ]', "", [("f", '{"s": "]"}')]),
         ("[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
     ],
