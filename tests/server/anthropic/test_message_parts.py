@@ -3,6 +3,7 @@ messages, parsed pieces into content block events, the stop reason, a call's inp
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -72,6 +73,41 @@ def test_conversation_as_chat_messages():
         {"role": "tool", "tool_call_id": "t1", "content": "Sunny", "name": "w"},
         {"role": "tool", "tool_call_id": "t2", "content": "Error: no city", "name": "w"},
     ]
+
+
+def test_a_model_and_a_message_are_needed():
+    for fields in ({"model": ""}, {"messages": []}):
+        with pytest.raises(ValidationError):
+            body(**fields)
+
+
+@pytest.mark.parametrize(
+    ("role", "block"),
+    [
+        ("assistant", {"type": "tool_use", "id": "", "name": "f", "input": {}}),
+        ("assistant", {"type": "tool_use", "id": "t", "name": "", "input": {}}),
+        ("user", {"type": "tool_result", "tool_use_id": ""}),
+        ("user", {"type": "image", "source": {"type": "url", "url": ""}}),
+        (
+            "user",
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}},
+        ),
+    ],
+)
+def test_ids_names_and_image_sources_are_not_empty(role, block):
+    def messages(block: dict) -> list[dict]:
+        if role == "user":
+            return [{"role": "user", "content": [block]}]
+        return [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [block]},
+            {"role": "user", "content": "Go on"},
+        ]
+
+    with pytest.raises(ValidationError):
+        body(messages=messages(block))
+    one_character = json.loads(json.dumps(block).replace('""', '"x"'))
+    assert body(messages=messages(one_character))
 
 
 def test_a_user_turn_of_tool_results_and_text():

@@ -43,3 +43,13 @@ def test_parse(text: str, content: str, calls: list) -> None:
 )
 def test_parse_call_takes_literals_only(text: str) -> None:
     assert parse_call(text) is None
+
+
+def test_an_answer_that_opens_no_list_streams_at_once() -> None:
+    """Only text that may still open ``[name(`` is held back."""
+    parser = PythonicToolParser()
+    assert parser.feed("Hello").content == "Hello"
+    assert parser.feed(" there.").content == " there."
+    held = PythonicToolParser()
+    assert held.feed("[get").content == ""
+    assert held.feed("ting there]").content == "[getting there]"
