@@ -75,6 +75,35 @@ def test_conversation_as_chat_messages():
     ]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "valid"),
+    [
+        ("max_tokens", 1, True),
+        ("max_tokens", 0, False),
+        ("temperature", 0, True),
+        ("temperature", 1, True),
+        ("temperature", 1.01, False),
+        ("temperature", -0.01, False),
+        ("top_p", 0.01, True),
+        ("top_p", 1, True),
+        ("top_p", 0, False),
+        ("top_p", 1.01, False),
+        ("top_k", 0, True),
+        ("top_k", -1, False),
+        ("top_k", 2**63 - 1, True),
+        ("top_k", 2**63, False),
+    ],
+)
+def test_sampling_fields_at_their_bounds(field, value, valid):
+    """Anthropic's ranges: temperature and top_p within [0, 1], top_k from 0 (every
+    token) to what the engine's int64 holds."""
+    if valid:
+        assert getattr(body(**{field: value}), field) == value
+    else:
+        with pytest.raises(ValidationError):
+            body(**{field: value})
+
+
 def test_a_model_and_a_message_are_needed():
     for fields in ({"model": ""}, {"messages": []}):
         with pytest.raises(ValidationError):
