@@ -60,6 +60,9 @@ def test_message_events_in_order_and_the_item_they_build():
     assert {e["output_index"] for e in events} == {0}
     assert {e["item_id"] for e in events[1:-1]} == {item["id"]}
     assert events[4]["text"] == "Hello" and events[5]["part"]["text"] == "Hello"
+    # One content part (index 0); a message's text deltas carry logprobs, empty.
+    assert {e["content_index"] for e in events[1:-1]} == {0}
+    assert events[2]["logprobs"] == events[3]["logprobs"] == []
 
 
 def test_reasoning_then_text_then_calls_are_separate_items():
@@ -98,9 +101,16 @@ def test_reasoning_then_text_then_calls_are_separate_items():
     ]
     done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
     assert done["arguments"] == '{"a": 1}' and done["name"] == "f"
-    reasoning_types = [e["type"] for e in events if e["output_index"] == 0]
-    assert "response.reasoning_text.delta" in reasoning_types
-    assert "response.reasoning_text.done" in reasoning_types
+    reasoning_events = [e for e in events if e["output_index"] == 0]
+    assert [e["type"] for e in reasoning_events[1:-1]] == [
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+    ]
+    assert {e["content_index"] for e in reasoning_events[1:-1]} == {0}
+    assert not any("logprobs" in e for e in reasoning_events)
 
 
 def test_whole_answer_is_the_stream_of_one_delta():
