@@ -271,6 +271,31 @@ def test_a_data_url_past_the_byte_limit_is_a_413():
     refused(data_url(BIG), ServerSettings(max_image_bytes=100), status=413)  # not decoded
 
 
+def test_a_data_url_holds_up_to_the_byte_limit(monkeypatch):
+    """Exactly max_bytes decode, whatever the padding; one more is a 413, and text
+    too long for the limit is refused before any decoding."""
+    for size in range(1, 7):
+        data = bytes(range(size))
+        url = "data:image/png;base64," + base64.b64encode(data).decode()
+        assert media_fetch.data_url_bytes(url, size, "p") == data
+        with pytest.raises(APIError) as error:
+            media_fetch.data_url_bytes(url, size - 1, "p")
+        assert error.value.status_code == 413
+    monkeypatch.setattr(media_fetch.base64, "b64decode", None)  # decoding would fail
+    with pytest.raises(APIError) as error:
+        media_fetch.data_url_bytes("data:image/png;base64," + "A" * 12, 6, "p")
+    assert error.value.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [("data:image/png,QUFB", "must be data:"), ("data:image/png;base64,QU@FB", "not valid base64")],
+)
+def test_a_data_url_is_base64_throughout(url, problem):
+    with pytest.raises(APIError, match=problem):
+        media_fetch.data_url_bytes(url, 100, "p")
+
+
 def test_images_load_in_order():
     sources = [ImageSource(data_url(png((i + 1, 1))), f"messages.0.content.{i}") for i in range(6)]
     images = asyncio.run(prepared_images(sources, LOCAL, decode_image))
