@@ -27,3 +27,11 @@ from tests.server.serving.tool_parsers.streaming import check_parse
 )
 def test_parse(text: str, content: str, calls: list) -> None:
     check_parse(Llama3JsonToolParser, text, content, calls)
+
+
+def test_an_answer_that_opens_no_call_streams_at_once() -> None:
+    """Only text that may still be <|python_tag|> or open a call is held back."""
+    assert Llama3JsonToolParser().feed("Hi").content == "Hi"
+    held = Llama3JsonToolParser()
+    assert held.feed("<|py").content == ""
+    assert held.feed("ramid").content == "<|pyramid"
