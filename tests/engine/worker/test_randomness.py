@@ -27,7 +27,7 @@ def test_a_seed_is_its_64_bits():
     """Seeds outside int64 (OpenAI's seed is any integer) keep their low 64 bits."""
     randomness = Randomness(0, uniforms_ref)
     for seed in [-1, 2**63, 2**64 - 1, 2**64 + 5, -(2**63)]:
-        assert randomness.uniform(seed, 3, SAMPLE_STREAM) == uniform(seed % 2**64, 3, 0)
+        assert randomness.uniform(seed, 3, SAMPLE_STREAM) == uniform(seed % 2**64, 3, SAMPLE_STREAM)
 
 
 def test_each_purpose_draws_its_own_uniform_at_a_position():
