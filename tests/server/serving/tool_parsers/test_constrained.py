@@ -7,7 +7,7 @@ from hetero_infer.server.serving.tool_parsers.constrained import (
     RequiredToolCallsParser,
 )
 
-from tests.server.serving.tool_parsers.streaming import check_parse
+from tests.server.serving.tool_parsers.streaming import check_parse, run
 
 
 def test_named() -> None:
@@ -18,3 +18,8 @@ def test_named() -> None:
 def test_required() -> None:
     text = '[{"name": "a", "parameters": {"x": [1]}}, {"name": "b", "parameters": {}}]'
     check_parse(RequiredToolCallsParser, text, "", [("a", '{"x": [1]}'), ("b", "{}")])
+
+
+def test_named_with_no_output_is_still_its_call() -> None:
+    """Cut off before its first token (max_tokens): the call, its arguments empty."""
+    assert run(NamedToolCallParser("now"), []) == ("", [("now", "")])
