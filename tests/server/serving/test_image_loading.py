@@ -88,7 +88,7 @@ BIG = noise_png()
 
 class ImageServer(BaseHTTPRequestHandler):
     """GET /image.png, /big.png (with a Content-Length), /big-unsized.png (without: read
-    to the end), /slow.png, /missing, /redirect?to=URL."""
+    to the end), /slow.png, /missing, /redirect?to=URL[&status=N] (302 unless N)."""
 
     seen: list[str] = []
 
@@ -96,8 +96,9 @@ class ImageServer(BaseHTTPRequestHandler):
         self.seen.append(self.path)
         parts = urlsplit(self.path)
         if parts.path == "/redirect":
-            self.send_response(302)
-            self.send_header("Location", parse_qs(parts.query)["to"][0])
+            query = parse_qs(parts.query)
+            self.send_response(int(query.get("status", ["302"])[0]))
+            self.send_header("Location", query["to"][0])
             self.end_headers()
         elif parts.path in ("/image.png", "/big.png", "/slow.png"):
             if parts.path == "/slow.png":
@@ -214,6 +215,10 @@ def test_an_image_past_the_byte_limit_is_a_413(origin, path):
 
 def test_an_error_status_and_an_unreachable_host_are_400s(origin):
     assert "HTTP 404" in refused(f"{origin}/missing").message
+    # Only a redirect status is followed (a 2xx's Location is not), and 300 (several
+    # choices) is not a 2xx either.
+    assert "HTTP 300" in refused(f"{origin}/redirect?to=/image.png&status=300").message
+    assert "not an image" in refused(f"{origin}/redirect?to=/image.png&status=201").message
     with ThreadingHTTPServer(("127.0.0.1", 0), ImageServer) as closed:
         port = closed.server_address[1]  # closed: a connection to it is refused
     assert "cannot fetch" in refused(f"http://127.0.0.1:{port}/image.png").message
