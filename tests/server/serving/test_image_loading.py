@@ -239,6 +239,12 @@ def test_a_data_url_is_decoded_to_rgb():
     assert image.mode == "RGB" and image.size == (5, 4) and image.getpixel((4, 3)) == (1, 2, 3)
 
 
+def test_an_image_may_have_as_many_pixels_as_the_limit():
+    assert decode_image(png((3, 2)), "p", max_pixels=6).size == (3, 2)
+    with pytest.raises(APIError, match="3 x 2 pixels, more than 5"):
+        decode_image(png((3, 2)), "p", max_pixels=5)
+
+
 def test_transparency_is_laid_over_white():
     out = io.BytesIO()
     Image.new("RGBA", (2, 2), (0, 0, 0, 0)).save(out, format="PNG")
