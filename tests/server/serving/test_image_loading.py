@@ -24,7 +24,7 @@ import pytest
 from hetero_infer.engine.multimodal.pillow_arrow import rgbx_pixels
 from hetero_infer.server.cli import build_serve_parser, server_settings_from_args
 from hetero_infer.server.errors import APIError
-from hetero_infer.server.serving import media_fetch
+from hetero_infer.server.serving import http_get, media_fetch
 from hetero_infer.server.serving.chat_images import (
     ImageSource,
     check_image_limit,
@@ -185,6 +185,20 @@ def test_a_redirect_to_a_private_address_is_refused(origin, monkeypatch, target)
     assert load(f"{origin}/image.png", ServerSettings()).size == (3, 2)
     error = refused(f"{origin}/redirect?to={target}", ServerSettings())
     assert "private or reserved address" in error.message
+
+
+@pytest.mark.parametrize(("url", "port"), [("http://h/x", 80), ("https://h/x", 443)])
+def test_a_url_without_a_port_uses_its_schemes(monkeypatch, url, port):
+    reached = []
+
+    async def refuse(address, port, **_):
+        reached.append(port)
+        raise OSError("refused here")
+
+    monkeypatch.setattr(http_get.asyncio, "open_connection", refuse)
+    with pytest.raises(APIError, match="refused here"):
+        asyncio.run(http_get.http_get(urlsplit(url), "192.0.2.1", 100, "p"))
+    assert reached == [port]
 
 
 def test_redirects_are_followed_a_few_times_only(origin):
