@@ -91,9 +91,11 @@ class ImageServer(BaseHTTPRequestHandler):
     to the end), /slow.png, /missing, /redirect?to=URL[&status=N] (302 unless N)."""
 
     seen: list[str] = []
+    hosts: list[str] = []  # each request's Host header
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self.seen.append(self.path)
+        self.hosts.append(self.headers["Host"])
         parts = urlsplit(self.path)
         if parts.path == "/redirect":
             query = parse_qs(parts.query)
@@ -185,6 +187,11 @@ def test_a_redirect_to_a_private_address_is_refused(origin, monkeypatch, target)
     assert load(f"{origin}/image.png", ServerSettings()).size == (3, 2)
     error = refused(f"{origin}/redirect?to={target}", ServerSettings())
     assert "private or reserved address" in error.message
+
+
+def test_the_host_header_names_the_urls_host_and_port(origin):
+    load(f"{origin}/image.png")
+    assert ImageServer.hosts[-1] == urlsplit(origin).netloc  # 127.0.0.1:PORT
 
 
 @pytest.mark.parametrize(("url", "port"), [("http://h/x", 80), ("https://h/x", 443)])
