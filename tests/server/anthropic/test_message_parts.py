@@ -144,12 +144,12 @@ def test_a_user_turn_of_tool_results_and_text():
     result = {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"}
     text = {"type": "text", "text": "Thanks."}
     tool = {"role": "tool", "tool_call_id": "t1", "content": "Sunny"}
-    turns = {
-        "results only": ([result], [tool]),
-        "results and text": ([result, text], [tool, {"role": "user", "content": "Thanks."}]),
-        "empty": ([], [{"role": "user", "content": ""}]),
-    }
-    for content, expected in turns.values():
+    turns = [
+        ([result], [tool]),
+        ([result, text], [tool, {"role": "user", "content": "Thanks."}]),
+        ([], [{"role": "user", "content": ""}]),
+    ]
+    for content, expected in turns:
         assert chat_messages(body(messages=[{"role": "user", "content": content}])) == expected
 
 

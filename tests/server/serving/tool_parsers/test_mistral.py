@@ -23,8 +23,3 @@ CALLS = '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "argum
 )
 def test_parse(text: str, content: str, calls: list) -> None:
     check_parse(MistralToolParser, text, content, calls)
-
-
-def test_keeps_special_tokens() -> None:
-    """[TOOL_CALLS] is a special token in Mistral's tokenizers: decoding must keep it."""
-    assert MistralToolParser.keeps_special_tokens
