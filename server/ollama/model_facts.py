@@ -63,18 +63,33 @@ def model_facts(engine: EngineConfig, model: ModelConfig) -> ModelFacts:
 
 
 def parameter_count(m: ModelConfig) -> int:
-    """Embeddings, each layer's attention, MLP and norms, the final norm and the head."""
+    """Embeddings, each layer's attention, MLP (or experts) and norms, the final norm and
+    the head."""
     h, q, kv = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     attention = h * q + 2 * h * kv + q * h
     attention += (q + 2 * kv) * m.qkv_bias + h * m.o_bias
-    mlp = 3 * h * m.intermediate_size + (2 * m.intermediate_size + h) * m.mlp_bias
-    norms = 2 * h * (2 if m.sandwich_norms else 1) + 2 * m.head_dim * m.qk_norm
-    embedding = m.vocab_size * h
-    return (
-        embedding * (1 if m.tie_word_embeddings else 2)
-        + m.num_layers * (attention + mlp + norms)
-        + h
+    norms = 2 * h * (2 if m.sandwich_norms else 1)
+    if m.qk_norm:
+        # One weight per head dim, shared by the heads; OLMoE's spans all of them.
+        norms += q + kv if m.qk_norm_across_heads else 2 * m.head_dim
+    layers = sum(
+        attention + norms + _mlp_size(m, sparse)
+        for sparse in (m.moe.sparse_layers if m.moe else (False,) * m.num_layers)
     )
+    embedding = m.vocab_size * h
+    return embedding * (1 if m.tie_word_embeddings else 2) + layers + h
+
+
+def _mlp_size(m: ModelConfig, sparse: bool) -> int:
+    """A layer's MLP: gate, up and down projections; a sparse layer's router, experts and
+    shared expert (with its one-output gate)."""
+    h = m.hidden_size
+    if not sparse:
+        return 3 * h * m.intermediate_size + (2 * m.intermediate_size + h) * m.mlp_bias
+    moe = m.moe
+    shared = moe.shared_expert_intermediate_size
+    experts = moe.num_experts * 3 * h * moe.expert_intermediate_size
+    return h * moe.num_experts + experts + (3 * h * shared + h if shared else 0)
 
 
 def parameter_size(count: int) -> str:
