@@ -122,6 +122,13 @@ def _parameters(defaults: dict[str, Any]) -> list[str]:
 def _model_info(engine: AsyncEngine, info: ModelFacts) -> dict[str, Any]:
     m = engine.model_config
     arch = m.model_type
+    experts = {}
+    if m.moe is not None:  # as a GGUF file of an MoE model names them
+        experts = {
+            f"{arch}.expert_count": m.moe.num_experts,
+            f"{arch}.expert_used_count": m.moe.top_k,
+            f"{arch}.expert_feed_forward_length": m.moe.expert_intermediate_size,
+        }
     return {
         "general.architecture": arch,
         "general.parameter_count": info.parameter_count,
@@ -135,4 +142,5 @@ def _model_info(engine: AsyncEngine, info: ModelFacts) -> dict[str, Any]:
         f"{arch}.attention.layer_norm_rms_epsilon": m.rms_norm_eps,
         f"{arch}.rope.freq_base": m.rope_theta,
         f"{arch}.vocab_size": m.vocab_size,
+        **experts,
     }
