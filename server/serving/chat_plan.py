@@ -55,18 +55,6 @@ class ChatPlan(SamplingFields):
                 param="continue_final_message",
             )
 
-    def unsupported(self) -> None:
-        super().unsupported()
-        constraint = self.structured_output()
-        constrained_tools = self.tools and self.tool_choice not in (None, "none", "auto")
-        if constraint is not None and constrained_tools:
-            raise APIError(
-                400,
-                f"'{constraint[0]}' cannot be combined with tool_choice 'required' or a "
-                "named function: both constrain the output",
-                param=constraint[0],
-            )
-
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, value: Any) -> Any:

@@ -75,12 +75,16 @@ def tool_use(body: ChatPlan, settings: ServerSettings) -> ToolUse:
         return ToolUse(template_tools)
     if choice == "auto":
         return _auto(body, settings, functions, template_tools)
-    if body.json_schema() is not None:
+    constraint = body.structured_output()
+    field = constraint[0] if constraint is not None else None
+    if field is None and body.json_schema() is not None:
+        field = "response_format"
+    if field is not None:
         raise APIError(
             400,
-            "response_format cannot be combined with tool_choice 'required' or a named "
+            f"'{field}' cannot be combined with tool_choice 'required' or a named "
             "function: both constrain the output",
-            param="response_format",
+            param=field,
         )
     if choice == "required":
         schema = required_calls_schema(functions, body.parallel_tool_calls is not False)

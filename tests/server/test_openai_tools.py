@@ -291,16 +291,37 @@ def test_flags_of_the_command_line(server_process_factory, tmp_path):
 # ---- refused ----
 
 
+# Each field that constrains the output, which tool_choice "required" or a named function
+# cannot be given with.
+CONSTRAINTS = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "any", "schema": {}}}},
+    {"structured_outputs": {"regex": "[a-z]+"}},
+    {"guided_choice": ["yes", "no"]},
+]
+CONSTRAINT_IDS = ["json_object", "json_schema", "structured_outputs", "guided_choice"]
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=CONSTRAINT_IDS)
+def test_constraints_refused_with_constrained_tools(tools_server, choice, constraint):
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}
+    with tools_server.client() as http:
+        response = http.post("/v1/chat/completions", json=body | constraint)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"].startswith(next(iter(constraint)))  # structured_outputs.regex
+    assert "both constrain" in error["message"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         (
             {"tools": [{**TOOLS[1], "function": {**TOOLS[1]["function"], "strict": True}}]},
             "tools.0.function.strict",
-        ),
-        (
-            {"tool_choice": "required", "response_format": {"type": "json_object"}},
-            "response_format",
         ),
         (
             {
@@ -322,7 +343,7 @@ def test_flags_of_the_command_line(server_process_factory, tmp_path):
         ),
         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ],
-    ids=["strict-with-auto", "required-and-response-format", "unusable-schema", "kwargs-clash"],
+    ids=["strict-with-auto", "unusable-schema", "kwargs-clash"],
 )
 def test_refused(tools_server, fields, param):
     body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, **fields}
@@ -330,6 +351,18 @@ def test_refused(tools_server, fields, param):
         response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("choice", [None, "none", "auto"])
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=CONSTRAINT_IDS)
+def test_constraints_beside_unconstrained_tools(tools_server, choice, constraint):
+    """Only "required" and a named function constrain the output; "auto" and "none"
+    leave it to the body's constraint."""
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 4}
+    body |= {"tool_choice": choice, **constraint}
+    with tools_server.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
 
 
 # ---- reasoning ----
