@@ -112,6 +112,13 @@ class Tokenizer:
             ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's string in the vocabulary (byte-level BPE's "Ġword", sentencepiece's
+        "▁word"); a plugged-in tokenizer's decoded text of each id alone."""
+        if self._hf is None:
+            return [self._tokenizer.decode([token_id]) for token_id in ids]
+        return list(self._hf.convert_ids_to_tokens(ids))
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

@@ -164,6 +164,8 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int
     max_model_len: int
+    # Each token's string in the vocabulary, with return_token_strs.
+    token_strs: list[str] | None
 
 
 class DetokenizeResponse(BaseModel):

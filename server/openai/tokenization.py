@@ -9,6 +9,7 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 from hetero_infer.server.serving.chat_images import image_sources, load_images
 from hetero_infer.server.serving.chat_messages import template_messages
+from hetero_infer.server.serving.chat_plan import check_template_flags
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -18,11 +19,14 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
     engine = ctx.engine
     if body.messages is not None:
         images = await load_images(ctx, image_sources(body.messages))
+        check_template_flags(body.messages, body.add_generation_prompt, body.continue_final_message)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
         tokens = ctx.chat_prompt(
             template_messages(body.messages),
             tools=tools or None,
             template_kwargs=body.chat_template_kwargs,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         )
         if images:
             processor = engine.input_processor
@@ -32,7 +36,13 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
         raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
+    strings = engine.tokenizer.token_strings(tokens) if body.return_token_strs else None
+    return {
+        "tokens": tokens,
+        "count": len(tokens),
+        "max_model_len": engine.max_model_len,
+        "token_strs": strings,
+    }
 
 
 def detokenize(engine: AsyncEngine, body: DetokenizeRequest) -> dict[str, Any]:

@@ -22,6 +22,10 @@ class TokenizeRequest(RequestBody):
     # With messages, as a chat request gives them to the template.
     tools: list[ToolDefinition] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # vLLM's: each token's string in the vocabulary too ("token_strs").
+    return_token_strs: bool | None = False
 
     @field_validator("prompt")
     @classmethod

@@ -82,9 +82,6 @@ SCORE = {
 }
 
 TOKENIZE = {
-    "return_token_strs": Unsupported((False,)),
-    "add_generation_prompt": Unsupported((True,)),
-    "continue_final_message": Unsupported((False,)),
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
     "mm_processor_kwargs": _NO,
 }

@@ -41,19 +41,7 @@ class ChatPlan(SamplingFields):
 
     def check_template_flags(self) -> None:
         """A 400 for add_generation_prompt and continue_final_message that cannot hold."""
-        if self.add_generation_prompt and self.continue_final_message:
-            raise APIError(
-                400,
-                "continue_final_message cannot be used with add_generation_prompt: set "
-                "add_generation_prompt to false to continue the last message",
-                param="continue_final_message",
-            )
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise APIError(
-                400,
-                "continue_final_message continues the last message, which must be the assistant's",
-                param="continue_final_message",
-            )
+        check_template_flags(self.messages, self.add_generation_prompt, self.continue_final_message)
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -87,3 +75,24 @@ class ChatPlan(SamplingFields):
     def image_count(self) -> int:
         """How many images the messages hold: the image markers the template writes."""
         return sum(message.image_count() for message in self.messages)
+
+
+def check_template_flags(
+    messages: list[ChatMessage], add_generation_prompt: bool, continue_final_message: bool
+) -> None:
+    """A 400 for vLLM's two ends of a templated conversation that cannot both hold: the
+    generation prompt after the last message, or that message left open to go on with
+    (which must be the assistant's)."""
+    if add_generation_prompt and continue_final_message:
+        raise APIError(
+            400,
+            "continue_final_message cannot be used with add_generation_prompt: set "
+            "add_generation_prompt to false to continue the last message",
+            param="continue_final_message",
+        )
+    if continue_final_message and (not messages or messages[-1].role != "assistant"):
+        raise APIError(
+            400,
+            "continue_final_message continues the last message, which must be the assistant's",
+            param="continue_final_message",
+        )

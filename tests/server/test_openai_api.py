@@ -424,3 +424,59 @@ def test_tokenize_and_detokenize(server):
         assert chat["tokens"] == tokenizer.apply_chat_template(MESSAGES)
         text = http.post("/detokenize", json={"tokens": out["tokens"]}).json()
         assert text == {"prompt": PROMPT}
+
+
+def test_tokenize_token_strings(server):
+    hf = server.engine.tokenizer.hf_tokenizer
+    with server.client() as http:
+        plain = http.post("/tokenize", json={"prompt": PROMPT}).json()
+        assert plain["token_strs"] is None
+        out = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
+        assert out["token_strs"] == hf.convert_ids_to_tokens(out["tokens"])
+        chat = {"messages": MESSAGES, "return_token_strs": True}
+        chat_out = http.post("/tokenize", json=chat).json()
+        assert chat_out["token_strs"] == hf.convert_ids_to_tokens(chat_out["tokens"])
+        assert len(chat_out["token_strs"]) == chat_out["count"] > out["count"]
+
+
+PREFILLED = [*MESSAGES, {"role": "assistant", "content": "The answer"}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "flags"),
+    [
+        (MESSAGES, {}),
+        (MESSAGES, {"add_generation_prompt": False}),
+        (PREFILLED, {"add_generation_prompt": False, "continue_final_message": True}),
+        (PREFILLED, {"add_generation_prompt": False}),
+    ],
+    ids=["generation-prompt", "none", "continued", "closed"],
+)
+def test_tokenize_counts_what_a_chat_request_prompts(server, messages, flags):
+    """vLLM's template flags on /tokenize: the tokens the chat route's prompt has."""
+    tokenizer = server.engine.tokenizer
+    continued = flags.get("continue_final_message", False)
+    expected = tokenizer.apply_chat_template(
+        messages, flags.get("add_generation_prompt", True), continue_final_message=continued
+    )
+    with server.client() as http:
+        out = http.post("/tokenize", json={"messages": messages, **flags}).json()
+        chat = {"model": MODEL_NAME, "messages": messages, "max_tokens": 1, **flags}
+        usage = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    assert out["tokens"] == expected and out["count"] == usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("messages", "flags"),
+    [
+        (PREFILLED, {"continue_final_message": True}),  # and the generation prompt
+        (MESSAGES, {"add_generation_prompt": False, "continue_final_message": True}),
+        ([], {"add_generation_prompt": False, "continue_final_message": True}),
+    ],
+    ids=["both-ends", "continue-a-user-message", "continue-nothing"],
+)
+def test_tokenize_refuses_template_flags_that_cannot_hold(server, messages, flags):
+    with server.client() as http:
+        response = http.post("/tokenize", json={"messages": messages, **flags})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "continue_final_message"

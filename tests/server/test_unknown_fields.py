@@ -28,8 +28,8 @@ UNSUPPORTED = {
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
     "completions": [("top_p_min", 0.5, 0.0), ("add_special_tokens", False, True)],
     "embeddings": [("normalize", False, None), ("truncate_prompt_tokens", 3, None)],
-    "tokenize": [("return_token_strs", True, False)],
-    "tokenize-messages": [("add_generation_prompt", False, True)],
+    "tokenize": [("mm_processor_kwargs", {"do_resize": False}, None)],
+    "tokenize-messages": [("chat_template", "{{ messages }}", None)],
     "detokenize": [],
 }  # fmt: skip
 # Fields that change nothing here, accepted on the routes that define them.

@@ -149,6 +149,21 @@ def test_eos_token_ids() -> None:
     assert Tokenizer(hf, extra_eos_token_ids=(7,)).eos_token_ids == {7}
 
 
+def test_token_strings(bf_tok: Tokenizer) -> None:
+    ids = bf_tok.encode("héllo", add_special_tokens=False)
+    assert bf_tok.token_strings(ids) == bf_tok.hf_tokenizer.convert_ids_to_tokens(ids)
+    assert "<0xC3>" in bf_tok.token_strings(ids)  # é's first byte, a byte-fallback token
+
+    class Plugged:  # any encode/decode pair: each id's own text
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(chr(i) for i in ids)
+
+    assert Tokenizer(Plugged()).token_strings([104, 105]) == ["h", "i"]
+
+
 @pytest.mark.slow
 def test_smollm2_wrapper(smol_tok: Tokenizer) -> None:
     hf = smol_tok.hf_tokenizer
