@@ -46,9 +46,8 @@ class PromptTokens:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A checked request, ready for the engine: its tokens, its params, the grammar
-    of its response_format (None without one), built once, its priority and the
-    time.monotonic() by which it must end (None: no time limit)."""
+    """A checked request, ready for the engine: its tokens and params, its response_format's
+    grammar (built once; None without one), priority and deadline (None: no time limit)."""
 
     request_id: str
     prompt: str | None
@@ -58,7 +57,7 @@ class EngineRequest:
     # An embedding request: how its final hidden states are pooled (None: generation).
     pooling: str | None = None
     priority: int = 0
-    deadline: float | None = None
+    deadline: float | None = None  # the time.monotonic() by which it must end
     # The LoRA adapter it runs with (None: the base model).
     lora: LoRARequest | None = None
     # Its images, whose embeddings the runner puts at their placeholder tokens.
@@ -74,10 +73,9 @@ class InputProcessor:
         max_model_len: int,
         pooling: str = "last",
         scheduling_policy: str = "fcfs",
-        request_timeout: float | None = None,
+        request_timeout: float | None = None,  # the time limit of every request (s)
         image_prompts: ImagePrompts | None = None,  # a vision model's (None: text only)
     ) -> None:
-        """``request_timeout``: the engine's time limit on every request (seconds)."""
         self.tokenizer = tokenizer
         self.structured_output = structured_output
         self.vocab_size = vocab_size
@@ -105,13 +103,16 @@ class InputProcessor:
         checked = self.tokenize(prompt)
         return self.request(request_id, checked, params, priority, timeout, lora=lora)
 
-    def tokenize(self, prompt: Prompt, param: str = "prompt") -> PromptTokens:
-        """The prompt's tokens (text is encoded, token ids taken as they are), checked
-        against the model; errors name ``param``, the field the prompt came in."""
+    def tokenize(
+        self, prompt: Prompt, param: str = "prompt", add_special_tokens: bool = True
+    ) -> PromptTokens:
+        """The prompt's tokens (text is encoded, with the model's special tokens where
+        ``add_special_tokens``; token ids taken as they are), checked against the model;
+        errors name ``param``, the field the prompt came in."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValidationError(f"{param} must not be empty", param=param)
-            token_ids = self.tokenizer.encode(prompt)
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens)
             text: str | None = prompt
         elif isinstance(prompt, list | tuple) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt

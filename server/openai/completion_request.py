@@ -22,6 +22,9 @@ class CompletionRequest(SamplingFields):
     suffix: Annotated[str | None, WithJsonSchema({"enum": ["", None]})] = None
     # OpenAI caps this at 5; vLLM's default max_logprobs is 20.
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's: a text prompt gets the model's special tokens (a BOS...); false for a
+    # prompt that holds them already (a chat template rendered by the client).
+    add_special_tokens: bool = True
 
     def logprobs_params(self) -> dict[str, int]:
         if self.logprobs is None:

@@ -85,7 +85,11 @@ class Completion:
             raise APIError(400, "'suffix' is not supported", param="suffix")
         processor = ctx.engine.input_processor
         defaults = ctx.engine.generation_defaults
-        prompts = [body.truncated(processor.tokenize(p), processor) for p in body.prompts()]
+        special = body.add_special_tokens
+        prompts = [
+            body.truncated(processor.tokenize(p, add_special_tokens=special), processor)
+            for p in body.prompts()
+        ]
         requested = body.max_tokens
         if "max_tokens" not in body.model_fields_set and defaults.max_tokens is not None:
             requested = None  # OpenAI's default of 16 gives way to the model's own

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.unsupported_fields import EMBEDDING
 from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS, RequestBody
+from pydantic import Field, ValidatorFunctionWrapHandler, field_validator
 from pydantic import ValidationError as PydanticValidationError
-from pydantic import ValidatorFunctionWrapHandler, field_validator
 
 
 class EmbeddingRequest(RequestBody):
@@ -23,6 +23,10 @@ class EmbeddingRequest(RequestBody):
     # shortened vector would not be a meaningful embedding.
     dimensions: int | None = None
     user: str | None = None
+    # vLLM's, as on /v1/completions: the special tokens of text inputs, and each input
+    # cut to its last N tokens (-1: to the context).
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
     @field_validator("input", mode="wrap")
     @classmethod

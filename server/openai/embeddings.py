@@ -40,7 +40,10 @@ class Embeddings:
                 param="dimensions",
             )
         processor = ctx.engine.input_processor
-        prompts = [processor.tokenize(prompt, param="input") for prompt in body.inputs()]
+        special = body.add_special_tokens
+        prompts = [processor.tokenize(p, "input", special) for p in body.inputs()]
+        if body.truncate_prompt_tokens is not None:
+            prompts = [processor.truncate(p, body.truncate_prompt_tokens) for p in prompts]
         embedding_id = new_id("embd")
         requests = [
             processor.embedding_request(f"{embedding_id}-{i}", prompt)

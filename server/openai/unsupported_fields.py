@@ -31,10 +31,6 @@ _SAMPLING = {
 
 COMPLETION = {
     **_SAMPLING,
-    # Prompts are tokenized with the model's special tokens (a BOS...), as vLLM's default.
-    "add_special_tokens": Unsupported(
-        (True,), "may only be true: prompts get their special tokens"
-    ),
     "prompt_embeds": _NO,
 }
 
@@ -63,8 +59,6 @@ CHAT = {
 }
 
 EMBEDDING = {
-    "truncate_prompt_tokens": _NO,
-    "add_special_tokens": Unsupported((True,)),
     "priority": Unsupported((0,)),
     "request_id": _NO,
     "normalize": _NO,

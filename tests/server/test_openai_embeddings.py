@@ -75,6 +75,28 @@ def test_text_and_token_inputs_match_transformers(pooling_server, hf_model):
     assert server.engine.block_manager.num_used_blocks == 0
 
 
+def test_vllm_token_fields(pooling_server, hf_model):
+    """truncate_prompt_tokens keeps each input's last tokens (-1: all that fit);
+    add_special_tokens false leaves a text input's BOS out."""
+    server, pooling = pooling_server
+    tokenizer = server.engine.tokenizer
+    full = [tokenizer.encode(text) for text in TEXTS]
+    bare = [tokenizer.encode(text, add_special_tokens=False) for text in TEXTS]
+    assert bare != full  # the tokenizer adds a BOS
+    cases = [
+        ({"truncate_prompt_tokens": 3}, [tokens[-3:] for tokens in full]),
+        ({"truncate_prompt_tokens": -1}, full),
+        ({"add_special_tokens": False}, bare),
+        ({"add_special_tokens": False, "truncate_prompt_tokens": 2}, [t[-2:] for t in bare]),
+    ]
+    with server.client() as http:
+        for fields, token_lists in cases:
+            body = {"model": MODEL_NAME, "input": TEXTS, "encoding_format": "float", **fields}
+            out = http.post("/v1/embeddings", json=body).json()
+            check_embeddings([d["embedding"] for d in out["data"]], token_lists, hf_model, pooling)
+            assert out["usage"]["prompt_tokens"] == sum(map(len, token_lists))
+
+
 def test_base64_is_little_endian_float32(pooling_server):
     server, _ = pooling_server
     # Shorter than a KV block, so the prefix cache has nothing for the second request and
@@ -138,7 +160,8 @@ BAD_INPUTS = [
     ({"input": "hello " * MAX_MODEL_LEN}, "input"),
     ({"input": "x", "dimensions": 8}, "dimensions"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "x", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"input": "x", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({}, "input"),
 ]
 

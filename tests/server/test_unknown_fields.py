@@ -26,8 +26,8 @@ ROUTES = {
 UNSUPPORTED = {
     "chat": [("spaces_between_special_tokens", False, True), ("echo", True, False),
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
-    "completions": [("top_p_min", 0.5, 0.0), ("add_special_tokens", False, True)],
-    "embeddings": [("normalize", False, None), ("truncate_prompt_tokens", 3, None)],
+    "completions": [("top_p_min", 0.5, 0.0), ("prompt_embeds", "AAAA", None)],
+    "embeddings": [("normalize", False, None), ("embed_dtype", "float16", None)],
     "tokenize": [("mm_processor_kwargs", {"do_resize": False}, None)],
     "tokenize-messages": [("chat_template", "{{ messages }}", None)],
     "detokenize": [],

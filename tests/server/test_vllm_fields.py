@@ -1,7 +1,7 @@
 """vLLM's fields that training and evaluation tools send (TRL, verl, OpenRLHF, SkyRL,
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
 directly: return_token_ids, return_tokens_as_token_ids, request_id,
-truncate_prompt_tokens, add_generation_prompt with continue_final_message,
+truncate_prompt_tokens, add_special_tokens, add_generation_prompt with continue_final_message,
 reasoning_effort, cache_salt, allowed_token_ids, bad_words, prompt_logprobs and
 thinking_token_budget."""
 
@@ -131,6 +131,19 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server: LiveServer, referenc
         server, "/v1/completions", {**GREEDY, "prompt": PROMPT, "truncate_prompt_tokens": -1}
     )
     assert whole["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_add_special_tokens_false_leaves_the_prompt_as_sent(server, reference_engine):
+    """For a prompt rendered by the client (a chat template's text), whose BOS is in it."""
+    bare = reference_engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    assert bare != reference_engine.tokenizer.encode(PROMPT)  # the tokenizer adds a BOS
+    expected = run(reference_engine, bare)
+    body = {**GREEDY, "prompt": PROMPT, "add_special_tokens": False, "echo": True}
+    answer = post(server, "/v1/completions", body)
+    assert answer["usage"]["prompt_tokens"] == len(bare)
+    assert answer["choices"][0]["text"] == PROMPT + expected.text
+    cut = post(server, "/v1/completions", {**body, "truncate_prompt_tokens": 2})
+    assert cut["usage"]["prompt_tokens"] == 2
 
 
 # ---- add_generation_prompt, continue_final_message, reasoning_effort ----
