@@ -51,6 +51,7 @@ class ChatCompletion:
             self.prompt_formatter = self.formatter or LogprobsFormatter(tokenizer, as_ids)
         self.token_ids = bool(body.return_token_ids)
         self.top_logprobs = body.top_logprobs or 0
+        self.include_reasoning = body.include_reasoning
 
     @classmethod
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
@@ -117,6 +118,8 @@ class ChatCompletion:
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
             if out.finished:
                 delta.add(parser.finish())
+            if not self.include_reasoning:
+                delta.reasoning = ""
             # Logprobs of tokens without text yet (or held back) ride on a later chunk.
             if not (delta or out.finished):
                 continue
@@ -141,7 +144,7 @@ class ChatCompletion:
         if message.tool_calls:
             body["tool_calls"] = tool_calls_body(message.tool_calls)
         if self.run.reasoning:
-            body["reasoning_content"] = message.reasoning or None
+            body["reasoning_content"] = (self.include_reasoning and message.reasoning) or None
         return body
 
     def _with_prompt_extras(

@@ -23,6 +23,8 @@ class ChatCompletionRequest(ChatPlan):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
+    # vLLM's: false leaves the reasoning parser's reasoning out of the answer.
+    include_reasoning: bool = True
 
     def requested_max_tokens(self) -> int | None:
         """OpenAI's newer name for the limit first, then the older max_tokens."""

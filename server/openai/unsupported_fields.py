@@ -55,7 +55,6 @@ CHAT = {
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
     "mm_processor_kwargs": _NO,
     "media_io_kwargs": _NO,
-    "include_reasoning": Unsupported((True,)),
 }
 
 EMBEDDING = {

@@ -403,6 +403,24 @@ def test_reasoning_content(reasoning_client, reasoning_server):
     assert not any(c.choices[0].delta.content for c in chunks)
 
 
+def test_include_reasoning_false_leaves_it_out(reasoning_client):
+    """vLLM's include_reasoning: the reasoning is parsed out and not sent; its tokens'
+    logprobs still are (on the last chunk of a stream)."""
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=20, temperature=0)
+    kwargs |= dict(extra_body={"include_reasoning": False}, logprobs=True)
+    answer = reasoning_client.chat.completions.create(**kwargs)
+    message = answer.choices[0].message
+    assert message.reasoning_content is None and message.content is None
+    assert len(answer.choices[0].logprobs.content) == answer.usage.completion_tokens == 20
+    chunks = list(reasoning_client.chat.completions.create(stream=True, **kwargs))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any(getattr(d, "reasoning_content", None) or d.content for d in deltas)
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs
+                for entry in c.choices[0].logprobs.content]  # fmt: skip
+    assert [e.token for e in streamed] == [e.token for e in answer.choices[0].logprobs.content]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_chat_template_kwargs_reach_the_template(reasoning_client, reasoning_server):
     off = {"enable_thinking": False}
     ids = prompt_ids(reasoning_server, MESSAGES, template_kwargs=off)
