@@ -78,6 +78,8 @@ def show(settings: ServerSettings, engine: AsyncEngine, template: str | None) ->
         capabilities.append("tools")
     if settings.reasoning_parser:
         capabilities.append("thinking")
+    if engine.model_config.vision is not None:  # clients offer image input on it
+        capabilities.append("vision")
     parameters = _parameters(engine.generation_defaults.values)
     modelfile = f"# Served by Hetero-Paged-Infer\nFROM {settings.engine.model or info.family}\n"
     modelfile += "".join(f"PARAMETER {line}\n" for line in parameters)

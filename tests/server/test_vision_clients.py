@@ -179,6 +179,7 @@ def test_ollama_sdk_sends_an_image(server, reference):
         options={"temperature": 0, "num_predict": MAX_TOKENS},
     )
     assert answer.message.content == reference[1]
+    assert "vision" in client.show(MODEL_NAME).capabilities
 
 
 def test_the_same_bytes_again_are_not_decoded_again(server, reference, monkeypatch):

@@ -183,7 +183,7 @@ def test_tags_show_ps_version(api: ollama.Client, server: LiveServer):
     assert details.format == "safetensors" and details.family == "llama"
     assert details.parameter_size.endswith(("K", "M")) and details.quantization_level
     shown = api.show(MODEL_NAME)
-    assert shown.details == details and "completion" in shown.capabilities
+    assert shown.details == details and shown.capabilities == ["completion"]  # text only
     assert shown.modelinfo["llama.context_length"] == MAX_MODEL_LEN
     assert shown.modelinfo["llama.embedding_length"] == server.engine.model_config.hidden_size
     assert shown.template == server.engine.tokenizer.hf_tokenizer.chat_template
