@@ -41,8 +41,6 @@ def validated(model: type[F], data: dict[str, Any]) -> F:
         loc = [str(part) for part in first.get("loc", ())]
         if loc and loc[0] in SAMPLING_FIELDS.values():
             loc = ["options", option_name(loc[0]), *loc[1:]]
-        elif loc and loc[0] == "response_format":
-            loc = ["format"]
         param = ".".join(loc) or None
         message = first.get("msg", "invalid request")
         raise APIError(400, f"{param}: {message}" if param else message, param=param) from None

@@ -228,6 +228,7 @@ def test_embed(api: ollama.Client, oai: openai.OpenAI, server: LiveServer):
     assert server.engine.block_manager.num_used_blocks == 0
 
 
+JSON_HEADERS = {"content-type": "application/json"}
 BAD_BODIES = [
     ("/api/chat", {"messages": MESSAGES}, "model"),
     ("/api/chat", {"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}, "role"),
@@ -254,7 +255,12 @@ BAD_BODIES = [
     (
         "/api/chat",
         {"model": MODEL_NAME, "messages": MESSAGES, "options": {"top_p": 0}},
-        "options.top_p",
+        "options.top_p: ",  # the serving layer's check, named as the Ollama option
+    ),
+    (
+        "/api/chat",
+        {"model": MODEL_NAME, "messages": [{"role": "user", "content": "\ud800"}]},
+        "messages.0.content: ",  # the serving layer's check of its chat messages
     ),
     ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "format": "yaml"}, "format"),
     ("/api/chat", {"model": MODEL_NAME, "messages": MESSAGES, "format": {"type": 5}}, "format"),
@@ -297,7 +303,8 @@ BAD_BODIES = [
 def test_bad_bodies_are_400s_in_ollama_shape(
     http: httpx.Client, server: LiveServer, path: str, body: dict, named: str
 ):
-    response = http.post(path, json=body)
+    # As JSON text with \u escapes: a lone surrogate in it is still valid JSON.
+    response = http.post(path, content=json.dumps(body), headers=JSON_HEADERS)
     assert response.status_code == 400, response.text
     error = response.json()
     assert list(error) == ["error"] and isinstance(error["error"], str)
@@ -306,9 +313,7 @@ def test_bad_bodies_are_400s_in_ollama_shape(
 
 
 def test_not_json_is_a_400(http: httpx.Client):
-    response = http.post(
-        "/api/chat", content=b"{not json", headers={"content-type": "application/json"}
-    )
+    response = http.post("/api/chat", content=b"{not json", headers=JSON_HEADERS)
     assert response.status_code == 400 and "JSON" in response.json()["error"]
 
 

@@ -117,6 +117,25 @@ def test_think_reaches_the_template(api: ollama.Client, tools_server: LiveServer
     assert levels.status_code == 200 and levels.json()["done"] is True
 
 
+@pytest.fixture(scope="module")
+def r1_server(model_dir: Path) -> Iterator[LiveServer]:
+    """DeepSeek-R1's parser: an answer starts inside its thinking, so the random model's
+    text, which never closes it, is all thinking."""
+    live = start_server(model_dir, reasoning_parser="deepseek_r1")
+    yield live
+    live.stop()
+
+
+def test_thinking_is_split_off_unless_a_format_constrains(r1_server: LiveServer):
+    options = {"temperature": 0, "num_predict": 6}
+    with ollama.Client(host=r1_server.url, timeout=60) as api:
+        unset = api.chat(model=MODEL_NAME, messages=MESSAGES, options=options)
+        assert unset.message.thinking and not unset.message.content
+        # JSON from the first token: nothing to split.
+        shaped = api.chat(model=MODEL_NAME, messages=MESSAGES, options=options, format="json")
+        assert shaped.message.content.startswith("{") and shaped.message.thinking is None
+
+
 def test_tool_messages_answer_the_calls_they_name():
     messages = [
         OllamaMessage(role="user", content="?"),
