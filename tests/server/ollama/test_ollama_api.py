@@ -164,6 +164,10 @@ def test_logprobs(api: ollama.Client):
     for entry in answer.logprobs:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    for top in ({}, {"top_logprobs": 0}):  # each token's own logprob, no alternatives
+        bare = api.generate(model=MODEL_NAME, prompt="Hi", options=GREEDY, logprobs=True, **top)
+        assert len(bare.logprobs) == bare.eval_count
+        assert all(not entry.top_logprobs for entry in bare.logprobs)
     assert all(isinstance(entry.token, str) for entry in answer.logprobs)
 
 
@@ -231,6 +235,9 @@ def test_embed(api: ollama.Client, oai: openai.OpenAI, server: LiveServer):
 JSON_HEADERS = {"content-type": "application/json"}
 BAD_BODIES = [
     ("/api/chat", {"messages": MESSAGES}, "model"),
+    ("/api/chat", {"model": "", "messages": MESSAGES}, "model"),
+    ("/api/generate", {"model": "", "prompt": "x"}, "model"),
+    ("/api/embed", {"model": "", "input": "x"}, "model"),
     ("/api/chat", {"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}, "role"),
     (
         "/api/chat",
@@ -323,6 +330,7 @@ def test_unknown_model_is_a_404(api: ollama.Client, http: httpx.Client):
         lambda: api.generate(model=f"{MODEL_NAME}:7b", prompt="x"),
         lambda: api.embed(model="nope", input="x"),
         lambda: api.show("nope"),
+        lambda: api.chat(model="x", messages=MESSAGES),  # one letter is a name
     ):
         with pytest.raises(ollama.ResponseError) as refused:
             call()
