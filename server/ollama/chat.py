@@ -73,7 +73,14 @@ def build_chat(
 
     top_logprobs = body.top_logprobs_count()
     return Generation(
-        ctx, request, model, new_parser, chat=True, top_logprobs=top_logprobs, start=start
+        ctx,
+        request,
+        model,
+        new_parser,
+        chat=True,
+        returns_context=False,
+        top_logprobs=top_logprobs,
+        start=start,
     )
 
 

@@ -40,9 +40,9 @@ class Generation:
         new_parser: Callable[[], ChatOutputParser],
         *,
         chat: bool,
-        returns_context: bool = False,
-        top_logprobs: int | None = None,
-        start: float | None = None,
+        returns_context: bool,
+        top_logprobs: int | None,
+        start: float,
     ) -> None:
         """``start``: the request's arrival (time.monotonic()), for total_duration."""
         self.ctx = ctx
@@ -55,7 +55,7 @@ class Generation:
         self.formatter = (
             LogprobsFormatter(ctx.engine.tokenizer) if top_logprobs is not None else None
         )
-        self.start = time.monotonic() if start is None else start
+        self.start = start
 
     async def whole(self) -> Body:
         [[final]] = await self.ctx.run_to_end([self.request])

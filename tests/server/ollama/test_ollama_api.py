@@ -169,6 +169,17 @@ def test_logprobs(api: ollama.Client):
         assert len(bare.logprobs) == bare.eval_count
         assert all(not entry.top_logprobs for entry in bare.logprobs)
     assert all(isinstance(entry.token, str) for entry in answer.logprobs)
+    # Streamed, each token's entry rides on the chunk that sends its text.
+    chunks = api.generate(
+        model=MODEL_NAME, prompt="Hi", options=GREEDY, logprobs=True, top_logprobs=2, stream=True
+    )
+    streamed = [entry for chunk in chunks for entry in chunk.logprobs or []]
+    assert [e.token for e in streamed] == [e.token for e in answer.logprobs]
+    # (The prompt's KV now comes from the prefix cache: the same values to rounding.)
+    assert [e.logprob for e in streamed] == pytest.approx(
+        [e.logprob for e in answer.logprobs], abs=1e-3
+    )
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
 
 
 def test_load_requests_answer_at_once(http: httpx.Client):
