@@ -18,8 +18,8 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
     template, as a chat request would have them (each image grown into its tokens)."""
     engine = ctx.engine
     if body.messages is not None:
-        images = await load_images(ctx, image_sources(body.messages))
         check_template_flags(body.messages, body.add_generation_prompt, body.continue_final_message)
+        images = await load_images(ctx, image_sources(body.messages))
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
         tokens = ctx.chat_prompt(
             template_messages(body.messages),

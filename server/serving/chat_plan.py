@@ -39,10 +39,6 @@ class ChatPlan(SamplingFields):
         """The output's limit the request asks for (None: what the context leaves)."""
         return self.max_tokens
 
-    def check_template_flags(self) -> None:
-        """A 400 for add_generation_prompt and continue_final_message that cannot hold."""
-        check_template_flags(self.messages, self.add_generation_prompt, self.continue_final_message)
-
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _tool_choice(cls, value: Any) -> Any:

@@ -18,7 +18,7 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.engine.multimodal.recent_images import PreparedImage
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_output import ChatOutputParser
-from hetero_infer.server.serving.chat_plan import ChatPlan
+from hetero_infer.server.serving.chat_plan import ChatPlan, check_template_flags
 from hetero_infer.server.serving.reasoning import reasoning_parser
 from hetero_infer.server.serving.request_context import RequestContext
 from hetero_infer.server.serving.tool_use import ToolUse, tool_use
@@ -49,7 +49,7 @@ class ChatRun:
         the plan's, in order, loaded first (chat_images.load_images: fetching waits)."""
         assert len(images) == plan.image_count(), "the plan's images are loaded first"
         tools = tool_use(plan, ctx.settings)
-        plan.check_template_flags()
+        check_template_flags(plan.messages, plan.add_generation_prompt, plan.continue_final_message)
         token_ids = ctx.chat_prompt(
             plan.template_messages(),
             tools=tools.template_tools,
