@@ -198,3 +198,34 @@ def test_constraint_schemas_take_what_the_body_takes(schema: dict, field, value,
         assert not valid
     else:
         assert valid
+
+
+ROUTE_PROMPTS = [("/v1/completions", "prompt", {"max_tokens": 1}), ("/v1/embeddings", "input", {})]
+
+
+@pytest.mark.parametrize("route", ROUTE_PROMPTS)
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("a", True),
+        ("", False),
+        (["a"], True),
+        (["a", "b"], True),
+        ([], False),
+        ([""], False),
+        ([5], True),
+        ([[5]], True),
+        ([[5], [6, 7]], True),
+        ([[]], False),
+        ([[5], []], False),
+        (["a", 5], False),
+    ],
+)
+def test_prompt_schema_takes_what_the_server_takes(schema: dict, server, route, value, valid):
+    """The prompt's hand-written schema against the real route: a 200 or a 400."""
+    path, field, others = route
+    properties = schema["components"]["schemas"][BODIES[path]]["properties"]
+    assert jsonschema.Draft202012Validator(properties[field]).is_valid(value) == valid
+    with server.client() as http:
+        response = http.post(path, json={field: value, **others})
+    assert response.status_code == (200 if valid else 400), response.text
