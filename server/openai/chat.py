@@ -52,6 +52,8 @@ class ChatCompletion:
         self.token_ids = bool(body.return_token_ids)
         self.top_logprobs = body.top_logprobs or 0
         self.include_reasoning = body.include_reasoning
+        last = body.messages[-1]
+        self.echoed = last.template_content() if body.echo and last.role == "assistant" else ""
 
     @classmethod
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
@@ -70,6 +72,7 @@ class ChatCompletion:
         for final in finals:
             parser = run.output_parser()
             message = parser.parse(final.text)
+            message.content = self.echoed + message.content
             choices.append(
                 {
                     "index": final.index,
@@ -106,6 +109,9 @@ class ChatCompletion:
             choice = {"index": index, "delta": role, "finish_reason": None}
             chunk = self._chunk([choice], self._usage_so_far(generated))
             yield self._with_prompt_extras(chunk, first.prompt_logprobs) if index == 0 else chunk
+            if self.echoed:
+                echo = {"index": index, "delta": {"content": self.echoed}, "finish_reason": None}
+                yield self._chunk([echo], self._usage_so_far(generated))
         # Per choice: output tokens (and logprob entries) whose chunk is still to come.
         pending: list[tuple[list[int], list[dict[int, float]]]] = [([], []) for _ in range(self.n)]
         parsers = [run.output_parser() for _ in range(self.n)]

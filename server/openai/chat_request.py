@@ -25,6 +25,9 @@ class ChatCompletionRequest(ChatPlan):
     prompt_cache_key: str | None = None
     # vLLM's: false leaves the reasoning parser's reasoning out of the answer.
     include_reasoning: bool = True
+    # vLLM's: the answer starts with the last message's content where that message is
+    # the assistant's (the one continue_final_message goes on with).
+    echo: bool = False
 
     def requested_max_tokens(self) -> int | None:
         """OpenAI's newer name for the limit first, then the older max_tokens."""

@@ -49,7 +49,6 @@ CHAT = {
     "verbosity": _NO,
     # vLLM's chat template controls: the template adds its own special tokens, and is
     # the server's (--chat-template).
-    "echo": Unsupported((False,)),
     "add_special_tokens": Unsupported((False,)),
     "documents": _NO,
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),

@@ -1,9 +1,9 @@
 """vLLM's fields that training and evaluation tools send (TRL, verl, OpenRLHF, SkyRL,
 lm-evaluation-harness), in vLLM's request and response shapes, against the engine run
 directly: return_token_ids, return_tokens_as_token_ids, request_id,
-truncate_prompt_tokens, add_special_tokens, add_generation_prompt with continue_final_message,
-reasoning_effort, cache_salt, allowed_token_ids, bad_words, prompt_logprobs and
-thinking_token_budget."""
+truncate_prompt_tokens, add_special_tokens, add_generation_prompt with
+continue_final_message and echo, reasoning_effort, cache_salt, allowed_token_ids,
+bad_words, prompt_logprobs and thinking_token_budget."""
 
 from __future__ import annotations
 
@@ -146,9 +146,26 @@ def test_add_special_tokens_false_leaves_the_prompt_as_sent(server, reference_en
     assert cut["usage"]["prompt_tokens"] == 2
 
 
-# ---- add_generation_prompt, continue_final_message, reasoning_effort ----
+# ---- add_generation_prompt, continue_final_message, echo, reasoning_effort ----
 
 PREFILLED = [*MESSAGES, {"role": "assistant", "content": "Yes, it is"}]
+CONTINUED = {"add_generation_prompt": False, "continue_final_message": True}
+
+
+def test_chat_echo_starts_with_the_continued_message(server: LiveServer):
+    body = {**GREEDY, "messages": PREFILLED, **CONTINUED}
+    plain = post(server, "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+    echoed = post(server, "/v1/chat/completions", {**body, "echo": True})
+    assert echoed["choices"][0]["message"]["content"] == "Yes, it is" + plain
+    chunks = stream(server, "/v1/chat/completions", {**body, "echo": True})
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0]["role"] == "assistant" and deltas[1] == {"content": "Yes, it is"}
+    assert "".join(d.get("content", "") for d in deltas) == "Yes, it is" + plain
+    # The last message is the user's: nothing to echo.
+    fresh = {**GREEDY, "messages": MESSAGES}
+    alone = post(server, "/v1/chat/completions", fresh)["choices"][0]["message"]["content"]
+    answer = post(server, "/v1/chat/completions", {**fresh, "echo": True})
+    assert answer["choices"][0]["message"]["content"] == alone
 
 
 def test_continue_final_message(server: LiveServer, reference_engine):
@@ -158,11 +175,7 @@ def test_continue_final_message(server: LiveServer, reference_engine):
     )
     assert tokenizer.decode(prompt).endswith("Yes, it is")
     body = {**GREEDY, "messages": PREFILLED, "return_token_ids": True}
-    answer = post(
-        server,
-        "/v1/chat/completions",
-        {**body, "add_generation_prompt": False, "continue_final_message": True},
-    )
+    answer = post(server, "/v1/chat/completions", {**body, **CONTINUED})
     assert answer["prompt_token_ids"] == prompt
     assert answer["choices"][0]["message"]["content"] == run(reference_engine, prompt).text
     with server.client() as http:
