@@ -1,0 +1,28 @@
+"""server/openai/embedding_request.py: the body's own bounds (what needs the model, the
+input processor checks: test_openai_embeddings.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hetero_infer.server.openai.embedding_request import EmbeddingRequest
+from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS
+from pydantic import ValidationError
+
+
+@pytest.mark.parametrize(
+    ("fields", "valid"),
+    [
+        ({"input": ["x"] * MAX_EMBEDDING_INPUTS}, True),
+        ({"input": ["x"] * (MAX_EMBEDDING_INPUTS + 1)}, False),
+        ({"input": [[1]] * (MAX_EMBEDDING_INPUTS + 1)}, False),
+        ({"input": "x", "truncate_prompt_tokens": -1}, True),
+        ({"input": "x", "truncate_prompt_tokens": -2}, False),
+        ({"input": "x", "add_special_tokens": False}, True),
+    ],
+)
+def test_bounds(fields: dict, valid: bool):
+    if valid:
+        EmbeddingRequest.model_validate(fields)
+    else:
+        with pytest.raises(ValidationError):
+            EmbeddingRequest.model_validate(fields)
