@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from hetero_infer.server.openai.embedding_request import EmbeddingRequest
 from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS
-from pydantic import ValidationError
+
+from tests.server.body_bounds import check_body
 
 
 @pytest.mark.parametrize(
@@ -21,8 +22,4 @@ from pydantic import ValidationError
     ],
 )
 def test_bounds(fields: dict, valid: bool):
-    if valid:
-        EmbeddingRequest.model_validate(fields)
-    else:
-        with pytest.raises(ValidationError):
-            EmbeddingRequest.model_validate(fields)
+    check_body(EmbeddingRequest, fields, valid)

@@ -9,7 +9,8 @@ from hetero_infer.server.openai.scoring_request import (
     RerankRequest,
     ScoreRequest,
 )
-from pydantic import ValidationError
+
+from tests.server.body_bounds import check_body
 
 MANY = ["x"] * MAX_SCORED_TEXTS
 
@@ -29,11 +30,7 @@ MANY = ["x"] * MAX_SCORED_TEXTS
     ],
 )
 def test_score_bounds(fields: dict, valid: bool):
-    if valid:
-        ScoreRequest.model_validate(fields)
-    else:
-        with pytest.raises(ValidationError):
-            ScoreRequest.model_validate(fields)
+    check_body(ScoreRequest, fields, valid)
 
 
 @pytest.mark.parametrize(
@@ -67,11 +64,7 @@ def test_lists_of_two_lengths_do_not_pair():
     ],
 )
 def test_rerank_bounds(fields: dict, valid: bool):
-    if valid:
-        RerankRequest.model_validate(fields)
-    else:
-        with pytest.raises(ValidationError):
-            RerankRequest.model_validate(fields)
+    check_body(RerankRequest, fields, valid)
 
 
 def test_rerank_documents_in_either_shape():

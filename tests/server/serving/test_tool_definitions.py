@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from hetero_infer.server.serving.tool_definitions import FunctionDefinition, check_object_schema
-from pydantic import ValidationError
+
+from tests.server.body_bounds import check_body
 
 
 @pytest.mark.parametrize(
@@ -40,9 +41,4 @@ def test_other_schemas_are_refused(schema: dict):
 
 @pytest.mark.parametrize(("length", "valid"), [(0, False), (1, True), (64, True), (65, False)])
 def test_name_length(length: int, valid: bool):
-    body = {"name": "f" * length, "parameters": {"type": "object"}}
-    if valid:
-        assert FunctionDefinition.model_validate(body).name == body["name"]
-    else:
-        with pytest.raises(ValidationError):
-            FunctionDefinition.model_validate(body)
+    check_body(FunctionDefinition, {"name": "f" * length, "parameters": {}}, valid)
