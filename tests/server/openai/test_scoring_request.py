@@ -60,6 +60,7 @@ def test_lists_of_two_lengths_do_not_pair():
         ({"query": "q", "documents": []}, False),
         ({"query": "q", "documents": ["a"], "top_n": 0}, True),
         ({"query": "q", "documents": ["a"], "top_n": -1}, False),
+        ({"query": "q", "documents": ["a"], "truncate_prompt_tokens": -1}, True),
         ({"query": "q", "documents": ["a"], "truncate_prompt_tokens": -2}, False),
     ],
 )
