@@ -75,11 +75,8 @@ def tool_use(body: ChatPlan, settings: ServerSettings) -> ToolUse:
         return ToolUse(template_tools)
     if choice == "auto":
         return _auto(body, settings, functions, template_tools)
-    constraint = body.structured_output()
-    field = constraint[0] if constraint is not None else None
-    if field is None and body.json_schema() is not None:
-        field = "response_format"
-    if field is not None:
+    if body.structured_output() is not None or body.json_schema() is not None:
+        field = body.constraint_param()
         raise APIError(
             400,
             f"'{field}' cannot be combined with tool_choice 'required' or a named "
