@@ -74,13 +74,15 @@ def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 @torch.no_grad()
-def transformers_embedding(model: torch.nn.Module, prompt: list[int], pooling: str) -> torch.Tensor:
+def transformers_embedding(
+    model: torch.nn.Module, prompt: list[int], pooling: str, normalize: bool = True
+) -> torch.Tensor:
     """One prompt's final hidden states (after the final norm) from a transformers base
     model (``AutoModel``), pooled ("last" token or "mean" over positions) and scaled to
-    unit length: what /v1/embeddings must return. [hidden]"""
+    unit length where ``normalize``: what /v1/embeddings must return. [hidden]"""
     hidden = model(torch.tensor([prompt])).last_hidden_state[0]  # [len(prompt), hidden]
     vector = hidden[-1] if pooling == "last" else hidden.mean(dim=0)
-    return torch.nn.functional.normalize(vector, dim=0)
+    return torch.nn.functional.normalize(vector, dim=0) if normalize else vector
 
 
 # Router scores this close are a tie within fp32 rounding: two correct computations

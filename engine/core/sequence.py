@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hetero_infer.engine.params.image_input import ImageInput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Sequence:
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
         grammar: Any = None,
-        pooling: str | None = None,
+        pooling: PoolingParams | None = None,
         priority: int = 0,
         deadline: float | None = None,
         lora: LoRARequest | None = None,
@@ -78,8 +79,8 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         # response_format: an llguidance matcher, fed every output token; its end is a stop.
         self.grammar = grammar
-        # An embedding request: "last" or "mean" pooling of the prompt's final hidden
-        # states, which end it after the prefill (None: a generation request).
+        # An embedding request: how the prompt's final hidden states are pooled (they end
+        # it after the prefill; None: a generation request).
         self.pooling = pooling
         # n > 1: the other choices of the request, forked from this one's KV blocks once
         # its prompt is computed (see Scheduler.update_from_output).
@@ -242,7 +243,8 @@ class Sequence:
         """Whether every prompt position must run through the model here, none taken
         from the prefix cache: prompt logprobs still to compute, or mean pooling (the
         cache holds KV, not the hidden states the mean needs)."""
-        return self.needs_prompt_logprobs or self.pooling == "mean"
+        mean_pooling = self.pooling is not None and self.pooling.kind == "mean"
+        return self.needs_prompt_logprobs or mean_pooling
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero_infer.engine.params.image_input import ImageInput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 # Per token: {token id: logprob} of the token itself, then of its top alternatives.
@@ -78,10 +79,10 @@ class ScheduledSequence:
     # Prompt logprobs: the prompt positions that have them already (None: not asked),
     # and the prompt they predict.
     num_prompt_logprobs: int | None = None
-    # Embedding requests: how the prompt's final hidden states are pooled ("last" or
-    # "mean"; None for generation), and whether this step reaches the prompt's last
-    # token, so the pooled vector is returned instead of a sampled token.
-    pooling: str | None = None
+    # Embedding requests: how the prompt's final hidden states are pooled (None for
+    # generation), and whether this step reaches the prompt's last token, so the pooled
+    # vector is returned instead of a sampled token.
+    pooling: PoolingParams | None = None
     returns_embedding: bool = False
     # LongRoPE: its tokens take the long factors (Sequence.long_rope).
     long_rope: bool = False

@@ -6,11 +6,10 @@ JSON schema's grammar) is here; what SamplingParams can check alone it checks it
 A bad request raises ValidationError naming the field. Each check runs once: the
 EngineRequest that comes out is queued as it is (LLMEngine.add_processed).
 
-The two callers differ only in the context-length rule. The engine's own requests may
-ask for more tokens than the context has left (they end with "length" there); the
-server follows OpenAI, which refuses such a request up front (``fit_context``). An
-embedding request (``embedding_request``) generates nothing, so its prompt may fill the
-whole context.
+The two callers differ only in the context-length rule: the engine's own requests may
+ask for more tokens than the context has left (they end with "length" there), while the
+server refuses such a request up front, as OpenAI does (``fit_context``). An embedding
+request generates nothing, so its prompt may fill the whole context.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
 from hetero_infer.engine.params.image_input import ImageInput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.params.structured_output import StructuredOutput
 from hetero_infer.engine.params.thinking_budget import ThinkingBudget
@@ -55,7 +55,7 @@ class EngineRequest:
     params: SamplingParams
     grammar: Any = None
     # An embedding request: how its final hidden states are pooled (None: generation).
-    pooling: str | None = None
+    pooling: PoolingParams | None = None
     priority: int = 0
     deadline: float | None = None  # the time.monotonic() by which it must end
     # The LoRA adapter it runs with (None: the base model).
@@ -256,23 +256,23 @@ class InputProcessor:
             images=prompt.images,
         )
 
-    def embedding_request(self, request_id: str, prompt: PromptTokens) -> EngineRequest:
-        """An embedding request (the ``input`` of /v1/embeddings) for a checked prompt:
-        the whole prompt must fit in the context, as nothing follows it. Its final
-        hidden states are pooled as the engine is set to (EngineConfig.pooling), and it
-        ends with its prefill."""
+    def embedding_request(
+        self, request_id: str, prompt: PromptTokens, normalize: bool = True, priority: int = 0
+    ) -> EngineRequest:
+        """An embedding request for a checked prompt, pooled as EngineConfig.pooling
+        says, to unit length where ``normalize``; it ends with its prefill."""
         num_tokens = len(prompt.token_ids)
         if num_tokens > self.max_model_len:
             raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, the input has {num_tokens} tokens. "
-                "Please reduce the length of the input.",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"the input has {num_tokens} tokens. Please reduce the length of the input.",
                 param="input",
             )
-        # Nothing is sampled: the params only give the sequence its defaults.
-        params = SamplingParams(max_tokens=1)
+        self._check_priority(priority)
+        pooling = PoolingParams(self.pooling, normalize)
+        params = SamplingParams(max_tokens=1)  # nothing is sampled: only the defaults
         return EngineRequest(
-            request_id, prompt.text, prompt.token_ids, params, pooling=self.pooling
+            request_id, prompt.text, prompt.token_ids, params, pooling=pooling, priority=priority
         )
 
     def _check_priority(self, priority: int) -> None:

@@ -1,4 +1,4 @@
-"""Pooler: an embedding request's final hidden states -> one unit-length vector.
+"""Pooler: an embedding request's final hidden states -> one vector (PoolingParams).
 
 "last" takes the final hidden state (after the model's final norm) of the prompt's last
 token, the one that has attended to the whole prompt: the pooling vLLM gives decoder
@@ -10,8 +10,7 @@ each position once, so a prompt recomputed after a preemption (from position 0 a
 is not counted twice. Mean pooling needs every position's hidden state, so such a
 request never takes its prompt from the prefix cache (Sequence.needs_every_prompt_position).
 
-The vector is normalized to unit L2 length, vLLM's default for embedding models: a dot
-product of two embeddings is then their cosine similarity.
+The vector is normalized to unit L2 length unless the request says not to.
 """
 
 from __future__ import annotations
@@ -44,17 +43,19 @@ class Pooler:
             if item.pooling is None:  # most: no slice of hidden (a tensor op each)
                 continue
             rows = hidden[start:offset]  # [num_new_tokens, hidden]
-            if item.pooling == "mean":
+            if item.pooling.kind == "mean":
                 self._add(item, rows)
             if not item.returns_embedding:
                 continue
-            if item.pooling == "last":
+            if item.pooling.kind == "last":
                 vector = rows[-1].float()
             else:
                 total, count = self._sums.pop(item.request_id)
                 assert count == item.start + item.num_new_tokens, "a prompt position was skipped"
                 vector = total / count
-            pooled[item.request_id] = F.normalize(vector, dim=0).tolist()
+            if item.pooling.normalize:
+                vector = F.normalize(vector, dim=0)
+            pooled[item.request_id] = vector.tolist()
         return pooled
 
     def _add(self, item: ScheduledSequence, rows: torch.Tensor) -> None:

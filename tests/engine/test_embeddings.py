@@ -13,6 +13,7 @@ import transformers
 from hetero_infer.engine.core.step_data import ScheduledSequence
 from hetero_infer.engine.entrypoints.llm_engine import LLMEngine
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.worker.pooler import Pooler
@@ -80,10 +81,12 @@ def run(engine: LLMEngine) -> dict[str, RequestOutput]:
     return finished
 
 
-def check(outputs: list[RequestOutput], hf_model, token_lists, pooling: str) -> None:
+def check(
+    outputs: list[RequestOutput], hf_model, token_lists, pooling: str, normalize: bool = True
+) -> None:
     for out, tokens in zip(outputs, token_lists, strict=True):
         assert out.finish_reason == "stop" and out.token_ids == []
-        expected = transformers_embedding(hf_model, tokens, pooling)
+        expected = transformers_embedding(hf_model, tokens, pooling, normalize)
         got = torch.tensor(out.embedding)
         assert got.shape == expected.shape
         assert torch.allclose(got, expected, atol=ATOL), (len(tokens), (got - expected).abs().max())
@@ -136,6 +139,26 @@ def test_beside_generation_and_preemption(model_dir, hf_model, generations, pool
     assert engine.block_manager.num_used_blocks == 0
 
 
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_a_request_may_leave_its_vector_unnormalized(model_dir, hf_model, pooling):
+    """normalize=False gives the pooled hidden state as it is, beside requests for unit
+    vectors of the same prompts in the same steps: each request's own choice holds."""
+    engine = engine_for(model_dir, pooling, max_num_batched_tokens=16)
+    processor = engine.input_processor
+    token_lists = prompts(4, [5, 40])
+    for i, tokens in enumerate(token_lists):
+        for normalize in (False, True):
+            prompt = processor.tokenize(tokens)
+            engine.add_processed(processor.embedding_request(f"{normalize}-{i}", prompt, normalize))
+    finished = run(engine)
+    for normalize in (False, True):
+        ids = [f"{normalize}-{i}" for i in range(len(token_lists))]
+        check([finished[i] for i in ids], hf_model, token_lists, pooling, normalize)
+    raw = torch.tensor(finished["False-0"].embedding)
+    assert abs(raw.norm().item() - 1) > 0.1  # not a unit vector by chance
+    assert engine.block_manager.num_used_blocks == 0
+
+
 def test_embedding_request_fills_the_context(model_dir):
     engine = engine_for(model_dir, "last", max_model_len=64)
     processor = engine.input_processor
@@ -153,7 +176,7 @@ def scheduled(request_id: str, start: int, num_new: int, ends: bool) -> Schedule
         block_tables=[[]],
         samples=False,
         sampling_params=SamplingParams(),
-        pooling="mean",
+        pooling=PoolingParams("mean"),
         returns_embedding=ends,
     )
 

@@ -14,6 +14,7 @@ import pytest
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.sequence import Sequence
 from hetero_infer.engine.params.image_input import ImageInput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
@@ -298,7 +299,8 @@ def test_a_sequence_that_needs_every_prompt_position_takes_nothing_cached(asks: 
     if asks == "prompt_logprobs":
         b = Sequence("b", list(range(9)), SamplingParams(max_tokens=1, prompt_logprobs=0))
     else:
-        b = Sequence("b", list(range(9)), SamplingParams(max_tokens=1), pooling="mean")
+        mean = PoolingParams("mean")
+        b = Sequence("b", list(range(9)), SamplingParams(max_tokens=1), pooling=mean)
     assert bm.allocate_cached_prefix(b) == 0
     assert b.num_computed_tokens == 0 and b.block_table == []
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
+from hetero_infer.engine.params.pooling_params import PoolingParams
 
 from tests.engine.executor.test_tensor_parallel import close_logprobs
 from tests.engine.test_json_schema import SMALL
@@ -148,7 +149,7 @@ def test_embeddings(shared: tuple[LLMEngine, LLMEngine]):
         for pooling in ("last", "mean"):
             for i, tokens in enumerate(prompts):
                 request = processor.embedding_request(f"{pooling}-{i}", processor.tokenize(tokens))
-                engine.add_processed(dataclasses.replace(request, pooling=pooling))
+                engine.add_processed(dataclasses.replace(request, pooling=PoolingParams(pooling)))
                 ids.append(request.request_id)
         finished = run_until_idle(engine)
         return [torch.tensor(finished[i].embedding) for i in ids]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
+from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.settings.exceptions import ContextLengthError, ValidationError
 
 from tests.tiny_models import save_tiny_model
@@ -57,6 +58,16 @@ def test_an_embedding_input_may_fill_the_context(processor):
     assert processor.embedding_request("e", prompt_of(CONTEXT)).pooling is not None
     with pytest.raises(ContextLengthError, match=f"the input has {CONTEXT + 1} tokens"):
         processor.embedding_request("e", prompt_of(CONTEXT + 1))
+
+
+def test_an_embedding_request_carries_its_pooling_and_priority(processor):
+    request = processor.embedding_request("e", prompt_of(3), normalize=False)
+    assert request.pooling == PoolingParams("last", normalize=False)
+    assert processor.embedding_request("e", prompt_of(3)).pooling == PoolingParams("last")
+    # As a generation's: another priority than 0 needs the priority policy.
+    with pytest.raises(ValidationError, match="needs priority scheduling") as error:
+        processor.embedding_request("e", prompt_of(3), priority=1)
+    assert error.value.param == "priority"
 
 
 @pytest.mark.parametrize("prompt", [5, [1, "x"], [1, True], [1, 2.0], ""])
