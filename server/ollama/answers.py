@@ -51,6 +51,10 @@ class EmbedAnswer(BaseModel):
     prompt_eval_count: int
 
 
+class EmbeddingsAnswer(BaseModel):
+    embedding: list[float]
+
+
 class ModelDetails(BaseModel):
     parent_model: str
     format: str

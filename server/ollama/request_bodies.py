@@ -1,4 +1,5 @@
-"""The bodies of Ollama's /api/chat, /api/generate, /api/embed and /api/show.
+"""The bodies of Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings and
+/api/show.
 
 Fields Ollama documents are typed here; any other field is refused with a 400 naming
 it (a client must never get silently different behaviour). What needs the model (the
@@ -137,6 +138,17 @@ class EmbedRequest(RequestBody):
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
+
+
+class EmbeddingsRequest(RequestBody):
+    """The older /api/embeddings: one prompt (empty: the model is only loaded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    prompt: Text = ""
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None
 
 
 class ShowRequest(RequestBody):

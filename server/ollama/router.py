@@ -1,5 +1,5 @@
-"""Ollama's API: /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps
-and /api/version, on the engine the OpenAI routes serve.
+"""Ollama's API: /api/chat, /api/generate, /api/embed (and the older /api/embeddings),
+/api/tags, /api/show, /api/ps and /api/version, on the engine the OpenAI routes serve.
 
 Each handler only routes: chat.py, generate.py and embed.py build the engine requests
 (through the OpenAI routes' template, tool, sampling and schema code and the engine's
@@ -18,6 +18,7 @@ from hetero_infer.server.ollama import models
 from hetero_infer.server.ollama.answers import (
     ChatAnswer,
     EmbedAnswer,
+    EmbeddingsAnswer,
     GenerateAnswer,
     RunningList,
     ShowAnswer,
@@ -27,7 +28,7 @@ from hetero_infer.server.ollama.answers import (
 )
 from hetero_infer.server.ollama.chat import build_chat
 from hetero_infer.server.ollama.chat import image_sources as chat_images
-from hetero_infer.server.ollama.embed import embed
+from hetero_infer.server.ollama.embed import embed, embeddings
 from hetero_infer.server.ollama.errors import OllamaRoute
 from hetero_infer.server.ollama.generate import build_generate, own_template
 from hetero_infer.server.ollama.generate import image_sources as generate_images
@@ -36,6 +37,7 @@ from hetero_infer.server.ollama.names import check_model_name
 from hetero_infer.server.ollama.ndjson import respond
 from hetero_infer.server.ollama.request_bodies import (
     ChatRequest,
+    EmbeddingsRequest,
     EmbedRequest,
     GenerateRequest,
     ShowRequest,
@@ -74,6 +76,12 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
 async def embed_route(body: EmbedRequest, request: Request) -> Response:
     ctx = _open(request, body.model)
     return JSONResponse(await embed(ctx, body, body.model))
+
+
+@router.post("/api/embeddings", responses=ollama_responses(EmbeddingsAnswer))
+async def embeddings_route(body: EmbeddingsRequest, request: Request) -> Response:
+    ctx = _open(request, body.model)
+    return JSONResponse(await embeddings(ctx, body))
 
 
 @router.get("/api/tags", responses=ollama_responses(TagList))

@@ -101,7 +101,9 @@ class EmbeddingUsage(BaseModel):
 
 
 class EmbeddingResponse(BaseModel):
+    id: str  # vLLM's (OpenAI's answer has none)
     object: Literal["list"]
+    created: int
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage

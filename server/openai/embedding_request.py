@@ -27,6 +27,12 @@ class EmbeddingRequest(RequestBody):
     # cut to its last N tokens (-1: to the context).
     add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM's: false leaves the vectors as the model gives them, not scaled to unit length
+    # (null: scaled); lower priority first (needs --scheduling-policy priority); and the
+    # answer's id made of request_id ("embd-<id>").
+    normalize: bool | None = None
+    priority: int = 0
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("input", mode="wrap")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.embedding_request import EmbeddingRequest
-from hetero_infer.server.serving.answer_parts import new_id
+from hetero_infer.server.serving.answer_parts import new_id, now
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -21,11 +21,16 @@ class Embeddings:
     """One /v1/embeddings request: an engine request per input, and the answer."""
 
     def __init__(
-        self, ctx: RequestContext, body: EmbeddingRequest, requests: list[EngineRequest]
+        self,
+        ctx: RequestContext,
+        body: EmbeddingRequest,
+        requests: list[EngineRequest],
+        answer_id: str,
     ) -> None:
         self.ctx = ctx
         self.requests = requests
         self.encoding_format = body.encoding_format
+        self.id = answer_id
 
     @classmethod
     def build(cls, ctx: RequestContext, body: EmbeddingRequest) -> Embeddings:
@@ -45,11 +50,15 @@ class Embeddings:
         if body.truncate_prompt_tokens is not None:
             prompts = [processor.truncate(p, body.truncate_prompt_tokens) for p in prompts]
         embedding_id = new_id("embd")
+        normalize = body.normalize is not False
         requests = [
-            processor.embedding_request(f"{embedding_id}-{i}", prompt)
+            processor.embedding_request(f"{embedding_id}-{i}", prompt, normalize, body.priority)
             for i, prompt in enumerate(prompts)
         ]
-        return cls(ctx, body, requests)
+        # The answer's id is made of the body's request_id where it has one, as vLLM's;
+        # the engine requests' stay unique, so a retry with the same id is a new request.
+        answer_id = f"embd-{body.request_id}" if body.request_id else embedding_id
+        return cls(ctx, body, requests, answer_id)
 
     async def whole(self) -> dict[str, Any]:
         finals = await self.ctx.run_to_end(self.requests)
@@ -61,7 +70,9 @@ class Embeddings:
             )
         num_tokens = sum(len(request.prompt_token_ids) for request in self.requests)
         return {
+            "id": self.id,
             "object": "list",
+            "created": now(),
             "data": data,
             "model": self.ctx.model_name,
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},

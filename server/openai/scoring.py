@@ -14,17 +14,18 @@ from hetero_infer.server.serving.request_context import RequestContext
 
 
 async def embed(
-    ctx: RequestContext, texts: list[str], truncate: int | None, param: str
+    ctx: RequestContext, body: ScoreRequest | RerankRequest, texts: list[str], param: str
 ) -> tuple[dict[str, list[float]], int]:
     """Each distinct text's unit-length embedding, and the tokens embedded."""
     processor = ctx.engine.input_processor
     distinct = list(dict.fromkeys(texts))
     prompts = [processor.tokenize(text, param=param) for text in distinct]
-    if truncate is not None:
-        prompts = [processor.truncate(prompt, truncate) for prompt in prompts]
+    if body.truncate_prompt_tokens is not None:
+        prompts = [processor.truncate(p, body.truncate_prompt_tokens) for p in prompts]
     base = new_id("score")
     requests = [
-        processor.embedding_request(f"{base}-{i}", prompt) for i, prompt in enumerate(prompts)
+        processor.embedding_request(f"{base}-{i}", prompt, priority=body.priority)
+        for i, prompt in enumerate(prompts)
     ]
     finals = await ctx.run_to_end(requests)
     vectors = {}
@@ -45,7 +46,7 @@ async def score(ctx: RequestContext, body: ScoreRequest) -> dict[str, Any]:
     except ValueError as exc:
         raise APIError(400, str(exc), param="text_2") from exc
     texts = [text for pair in pairs for text in pair]
-    vectors, num_tokens = await embed(ctx, texts, body.truncate_prompt_tokens, "text_1")
+    vectors, num_tokens = await embed(ctx, body, texts, "text_1")
     data = [
         {"index": i, "object": "score", "score": similarity(vectors[a], vectors[b])}
         for i, (a, b) in enumerate(pairs)
@@ -63,7 +64,7 @@ async def score(ctx: RequestContext, body: ScoreRequest) -> dict[str, Any]:
 async def rerank(ctx: RequestContext, body: RerankRequest) -> dict[str, Any]:
     documents = body.texts()
     texts = [body.query, *documents]
-    vectors, num_tokens = await embed(ctx, texts, body.truncate_prompt_tokens, "documents")
+    vectors, num_tokens = await embed(ctx, body, texts, "documents")
     query = vectors[body.query]
     results = [
         {"index": i, "relevance_score": similarity(query, vectors[text])}

@@ -22,6 +22,8 @@ class ScoreRequest(RequestBody):
     text_2: str | list[str] = Field(min_length=1)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     user: str | None = None
+    # vLLM's: lower first, with --scheduling-policy priority.
+    priority: int = 0
 
     @field_validator("text_1", "text_2")
     @classmethod
@@ -66,6 +68,8 @@ class RerankRequest(RequestBody):
     return_documents: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     user: str | None = None
+    # vLLM's: lower first, with --scheduling-policy priority.
+    priority: int = 0
 
     @field_validator("query")
     @classmethod

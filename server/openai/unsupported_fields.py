@@ -57,16 +57,12 @@ CHAT = {
 }
 
 EMBEDDING = {
-    "priority": Unsupported((0,)),
-    "request_id": _NO,
-    "normalize": _NO,
     "embed_dtype": _NO,
     "additional_data": _NO,
     "mm_processor_kwargs": _NO,
 }
 
 SCORE = {
-    "priority": Unsupported((0,)),
     "mm_processor_kwargs": _NO,
     "activation": _NO,
     "use_activation": _NO,

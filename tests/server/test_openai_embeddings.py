@@ -42,10 +42,12 @@ def sdk_client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
 
 
-def check_embeddings(vectors: list[list[float]], token_lists, hf_model, pooling: str) -> None:
+def check_embeddings(
+    vectors: list[list[float]], token_lists, hf_model, pooling: str, normalize: bool = True
+) -> None:
     assert len(vectors) == len(token_lists)
     for vector, tokens in zip(vectors, token_lists, strict=True):
-        expected = transformers_embedding(hf_model, tokens, pooling)
+        expected = transformers_embedding(hf_model, tokens, pooling, normalize)
         got = torch.tensor(vector)
         assert got.shape == (HIDDEN_SIZE,)
         assert torch.allclose(got, expected, atol=ATOL), (got - expected).abs().max()
@@ -95,6 +97,26 @@ def test_vllm_token_fields(pooling_server, hf_model):
             out = http.post("/v1/embeddings", json=body).json()
             check_embeddings([d["embedding"] for d in out["data"]], token_lists, hf_model, pooling)
             assert out["usage"]["prompt_tokens"] == sum(map(len, token_lists))
+
+
+def test_vllm_pooling_and_id_fields(pooling_server, hf_model):
+    """normalize false gives the pooled hidden states as they are (null and true: unit
+    length), as vLLM's; request_id names the answer ("embd-<id>"), and may come again."""
+    server, pooling = pooling_server
+    token_lists = [server.engine.tokenizer.encode(text) for text in TEXTS]
+    body = {"model": MODEL_NAME, "input": TEXTS, "encoding_format": "float"}
+    with server.client() as http:
+        for normalize in (None, True, False):
+            out = http.post("/v1/embeddings", json={**body, "normalize": normalize}).json()
+            vectors = [d["embedding"] for d in out["data"]]
+            check_embeddings(vectors, token_lists, hf_model, pooling, normalize is not False)
+        assert abs(sum(x * x for x in vectors[0]) - 1) > 0.1  # not unit length by chance
+        assert out["id"].startswith("embd-") and isinstance(out["created"], int)
+        for _ in range(2):  # the engine's own ids stay unique
+            named = http.post("/v1/embeddings", json={**body, "request_id": "run-7"})
+            assert named.status_code == 200 and named.json()["id"] == "embd-run-7"
+        assert http.post("/v1/embeddings", json={**body, "normalize": "maybe"}).status_code == 400
+    assert server.engine.block_manager.num_used_blocks == 0
 
 
 def test_base64_is_little_endian_float32(pooling_server):

@@ -63,13 +63,19 @@ def long_request(**fields) -> dict:
 # ---- priority ----
 
 
-@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+# A small body of each route that takes vLLM's priority.
+PRIORITY_ROUTES = {
+    "/v1/completions": {"max_tokens": 2, "prompt": PROMPT},
+    "/v1/chat/completions": {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/embeddings": {"input": PROMPT},
+    "/v1/score": {"text_1": "a b", "text_2": "c"},
+    "/v1/rerank": {"query": "a b", "documents": ["c"]},
+}
+
+
+@pytest.mark.parametrize("route", PRIORITY_ROUTES)
 def test_a_priority_needs_the_priority_policy(server: LiveServer, route: str):
-    body = {"max_tokens": 2}
-    if route == "/v1/completions":
-        body["prompt"] = PROMPT
-    else:
-        body["messages"] = [{"role": "user", "content": "hi"}]
+    body = PRIORITY_ROUTES[route]
     with server.client() as http:
         response = http.post(route, json={**body, "priority": 3})
         assert response.status_code == 400
@@ -115,6 +121,40 @@ def test_a_higher_priority_request_preempts_a_running_one(priority_server: LiveS
     assert high_answer["choices"][0]["text"] == expected_high.text
     # The low one recomputed its KV and went on exactly as it would have.
     assert low_text == expected_low.text
+    wait_for_free_blocks(priority_server)
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/score", "/v1/rerank"])
+def test_an_embedding_request_takes_its_priority(priority_server: LiveServer, route: str):
+    """An embedding request of priority -1 preempts a running generation of priority 0
+    (one of the same priority would wait for it, as it came later)."""
+    low = {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "stream": True}
+
+    async def scenario() -> tuple[int, str | None]:
+        async with priority_server.async_client() as http:
+            started = asyncio.Event()
+
+            async def stream_low() -> str | None:
+                finish_reason = None
+                async with http.stream("POST", "/v1/completions", json=low) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {"):
+                            finish_reason = json.loads(line[6:])["choices"][0]["finish_reason"]
+                            started.set()
+                return finish_reason
+
+            low_task = asyncio.create_task(stream_low())
+            await asyncio.wait_for(started.wait(), 30)
+            body = {**PRIORITY_ROUTES[route], "priority": -1}
+            answer = await http.post(route, json=body)
+            return answer.status_code, await low_task
+
+    with priority_server.client() as http:
+        before = value(scrape(http), "num_preemptions", "_total")
+        status, low_end = asyncio.run(scenario())
+        preemptions = value(scrape(http), "num_preemptions", "_total") - before
+    assert status == 200 and low_end == "length"  # the generation went on to its end
+    assert preemptions == 1
     wait_for_free_blocks(priority_server)
 
 

@@ -27,7 +27,7 @@ UNSUPPORTED = {
     "chat": [("spaces_between_special_tokens", False, True), ("add_special_tokens", True, False),
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
     "completions": [("top_p_min", 0.5, 0.0), ("prompt_embeds", "AAAA", None)],
-    "embeddings": [("normalize", False, None), ("embed_dtype", "float16", None)],
+    "embeddings": [("embed_dtype", "float16", None), ("additional_data", {"k": 1}, None)],
     "tokenize": [("mm_processor_kwargs", {"do_resize": False}, None)],
     "tokenize-messages": [("chat_template", "{{ messages }}", None)],
     "detokenize": [],

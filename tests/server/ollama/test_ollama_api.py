@@ -1,7 +1,7 @@
 """Ollama's API (/api/*) through the official `ollama` client against a live server on
 the real engine (a tiny random Llama): chat and generate, whole and streamed (NDJSON
-chunks, the final done object and its timings), tags, show, ps, version, embed,
-format json and a schema, and the 400s and 404s in Ollama's error shape.
+chunks, the final done object and its timings), tags, show, ps, version, embed and
+the older embeddings, format json and a schema, and the 400s and 404s in Ollama's error shape.
 
 A random model writes garbage, so texts are checked against the same server's OpenAI
 routes under greedy decoding (the two APIs must agree token for token), and formats by
@@ -243,6 +243,23 @@ def test_embed(api: ollama.Client, oai: openai.OpenAI, server: LiveServer):
     assert server.engine.block_manager.num_used_blocks == 0
 
 
+def test_older_embeddings(api: ollama.Client, oai: openai.OpenAI, server: LiveServer):
+    """/api/embeddings: one prompt's vector as the model gives it, not scaled to unit
+    length (as Ollama's is not); an empty prompt only loads the model."""
+    text = "Why is the sky blue?"
+    out = api.embeddings(model=MODEL_NAME, prompt=text)
+    raw = oai.embeddings.create(
+        model=MODEL_NAME, input=text, encoding_format="float", extra_body={"normalize": False}
+    )
+    assert out.embedding == pytest.approx(raw.data[0].embedding, abs=1e-5)
+    assert abs(sum(x * x for x in out.embedding) - 1) > 0.1
+    assert api.embeddings(model=MODEL_NAME, prompt="").embedding == []
+    with pytest.raises(ollama.ResponseError) as refused:
+        api.embeddings(model=MODEL_NAME, prompt="word " * (2 * MAX_MODEL_LEN))
+    assert refused.value.status_code == 400 and "context length" in refused.value.error
+    assert server.engine.block_manager.num_used_blocks == 0
+
+
 JSON_HEADERS = {"content-type": "application/json"}
 BAD_BODIES = [
     ("/api/chat", {"messages": MESSAGES}, "model"),
@@ -313,6 +330,9 @@ BAD_BODIES = [
     ("/api/embed", {"model": MODEL_NAME, "input": "x", "dimensions": 3}, "dimensions"),
     ("/api/embed", {"model": MODEL_NAME, "input": ""}, "input"),
     ("/api/embed", {"model": MODEL_NAME}, "input"),
+    ("/api/embeddings", {"model": MODEL_NAME, "prompt": 5}, "prompt"),
+    ("/api/embeddings", {"model": MODEL_NAME, "input": "x"}, "input"),
+    ("/api/embeddings", {"prompt": "x"}, "model"),
     ("/api/show", {}, "model"),
 ]
 
@@ -340,6 +360,7 @@ def test_unknown_model_is_a_404(api: ollama.Client, http: httpx.Client):
         lambda: api.chat(model="llama3:8b", messages=MESSAGES),
         lambda: api.generate(model=f"{MODEL_NAME}:7b", prompt="x"),
         lambda: api.embed(model="nope", input="x"),
+        lambda: api.embeddings(model="nope", prompt="x"),
         lambda: api.show("nope"),
         lambda: api.chat(model="x", messages=MESSAGES),  # one letter is a name
     ):

@@ -19,6 +19,10 @@ from tests.server.body_bounds import check_body
         ({"input": "x", "truncate_prompt_tokens": -1}, True),
         ({"input": "x", "truncate_prompt_tokens": -2}, False),
         ({"input": "x", "add_special_tokens": False}, True),
+        ({"input": "x", "normalize": False, "priority": -3}, True),
+        ({"input": "x", "request_id": "r" * 256}, True),
+        ({"input": "x", "request_id": "r" * 257}, False),
+        ({"input": "x", "request_id": ""}, False),
     ],
 )
 def test_bounds(fields: dict, valid: bool):
