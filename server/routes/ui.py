@@ -1,7 +1,9 @@
 """GET /: the built-in chat page, and its two assets under /static/.
 
 Plain files shipped in the package (server/static/), read once: no build step, no CDN.
-The page needs no API key; its own calls to /v1/* send the key the user types.
+The page needs no API key; its own calls to /v1/* send the key the user types. HEAD /
+answers as GET / does, without the page: it is the probe by which Ollama's command
+line finds its server running (a 405 there reads as no server).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _asset(name: str) -> Response:
     return Response(_read(name), media_type=ASSETS[name], headers=_HEADERS)
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 async def chat_page() -> Response:
     return _asset("index.html")
 

@@ -350,6 +350,14 @@ def test_bad_bodies_are_400s_in_ollama_shape(
     assert server.engine.block_manager.num_used_blocks == 0
 
 
+def test_the_root_answers_ollamas_probe(http: httpx.Client):
+    """The ollama command line takes a server that answers HEAD / with a 2xx as running."""
+    probe = http.head("/")
+    assert probe.status_code == 200 and probe.content == b""
+    assert probe.headers["content-type"].startswith("text/html")
+    assert http.get("/").status_code == 200
+
+
 def test_not_json_is_a_400(http: httpx.Client):
     response = http.post("/api/chat", content=b"{not json", headers=JSON_HEADERS)
     assert response.status_code == 400 and "JSON" in response.json()["error"]
