@@ -101,6 +101,16 @@ class Tokenizer:
             return [int(i) for i in self._tokenizer.encode(text)]
         return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
 
+    def with_special_tokens(self, ids: list[int]) -> list[int]:
+        """``ids`` between the special tokens encode adds around a text (a BOS, say):
+        found around the tokens of a probe text, so the ids themselves are kept as they
+        are (a chat template's, whose own special tokens are in them already)."""
+        probe = "x"
+        bare = self.encode(probe, add_special_tokens=False)
+        full = self.encode(probe, add_special_tokens=True)
+        start = next(i for i in range(len(full)) if full[i : i + len(bare)] == bare)
+        return full[:start] + ids + full[start + len(bare) :]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if self._rust_decoder is not None:
             return self._rust_decoder.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -128,12 +138,15 @@ class Tokenizer:
         tools: list[dict[str, Any]] | None = None,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """The messages through the chat template: the tokenizer's own, or
         ``chat_template`` (Jinja text) in its place. ``tools`` (OpenAI's function
         definitions) and ``template_kwargs`` (e.g. ``enable_thinking``) are the
         template's variables. ``continue_final_message``: the last message is left
-        open, for the model to go on with (no generation prompt then)."""
+        open, for the model to go on with (no generation prompt then).
+        ``add_special_tokens``: the tokenizer's own around them too, as vLLM's field
+        of that name adds them, on top of the template's."""
         if not (chat_template or getattr(self._hf, "chat_template", None)):
             raise ValidationError(
                 "this tokenizer has no chat template; send a plain prompt "
@@ -167,8 +180,8 @@ class Tokenizer:
                 f"chat template rejected the messages: {e}", param="messages"
             ) from e
         # transformers 5 returns a BatchEncoding here; older versions a plain list.
-        ids = out["input_ids"] if isinstance(out, Mapping) else out
-        return [int(i) for i in ids]
+        ids = [int(i) for i in (out["input_ids"] if isinstance(out, Mapping) else out)]
+        return self.with_special_tokens(ids) if add_special_tokens else ids
 
     def renders_tools(self, chat_template: str | None = None) -> bool:
         """Whether the chat template (``chat_template``, or the tokenizer's own) writes

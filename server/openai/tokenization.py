@@ -27,13 +27,15 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
             template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
+            add_special_tokens=bool(body.add_special_tokens),
         )
         if images:
             processor = engine.input_processor
             prompt = processor.tokenize(tokens, param="messages")
             tokens = processor.with_images(prompt, images).token_ids
     elif body.prompt is not None:
-        tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        special = body.add_special_tokens is not False
+        tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=special)
     else:
         raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
     strings = engine.tokenizer.token_strings(tokens) if body.return_token_strs else None

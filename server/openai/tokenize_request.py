@@ -18,7 +18,9 @@ class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # The tokenizer's special tokens (null: around a prompt, not around messages, whose
+    # template writes its own; vLLM's defaults).
+    add_special_tokens: bool | None = None
     # With messages, as a chat request gives them to the template.
     tools: list[ToolDefinition] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -47,9 +47,7 @@ CHAT = {
     "prediction": _NO,
     "web_search_options": _NO,
     "verbosity": _NO,
-    # vLLM's chat template controls: the template adds its own special tokens, and is
-    # the server's (--chat-template).
-    "add_special_tokens": Unsupported((False,)),
+    # vLLM's chat template controls: the template is the server's (--chat-template).
     "documents": _NO,
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
     "mm_processor_kwargs": _NO,

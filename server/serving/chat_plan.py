@@ -32,6 +32,9 @@ class ChatPlan(SamplingFields):
     # open for the model to go on with (a prefilled answer); not both.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # vLLM's: the tokenizer's special tokens (a BOS) around the templated prompt, on top
+    # of those the template writes (most templates write their own: false by default).
+    add_special_tokens: bool = False
     # OpenAI's, given to the chat template as vLLM gives it (gpt-oss's reads it).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 

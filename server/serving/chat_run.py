@@ -56,6 +56,7 @@ class ChatRun:
             template_kwargs=plan.template_kwargs(),
             add_generation_prompt=plan.add_generation_prompt,
             continue_final_message=plan.continue_final_message,
+            add_special_tokens=plan.add_special_tokens,
         )
         processor = ctx.engine.input_processor
         # Each image marker grows into the image's tokens before the prompt is cut or

@@ -88,6 +88,7 @@ class RequestContext:
         template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """The token ids of ``messages`` through the chat template (the server's
         --chat-template, else the tokenizer's); ``tools`` through it too, or, where it
@@ -106,6 +107,7 @@ class RequestContext:
                 tools=tools,
                 chat_template=template,
                 template_kwargs=template_kwargs,
+                add_special_tokens=add_special_tokens,
             )
         except ValidationError as exc:
             raise APIError.from_exception(exc) from exc

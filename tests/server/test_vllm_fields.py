@@ -146,6 +146,30 @@ def test_add_special_tokens_false_leaves_the_prompt_as_sent(server, reference_en
     assert cut["usage"]["prompt_tokens"] == 2
 
 
+def test_chat_add_special_tokens_puts_the_tokenizers_around_the_template(
+    server: LiveServer, reference_engine: LLMEngine
+):
+    """vLLM's add_special_tokens on a chat (false by default): the tokenizer's BOS before
+    the template's own; /tokenize counts the same, a prompt still with its BOS."""
+    tokenizer = reference_engine.tokenizer
+    templated = tokenizer.apply_chat_template(MESSAGES)
+    prompt = [*tokenizer.encode("x")[:1], *templated]  # the BOS, then the template's
+    assert prompt[0] == tokenizer.hf_tokenizer.bos_token_id
+    body = {**GREEDY, "messages": MESSAGES, "return_token_ids": True}
+    answer = post(server, "/v1/chat/completions", {**body, "add_special_tokens": True})
+    assert answer["prompt_token_ids"] == prompt
+    assert answer["choices"][0]["token_ids"] == run(reference_engine, prompt).token_ids
+    assert post(server, "/v1/chat/completions", body)["prompt_token_ids"] == templated
+    counted = {"model": MODEL_NAME, "messages": MESSAGES}
+    assert post(server, "/tokenize", counted)["tokens"] == templated
+    assert post(server, "/tokenize", {**counted, "add_special_tokens": True})["tokens"] == prompt
+    bare = {"model": MODEL_NAME, "prompt": PROMPT}
+    assert post(server, "/tokenize", bare)["tokens"] == tokenizer.encode(PROMPT)
+    assert post(server, "/tokenize", {**bare, "add_special_tokens": False})["tokens"] == (
+        tokenizer.encode(PROMPT, add_special_tokens=False)
+    )
+
+
 # ---- add_generation_prompt, continue_final_message, echo, reasoning_effort ----
 
 PREFILLED = [*MESSAGES, {"role": "assistant", "content": "Yes, it is"}]

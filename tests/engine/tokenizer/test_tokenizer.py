@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hetero_infer.engine.tokenizer import Tokenizer
 from hypothesis import given
+from tokenizers.processors import TemplateProcessing
 from transformers import AutoTokenizer
 
 from tests.engine.tokenizer.common import (
@@ -99,6 +100,26 @@ def test_chat_template_byte_fallback(bf_tok: Tokenizer) -> None:
     assert bf_tok.decode(without_prompt) == "user: hi é\nassistant: ok\n"
 
 
+@pytest.mark.parametrize("adds_eos", [False, True])
+def test_chat_template_with_the_tokenizers_special_tokens(adds_eos: bool) -> None:
+    """vLLM's add_special_tokens on a chat: the template's ids between the special
+    tokens the tokenizer adds around a text, as encoding the rendered text with them
+    gives (a second BOS here, the template writing one; and an EOS after, for a
+    tokenizer set to add one)."""
+    hf = make_byte_fallback_tokenizer()
+    if adds_eos:
+        hf.backend_tokenizer.post_processor = TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", BOS_TOKEN_ID), ("</s>", EOS_TOKEN_ID)]
+        )
+    tokenizer = Tokenizer(hf)
+    messages = [{"role": "user", "content": "hi é"}]
+    plain = tokenizer.apply_chat_template(messages)
+    ids = tokenizer.apply_chat_template(messages, add_special_tokens=True)
+    rendered = "<s>user: hi é\nassistant:"
+    assert ids == tokenizer.encode(rendered, add_special_tokens=True)
+    assert ids == [BOS_TOKEN_ID, *plain, *([EOS_TOKEN_ID] if adds_eos else [])]
+
+
 def test_chat_template_missing_is_a_value_error() -> None:
     hf = make_byte_fallback_tokenizer()
     hf.chat_template = None
@@ -185,6 +206,11 @@ def test_smollm2_wrapper(smol_tok: Tokenizer) -> None:
             expected = expected["input_ids"]
         got = smol_tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         assert got == expected
+        # Its tokenizer adds no special tokens around a text: vLLM's flag changes nothing.
+        flagged = smol_tok.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, add_special_tokens=True
+        )
+        assert flagged == got
         rendered = hf.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
