@@ -21,7 +21,6 @@ from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.generation import nanoseconds
 from hetero_infer.server.ollama.request_bodies import EmbeddingsRequest, EmbedRequest
 from hetero_infer.server.serving.answer_parts import new_id
-from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -35,12 +34,9 @@ async def embed(ctx: RequestContext, body: EmbedRequest, model: str) -> dict[str
             f"shortened (the model has no Matryoshka training); omit dimensions or give {size}",
             param="dimensions",
         )
-    texts = body.inputs()
-    if len(texts) > MAX_EMBEDDING_INPUTS:
-        raise APIError(400, f"input: at most {MAX_EMBEDDING_INPUTS} inputs", param="input")
     processor = ctx.engine.input_processor
     prompts = []
-    for text in texts:
+    for text in body.inputs():
         prompt = processor.tokenize(text, param="input")
         if body.truncate and len(prompt.token_ids) > processor.max_model_len:
             prompt = PromptTokens(None, prompt.token_ids[: processor.max_model_len])

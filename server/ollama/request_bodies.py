@@ -13,7 +13,12 @@ from typing import Annotated, Any, Literal
 from hetero_infer.engine.params.sampling_params import MAX_LOGPROBS
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.ollama.options import OllamaOptions
-from hetero_infer.server.serving.request_body import RequestBody, TokenId, check_text
+from hetero_infer.server.serving.request_body import (
+    MAX_EMBEDDING_INPUTS,
+    RequestBody,
+    TokenId,
+    check_text,
+)
 from hetero_infer.server.serving.tool_definitions import ToolDefinition
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -135,6 +140,13 @@ class EmbedRequest(RequestBody):
     keep_alive: KeepAlive = None
     # Accepted only as the model's own size (as /v1/embeddings' dimensions).
     dimensions: int | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_too_many(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs")
+        return value
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input

@@ -330,6 +330,7 @@ BAD_BODIES = [
     ("/api/embed", {"model": MODEL_NAME, "input": "x", "dimensions": 3}, "dimensions"),
     ("/api/embed", {"model": MODEL_NAME, "input": ""}, "input"),
     ("/api/embed", {"model": MODEL_NAME}, "input"),
+    ("/api/embed", {"model": MODEL_NAME, "input": ["x"] * 2049}, "at most 2048 inputs"),
     ("/api/embeddings", {"model": MODEL_NAME, "prompt": 5}, "prompt"),
     ("/api/embeddings", {"model": MODEL_NAME, "input": "x"}, "input"),
     ("/api/embeddings", {"prompt": "x"}, "model"),
