@@ -14,7 +14,7 @@ async def count_input_tokens(ctx: RequestContext, body: CountTokensRequest) -> i
     images = await load_images(ctx, image_sources(body))
     # What the template sees of the tools, whatever tool_choice says (which decides
     # only how the output is read).
-    tools = [tool.model_dump(exclude_none=True) for tool in chat.tools or []]
+    tools = [tool.for_template() for tool in chat.tools or []]
     token_ids = ctx.chat_prompt(chat.template_messages(), tools=tools or None)
     if not images:
         return len(token_ids)

@@ -20,7 +20,7 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
     if body.messages is not None:
         check_template_flags(body.messages, body.add_generation_prompt, body.continue_final_message)
         images = await load_images(ctx, image_sources(body.messages))
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        tools = [tool.for_template() for tool in body.tools or []]
         tokens = ctx.chat_prompt(
             template_messages(body.messages),
             tools=tools or None,

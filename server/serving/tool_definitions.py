@@ -59,6 +59,11 @@ class ToolDefinition(BaseModel):
     type: Literal["function"]
     function: FunctionDefinition
 
+    def for_template(self) -> dict[str, Any]:
+        """The tool as chat templates take it: OpenAI's JSON without the fields left
+        out, so a template that writes a tool whole (Qwen's) shows no nulls."""
+        return self.model_dump(exclude_none=True)
+
 
 class FunctionName(BaseModel):
     name: str

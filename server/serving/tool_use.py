@@ -69,7 +69,7 @@ def tool_use(body: ChatPlan, settings: ServerSettings) -> ToolUse:
     names = [function.name for function in functions]
     if len(set(names)) < len(names):
         raise APIError(400, "tools: function names must be unique", param="tools")
-    template_tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    template_tools = [tool.for_template() for tool in body.tools]
     choice = body.tool_choice or "auto"
     if choice == "none":
         return ToolUse(template_tools)

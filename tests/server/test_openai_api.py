@@ -466,6 +466,29 @@ def test_tokenize_counts_what_a_chat_request_prompts(server, messages, flags):
     assert out["tokens"] == expected and out["count"] == usage["prompt_tokens"]
 
 
+def test_tokenize_counts_the_tools_a_chat_request_prompts_with(server):
+    """Tools on /tokenize reach the template as the chat route's do."""
+    tools = [
+        {"type": "function", "function": {"name": "now"}},  # no description, no parameters
+        {"type": "function", "function": {"name": "add", "description": "Adds.",
+                                          "parameters": {"type": "object"}}},
+    ]  # fmt: skip
+    with server.client() as http:
+        alone = http.post("/tokenize", json={"messages": MESSAGES}).json()
+        out = http.post("/tokenize", json={"messages": MESSAGES, "tools": tools}).json()
+        chat = {
+            "model": MODEL_NAME,
+            "messages": MESSAGES,
+            "tools": tools,
+            "tool_choice": "required",
+            "max_tokens": 1,
+        }
+        answer = http.post("/v1/chat/completions", json={**chat, "return_token_ids": True})
+    assert answer.status_code == 200, answer.text
+    assert out["count"] > alone["count"]
+    assert out["tokens"] == answer.json()["prompt_token_ids"]
+
+
 @pytest.mark.parametrize(
     ("messages", "flags"),
     [

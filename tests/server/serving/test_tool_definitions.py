@@ -4,7 +4,11 @@ object's, as OpenAI's tools and Anthropic's input_schema take), and its name's l
 from __future__ import annotations
 
 import pytest
-from hetero_infer.server.serving.tool_definitions import FunctionDefinition, check_object_schema
+from hetero_infer.server.serving.tool_definitions import (
+    FunctionDefinition,
+    ToolDefinition,
+    check_object_schema,
+)
 
 from tests.server.body_bounds import check_body
 
@@ -42,3 +46,19 @@ def test_other_schemas_are_refused(schema: dict):
 @pytest.mark.parametrize(("length", "valid"), [(0, False), (1, True), (64, True), (65, False)])
 def test_name_length(length: int, valid: bool):
     check_body(FunctionDefinition, {"name": "f" * length, "parameters": {}}, valid)
+
+
+def test_a_template_gets_a_tool_without_the_fields_left_out():
+    """As OpenAI's JSON, with no nulls for a template that writes a tool whole."""
+    bare = {"type": "function", "function": {"name": "now"}}
+    assert ToolDefinition.model_validate(bare).for_template() == bare
+    full = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Adds.",
+            "parameters": {"type": "object"},
+            "strict": False,
+        },
+    }
+    assert ToolDefinition.model_validate(full).for_template() == full
