@@ -424,6 +424,13 @@ def test_tokenize_and_detokenize(server):
         assert chat["tokens"] == tokenizer.apply_chat_template(MESSAGES)
         text = http.post("/detokenize", json={"tokens": out["tokens"]}).json()
         assert text == {"prompt": PROMPT}
+        # Any id of the vocabulary decodes, its first and last too; one outside is a 400.
+        vocab = server.engine.model_config.vocab_size
+        edges = http.post("/detokenize", json={"tokens": [0, vocab - 1]}).json()
+        assert edges == {"prompt": tokenizer.decode([0, vocab - 1])}
+        for tokens in ([vocab], [5, vocab], [-1, 5]):
+            refused = http.post("/detokenize", json={"tokens": tokens})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
 
 
 def test_tokenize_token_strings(server):
