@@ -26,7 +26,6 @@ from hetero_infer.engine.params.image_input import ImageInput
 from hetero_infer.engine.params.pooling_params import PoolingParams
 from hetero_infer.engine.params.sampling_params import SamplingParams
 from hetero_infer.engine.params.structured_output import StructuredOutput
-from hetero_infer.engine.params.thinking_budget import ThinkingBudget
 from hetero_infer.engine.settings.exceptions import ContextLengthError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
 
@@ -157,16 +156,6 @@ class InputProcessor:
                     found.append(ids)
         return found
 
-    def thinking_budget(self, tokens: int, start: str, end: str) -> ThinkingBudget:
-        """vLLM's thinking_token_budget for the thinking marks ``start`` and ``end``
-        (the reasoning parser's), as this tokenizer writes them."""
-        encode = self.tokenizer.encode
-        return ThinkingBudget(
-            tokens,
-            tuple(encode(start, add_special_tokens=False)),
-            tuple(encode(end, add_special_tokens=False)),
-        )
-
     def truncate(self, prompt: PromptTokens, keep: int) -> PromptTokens:
         """The prompt's last ``keep`` tokens (-1: as many as the context holds), as
         vLLM's truncate_prompt_tokens keeps them; a prompt cut loses its text."""
@@ -272,7 +261,13 @@ class InputProcessor:
         pooling = PoolingParams(self.pooling, normalize)
         params = SamplingParams(max_tokens=1)  # nothing is sampled: only the defaults
         return EngineRequest(
-            request_id, prompt.text, prompt.token_ids, params, pooling=pooling, priority=priority
+            request_id,
+            prompt.text,
+            prompt.token_ids,
+            params,
+            pooling=pooling,
+            priority=priority,
+            images=prompt.images,
         )
 
     def _check_priority(self, priority: int) -> None:

@@ -10,8 +10,12 @@ themselves each step, so preemption, recomputation and restarts need nothing kep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hetero_infer.engine.settings.exceptions import ValidationError
+
+if TYPE_CHECKING:
+    from hetero_infer.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,16 @@ class ThinkingBudget:
                 "thinking_token_budget needs the thinking marks' tokens",
                 param="thinking_token_budget",
             )
+
+    @classmethod
+    def for_marks(cls, tokens: int, start: str, end: str, tokenizer: Tokenizer) -> ThinkingBudget:
+        """The budget for the thinking marks ``start`` and ``end`` (the reasoning
+        parser's), as ``tokenizer`` writes them within a text."""
+        return cls(
+            tokens,
+            tuple(tokenizer.encode(start, add_special_tokens=False)),
+            tuple(tokenizer.encode(end, add_special_tokens=False)),
+        )
 
     def forced_token(self, token_ids: list[int]) -> int | None:
         """The token the next step must take (the end mark's next one) where the

@@ -1,13 +1,20 @@
-"""The body of /v1/embeddings."""
+"""The body of /v1/embeddings: OpenAI's ``input``, or vLLM's other form, ``messages``
+through the chat template (with a vision model, their images too)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.unsupported_fields import EMBEDDING
-from hetero_infer.server.serving.request_body import MAX_EMBEDDING_INPUTS, RequestBody
-from pydantic import Field, ValidatorFunctionWrapHandler, field_validator
+from hetero_infer.server.serving.chat_messages import ChatMessage
+from hetero_infer.server.serving.request_body import (
+    MAX_EMBEDDING_INPUTS,
+    RequestBody,
+    check_texts,
+)
+from pydantic import Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 
@@ -17,15 +24,21 @@ class EmbeddingRequest(RequestBody):
     UNSUPPORTED = EMBEDDING
 
     model: str | None = None
-    input: PromptField
+    # One of the two: input, or messages with the chat template's flags (vLLM's
+    # defaults: no generation prompt, no special tokens beyond the template's).
+    input: PromptField | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     # Accepted only as the model's own size: it has no Matryoshka training, so a
     # shortened vector would not be a meaningful embedding.
     dimensions: int | None = None
     user: str | None = None
-    # vLLM's, as on /v1/completions: the special tokens of text inputs, and each input
-    # cut to its last N tokens (-1: to the context).
-    add_special_tokens: bool = True
+    # vLLM's, as on /v1/completions: the special tokens (null: around each text input,
+    # not around messages), and each input cut to its last N tokens (-1: to the context).
+    add_special_tokens: bool | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM's: false leaves the vectors as the model gives them, not scaled to unit length
     # (null: scaled); lower priority first (needs --scheduling-policy priority); and the
@@ -36,7 +49,9 @@ class EmbeddingRequest(RequestBody):
 
     @field_validator("input", mode="wrap")
     @classmethod
-    def _valid_inputs(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> PromptField:
+    def _valid_inputs(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> PromptField | None:
+        if value is None:  # messages instead (_one_form)
+            return None
         try:
             value = handler(value)
         except PydanticValidationError:
@@ -50,6 +65,19 @@ class EmbeddingRequest(RequestBody):
             raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request")
         return value
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_texts(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EmbeddingRequest:
+        if (self.input is None) == (self.messages is None):
+            raise APIError(400, "give either 'input' or 'messages'", param="input")
+        return self
+
     def inputs(self) -> list[str | list[int]]:
         """The input field as a list of prompts (text or token ids)."""
+        assert self.input is not None, "a body of messages has no inputs"
         return prompt_list(self.input)

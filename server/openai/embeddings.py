@@ -14,6 +14,7 @@ from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.embedding_request import EmbeddingRequest
 from hetero_infer.server.serving.answer_parts import new_id, now
+from hetero_infer.server.serving.messages_prompt import messages_prompt
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -33,8 +34,9 @@ class Embeddings:
         self.id = answer_id
 
     @classmethod
-    def build(cls, ctx: RequestContext, body: EmbeddingRequest) -> Embeddings:
-        """Tokenize and check every input: each must fit in the context."""
+    async def build(cls, ctx: RequestContext, body: EmbeddingRequest) -> Embeddings:
+        """Tokenize and check every input (or the messages, one input, their images
+        loaded): each must fit in the context."""
         size = ctx.engine.model_config.hidden_size
         if body.dimensions is not None and body.dimensions != size:
             raise APIError(
@@ -45,8 +47,19 @@ class Embeddings:
                 param="dimensions",
             )
         processor = ctx.engine.input_processor
-        special = body.add_special_tokens
-        prompts = [processor.tokenize(p, "input", special) for p in body.inputs()]
+        if body.messages is not None:
+            prompt = await messages_prompt(
+                ctx,
+                body.messages,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                add_special_tokens=bool(body.add_special_tokens),
+                template_kwargs=body.chat_template_kwargs,
+            )
+            prompts = [prompt]
+        else:
+            special = body.add_special_tokens is not False
+            prompts = [processor.tokenize(p, "input", special) for p in body.inputs()]
         if body.truncate_prompt_tokens is not None:
             prompts = [processor.truncate(p, body.truncate_prompt_tokens) for p in prompts]
         embedding_id = new_id("embd")

@@ -84,7 +84,7 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse))
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    answer = Embeddings.build(RequestContext.open(request, body.model), body)
+    answer = await Embeddings.build(RequestContext.open(request, body.model), body)
     return JSONResponse(await answer.whole())
 
 

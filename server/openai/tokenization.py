@@ -7,9 +7,7 @@ from typing import Any
 from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
-from hetero_infer.server.serving.chat_images import image_sources, load_images
-from hetero_infer.server.serving.chat_messages import template_messages
-from hetero_infer.server.serving.chat_plan import check_template_flags
+from hetero_infer.server.serving.messages_prompt import messages_prompt
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -18,21 +16,16 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
     template, as a chat request would have them (each image grown into its tokens)."""
     engine = ctx.engine
     if body.messages is not None:
-        check_template_flags(body.messages, body.add_generation_prompt, body.continue_final_message)
-        images = await load_images(ctx, image_sources(body.messages))
-        tools = [tool.for_template() for tool in body.tools or []]
-        tokens = ctx.chat_prompt(
-            template_messages(body.messages),
-            tools=tools or None,
-            template_kwargs=body.chat_template_kwargs,
+        prompt = await messages_prompt(
+            ctx,
+            body.messages,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             add_special_tokens=bool(body.add_special_tokens),
+            template_kwargs=body.chat_template_kwargs,
+            tools=[tool.for_template() for tool in body.tools or []],
         )
-        if images:
-            processor = engine.input_processor
-            prompt = processor.tokenize(tokens, param="messages")
-            tokens = processor.with_images(prompt, images).token_ids
+        tokens = prompt.token_ids
     elif body.prompt is not None:
         special = body.add_special_tokens is not False
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=special)

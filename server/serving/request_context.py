@@ -19,6 +19,7 @@ from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.engine.frontend.input_processor import EngineRequest, PromptTokens
 from hetero_infer.engine.lora import LoRARequest
 from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
 from hetero_infer.engine.settings.exceptions import EngineError, ValidationError
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.server_metrics import ServerMetrics
@@ -126,8 +127,7 @@ class RequestContext:
                 "which names the marks that open and close the thinking",
                 param="thinking_token_budget",
             )
-        processor = self.engine.input_processor
-        marked = processor.thinking_budget(budget, THINK_START, THINK_END)
+        marked = ThinkingBudget.for_marks(budget, THINK_START, THINK_END, self.engine.tokenizer)
         return dataclasses.replace(params, thinking_budget=marked)
 
     async def outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:

@@ -221,6 +221,29 @@ def test_greedy_on_cuda_matches_transformers_with_images(vlm, regime, tmp_path):
     assert stats["prefix_cache_hits"] > 0 and stats["used_blocks"] == 0
 
 
+def test_an_embedding_of_a_prompt_with_images_is_transformers_hidden_state(reference):
+    """An embedding request carries its prompt's images (/v1/embeddings' messages): its
+    vector, left unnormalized, is transformers' final hidden state of the last token
+    (the language model's, after its final norm) with the same images."""
+    family, folder, _ = reference
+    question, images = CASES[0]
+    processor = family.processor(folder)
+    text = processor.apply_chat_template(
+        messages(question, len(images)), add_generation_prompt=True
+    )
+    inputs = processor(text=text, images=images, return_tensors="pt", add_special_tokens=False)
+    model = family.model_class.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model.model(**inputs).last_hidden_state[0, -1]
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="float32"))
+    prompt = engine_prompt(engine, question, images)
+    engine.add_processed(engine.input_processor.embedding_request("e", prompt, normalize=False))
+    while engine.has_pending_work():
+        engine.step()
+    got = torch.tensor(engine.get_output("e").embedding)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (got - expected).abs().max()
+
+
 def test_prefix_cache_tells_images_apart(reference, vlm):
     """The same text with another image hits only the blocks before the image; the
     same image again hits past it. Each answers as transformers does."""

@@ -34,7 +34,7 @@ from tests.server.openai_shapes import check_error_body
 from tests.server.route_shapes import check_anthropic_error, check_ollama_error
 
 NO_IMAGES = "this model takes no image input"
-NOT_STREAMED = ("/tokenize", "/v1/messages/count_tokens")
+NOT_STREAMED = ("/tokenize", "/v1/embeddings", "/v1/messages/count_tokens")
 # Writes "<image>" for each image part.
 TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: "
@@ -127,6 +127,7 @@ def anthropic_error(body: Any, param: str) -> str:
 ROUTES = [
     ("/v1/chat/completions", chat_body, openai_error, "messages.0.content.1"),
     ("/tokenize", chat_body, openai_error, "messages.0.content.1"),
+    ("/v1/embeddings", chat_body, openai_error, "messages.0.content.1"),
     ("/v1/responses", responses_body, openai_error, "input.0.content.1"),
     ("/v1/messages", anthropic_body, anthropic_error, "messages.0.content.1"),
     ("/v1/messages/count_tokens", anthropic_body, anthropic_error, "messages.0.content.1"),
@@ -225,6 +226,10 @@ def tokenize() -> dict[str, Any]:
     return {k: v for k, v in openai_chat().items() if k != "max_tokens"}
 
 
+def embeddings() -> dict[str, Any]:
+    return {**tokenize(), "add_generation_prompt": True}
+
+
 def openai_chat() -> dict[str, Any]:
     parts = [
         {"type": "text", "text": "Is "},
@@ -293,6 +298,7 @@ IMAGES_FIRST = "user: <image><image>Alike?; assistant:"
 REACHING = [
     ("/v1/chat/completions", openai_chat, IN_TEXT),
     ("/tokenize", tokenize, IN_TEXT),
+    ("/v1/embeddings", embeddings, IN_TEXT),
     ("/v1/responses", responses, IN_TEXT),
     ("/v1/messages", anthropic, IN_TEXT),
     ("/v1/messages/count_tokens", lambda: anthropic(count=True), IN_TEXT),

@@ -119,6 +119,28 @@ def test_vllm_pooling_and_id_fields(pooling_server, hf_model):
     assert server.engine.block_manager.num_used_blocks == 0
 
 
+def test_messages_through_the_chat_template(pooling_server, hf_model):
+    """vLLM's other form: messages through the chat template (by default no generation
+    prompt, no special tokens beyond the template's), embedded as their tokens are."""
+    server, pooling = pooling_server
+    tokenizer = server.engine.tokenizer
+    messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi"}]
+    closed = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    bos = tokenizer.hf_tokenizer.bos_token_id
+    cases = [
+        ({}, closed),
+        ({"add_generation_prompt": True}, tokenizer.apply_chat_template(messages)),
+        ({"add_special_tokens": True}, [bos, *closed]),
+        ({"truncate_prompt_tokens": 4}, closed[-4:]),
+    ]
+    body = {"model": MODEL_NAME, "messages": messages, "encoding_format": "float"}
+    with server.client() as http:
+        for fields, tokens in cases:
+            out = http.post("/v1/embeddings", json={**body, **fields}).json()
+            check_embeddings([out["data"][0]["embedding"]], [tokens], hf_model, pooling)
+            assert out["usage"]["prompt_tokens"] == len(tokens)
+
+
 def test_base64_is_little_endian_float32(pooling_server):
     server, _ = pooling_server
     # Shorter than a KV block, so the prefix cache has nothing for the second request and
@@ -185,6 +207,16 @@ BAD_INPUTS = [
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": "x", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({}, "input"),
+    ({"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
+    ({"messages": []}, "messages"),
+    (
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "add_generation_prompt": True,
+            "continue_final_message": True,
+        },
+        "continue_final_message",
+    ),
 ]
 
 

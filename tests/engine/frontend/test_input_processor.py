@@ -9,6 +9,7 @@ import pytest
 from hetero_infer.engine import EngineConfig, LLMEngine, SamplingParams
 from hetero_infer.engine.frontend.input_processor import InputProcessor, PromptTokens
 from hetero_infer.engine.params.pooling_params import PoolingParams
+from hetero_infer.engine.params.thinking_budget import ThinkingBudget
 from hetero_infer.engine.settings.exceptions import ContextLengthError, ValidationError
 
 from tests.tiny_models import save_tiny_model
@@ -106,7 +107,7 @@ def test_a_bad_word_is_banned_where_a_text_starts_and_after_a_space(processor):
 
 
 def test_thinking_marks_are_their_tokens_within_a_text(processor):
-    budget = processor.thinking_budget(5, "<think>", "</think>")
+    budget = ThinkingBudget.for_marks(5, "<think>", "</think>", processor.tokenizer)
     encode = processor.tokenizer.encode
     assert budget.tokens == 5
     assert budget.start == tuple(encode("<think>", add_special_tokens=False))
@@ -122,7 +123,7 @@ def test_the_engines_own_prompt_may_fill_the_context(processor):
 
 
 def test_a_thinking_budget_cannot_be_used_with_a_constrained_output(processor):
-    budget = processor.thinking_budget(5, "<think>", "</think>")
+    budget = ThinkingBudget.for_marks(5, "<think>", "</think>", processor.tokenizer)
     thinking = processor.request("r", prompt_of(3), SamplingParams(thinking_budget=budget))
     assert thinking.params.thinking_budget == budget
     params = SamplingParams(thinking_budget=budget, json_schema={"type": "object"})

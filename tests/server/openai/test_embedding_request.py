@@ -23,6 +23,9 @@ from tests.server.body_bounds import check_body
         ({"input": "x", "request_id": "r" * 256}, True),
         ({"input": "x", "request_id": "r" * 257}, False),
         ({"input": "x", "request_id": ""}, False),
+        ({"input": None, "messages": [{"role": "user", "content": "x"}]}, True),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"a": 1}}, True),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 5}, False),
     ],
 )
 def test_bounds(fields: dict, valid: bool):
