@@ -48,15 +48,7 @@ class Embeddings:
             )
         processor = ctx.engine.input_processor
         if body.messages is not None:
-            prompt = await messages_prompt(
-                ctx,
-                body.messages,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                add_special_tokens=bool(body.add_special_tokens),
-                template_kwargs=body.chat_template_kwargs,
-            )
-            prompts = [prompt]
+            prompts = [await messages_prompt(ctx, body.messages, body)]
         else:
             special = body.add_special_tokens is not False
             prompts = [processor.tokenize(p, "input", special) for p in body.inputs()]

@@ -16,16 +16,8 @@ async def tokenize(ctx: RequestContext, body: TokenizeRequest) -> dict[str, Any]
     template, as a chat request would have them (each image grown into its tokens)."""
     engine = ctx.engine
     if body.messages is not None:
-        prompt = await messages_prompt(
-            ctx,
-            body.messages,
-            add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-            add_special_tokens=bool(body.add_special_tokens),
-            template_kwargs=body.chat_template_kwargs,
-            tools=[tool.for_template() for tool in body.tools or []],
-        )
-        tokens = prompt.token_ids
+        tools = [tool.for_template() for tool in body.tools or []]
+        tokens = (await messages_prompt(ctx, body.messages, body, tools)).token_ids
     elif body.prompt is not None:
         special = body.add_special_tokens is not False
         tokens = engine.tokenizer.encode(body.prompt, add_special_tokens=special)

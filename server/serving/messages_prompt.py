@@ -4,7 +4,7 @@ and its flags, the tools, each image grown into its tokens)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from hetero_infer.engine.frontend.input_processor import PromptTokens
 from hetero_infer.server.serving.chat_images import image_sources, load_images
@@ -13,27 +13,33 @@ from hetero_infer.server.serving.chat_plan import check_template_flags
 from hetero_infer.server.serving.request_context import RequestContext
 
 
+class MessagesBody(Protocol):
+    """A body that gives messages with vLLM's chat template fields."""
+
+    add_generation_prompt: bool
+    continue_final_message: bool
+    # The tokenizer's special tokens around the templated prompt (null: none).
+    add_special_tokens: bool | None
+    chat_template_kwargs: dict[str, Any] | None
+
+
 async def messages_prompt(
     ctx: RequestContext,
     messages: list[ChatMessage],
-    *,
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    add_special_tokens: bool,
-    template_kwargs: dict[str, Any] | None = None,
+    body: MessagesBody,
     tools: list[dict[str, Any]] | None = None,
 ) -> PromptTokens:
     """The checked prompt; a 400 for template flags that cannot hold, or images the
     model cannot take (before any is fetched)."""
-    check_template_flags(messages, add_generation_prompt, continue_final_message)
+    check_template_flags(messages, body.add_generation_prompt, body.continue_final_message)
     images = await load_images(ctx, image_sources(messages))
     token_ids = ctx.chat_prompt(
         template_messages(messages),
         tools=tools or None,
-        template_kwargs=template_kwargs,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        add_special_tokens=add_special_tokens,
+        template_kwargs=body.chat_template_kwargs,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        add_special_tokens=bool(body.add_special_tokens),
     )
     processor = ctx.engine.input_processor
     return processor.with_images(processor.tokenize(token_ids, param="messages"), images)
