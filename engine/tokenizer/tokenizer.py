@@ -108,7 +108,12 @@ class Tokenizer:
         probe = "x"
         bare = self.encode(probe, add_special_tokens=False)
         full = self.encode(probe, add_special_tokens=True)
-        start = next(i for i in range(len(full)) if full[i : i + len(bare)] == bare)
+        start = next((i for i in range(len(full)) if full[i : i + len(bare)] == bare), None)
+        if start is None:  # the special tokens change the text's own: no telling them apart
+            raise ValidationError(
+                "this tokenizer's special tokens cannot be added around a chat template's prompt",
+                param="add_special_tokens",
+            )
         return full[:start] + ids + full[start + len(bare) :]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -120,6 +120,19 @@ def test_chat_template_with_the_tokenizers_special_tokens(adds_eos: bool) -> Non
     assert ids == [BOS_TOKEN_ID, *plain, *([EOS_TOKEN_ID] if adds_eos else [])]
 
 
+def test_special_tokens_that_change_a_texts_own_are_refused(monkeypatch) -> None:
+    tokenizer = Tokenizer(make_byte_fallback_tokenizer())
+    # A post-processor that rewrites the text's tokens: nothing to put around the ids.
+    monkeypatch.setattr(
+        tokenizer,
+        "encode",
+        lambda text, add_special_tokens=True: [9] if add_special_tokens else [5],
+    )
+    with pytest.raises(ValueError, match="cannot be added") as error:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_special_tokens=True)
+    assert error.value.param == "add_special_tokens"
+
+
 def test_chat_template_missing_is_a_value_error() -> None:
     hf = make_byte_fallback_tokenizer()
     hf.chat_template = None
