@@ -1,7 +1,8 @@
 """server/middleware.py's caps at their edges: the request head's count and bytes, and
-the body a Content-Length announces, on a bare app with the middleware installed and
-driven as ASGI (a socket cannot hold a head at its exact size: uvicorn's parser has
-limits of its own; test_abuse.py sends the far-off cases over one)."""
+the body a Content-Length announces; and the API key in either header. On a bare app
+with the middleware installed and driven as ASGI (a socket cannot hold a head at its
+exact size: uvicorn's parser has limits of its own; test_abuse.py sends the far-off
+cases over one)."""
 
 from __future__ import annotations
 
@@ -15,29 +16,38 @@ from hetero_infer.server.settings import ServerSettings
 
 MAX_BODY = 100
 HOST = (b"host", b"127.0.0.1")  # 13 bytes of the head
+KEY = "k-123"
+
+
+def bare_app(**settings: object) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/healthz")  # open, as every probe is
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/models")
+    async def keyed() -> dict[str, str]:
+        return {"status": "ok"}
+
+    middleware.install(app, ServerSettings(max_body_bytes=MAX_BODY, **settings))
+    return app
 
 
 @pytest.fixture(scope="module")
 def app() -> FastAPI:
-    app = FastAPI()
-
-    @app.post("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    middleware.install(app, ServerSettings(max_body_bytes=MAX_BODY))
-    return app
+    return bare_app()
 
 
-def status_of(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> int:
+def status_of(app: FastAPI, headers: list[tuple[bytes, bytes]], path: str = "/healthz") -> int:
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/healthz",
-        "raw_path": b"/healthz",
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "headers": [HOST, *headers],
         "client": ("127.0.0.1", 1),
@@ -74,3 +84,22 @@ def test_the_bytes_of_the_head(app: FastAPI, size: int, status: int):
 )
 def test_the_announced_length_of_the_body(app: FastAPI, length: str, status: int):
     assert status_of(app, [(b"content-length", length.encode())]) == status
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({}, 401),
+        ({"authorization": f"Bearer {KEY}"}, 200),
+        ({"authorization": f"Bearer {KEY[:-1]}"}, 401),
+        ({"authorization": KEY}, 401),
+        ({"x-api-key": KEY}, 200),  # Anthropic's clients' header
+        ({"x-api-key": "wrong"}, 401),
+        ({"x-api-key": "wrong", "authorization": f"Bearer {KEY}"}, 200),
+    ],
+)
+def test_the_api_key(headers: dict[str, str], status: int):
+    keyed = bare_app(api_key=KEY)
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+    assert status_of(keyed, raw, "/v1/models") == status
+    assert status_of(keyed, raw, "/healthz") == 200  # probes stay open
