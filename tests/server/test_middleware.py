@@ -1,5 +1,6 @@
-"""server/middleware.py's caps at their edges: the request head's count and bytes, and
-the body a Content-Length announces; and the API key in either header. On a bare app
+"""server/middleware.py's caps at their edges: the request head's count and bytes, the
+body a Content-Length announces and a body sent without one (chunked); and the API key
+in either header. On a bare app
 with the middleware installed and driven as ASGI (a socket cannot hold a head at its
 exact size: uvicorn's parser has limits of its own; test_abuse.py sends the far-off
 cases over one)."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from hetero_infer.server import middleware
 from hetero_infer.server.middleware import MAX_HEADER_BYTES, MAX_HEADERS
 from hetero_infer.server.settings import ServerSettings
@@ -30,6 +31,10 @@ def bare_app(**settings: object) -> FastAPI:
     async def keyed() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.post("/v1/completions")
+    async def reads_the_body(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
     middleware.install(app, ServerSettings(max_body_bytes=MAX_BODY, **settings))
     return app
 
@@ -39,7 +44,12 @@ def app() -> FastAPI:
     return bare_app()
 
 
-def status_of(app: FastAPI, headers: list[tuple[bytes, bytes]], path: str = "/healthz") -> int:
+def status_of(
+    app: FastAPI,
+    headers: list[tuple[bytes, bytes]],
+    path: str = "/healthz",
+    chunks: tuple[bytes, ...] = (b"",),
+) -> int:
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -54,9 +64,11 @@ def status_of(app: FastAPI, headers: list[tuple[bytes, bytes]], path: str = "/he
         "server": ("127.0.0.1", 80),
     }
     sent: list[dict] = []
+    pending = list(chunks)
 
     async def receive() -> dict:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        body = pending.pop(0)
+        return {"type": "http.request", "body": body, "more_body": bool(pending)}
 
     async def send(message: dict) -> None:
         sent.append(message)
@@ -103,3 +115,9 @@ def test_the_api_key(headers: dict[str, str], status: int):
     raw = [(k.encode(), v.encode()) for k, v in headers.items()]
     assert status_of(keyed, raw, "/v1/models") == status
     assert status_of(keyed, raw, "/healthz") == 200  # probes stay open
+
+
+@pytest.mark.parametrize(("size", "status"), [(MAX_BODY, 200), (MAX_BODY + 1, 413)])
+def test_the_bytes_of_a_body_without_a_length(app: FastAPI, size: int, status: int):
+    chunks = (b"a" * (size // 2), b"a" * (size - size // 2))
+    assert status_of(app, [], "/v1/completions", chunks) == status
