@@ -52,6 +52,19 @@ def test_a_request_without_max_tokens_gets_the_models(defaults_server: LiveServe
         assert answer["usage"]["completion_tokens"] == 7
 
 
+def test_each_prompt_gets_the_models_max_tokens_within_its_own_room(defaults_server):
+    """Without max_tokens, each prompt of a completion gets the model's default where its
+    context has room, else the room; min_tokens must fit the least of them."""
+    long_prompt = [5] * (MAX_MODEL_LEN - 3)  # room for 3 tokens, short of the default 5
+    body = {"prompt": [long_prompt, [5, 6, 7]], "ignore_eos": True}
+    with defaults_server.client() as http:
+        answer = http.post("/v1/completions", json=body).json()
+        assert answer["usage"]["completion_tokens"] == 3 + 5
+        refused = http.post("/v1/completions", json={**body, "min_tokens": 4})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "min_tokens"
+
+
 def test_the_models_sampling_values_apply_where_the_request_gives_none(
     defaults_server: LiveServer,
 ):
