@@ -214,6 +214,18 @@ def test_continuous_usage_needs_include_usage(client):
     assert all(c.choices and c.usage is None for c in chunks)
 
 
+def test_a_stream_ending_on_a_token_without_text_sends_its_finish(client, server):
+    """The end-of-sequence token has no text (a special token, skipped): the chunk of
+    the step that ends on it still comes, empty, with the finish_reason."""
+    eos = server.engine.tokenizer.hf_tokenizer.eos_token_id
+    forced = {"max_tokens": 5, "logit_bias": {str(eos): 100}, "stream": True}
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, **forced))
+    assert [(c.choices[0].text, c.choices[0].finish_reason) for c in chunks] == [("", "stop")]
+    chat = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, **forced))
+    last = chat[-1].choices[0]
+    assert last.finish_reason == "stop" and not last.delta.content
+
+
 def test_chat_max_completion_tokens(client, reference_engine):
     expected = greedy_chat(reference_engine, MESSAGES, max_tokens=7, ignore_eos=True)
     out = client.chat.completions.create(
