@@ -10,12 +10,15 @@ themselves each step, so preemption, recomputation and restarts need nothing kep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hetero_infer.engine.settings.exceptions import ValidationError
 
-if TYPE_CHECKING:
-    from hetero_infer.engine.tokenizer import Tokenizer
+
+class Encoder(Protocol):
+    """What writes the marks as tokens: the engine's Tokenizer (a layer above params)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class ThinkingBudget:
             )
 
     @classmethod
-    def for_marks(cls, tokens: int, start: str, end: str, tokenizer: Tokenizer) -> ThinkingBudget:
+    def for_marks(cls, tokens: int, start: str, end: str, tokenizer: Encoder) -> ThinkingBudget:
         """The budget for the thinking marks ``start`` and ``end`` (the reasoning
         parser's), as ``tokenizer`` writes them within a text."""
         return cls(
