@@ -60,6 +60,7 @@ class BeamSearchParams:
     # the engine's own outputs: left out where special tokens are).
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         width = self.beam_width
@@ -248,7 +249,10 @@ class BeamSearch:
                 drop = ending and not self.params.skip_special_tokens
             shown = token_ids[:-1] if drop else token_ids
             detokenizer = new_detokenizer(
-                tokenizer, self.prompt_token_ids, self.params.skip_special_tokens
+                tokenizer,
+                self.prompt_token_ids,
+                self.params.skip_special_tokens,
+                self.params.spaces_between_special_tokens,
             )
             text = detokenizer.step(shown) + detokenizer.flush()
             outputs.append(

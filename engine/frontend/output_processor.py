@@ -62,7 +62,10 @@ class OutputProcessor:
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
                 detokenizer=new_detokenizer(
-                    self.tokenizer, prompt_token_ids, params.skip_special_tokens
+                    self.tokenizer,
+                    prompt_token_ids,
+                    params.skip_special_tokens,
+                    params.spaces_between_special_tokens,
                 ),
                 eos_token_ids=self.tokenizer.eos_token_ids,
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output)

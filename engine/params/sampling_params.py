@@ -89,6 +89,9 @@ class SamplingParams:
     # False keeps special tokens in the text (a tool-call marker may be one); the eos
     # that ends the request is left out all the same.
     skip_special_tokens: bool = True
+    # vLLM's: where special tokens are kept, false writes two added tokens in a row
+    # without the space a decoder may put between them (WordPiece's).
+    spaces_between_special_tokens: bool = True
     # What each output holds: everything so far, the step's delta (streams), or only
     # the final output (answers sent whole); see engine/entrypoints/outputs.py.
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE

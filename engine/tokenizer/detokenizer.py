@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from hetero_infer.engine.tokenizer.added_tokens_as_written import AddedTokensAsWritten
 from hetero_infer.engine.tokenizer.byte_level_detokenizer import ByteLevelDetokenizer
 from hetero_infer.engine.tokenizer.sent_text import SentText
 from hetero_infer.engine.tokenizer.tokenizer import Tokenizer
@@ -152,15 +153,27 @@ class IncrementalDetokenizer(SentText):
         )
 
 
-Detokenizer = IncrementalDetokenizer | ByteLevelDetokenizer
+Detokenizer = IncrementalDetokenizer | ByteLevelDetokenizer | AddedTokensAsWritten
 
 
 def new_detokenizer(
-    tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    tokenizer: Tokenizer,
+    prompt_token_ids: list[int],
+    skip_special_tokens: bool = True,
+    spaces_between_special_tokens: bool = True,
 ) -> Detokenizer:
     """A sequence's detokenizer: by bytes where the tokenizer's decoder is byte-level
-    BPE's (no decoding a step), else by decoding a window."""
+    BPE's (no decoding a step), else by decoding a window. Without spaces between
+    special tokens (vLLM's flag, which only text that keeps them reads), two added
+    tokens in a row are written as they are (AddedTokensAsWritten)."""
     bytes_of = tokenizer.byte_level_token_bytes
+    detokenizer: Detokenizer
     if bytes_of is not None:
-        return ByteLevelDetokenizer(bytes_of, tokenizer.special_token_ids, skip_special_tokens)
-    return IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+        detokenizer = ByteLevelDetokenizer(
+            bytes_of, tokenizer.special_token_ids, skip_special_tokens
+        )
+    else:
+        detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+    if skip_special_tokens or spaces_between_special_tokens or not tokenizer.added_tokens:
+        return detokenizer
+    return AddedTokensAsWritten(detokenizer, tokenizer.added_tokens)

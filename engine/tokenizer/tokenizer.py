@@ -84,6 +84,14 @@ class Tokenizer:
         return self._special_token_ids
 
     @functools.cached_property
+    def added_tokens(self) -> dict[int, str]:
+        """The ids of the tokens added to the vocabulary (the special ones and others, as
+        a chat's marks), with their text; none for a plugged-in tokenizer."""
+        if self._hf is None:
+            return {}
+        return {i: token.content for i, token in self._hf.added_tokens_decoder.items()}
+
+    @functools.cached_property
     def byte_level_token_bytes(self) -> TokenBytes | None:
         """Each id's bytes where the Rust decoder is byte-level BPE's alone (GPT-2's
         scheme), for ByteLevelDetokenizer; None for any other decoder."""

@@ -16,7 +16,6 @@ _NO = Unsupported()
 # vLLM's sampling extras both completion routes share; the harmless values are vLLM's
 # defaults (what a client that sends every field sends).
 _SAMPLING = {
-    "spaces_between_special_tokens": Unsupported((True,)),
     "logits_processors": _NO,
     "kv_transfer_params": _NO,
     "vllm_xargs": _NO,

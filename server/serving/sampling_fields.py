@@ -80,8 +80,10 @@ class SamplingFields(GuidedDecodingFields):
     logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # vLLM's: false keeps special tokens in the text.
+    # vLLM's: false keeps special tokens in the text, and then false here writes two
+    # added tokens in a row without the space some decoders put between them.
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     # OpenAI's, which change nothing here: an end user's id, and the processing tier.
     user: str | None = None
     service_tier: str | None = None
@@ -200,6 +202,7 @@ class SamplingFields(GuidedDecodingFields):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
         described = SamplingParams(
@@ -244,6 +247,7 @@ class SamplingFields(GuidedDecodingFields):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "min_tokens": self.min_tokens,
             "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
         }
         names = (
             "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",

@@ -24,7 +24,7 @@ ROUTES = {
 # Per route: a field defined elsewhere but not implemented (set), and that field set to
 # a value that changes nothing.
 UNSUPPORTED = {
-    "chat": [("spaces_between_special_tokens", False, True), ("documents", [{"text": "d"}], None),
+    "chat": [("media_io_kwargs", {"video": {}}, None), ("documents", [{"text": "d"}], None),
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
     "completions": [("top_p_min", 0.5, 0.0), ("prompt_embeds", "AAAA", None)],
     "embeddings": [("embed_dtype", "float16", None), ("additional_data", {"k": 1}, None)],

@@ -111,6 +111,19 @@ def test_request_id_names_the_answer(server: LiveServer):
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "request_id"
 
 
+# ---- skip_special_tokens, spaces_between_special_tokens ----
+
+
+def test_special_token_flags_reach_the_text(server: LiveServer, reference_engine: LLMEngine):
+    """The tiny model's byte-level tokenizer puts no space between added tokens, so the
+    text is the engine's with either flag (test_added_tokens_as_written.py has one that
+    does); both flags are taken (vLLM's clients send them)."""
+    flags = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    expected = run(reference_engine, PROMPT, **flags).text
+    [choice] = post(server, "/v1/completions", {**GREEDY, "prompt": PROMPT, **flags})["choices"]
+    assert choice["text"] == expected
+
+
 # ---- truncate_prompt_tokens ----
 
 

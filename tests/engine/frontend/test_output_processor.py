@@ -11,6 +11,7 @@ from hetero_infer.engine.frontend.parent_request import ParentRequest
 from hetero_infer.engine.params.sampling_params import RequestOutputKind, SamplingParams
 from hetero_infer.engine.tokenizer import Tokenizer
 
+from tests.engine.tokenizer.common import word_piece
 from tests.helpers import BOS_TOKEN_ID, EOS_TOKEN_ID, make_byte_fallback_tokenizer
 
 LETTERS = make_byte_fallback_tokenizer()
@@ -144,3 +145,23 @@ def test_a_constraint_finish_keeps_its_last_tokens_text() -> None:
     processor = processor_for(a=SamplingParams(skip_special_tokens=False))
     (output,) = processor.process([update("a", [*ids_of("x"), eos], 2, "stop")]).outputs
     assert output.text == "x"
+
+
+def test_a_choice_decodes_with_its_requests_special_token_flags() -> None:
+    """skip_special_tokens and spaces_between_special_tokens reach each choice's
+    detokenizer: WordPiece's [CLS] (1) and [SEP] (2) after "hello" (3)."""
+    processor = OutputProcessor(word_piece(), EngineMetrics())
+    flags = {
+        "shown": SamplingParams(skip_special_tokens=False),
+        "written": SamplingParams(skip_special_tokens=False, spaces_between_special_tokens=False),
+        "skipped": SamplingParams(spaces_between_special_tokens=False),
+    }
+    for request_id, params in flags.items():
+        processor.add_request(ParentRequest(request_id, params), None, [3])
+    outputs = processor.process([update(request_id, [1, 2, 3], 3) for request_id in flags])
+    texts = {output.request_id: output.text for output in outputs.outputs}
+    assert texts == {
+        "shown": " [CLS] [SEP] hello",
+        "written": " [CLS][SEP] hello",
+        "skipped": " hello",
+    }

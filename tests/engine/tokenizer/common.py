@@ -1,5 +1,5 @@
 """What the tokenizer and detokenizer tests share: texts, text strategies, the tiny
-byte-fallback tokenizer, and a stream checked as it goes."""
+byte-fallback and WordPiece tokenizers, and a stream checked as it goes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import functools
 import itertools
 from collections.abc import Callable
 
+import tokenizers
 from hetero_infer.engine.tokenizer import Detokenizer, IncrementalDetokenizer, Tokenizer
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from tokenizers import decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from tests.helpers import FIRST_BYTE_TOKEN_ID, make_byte_fallback_tokenizer
 
@@ -73,3 +76,17 @@ def stream_deltas(
     assert detok.text == expected
     assert detok.flush() == ""
     return deltas
+
+
+@functools.cache
+def word_piece() -> Tokenizer:
+    """A WordPiece tokenizer (BERT's scheme), whose decoder puts a space between any two
+    tokens but a word's "##" pieces: special [CLS] (1), [SEP] (2); words hello (3) and
+    world (4), the piece ##s (5); <x> (6), added but not special."""
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "hello": 3, "world": 4, "##s": 5}
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece()
+    backend.add_special_tokens(["[UNK]", "[CLS]", "[SEP]"])
+    backend.add_tokens(["<x>"])
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]"))

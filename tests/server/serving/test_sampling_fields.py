@@ -104,7 +104,7 @@ def test_fields_map_onto_sampling_params():
         "frequency_penalty": -0.5, "repetition_penalty": 1.5, "cache_salt": "s",
         "allowed_token_ids": [4, 5], "bad_words": ["no"], "n": 3, "ignore_eos": True,
         "include_stop_str_in_output": True, "min_tokens": 2, "skip_special_tokens": False,
-        "logit_bias": {"5": 1.5, "6": -100},
+        "spaces_between_special_tokens": False, "logit_bias": {"5": 1.5, "6": -100},
     }  # fmt: skip
     params = body(**fields).sampling_params(9)
     expected = {**fields, "max_tokens": 9, "logit_bias": {5: 1.5, 6: -100}}
@@ -180,13 +180,14 @@ def test_beam_search_params():
     fields = {
         **BEAM, "length_penalty": 0.5, "early_stopping": "never", "ignore_eos": True,
         "stop_token_ids": [2, 9], "include_stop_str_in_output": True,
-        "skip_special_tokens": False, "stream": True,
+        "skip_special_tokens": False, "spaces_between_special_tokens": False, "stream": True,
     }  # fmt: skip
     described, search = body(**fields).beam_search_params(12)
     assert (search.beam_width, search.max_tokens, search.length_penalty) == (3, 12, 0.5)
     assert (search.early_stopping, search.ignore_eos) == ("never", True)
     assert search.stop_token_ids == (2, 9)
     assert search.include_stop_str_in_output and not search.skip_special_tokens
+    assert not search.spaces_between_special_tokens
     assert (described.n, described.max_tokens, described.temperature) == (3, 12, 0.0)
     assert described.stop_token_ids == [2, 9]
     assert described.output_kind == RequestOutputKind.DELTA
