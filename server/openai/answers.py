@@ -91,7 +91,8 @@ class ChatCompletionResponse(BaseModel):
 class EmbeddingData(BaseModel):
     object: Literal["embedding"]
     index: int
-    # A list of floats, or (encoding_format "base64") their little-endian float32 bytes.
+    # A list of floats, or (encoding_format "base64") their bytes: little-endian float32
+    # unless vLLM's embed_dtype and endianness say other.
     embedding: list[float] | str
 
 

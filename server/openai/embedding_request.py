@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.embedding_encoding import EmbedDType, Endianness
 from hetero_infer.server.openai.prompt_field import PromptField, check_prompts, prompt_list
 from hetero_infer.server.openai.unsupported_fields import EMBEDDING
 from hetero_infer.server.serving.chat_messages import ChatMessage
@@ -31,7 +32,11 @@ class EmbeddingRequest(RequestBody):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    # vLLM's beside OpenAI's: "bytes" answers in binary, "bytes_only" without its
+    # JSON header; base64's and binary's values as embed_dtype in the endianness asked.
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
     # Accepted only as the model's own size: it has no Matryoshka training, so a
     # shortened vector would not be a meaningful embedding.
     dimensions: int | None = None

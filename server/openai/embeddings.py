@@ -1,17 +1,21 @@
 """/v1/embeddings: each input becomes an embedding request, which goes through the
 engine loop beside generation requests (sharing its steps) and ends with its prefill;
 its pooled vector comes back as a list of floats or, as OpenAI encodes it, base64 of
-little-endian float32 bytes.
+its bytes (little-endian float32 unless vLLM's embed_dtype and endianness say other),
+or as vLLM's binary answer: the vectors' bytes one after another, where each lies told
+in a JSON header (``metadata``; "bytes_only" leaves it out).
 """
 
 from __future__ import annotations
 
 import base64
-import struct
+import json
 from typing import Any
 
+from fastapi.responses import JSONResponse, Response
 from hetero_infer.engine.frontend.input_processor import EngineRequest
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.openai.embedding_encoding import embedding_bytes
 from hetero_infer.server.openai.embedding_request import EmbeddingRequest
 from hetero_infer.server.serving.answer_parts import new_id, now
 from hetero_infer.server.serving.messages_prompt import messages_prompt
@@ -31,6 +35,8 @@ class Embeddings:
         self.ctx = ctx
         self.requests = requests
         self.encoding_format = body.encoding_format
+        self.embed_dtype = body.embed_dtype
+        self.endianness = body.endianness
         self.id = answer_id
 
     @classmethod
@@ -65,25 +71,48 @@ class Embeddings:
         answer_id = f"embd-{body.request_id}" if body.request_id else embedding_id
         return cls(ctx, body, requests, answer_id)
 
-    async def whole(self) -> dict[str, Any]:
+    async def response(self) -> Response:
+        """The answer: JSON, or (encoding_format "bytes", "bytes_only") binary."""
         finals = await self.ctx.run_to_end(self.requests)
-        data = []
-        for index, [output] in enumerate(finals):
+        vectors = []
+        for [output] in finals:
             assert output.embedding is not None, "an embedding request ended without one"
-            data.append(
-                {"object": "embedding", "index": index, "embedding": self._encode(output.embedding)}
-            )
+            vectors.append(output.embedding)
         num_tokens = sum(len(request.prompt_token_ids) for request in self.requests)
-        return {
+        answer = {
             "id": self.id,
-            "object": "list",
             "created": now(),
-            "data": data,
             "model": self.ctx.model_name,
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
         }
+        if self.encoding_format in ("bytes", "bytes_only"):
+            return self._binary(vectors, answer)
+        data = [
+            {"object": "embedding", "index": index, "embedding": self._encode(vector)}
+            for index, vector in enumerate(vectors)
+        ]
+        return JSONResponse({**answer, "object": "list", "data": data})
 
     def _encode(self, vector: list[float]) -> list[float] | str:
         if self.encoding_format == "float":
             return vector
-        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        raw = embedding_bytes(vector, self.embed_dtype, self.endianness)
+        return base64.b64encode(raw).decode("ascii")
+
+    def _binary(self, vectors: list[list[float]], answer: dict[str, Any]) -> Response:
+        """vLLM's binary answer: the bytes of each vector in turn; unless "bytes_only",
+        a ``metadata`` header of JSON, the answer with where each vector lies."""
+        parts = [embedding_bytes(v, self.embed_dtype, self.endianness) for v in vectors]
+        headers = None
+        if self.encoding_format == "bytes":
+            data, start = [], 0
+            for index, (vector, part) in enumerate(zip(vectors, parts, strict=True)):
+                end = start + len(part)
+                data.append({
+                    "index": index, "embed_dtype": self.embed_dtype,
+                    "endianness": self.endianness, "start": start, "end": end,
+                    "shape": [len(vector)],
+                })  # fmt: skip
+                start = end
+            headers = {"metadata": json.dumps({**answer, "data": data})}
+        return Response(b"".join(parts), media_type="application/octet-stream", headers=headers)

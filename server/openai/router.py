@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from hetero_infer.server.openai import tokenization
 from hetero_infer.server.openai.answers import (
     ChatCompletionResponse,
@@ -85,7 +85,7 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
 @router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse))
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     answer = await Embeddings.build(RequestContext.open(request, body.model), body)
-    return JSONResponse(await answer.whole())
+    return await answer.response()
 
 
 @router.post("/v1/score", responses=route_responses(ScoreResponse))

@@ -54,7 +54,6 @@ CHAT = {
 }
 
 EMBEDDING = {
-    "embed_dtype": _NO,
     "additional_data": _NO,
     "mm_processor_kwargs": _NO,
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 
 import openai
@@ -157,6 +158,62 @@ def test_base64_is_little_endian_float32(pooling_server):
         assert sum(x * x for x in decoded) == pytest.approx(1.0, abs=1e-5)
 
 
+EMBED_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+def as_dtype(raw: bytes, name: str, endianness: str) -> list[float]:
+    """vLLM's bytes of an embedding as floats: the values of the dtype, in that order."""
+    dtype = EMBED_DTYPES[name]
+    width = torch.tensor([], dtype=dtype).element_size()
+    if endianness == "big":  # each value's bytes turned round, to this machine's order
+        raw = b"".join(raw[i : i + width][::-1] for i in range(0, len(raw), width))
+    return torch.frombuffer(bytearray(raw), dtype=dtype).float().tolist()
+
+
+@pytest.mark.parametrize("embed_dtype", EMBED_DTYPES)
+def test_vllms_embed_dtype_and_endianness(pooling_server, embed_dtype):
+    """base64 and vLLM's binary answers: each value rounded to embed_dtype (to nearest,
+    as torch rounds), its bytes in the order asked ("native": this machine's, little)."""
+    server, _ = pooling_server
+    body = {"model": MODEL_NAME, "input": [[1, 7, 40, 41, 300], [1, 9]], "request_id": "b"}
+    dtype = EMBED_DTYPES[embed_dtype]
+    with server.client() as http:
+        floats = http.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json()
+        expected = [torch.tensor(d["embedding"]).to(dtype).float().tolist() for d in floats["data"]]
+        for endianness in ("native", "little", "big"):
+            fields = {**body, "embed_dtype": embed_dtype, "endianness": endianness}
+            packed = http.post("/v1/embeddings", json={**fields, "encoding_format": "base64"})
+            got = [
+                as_dtype(base64.b64decode(d["embedding"]), embed_dtype, endianness)
+                for d in packed.json()["data"]
+            ]
+            assert got == expected
+            binary = http.post("/v1/embeddings", json={**fields, "encoding_format": "bytes"})
+            assert binary.headers["content-type"] == "application/octet-stream"
+            metadata = json.loads(binary.headers["metadata"])
+            assert (metadata["id"], metadata["model"]) == ("embd-b", MODEL_NAME)
+            assert metadata["usage"] == floats["usage"]
+            width = dtype.itemsize
+            assert metadata["data"] == [
+                {"index": i, "embed_dtype": embed_dtype, "endianness": endianness,
+                 "start": i * HIDDEN_SIZE * width, "end": (i + 1) * HIDDEN_SIZE * width,
+                 "shape": [HIDDEN_SIZE]}
+                for i in range(2)
+            ]  # fmt: skip
+            got = [
+                as_dtype(binary.content[item["start"] : item["end"]], embed_dtype, endianness)
+                for item in metadata["data"]
+            ]
+            assert got == expected
+            bare = http.post("/v1/embeddings", json={**fields, "encoding_format": "bytes_only"})
+            assert "metadata" not in bare.headers and bare.content == binary.content
+    if embed_dtype != "float32":  # rounded: not the floats themselves
+        assert expected != [d["embedding"] for d in floats["data"]]
+
+
 def test_shares_steps_with_generation(pooling_server, hf_model):
     """Embedding requests sent while a generation streams join its steps: they finish
     before it does, exact, and the generation's text is what it is alone."""
@@ -204,6 +261,8 @@ BAD_INPUTS = [
     ({"input": "hello " * MAX_MODEL_LEN}, "input"),
     ({"input": "x", "dimensions": 8}, "dimensions"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "embed_dtype": "int8"}, "embed_dtype"),
+    ({"input": "x", "endianness": "middle"}, "endianness"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": "x", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({}, "input"),
