@@ -51,6 +51,8 @@ class EmbeddingRequest(RequestBody):
     normalize: bool | None = None
     priority: int = 0
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # vLLM's: data for a pooling plugin, which its own models (as ours) do not read.
+    additional_data: Any = None
 
     @field_validator("input", mode="wrap")
     @classmethod

@@ -54,7 +54,6 @@ CHAT = {
 }
 
 EMBEDDING = {
-    "additional_data": _NO,
     "mm_processor_kwargs": _NO,
 }
 
