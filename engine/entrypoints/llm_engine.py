@@ -81,7 +81,7 @@ class LLMEngine:
             scheduling_policy=config.scheduling_policy,
             request_timeout=config.request_timeout,
             image_prompts=ImagePrompts.for_model(
-                source.folder, setup.model_config, self.tokenizer, config.cpu_kernels
+                source.folder, setup.model_config, self.tokenizer, config
             ),
         )
         self.output_processor = OutputProcessor(self.tokenizer, self.metrics)

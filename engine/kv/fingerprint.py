@@ -4,7 +4,9 @@ Two engines share files only where every input below agrees: the weights (their 
 names, sizes and modification times, and the model's config), the dtype the KV is kept
 in, the quantization (it changes the activations, so the keys and values), the block
 size and the KV layout (layers, KV heads, head size per group), how a key or value is
-stored in those bytes (kv_quant.KV_FORMAT), and this file format.
+stored in those bytes (kv_quant.KV_FORMAT), and this file format; for a vision model,
+its image processor's settings too (its folder's files and mm_processor_kwargs), which
+shape an image's tokens.
 A file written under another fingerprint lives in another folder, and its header
 names its fingerprint too (block_file.py), so it is never read as this model's.
 """
@@ -24,7 +26,9 @@ def _weight_files(path: Path) -> list[dict[str, Any]]:
     files = (
         [path]
         if path.is_file()
-        else sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
+        else sorted(path.glob("*.safetensors"))
+        + sorted(path.glob("*.gguf"))
+        + sorted(path.glob("*processor_config.json"))
     )
     out = []
     for f in files:
@@ -40,6 +44,7 @@ def kv_fingerprint(
     quantization: str,
     block_size: int,
     group_layouts: list[tuple[int, int, int]],
+    mm_processor_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """A 32-hex-digit digest; ``group_layouts``: (layers, KV heads, head size) per KV
     cache group, global first."""
@@ -54,5 +59,7 @@ def kv_fingerprint(
         "block_size": block_size,
         "groups": group_layouts,
     }
+    if mm_processor_kwargs:  # absent otherwise: the digests of earlier files stand
+        described["mm_processor_kwargs"] = mm_processor_kwargs
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -94,6 +94,7 @@ def build_tier_store(
             config.quantization,
             config.block_size,
             [(n, block_shape[1], block_shape[2]) for n in group_layers],
+            config.mm_processor_kwargs,
         )
         layout = DiskLayout(config.kv_offloading_dir, fingerprint)
         disk = DiskTier(layout, int(config.kv_offloading_dir_size * GIB))

@@ -17,13 +17,15 @@ and other text around them) is not supported: a folder that turns it on is refus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pixels import (
+    VALUE_SETTINGS,
     ProcessedImage,
     check_mean_and_std,
     normalized,
@@ -50,6 +52,9 @@ class Gemma3ImageProcessor:
     """The image processor's settings (transformers' names and defaults, which stand
     where a config leaves a key out or sets it to null), the image tokens per image and
     the special tokens' strings (the tokenizer's boi_token, image_token and eoi_token)."""
+
+    # What mm_processor_kwargs may set over the folder's (ImagePrompts.for_model).
+    OVERRIDABLE: ClassVar[frozenset[str]] = VALUE_SETTINGS | {"do_pan_and_scan"}
 
     image_seq_length: int = DEFAULT_IMAGE_SEQ_LENGTH
     # size["height"] and size["width"]; transformers' class default is 224 x 224, every
@@ -80,15 +85,20 @@ class Gemma3ImageProcessor:
         check_mean_and_std("Gemma 3", self.image_mean, self.image_std)
 
     @classmethod
-    def from_folder(cls, path: Path) -> Gemma3ImageProcessor:
+    def from_folder(
+        cls, path: Path, overrides: Mapping[str, Any] | None = None
+    ) -> Gemma3ImageProcessor:
         """From a model folder: the image processor's settings in preprocessor_config.json
         (the Hub's Gemma 3 folders, with nulls for the processor's defaults) or under
         "image_processor" in processor_config.json (transformers 5 saves them there);
         image_seq_length from processor_config.json or else config.json's
-        mm_tokens_per_image; the special tokens from tokenizer_config.json."""
+        mm_tokens_per_image; the special tokens from tokenizer_config.json. ``overrides``
+        (mm_processor_kwargs) go over the files' settings, as keyword arguments to
+        transformers' from_pretrained do."""
         settings = read_json(path / "preprocessor_config.json")
         processor = read_json(path / "processor_config.json")
         settings.update(processor.get("image_processor", {}))
+        settings.update(overrides or {})
         # A null is the processor's default (Gemma3Processor's images_kwargs), as for a
         # key left out.
         settings = {key: value for key, value in settings.items() if value is not None}

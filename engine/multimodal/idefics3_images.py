@@ -15,12 +15,15 @@ after each row of tiles, then the global image's behind ``<global-img>``, fenced
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pixels import (
+    VALUE_SETTINGS,
     ProcessedImage,
     check_mean_and_std,
     normalized,
@@ -44,6 +47,9 @@ MAX_IMAGE_SIZE = 4096
 class Idefics3ImageProcessor:
     """The image processor's settings (transformers' names and defaults, which stand
     where a config leaves a key out) and the image tokens per tile."""
+
+    # What mm_processor_kwargs may set over the folder's (ImagePrompts.for_model).
+    OVERRIDABLE: ClassVar[frozenset[str]] = VALUE_SETTINGS | {"size", "do_image_splitting"}
 
     image_seq_len: int
     longest_edge: int = 4 * 364  # size["longest_edge"]
@@ -70,14 +76,19 @@ class Idefics3ImageProcessor:
         check_mean_and_std("Idefics3", self.image_mean, self.image_std)
 
     @classmethod
-    def from_folder(cls, path: Path) -> Idefics3ImageProcessor:
+    def from_folder(
+        cls, path: Path, overrides: Mapping[str, Any] | None = None
+    ) -> Idefics3ImageProcessor:
         """From a model folder: the image processor's settings in preprocessor_config.json
         (the Hub's SmolVLM folders) or under "image_processor" in processor_config.json
         (transformers 5 saves them there), image_seq_len from processor_config.json or
-        else from the model's config.json, as the model itself computes it."""
+        else from the model's config.json, as the model itself computes it. ``overrides``
+        (mm_processor_kwargs) go over the files' settings, as keyword arguments to
+        transformers' from_pretrained do."""
         settings = read_json(path / "preprocessor_config.json")
         processor = read_json(path / "processor_config.json")
         settings.update(processor.get("image_processor", {}))
+        settings.update(overrides or {})
         image_seq_len = processor.get("image_seq_len")
         if image_seq_len is None:
             image_seq_len = _image_seq_len_of_model(path / "config.json")

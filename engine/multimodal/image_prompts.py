@@ -29,6 +29,7 @@ from hetero_infer.engine.multimodal.pixels import pixels_hash, pixels_of
 from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
 from hetero_infer.engine.multimodal.recent_images import PreparedImage, RecentImages
 from hetero_infer.engine.params.image_input import ImageInput, content_hash
+from hetero_infer.engine.settings.config import EngineConfig
 from hetero_infer.engine.settings.exceptions import ConfigError, ValidationError
 from hetero_infer.engine.tokenizer import Tokenizer
 
@@ -76,17 +77,32 @@ class ImagePrompts:
 
     @classmethod
     def for_model(
-        cls, folder: Path, config: ModelConfig, tokenizer: Tokenizer, cpu_kernels: bool = True
+        cls, folder: Path, config: ModelConfig, tokenizer: Tokenizer, settings: EngineConfig
     ) -> ImagePrompts | None:
         """A vision model's, from its folder's preprocessing config; None for text only.
-        ``cpu_kernels``: the engine's setting, whether the CPU kernels preprocess."""
+        Of the engine's ``settings``: cpu_kernels, whether the CPU kernels preprocess;
+        mm_processor_kwargs over the folder's settings, of those by which the model's
+        processor lets an image's size or values change (a ConfigError names any other:
+        the encoder's input shape is the model's)."""
+        overrides = settings.mm_processor_kwargs or {}
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"mm_processor_kwargs must be a JSON object, not {overrides!r}")
         if config.vision is None:
+            if overrides:
+                raise ConfigError("mm_processor_kwargs: this model takes no images")
             return None
         processor_class = PROCESSORS.get(config.architecture)
         if processor_class is None:
             raise ConfigError(f"{config.architecture}: no image processor for its images")
+        allowed = sorted(processor_class.OVERRIDABLE)
+        if unknown := sorted(set(overrides) - processor_class.OVERRIDABLE):
+            raise ConfigError(
+                f"mm_processor_kwargs: {config.architecture}'s image processor takes no "
+                f"{', '.join(unknown)} here, only {', '.join(allowed)}"
+            )
         vision = config.vision
-        processor = replace(processor_class.from_folder(folder), cpu_kernels=cpu_kernels)
+        processor = processor_class.from_folder(folder, overrides)
+        processor = replace(processor, cpu_kernels=settings.cpu_kernels)
         mrope = config.mrope_section is not None
         return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional, mrope)
 

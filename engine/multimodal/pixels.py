@@ -33,6 +33,9 @@ PIXEL_SETTINGS = (
     "image_mean",
     "image_std",
 )
+# Those of them that change an image's values but never its shape, which
+# mm_processor_kwargs may set (ImagePrompts.for_model).
+VALUE_SETTINGS = frozenset(PIXEL_SETTINGS) - {"do_resize", "do_convert_rgb"}
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,15 @@ a do_ flag, an error for the rest); the Hub's Qwen folders have none.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import PIL.Image
 import torch
 from hetero_infer.engine.multimodal.pixels import (
+    VALUE_SETTINGS,
     ProcessedImage,
     check_mean_and_std,
     normalized,
@@ -88,6 +90,9 @@ class Qwen2VLImageProcessor:
     where a config leaves a key out or sets it to null) and the image token's string (the
     tokenizer's image_token, else ``<|image_pad|>``)."""
 
+    # What mm_processor_kwargs may set over the folder's (ImagePrompts.for_model).
+    OVERRIDABLE: ClassVar[frozenset[str]] = VALUE_SETTINGS | {"size", "min_pixels", "max_pixels"}
+
     min_pixels: int = 56 * 56  # size["shortest_edge"], or min_pixels
     max_pixels: int = 28 * 28 * 1280  # size["longest_edge"], or max_pixels
     patch_size: int = 14
@@ -118,13 +123,18 @@ class Qwen2VLImageProcessor:
         check_mean_and_std("Qwen2-VL", self.image_mean, self.image_std)
 
     @classmethod
-    def from_folder(cls, path: Path) -> Qwen2VLImageProcessor:
+    def from_folder(
+        cls, path: Path, overrides: Mapping[str, Any] | None = None
+    ) -> Qwen2VLImageProcessor:
         """From a model folder: the image processor's settings in preprocessor_config.json
         (the Hub's Qwen2-VL and Qwen2.5-VL folders) or under "image_processor" in
         processor_config.json (transformers 5 saves them there), nulls standing for the
-        defaults; the image token from tokenizer_config.json."""
+        defaults; the image token from tokenizer_config.json. ``overrides``
+        (mm_processor_kwargs) go over the files' settings, as keyword arguments to
+        transformers' from_pretrained do."""
         settings = read_json(path / "preprocessor_config.json")
         settings.update(read_json(path / "processor_config.json").get("image_processor", {}))
+        settings.update(overrides or {})
         settings = {key: value for key, value in settings.items() if value is not None}
         defaults = cls()
         # As Qwen2VLImageProcessorPil.__init__: the size (the default where none), then

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,8 @@ from hetero_infer.engine.settings.config_checks import check_config, check_int
 from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.settings.seed_layout import (
     ALIASES,
-    SERVER_SECTIONS,
     UNSUPPORTED_SEED_KEYS,
+    engine_settings,
     seed_tokenizer,
 )
 from hetero_infer.engine.settings.speculative_config import SpeculativeConfig
@@ -196,6 +195,12 @@ class EngineConfig:
     pooling: str = setting(
         "last", "how /v1/embeddings pools a prompt: last (vLLM's default) or mean", POOLINGS
     )
+    mm_processor_kwargs: dict[str, Any] | None = setting(
+        None,
+        "as vLLM's: JSON over the image processor's settings that size or scale an image, "
+        "e.g. '{\"max_pixels\": 1003520}' (docs/models.md)",
+        hash=False,
+    )
 
     enable_lora: bool = setting(False, "as vLLM's: serve LoRA adapters on the model (docs/lora.md)")
     max_loras: int = setting(4, "as vLLM's: LoRA adapters loaded at once (each one's slot)")
@@ -276,19 +281,7 @@ class EngineConfig:
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> EngineConfig:
         """Read a JSON file (flat, or with the settings under an "engine" key)."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object at the top level")
-        if isinstance(data.get("engine"), dict):
-            data = data["engine"]
-        # "_comment" keys, and the server's section of the seed's layout.
-        data = {k: v for k, v in data.items() if not k.startswith("_") and k not in SERVER_SECTIONS}
+        data = engine_settings(Path(path))
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data, source=str(path))
 

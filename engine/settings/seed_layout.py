@@ -21,9 +21,25 @@ UNSUPPORTED_SEED_KEYS = {
 }
 
 
+def engine_settings(path: Path) -> dict[str, Any]:
+    """A config file's engine settings: the whole JSON object, or its "engine" section,
+    without "_comment" keys and the server's sections."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    if isinstance(data.get("engine"), dict):
+        data = data["engine"]
+    return {k: v for k, v in data.items() if not k.startswith("_") and k not in SERVER_SECTIONS}
+
+
 def read_section(path: str | Path, section: str) -> dict[str, Any]:
     """One section of a config file (e.g. the seed's "serving"); {} when it has none.
-    The file was already read and checked by from_file."""
+    The file was already read and checked by engine_settings."""
     data = json.loads(Path(path).read_text())
     value = data.get(section) if isinstance(data, dict) else None
     return value if isinstance(value, dict) else {}

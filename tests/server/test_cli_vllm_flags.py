@@ -52,6 +52,14 @@ def test_generation_config_flags():
     assert settings_for([], env).engine.override_generation_config == {"top_k": 5}
 
 
+def test_mm_processor_kwargs_flag():
+    argv = ["--mm-processor-kwargs", '{"max_pixels": 1003520}']
+    assert settings_for(argv, {}).engine.mm_processor_kwargs == {"max_pixels": 1003520}
+    assert settings_for([], {}).engine.mm_processor_kwargs is None
+    env = {"HETERO_MM_PROCESSOR_KWARGS": '{"size": {"longest_edge": 1536}}'}
+    assert settings_for([], env).engine.mm_processor_kwargs == {"size": {"longest_edge": 1536}}
+
+
 @pytest.mark.parametrize("text", ["{temperature: 0.5}", "[0.5]", "0.5"])
 def test_the_override_must_be_a_json_object(text, capsys):
     with pytest.raises(SystemExit):

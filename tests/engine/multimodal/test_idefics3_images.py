@@ -138,3 +138,23 @@ def test_splitting_grid() -> None:
     fenced_global = "<fake_token_around_image><global-img><image><image><fake_token_around_image>"
     assert text == tile.format(1) + tile.format(2) + "\n\n" + fenced_global
     assert processor.placeholder_text(0, 0) == fenced_global
+
+
+@pytest.mark.parametrize("name", ["landscape", "large", "one_by_three"])
+def test_overrides_are_the_processors_keyword_arguments(
+    name: str, folder: Path, hf_processor: transformers.ProcessorMixin
+) -> None:
+    """mm_processor_kwargs over the folder's settings, as vLLM passes them to the
+    processor's call: a longest edge of 3 tiles instead of 4, without splitting."""
+    overrides = {"size": {"longest_edge": 3 * IDEFICS3_TILE_SIZE}, "do_image_splitting": False}
+    ours = Idefics3ImageProcessor.from_folder(folder, overrides)
+    assert (ours.longest_edge, ours.do_image_splitting) == (3 * IDEFICS3_TILE_SIZE, False)
+    processed = ours.process(IMAGES[name]())
+    expected = hf_processor(text=PROMPT, images=[IMAGES[name]()], return_tensors="pt", **overrides)
+    assert torch.equal(processed.pixel_values, expected["pixel_values"][0])
+    with_splitting = {**overrides, "do_image_splitting": True}
+    ours = Idefics3ImageProcessor.from_folder(folder, with_splitting)
+    expected = hf_processor(
+        text=PROMPT, images=[IMAGES[name]()], return_tensors="pt", **with_splitting
+    )
+    assert torch.equal(ours.process(IMAGES[name]()).pixel_values, expected["pixel_values"][0])

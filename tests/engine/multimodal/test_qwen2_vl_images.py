@@ -263,3 +263,27 @@ def test_aspect_ratio_over_limit_refused(folder: Path, size: tuple[int, int]) ->
         ours.process(image)
     with pytest.raises(ValueError, match="aspect ratio must be smaller than 200"):
         pil_image_processor(folder)(image)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_pixels": 40 * 40},
+        {"min_pixels": 90 * 90, "image_mean": 0.25},
+        {"size": {"shortest_edge": 500, "longest_edge": 2000}},
+    ],
+    ids=["max_pixels", "min_pixels", "size"],
+)
+def test_overrides_go_over_the_folder_as_from_pretrained_takes_them(
+    folder: Path, overrides: dict[str, object]
+) -> None:
+    """mm_processor_kwargs: keyword arguments to from_pretrained, over the saved settings."""
+    ours = Qwen2VLImageProcessor.from_folder(folder, overrides)
+    hf = transformers.AutoImageProcessor.from_pretrained(folder, use_fast=False, **overrides)
+    assert ours != Qwen2VLImageProcessor.from_folder(folder)
+    for image in ("landscape", "tall_strip", "large"):
+        processed = ours.process(IMAGES[image]())
+        expected = hf(IMAGES[image](), return_tensors="pt")
+        assert expected["image_grid_thw"].tolist() == [[1, processed.rows, processed.cols]]
+        flat = processed.pixel_values.reshape(processed.rows * processed.cols, -1)
+        assert torch.equal(flat, expected["pixel_values"])
