@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 from hetero_infer.engine.params.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from hetero_infer.server.serving.request_body import (
     MAX_JSON_DEPTH,
+    JsonObject,
     check_depth,
     check_text,
-    check_texts,
 )
 from hetero_infer.server.serving.tool_definitions import check_object_schema
 from pydantic import (
@@ -29,11 +29,6 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
-
-
-def _valid_texts(value: Any) -> Any:
-    check_texts(value)
-    return value
 
 
 def _text_as_blocks(value: Any) -> Any:
@@ -55,7 +50,6 @@ def _string_or_blocks(types: list[str]) -> dict[str, Any]:
 
 # Texts the chat template writes into the prompt: valid Unicode (no lone surrogates).
 Text = Annotated[str, AfterValidator(check_text)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_valid_texts)]
 
 
 class AnthropicModel(BaseModel):

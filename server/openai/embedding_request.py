@@ -12,8 +12,8 @@ from hetero_infer.server.openai.unsupported_fields import EMBEDDING
 from hetero_infer.server.serving.chat_messages import ChatMessage
 from hetero_infer.server.serving.request_body import (
     MAX_EMBEDDING_INPUTS,
+    JsonObject,
     RequestBody,
-    check_texts,
 )
 from pydantic import Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
@@ -31,7 +31,7 @@ class EmbeddingRequest(RequestBody):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_generation_prompt: bool = False
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     # vLLM's beside OpenAI's: "bytes" answers in binary, "bytes_only" without its
     # JSON header; base64's and binary's values as embed_dtype in the endianness asked.
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
@@ -70,12 +70,6 @@ class EmbeddingRequest(RequestBody):
         value = check_prompts(value, "input")
         if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
             raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request")
-        return value
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        check_texts(value)
         return value
 
     @model_validator(mode="after")

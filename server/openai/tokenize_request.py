@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hetero_infer.server.openai.unsupported_fields import TOKENIZE
 from hetero_infer.server.serving.chat_messages import ChatMessage
-from hetero_infer.server.serving.request_body import RequestBody, TokenId, check_text
+from hetero_infer.server.serving.request_body import JsonObject, RequestBody, TokenId, check_text
 from hetero_infer.server.serving.tool_definitions import ToolDefinition
 from pydantic import field_validator
 
@@ -23,7 +21,7 @@ class TokenizeRequest(RequestBody):
     add_special_tokens: bool | None = None
     # With messages, as a chat request gives them to the template.
     tools: list[ToolDefinition] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     # vLLM's: each token's string in the vocabulary too ("token_strs").

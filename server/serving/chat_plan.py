@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_messages import ChatMessage, template_messages
-from hetero_infer.server.serving.request_body import check_texts
+from hetero_infer.server.serving.request_body import JsonObject
 from hetero_infer.server.serving.sampling_fields import SamplingFields
 from hetero_infer.server.serving.tool_definitions import NamedToolChoice, ToolDefinition
 from pydantic import Field, field_validator
@@ -27,7 +27,7 @@ class ChatPlan(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # Passed to the chat template (e.g. {"enable_thinking": false}).
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     # vLLM's: end with the generation prompt (the default), or leave the last message
     # open for the model to go on with (a prefilled answer); not both.
     add_generation_prompt: bool = True
@@ -55,12 +55,6 @@ class ChatPlan(SamplingFields):
                 'must be "none", "auto", "required" or '
                 '{"type": "function", "function": {"name": ...}}'
             ) from None
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _valid_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        check_texts(value)
-        return value
 
     def template_kwargs(self) -> dict[str, Any] | None:
         """The chat template's variables: reasoning_effort, under the body's own."""

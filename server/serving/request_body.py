@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from hetero_infer.server.errors import APIError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    WithJsonSchema,
+    model_validator,
+)
 
 # The most inputs one embedding request takes, in every family: OpenAI's limit.
 MAX_EMBEDDING_INPUTS = 2048
@@ -128,3 +135,13 @@ def check_texts(value: Any) -> None:
             stack += [*item.keys(), *item.values()]
         elif isinstance(item, list):
             stack += item
+
+
+def _valid_texts(value: Any) -> Any:
+    check_texts(value)
+    return value
+
+
+# A JSON object of the body (a template's variables, a tool's input) whose strings, its
+# keys' too, must be valid Unicode.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_valid_texts)]

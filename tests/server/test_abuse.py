@@ -238,6 +238,16 @@ CASES = [
         message="nests",
     ),
     Case("unknown-field-600-deep", COMPLETIONS, deep_json(b"extra", 600), message="nests"),
+    # A template's variables are the template's text: valid Unicode on every route
+    # that templates messages.
+    *(
+        Case(f"surrogate-template-kwargs-{path}", path, body, param="chat_template_kwargs")
+        for path, body in [
+            (CHAT, chat(chat_template_kwargs={"k": SURROGATE})),
+            ("/tokenize", {"messages": MESSAGES, "chat_template_kwargs": {"k": SURROGATE}}),
+            ("/v1/embeddings", {"messages": MESSAGES, "chat_template_kwargs": {SURROGATE: 1}}),
+        ]
+    ),
     # Hostile JSON schemas: a clear 400, or a grammar built (and run) in bounded time.
     Case(
         "schema-catastrophic-regex",
