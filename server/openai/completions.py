@@ -96,8 +96,8 @@ class Completion:
         limits = [ctx.max_tokens(prompt, requested) for prompt in prompts]
         beam = None
         if body.use_beam_search:
-            limits = [min(limits)] * len(prompts)  # the one search's params serve all
-            params, beam = body.beam_search_params(limits[0])
+            # Each prompt's search goes as far as its own limit (beam_outputs).
+            params, beam = body.beam_search_params(min(limits))
             num_candidates(beam, ctx.engine.tokenizer.eos_token_ids)  # n fits: a 400 now
         else:
             params = body.sampling_params(min(limits), defaults.sampling)
@@ -240,7 +240,9 @@ async def beam_outputs(
 ) -> AsyncIterator[RequestOutput]:
     """The beams of one request's search, best first, once it has ended (each whole,
     its delta fields too), observed by the metrics; the engine's errors as APIErrors.
-    A search that ran out of time before its first token has no beam to give: a 408."""
+    A search that ran out of time before its first token has no beam to give: a 408.
+    Its max_tokens is the request's (a prompt's own room, where several share ``params``)."""
+    params = replace(params, max_tokens=request.params.max_tokens)
     tracker = ctx.metrics.tracker(final_only=True)
     try:
         outputs = await beam_search_async(ctx.engine, request, params)

@@ -63,6 +63,11 @@ def test_each_prompt_gets_the_models_max_tokens_within_its_own_room(defaults_ser
         refused = http.post("/v1/completions", json={**body, "min_tokens": 4})
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "min_tokens"
+        # A beam search's too (as vLLM's, each prompt's search to its own limit); the
+        # model's repetition penalty is a sampling value, which a search does not use.
+        beams = http.post("/v1/completions", json={**body, "use_beam_search": True, "n": 2})
+        assert beams.status_code == 200, beams.text
+        assert beams.json()["usage"]["completion_tokens"] == 2 * 3 + 2 * 5
 
 
 def test_the_models_sampling_values_apply_where_the_request_gives_none(
