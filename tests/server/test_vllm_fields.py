@@ -75,6 +75,12 @@ def test_chat_token_ids(server: LiveServer, reference_engine: LLMEngine):
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     streamed = [t for c in chunks[1:] for t in c["choices"][0]["token_ids"]]
     assert streamed == expected.token_ids
+    # Several choices, drawn: each its own ids, those of its own text.
+    drawn = {**body, "n": 3, "temperature": 1.0, "seed": 7}
+    choices = post(server, "/v1/chat/completions", drawn)["choices"]
+    decoded = [reference_engine.tokenizer.decode(c["token_ids"]) for c in choices]
+    assert decoded == [c["message"]["content"] for c in choices]
+    assert len(set(decoded)) > 1
 
 
 # ---- return_tokens_as_token_ids ----
