@@ -129,6 +129,11 @@ class Gemma3ImageProcessor:
         )
 
     @property
+    def largest_pixels(self) -> int:
+        """The pixels every image is resized to."""
+        return self.height * self.width
+
+    @property
     def marker(self) -> str:
         """The token the chat template writes where each image goes."""
         return self.boi_token

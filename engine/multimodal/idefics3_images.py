@@ -113,6 +113,11 @@ class Idefics3ImageProcessor:
         return IMAGE_TOKEN
 
     @property
+    def largest_pixels(self) -> int:
+        """The most pixels an image is resized to (its longest edge's square)."""
+        return self.longest_edge**2
+
+    @property
     def marker(self) -> str:
         """The token the chat template writes for an image: its image token."""
         return IMAGE_TOKEN

@@ -15,7 +15,9 @@ processor's text would be ("\n" + "\n\n" is one token, not two).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -53,12 +55,18 @@ class ImagePrompts:
         image_token_id: int,
         bidirectional: bool = False,
         mrope: bool = False,
+        processor_for: Callable[[Mapping[str, Any]], ImageProcessor] | None = None,
     ) -> None:
         """``image_token_id``: the token whose embeddings an image's replace;
         ``bidirectional``: whether an image's tokens attend to each other both ways;
         ``mrope``: whether they take M-RoPE's grid positions (the processor's grid of
-        patches, merged by its merge_size)."""
+        patches, merged by its merge_size); ``processor_for``: the processor with a
+        request's mm_processor_kwargs (with_overrides; None: none taken)."""
         self.processor = processor
+        self._processor_for = processor_for
+        # Mixed into the content hashes of images preprocessed with a request's own
+        # settings: to the prefix cache and the recent images, another image.
+        self._salt = b""
         self.tokenizer = tokenizer
         self.image_token_id = image_token_id
         self.bidirectional = bidirectional
@@ -84,27 +92,58 @@ class ImagePrompts:
         mm_processor_kwargs over the folder's settings, of those by which the model's
         processor lets an image's size or values change (a ConfigError names any other:
         the encoder's input shape is the model's)."""
-        overrides = settings.mm_processor_kwargs or {}
-        if not isinstance(overrides, dict):
-            raise ConfigError(f"mm_processor_kwargs must be a JSON object, not {overrides!r}")
+        engine_overrides = settings.mm_processor_kwargs or {}
         if config.vision is None:
-            if overrides:
+            if engine_overrides:
                 raise ConfigError("mm_processor_kwargs: this model takes no images")
             return None
         processor_class = PROCESSORS.get(config.architecture)
         if processor_class is None:
             raise ConfigError(f"{config.architecture}: no image processor for its images")
-        allowed = sorted(processor_class.OVERRIDABLE)
-        if unknown := sorted(set(overrides) - processor_class.OVERRIDABLE):
+
+        def processor_for(overrides: Mapping[str, Any]) -> ImageProcessor:
+            if not isinstance(overrides, Mapping):
+                raise ConfigError(f"mm_processor_kwargs must be a JSON object, not {overrides!r}")
+            if unknown := sorted(set(overrides) - processor_class.OVERRIDABLE):
+                allowed = ", ".join(sorted(processor_class.OVERRIDABLE))
+                raise ConfigError(
+                    f"mm_processor_kwargs: {config.architecture}'s image processor takes no "
+                    f"{', '.join(unknown)} here, only {allowed}"
+                )
+            try:
+                processor = processor_class.from_folder(folder, {**engine_overrides, **overrides})
+            except (TypeError, ValueError) as exc:  # a value of the wrong type or range
+                # (named without the model's folder, which a client need not learn)
+                raise ConfigError(f"mm_processor_kwargs: {exc}".replace(f"{folder}: ", "")) from exc
+            return replace(processor, cpu_kernels=settings.cpu_kernels)
+
+        vision, mrope = config.vision, config.mrope_section is not None
+        processor = processor_for(engine_overrides)
+        return cls(
+            processor, tokenizer, vision.image_token_id, vision.bidirectional, mrope, processor_for
+        )
+
+    def with_overrides(self, overrides: Mapping[str, Any] | None) -> ImagePrompts:
+        """These prompts with a request's mm_processor_kwargs (vLLM's field) over the
+        engine's settings: the same tokenizer and recent images, their own processor and
+        content hashes. A ConfigError names what the processor does not take, and
+        settings that would resize an image past the engine's largest."""
+        if not overrides:
+            return self
+        if self._processor_for is None:
+            raise ConfigError("mm_processor_kwargs: these image prompts take none")
+        processor = self._processor_for(overrides)
+        if processor.largest_pixels > self.processor.largest_pixels:
+            # A request may not make its images cost more than the server's settings do.
             raise ConfigError(
-                f"mm_processor_kwargs: {config.architecture}'s image processor takes no "
-                f"{', '.join(unknown)} here, only {', '.join(allowed)}"
+                "mm_processor_kwargs: an image may be made no larger than the server's "
+                f"settings make it ({self.processor.largest_pixels} pixels)"
             )
-        vision = config.vision
-        processor = processor_class.from_folder(folder, overrides)
-        processor = replace(processor, cpu_kernels=settings.cpu_kernels)
-        mrope = config.mrope_section is not None
-        return cls(processor, tokenizer, vision.image_token_id, vision.bidirectional, mrope)
+        variant = copy.copy(self)
+        variant.processor = processor
+        variant._salt = json.dumps(overrides, sort_keys=True).encode()
+        variant._placeholder = lru_cache(maxsize=64)(variant._placeholder_of_grid)
+        return variant
 
     def expand(
         self, token_ids: list[int], images: Sequence[Any], param: str
@@ -187,12 +226,15 @@ class ImagePrompts:
         resizing). ``source``: the digest of the bytes the image was decoded from, which
         makes its content hash (file_hash): the same bytes decode to the same pixels, so
         the pixels need no hashing (0.2 ms for 640 x 480). Without one, the hash is of
-        the pixels (pixels_hash; the processor's settings are the engine's, so equal
-        pixels preprocess equally). The server calls this on a worker thread as an image
-        arrives, and hands expand() the result."""
+        the pixels (pixels_hash; under one processor's settings, equal pixels preprocess
+        equally). The server calls this on a worker thread as an image arrives, and
+        hands expand() the result."""
         rgb = self.processor.to_rgb(image)
         pixels = pixels_of(rgb)  # a view of Pillow's memory, where it exports one
-        image_hash = file_hash(source) if source is not None else pixels_hash(pixels)
+        if source is not None:
+            image_hash = self.file_hash(source)
+        else:
+            image_hash = self._salted(pixels_hash(pixels))
         prepared = self.recent.get(image_hash)
         if prepared is None:
             processed = self.processor.process_rgb(pixels)
@@ -200,11 +242,15 @@ class ImagePrompts:
             self.recent.add(prepared)
         return prepared
 
+    def file_hash(self, source: bytes) -> int:
+        """The content hash of an image decoded from an encoded file whose bytes' digest
+        is ``source`` (apart from pixel hashes by SOURCE_DIGEST)."""
+        return self._salted(content_hash(SOURCE_DIGEST, source))
 
-def file_hash(source: bytes) -> int:
-    """The content hash of an image decoded from an encoded file whose bytes' digest is
-    ``source`` (apart from pixel hashes by SOURCE_DIGEST)."""
-    return content_hash(SOURCE_DIGEST, source)
+    def _salted(self, image_hash: int) -> int:
+        if not self._salt:
+            return image_hash
+        return content_hash(self._salt, image_hash.to_bytes(8, "little"))
 
 
 def _single_token(tokenizer: Tokenizer, text: str) -> int:

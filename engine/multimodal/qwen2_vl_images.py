@@ -167,6 +167,11 @@ class Qwen2VLImageProcessor:
         )
 
     @property
+    def largest_pixels(self) -> int:
+        """About the most pixels an image is resized to (past min_pixels, up)."""
+        return max(self.min_pixels, self.max_pixels)
+
+    @property
     def marker(self) -> str:
         """The token the chat template writes where each image goes (between
         ``<|vision_start|>`` and ``<|vision_end|>``), which the processor repeats."""

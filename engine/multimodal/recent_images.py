@@ -1,6 +1,6 @@
 """RecentImages: the images a vision model preprocessed lately, kept for a next question
 about them, by content hash (as the prefix cache knows an image). An image decoded from
-a file is known by its bytes' digest (image_prompts.file_hash): a chat client sends its
+a file is known by its bytes' digest (ImagePrompts.file_hash): a chat client sends its
 images again with every turn, and the same bytes are found without being decoded.
 Bounded by the preprocessed pixels' bytes; safe to use from several threads (the server
 preprocesses images on worker threads)."""

@@ -175,13 +175,19 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def route_responses(answer: type[BaseModel], streams: bool = False) -> dict[int | str, Any]:
+def route_responses(
+    answer: type[BaseModel], streams: bool = False, binary: bool = False
+) -> dict[int | str, Any]:
     """A route's ``responses=``: its answer, the SSE stream where it ``streams`` (chunks
-    as ``data:`` lines, then ``data: [DONE]``), and the errors."""
+    as ``data:`` lines, then ``data: [DONE]``), or bytes where it answers in ``binary``
+    too (vLLM's embeddings), and the errors."""
     ok: dict[str, Any] = {"model": answer}
     if streams:
         ok["content"] = {"text/event-stream": {}}
         ok["description"] = "The answer; with stream true, its chunks as server-sent events"
+    if binary:
+        ok["content"] = {"application/octet-stream": {}}
+        ok["description"] = "The answer; with encoding_format bytes, the vectors' bytes"
     errors = {"model": ErrorResponse}
     return {
         200: ok,

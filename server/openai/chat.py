@@ -59,7 +59,7 @@ class ChatCompletion:
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
         """The checked request: its images loaded, then ChatRun.build (the template, the
         tools, the params)."""
-        images = await load_images(ctx, image_sources(body.messages))
+        images = await load_images(ctx, image_sources(body.messages), body.mm_processor_kwargs)
         return cls(ctx, body, ChatRun.build(ctx, body, new_id("chatcmpl"), images))
 
     async def whole(self) -> dict[str, Any]:

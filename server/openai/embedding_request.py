@@ -32,6 +32,7 @@ class EmbeddingRequest(RequestBody):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template_kwargs: JsonObject | None = None
+    mm_processor_kwargs: JsonObject | None = None
     # vLLM's beside OpenAI's: "bytes" answers in binary, "bytes_only" without its
     # JSON header; base64's and binary's values as embed_dtype in the endianness asked.
     encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"

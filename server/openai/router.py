@@ -82,7 +82,7 @@ async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
     return deleted_response(request.app.state.server.responses, response_id)
 
 
-@router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse))
+@router.post("/v1/embeddings", responses=route_responses(EmbeddingResponse, binary=True))
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     answer = await Embeddings.build(RequestContext.open(request, body.model), body)
     return await answer.response()

@@ -22,6 +22,7 @@ class TokenizeRequest(RequestBody):
     # With messages, as a chat request gives them to the template.
     tools: list[ToolDefinition] | None = None
     chat_template_kwargs: JsonObject | None = None
+    mm_processor_kwargs: JsonObject | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     # vLLM's: each token's string in the vocabulary too ("token_strs").

@@ -49,13 +49,10 @@ CHAT = {
     # vLLM's chat template controls: the template is the server's (--chat-template).
     "documents": _NO,
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
-    "mm_processor_kwargs": _NO,
     "media_io_kwargs": _NO,
 }
 
-EMBEDDING = {
-    "mm_processor_kwargs": _NO,
-}
+EMBEDDING: dict[str, Unsupported] = {}
 
 SCORE = {
     "mm_processor_kwargs": _NO,
@@ -66,5 +63,4 @@ SCORE = {
 
 TOKENIZE = {
     "chat_template": Unsupported(why="is not accepted: the server's template is used"),
-    "mm_processor_kwargs": _NO,
 }

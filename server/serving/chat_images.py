@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import blake3
-from hetero_infer.engine.multimodal.image_prompts import ImagePrompts, file_hash
+from hetero_infer.engine.multimodal.image_prompts import ImagePrompts
 from hetero_infer.engine.multimodal.recent_images import PreparedImage
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_messages import ChatMessage
 from hetero_infer.server.serving.image_decode import decode_image
@@ -57,11 +58,16 @@ def image_url_part(url: str) -> dict[str, object]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list[PreparedImage]:
-    """The images read, decoded and preprocessed, in order. A model that takes no images
-    refuses them first, and so does a request holding more than --limit-mm-per-prompt
-    allows, before any is fetched (no request to anywhere for a request that cannot
-    run)."""
+async def load_images(
+    ctx: RequestContext,
+    parts: Sequence[ImageSource],
+    processor_kwargs: Mapping[str, Any] | None = None,
+) -> list[PreparedImage]:
+    """The images read, decoded and preprocessed (with vLLM's ``mm_processor_kwargs``
+    where the request gives them), in order. A model that takes no images refuses them
+    first, and so does a request holding more than --limit-mm-per-prompt allows, or
+    settings the processor does not take, before any is fetched (no request to anywhere
+    for a request that cannot run)."""
     if not parts:
         return []
     prompts = ctx.engine.input_processor.image_prompts
@@ -73,6 +79,11 @@ async def load_images(ctx: RequestContext, parts: Sequence[ImageSource]) -> list
             param=first,
         )
     check_image_limit(parts, ctx.settings)
+    if processor_kwargs:
+        try:
+            prompts = prompts.with_overrides(processor_kwargs)
+        except ConfigError as exc:
+            raise APIError(400, str(exc), param="mm_processor_kwargs") from exc
     return await prepared_images(parts, ctx.settings, functools.partial(prepared_image, prompts))
 
 
@@ -123,7 +134,7 @@ def prepared_image(prompts: ImagePrompts, data: bytes, param: str) -> PreparedIm
     a recent image's (a chat sends its images again each turn) are neither decoded nor
     hashed pixel by pixel again."""
     source = blake3.blake3(data).digest()
-    prepared = prompts.recent.get(file_hash(source))
+    prepared = prompts.recent.get(prompts.file_hash(source))
     if prepared is not None:
         return prepared
     image = decode_image(data, param)

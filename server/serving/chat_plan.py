@@ -28,6 +28,8 @@ class ChatPlan(SamplingFields):
     parallel_tool_calls: bool | None = None
     # Passed to the chat template (e.g. {"enable_thinking": false}).
     chat_template_kwargs: JsonObject | None = None
+    # vLLM's: the image processor's settings over the server's, for this request's images.
+    mm_processor_kwargs: JsonObject | None = None
     # vLLM's: end with the generation prompt (the default), or leave the last message
     # open for the model to go on with (a prefilled answer); not both.
     add_generation_prompt: bool = True

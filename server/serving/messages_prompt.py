@@ -21,6 +21,8 @@ class MessagesBody(Protocol):
     # The tokenizer's special tokens around the templated prompt (null: none).
     add_special_tokens: bool | None
     chat_template_kwargs: dict[str, Any] | None
+    # The image processor's settings over the server's (vLLM's per-request field).
+    mm_processor_kwargs: dict[str, Any] | None
 
 
 async def messages_prompt(
@@ -32,7 +34,7 @@ async def messages_prompt(
     """The checked prompt; a 400 for template flags that cannot hold, or images the
     model cannot take (before any is fetched)."""
     check_template_flags(messages, body.add_generation_prompt, body.continue_final_message)
-    images = await load_images(ctx, image_sources(messages))
+    images = await load_images(ctx, image_sources(messages), body.mm_processor_kwargs)
     token_ids = ctx.chat_prompt(
         template_messages(messages),
         tools=tools or None,

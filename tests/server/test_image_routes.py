@@ -215,8 +215,13 @@ class StandInVision:
 def vision(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> StandInVision:
     stand_in = StandInVision(tokenizer=server.engine.tokenizer)
     # The routes ask whether the model has image prompts, look each image's bytes up in
-    # their recent images, and have each image preprocessed by them off the event loop.
-    prompts = SimpleNamespace(recent=RecentImages(), preprocess=lambda image, source: image.size)
+    # their recent images (by its file's hash), and have each image preprocessed by them
+    # off the event loop.
+    prompts = SimpleNamespace(
+        recent=RecentImages(),
+        file_hash=lambda source: int.from_bytes(source[:8], "little"),
+        preprocess=lambda image, source: image.size,
+    )
     monkeypatch.setattr(server.engine.input_processor, "image_prompts", prompts)
     monkeypatch.setattr(server.engine.input_processor, "with_images", stand_in.with_images)
     return stand_in

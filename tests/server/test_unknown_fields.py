@@ -27,8 +27,8 @@ UNSUPPORTED = {
     "chat": [("media_io_kwargs", {"video": {}}, None), ("documents", [{"text": "d"}], None),
              ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
     "completions": [("top_p_min", 0.5, 0.0), ("prompt_embeds", "AAAA", None)],
-    "embeddings": [("mm_processor_kwargs", {"a": 1}, None)],
-    "tokenize": [("mm_processor_kwargs", {"do_resize": False}, None)],
+    "embeddings": [],
+    "tokenize": [("chat_template", "{{ messages }}", None)],
     "tokenize-messages": [("chat_template", "{{ messages }}", None)],
     "detokenize": [],
 }  # fmt: skip

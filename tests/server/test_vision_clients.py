@@ -12,6 +12,7 @@ import base64
 import io
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import anthropic
 import numpy as np
@@ -81,9 +82,9 @@ def folder(tmp_path_factory, family):
     return FAMILIES[family][0](tmp_path_factory.mktemp(family))
 
 
-@pytest.fixture(scope="module")
-def reference(folder, family) -> tuple[list[int], str]:
-    """transformers' greedy answer (token ids, text) to QUESTION about the image."""
+def transformers_answer(folder: Path, family: str, **processor_kwargs) -> tuple[list[int], str]:
+    """transformers' greedy answer (token ids, text) to QUESTION about the image, its
+    processor called with ``processor_kwargs``."""
     _, model_class, eos, processor_of = FAMILIES[family]
     processor = processor_of(folder)
     model = model_class.from_pretrained(folder, dtype=torch.float32).eval()
@@ -92,11 +93,18 @@ def reference(folder, family) -> tuple[list[int], str]:
     ]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     image = Image.open(io.BytesIO(PNG)).convert("RGB")
-    inputs = processor(text=text, images=[image], return_tensors="pt", add_special_tokens=False)
+    inputs = processor(
+        text=text, images=[image], return_tensors="pt", add_special_tokens=False, **processor_kwargs
+    )
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos)
     tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
     return tokens, processor.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def reference(folder, family) -> tuple[list[int], str]:
+    return transformers_answer(folder, family)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +154,60 @@ def test_openai_sdk_sends_an_image(server, reference, image_host, source):
         extra_body={"return_token_ids": True},
     )
     assert answer.choices[0].model_extra["token_ids"] == reference[0]
+
+
+# Per family, a request's own mm_processor_kwargs (vLLM's field): smaller images, so
+# fewer tokens, for two; other pixel values for Gemma's.
+PROCESSOR_KWARGS = {
+    "idefics3": {"size": {"longest_edge": 128}},
+    "gemma3": {"image_mean": [0.25, 0.25, 0.25]},
+    "qwen2_5_vl": {"max_pixels": 32 * 32},
+}
+
+
+def test_a_requests_processor_settings_reach_its_images_alone(server, reference, folder, family):
+    """As transformers' processor called with the same keyword arguments answers; the
+    same image without them, before and after, as the server's settings make it (the
+    two preprocessings are two images to the recent images and the prefix cache)."""
+    kwargs = PROCESSOR_KWARGS[family]
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+
+    def ask(**extra) -> tuple[list[int], int]:
+        answer = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{PNG_BASE64}"},
+                        },
+                        {"type": "text", "text": QUESTION},
+                    ],
+                }
+            ],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"return_token_ids": True, **extra},
+        )
+        return answer.choices[0].model_extra["token_ids"], answer.usage.prompt_tokens
+
+    plain, own, again = ask(), ask(mm_processor_kwargs=kwargs), ask()
+    assert plain == again and plain[0] == reference[0]
+    assert own[0] == transformers_answer(folder, family, **kwargs)[0]
+    if family != "gemma3":
+        assert own[1] < plain[1]
+    # the encoder's input; a mean of one letter; an image larger than the server makes it
+    refused = [{"patch_size": 2}, {"image_mean": "x"}]
+    refused += {
+        "idefics3": [{"size": {"longest_edge": 4096}}],
+        "qwen2_5_vl": [{"max_pixels": 4096**2}, {"min_pixels": 4096**2}],
+    }.get(family, [])
+    for bad in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(mm_processor_kwargs=bad)
+        assert caught.value.body["param"] == "mm_processor_kwargs", bad
 
 
 def test_anthropic_sdk_sends_an_image(server, reference):
