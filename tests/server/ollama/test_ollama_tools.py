@@ -104,6 +104,11 @@ def test_think_reaches_the_template(api: ollama.Client, tools_server: LiveServer
     assert off.prompt_eval_count > unset.prompt_eval_count == on.prompt_eval_count
     # The random model opens no <think>: all of its text is the answer.
     assert on.message.thinking is None and on.message.content == unset.message.content
+    # /api/generate's prompt goes through the same template.
+    prompt = MESSAGES[-1]["content"]
+    unset_generated = api.generate(model=MODEL_NAME, prompt=prompt, options=options)
+    off_generated = api.generate(model=MODEL_NAME, prompt=prompt, options=options, think=False)
+    assert off_generated.prompt_eval_count > unset_generated.prompt_eval_count
     levels = httpx.post(
         f"{tools_server.url}/api/chat",
         json={
