@@ -102,6 +102,7 @@ def test_streamed_chat_chunks_add_up(api: ollama.Client, http: httpx.Client):
         assert chunk["message"]["role"] == "assistant"
     assert "".join(c["message"]["content"] for c in pieces) == whole.message.content
     assert final["message"] == {"role": "assistant", "content": ""}
+    assert "context" not in final  # /api/generate's alone, as Ollama's
     check_done(final, whole.prompt_eval_count)
     assert final["eval_count"] == whole.eval_count
     # The client reads the same stream.
