@@ -164,3 +164,15 @@ def test_tool_messages_answer_the_calls_they_name():
     assert json.loads(calls[0]["function"]["arguments"]) == {"x": 1}
     assert [m["tool_call_id"] for m in converted[2:]] == ["call_1_0", "given", "call_1_2"]
     assert converted[2]["name"] == "a" and "name" not in converted[3]
+    # A call's own id wins over its function's name, which two calls may share.
+    calls = [
+        {"id": "first", "function": {"name": "a"}},
+        {"id": "second", "function": {"name": "a"}},
+    ]
+    answers = openai_messages([
+        OllamaMessage(role="user", content="?"),
+        OllamaMessage.model_validate({"role": "assistant", "tool_calls": calls}),
+        OllamaMessage(role="tool", tool_name="a", tool_call_id="second", content="2"),
+        OllamaMessage(role="tool", tool_name="a", tool_call_id="first", content="1"),
+    ])  # fmt: skip
+    assert [m["tool_call_id"] for m in answers[2:]] == ["second", "first"]
