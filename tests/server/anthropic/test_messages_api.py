@@ -248,6 +248,7 @@ def test_streamed_tool_use(live: LiveServer, claude):
         else:
             assert name == "content_block_stop" and data["index"] == len(uses) - 1
     assert uses and events[-3][0] == "content_block_stop"
+    assert [n for n, _ in events].count("ping") == 1  # after the first block's start alone
     for use in uses.values():
         jsonschema.validate(json.loads(use["json"]), SCHEMAS[use["name"]])
 
