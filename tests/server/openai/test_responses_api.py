@@ -352,7 +352,8 @@ def test_store_false_and_delete(client):
         create(client, previous_response_id=unstored.id)
     assert info.value.body["param"] == "previous_response_id"
     stored = create(client, max_output_tokens=1)
-    client.responses.delete(stored.id)
+    deleted = client.responses.with_raw_response.delete(stored.id).http_response.json()
+    assert deleted == {"id": stored.id, "object": "response.deleted", "deleted": True}
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(stored.id)
 
