@@ -27,6 +27,7 @@ SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = (
     "quantized_linear_cpu.cpp",
     "quantized_linear_amx.cpp",
+    "quantized_linear_avx2.cpp",
     "bindings.cpp",
     "paged_attention_cpu.cpp",
     "decoder_stack_cpu.cpp",

@@ -3,11 +3,12 @@ for the engine (engine/setup.py's default dtype) and the tests (tests/conftest.p
 ``cpu_kernels`` marker), so that both decide the same way and say why.
 
 The C++ kernels (kernels/csrc) are compiled with -march=native. Those that need an
-extension of AVX-512 (or AMX) are compiled only where the compiler targets it: each
-sits inside an ``#if defined(...)`` of its macros (the bf16 linear layer and prefill
-attention: ``__AVX512BW__``; the quantized linear layer: ``__AVX512VNNI__`` and
-``__AVX512BW__``; AMX's tiles: ``__AMX_TILE__``, ``__AMX_INT8__`` and ``__AMX_BF16__``)
-and reports it through ``<name>_available()``.
+extension of AVX2 or AVX-512 (or AMX) are compiled only where the compiler targets it:
+each sits inside an ``#if defined(...)`` of its macros (the bf16 linear layer and prefill
+attention: ``__AVX512BW__``; the quantized linear layer: ``__AVX2__``, ``__FMA__`` and
+``__F16C__``, its faster tiles ``__AVX512VNNI__`` and ``__AVX512BW__`` too; AMX's tiles:
+``__AMX_TILE__``, ``__AMX_INT8__`` and ``__AMX_BF16__``) and reports it through
+``<name>_available()``.
 Elsewhere the engine runs other code for them, with the same results: oneDNN or torch
 for the bf16 linear layers, the weights dequantized at load for the quantized ones, the
 per-token kernel for bf16 prefill attention, AVX-512 code for what AMX's tiles do.
@@ -25,9 +26,10 @@ from hetero_infer.kernels import cpu_build
 
 # Per kernel of the extension that needs ISA extensions: their /proc/cpuinfo flags.
 KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
-    # VPDPBUSD on 512-bit registers and byte shuffles (a bf16 result is rounded by
+    # VPMADDUBSW on 256-bit registers, fp16 scales widened by F16C; VPDPBUSD on 512-bit
+    # ones where the CPU has AVX512-VNNI and -BW (a bf16 result is rounded by
     # VCVTNEPS2BF16 where there is one, else by integer arithmetic)
-    "quantized_linear": ("avx512bw", "avx512_vnni"),
+    "quantized_linear": ("avx2", "fma", "f16c"),
     # bf16 pairs multiplied and summed in fp32: by VDPBF16PS where there is one, else
     # widened to fp32 by shifts and masks and multiplied by FMAs
     "linear_packed": ("avx512bw",),
@@ -39,6 +41,9 @@ KERNEL_FEATURES: dict[str, tuple[str, ...]] = {
 }
 # The compiler's macro for each flag (what the C++ guards test).
 FEATURE_MACROS = {
+    "avx2": "__AVX2__",
+    "fma": "__FMA__",
+    "f16c": "__F16C__",
     "avx512bw": "__AVX512BW__",
     "avx512_vnni": "__AVX512VNNI__",
     "avx512_bf16": "__AVX512BF16__",

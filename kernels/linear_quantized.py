@@ -8,10 +8,10 @@ per weight for Q4_1 and 1.0625 for Q8_0 instead of bf16's 2 (Q4_0 0.5625, Q4_K 0
 Q5_0 0.6875, Q5_K 0.703, Q5_1 0.75, Q6_K 0.82). The kernel quantizes each activation row
 per block of 32 values to int8, or to 16 bits for a model with outlier channels
 (QuantizedWeight.activation_bits; ``quantize_activations`` is its reference), and
-multiplies integers on AVX512-VNNI; ``quantized_linear_ref`` is the product it computes,
-in fp64. On SmolLM2's projections it ran 1.9x (Q8_0) to 2.9x (Q4_0, Q4_1) the bf16
-kernel's speed at 1 row and 1.3-1.5x at 128-512 rows (Q6_K: 0.9x there); the C++ file
-says why int8 and how.
+multiplies integers on AVX512-VNNI, or on AVX2 where the CPU lacks it (the same integer
+sums); ``quantized_linear_ref`` is the product it computes, in fp64. On SmolLM2's
+projections it ran 1.9x (Q8_0) to 2.9x (Q4_0, Q4_1) the bf16 kernel's speed at 1 row and
+1.3-1.5x at 128-512 rows (Q6_K: 0.9x there); the C++ file says why int8 and how.
 
 ``dequantize_rows`` looks up a few rows of a quantized embedding (the token
 embedding, whose rows a step gathers) without dequantizing the whole table.
@@ -97,7 +97,7 @@ class QuantizedLinear:
 
 def quantized_kernel_takes(module: ModuleType | None, weight: QuantizedWeight) -> bool:
     """Whether the quantized kernel takes this weight: the kernels are built (a build
-    only loads on a CPU with the instructions it was compiled for) with AVX512-VNNI,
+    only loads on a CPU with the instructions it was compiled for) with AVX2 and FMA,
     the type is one of KERNEL_TYPES, the weight is on the CPU and its output count a
     multiple of 16 (whole panels)."""
     return (

@@ -1,6 +1,7 @@
 // The quantized linear kernel's activations (quantized_linear_cpu.cpp): x quantized per
 // block of 32 values to int8, or to 16 bits as two int8 planes, with the scales, offsets
-// and sums its dot products need. AVX-512 code: included where the kernel is built.
+// and sums its dot products need. AVX-512 code where the CPU has AVX512-BW, else AVX2
+// code that gives the same integers: included where the kernel is built.
 #pragma once
 
 #include "tensor_api.h"
@@ -31,16 +32,17 @@ struct Activations {
   const int8_t* low;      // [M, K]: the wide values' low bytes (null for int8)
 };
 
+// The largest quantized magnitude: int8's 127, or for wide activations 127 x 257 =
+// 32639, the most whose high byte (v + 128) >> 8 stays within int8's -127 .. 127.
+template <bool WIDE>
+constexpr float kLevels = WIDE ? 32639.f : 127.f;
+
+#if defined(__AVX512BW__)
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 inline __m512 load16(const at::BFloat16* x) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
-
-// The largest quantized magnitude: int8's 127, or for wide activations 127 x 257 =
-// 32639, the most whose high byte (v + 128) >> 8 stays within int8's -127 .. 127.
-template <bool WIDE>
-constexpr float kLevels = WIDE ? 32639.f : 127.f;
 
 // Stores 16 quantized values: as int8, or (WIDE) as their high bytes h = (v + 128) >> 8
 // in `q` and low bytes v - 256 h (-128 .. 127) in `low`.
@@ -85,6 +87,74 @@ void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, int8_t*
     sum[b] = scale[b] * static_cast<float>(s_lo + s_hi);
   }
 }
+
+#else
+// AVX2: 8 lanes at a time.
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const at::BFloat16* x) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float reduce_max8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t reduce_add8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// 8 int32 values within int8's range, stored as 8 bytes (the packs saturate nothing).
+inline void store8_bytes(__m256i v, int8_t* out) {
+  const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(words, words));
+}
+
+// As the AVX-512 store_values, 8 values.
+template <bool WIDE>
+inline void store_values(__m256i v, int8_t* q, int8_t* low) {
+  if constexpr (WIDE) {
+    const __m256i high = _mm256_srai_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(128)), 8);
+    store8_bytes(high, q);
+    store8_bytes(_mm256_sub_epi32(v, _mm256_slli_epi32(high, 8)), low);
+  } else {
+    store8_bytes(v, q);
+  }
+}
+
+// As the AVX-512 quantize_row: the same division and rounding, so the same integers.
+template <bool WIDE, typename scalar_t>
+void quantize_row(const scalar_t* x, int64_t blocks, QType t, int8_t* q, int8_t* low,
+                  float* scale, int32_t* offset, float* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const int32_t c = -value_offset(t);
+  const float levels = kLevels<WIDE>;
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = load8(x + b * kBlock + 8 * i);
+    const float amax = reduce_max8(
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude))));
+    const float inv =
+        amax > 0.f ? _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(levels), _mm_set_ss(amax))) : 0.f;
+    __m256i qv[4];
+    for (int i = 0; i < 4; ++i) {
+      qv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+      store_values<WIDE>(qv[i], q + b * kBlock + 8 * i, WIDE ? low + b * kBlock + 8 * i : nullptr);
+    }
+    const int32_t s_lo = reduce_add8(_mm256_add_epi32(qv[0], qv[1]));
+    const int32_t s_hi = reduce_add8(_mm256_add_epi32(qv[2], qv[3]));
+    scale[b] = _mm_cvtss_f32(_mm_div_ss(_mm_set_ss(amax), _mm_set_ss(levels)));
+    offset[2 * b] = groups(t) == 2 ? c * s_lo : c * (s_lo + s_hi);
+    offset[2 * b + 1] = groups(t) == 2 ? c * s_hi : 0;
+    sum[b] = scale[b] * static_cast<float>(s_lo + s_hi);
+  }
+}
+#endif
 
 // x [rows, K] quantized row by row (quantize_row) into one buffer, which `buffer` holds:
 // values [rows, K] int8 (wide: their high bytes, then their low bytes [rows, K]), then per

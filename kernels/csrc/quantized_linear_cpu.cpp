@@ -1,6 +1,7 @@
 // y = x W^T + b with W kept in its GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
 // Q5_K, Q6_K) or as weight-only int8 with one scale per output row (I8), on
-// AVX512-VNNI: a decode step streams 0.56-1.06 bytes per weight instead of bf16's 2.
+// AVX512-VNNI (below), or on AVX2 where the CPU lacks it (quantized_linear_avx2.cpp,
+// the same sums): a decode step streams 0.56-1.06 bytes per weight instead of bf16's 2.
 //
 // Each call first quantizes x to int8 per block of 32 values (scale amax / 127, as
 // llama.cpp quantizes its activations). The weights' values are small unsigned
@@ -47,19 +48,28 @@
 #include "vector_math.h"
 #include "work_in_shares.h"
 
+// Without AVX512-VNNI the tiles are AVX2's (quantized_linear_avx2.cpp); the rest (the
+// activations' quantization, the threads' shares) is this file's either way.
 // AVX512-BF16 is not needed (Cascade Lake and Ice Lake have VNNI without it): only a
 // bf16 output's rounding would use it, and integer arithmetic rounds the same
 // (vector_math.h's round_to_bf16).
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QUANTIZED_LINEAR_BUILT 1
 #include "quantized_activations.h"  // with <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QUANTIZED_LINEAR_VNNI 1
 #include "quantized_linear_amx.h"
 #include "quantized_weights.h"
+#elif defined(QUANTIZED_LINEAR_BUILT)
+#include "quantized_linear_avx2.h"
 #endif
 
 using namespace quantized_format;
 #if defined(QUANTIZED_LINEAR_BUILT)
 using namespace quantized_activations;
+#endif
+#if defined(QUANTIZED_LINEAR_VNNI)
 using namespace quantized_weights;
 #endif
 
@@ -83,7 +93,7 @@ bool quantized_linear_available() {
 #endif
 }
 
-#if defined(QUANTIZED_LINEAR_BUILT)
+#if defined(QUANTIZED_LINEAR_VNNI)
 namespace {
 
 // One activation word (4 values) of a row times a weight word of 16 outputs, added
@@ -300,6 +310,12 @@ void multiply_range(const Activations& a, int64_t rows, const uint8_t* packed, i
   }
 }
 
+}  // namespace
+#endif
+
+#if defined(QUANTIZED_LINEAR_BUILT)
+namespace {
+
 // The least panels a thread takes: waking the other thread for fewer costs more than it
 // saves (kMinThreadWork).
 int64_t panel_grain(int64_t rows, int64_t panel_bytes) {
@@ -322,6 +338,7 @@ void multiply_share(const Activations& a, int64_t rows, const uint8_t* packed, i
   if (thread >= used) return;
   const auto [begin, end] = even_share(panels, thread, used);
   const int64_t n = panels * kPanel;
+#if defined(QUANTIZED_LINEAR_VNNI)
   if (rows >= quantized_linear_amx::kAmxRows &&
       quantized_linear_amx::multiply_range(T, WIDE, a, rows, packed, begin, end, panel_bytes,
                                            bias, out, n)) {
@@ -332,6 +349,10 @@ void multiply_share(const Activations& a, int64_t rows, const uint8_t* packed, i
   } else {
     multiply_range<T, WIDE, 2>(a, rows, packed, begin, end, panel_bytes, bias, out, n);
   }
+#else
+  quantized_linear_avx2::multiply_range(T, WIDE, a, rows, packed, begin, end, panel_bytes, bias,
+                                        out, n);
+#endif
 }
 
 }  // namespace
@@ -351,7 +372,7 @@ QuantizedLinearWork::QuantizedLinearWork(const at::Tensor& x, const at::Tensor& 
                                          const std::string& qtype,
                                          const std::optional<at::Tensor>& bias,
                                          int64_t activation_bits) {
-  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
+  TORCH_CHECK(quantized_linear_available(), "built without AVX2, FMA and F16C");
   auto made = std::make_shared<Plan>();
   plan_ = made;
   Plan& plan = *made;
@@ -449,7 +470,7 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
                               const std::vector<const uint8_t*>& weights, int64_t panels,
                               int64_t panel_bytes, const std::string& qtype,
                               int64_t activation_bits, at::Tensor& out) {
-  TORCH_CHECK(quantized_linear_available(), "built without AVX512-VNNI and -BW");
+  TORCH_CHECK(quantized_linear_available(), "built without AVX2, FMA and F16C");
   const QType t = parse_qtype(qtype);
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "activation_bits is 8 or 16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -487,6 +508,7 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
       const int64_t g = units[i][0], begin = units[i][1], end = units[i][2];
       const int64_t row0 = row_offsets[g], group_rows = row_offsets[g + 1] - row0;
       const Activations ag = rows_from(a, row0);
+#if defined(QUANTIZED_LINEAR_VNNI)
       if (group_rows >= quantized_linear_amx::kAmxRows &&
           quantized_linear_amx::multiply_range(t, wide, ag, group_rows, weights[g], begin, end,
                                                panel_bytes, nullptr, op + row0 * n, n)) {
@@ -510,6 +532,10 @@ void quantized_linear_grouped(const at::Tensor& x, const std::vector<int64_t>& r
           run(std::false_type{});
         }
       });
+#else
+      quantized_linear_avx2::multiply_range(t, wide, ag, group_rows, weights[g], begin, end,
+                                            panel_bytes, nullptr, op + row0 * n, n);
+#endif
     }
   });
 #endif
