@@ -183,6 +183,27 @@ Activations quantize_activations(const scalar_t* x, int64_t rows, int64_t k, QTy
   return Activations{q, scale, offsets, sums, k, blocks, low};
 }
 
+// A tile's ROWS rows from row0 of a: their values as words of 4 int8 values (wide: the
+// high bytes', and in x_low the low bytes'; else null), scales, offsets and sums.
+template <int ROWS>
+struct TileRows {
+  const int32_t* x[ROWS];
+  const int32_t* x_low[ROWS];
+  const float* x_scale[ROWS];
+  const int32_t* x_offset[ROWS];
+  const float* x_sum[ROWS];
+  TileRows(const Activations& a, int64_t row0) {
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t row = row0 + r;
+      x[r] = reinterpret_cast<const int32_t*>(a.values + row * a.k);
+      x_low[r] = a.low ? reinterpret_cast<const int32_t*>(a.low + row * a.k) : nullptr;
+      x_scale[r] = a.scale + row * a.blocks;
+      x_offset[r] = a.offset + row * a.blocks * 2;
+      x_sum[r] = a.sum + row * a.blocks;
+    }
+  }
+};
+
 // The activations of rows row0 .. of a.
 inline Activations rows_from(const Activations& a, int64_t row0) {
   return Activations{a.values + row0 * a.k,       a.scale + row0 * a.blocks,

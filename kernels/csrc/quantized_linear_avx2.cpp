@@ -143,18 +143,10 @@ void multiply_tile(const Activations& a, int64_t row0, const uint8_t* panel, int
                    int h0, const char* ahead, const float* bias, out_t* out,
                    int64_t out_stride) {
   const int64_t blocks = a.blocks;
-  const int32_t* x[ROWS];
-  const int32_t* x_low[ROWS];
-  const float* x_scale[ROWS];
-  const int32_t* x_offset[ROWS];
-  const float* x_sum[ROWS];
+  const quantized_activations::TileRows<ROWS> rows(a, row0);
+  const auto& [x, x_low, x_scale, x_offset, x_sum] = rows;
   __m256 acc[ROWS][HALVES];
   for (int r = 0; r < ROWS; ++r) {
-    x[r] = reinterpret_cast<const int32_t*>(a.values + (row0 + r) * a.k);
-    x_low[r] = WIDE ? reinterpret_cast<const int32_t*>(a.low + (row0 + r) * a.k) : nullptr;
-    x_scale[r] = a.scale + (row0 + r) * blocks;
-    x_offset[r] = a.offset + (row0 + r) * blocks * 2;
-    x_sum[r] = a.sum + (row0 + r) * blocks;
     for (int j = 0; j < HALVES; ++j) {
       acc[r][j] = bias ? _mm256_loadu_ps(bias + (h0 + j) * kHalf) : _mm256_setzero_ps();
     }

@@ -115,18 +115,10 @@ inline void multiply_tile(const Activations& a, int64_t row0, const uint8_t* pan
                           int64_t panel_bytes, const char* ahead, const float* bias, out_t* out,
                           int64_t out_stride) {
   const int64_t blocks = a.blocks;
-  const int32_t* x[ROWS];  // rows as words of 4 int8 values (WIDE: their high bytes)
-  const int32_t* x_low[ROWS];  // WIDE: the low bytes' words
-  const float* x_scale[ROWS];
-  const int32_t* x_offset[ROWS];
-  const float* x_sum[ROWS];
+  const TileRows<ROWS> rows(a, row0);
+  const auto& [x, x_low, x_scale, x_offset, x_sum] = rows;
   __m512 acc[ROWS][PANELS];
   for (int r = 0; r < ROWS; ++r) {
-    x[r] = reinterpret_cast<const int32_t*>(a.values + (row0 + r) * a.k);
-    x_low[r] = WIDE ? reinterpret_cast<const int32_t*>(a.low + (row0 + r) * a.k) : nullptr;
-    x_scale[r] = a.scale + (row0 + r) * blocks;
-    x_offset[r] = a.offset + (row0 + r) * blocks * 2;
-    x_sum[r] = a.sum + (row0 + r) * blocks;
     for (int j = 0; j < PANELS; ++j) {
       acc[r][j] = bias ? _mm512_loadu_ps(bias + j * kPanel) : _mm512_setzero_ps();
     }
