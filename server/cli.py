@@ -67,10 +67,6 @@ class EngineSetting:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
 
 # The seed's names for two limits (EngineConfig's InitVars), kept as flags too.
 SEED_ALIAS_SETTINGS = (
@@ -255,9 +251,6 @@ def server_settings_from_args(
         values.update({SEED_SERVING_KEYS[k]: v for k, v in serving.items() if v is not None})
     values.update(_from_env(flags, environ))  # HETERO_SERVED_MODEL_NAME: names split by commas
     values.update({n: getattr(args, n) for n, _ in flags if getattr(args, n) is not None})
-    for name in ("served_model_name", "allowed_media_domains"):
-        if isinstance(values.get(name), list):
-            values[name] = tuple(values[name])
     if isinstance(values.get("allowed_origins"), str):
         origins = values["allowed_origins"].split(",")
         values["allowed_origins"] = tuple(o.strip() for o in origins if o.strip())

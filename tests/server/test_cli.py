@@ -170,3 +170,36 @@ def test_every_engine_setting_has_a_flag_and_a_variable():
         flag = "--" + name.replace("_", "-")
         assert getattr(settings_for([flag, text], {}).engine, name) == value
         assert getattr(settings_for([], {f"HETERO_{name.upper()}": text}).engine, name) == value
+
+
+def test_a_switch_takes_only_true_or_false():
+    with pytest.raises(
+        ValueError, match="HETERO_ENFORCE_EAGER: expected true or false, got 'maybe'"
+    ):
+        settings_for([], {"HETERO_ENFORCE_EAGER": "maybe"})
+    with pytest.raises(SystemExit):
+        settings_for(["--enforce-eager", "maybe"], {})
+    assert settings_for(["--enforce-eager", "off"], {}).engine.enforce_eager is False
+
+
+def test_the_lora_and_image_settings_from_the_environment():
+    env = {
+        "HETERO_ENABLE_LORA": "true",
+        "HETERO_LORA_MODULES": "sql=/adapters/sql chat=/adapters/chat",
+        "HETERO_MAX_IMAGE_BYTES": "1000",
+        "HETERO_LIMIT_MM_PER_PROMPT": '{"image": 2}',
+        "HETERO_ALLOWED_MEDIA_DOMAINS": "a.test,B.test",
+    }
+    settings = settings_for([], env)
+    assert settings.lora_modules == (("sql", "/adapters/sql"), ("chat", "/adapters/chat"))
+    assert settings.max_image_bytes == 1000 and settings.limit_mm_per_prompt["image"] == 2
+    assert settings.allowed_media_domains == ("a.test", "b.test")
+    flags = ["--allowed-media-domains", "c.test", "d.test", "--max-image-bytes", "2000"]
+    settings = settings_for(flags, env)  # the flags win
+    assert settings.allowed_media_domains == ("c.test", "d.test")
+    assert settings.max_image_bytes == 2000
+
+
+def test_a_settings_help_lists_its_choices():
+    pooling = next(a for a in cli.build_serve_parser()._actions if a.dest == "pooling")
+    assert pooling.help.endswith(" (last, mean)")

@@ -95,3 +95,10 @@ def test_config_file_keys(tmp_path):
 def test_one_shot_generation_takes_no_serving_flags():
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["--input", "hi", "--scheduling-policy", "priority"])
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "--scheduling-policy", "priority"])
+    # The seed's two limits are the engine's, so one-shot takes them.
+    args = cli.build_parser().parse_args(["--input", "hi", "--max-batch-size", "2"])
+    assert cli.engine_config_from_args(args, {}).max_num_seqs == 2
+    with pytest.raises(SystemExit):  # the prompt is needed
+        cli.build_parser().parse_args([])
