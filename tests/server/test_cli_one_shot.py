@@ -53,7 +53,9 @@ def test_the_stats_and_the_plain_form(model_dir, capsys, monkeypatch):
     answer = one_shot(capsys, *argv)
     assert calls == ["process", "shutdown"]
     assert answer["prompt_tokens"] > one_shot(capsys, *argv[:3], "hi", *TINY_FLAGS)["prompt_tokens"]
-    assert answer["completion_tokens"] == 16 and answer["finish_reason"] == "length"  # the default
+    # 16 tokens by default, unless the model ends its text before
+    assert answer["completion_tokens"] == 16 or answer["finish_reason"] == "stop"
+    assert answer["completion_tokens"] <= 16
     assert answer["load_seconds"] > 0
     assert 0 < answer["time_to_first_token"] <= answer["latency_seconds"]
     rate = answer["completion_tokens"] / answer["latency_seconds"]
