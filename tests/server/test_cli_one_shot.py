@@ -79,9 +79,9 @@ def test_other_nodes_and_torchrun_ranks_run_their_ranks_and_no_engine(monkeypatc
     assert ran == [(1, 0.0)]
     monkeypatch.setattr(cli, "run_torchrun_worker", lambda config: ran.append(
         config.distributed_executor_backend) or 6)  # fmt: skip
-    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in torchrun.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MASTER_PORT", "1")
     assert cli.main(["--input", "hi", "--tensor-parallel-size", "2"]) == 6
     assert ran[1:] == ["external_launcher"]
     assert capsys.readouterr().out == ""

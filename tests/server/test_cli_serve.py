@@ -36,7 +36,7 @@ def test_the_server_gets_its_settings_and_a_bound_socket(started):
     port = free_port()
     assert cli.main(["serve", "--port", str(port), "--max-num-seqs", "3"]) == 3
     process, (_, settings, address) = started
-    assert process == ("process",)  # before torch's threads start
+    assert process == ("process",)  # the process set up for the engine first
     assert address == ("127.0.0.1", port) and settings.port == port
     assert settings.engine.max_num_seqs == 3
 
