@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from hetero_infer.engine import LLMEngine
 from hetero_infer.server import cli
 
+from tests.server.command_recorders import (
+    record_other_node,
+    record_set_up_and_shutdown,
+    under_torchrun,
+)
 from tests.tiny_models import save_tiny_model
 
 TINY_FLAGS = ["--max-model-len", "64", "--max-num-blocks", "16", "--max-tokens", "12"]
@@ -43,12 +47,7 @@ def test_the_sampling_flags_reach_the_request(model_dir, capsys):
 
 
 def test_the_stats_and_the_plain_form(model_dir, capsys, monkeypatch):
-    calls = []
-    monkeypatch.setattr(cli, "apply_process_settings", lambda config: calls.append("process"))
-    shutdown = LLMEngine.shutdown
-    monkeypatch.setattr(
-        LLMEngine, "shutdown", lambda self: calls.append("shutdown") or shutdown(self)
-    )
+    calls = record_set_up_and_shutdown(monkeypatch, cli)
     argv = ["--model", str(model_dir), "--input", "hello there", *TINY_FLAGS[:4]]
     answer = one_shot(capsys, *argv)
     assert calls == ["process", "shutdown"]
@@ -70,18 +69,14 @@ def test_the_stats_and_the_plain_form(model_dir, capsys, monkeypatch):
 
 def test_other_nodes_and_torchrun_ranks_run_their_ranks_and_no_engine(monkeypatch, capsys):
     """Node 0's one-shot run stops the group, so the others do not drain."""
-    ran = []
-    monkeypatch.setattr(cli, "run_other_node", lambda config, drain_seconds: ran.append(
-        (config.node_rank, drain_seconds)) or 7)  # fmt: skip
+    ran = record_other_node(monkeypatch, returns=7)
     nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"]
     nodes += ["--dist-init-addr", "127.0.0.1:29500"]
     assert cli.main(["--input", "hi", *nodes]) == 7
     assert ran == [(1, 0.0)]
     monkeypatch.setattr(cli, "run_torchrun_worker", lambda config: ran.append(
         config.distributed_executor_backend) or 6)  # fmt: skip
-    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    for name, value in torchrun.items():
-        monkeypatch.setenv(name, value)
+    under_torchrun(monkeypatch, rank=1)
     assert cli.main(["--input", "hi", "--tensor-parallel-size", "2"]) == 6
     assert ran[1:] == ["external_launcher"]
     assert capsys.readouterr().out == ""

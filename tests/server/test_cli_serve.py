@@ -15,6 +15,7 @@ import pytest
 from hetero_infer.server import cli, serve
 
 from tests.ports import free_port
+from tests.server.command_recorders import record_other_node, under_torchrun
 
 
 @pytest.fixture
@@ -59,9 +60,7 @@ def test_a_bad_setting_ends_it_before_it_listens(started, capsys):
 
 
 def test_another_nodes_process_runs_its_ranks_only(started, monkeypatch):
-    ran = []
-    monkeypatch.setattr(cli, "run_other_node", lambda config, drain_seconds: ran.append(
-        (config.node_rank, drain_seconds)) or 5)  # fmt: skip
+    ran = record_other_node(monkeypatch, returns=5)
     argv = ["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"]
     argv += ["--dist-init-addr", "127.0.0.1:29500", "--shutdown-timeout", "7"]
     assert cli.main(["serve", *argv]) == 5
@@ -72,9 +71,7 @@ def test_another_nodes_process_runs_its_ranks_only(started, monkeypatch):
 def test_under_torchrun_rank_0_serves_and_the_others_run_their_rank(rank, started, monkeypatch):
     ranks = []
     monkeypatch.setattr(cli, "run_torchrun_worker", lambda config: ranks.append(config) or 6)
-    torchrun = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**torchrun, "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
+    under_torchrun(monkeypatch, rank)
     port = free_port()
     code = cli.main(["serve", "--tensor-parallel-size", "2", "--port", str(port)])
     if rank == 0:  # the server's engine joins torchrun's ranks

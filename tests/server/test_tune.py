@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from hetero_infer.engine import LLMEngine
 from hetero_infer.kernels import linear_choice
 from hetero_infer.server import tune
 from hetero_infer.server.cli import main
 
+from tests.server.command_recorders import record_set_up_and_shutdown
 from tests.tiny_models import save_tiny_llama_in_panels, save_tiny_model
 
 pytestmark = [
@@ -37,12 +37,7 @@ def test_tune_times_keeps_and_prints_the_choice(tmp_path, monkeypatch, capsys):
 
 def test_tune_says_when_there_is_nothing_to_choose(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(linear_choice, "CACHE_PATH", tmp_path / "choices.json")
-    calls = []  # the process set up as the engine's, and the engine shut down
-    monkeypatch.setattr(tune, "apply_process_settings", lambda config: calls.append("process"))
-    shutdown = LLMEngine.shutdown
-    monkeypatch.setattr(
-        LLMEngine, "shutdown", lambda self: calls.append("shutdown") or shutdown(self)
-    )
+    calls = record_set_up_and_shutdown(monkeypatch, tune)
     folder = save_tiny_model("llama", tmp_path / "llama")
     assert main(["tune", "--model", str(folder), "--dtype", "float32"]) == 0
     assert "nothing to choose" in capsys.readouterr().out
