@@ -20,17 +20,44 @@ ROUTES = {
     "tokenize": ("/tokenize", {"model": MODEL_NAME, "prompt": "hi"}),
     "tokenize-messages": ("/tokenize", {"model": MODEL_NAME, "messages": MESSAGES}),
     "detokenize": ("/detokenize", {"model": MODEL_NAME, "tokens": [5, 6]}),
+    "score": ("/v1/score", {"model": MODEL_NAME, "text_1": "a b", "text_2": "c"}),
+    "rerank": ("/v1/rerank", {"model": MODEL_NAME, "query": "a b", "documents": ["c"]}),
 }
-# Per route: a field defined elsewhere but not implemented (set), and that field set to
-# a value that changes nothing.
+# Per route: fields defined elsewhere but not implemented, each with values that would
+# change something (a 400 naming it) and those that change nothing besides null (vLLM's
+# defaults, or what SGLang's router fills into every body it forwards): of the type the
+# default has, as 0 is not false.
+_SAMPLING = [
+    ("logits_processors", (["pkg.Processor"],), ()),
+    ("kv_transfer_params", ({"do_remote_decode": True},), ()),
+    ("vllm_xargs", ({"key": 1},), ()),
+    ("top_p_min", (0.5, False), (0.0, 0)),
+    ("no_stop_trim", (True, 0), (False,)),
+    ("return_hidden_states", (True,), (False,)),
+    ("separate_reasoning", (False, 1), (True,)),
+    ("stream_reasoning", (False,), (True,)),
+]
+_SCORE = [
+    ("mm_processor_kwargs", ({"max_pixels": 1024},), ()),
+    ("activation", (True,), ()),
+    ("use_activation", (True,), ()),
+    ("softmax", (True,), ()),
+]
 UNSUPPORTED = {
-    "chat": [("media_io_kwargs", {"video": {}}, None), ("documents", [{"text": "d"}], None),
-             ("functions", [{"name": "f"}], None), ("verbosity", "high", None)],
-    "completions": [("top_p_min", 0.5, 0.0), ("prompt_embeds", "AAAA", None)],
+    "chat": [*_SAMPLING, ("media_io_kwargs", ({"video": {}},), ()),
+             ("documents", ([{"text": "d"}],), ()), ("functions", ([{"name": "f"}],), ()),
+             ("function_call", ("auto",), ()), ("verbosity", ("high",), ()),
+             ("modalities", (["text", "audio"], ["audio"]), (["text"],)),
+             ("audio", ({"voice": "alloy", "format": "wav"},), ()),
+             ("prediction", ({"type": "content", "content": "hi"},), ()),
+             ("web_search_options", ({},), ()), ("chat_template", ("{{ messages }}",), ())],
+    "completions": [*_SAMPLING, ("prompt_embeds", ("AAAA",), ())],
     "embeddings": [],
-    "tokenize": [("chat_template", "{{ messages }}", None)],
-    "tokenize-messages": [("chat_template", "{{ messages }}", None)],
+    "tokenize": [("chat_template", ("{{ messages }}",), ())],
+    "tokenize-messages": [("chat_template", ("{{ messages }}",), ())],
     "detokenize": [],
+    "score": _SCORE,
+    "rerank": _SCORE,
 }  # fmt: skip
 # Fields that change nothing here, accepted on the routes that define them.
 HARMLESS = {
@@ -41,6 +68,8 @@ HARMLESS = {
     "tokenize": {"add_special_tokens": True},
     "tokenize-messages": {},
     "detokenize": {},
+    "score": {},
+    "rerank": {},
 }  # fmt: skip
 
 
@@ -77,16 +106,18 @@ def test_valid_body_and_harmless_fields_are_accepted(http, route: str):
 
 
 @pytest.mark.parametrize(
-    ("route", "name", "value", "harmless"),
+    ("route", "name", "refused", "harmless"),
     [(route, *case) for route, cases in UNSUPPORTED.items() for case in cases],
+    ids=[f"{route}-{case[0]}" for route, cases in UNSUPPORTED.items() for case in cases],
 )
-def test_unsupported_field_is_named_unless_it_changes_nothing(http, route, name, value, harmless):
+def test_unsupported_field_is_named_unless_it_changes_nothing(http, route, name, refused, harmless):
     path, body = ROUTES[route]
-    response = http.post(path, json={**body, name: value})
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == name and f"'{name}'" in error["message"], error
-    for ok in (None, harmless):
+    for value in refused:
+        response = http.post(path, json={**body, name: value})
+        assert response.status_code == 400, (value, response.text)
+        error = response.json()["error"]
+        assert error["param"] == name and f"'{name}'" in error["message"], error
+    for ok in (None, *harmless):
         response = http.post(path, json={**body, name: ok})
         assert response.status_code == 200, (name, ok, response.text)
 
