@@ -1,7 +1,7 @@
 """Admission control a load balancer can act on: a request past --max-waiting-requests,
 or one that waited longer than --max-queue-time before it could start, gets 503 with
-Retry-After, streamed or not (a stream's status line waits for its first output), and
-/metrics counts the rejections by reason."""
+Retry-After, streamed or not (a stream's status line waits for its first output), on
+every API family in its own error shape, and /metrics counts the rejections by reason."""
 
 from __future__ import annotations
 
@@ -15,13 +15,34 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import LiveServer, make_engine, start_server, wait_until
 from tests.server.gauges import gauges
-from tests.server.test_bad_input import COMPLETIONS, check_error_shape, completion
+from tests.server.route_shapes import error_message
+from tests.server.test_abuse_routes import (
+    MESSAGES,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    RESPONSES,
+    messages,
+    ollama_chat,
+    ollama_generate,
+    responses,
+)
+from tests.server.test_bad_input import COMPLETIONS, completion
 from tests.server.test_cli import settings_for
 
 MAX_QUEUE_TIME = 0.5
-MAX_WAITING_REQUESTS = 3
 CONTEXT = 1024  # the tiny model's longest: the request that holds the slot runs long
 SHORT = completion(max_tokens=4)
+# Short requests: completions whole and streamed, and each other family's stream.
+SHORT_REQUESTS = [
+    (COMPLETIONS, SHORT),
+    (COMPLETIONS, {**SHORT, "stream": True}),
+    (RESPONSES, responses(stream=True)),
+    (MESSAGES, messages(stream=True)),
+    (OLLAMA_CHAT, ollama_chat(stream=True)),
+    (OLLAMA_GENERATE, ollama_generate(stream=True)),
+]
+# The one that holds the slot and the short ones behind it.
+MAX_WAITING_REQUESTS = 1 + len(SHORT_REQUESTS)
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +68,15 @@ def rejections(http: httpx.Client) -> dict[str, float]:
 
 
 def check_unavailable(response: httpx.Response, words: str) -> None:
-    error = check_error_shape(response, 503)
-    assert words in error["message"], error
+    assert response.status_code == 503, response.text
+    message = error_message(response.request.url.path, response.json())
+    assert words in message, message
     assert int(response.headers["retry-after"]) >= 1
 
 
-async def post(http: httpx.AsyncClient, stream: bool) -> httpx.Response:
-    """A short request, streamed or not; the response read whole."""
-    async with http.stream("POST", COMPLETIONS, json={**SHORT, "stream": stream}) as response:
+async def post(http: httpx.AsyncClient, path: str, body: dict) -> httpx.Response:
+    """A request; the response read whole."""
+    async with http.stream("POST", path, json=body) as response:
         await response.aread()
     return response
 
@@ -81,15 +103,15 @@ def test_full_queue_and_late_start_get_503(busy_server: LiveServer):
             started = asyncio.Event()
             holder = asyncio.create_task(hold_the_slot(http, started))
             await asyncio.wait_for(started.wait(), 30)
-            # Two wait behind it: three requests in hand, the limit.
+            # The short ones wait behind it: the limit of requests in hand.
             loop = asyncio.get_running_loop()
             queued_at = loop.time()
-            waiting = [asyncio.create_task(post(http, stream)) for stream in (False, True)]
+            waiting = [asyncio.create_task(post(http, *request)) for request in SHORT_REQUESTS]
             while server.state.engine.num_pending < MAX_WAITING_REQUESTS:
                 await asyncio.sleep(0.005)
-            # A fourth is refused at once, streamed or not.
-            full = [await post(http, stream) for stream in (False, True)]
-            # The two waiting are refused once they have waited max_queue_time.
+            # One more is refused at once, streamed or not.
+            full = [await post(http, *request) for request in SHORT_REQUESTS]
+            # Those waiting are refused once they have waited max_queue_time.
             late = await asyncio.gather(*waiting)
             waited = loop.time() - queued_at
             assert not holder.done(), "the slot was free before max_queue_time"
@@ -105,8 +127,8 @@ def test_full_queue_and_late_start_get_503(busy_server: LiveServer):
     assert waited >= MAX_QUEUE_TIME
     with server.client() as http:
         after = rejections(http)
-        assert after["queue_full"] - before.get("queue_full", 0) == 2
-        assert after["queue_time"] - before.get("queue_time", 0) == 2
+        assert after["queue_full"] - before.get("queue_full", 0) == len(SHORT_REQUESTS)
+        assert after["queue_time"] - before.get("queue_time", 0) == len(SHORT_REQUESTS)
         wait_until(lambda: gauges(http)["kv_cache_usage_perc"] == 0, 10, "the blocks to free")
         assert server.state.engine.num_pending == 0
         served = http.post(COMPLETIONS, json=SHORT)  # a free slot: served at once

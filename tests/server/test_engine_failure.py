@@ -1,17 +1,37 @@
 """A dead engine loop: probes turn 503, requests in flight fail in OpenAI's shape (an SSE
-error event then [DONE] for streams), and new requests get 503."""
+error event then [DONE] for streams), and new requests get 503. The other API families'
+streams in flight end with their own in-band error, and their new streamed requests get
+a 503 in their own error shape."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.conftest import MODEL_NAME, LiveServer, start_server, wait_until
+from tests.server.route_shapes import (
+    RouteStream,
+    error_message,
+    parse_anthropic_stream,
+    parse_ndjson_stream,
+    parse_responses_stream,
+)
+from tests.server.test_abuse_routes import (
+    MESSAGES,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    RESPONSES,
+    messages,
+    ollama_chat,
+    ollama_generate,
+    responses,
+)
 
 BODY = {"model": MODEL_NAME, "prompt": "Hello world", "max_tokens": 400, "ignore_eos": True}
 CHAT_BODY = {
@@ -20,6 +40,23 @@ CHAT_BODY = {
     "max_tokens": 400,
     "ignore_eos": True,
 }
+
+LONG = 400
+# The other families' streamed requests, long enough to be in flight when the engine
+# dies, and the parser of each one's stream.
+FAMILY_STREAMS: dict[str, tuple[dict[str, Any], Callable[[str], RouteStream]]] = {
+    RESPONSES: (responses(max_output_tokens=LONG, stream=True), parse_responses_stream),
+    MESSAGES: (messages(max_tokens=LONG, stream=True), parse_anthropic_stream),
+    OLLAMA_CHAT: (ollama_chat(stream=True, options={"num_predict": LONG}), parse_ndjson_stream),
+    OLLAMA_GENERATE: (
+        ollama_generate(stream=True, options={"num_predict": LONG}),
+        parse_ndjson_stream,
+    ),
+}
+
+
+def broken_forward(*args, **kwargs):  # the model pass
+    raise RuntimeError("injected device failure")
 
 
 @pytest.fixture
@@ -38,9 +75,6 @@ def check_error(error: dict, codes: tuple[str, ...]) -> None:
 
 def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
     runner = doomed.engine.runner
-
-    def broken_forward(*args, **kwargs):  # the model pass
-        raise RuntimeError("injected device failure")
 
     async def streaming(http: httpx.AsyncClient, got_tokens: asyncio.Event) -> list[tuple]:
         events: list[tuple] = []  # (event name, data)
@@ -102,4 +136,41 @@ def test_dead_engine_loop(doomed: LiveServer, monkeypatch: pytest.MonkeyPatch):
             assert refused.status_code == 503, refused.text
             check_error(refused.json()["error"], ("service_unavailable",))
         assert http.get("/metrics").status_code == 200
+    wait_until(lambda: doomed.state.engine.num_pending == 0, 30, "the requests to be released")
+
+
+def test_each_familys_streams_end_in_band_and_new_ones_are_refused_in_its_shape(
+    doomed: LiveServer, monkeypatch: pytest.MonkeyPatch
+):
+    async def read(http: httpx.AsyncClient, path: str, started: asyncio.Event) -> str:
+        async with http.stream("POST", path, json=FAMILY_STREAMS[path][0]) as response:
+            assert response.status_code == 200, await response.aread()
+            text = ""
+            async for piece in response.aiter_text():
+                text += piece
+                started.set()
+        return text
+
+    async def main() -> dict[str, str]:
+        limits = httpx.Limits(max_connections=10)
+        async with doomed.async_client(timeout=120, limits=limits) as http:
+            started = {path: asyncio.Event() for path in FAMILY_STREAMS}
+            reads = {path: asyncio.create_task(read(http, path, started[path])) for path in started}
+            for event in started.values():
+                await asyncio.wait_for(event.wait(), 60)
+            assert doomed.state.engine.num_pending == len(FAMILY_STREAMS)
+            monkeypatch.setattr(doomed.engine.runner.model, "forward", broken_forward)
+            return {path: await asyncio.wait_for(task, 60) for path, task in reads.items()}
+
+    for path, text in asyncio.run(main()).items():
+        [error] = FAMILY_STREAMS[path][1](text).errors  # the stream's last event or line
+        message = error if isinstance(error, str) else error["message"]
+        assert "injected device failure" in message, (path, error)
+
+    assert doomed.state.is_dead
+    with doomed.client() as http:
+        for path, (body, _) in FAMILY_STREAMS.items():
+            refused = http.post(path, json=body)  # before any output: a status line of its own
+            assert refused.status_code == 503, (path, refused.text)
+            assert error_message(path, refused.json()), path
     wait_until(lambda: doomed.state.engine.num_pending == 0, 30, "the requests to be released")
