@@ -88,13 +88,12 @@ class LoRARegistry:
         self.by_name[adapter.name] = entry
         return entry.request
 
-    def retire(self, name: str) -> int:
-        """Take the name away; returns its slot, which ``free_retired`` frees later."""
+    def retire(self, name: str) -> None:
+        """Take the name away; ``free_retired`` frees its slot later."""
         entry = self.by_name.pop(name, None)
         if entry is None:
             raise LoRANotFoundError(f"LoRA adapter {name!r} is not loaded")
         entry.retiring = True
-        return entry.slot
 
     def free_retired(self, slots_in_use: set[int]) -> list[int]:
         """Free the retired slots no sequence uses; returns them."""
