@@ -17,7 +17,7 @@ def logits_of(rows: int, vocab: int, dtype: torch.dtype, seed: int = 0) -> torch
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize(("rows", "vocab"), [(1, 49152), (7, 1000), (130, 517)])
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 49152), (7, 1000), (130, 517), (3, 1)])
 def test_kernel_matches_reference(dtype, rows, vocab):
     assert load_cpu_kernels() is not None
     logits = logits_of(rows, vocab, dtype)
@@ -51,3 +51,17 @@ def test_ties_go_to_the_first_index_as_in_torch_argmax(threads):
         torch.set_num_threads(previous)
     assert tokens.tolist() == [5, 0, 0]
     torch.testing.assert_close(logprobs[2], torch.tensor(-torch.log(torch.tensor(40.0)).item()))
+
+
+@pytest.mark.parametrize(
+    "logits",
+    [
+        torch.zeros(8),  # one row without its rows' dimension
+        torch.zeros(3, 8)[:, ::2],  # a strided view: the kernel reads rows whole
+        torch.zeros(3, 0),  # no vocabulary: no token to pick
+    ],
+    ids=["1-d", "strided", "empty-rows"],
+)
+def test_kernel_refuses_logits_it_cannot_read(logits):
+    with pytest.raises(RuntimeError, match=r"contiguous \[rows, vocab\]"):
+        load_cpu_kernels().greedy_pick(logits, True)
