@@ -122,12 +122,13 @@ def test_block_hashes_are_salted_by_adapter():
 
 
 def test_unloading_while_requests_use_it(case):
-    _, folder, a, _, _ = case
+    _, folder, a, b, _ = case
     engine = make_engine(folder)
     engine.adapters.load("a", str(a))
     prompts = [[5 + i, 9, 11, 40 + i] for i in range(4)]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     ids = [engine.add_request(p, params, lora_request="a") for p in prompts]
+    named = engine.lora.resolve("a")  # a request named before the unload, queued after
     for _ in range(3):
         engine.step()
     engine.adapters.unload("a")
@@ -135,6 +136,8 @@ def test_unloading_while_requests_use_it(case):
     with pytest.raises(LoRANotFoundError, match="not loaded"):
         engine.add_request([5, 6], params, lora_request="a")
     assert engine.lora.registry.slots  # still held: its requests are running
+    with pytest.raises(LoRANotFoundError, match="has been unloaded"):
+        engine.add_request([5, 6], params, lora_request=named)
     while engine.has_pending_work():
         engine.step()
     outputs = [engine.get_output(i).token_ids for i in ids]
@@ -142,5 +145,11 @@ def test_unloading_while_requests_use_it(case):
     assert not engine.lora.registry.slots and not engine.runner.lora.slot_weights(1)
     stats = engine.memory_stats()
     assert stats["used_blocks"] == 0 and stats["num_sequences"] == 0
+    with pytest.raises(LoRANotFoundError, match="has been unloaded"):
+        engine.add_request([5, 6], params, lora_request=named)  # its slot is empty
+    engine.adapters.load("b", str(b))  # another adapter in the freed slot
+    with pytest.raises(LoRANotFoundError, match="has been unloaded"):
+        engine.add_request([5, 6], params, lora_request=named)
+    engine.adapters.unload("b")
     engine.adapters.load("a", str(a))  # loads again, into the freed slot
     assert greedy(engine, prompts, "a") == outputs
