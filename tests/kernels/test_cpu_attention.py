@@ -280,15 +280,22 @@ def test_cpu_path_decodes_only(module):
     assert_close(actual, expected, torch.float32, "decodes only")
 
 
+@pytest.mark.parametrize("cache", ["model", "int8"])
+@pytest.mark.parametrize("head_dim", [20, 64])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_store_kv_skips_padding_slots(module, dtype):
+def test_store_kv_skips_padding_slots(module, dtype, head_dim, cache):
+    """Every token's rows land in their slots, byte for byte as the reference stores
+    them (an int8 cache's rows quantized, and rotated where the keys are: 64), but the
+    padding's."""
     bs = 16
-    batch = make_batch([(0, 7), (bs - 1, 1), (3, 20)], bs, 2, 3, 20, dtype, seed=5)
+    batch = make_batch([(0, 7), (bs - 1, 1), (3, 20)], bs, 2, 3, head_dim, dtype, seed=5)
+    if cache == "int8":
+        batch = quantized(batch)
     slots = batch.inputs.slot_mapping.clone()
-    slots[[0, 9]] = -1  # padding rows: nothing stored
+    slots[[3, 9]] = -1  # padding rows: nothing stored
     # value as a view with strided rows, as the model's merged projection gives it
     rows = torch.cat([batch.value.flatten(1), batch.key.flatten(1)], dim=1)
-    value = rows[:, : 2 * 20].view(-1, 2, 20)
+    value = rows[:, : 2 * head_dim].view(-1, 2, head_dim)
     k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
     store_kv_ref(batch.key, value, k_ref, v_ref, slots)
     k_out, v_out = batch.k_cache.clone(), batch.v_cache.clone()
