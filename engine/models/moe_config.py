@@ -31,7 +31,7 @@ class MoeSettings:
     sparse_layers: tuple[bool, ...]
     # A shared expert of this width on every sparse layer, 0 for none (Qwen2-MoE); its
     # output is scaled by sigmoid(x . shared_expert_gate).
-    shared_expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
