@@ -73,6 +73,16 @@ def test_lora_is_refused_at_start(tmp_path):
         LLMEngine(EngineConfig(model=str(folder), dtype="float32", enable_lora=True))
 
 
+@pytest.mark.parametrize("top_k", [0, 9])
+def test_experts_per_token_outside_the_experts_is_refused(top_k):
+    config = TINY_MODELS["mixtral"]()  # 8 experts
+    config.num_experts_per_tok = top_k
+    with pytest.raises(ConfigError, match=rf"num_experts_per_tok \({top_k}\) must be between 1"):
+        ModelConfig.from_hf(config)
+    config.num_experts_per_tok = {0: 1, 9: 8}[top_k]  # the ends themselves are taken
+    assert ModelConfig.from_hf(config).moe.top_k == config.num_experts_per_tok
+
+
 def test_clip_qkv_is_refused():
     config = TINY_MODELS["olmoe"]()
     config.clip_qkv = 8.0
