@@ -303,6 +303,78 @@ def test_store_kv_skips_padding_slots(module, dtype, head_dim, cache):
     assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
 
 
+def store_kv_arguments(case: str) -> tuple[torch.Tensor, ...]:
+    """store_kv's arguments (key, value, k_cache, v_cache, slot_mapping) for 4 tokens of
+    2 KV heads of 8 values, one of them made as the kernel cannot take it (``case``)."""
+    key, value = torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)
+    k_cache, v_cache = torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8)
+    slots = torch.arange(4)
+    int8_cache = torch.zeros(2, 4, 2, stored_head_size(8, torch.int8), dtype=torch.int8)
+    match case:
+        case "2-d key":
+            key = key.flatten(1)
+        case "strided key values":
+            key = torch.zeros(4, 2, 16)[:, :, ::2]
+        case "key heads apart":
+            key = torch.zeros(4, 2, 10)[:, :, :8]
+        case "strided value values":
+            value = torch.zeros(4, 2, 16)[:, :, ::2]
+        case "value heads apart":
+            value = torch.zeros(4, 2, 10)[:, :, :8]
+        case "strided k cache":
+            k_cache = torch.zeros(2, 4, 2, 16)[..., ::2]
+        case "strided v cache":
+            v_cache = torch.zeros(2, 4, 2, 16)[..., ::2]
+        case "int32 slots":
+            slots = slots.int()
+        case "strided slots":
+            slots = torch.arange(8)[::2]
+        case "int8 k cache, float v cache":
+            k_cache = int8_cache
+        case "int8 cache, keys and values of two dtypes":
+            k_cache, v_cache, value = int8_cache, int8_cache.clone(), value.half()
+        case "int8 cache, rows of another size":
+            k_cache = v_cache = torch.zeros(2, 4, 2, 8, dtype=torch.int8)
+        case "key of another dtype than its cache":
+            key = key.half()
+        case "value of another dtype than its cache":
+            value = value.half()
+    return key, value, k_cache, v_cache, slots
+
+
+STORE_KV_REFUSALS = {
+    "key/value must be \\[tokens, kv_heads, head_dim\\] with contiguous heads": [
+        "2-d key",
+        "strided key values",
+        "key heads apart",
+        "strided value values",
+        "value heads apart",
+    ],
+    "caches must be contiguous": ["strided k cache", "strided v cache"],
+    "slot_mapping must be contiguous int64": ["int32 slots", "strided slots"],
+    "an int8 cache holds rows of head_dim values and their fp16 scales": [
+        "int8 k cache, float v cache",
+        "int8 cache, keys and values of two dtypes",
+        "int8 cache, rows of another size",
+    ],
+    "key/value and cache dtypes differ": [
+        "key of another dtype than its cache",
+        "value of another dtype than its cache",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [(case, message) for message, cases in STORE_KV_REFUSALS.items() for case in cases],
+    ids=[case for cases in STORE_KV_REFUSALS.values() for case in cases],
+)
+def test_store_kv_refuses_what_it_cannot_copy(module, case, message):
+    with pytest.raises(RuntimeError, match=message):
+        module.store_kv(*store_kv_arguments(case))
+    module.store_kv(*store_kv_arguments("none"))  # the same, made as it takes them
+
+
 # The int8 cache: the kernel reads int8 rows and their groups' scales; the reference
 # attends in fp32 over the same rows dequantized, so only the order of rounding
 # differs: each query dtype's own tolerance. Head sizes of one group of 32 per 16 and
