@@ -255,3 +255,30 @@ def test_size_must_be_height_and_width(tmp_path: Path) -> None:
     write_hub_layout(folder, source, size={"shortest_edge": 32})
     with pytest.raises(ConfigError, match="height and width"):
         Gemma3ImageProcessor.from_folder(folder)
+
+
+def test_settings_a_folder_leaves_out_are_transformers_defaults(tmp_path: Path) -> None:
+    """The processor's own defaults (224 x 224, resized, rescaled and normalized) stand
+    for each value setting the folder leaves out, as in transformers."""
+    source = save_processor(tmp_path / "source", 32)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    write_hub_layout(folder, source)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    left_out = ("size", "do_resize", "do_rescale", "do_normalize", "rescale_factor", "resample")
+    kept = {key: value for key, value in settings.items() if key not in left_out}
+    (folder / "preprocessor_config.json").write_text(json.dumps(kept))
+    ours = Gemma3ImageProcessor.from_folder(folder)
+    assert (ours.height, ours.width) == (224, 224)
+    image = IMAGES["landscape"]
+    expected = pil_processor(folder)(text=PROMPT, images=[image()], return_tensors="pt")
+    assert torch.equal(ours.process(image()).pixel_values, expected["pixel_values"])
+
+
+def test_mean_and_std_need_three_values(tmp_path: Path) -> None:
+    source = save_processor(tmp_path / "source", 32)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    write_hub_layout(folder, source, image_mean=[0.5, 0.5])
+    with pytest.raises(ConfigError, match="image_mean and image_std need 3 values"):
+        Gemma3ImageProcessor.from_folder(folder)
