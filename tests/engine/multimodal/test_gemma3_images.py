@@ -258,7 +258,7 @@ def test_size_must_be_height_and_width(tmp_path: Path) -> None:
 
 
 def test_settings_a_folder_leaves_out_are_transformers_defaults(tmp_path: Path) -> None:
-    """The processor's own defaults (224 x 224, resized, rescaled and normalized) stand
+    """The processor's own defaults (224 x 224, resized, rescaled, normalized by 0.5s) stand
     for each value setting the folder leaves out, as in transformers."""
     source = save_processor(tmp_path / "source", 32)
     folder = tmp_path / "hub"
@@ -266,6 +266,7 @@ def test_settings_a_folder_leaves_out_are_transformers_defaults(tmp_path: Path) 
     write_hub_layout(folder, source)
     settings = json.loads((folder / "preprocessor_config.json").read_text())
     left_out = ("size", "do_resize", "do_rescale", "do_normalize", "rescale_factor", "resample")
+    left_out += ("image_mean", "image_std")
     kept = {key: value for key, value in settings.items() if key not in left_out}
     (folder / "preprocessor_config.json").write_text(json.dumps(kept))
     ours = Gemma3ImageProcessor.from_folder(folder)
@@ -281,4 +282,21 @@ def test_mean_and_std_need_three_values(tmp_path: Path) -> None:
     folder.mkdir()
     write_hub_layout(folder, source, image_mean=[0.5, 0.5])
     with pytest.raises(ConfigError, match="image_mean and image_std need 3 values"):
+        Gemma3ImageProcessor.from_folder(folder)
+
+
+@pytest.mark.parametrize(
+    ("settings", "processor_config"),
+    [({"size": {"height": 0, "width": 32}}, {}), ({"size": {"height": 32, "width": 0}}, {}),
+     ({}, {"image_seq_length": 0})],
+    ids=["no height", "no width", "no image tokens"],
+)  # fmt: skip
+def test_sizes_and_image_tokens_must_be_positive(tmp_path: Path, settings, processor_config):
+    source = save_processor(tmp_path / "source", 32)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    write_hub_layout(folder, source, **settings)
+    if processor_config:
+        (folder / "processor_config.json").write_text(json.dumps(processor_config))
+    with pytest.raises(ConfigError, match="must be > 0"):
         Gemma3ImageProcessor.from_folder(folder)
