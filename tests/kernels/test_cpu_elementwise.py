@@ -59,12 +59,13 @@ def test_dispatch_uses_the_kernels_for_reduced_precision_only():
     assert module.calls == ["rotary"]
 
 
+@pytest.mark.parametrize("eps", [1e-5, 1.0])  # a model's, and one as large as the mean square
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "hidden"), [(1, 64), (37, 576), (300, 96)])
-def test_rms_norm(dtype, rows, hidden):
-    x = randn(rows, hidden, dtype=dtype) * 3
+def test_rms_norm(dtype, rows, hidden, eps):
+    x = randn(rows, hidden, dtype=dtype)
     weight = randn(hidden, dtype=dtype, seed=1)
-    assert_close(ops.rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), dtype)
+    assert_close(ops.rms_norm(x, weight, eps), rms_norm_ref(x, weight, eps), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
