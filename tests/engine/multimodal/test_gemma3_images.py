@@ -177,8 +177,9 @@ def test_placeholder_parts(tmp_path: Path) -> None:
     core = "<start_of_image>" + "<image_soft_token>" * 3 + "<end_of_image>"
     assert ours.placeholder_parts() == ("\n\n", core, "\n\n")
     assert ours.placeholder_parts(0, 0) == ours.placeholder_parts()
-    with pytest.raises(ValueError, match="one tile"):
-        ours.placeholder_parts(1, 2)
+    for rows, cols in ((1, 2), (1, 0), (0, 2)):
+        with pytest.raises(ValueError, match="one tile"):
+            ours.placeholder_parts(rows, cols)
     tokens = {"boi": "<boi>", "image": "<img>", "eoi": "<eoi>"}
     folder = save_processor(tmp_path, 32, **tokens)
     ours = Gemma3ImageProcessor.from_folder(folder)
