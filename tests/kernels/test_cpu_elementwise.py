@@ -70,12 +70,16 @@ def test_rms_norm(dtype, rows, hidden, eps):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_add_rms_norm(dtype):
-    x, residual = randn(45, 128, dtype=dtype), randn(45, 128, dtype=dtype, seed=1)
-    weight = randn(128, dtype=dtype, seed=2)
-    out, total = ops.fused_add_rms_norm(x, residual, weight, 1e-6)
-    out_ref, total_ref = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
-    assert torch.equal(total, total_ref)  # one rounding of an exact fp32 sum either way
-    assert_close(out, out_ref, dtype)
+    # Twice, on other values: the second call's buffers may be the first's, whose
+    # values must all be written over.
+    for seed in (0, 3):
+        x, residual = randn(45, 128, dtype=dtype, seed=seed), randn(45, 128, dtype=dtype, seed=1)
+        weight = randn(128, dtype=dtype, seed=2)
+        out, total = ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+        out_ref, total_ref = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
+        assert torch.equal(total, total_ref)  # one rounding of an exact fp32 sum either way
+        assert_close(out, out_ref, dtype)
+        del out, total
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -143,3 +147,68 @@ def test_rotary_on_m_ropes_tables_of_each_token(dtype):
     q_ref, k_ref = rotary_ref(at_row, q, k, *rows)
     assert_close(q_out, q_ref, dtype, "q")
     assert_close(k_out, k_ref, dtype, "k")
+
+
+def z(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def rotary(module: ModuleType, **changed: torch.Tensor) -> Any:
+    """The rotary kernel on 3 tokens of 2 heads of 8 and a table of 16 positions, with
+    ``changed`` arguments."""
+    table = z(16, 8, dtype=torch.float32)
+    args = {"positions": torch.arange(3), "q": z(3, 2, 8), "k": z(3, 2, 8), "cos": table}
+    args = {"sin": table, **args, **changed}
+    return module.rotary(*(args[name] for name in ("positions", "q", "k", "cos", "sin")), True)
+
+
+# Per kernel's check, its message and calls whose arguments each break it in one way
+# (rows of 8 bf16 values).
+FP32 = torch.float32
+ELEMENTWISE_REFUSALS = {
+    r"x must be a contiguous \[rows, hidden\]": {
+        "rms_norm 1-d": lambda m: m.rms_norm(z(8), z(8), 1e-5),
+        "rms_norm strided": lambda m: m.rms_norm(z(2, 16)[:, ::2], z(8), 1e-5),
+    },
+    r"weight must be \[hidden\] in x's dtype": {
+        "rms_norm fp32 weight": lambda m: m.rms_norm(z(2, 8), z(8, dtype=FP32), 1e-5),
+        "rms_norm short weight": lambda m: m.rms_norm(z(2, 8), z(7), 1e-5),
+    },
+    "residual must match x": {
+        "other shape": lambda m: m.fused_add_rms_norm(z(2, 8), z(3, 8), z(8), 1e-5),
+        "strided": lambda m: m.fused_add_rms_norm(z(2, 8), z(2, 16)[:, ::2], z(8), 1e-5),
+        "other dtype": lambda m: m.fused_add_rms_norm(z(2, 8), z(2, 8, dtype=FP32), z(8), 1e-5),
+    },
+    r"x must be a contiguous \[rows, 2 \* d\]": {
+        "silu 1-d": lambda m: m.silu_and_mul(z(8)),
+        "silu strided": lambda m: m.silu_and_mul(z(2, 16)[:, ::2]),
+        "silu odd width": lambda m: m.silu_and_mul(z(2, 7)),
+    },
+    "x must be contiguous": {"gelu strided": lambda m: m.gelu_tanh(z(2, 16)[:, ::2])},
+    "positions must be contiguous int64": {
+        "int32 positions": lambda m: rotary(m, positions=torch.arange(3).int()),
+        "strided positions": lambda m: rotary(m, positions=torch.arange(6)[::2]),
+    },
+    r"cos/sin must be contiguous fp32 \[max_positions, head_dim\]": {
+        "fp16 cos": lambda m: rotary(m, cos=z(16, 8, dtype=torch.half)),
+        "strided cos": lambda m: rotary(m, cos=z(16, 16, dtype=FP32)[:, ::2]),
+        "strided sin": lambda m: rotary(m, sin=z(16, 16, dtype=FP32)[:, ::2]),
+        "other head_dim": lambda m: rotary(m, cos=z(16, 4, dtype=FP32)),
+    },
+    r"q/k must be \[tokens, heads, head_dim\] with contiguous heads": {
+        "2-d k": lambda m: rotary(m, k=z(3, 8)),
+        "strided q": lambda m: rotary(m, q=z(3, 2, 16)[..., ::2]),
+        "q heads apart": lambda m: rotary(m, q=z(3, 2, 10)[..., :8]),
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("message", "call"),
+    [(message, call) for message, calls in ELEMENTWISE_REFUSALS.items() for call in calls.values()],
+    ids=[name for calls in ELEMENTWISE_REFUSALS.values() for name in calls],
+)
+def test_kernels_refuse_tensors_they_cannot_read(message, call):
+    with pytest.raises(RuntimeError, match=message):
+        call(load_cpu_kernels())
+    rotary(load_cpu_kernels())  # as the kernel takes them
