@@ -15,8 +15,11 @@ import PIL.Image
 import pytest
 import torch
 import transformers
-from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor
+from hetero_infer.engine.multimodal.qwen2_vl_images import Qwen2VLImageProcessor, smart_resize
 from hetero_infer.engine.settings.exceptions import ConfigError
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+    smart_resize as transformers_smart_resize,
+)
 
 from tests.engine.multimodal.test_gemma3_images import (
     cmyk,
@@ -287,3 +290,17 @@ def test_overrides_go_over_the_folder_as_from_pretrained_takes_them(
         assert expected["image_grid_thw"].tolist() == [[1, processed.rows, processed.cols]]
         flat = processed.pixel_values.reshape(processed.rows * processed.cols, -1)
         assert torch.equal(flat, expected["pixel_values"])
+
+
+def test_smart_resize_matches_transformers_at_its_bounds() -> None:
+    """Sizes whose rounding lands on max_pixels or min_pixels exactly, and just past them,
+    each way round: the area bounds are inclusive as in transformers."""
+    factor, min_pixels, max_pixels = 28, 28 * 28 * 2, 28 * 28 * 4
+    sizes = [(57, 55), (56, 56), (55, 57), (70, 56), (42, 28), (28, 56), (43, 27), (20, 30)]
+    sizes += [(h, w) for h in range(14, 120, 9) for w in range(14, 120, 13)]
+    for height, width in sizes:
+        ours = smart_resize(height, width, factor, min_pixels, max_pixels)
+        assert ours == transformers_smart_resize(height, width, factor, min_pixels, max_pixels), (
+            height,
+            width,
+        )
