@@ -223,8 +223,10 @@ def hub_layout(folder: Path, source: Path, name: str, **settings: object) -> Pat
         },
         {"size": {"shortest_edge": 64, "longest_edge": 1000}, "max_pixels": None, "patch_size": 3},
         {"size": None, "max_pixels": 5000, "patch_size": 6, "image_std": 0.5, "image_mean": 0.5},
+        # Only the bounds: the patch and merge sizes, mean and std are the defaults.
+        {"min_pixels": 300, "max_pixels": 6000},
     ],
-    ids=["hub", "pixels_win", "size", "max_only"],
+    ids=["hub", "pixels_win", "size", "max_only", "defaults"],
 )
 def test_settings_precedence(tmp_path: Path, name: str, settings: dict[str, object]) -> None:
     source = save_processor(tmp_path / "source")
