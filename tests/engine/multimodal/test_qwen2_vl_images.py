@@ -306,3 +306,11 @@ def test_smart_resize_matches_transformers_at_its_bounds() -> None:
             height,
             width,
         )
+
+
+def test_mean_and_std_need_three_values(tmp_path: Path) -> None:
+    source = save_processor(tmp_path / "source")
+    for key in ("image_mean", "image_std"):
+        folder = hub_layout(tmp_path / key, source, "preprocessor_config.json", **{key: [0.5] * 2})
+        with pytest.raises(ConfigError, match="image_mean and image_std need 3 values"):
+            Qwen2VLImageProcessor.from_folder(folder)
