@@ -225,8 +225,9 @@ def hub_layout(folder: Path, source: Path, name: str, **settings: object) -> Pat
         {"size": None, "max_pixels": 5000, "patch_size": 6, "image_std": 0.5, "image_mean": 0.5},
         # Only the bounds: the patch and merge sizes, mean and std are the defaults.
         {"min_pixels": 300, "max_pixels": 6000},
+        {},  # every setting the default
     ],
-    ids=["hub", "pixels_win", "size", "max_only", "defaults"],
+    ids=["hub", "pixels_win", "size", "max_only", "defaults", "none"],
 )
 def test_settings_precedence(tmp_path: Path, name: str, settings: dict[str, object]) -> None:
     source = save_processor(tmp_path / "source")
@@ -314,3 +315,35 @@ def test_mean_and_std_need_three_values(tmp_path: Path) -> None:
         folder = hub_layout(tmp_path / key, source, "preprocessor_config.json", **{key: [0.5] * 2})
         with pytest.raises(ConfigError, match="image_mean and image_std need 3 values"):
             Qwen2VLImageProcessor.from_folder(folder)
+
+
+def test_without_resizing_an_image_must_be_whole_blocks(tmp_path: Path) -> None:
+    """do_resize off: an image of whole 2 x 2 blocks of 4-pixel patches goes in at its own
+    size, as transformers takes it; one a pixel short of that, wide or tall, is refused."""
+    source = save_processor(tmp_path / "source")
+    settings = {"do_resize": False, "patch_size": 4}
+    folder = hub_layout(tmp_path / "layout", source, "preprocessor_config.json", **settings)
+    ours = Qwen2VLImageProcessor.from_folder(folder)
+    image = noise("RGB", 40, 24, seed=20)
+    processed = ours.process(image)
+    assert (processed.rows, processed.cols) == (6, 10)
+    expected = pil_image_processor(folder)(image, return_tensors="pt")
+    assert torch.equal(processed.pixel_values.reshape(60, -1), expected["pixel_values"])
+    for width, height in ((39, 24), (40, 23)):
+        with pytest.raises(ValueError, match="not whole blocks"):
+            ours.process(noise("RGB", width, height, seed=21))
+
+
+# (A 0 for min_pixels or max_pixels is refused before, as a size without that edge, as
+# transformers refuses it.)
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("min_pixels", -1), ("max_pixels", -1), ("patch_size", 0), ("merge_size", 0),
+     ("temporal_patch_size", 0)],
+)  # fmt: skip
+def test_sizes_must_be_positive(tmp_path: Path, setting: str, value: int) -> None:
+    source = save_processor(tmp_path / "source")
+    settings = {setting: value}
+    folder = hub_layout(tmp_path / "layout", source, "preprocessor_config.json", **settings)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        Qwen2VLImageProcessor.from_folder(folder)
