@@ -226,8 +226,9 @@ def hub_layout(folder: Path, source: Path, name: str, **settings: object) -> Pat
         # Only the bounds: the patch and merge sizes, mean and std are the defaults.
         {"min_pixels": 300, "max_pixels": 6000},
         {},  # every setting the default
+        {"merge_size": 1, "temporal_patch_size": 1, "patch_size": 4, "max_pixels": 3000},
     ],
-    ids=["hub", "pixels_win", "size", "max_only", "defaults", "none"],
+    ids=["hub", "pixels_win", "size", "max_only", "defaults", "none", "ones"],
 )
 def test_settings_precedence(tmp_path: Path, name: str, settings: dict[str, object]) -> None:
     source = save_processor(tmp_path / "source")
