@@ -301,3 +301,24 @@ def test_sizes_and_image_tokens_must_be_positive(tmp_path: Path, settings, proce
         (folder / "processor_config.json").write_text(json.dumps(processor_config))
     with pytest.raises(ConfigError, match="must be > 0"):
         Gemma3ImageProcessor.from_folder(folder)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_config", "boi"),
+    [
+        ({"boi_token": {"content": "<b>", "special": True}}, "<b>"),  # AddedToken's
+        ({"extra_special_tokens": {"boi_token": "<a>"}}, "<a>"),
+        ({"extra_special_tokens": {"boi_token": "<a>"}, "boi_token": "<b>"}, "<b>"),
+        ({"boi_token": "<b>", "model_specific_special_tokens": {"boi_token": "<c>"}}, "<c>"),
+        ({"extra_special_tokens": ["<x>"]}, "<start_of_image>"),  # a list names none
+    ],
+)
+def test_the_special_tokens_as_the_tokenizer_config_names_them(
+    tmp_path: Path, tokenizer_config: dict, boi: str
+) -> None:
+    source = save_processor(tmp_path / "source", 32)
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    write_hub_layout(folder, source)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert Gemma3ImageProcessor.from_folder(folder).marker == boi

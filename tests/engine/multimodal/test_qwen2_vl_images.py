@@ -172,8 +172,9 @@ def test_patch_order() -> None:
 def test_placeholder_parts_and_image_token(tmp_path: Path) -> None:
     ours = Qwen2VLImageProcessor()
     assert ours.placeholder_parts(4, 6) == ("", "<|image_pad|>" * 6, "")
-    with pytest.raises(ValueError, match="blocks"):
-        ours.placeholder_parts(3, 4)
+    for rows, cols in ((3, 4), (4, 3), (0, 4), (4, 0), (-2, -2)):
+        with pytest.raises(ValueError, match="blocks"):
+            ours.placeholder_parts(rows, cols)
     folder = save_processor(tmp_path, image_token="<|img|>", **SMALL)
     ours = Qwen2VLImageProcessor.from_folder(folder)
     assert (ours.marker, ours.image_token) == ("<|img|>", "<|img|>")
@@ -348,3 +349,23 @@ def test_sizes_must_be_positive(tmp_path: Path, setting: str, value: int) -> Non
     folder = hub_layout(tmp_path / "layout", source, "preprocessor_config.json", **settings)
     with pytest.raises(ConfigError, match="must be > 0"):
         Qwen2VLImageProcessor.from_folder(folder)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_config", "token"),
+    [
+        ({"image_token": {"content": "<|img|>", "special": True}}, "<|img|>"),  # AddedToken's
+        ({"extra_special_tokens": {"image_token": "<|a|>"}}, "<|a|>"),
+        ({"extra_special_tokens": {"image_token": "<|a|>"}, "image_token": "<|b|>"}, "<|b|>"),
+        ({"image_token": "<|b|>", "model_specific_special_tokens": {"image_token": "<|c|>"}},
+         "<|c|>"),
+        ({"extra_special_tokens": ["<|x|>"]}, "<|image_pad|>"),  # a list names none
+    ],
+)  # fmt: skip
+def test_the_image_token_as_the_tokenizer_config_names_it(
+    tmp_path: Path, tokenizer_config: dict, token: str
+) -> None:
+    source = save_processor(tmp_path / "source")
+    folder = hub_layout(tmp_path / "layout", source, "preprocessor_config.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert Qwen2VLImageProcessor.from_folder(folder).image_token == token
