@@ -90,7 +90,7 @@ def test_silu_and_mul(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 7), (4, 64, 48), (3, 9000)])
+@pytest.mark.parametrize("shape", [(1, 7), (4, 64, 48), (3, 9000), (1, 4097)])
 def test_gelu_tanh(dtype, shape):
     """Any shape, the blocks' ends included (9000 values a row: two whole blocks of 4096
     and a part), and the tails where tanh saturates."""
