@@ -375,6 +375,72 @@ def test_store_kv_refuses_what_it_cannot_copy(module, case, message):
     module.store_kv(*store_kv_arguments("none"))  # the same, made as it takes them
 
 
+def decode_attention_arguments(case: str) -> tuple:
+    """decode_attention's arguments for 2 sequences of 4 query heads of 8 values over 2
+    KV heads in blocks of 16, one of them made as the kernel cannot take it (``case``)."""
+    query = torch.zeros(2, 4, 8)
+    k_cache, v_cache = torch.zeros(3, 16, 2, 8), torch.zeros(3, 16, 2, 8)
+    tables = torch.tensor([[0], [1]], dtype=torch.int32)
+    lens = torch.tensor([3, 5], dtype=torch.int32)
+    int8_rows = stored_head_size(8, torch.int8)
+    match case:
+        case "int8 cache":  # taken
+            k_cache = torch.zeros(3, 16, 2, int8_rows, dtype=torch.int8)
+            v_cache = k_cache.clone()
+        case "2-d query":
+            query = query.flatten(1)
+        case "3-d cache":
+            k_cache = k_cache.flatten(2)
+        case "strided k cache":
+            k_cache = torch.zeros(3, 16, 2, 16)[..., ::2]
+        case "strided v cache":
+            v_cache = torch.zeros(3, 16, 2, 16)[..., ::2]
+        case "query of another dtype":
+            query = query.half()
+        case "v cache of another dtype":
+            v_cache = v_cache.half()
+        case "int8 k cache, float v cache":
+            k_cache = torch.zeros(3, 16, 2, int8_rows, dtype=torch.int8)
+        case "3 heads over 2":
+            query = torch.zeros(2, 3, 8)
+        case "rows of 9":
+            k_cache, v_cache = torch.zeros(3, 16, 2, 9), torch.zeros(3, 16, 2, 9)
+        case "int8 rows without scales":
+            k_cache = torch.zeros(3, 16, 2, 8, dtype=torch.int8)
+            v_cache = k_cache.clone()
+        case "int64 tables":
+            tables = tables.long()
+        case "int64 lengths":
+            lens = lens.long()
+    return query, k_cache, v_cache, tables, lens, 1.0, 0, 0.0
+
+
+DECODE_ATTENTION_REFUSALS = {
+    r"query \[seqs, heads, dim\], cache 4-D": ["2-d query", "3-d cache"],
+    "caches must be contiguous": ["strided k cache", "strided v cache"],
+    "query and cache dtypes differ": ["query of another dtype"],
+    "key and value caches' dtypes differ": [
+        "v cache of another dtype",
+        "int8 k cache, float v cache",
+    ],
+    "heads must be a multiple of KV heads": ["3 heads over 2"],
+    "the cache's rows must be head_dim values": ["rows of 9", "int8 rows without scales"],
+    "block_tables and context_lens must be int32": ["int64 tables", "int64 lengths"],
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [(case, message) for message, cases in DECODE_ATTENTION_REFUSALS.items() for case in cases],
+    ids=[case for cases in DECODE_ATTENTION_REFUSALS.values() for case in cases],
+)
+def test_decode_attention_refuses_what_it_cannot_read(module, case, message):
+    with pytest.raises(RuntimeError, match=message):
+        module.decode_attention(*decode_attention_arguments(case))
+    for taken in ("none", "int8 cache"):  # the same, made as it takes them
+        module.decode_attention(*decode_attention_arguments(taken))
+
+
 # The int8 cache: the kernel reads int8 rows and their groups' scales; the reference
 # attends in fp32 over the same rows dequantized, so only the order of rounding
 # differs: each query dtype's own tolerance. Head sizes of one group of 32 per 16 and
