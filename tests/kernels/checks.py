@@ -1,7 +1,12 @@
-"""Comparison with per-dtype tolerances that names the mismatching indices."""
+"""Comparison with per-dtype tolerances that names the mismatching indices, and the cases
+of a kernel's argument checks."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
 import torch
 
 # (atol, rtol) of a Triton kernel against its torch reference. fp32: reduction order
@@ -36,3 +41,14 @@ def assert_close(
         f"atol={atol}, rtol={rtol} ({dtype}); max abs diff {diff:.3g}; first indices:\n"
         + "\n".join(lines)
     )
+
+
+def refusals(table: Mapping[str, Mapping[str, Any] | Sequence[str]]) -> list[Any]:
+    """pytest.param(case, message) for each case of a kernel's refusals: its error
+    message -> the cases that break that check, each named by itself (a name) or by its
+    key (a mapping of names to cases)."""
+    params = []
+    for message, cases in table.items():
+        named = cases.items() if isinstance(cases, Mapping) else ((case, case) for case in cases)
+        params += [pytest.param(case, message, id=name) for name, case in named]
+    return params

@@ -31,7 +31,7 @@ from hetero_infer.kernels.paged_attention_cpu import (
 )
 
 from tests.kernels.batches import Batch, make_batch, quantized
-from tests.kernels.checks import assert_close
+from tests.kernels.checks import assert_close, refusals
 
 SCALE = 0.3
 # Scaled scores here are ~1.3 to ~3.4 (head_dim 20 to 128): a cap of 2 bends most.
@@ -364,11 +364,7 @@ STORE_KV_REFUSALS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("case", "message"),
-    [(case, message) for message, cases in STORE_KV_REFUSALS.items() for case in cases],
-    ids=[case for cases in STORE_KV_REFUSALS.values() for case in cases],
-)
+@pytest.mark.parametrize(("case", "message"), refusals(STORE_KV_REFUSALS))
 def test_store_kv_refuses_what_it_cannot_copy(module, case, message):
     with pytest.raises(RuntimeError, match=message):
         module.store_kv(*store_kv_arguments(case))
@@ -429,11 +425,7 @@ DECODE_ATTENTION_REFUSALS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("case", "message"),
-    [(case, message) for message, cases in DECODE_ATTENTION_REFUSALS.items() for case in cases],
-    ids=[case for cases in DECODE_ATTENTION_REFUSALS.values() for case in cases],
-)
+@pytest.mark.parametrize(("case", "message"), refusals(DECODE_ATTENTION_REFUSALS))
 def test_decode_attention_refuses_what_it_cannot_read(module, case, message):
     with pytest.raises(RuntimeError, match=message):
         module.decode_attention(*decode_attention_arguments(case))

@@ -15,7 +15,7 @@ from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref
 
-from tests.kernels.checks import assert_close
+from tests.kernels.checks import assert_close, refusals
 
 DTYPES = [torch.bfloat16, torch.float16]
 ops = select_kernels("auto", torch.device("cpu")).ops
@@ -203,12 +203,8 @@ ELEMENTWISE_REFUSALS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("message", "call"),
-    [(message, call) for message, calls in ELEMENTWISE_REFUSALS.items() for call in calls.values()],
-    ids=[name for calls in ELEMENTWISE_REFUSALS.values() for name in calls],
-)
-def test_kernels_refuse_tensors_they_cannot_read(message, call):
+@pytest.mark.parametrize(("call", "message"), refusals(ELEMENTWISE_REFUSALS))
+def test_kernels_refuse_tensors_they_cannot_read(call, message):
     with pytest.raises(RuntimeError, match=message):
         call(load_cpu_kernels())
     rotary(load_cpu_kernels())  # as the kernel takes them
