@@ -433,6 +433,97 @@ def test_decode_attention_refuses_what_it_cannot_read(module, case, message):
         module.decode_attention(*decode_attention_arguments(taken))
 
 
+def prefill_attention_arguments(case: str) -> tuple:
+    """prefill_attention's arguments for a chunk of 4 tokens of 4 query heads of 32
+    values over 2 KV heads in blocks of 16, fp32, one of them made as the kernel cannot
+    take it (``case``)."""
+
+    def of(head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """query, out, k_cache and v_cache of ``head_dim`` values in ``dtype``."""
+        rows = torch.zeros(4, 4, head_dim, dtype=dtype)
+        cache = torch.zeros(3, 16, 2, head_dim, dtype=dtype)
+        return rows, rows.clone(), cache, cache.clone()
+
+    query, out, k_cache, v_cache = of(32, torch.float32)
+    ints = {name: torch.tensor(value, dtype=torch.int32) for name, value in
+            (("tables", [[0]]), ("lens", [4]), ("starts", [0]), ("chunk lens", [4]))}  # fmt: skip
+    match case:
+        case "bf16":  # taken
+            query, out, k_cache, v_cache = of(32, torch.bfloat16)
+        case "fp16":
+            query, out, k_cache, v_cache = of(32, torch.float16)
+        case "bf16 query":
+            query = query.bfloat16()
+        case "bf16 k cache":
+            k_cache = k_cache.bfloat16()
+        case "bf16 v cache":
+            v_cache = v_cache.bfloat16()
+        case "bf16 out":
+            out = out.bfloat16()
+        case "2-d query":
+            query = query.flatten(1)
+        case "strided query values":
+            query = torch.zeros(4, 4, 64)[..., ::2]
+        case "query heads apart":
+            query = torch.zeros(4, 4, 40)[..., :32]
+        case "strided out":
+            out = torch.zeros(4, 4, 64)[..., ::2]
+        case "out of another shape":
+            out = torch.zeros(3, 4, 32)
+        case "strided k cache":
+            k_cache = torch.zeros(3, 16, 2, 64)[..., ::2]
+        case "strided v cache":
+            v_cache = torch.zeros(3, 16, 2, 64)[..., ::2]
+        case "fp32 head_dim 24":
+            query, out, k_cache, v_cache = of(24, torch.float32)
+        case "fp32 head_dim 144":
+            query, out, k_cache, v_cache = of(144, torch.float32)
+        case "bf16 head_dim 48":
+            query, out, k_cache, v_cache = of(48, torch.bfloat16)
+        case "3 heads over 2":
+            query, out = torch.zeros(4, 3, 32), torch.zeros(4, 3, 32)
+        case "int64 tables" | "int64 lens" | "int64 starts" | "int64 chunk lens":
+            name = case.removeprefix("int64 ")
+            ints[name] = ints[name].long()
+    return query, k_cache, v_cache, *ints.values(), 1.0, 0.0, out
+
+
+PREFILL_ATTENTION_REFUSALS = {
+    "bf16 or fp32, query, caches and out alike": [
+        "fp16",
+        "bf16 query",
+        "bf16 k cache",
+        "bf16 v cache",
+        "bf16 out",
+    ],
+    r"query \[tokens, heads, dim\] with contiguous heads; out like it, contiguous": [
+        "2-d query",
+        "strided query values",
+        "query heads apart",
+        "strided out",
+        "out of another shape",
+    ],
+    "caches must be contiguous": ["strided k cache", "strided v cache"],
+    "head_dim 32, 64, 96 or 128": ["fp32 head_dim 24", "fp32 head_dim 144", "bf16 head_dim 48"],
+    "heads a multiple of KV heads": ["3 heads over 2"],
+    "block_tables, context_lens, chunk_starts and chunk_lens must be int32": [
+        "int64 tables",
+        "int64 lens",
+        "int64 starts",
+        "int64 chunk lens",
+    ],
+}
+
+
+@needs_tiled_kernel
+@pytest.mark.parametrize(("case", "message"), refusals(PREFILL_ATTENTION_REFUSALS))
+def test_prefill_attention_refuses_what_it_cannot_read(module, case, message):
+    with pytest.raises(RuntimeError, match=message):
+        module.prefill_attention(*prefill_attention_arguments(case))
+    for taken in ("none", "bf16"):  # the same, made as it takes them
+        module.prefill_attention(*prefill_attention_arguments(taken))
+
+
 # The int8 cache: the kernel reads int8 rows and their groups' scales; the reference
 # attends in fp32 over the same rows dequantized, so only the order of rounding
 # differs: each query dtype's own tolerance. Head sizes of one group of 32 per 16 and
