@@ -76,3 +76,17 @@ def test_the_kernel_checks_its_inputs():
         load_cpu_kernels().encoder_attention(*merged_views(2, 12, 2, 8), 1.0)
     with pytest.raises(RuntimeError, match="alike"):
         load_cpu_kernels().encoder_attention(q, k[:, :1], v, 1.0)
+    for i in range(3):  # q, k or v in bf16
+        args = [q, k, v]
+        args[i] = args[i].bfloat16()
+        with pytest.raises(RuntimeError, match="fp32 q, k and v"):
+            load_cpu_kernels().encoder_attention(*args, 1.0)
+    strided = torch.zeros(2, 2, 16, 16)[..., ::2]  # values 2 apart within a row
+    for i in range(3):
+        args = [q, k, v]
+        args[i] = strided
+        with pytest.raises(RuntimeError, match="rows of contiguous values"):
+            load_cpu_kernels().encoder_attention(*args, 1.0)
+    apart = torch.zeros(2, 2, 16, 16)[..., :8]  # rows 16 apart, where v's are 48 apart
+    with pytest.raises(RuntimeError, match="k's and v's rows equally apart"):
+        load_cpu_kernels().encoder_attention(q, apart, v, 1.0)
