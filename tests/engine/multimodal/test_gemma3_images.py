@@ -322,3 +322,8 @@ def test_the_special_tokens_as_the_tokenizer_config_names_them(
     write_hub_layout(folder, source)
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     assert Gemma3ImageProcessor.from_folder(folder).marker == boi
+
+
+def test_sizes_and_image_tokens_of_one_are_taken() -> None:
+    ours = Gemma3ImageProcessor(image_seq_length=1, height=1, width=1)
+    assert ours.process(IMAGES["landscape"]()).pixel_values.shape == (1, 3, 1, 1)

@@ -175,6 +175,8 @@ def test_placeholder_parts_and_image_token(tmp_path: Path) -> None:
     for rows, cols in ((3, 4), (4, 3), (0, 4), (4, 0), (-2, -2)):
         with pytest.raises(ValueError, match="blocks"):
             ours.placeholder_parts(rows, cols)
+    one_patch_blocks = Qwen2VLImageProcessor(merge_size=1)
+    assert one_patch_blocks.placeholder_parts(1, 1) == ("", "<|image_pad|>", "")
     folder = save_processor(tmp_path, image_token="<|img|>", **SMALL)
     ours = Qwen2VLImageProcessor.from_folder(folder)
     assert (ours.marker, ours.image_token) == ("<|img|>", "<|img|>")
