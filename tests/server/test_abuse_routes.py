@@ -84,6 +84,15 @@ def ollama_embed(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL_NAME, "input": "Hello", **fields}
 
 
+# The other families' generation routes streamed, with a budget of output tokens in each
+# family's own field.
+STREAMED = {
+    RESPONSES: lambda tokens: responses(stream=True, max_output_tokens=tokens),
+    MESSAGES: lambda tokens: messages(stream=True, max_tokens=tokens),
+    OLLAMA_CHAT: lambda tokens: ollama_chat(stream=True, options={"num_predict": tokens}),
+    OLLAMA_GENERATE: lambda tokens: ollama_generate(stream=True, options={"num_predict": tokens}),
+}
+
 BUILDERS = {
     COMPLETIONS: completions,
     CHAT: chat,

@@ -16,16 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server.conftest import LiveServer, make_engine, start_server, wait_until
 from tests.server.gauges import gauges
 from tests.server.route_shapes import error_message
-from tests.server.test_abuse_routes import (
-    MESSAGES,
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    RESPONSES,
-    messages,
-    ollama_chat,
-    ollama_generate,
-    responses,
-)
+from tests.server.test_abuse_routes import STREAMED
 from tests.server.test_bad_input import COMPLETIONS, completion
 from tests.server.test_cli import settings_for
 
@@ -36,10 +27,7 @@ SHORT = completion(max_tokens=4)
 SHORT_REQUESTS = [
     (COMPLETIONS, SHORT),
     (COMPLETIONS, {**SHORT, "stream": True}),
-    (RESPONSES, responses(stream=True)),
-    (MESSAGES, messages(stream=True)),
-    (OLLAMA_CHAT, ollama_chat(stream=True)),
-    (OLLAMA_GENERATE, ollama_generate(stream=True)),
+    *((path, streamed(2)) for path, streamed in STREAMED.items()),
 ]
 # The one that holds the slot and the short ones behind it.
 MAX_WAITING_REQUESTS = 1 + len(SHORT_REQUESTS)

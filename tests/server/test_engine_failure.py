@@ -9,7 +9,6 @@ import asyncio
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,17 +20,9 @@ from tests.server.route_shapes import (
     parse_anthropic_stream,
     parse_ndjson_stream,
     parse_responses_stream,
+    route_family,
 )
-from tests.server.test_abuse_routes import (
-    MESSAGES,
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    RESPONSES,
-    messages,
-    ollama_chat,
-    ollama_generate,
-    responses,
-)
+from tests.server.test_abuse_routes import STREAMED
 
 BODY = {"model": MODEL_NAME, "prompt": "Hello world", "max_tokens": 400, "ignore_eos": True}
 CHAT_BODY = {
@@ -41,17 +32,11 @@ CHAT_BODY = {
     "ignore_eos": True,
 }
 
-LONG = 400
-# The other families' streamed requests, long enough to be in flight when the engine
-# dies, and the parser of each one's stream.
-FAMILY_STREAMS: dict[str, tuple[dict[str, Any], Callable[[str], RouteStream]]] = {
-    RESPONSES: (responses(max_output_tokens=LONG, stream=True), parse_responses_stream),
-    MESSAGES: (messages(max_tokens=LONG, stream=True), parse_anthropic_stream),
-    OLLAMA_CHAT: (ollama_chat(stream=True, options={"num_predict": LONG}), parse_ndjson_stream),
-    OLLAMA_GENERATE: (
-        ollama_generate(stream=True, options={"num_predict": LONG}),
-        parse_ndjson_stream,
-    ),
+LONG = 400  # the other families' streams: in flight when the engine dies
+STREAM_PARSERS: dict[str, Callable[[str], RouteStream]] = {
+    "responses": parse_responses_stream,
+    "anthropic": parse_anthropic_stream,
+    "ollama": parse_ndjson_stream,
 }
 
 
@@ -143,7 +128,7 @@ def test_each_familys_streams_end_in_band_and_new_ones_are_refused_in_its_shape(
     doomed: LiveServer, monkeypatch: pytest.MonkeyPatch
 ):
     async def read(http: httpx.AsyncClient, path: str, started: asyncio.Event) -> str:
-        async with http.stream("POST", path, json=FAMILY_STREAMS[path][0]) as response:
+        async with http.stream("POST", path, json=STREAMED[path](LONG)) as response:
             assert response.status_code == 200, await response.aread()
             text = ""
             async for piece in response.aiter_text():
@@ -158,23 +143,25 @@ def test_each_familys_streams_end_in_band_and_new_ones_are_refused_in_its_shape(
     async def main() -> dict[str, str]:
         limits = httpx.Limits(max_connections=10)
         async with doomed.async_client(timeout=120, limits=limits) as http:
-            started = {path: asyncio.Event() for path in FAMILY_STREAMS}
+            started = {path: asyncio.Event() for path in STREAMED}
             reads = {path: asyncio.create_task(read(http, path, started[path])) for path in started}
             for event in started.values():
                 await asyncio.wait_for(event.wait(), 60)
-            assert doomed.state.engine.num_pending == len(FAMILY_STREAMS)
+            assert doomed.state.engine.num_pending == len(STREAMED)
             monkeypatch.setattr(doomed.engine.runner.model, "forward", broken_forward)
             return {path: await asyncio.wait_for(task, 60) for path, task in reads.items()}
 
     for path, text in asyncio.run(main()).items():
-        [error] = FAMILY_STREAMS[path][1](text).errors  # the stream's last event or line
+        [error] = STREAM_PARSERS[route_family(path)](text).errors  # the stream's last event or line
         message = error if isinstance(error, str) else error["message"]
         assert "injected device failure" in message, (path, error)
 
     assert doomed.state.is_dead
     with doomed.client() as http:
-        for path, (body, _) in FAMILY_STREAMS.items():
-            refused = http.post(path, json=body)  # before any output: a status line of its own
+        for path, streamed in STREAMED.items():
+            refused = http.post(
+                path, json=streamed(LONG)
+            )  # before any output: a status line of its own
             assert refused.status_code == 503, (path, refused.text)
             assert error_message(path, refused.json()), path
     wait_until(lambda: doomed.state.engine.num_pending == 0, 30, "the requests to be released")
