@@ -110,14 +110,15 @@ def test_per_expert_tensors_are_stacked():
     assert torch.equal(out["layers.0.mlp.experts.down_proj"][2], down[2])
 
 
-def test_quantized_experts_stay_one_weight_each():
-    def q8(rows: int, seed: int) -> QuantizedWeight:
-        data = torch.randint(
-            0, 255, (rows, 34), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
-        )
-        data[:, 1] = 0x1C  # a finite fp16 scale
-        return QuantizedWeight("Q8_0", data, (rows, 32))
+def q8(rows: int, seed: int) -> QuantizedWeight:
+    data = torch.randint(
+        0, 255, (rows, 34), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
+    data[:, 1] = 0x1C  # a finite fp16 scale
+    return QuantizedWeight("Q8_0", data, (rows, 32))
 
+
+def test_quantized_experts_stay_one_weight_each():
     state = {}
     for e in range(2):
         state[f"l.experts.{e}.gate_proj.weight"] = q8(16, e)
@@ -128,6 +129,31 @@ def test_quantized_experts_stay_one_weight_each():
     assert isinstance(gate_up, list) and len(gate_up) == 2
     assert gate_up[1].shape == (32, 32)
     assert torch.equal(gate_up[1].data[16:], state["l.experts.1.up_proj.weight"].data)
+
+
+def test_experts_quantized_in_part_become_one_float_stack():
+    # A file may quantize some expert tensors and keep others in float (or mix types):
+    # whatever is not quantized alike throughout is dequantized into the float stack.
+    state = {
+        "l.experts.0.gate_proj.weight": q8(16, 0),
+        "l.experts.0.up_proj.weight": torch.randn(16, 32),  # float beside quantized
+        "l.experts.0.down_proj.weight": q8(32, 1),
+        "l.experts.1.gate_proj.weight": q8(16, 2),
+        "l.experts.1.up_proj.weight": q8(16, 3),  # both quantized: joined, then dequantized
+        "l.experts.1.down_proj.weight": torch.randn(32, 32),
+    }
+    out = gather_experts(state, torch.float32)
+
+    def dense(name: str) -> torch.Tensor:
+        w = state[f"l.experts.{name}.weight"]
+        return w.dequantize(torch.float32) if isinstance(w, QuantizedWeight) else w
+
+    gate_up, down = out["l.experts.gate_up_proj"], out["l.experts.down_proj"]
+    assert isinstance(gate_up, torch.Tensor) and gate_up.shape == (2, 32, 32)
+    for e in range(2):
+        expected = torch.cat([dense(f"{e}.gate_proj"), dense(f"{e}.up_proj")])
+        assert torch.equal(gate_up[e], expected)
+        assert torch.equal(down[e], dense(f"{e}.down_proj"))
 
 
 def test_a_missing_expert_is_named():
