@@ -11,6 +11,9 @@ time attention runs (the step's keys are stored first). Two kernels serve a step
 - prefill_attention_cpu.cpp takes whole prefill chunks in bf16 and fp32: 16 query
   tokens at a time against 16 keys at a time, as small matrix products (flash
   attention), so a chunk's keys are read once per 16 tokens instead of once per token.
+  It needs AVX-512: without it a chunk with enough query-key pairs
+  (MATMUL_FROM_PAIRS) goes to torch's matrix products instead
+  (kernels/prefill_attention_matmul.py), the rest row by row.
 
 Neither pads to the longest chunk nor works past the causal diagonal, as torch's
 padded attention does; both soft-cap the scores where asked (Gemma 2).
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 from hetero_infer.kernels.attention_backend import AttentionBackend, AttentionInputs
 from hetero_infer.kernels.paged_attention import TorchAttentionMetadata, paged_attention_ref
+from hetero_infer.kernels.prefill_attention_matmul import chunk_attention
 
 # Head sizes the tiled kernel is built for, by dtype: bf16's in pairs of values (16
 # pairs a vector), fp32's in one to eight vectors of 16 values.
@@ -38,6 +42,12 @@ TILED_HEAD_DIMS = {
     torch.bfloat16: (32, 64, 96, 128),
     torch.float32: (16, 32, 48, 64, 80, 96, 112, 128),
 }
+# A chunk's query-key pairs (its tokens times the keys each sees, on average) from which
+# the matrix products outrun the rows, where the tiled kernel is not built: on 2 AVX2
+# cores of an EPYC they break even at about 128 new tokens (8k pairs), 1.3-1.5x at 25k
+# (100 tokens after 200), 1.8x at 512 new tokens (131k), 1.6-2.3x for 32 to 128 tokens
+# after 2,000; below ~8k their fixed cost (~0.3 ms a chunk and layer) loses.
+MATMUL_FROM_PAIRS = 16384
 
 
 @dataclass
@@ -51,6 +61,11 @@ class PrefillChunks:
     decode_rows: torch.Tensor  # [num_decodes] long: query rows of the decode tokens
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32: their tables
     decode_context_lens: torch.Tensor  # [num_decodes] int32
+    # Where the tiled kernel is not built: (first query row, tokens, keys after the step,
+    # block table) of the chunks with MATMUL_FROM_PAIRS query-key pairs or more, and the
+    # query rows of every other token (decodes included), for the per-token rows.
+    matmul_chunks: tuple[tuple[int, int, int, torch.Tensor], ...]
+    rows_beside_matmul: torch.Tensor  # [tokens] long
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,6 +121,11 @@ def prepare_cpu_attention(
     is_chunk = query_lens > 1
     if is_chunk.any():
         chunks, decodes = np.flatnonzero(is_chunk), np.flatnonzero(~is_chunk)
+        pairs = query_lens * (context_lens - (query_lens - 1) / 2)
+        by_matmul = chunks[pairs[chunks] >= MATMUL_FROM_PAIRS]
+        in_matmul = np.zeros(num_tokens, dtype=bool)
+        for c in by_matmul:
+            in_matmul[starts[c] : ends[c]] = True
         prefill_chunks = PrefillChunks(
             block_tables=torch.from_numpy(block_tables[chunks]),
             context_lens=torch.from_numpy(context_lens[chunks]),
@@ -114,6 +134,16 @@ def prepare_cpu_attention(
             decode_rows=torch.from_numpy(starts[decodes]),
             decode_block_tables=torch.from_numpy(block_tables[decodes]),
             decode_context_lens=torch.from_numpy(context_lens[decodes]),
+            matmul_chunks=tuple(
+                (
+                    int(starts[c]),
+                    int(query_lens[c]),
+                    int(context_lens[c]),
+                    torch.from_numpy(block_tables[c]),
+                )
+                for c in by_matmul
+            ),
+            rows_beside_matmul=torch.from_numpy(np.flatnonzero(~in_matmul)),
         )
     return CpuAttentionMetadata(
         **inputs.common_fields(),
@@ -152,6 +182,14 @@ def paged_attention_cpu(
     if isinstance(meta, TorchAttentionMetadata):
         return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window, softcap)
     chunks = meta.prefill_chunks
+    if (
+        chunks is not None
+        and chunks.matmul_chunks
+        and not module.prefill_attention_available()
+        and k_cache.dtype == query.dtype
+        and sliding_window is None
+    ):
+        return matmul_and_rows(module, query, k_cache, v_cache, meta, scale, softcap)
     if chunks is None or not tiled_kernel_serves(module, query, k_cache, sliding_window):
         return decode_attention_cpu(
             module,
@@ -186,6 +224,39 @@ def paged_attention_cpu(
             v_cache,
             chunks.decode_block_tables,
             chunks.decode_context_lens,
+            scale,
+            softcap=softcap,
+        )
+    return out
+
+
+def matmul_and_rows(
+    module: ModuleType,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: CpuAttentionMetadata,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """paged_attention_cpu without the tiled kernel: the chunks with many query-key
+    pairs by chunk_attention's matrix products, the other tokens as rows."""
+    chunks = meta.prefill_chunks
+    out = torch.empty(query.shape, dtype=query.dtype)
+    for start, tokens, context_len, block_table in chunks.matmul_chunks:
+        rows = slice(start, start + tokens)
+        out[rows] = chunk_attention(
+            query[rows], k_cache, v_cache, block_table, context_len, scale, softcap
+        )
+    rows = chunks.rows_beside_matmul
+    if rows.numel():
+        out[rows] = decode_attention_cpu(
+            module,
+            query[rows],
+            k_cache,
+            v_cache,
+            meta.token_block_tables[rows],
+            meta.token_context_lens[rows],
             scale,
             softcap=softcap,
         )
