@@ -19,13 +19,6 @@
 
 namespace {
 
-// sum of exp(row[i] - shift), shifted by the row's max so that nothing overflows.
-float sum_of_exp(const float* row, int64_t n, float shift) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(row[i] - shift);  // vectorised exp
-  return sum;
-}
-
 template <typename scalar_t>
 void pick_rows(const scalar_t* logits, int64_t rows, int64_t vocab, bool with_logprobs,
                int64_t* tokens, float* logprobs) {
@@ -34,7 +27,7 @@ void pick_rows(const scalar_t* logits, int64_t rows, int64_t vocab, bool with_lo
     for (int64_t r = begin; r < end; ++r) {
       const float best = load_row_max(logits + r * vocab, row.data(), vocab);
       tokens[r] = first_index_of(row.data(), vocab, best);
-      logprobs[r] = with_logprobs ? -std::log(sum_of_exp(row.data(), vocab, best))
+      logprobs[r] = with_logprobs ? -log_sum_exp_shifted(row.data(), vocab, best)
                                   : std::numeric_limits<float>::quiet_NaN();
     }
   });

@@ -203,13 +203,6 @@ bool make_finite(float* row, int64_t n) {
   return true;
 }
 
-// log(sum exp(row - top)): the row's log-softmax is row - top - this.
-float log_sum_exp_shifted(const float* row, int64_t n, float top) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(row[i] - top);  // vectorised exp
-  return std::log(sum);
-}
-
 // A floor with at least k of the row's values at or above it (1 <= k < n; the row's
 // maximum is top): the nearest of the margins 2, 4, ..., 64 below the top that holds
 // k, all counted in one vectorised pass; past 64, widened 1024-fold at a time, which
