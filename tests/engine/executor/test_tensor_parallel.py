@@ -62,10 +62,11 @@ def requests(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 def close_logprobs(
-    a: list[dict[int, float] | None] | None, b: list | None, tolerance: float = 1e-4
+    a: list[dict[int, float] | None] | None, b: list | None, tolerance: float = 3e-4
 ) -> bool:
-    """Same tokens, logprobs within fp32 rounding (the ranks sum partial products); the
-    -inf of a token a mask ruled out equals -inf."""
+    """Same tokens, logprobs within fp32 rounding (the ranks sum partial products: up to
+    1.1e-4 apart on an AVX2 EPYC's sgemm); the -inf of a token a mask ruled out equals
+    -inf."""
     if a is None or b is None:
         return a is b
     return len(a) == len(b) and all(
