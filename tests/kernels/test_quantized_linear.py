@@ -88,19 +88,26 @@ K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 ROWS = [1, 3, 8, 16, 17, 64, 130]
 
 
-def raw_weight(qtype: str, out_features: int, in_features: int, seed: int = 3) -> QuantizedWeight:
+def raw_weight(
+    qtype: str, out_features: int, in_features: int, seed: int = 3, largest: bool = False
+) -> QuantizedWeight:
     """Random bytes: every value the file may hold (Q8_0's and I8's -128, both nibbles'
     full range, the 5-bit types' fifth bits, Q4_K's and Q5_K's 6-bit scales and mins,
     Q6_K's int8 scales), not only what a quantizer makes; the fp16 scales (and mins)
-    random but finite."""
+    random but finite. ``largest``: every byte but those 0xFF (I8: -128), each value
+    at its largest magnitude."""
     generator = torch.Generator().manual_seed(seed)
     if qtype == INT8:
         shape = (out_features, in_features)
         values = torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator)
+        if largest:
+            values.fill_(-128)
         scales = torch.rand(out_features, generator=generator) * 0.02
         return QuantizedWeight(INT8, values, shape, scales)
     size = row_bytes(qtype, in_features)
     data = torch.randint(0, 256, (out_features, size), dtype=torch.uint8, generator=generator)
+    if largest:
+        data.fill_(0xFF)
     per_block = row_bytes(qtype, 256 if qtype in K_TYPES else 32)
     blocks = data.view(out_features, size // per_block, per_block)
     # The fp16 fields: Q8_0/Q4_0/Q5_0 d; Q4_1/Q5_1 d, m; Q4_K/Q5_K d, dmin; Q6_K d (last).
@@ -186,6 +193,20 @@ def test_activation_quantization_error_is_small(qtype):
 def test_raw_blocks_of_any_values(qtype):
     weight = raw_weight(qtype, 64, 512)
     x = randn(5, 512)
+    assert_matches_reference(QuantizedLinear(kernel_module(), weight)(x), x, weight, None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 4, 7])
+def test_the_largest_products_fit_the_integer_sums(qtype, rows):
+    # Every weight value and every activation at its largest magnitude (a block of equal
+    # values quantizes to +-127 throughout), signs alternating by row and by block: where
+    # a kernel keeps partial sums in 16 bits (the AVX2 tiles), one too many would wrap.
+    weight = raw_weight(qtype, 32, 512, largest=True)
+    block_signs = torch.tensor([1.0, -1.0]).repeat(8)  # 16 blocks of 32
+    row_signs = torch.tensor([1.0, -1.0]).repeat(rows)[:rows]
+    x = (row_signs[:, None] * block_signs).repeat_interleave(32, dim=1)
     assert_matches_reference(QuantizedLinear(kernel_module(), weight)(x), x, weight, None)
 
 
