@@ -26,3 +26,21 @@ def test_the_interval_holds_the_median_and_narrows_with_rounds():
     assert median_interval([1.0] * 7) == (1.0, 1.0)
     wide = median_interval([0.5, 1.5, 0.6, 1.4])
     assert wide[1] - wide[0] > high - low
+
+
+def test_each_measured_run_computes_its_prompts(monkeypatch):
+    # The first run of a workload (unmeasured) leaves its prompts' blocks in the prefix
+    # cache: a measured run that found them there would time no prefill.
+    monkeypatch.setitem(amx.WORKLOADS, "prefill", (2, (40, 40), 1, False))
+    hits = []
+    timed_run = amx.timed_run
+
+    def counted(engine, work):
+        before = engine.memory_stats()["prefix_cache_hits"]
+        result = timed_run(engine, work)
+        hits.append(engine.memory_stats()["prefix_cache_hits"] - before)
+        return result
+
+    monkeypatch.setattr(amx, "timed_run", counted)
+    measure(repeats=2, batch=2, output_len=3, workloads=("prefill",))
+    assert hits == [0, 0, 0]  # the unmeasured run, then two measured ones
