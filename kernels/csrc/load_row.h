@@ -48,8 +48,6 @@ inline int64_t first_index_of(const float* row, int64_t n, float value) {
   return 0;
 }
 
-// load_row, returning the row's maximum: one pass, by blocks of 256 still in cache as
-// their maximum is taken (a 262k-token row of logits is larger than the L2 cache).
 // Values per partial sum of log_sum_exp_shifted.
 constexpr int64_t kSumBlock = 256;
 
@@ -67,6 +65,8 @@ inline float log_sum_exp_shifted(const float* row, int64_t n, float top) {
   return static_cast<float>(std::log(sum));
 }
 
+// load_row, returning the row's maximum: one pass, by blocks of 256 still in cache as
+// their maximum is taken (a 262k-token row of logits is larger than the L2 cache).
 template <typename scalar_t>
 inline float load_row_max(const scalar_t* src, float* dst, int64_t n) {
   constexpr int64_t kBlock = 256;
