@@ -66,6 +66,12 @@ def source_paths() -> list[Path]:
     return [SOURCE_DIR / name for name in SOURCES]
 
 
+def in_compile_order(paths: list[str]) -> list[str]:
+    """``paths`` of sources in SOURCES' order, the longest compiles first."""
+    order = {name: i for i, name in enumerate(SOURCES)}
+    return sorted(paths, key=lambda path: order.get(Path(path).name, len(order)))
+
+
 def sources_digest() -> str:
     """A digest of every file in csrc (sources and headers)."""
     digest = hashlib.sha256()
@@ -131,6 +137,21 @@ def setup_kwargs() -> dict[str, Any]:
 
     class BuildKernels(BuildExtension):
         """Builds the kernels, writes their build info; a failed build warns, not fails."""
+
+        def build_extension(self, ext: Any) -> None:
+            # setuptools hands the compiler the sources sorted by name, and ninja starts
+            # them in that order: put the longest first again (on 2 cores the build took
+            # 133 s with quantized_linear_cpu.cpp started last, 78 s with it first).
+            compile_sorted = self.compiler.compile
+
+            def compile_longest_first(sources: list[str], *args: Any, **kwargs: Any) -> Any:
+                return compile_sorted(in_compile_order(sources), *args, **kwargs)
+
+            self.compiler.compile = compile_longest_first
+            try:
+                super().build_extension(ext)
+            finally:
+                self.compiler.compile = compile_sorted
 
         def run(self) -> None:
             put_ninja_on_path()

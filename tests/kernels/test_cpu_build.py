@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from hetero_infer.kernels import cpu_build
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
+from setuptools import Distribution
+from torch.utils import cpp_extension
 
 BUILD_INFO = cpu_build.SOURCE_DIR.parent / cpu_build.BUILD_INFO_FILE
 
@@ -39,3 +41,24 @@ def test_sources_digest_covers_every_source_and_header():
     assert set(cpu_build.SOURCES) <= names
     assert any(name.endswith(".h") for name in names)
     assert len(cpu_build.sources_digest()) == 64
+
+
+def test_the_build_compiles_the_longest_sources_first(tmp_path, monkeypatch):
+    """ninja starts the compiles in the order torch writes them into its build file:
+    SOURCES' order, though setuptools sorts them by name on the way."""
+    given = []
+
+    def write_ninja_file_and_compile(sources: list[str], **kwargs) -> None:
+        given.extend(sources)
+        raise RuntimeError("not compiled here")  # the build then warns and stops
+
+    monkeypatch.setattr(
+        cpp_extension, "_write_ninja_file_and_compile_objects", write_ninja_file_and_compile
+    )
+    kwargs = cpu_build.setup_kwargs()
+    command = kwargs["cmdclass"]["build_ext"](Distribution({"ext_modules": kwargs["ext_modules"]}))
+    command.ensure_finalized()
+    command.build_temp, command.build_lib = str(tmp_path / "temp"), str(tmp_path / "lib")
+    command.force = True  # whether or not the install's library is up to date
+    command.run()
+    assert [Path(source).name for source in given] == list(cpu_build.SOURCES)
