@@ -92,10 +92,10 @@ system-tools:
 # once, in the order tests/conftest.py gives them: the files with slow tests first
 # (xdist's own order puts the files with the most tests first). Most tests are bound
 # by Python rather than by matmuls: on a 2-core Xeon without AVX512-BF16, pytest took
-# 47.5 minutes in one process and 27.5 in two workers (now about 10 in two on 2 cores
-# of an AMD EPYC Zen 4, 11 on an AVX2-only EPYC; three workers took longer on both).
-# The 30 slowest tests are
-# listed at the end, to see what the time goes to.
+# 47.5 minutes in one process and 27.5 in two workers (now about 9.5 in two on 2 cores
+# of an AMD EPYC Zen 4, 17.5 on a first-generation EPYC, Zen 1; three workers took
+# longer on both). The 30 slowest tests are listed at the end, to see what the time
+# goes to.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(PROMTOOL) system-tools
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
