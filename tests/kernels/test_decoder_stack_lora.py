@@ -10,6 +10,7 @@ output."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,27 +25,29 @@ from tests.lora_adapters import save_adapter
 pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
-def test_lora_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization, tmp_path):  # noqa: F811
-    model_type = json.loads((model_dir / "config.json").read_text())["model_type"]
-    if model_type not in ("llama", "gemma3_text"):
-        pytest.skip("Llama's layer and Gemma 3's cover the stack's LoRA paths")
+ATTENTION_ONLY = dict(seed=6, rank=16, modules=["q_proj", "k_proj", "o_proj"])
+
+
+def model_type(folder: Path) -> str:
+    return json.loads((folder / "config.json").read_text())["model_type"]
+
+
+def lora_engine(folder: Path, quantization: str, max_loras: int) -> LLMEngine:
     config = EngineConfig(
-        model=str(model_dir),
+        model=str(folder),
         dtype="bfloat16",
         quantization=quantization,
         max_num_blocks=256,
         enable_lora=True,
-        max_loras=2,
+        max_loras=max_loras,
     )
     engine = LLMEngine(config)
-    engine.adapters.load("a", str(save_adapter(model_dir, tmp_path / "a", seed=5)))
-    attention_only = dict(seed=6, rank=16, modules=["q_proj", "k_proj", "o_proj"])
-    engine.adapters.load("b", str(save_adapter(model_dir, tmp_path / "b", **attention_only)))
-    runner = engine.runner
-    assert runner.fast_path is not None and runner.fast_path.takes_lora
-    lengths = [(40, 1), (7, 1), (100, 1), (12, 1)]
-    slots = np.array([1, 0, 2, 1])
+    assert engine.runner.fast_path is not None and engine.runner.fast_path.takes_lora
+    return engine
+
+
+def run_with_slots(runner, lengths: list[tuple[int, int]], slots: np.ndarray):
+    """``run_both_ways`` on a step whose rows use the LoRA ``slots`` (0: none)."""
     real_synthetic = runner.inputs.synthetic
 
     def with_adapters(lengths):
@@ -53,17 +56,47 @@ def test_lora_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization, 
         runner.lora.use(inputs.lora_groups)  # the layers' path reads the step's rows
         return inputs
 
+    runner.inputs.synthetic = with_adapters
+    try:
+        return run_both_ways(runner, lengths)
+    finally:
+        runner.inputs.synthetic = real_synthetic
+        runner.lora.use([])
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_lora_decode_steps_equal_the_layers_to_the_bit(model_dir, quantization, tmp_path):  # noqa: F811
+    if model_type(model_dir) not in ("llama", "gemma3_text"):
+        pytest.skip("Llama's layer and Gemma 3's cover the stack's LoRA paths")
+    engine = lora_engine(model_dir, quantization, max_loras=2)
+    engine.adapters.load("a", str(save_adapter(model_dir, tmp_path / "a", seed=5)))
+    engine.adapters.load("b", str(save_adapter(model_dir, tmp_path / "b", **ATTENTION_ONLY)))
+    runner = engine.runner
+    lengths = [(40, 1), (7, 1), (100, 1), (12, 1)]
     results = []
     for threads in THREADS:
         with torch_threads(threads), torch.inference_mode():
-            runner.inputs.synthetic = real_synthetic
-            runner.lora.use([])
             plain, _ = run_both_ways(runner, lengths)
-            runner.inputs.synthetic = with_adapters
-            stacked, layered = run_both_ways(runner, lengths)
+            stacked, layered = run_with_slots(runner, lengths, np.array([1, 0, 2, 1]))
         assert torch.equal(stacked, layered), threads
         assert torch.equal(stacked[1], plain[1]), threads  # the row on the base model
         for row in (0, 2, 3):
             assert not torch.equal(stacked[row], plain[row]), (threads, row)
         results.append(stacked)
     assert all(torch.equal(result, results[0]) for result in results[1:])
+
+
+def test_a_freed_slot_keeps_nothing_of_its_last_adapter(model_dir, tmp_path):  # noqa: F811
+    """An adapter on every projection unloaded, one on attention alone loaded into the
+    slot it freed: the stack adds none of the first one's MLP updates (freeing a slot
+    clears it at every projection, not only at those the next adapter sets)."""
+    if model_type(model_dir) != "llama":
+        pytest.skip("one family's layer covers the slots' bookkeeping")
+    engine = lora_engine(model_dir, "none", max_loras=1)
+    every = engine.adapters.load("a", str(save_adapter(model_dir, tmp_path / "a", seed=5)))
+    engine.adapters.unload("a")  # no request uses it: its slot frees at once
+    path = str(save_adapter(model_dir, tmp_path / "b", **ATTENTION_ONLY))
+    assert engine.adapters.load("b", path).slot == every.slot
+    with torch.inference_mode():
+        stacked, layered = run_with_slots(engine.runner, [(40, 1)], np.array([every.slot]))
+    assert torch.equal(stacked, layered)
