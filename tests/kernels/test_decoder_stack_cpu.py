@@ -156,6 +156,26 @@ def test_short_chunks_equal_the_layers_on_per_token_attention(
     assert not runner.fast_path.can_run(longer)  # goes layer by layer
 
 
+def test_a_step_over_one_kv_group_serves_every_layer(model_dir, monkeypatch) -> None:
+    """A step with one KV cache group's tables (a draft model keeps one cache for all of
+    its layers) serves the layers of every group, in the stack as in the layers."""
+    runner = engine_for(model_dir, "none").runner
+    if not any(layer.kv_group for layer in runner.model.decoder_stack_spec().layers):
+        pytest.skip("every layer is in the first KV cache group")
+    two_groups = runner.inputs.synthetic
+
+    def one_group(lengths):
+        inputs = two_groups(lengths)
+        assert inputs.meta.later_groups
+        inputs.meta = dataclasses.replace(inputs.meta, later_groups=())
+        return inputs
+
+    monkeypatch.setattr(runner.inputs, "synthetic", one_group)
+    with torch.inference_mode():
+        stacked, layered = run_both_ways(runner, [(40, 1), (7, 1)])
+    assert torch.equal(stacked, layered)
+
+
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
 def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
     prompts = random_prompts(4)

@@ -100,3 +100,24 @@ def test_a_freed_slot_keeps_nothing_of_its_last_adapter(model_dir, tmp_path):  #
     with torch.inference_mode():
         stacked, layered = run_with_slots(engine.runner, [(40, 1)], np.array([every.slot]))
     assert torch.equal(stacked, layered)
+
+
+def test_lora_weights_for_no_layer_projection_or_slot_are_refused(model_dir):  # noqa: F811
+    """set_lora's indices name a layer, a projection (0-3) and a slot that exist: any
+    other is refused, not written past the stack's lists."""
+    if model_type(model_dir) != "llama":
+        pytest.skip("one family's layer covers the indices")
+    engine = lora_engine(model_dir, "none", max_loras=1)
+    stack = engine.runner.fast_path.stack
+    layers = engine.model_config.num_layers
+    refused = [
+        ((-1, 0, 1), "no such layer"),
+        ((layers, 0, 1), "no such layer"),
+        ((0, -1, 1), "projection: 0 qkv"),
+        ((0, 4, 1), "projection: 0 qkv"),
+        ((0, 0, -1), "a LoRA slot is not negative"),
+    ]
+    for (layer, projection, slot), message in refused:
+        with pytest.raises(RuntimeError, match=message):
+            stack.set_lora(layer, projection, slot, None)
+    stack.set_lora(layers - 1, 3, 0, None)  # the last layer and projection, the first slot

@@ -7,6 +7,7 @@ Float experts (no quantization) leave the model layer by layer, saying why."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,15 @@ def test_float_experts_run_layer_by_layer(tmp_path) -> None:
         "mixture-of-experts layers without the C++ expert kernel"
     ]
     assert engine.runner.fast_path is None
+
+
+def test_lora_weights_on_an_expert_blocks_mlp_are_refused(model_dir) -> None:
+    """An expert block has no gate_up or down projection for LoRA weights to update: the
+    stack refuses them there, and takes them on the attention's projections."""
+    if json.loads((model_dir / "config.json").read_text())["model_type"] != "mixtral":
+        pytest.skip("one family's sparse layers cover it")
+    stack = engine_for(model_dir, "int8").runner.fast_path.stack
+    for projection in (2, 3):
+        with pytest.raises(RuntimeError, match="LoRA on the MLP of a mixture-of-experts layer"):
+            stack.set_lora(0, projection, 1, None)
+    stack.set_lora(0, 1, 1, None)
