@@ -142,21 +142,31 @@ def test_a_part_the_description_gains_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.cpu_kernels("linear_packed")
-def test_a_layer_missing_half_of_a_pair_is_refused(tmp_path):
-    """A dense MLP without its down projection, or norms across heads for only one of q
-    and k: the C++ stack refuses to take the layer rather than dereference the part it
-    lacks at the next step (a layer without gate_up is a sparse one, refused by name
-    without its expert block)."""
+def test_a_layer_missing_a_part_it_needs_is_refused(tmp_path):
+    """A description without a field, a layer without its qkv projection, its
+    post-attention norm or a dense MLP's down projection, norms across heads for only
+    one of q and k: the C++ stack refuses to take the layer rather than dereference the
+    part it lacks at the next step (a layer without gate_up is a sparse one, refused by
+    name without its expert block)."""
     module = load_cpu_kernels()
     folder = save_tiny_model("qwen3", tmp_path / "qwen3")
     spec = LLMEngine(engine_config(folder, "bfloat16")).runner.model.decoder_stack_spec()
     first = spec.layers[0]
     assert "q" in first.norms and "k" in first.norms and first.down is not None
-    without_k = {name: norm for name, norm in first.norms.items() if name != "k"}
+    description = decoder_stack_cpu.layer_description(module, first)
+    del description["sliding_window"]
+    with pytest.raises(RuntimeError, match="a decoder layer's description without sliding_win"):
+        module.decoder_layer_unserved(description)
+
+    def without(name: str) -> dict[str, torch.Tensor]:
+        return {place: norm for place, norm in first.norms.items() if place != name}
+
     for layer, message in (
+        (dataclasses.replace(first, qkv=None), "a decoder layer without its qkv projection"),
+        (dataclasses.replace(first, norms=without("post_attention")), "without its two RMSNorms"),
         (dataclasses.replace(first, down=None), "either a dense MLP"),
         (
-            dataclasses.replace(first, norms=without_k, qk_norm_across_heads=True),
+            dataclasses.replace(first, norms=without("k"), qk_norm_across_heads=True),
             "q and k norms across heads without the norms",
         ),
     ):
