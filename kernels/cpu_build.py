@@ -68,8 +68,7 @@ def source_paths() -> list[Path]:
 
 def in_compile_order(paths: list[str]) -> list[str]:
     """``paths`` of sources in SOURCES' order, the longest compiles first."""
-    order = {name: i for i, name in enumerate(SOURCES)}
-    return sorted(paths, key=lambda path: order.get(Path(path).name, len(order)))
+    return sorted(paths, key=lambda path: SOURCES.index(Path(path).name))
 
 
 def sources_digest() -> str:

@@ -9,6 +9,7 @@ engine, whose steps mix prefills (layer by layer) and decodes (the stack), is un
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -56,6 +57,10 @@ def model_dir(request, tmp_path_factory) -> Path:
     model.save_pretrained(folder)
     make_byte_fallback_tokenizer().save_pretrained(folder)
     return folder
+
+
+def model_type(folder: Path) -> str:
+    return json.loads((folder / "config.json").read_text())["model_type"]
 
 
 def engine_for(folder: Path, quantization: str, kv_cache_dtype: str = "auto") -> LLMEngine:

@@ -9,7 +9,6 @@ output."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +18,17 @@ from hetero_infer.engine import EngineConfig, LLMEngine
 from hetero_infer.engine.lora import step_groups
 
 from tests.kernels.test_cpu_threads import THREADS, torch_threads
-from tests.kernels.test_decoder_stack_cpu import model_dir, run_both_ways  # noqa: F401
+from tests.kernels.test_decoder_stack_cpu import (  # noqa: F401
+    model_dir,
+    model_type,
+    run_both_ways,
+)
 from tests.lora_adapters import save_adapter
 
 pytestmark = pytest.mark.cpu_kernels("quantized_linear", "linear_packed")
 
 
 ATTENTION_ONLY = dict(seed=6, rank=16, modules=["q_proj", "k_proj", "o_proj"])
-
-
-def model_type(folder: Path) -> str:
-    return json.loads((folder / "config.json").read_text())["model_type"]
 
 
 def lora_engine(folder: Path, quantization: str, max_loras: int) -> LLMEngine:

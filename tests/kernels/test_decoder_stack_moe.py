@@ -7,7 +7,6 @@ Float experts (no quantization) leave the model layer by layer, saying why."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from hetero_infer.kernels.moe_cpu import CpuMoe
 from tests.kernels.test_decoder_stack_cpu import (
     assert_decodes_equal_the_layers_at_each_thread_count,
     engine_for,
+    model_type,
     random_prompts,
 )
 from tests.tiny_models import MOE_MODELS, save_tiny_model
@@ -67,7 +67,7 @@ def test_float_experts_run_layer_by_layer(tmp_path) -> None:
 def test_lora_weights_on_an_expert_blocks_mlp_are_refused(model_dir) -> None:
     """An expert block has no gate_up or down projection for LoRA weights to update: the
     stack refuses them there, and takes them on the attention's projections."""
-    if json.loads((model_dir / "config.json").read_text())["model_type"] != "mixtral":
+    if model_type(model_dir) != "mixtral":
         pytest.skip("one family's sparse layers cover it")
     stack = engine_for(model_dir, "int8").runner.fast_path.stack
     for projection in (2, 3):
