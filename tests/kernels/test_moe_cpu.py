@@ -17,9 +17,10 @@ from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.linear import GatedLinear
 from hetero_infer.kernels.linear_quantized import QuantizedLinear, quantized_linear_ref
 from hetero_infer.kernels.moe import MoeLayerSpec
-from hetero_infer.kernels.moe_cpu import pack_moe
+from hetero_infer.kernels.moe_cpu import pack_moe, stacked_panels
 from hetero_infer.kernels.quantized import QuantizedWeight, quantize_int8
 
+from tests.kernels.checks import refusals
 from tests.kernels.test_cpu_threads import THREADS, torch_threads
 
 pytestmark = pytest.mark.cpu_kernels("quantized_linear")
@@ -131,10 +132,109 @@ def test_every_token_choosing_one_expert_and_unused_experts():
     )
 
 
-def test_an_expert_id_out_of_range_is_refused():
-    moe, _ = block_for("Q8_0", top_k=1)
-    with pytest.raises(RuntimeError, match="out of range"):
-        moe.block.experts(torch.zeros(1, HIDDEN), torch.tensor([[EXPERTS]]), torch.ones(1, 1))
+def experts_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, expert_ids, weights) for two tokens and two experts each, but for ``case``."""
+    x, ids, weights = torch.zeros(2, HIDDEN), torch.tensor([[0, 1], [2, 3]]), torch.ones(2, 2)
+    match case:
+        case "1-d x":
+            x = x[0]
+        case "1-d ids":
+            ids = ids[0]
+        case "a weight short":
+            weights = weights[:, :1]
+        case "ids for one token":
+            ids, weights = ids[:1], weights[:1]
+        case "half the hidden size":
+            x = x[:, : HIDDEN // 2]
+        case "expert 6" | "expert -1":
+            ids[1, 0] = int(case.split()[1])
+    return x, ids, weights
+
+
+EXPERTS_REFUSALS = {
+    r"x \[tokens, hidden\], expert_ids and weights \[tokens, top_k\]": [
+        "1-d x",
+        "1-d ids",
+        "a weight short",
+        "ids for one token",
+    ],
+    "down's outputs are x's hidden size": ["half the hidden size"],
+    "expert id 6 out of range": ["expert 6"],
+    "expert id -1 out of range": ["expert -1"],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(EXPERTS_REFUSALS))
+def test_the_experts_refuse_what_they_cannot_run(case, message):
+    moe, _ = block_for("Q8_0", top_k=2)
+    moe.block.experts(*experts_arguments("none"))
+    with pytest.raises(RuntimeError, match=message):
+        moe.block.experts(*experts_arguments(case))
+
+
+def block_arguments(case: str) -> dict:
+    """MoeBlock's arguments as pack_moe gives them for Q8_0 experts, but for ``case``."""
+    module = load_cpu_kernels()
+    gate_up, down = expert_weights("Q8_0", 0)
+    args = dict(
+        router=torch.zeros(EXPERTS, HIDDEN),
+        gate_up=stacked_panels(module, gate_up),
+        gate_up_qtype="Q8_0",
+        down=stacked_panels(module, down),
+        down_qtype="Q8_0",
+        activation="silu",
+        activation_bits=gate_up[0].activation_bits,
+        top_k=2,
+        renormalize=True,
+    )
+    match case:
+        case "relu":
+            args["activation"] = "relu"
+        case "2-d gate_up" | "2-d down":
+            name = case.split()[1]
+            args[name] = args[name][0]
+        case "a down expert short":
+            args["down"] = args["down"][:-1]
+        case "int8 gate_up" | "int8 down":
+            name = case.split()[1]
+            args[name] = args[name].view(torch.int8)
+        case "strided gate_up" | "strided down":
+            name = case.split()[1]
+            args[name] = args[name].transpose(1, 2)
+        case "1-d router":
+            args["router"] = args["router"][0]
+        case "a router row short":
+            args["router"] = args["router"][:-1]
+        case "top 0" | "top 7" | "top 6":
+            args["top_k"] = int(case.split()[1])
+        case "a shared gate alone":
+            args["shared_gate"] = torch.zeros(1, HIDDEN)
+    return args
+
+
+MOE_BLOCK_REFUSALS = {
+    "no expert activation relu": ["relu"],
+    r"gate_up and down: uint8 \[num_experts, panels, panel_bytes\], contiguous": [
+        "2-d gate_up",
+        "2-d down",
+        "a down expert short",
+        "int8 gate_up",
+        "int8 down",
+        "strided gate_up",
+        "strided down",
+    ],
+    r"router \[num_experts, hidden\]": ["1-d router", "a router row short"],
+    "top_k between 1 and num_experts": ["top 0", "top 7"],
+    "the shared expert's gate_up, down and gate come together": ["a shared gate alone"],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(MOE_BLOCK_REFUSALS))
+def test_the_block_refuses_what_it_cannot_run(case, message):
+    module = load_cpu_kernels()
+    module.MoeBlock(**block_arguments("top 6"))  # every expert a token's: the largest top_k
+    with pytest.raises(RuntimeError, match=message):
+        module.MoeBlock(**block_arguments(case))
 
 
 @pytest.mark.parametrize("shared", [False, True])
