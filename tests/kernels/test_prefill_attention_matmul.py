@@ -105,6 +105,16 @@ def test_a_step_without_the_tiled_kernel_splits_its_chunks(
     assert_close(actual, padded_reference(batch, None, softcap), dtype, "products and rows")
 
 
+@pytest.mark.parametrize(("cached", "by_products"), [(63, False), (64, True)])
+def test_a_chunk_goes_to_the_products_from_its_query_key_pairs(cached, by_products):
+    """128 new tokens see 128.5 keys each on average after 64 cached ones, 127.5 after
+    63: 16,448 and 16,320 query-key pairs, either side of MATMUL_FROM_PAIRS."""
+    assert 128 * (63 + 128 - 127 / 2) < MATMUL_FROM_PAIRS <= 128 * (64 + 128 - 127 / 2)
+    batch = make_batch([(cached, 128)], BS, 1, 1, 16, torch.float32)
+    chunks = prepare_cpu_attention(batch.inputs, BS, {None}).prefill_chunks
+    assert [tokens for _, tokens, _, _ in chunks.matmul_chunks] == ([128] if by_products else [])
+
+
 def test_windows_int8_caches_and_the_tiled_kernel_keep_their_paths(module, chunks_by_matmul):
     batch = make_batch(MIXED, BS, 3, 3, 64, torch.float32, seed=6)
     store_kv_ref(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.inputs.slot_mapping)
