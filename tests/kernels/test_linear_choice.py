@@ -12,20 +12,27 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from hetero_infer.kernels import linear_choice, linear_cpu
+from hetero_infer.kernels import cpu_extension, linear_choice, linear_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.decoder_stack_cpu import _buckets_served
 from hetero_infer.kernels.linear import GatedLinear
 from hetero_infer.kernels.linear_choice import (
     KERNEL,
+    MAX_COPIES,
     ONEDNN,
+    ONEDNN_MARGIN,
     ROW_BUCKETS,
+    STREAM_BYTES,
     TIMED_PAIRS,
     TIMED_ROWS,
     LinearChooser,
     ShapeChoice,
+    machine_key,
+    num_copies,
     pick,
     row_bucket,
+    stream_timer,
+    timed_pair,
 )
 from hetero_infer.kernels.linear_cpu import (
     KernelLinear,
@@ -84,6 +91,19 @@ def test_onednn_replaces_ours_only_where_clearly_faster():
         ONEDNN,
         ONEDNN,
     )
+    # oneDNN exactly ONEDNN_MARGIN faster is still a tie
+    assert pick(((ONEDNN_MARGIN, 1.0), (ONEDNN_MARGIN * 1.01, 1.0))) == (KERNEL, ONEDNN)
+
+
+def test_a_choice_holds_for_its_cpu_model(monkeypatch):
+    flags = fresh_flags()
+    keys = {}
+    for model in ("AMD EPYC 9654", "Intel Xeon Platinum 8592+", None):
+        monkeypatch.setattr(linear_choice.cpu_isa, "cpu_model", lambda model=model: model)
+        keys[model] = machine_key(flags)
+    assert keys["AMD EPYC 9654"].startswith("AMD EPYC 9654|")
+    assert keys["Intel Xeon Platinum 8592+"].startswith("Intel Xeon Platinum 8592+|")
+    assert keys[None].startswith("unknown CPU|")
 
 
 def test_measures_each_shape_once_per_machine():
@@ -102,7 +122,7 @@ def test_measures_each_shape_once_per_machine():
 
 
 def test_a_cache_file_keeps_the_choice_per_machine(tmp_path):
-    cache = tmp_path / "choices.json"
+    cache = tmp_path / ".cache" / "hetero-infer" / "choices.json"  # folders made as needed
     flags = fresh_flags()
     LinearChooser("measure", cache, flags).choose("64x32", fake_timer(OURS_THEN_ONEDNN))
     machines = json.loads(cache.read_text())
@@ -128,6 +148,64 @@ def test_an_unreadable_cache_is_measured_over(tmp_path, caplog):
             "64x32", fake_timer(OURS_THEN_ONEDNN, calls)
         )
     assert choice.source == "measured" and calls and "cannot read" in caplog.text
+
+
+def test_each_candidate_takes_its_median_after_a_warm_up():
+    """The two alternate, a warm-up call of each first, which does not count."""
+    pairs = range(1, TIMED_PAIRS + 1)
+    seconds = {KERNEL: iter([100.0, *pairs]), ONEDNN: iter([100.0, *reversed(pairs)])}
+    calls: list = []
+
+    def time_call(kind: str, rows: int) -> float:
+        calls.append((kind, rows))
+        return next(seconds[kind])
+
+    median = (TIMED_PAIRS + 1) / 2
+    assert timed_pair(time_call, 16) == (median, median)
+    assert calls == [(KERNEL, 16), (ONEDNN, 16)] * (TIMED_PAIRS + 1)
+
+
+def test_a_timing_is_one_pass_over_the_copies(monkeypatch):
+    """Seconds a call: a pass over the candidate's copies (packed at its first timing),
+    divided among them."""
+    clock = [100.0]
+    monkeypatch.setattr(linear_choice, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    packed = []
+
+    def candidates(kind: str) -> list:
+        packed.append(kind)
+
+        def linear(x: torch.Tensor) -> None:  # a second a row
+            clock[0] += len(x)
+
+        return [linear] * 3
+
+    time_call = stream_timer(candidates, 32)
+    assert [time_call(KERNEL, 4), time_call(KERNEL, 2), time_call(ONEDNN, 1)] == [4.0, 2.0, 1.0]
+    assert packed == [KERNEL, ONEDNN]
+
+
+def test_a_timing_streams_enough_copies_to_leave_the_cache():
+    def bf16_weight(size: int) -> torch.Tensor:
+        return torch.empty(size // 2, dtype=torch.bfloat16, device="meta")
+
+    assert num_copies(bf16_weight(STREAM_BYTES // 4)) == 4
+    assert num_copies(bf16_weight(STREAM_BYTES // 4 + 1024)) == 4  # the last a part
+    assert num_copies(bf16_weight(2 * STREAM_BYTES)) == 1
+    assert num_copies(bf16_weight(1024)) == MAX_COPIES
+
+
+@pytest.mark.parametrize("entry", ["kernel/onednn", "kernel/kernel/fastest/onednn/onednn"])
+def test_a_cached_entry_that_is_no_choice_is_measured_over(tmp_path, entry):
+    """An entry needs a known kernel for each bucket (one written for other buckets, or
+    by hand, is not one)."""
+    cache, flags = tmp_path / "choices.json", fresh_flags()
+    cache.write_text(json.dumps({machine_key(flags): {"64x32": entry}}))
+    calls: list = []
+    choice = LinearChooser("measure", cache, flags).choose(
+        "64x32", fake_timer(OURS_THEN_ONEDNN, calls)
+    )
+    assert choice.source == "measured" and len(calls) == TIMINGS
 
 
 @pytest.mark.parametrize(
@@ -163,6 +241,22 @@ def test_the_rule_asks_the_kernels_whether_ours_runs_on_the_tiles():
     assert off.kernels == (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN)
     on = LinearChooser("rule", None, flags=amx_cpu).choose("64x32", fake_timer({}))
     assert on.kernels == ((KERNEL,) * 5 if module.amx_tiles_ready() else off.kernels)
+
+
+@pytest.mark.parametrize(
+    ("kernels", "expected"),
+    [
+        (None, (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN)),  # not built: oneDNN's tiles
+        (SimpleNamespace(amx_tiles_ready=lambda: False), (KERNEL, ONEDNN, ONEDNN, ONEDNN, ONEDNN)),
+        (SimpleNamespace(amx_tiles_ready=lambda: True), (KERNEL,) * 5),
+    ],
+    ids=["not built", "ours off the tiles", "ours on the tiles"],
+)
+def test_the_rule_follows_the_kernels_on_any_cpu(monkeypatch, kernels, expected):
+    """The same, whatever this CPU has: the kernels' answer given."""
+    monkeypatch.setattr(cpu_extension, "load_cpu_kernels", lambda: kernels)
+    chooser = LinearChooser("rule", None, flags=fresh_flags("amx_bf16"))
+    assert chooser.choose("64x32", fake_timer({})).kernels == expected
 
 
 def test_an_unknown_mode_is_refused():
