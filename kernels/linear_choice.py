@@ -89,10 +89,9 @@ def pick(seconds: tuple[tuple[float, float], ...]) -> tuple[str, ...]:
     return tuple(ONEDNN if ours > onednn * ONEDNN_MARGIN else KERNEL for ours, onednn in seconds)
 
 
-def machine_key(flags: frozenset[str] | None = None) -> str:
-    """What a measured choice holds for: the CPU, its vector and matrix flags, the torch
-    threads and the torch and kernel builds."""
-    flags = cpu_isa.cpu_flags() if flags is None else flags
+def machine_key(flags: frozenset[str]) -> str:
+    """What a measured choice holds for: the CPU, its vector and matrix ``flags``, the
+    torch threads and the torch and kernel builds."""
     return "|".join(
         [
             cpu_isa.cpu_model() or "unknown CPU",
