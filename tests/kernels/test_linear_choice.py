@@ -106,6 +106,14 @@ def test_a_choice_holds_for_its_cpu_model(monkeypatch):
     assert keys[None].startswith("unknown CPU|")
 
 
+def test_a_key_without_the_kernel_sources_says_so(monkeypatch):
+    def missing() -> str:
+        raise OSError("no kernels/csrc")
+
+    monkeypatch.setattr(linear_choice.cpu_build, "sources_digest", missing)
+    assert machine_key(fresh_flags()).endswith("|no sources")
+
+
 def test_measures_each_shape_once_per_machine():
     flags, calls = fresh_flags(), []
     chooser = LinearChooser("measure", None, flags=flags)
