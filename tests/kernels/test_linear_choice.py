@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hetero_infer.kernels import cpu_extension, linear_choice, linear_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.decoder_stack_cpu import _buckets_served
+from hetero_infer.kernels.decoder_stack_cpu import CpuDecoderStack, _buckets_served
 from hetero_infer.kernels.linear import GatedLinear
 from hetero_infer.kernels.linear_choice import (
     KERNEL,
@@ -41,6 +41,9 @@ from hetero_infer.kernels.linear_cpu import (
     pack_gated_linear,
     pack_linear,
 )
+from hetero_infer.kernels.paged_attention_cpu import prepare_cpu_attention
+
+from tests.kernels.batches import make_batch
 
 
 def fresh_flags(*flags: str) -> frozenset[str]:
@@ -145,6 +148,15 @@ def test_a_cache_file_keeps_the_choice_per_machine(tmp_path):
     other = LinearChooser("measure", cache, fresh_flags("amx_bf16"))
     other.choose("64x32", fake_timer({KERNEL: (1.0,) * 5, ONEDNN: (2.0,) * 5}, calls))
     assert len(calls) == TIMINGS and len(json.loads(cache.read_text())) == 2
+
+
+def test_a_cache_that_cannot_be_written_is_warned_of(tmp_path, caplog):
+    """A folder where the file should be: read nor kept, and the choice still made."""
+    with caplog.at_level(logging.WARNING):
+        choice = LinearChooser("measure", tmp_path, fresh_flags()).choose(
+            "64x32", fake_timer(OURS_THEN_ONEDNN)
+        )
+    assert choice.source == "measured" and "cannot keep the kernel choices" in caplog.text
 
 
 def test_an_unreadable_cache_is_measured_over(tmp_path, caplog):
@@ -276,9 +288,15 @@ def test_the_decoder_stack_serves_only_buckets_ours_runs_everywhere():
     choice = ShapeChoice((KERNEL, KERNEL, ONEDNN, KERNEL, ONEDNN), "rule")
     split = RowSplitLinear(SimpleNamespace(gated=False, out_features=4), print, choice)
     layer = SimpleNamespace(qkv=split, o=object(), gate_up=None, down=object())
-    assert _buckets_served(SimpleNamespace(layers=[layer])) == (True, True, False, True, False)
+    served = _buckets_served(SimpleNamespace(layers=[layer]))
+    assert served == (True, True, False, True, False)
     plain = SimpleNamespace(qkv=object(), o=object(), gate_up=None, down=object())
     assert _buckets_served(SimpleNamespace(layers=[plain])) is None
+    # a step of so many decodes: the stack takes it where ours runs that bucket
+    stack = CpuDecoderStack(object(), served)
+    for decodes, expected in [(1, True), (20, False), (100, True), (200, False)]:
+        batch = make_batch([(3, 1)] * decodes, 16, 1, 1, 16, torch.bfloat16)
+        assert stack.serves(prepare_cpu_attention(batch.inputs, 16, {None})) == expected
 
 
 # ---- the packed projections, on the real kernels ----
