@@ -290,6 +290,13 @@ def test_the_decoder_stack_serves_only_buckets_ours_runs_everywhere():
     layer = SimpleNamespace(qkv=split, o=object(), gate_up=None, down=object())
     served = _buckets_served(SimpleNamespace(layers=[layer]))
     assert served == (True, True, False, True, False)
+    # where projections' choices differ, the buckets ours runs for all of them
+    other = RowSplitLinear(
+        split.kernel, print, ShapeChoice((KERNEL, ONEDNN, KERNEL, KERNEL, ONEDNN), "rule")
+    )
+    second = SimpleNamespace(qkv=object(), o=object(), gate_up=None, down=other)
+    both = _buckets_served(SimpleNamespace(layers=[layer, second]))
+    assert both == (True, False, False, True, False)
     plain = SimpleNamespace(qkv=object(), o=object(), gate_up=None, down=object())
     assert _buckets_served(SimpleNamespace(layers=[plain])) is None
     # a step of so many decodes: the stack takes it where ours runs that bucket

@@ -6,6 +6,7 @@ model's torch code computes them."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import gguf
@@ -275,6 +276,11 @@ def test_experts_the_kernel_does_not_take_are_left_to_the_model():
     ]
     spec = MoeLayerSpec(torch.zeros(EXPERTS, HIDDEN), gate_up, mixed, "silu", 2, True)
     assert pack_moe(module, spec) is None
+    # an activation it does not apply; a shared expert's projection not one of ours
+    assert pack_moe(module, dataclasses.replace(spec, down=down, activation="relu")) is None
+    shared = (torch.nn.Identity(), QuantizedLinear(module, down[0]), torch.zeros(1, HIDDEN))
+    assert pack_moe(module, dataclasses.replace(spec, down=down, shared=shared)) is None
+    assert pack_moe(module, dataclasses.replace(spec, down=down)) is not None
     assert (
         pack_moe(module, MoeLayerSpec(torch.zeros(EXPERTS, HIDDEN), None, None, "silu", 2, True))
         is None

@@ -139,6 +139,12 @@ def test_a_part_the_description_gains_is_refused_by_name(tmp_path):
         changed = dataclasses.replace(spec, layers=(layer, *spec.layers[1:]))
         assert decoder_stack_cpu.unserved_parts(module, changed) == [part]
         assert decoder_stack_cpu.pack_decoder_stack(module, changed) is None
+    # one layer's projection not one of our kernels' (a torch function): none is named,
+    # and the steps go layer by layer too
+    assert decoder_stack_cpu.pack_decoder_stack(module, spec) is not None
+    foreign = dataclasses.replace(spec.layers[1], o=torch.nn.Identity())
+    changed = dataclasses.replace(spec, layers=(first, foreign, *spec.layers[2:]))
+    assert decoder_stack_cpu.pack_decoder_stack(module, changed) is None
 
 
 @pytest.mark.cpu_kernels("linear_packed")
