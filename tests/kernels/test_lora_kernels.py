@@ -10,7 +10,7 @@ import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.lora import add_lora_ref, cpu_lora_ops, pack_lora_ref
 
-from tests.kernels.checks import assert_close
+from tests.kernels.checks import assert_close, refusals
 
 IN, COLUMNS = 72, 120  # q 72 columns, k and v 24 each
 
@@ -177,6 +177,108 @@ def test_cpu_kernel_on_any_width(dtype, in_features, width):
         base.double(), x.double(), [(None, pack_lora_ref(a.double(), [(0, 0, b.double())]))]
     )
     assert_close(out, reference.to(dtype), dtype, f"in {in_features}, width {width}")
+
+
+def lora_weights_arguments(case: str, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """LoRAWeights' arguments: A of rank 8 on q, k and v (the most parts) at ranks 0-3,
+    4-6 and 7 (up to A's last rank, the last of rank 1), but for ``case``."""
+    a = random(8, IN, seed=600).to(dtype)
+    out_starts, rank_starts = [0, 72, 96], [0, 4, 7]
+    bs = [random(width, rank, seed=601).to(dtype) for width, rank in [(72, 4), (24, 3), (24, 1)]]
+    match case:
+        case "3-d A":
+            a = a[None]
+        case "an output start short":
+            out_starts = out_starts[:2]
+        case "a rank start short":
+            rank_starts = rank_starts[:2]
+        case "four parts":
+            out_starts, rank_starts, bs = [*out_starts, 0], [*rank_starts, 0], [*bs, bs[2]]
+        case "1-d B":
+            bs[1] = bs[1][:, 0]
+        case "fp32 B":
+            bs[1] = bs[1].float()
+        case "rank 0":
+            bs[2] = bs[2][:, :0]
+        case "a rank start before A's":
+            rank_starts[0] = -1
+        case "ranks past A's":
+            rank_starts[1] = 6
+        case "an output start before out's":
+            out_starts[2] = -1
+    return a, out_starts, rank_starts, bs
+
+
+LORA_WEIGHTS_REFUSALS = {
+    r"A \[R, in\]": ["3-d A"],
+    "one output start and one rank start per B": ["an output start short", "a rank start short"],
+    r"at most three parts \(q, k, v\)": ["four parts"],
+    r"B \[width, rank\]": ["1-d B", "fp32 B"],
+    r"B \[width, rank >= 1\]": ["rank 0"],
+    "B's ranks within A's": ["a rank start before A's", "ranks past A's"],
+    "a part's first output column": ["an output start before out's"],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(LORA_WEIGHTS_REFUSALS))
+def test_lora_weights_refuse_parts_they_cannot_place(case, message):
+    module = load_cpu_kernels()
+    module.LoRAWeights(*lora_weights_arguments("none"))
+    with pytest.raises(RuntimeError, match=message):
+        module.LoRAWeights(*lora_weights_arguments(case))
+
+
+def lora_add_arguments(case: str) -> tuple:
+    """lora_add's arguments: one adapter's rows 0 and 3 of 4, out as wide as its parts
+    reach, but for ``case``."""
+    module = load_cpu_kernels()
+    dtype = torch.float16 if case == "fp16 throughout" else torch.bfloat16
+    weights = [module.LoRAWeights(*lora_weights_arguments("none", dtype))]
+    out, x = torch.zeros(4, COLUMNS, dtype=dtype), torch.zeros(4, IN, dtype=dtype)
+    rows = [torch.tensor([0, 3])]
+    match case:
+        case "a row past the tokens" | "a row before them":
+            rows = [torch.tensor([0, 4 if case == "a row past the tokens" else -1])]
+        case "rows of no adapter":
+            rows = [*rows, torch.tensor([1])]
+        case "1-d x":
+            x = x[0]
+        case "1-d out":
+            out = out[0]
+        case "out of fewer tokens":
+            out = out[:3]
+        case "strided out":
+            out = out.t().contiguous().t()
+        case "fp16 out":
+            out = out.half()
+        case "fp32 x":
+            x, out = x.float(), out.float()
+        case "x of another width":
+            x = torch.zeros(4, IN + 2, dtype=dtype)
+        case "out short of v's columns":
+            out = out[:, :-1].contiguous()
+    return out, x, rows, weights
+
+
+LORA_ADD_REFUSALS = {
+    "a LoRA row out of range": ["a row past the tokens", "a row before them"],
+    "one set of rows per adapter": ["rows of no adapter"],
+    r"x \[tokens, in\]": ["1-d x"],
+    r"x, out \[tokens, \.\]": ["1-d out", "out of fewer tokens"],
+    "x and out contiguous": ["strided out"],
+    "out in x's dtype or in fp32": ["fp16 out"],
+    r"A \[R, in\] in x's dtype": ["fp32 x", "x of another width"],
+    "a LoRA part past out's columns": ["out short of v's columns"],
+    "lora_add: bf16 or fp32": ["fp16 throughout"],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(LORA_ADD_REFUSALS))
+def test_lora_add_refuses_what_it_cannot_run(case, message):
+    module = load_cpu_kernels()
+    module.lora_add(*lora_add_arguments("none"))
+    with pytest.raises(RuntimeError, match=message):
+        module.lora_add(*lora_add_arguments(case))
 
 
 @pytest.mark.parametrize(
