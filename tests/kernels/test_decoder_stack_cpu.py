@@ -203,8 +203,14 @@ def test_greedy_generation_is_unchanged(model_dir, quantization) -> None:
     assert served >= 11  # the decode steps
 
 
-def test_fp32_runs_layer_by_layer(model_dir) -> None:
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_num_blocks=64))
+@pytest.mark.parametrize("quantization", QUANTIZATIONS)
+def test_fp32_runs_layer_by_layer(model_dir, quantization) -> None:
+    """Even with every projection one of our kernels' (int8): fp32 runs the torch
+    references of the ops the stack calls in C++."""
+    config = EngineConfig(
+        model=str(model_dir), dtype="float32", quantization=quantization, max_num_blocks=64
+    )
+    engine = LLMEngine(config)
     assert engine.runner.fast_path is None
 
 
@@ -215,6 +221,7 @@ def test_qwen3_and_gemma_layers_are_all_served(name, tmp_path):
     spec = engine.runner.model.decoder_stack_spec()
     assert decoder_stack_cpu.unserved_parts(load_cpu_kernels(), spec) == []
     assert engine.runner.fast_path is not None
+    assert decoder_stack_cpu.pack_decoder_stack(None, spec) is None  # kernels not built
     assert spec.attn_logit_softcap == (10.0 if name == "gemma2" else None)
     if name == "gemma3":  # the sliding layers' tables are their own, the global one's not
         ropes = [layer.rope for layer in spec.layers]
