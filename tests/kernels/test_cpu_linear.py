@@ -8,7 +8,7 @@ import pytest
 import torch
 from hetero_infer.kernels import cpu_isa, select_kernels
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
-from hetero_infer.kernels.linear_cpu import pack_linear
+from hetero_infer.kernels.linear_cpu import kernel_takes, pack_linear
 
 pytestmark = pytest.mark.cpu_kernels("linear_packed")
 ops = select_kernels("auto", torch.device("cpu")).ops
@@ -76,6 +76,14 @@ def test_non_contiguous_rows_and_leading_dims():
     packed = pack_linear(weight, None, load_cpu_kernels())
     assert_matches_fp32(packed(x), x, weight, None)
     assert packed(randn(3, 7, 96)).shape == (3, 7, 64)
+
+
+def test_the_kernel_takes_bf16_weights_of_32_outputs_and_even_inputs():
+    module = load_cpu_kernels()
+    weight = randn(64, 98)  # 98: even, neither a multiple of 3 nor of 4
+    assert kernel_takes(module, weight) and kernel_takes(module, randn(32, 2))
+    assert not kernel_takes(module, randn(64, 97)) and not kernel_takes(module, randn(48, 98))
+    assert not kernel_takes(module, weight.float()) and not kernel_takes(None, weight)
 
 
 @pytest.mark.parametrize(("out_features", "in_features"), [(200, 96), (64, 95)])

@@ -42,6 +42,7 @@ from hetero_infer.kernels.linear_cpu import (
     pack_linear,
 )
 from hetero_infer.kernels.paged_attention_cpu import prepare_cpu_attention
+from hetero_infer.kernels.quantized import quantize_int8
 
 from tests.kernels.batches import make_batch
 
@@ -373,3 +374,20 @@ def test_a_shape_ours_wins_everywhere_packs_ours_alone(monkeypatch):
     assert isinstance(pack_linear(randn(64, 96), None, module, chooser), KernelLinear)
     forced = LinearChooser("onednn", flags=fresh_flags())
     assert isinstance(pack_linear(randn(64, 96), None, module, forced), OneDnnLinear)
+
+
+@needs_both
+def test_gated_and_plain_projections_of_a_shape_are_chosen_apart(monkeypatch):
+    chooser = mixed_chooser(monkeypatch)
+    pack_linear(randn(128, 96), None, module, chooser)
+    pack_gated_linear(randn(128, 96), None, module, chooser, module.silu_and_mul)
+    assert list(chooser.chosen) == ["128x96", "128x96 gated"]
+
+
+@pytest.mark.cpu_kernels("quantized_linear")
+def test_a_chooser_lets_quantized_projections_onto_bf16_tiles():
+    """Both give up results independent of the batch for speed: so together."""
+    weight = quantize_int8(torch.randn(64, 96))
+    assert pack_linear(weight, None, module).bf16_tiles is None
+    chooser = LinearChooser("kernel", None, flags=fresh_flags())
+    assert pack_linear(weight, None, module, chooser).bf16_tiles is not None
