@@ -18,6 +18,8 @@ from hetero_infer.kernels import image_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.image_cpu import pixel_levels, resize_like_pillow
 
+from tests.kernels.checks import refusals
+
 Resampling = PIL.Image.Resampling
 FILTERS = [
     Resampling.LANCZOS,
@@ -95,15 +97,91 @@ def test_a_pillow_or_filter_not_known_here_is_left_to_pillow(monkeypatch):
     assert torch.equal(resized(pixels, 10, 10, Resampling.LANCZOS), expected)
 
 
-def test_bounds_outside_the_image_are_refused():
-    kernels = load_cpu_kernels()
+def resample_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(image, bounds, weights) of a 4 x 5 RGB image resampled to 2 outputs along either
+    axis (the second's 2 taps, as many as its weights, end on the last row), but for
+    ``case``."""
     image = torch.zeros(4, 5, 3, dtype=torch.uint8)
-    bounds = torch.tensor([[3, 3]], dtype=torch.int32)  # rows 3..5 of 4
-    weights = torch.ones(1, 3, dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="out of the image"):
-        kernels.resample_vertical(image, bounds, weights, True)
-    with pytest.raises(RuntimeError, match="out of the image"):
-        kernels.resample_horizontal(image, torch.tensor([[4, 2]], dtype=torch.int32), weights, True)
+    bounds = torch.tensor([[0, 1], [2, 2]], dtype=torch.int32)
+    weights = torch.ones(2, 2, dtype=torch.int32)
+    match case:
+        case "2-d image":
+            image = image[..., 0]
+        case "int32 image":
+            image = image.int()
+        case "strided image":
+            image = image.transpose(0, 1).contiguous().transpose(0, 1)
+        case "1-d bounds":
+            bounds = bounds.flatten()
+        case "bounds of 3":
+            bounds = torch.zeros(2, 3, dtype=torch.int32)
+        case "int64 bounds":
+            bounds = bounds.long()
+        case "strided bounds":
+            bounds = bounds.t().contiguous().t()
+        case "1-d weights":
+            weights = weights.flatten()
+        case "weights of 3 outputs":
+            weights = torch.ones(3, 2, dtype=torch.int32)
+        case "int64 weights":
+            weights = weights.long()
+        case "strided weights":
+            weights = weights.t().contiguous().t()
+        case "a start before the image":
+            bounds[0, 0] = -1
+        case "negative taps":
+            bounds[0, 1] = -1
+        case "more taps than weights":
+            bounds[0, 1] = 3
+        case "taps past the image":
+            bounds[1, 0] = 4
+        case "5 channels":
+            image = torch.zeros(4, 5, 5, dtype=torch.uint8)
+    return image, bounds, weights
+
+
+RESAMPLE_REFUSALS = {
+    r"image must be a contiguous uint8 \[height, width, channels\]": [
+        "2-d image",
+        "int32 image",
+        "strided image",
+    ],
+    r"bounds must be a contiguous int32 \[outputs, 2\]": [
+        "1-d bounds",
+        "bounds of 3",
+        "int64 bounds",
+        "strided bounds",
+    ],
+    r"weights must be a contiguous int32 \[outputs, taps\]": [
+        "1-d weights",
+        "weights of 3 outputs",
+        "int64 weights",
+        "strided weights",
+    ],
+    "resample bounds out of the image": [
+        "a start before the image",
+        "negative taps",
+        "more taps than weights",
+        "taps past the image",
+    ],
+}
+
+
+@pytest.mark.parametrize("axis", ["vertical", "horizontal"])
+@pytest.mark.parametrize(("case", "message"), refusals(RESAMPLE_REFUSALS))
+def test_resampling_refuses_what_it_cannot_read(axis, case, message):
+    resample = getattr(load_cpu_kernels(), f"resample_{axis}")
+    resample(*resample_arguments("none"), True)
+    with pytest.raises(RuntimeError, match=message):
+        resample(*resample_arguments(case), True)
+
+
+def test_a_horizontal_pass_takes_1_to_4_channels():
+    kernels = load_cpu_kernels()
+    image, bounds, weights = resample_arguments("5 channels")
+    assert kernels.resample_vertical(image, bounds, weights, True).shape == (2, 5, 5)
+    with pytest.raises(RuntimeError, match="1 to 4 channels"):
+        kernels.resample_horizontal(image, bounds, weights, True)
 
 
 def test_off_the_main_thread_a_resize_runs_on_its_thread_alone(monkeypatch):
