@@ -206,6 +206,34 @@ def test_a_timing_is_one_pass_over_the_copies(monkeypatch):
     assert packed == [KERNEL, ONEDNN]
 
 
+@pytest.mark.parametrize(
+    ("shape", "timed_rows", "copies"),
+    [
+        ((10000, 4096), 8192, 1),  # 80 MiB: its first 64 MiB of rows
+        ((100, 2**20), 64, 1),  # rows of 2 MiB: never fewer than 64
+        ((64, 96), 64, MAX_COPIES),  # whole, and copied
+    ],
+)
+def test_a_shape_is_timed_on_copies_of_its_first_rows(shape, timed_rows, copies):
+    packed: dict[str, list[torch.Tensor]] = {KERNEL: [], ONEDNN: []}
+    inputs: list[torch.Tensor] = []
+
+    def packer(kind: str):
+        def pack(weight: torch.Tensor):
+            packed[kind].append(weight)
+            return inputs.append  # the projection: the rows it is given, kept
+
+        return pack
+
+    weight = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    time_call = linear_cpu.copies_timer(weight, packer(KERNEL), packer(ONEDNN))
+    time_call(KERNEL, 3)
+    time_call(ONEDNN, 3)
+    for kind in (KERNEL, ONEDNN):
+        assert [tuple(w.shape) for w in packed[kind]] == [(timed_rows, shape[1])] * copies
+    assert [tuple(x.shape) for x in inputs] == [(3, shape[1])] * (2 * copies)
+
+
 def test_a_timing_streams_enough_copies_to_leave_the_cache():
     def bf16_weight(size: int) -> torch.Tensor:
         return torch.empty(size // 2, dtype=torch.bfloat16, device="meta")
