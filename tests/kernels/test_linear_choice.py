@@ -405,6 +405,16 @@ def test_a_shape_ours_wins_everywhere_packs_ours_alone(monkeypatch):
 
 
 @needs_both
+def test_a_split_projection_shows_and_places_our_packed_weight(monkeypatch):
+    """(the one-call stack reads it, huge pages move it)"""
+    split = pack_linear(randn(64, 96), None, module, mixed_chooser(monkeypatch))
+    assert isinstance(split, RowSplitLinear) and split.packed is split.kernel.packed
+    moved = split.packed.clone()
+    split.packed = moved
+    assert split.kernel.packed is moved
+
+
+@needs_both
 def test_gated_and_plain_projections_of_a_shape_are_chosen_apart(monkeypatch):
     chooser = mixed_chooser(monkeypatch)
     pack_linear(randn(128, 96), None, module, chooser)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,3 +108,15 @@ def test_a_bf16_weight_no_kernel_takes_is_widened_from_16_rows(monkeypatch):
     assert type(pack_linear(weight.float(), None, kernels)) is TorchLinear
     monkeypatch.setattr(cpu_isa, "has_bf16_matmul", lambda flags=None: True)
     assert type(pack_linear(weight, bias, kernels)) is TorchLinear
+
+
+def test_onednn_failing_its_trial_row_is_left_for_f_linear(monkeypatch, caplog):
+    """A packed oneDNN weight that cannot run a row fails at packing, once, not in a step."""
+
+    def fails(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no bf16 matmul here")
+
+    monkeypatch.setattr(linear_cpu.OneDnnLinear, "__call__", fails)
+    with caplog.at_level(logging.WARNING):
+        assert linear_cpu.tried_onednn_linear(randn(32, 64), None) is None
+    assert "packed oneDNN linear unavailable, using F.linear" in caplog.text
