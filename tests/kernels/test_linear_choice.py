@@ -1,5 +1,6 @@
-"""The choice between our bf16 kernel and oneDNN per projection and row bucket: decided
-by (fake) timings, kept per machine, and followed by the packed projections and the
+"""The choice between our bf16 kernel and oneDNN per projection and row bucket: how a
+shape is timed (medians after a warm-up, over copies of its first rows), decided by
+(fake) timings, kept per machine, and followed by the packed projections and the
 one-call decoder stack."""
 
 from __future__ import annotations
