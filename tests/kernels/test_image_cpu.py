@@ -65,6 +65,18 @@ def test_equal_to_pillow(resample, size, new_size, channels):
     assert np.array_equal(got.numpy().reshape(expected.shape), expected)
 
 
+@pytest.mark.parametrize("channels", [2, 4])
+def test_two_and_four_channels_each_resized_as_alone(channels):
+    """Each channel as Pillow resizes a one-channel image (Pillow's own LA and RGBA
+    resizes premultiply the alpha, which is not what is asked here)."""
+    pixels = noise(37, 29, channels, seed=channels)
+    got = resize_like_pillow(torch.from_numpy(pixels), 13, 50, Resampling.BICUBIC)
+    for c in range(channels):
+        alone = PIL.Image.fromarray(np.ascontiguousarray(pixels[..., c]))
+        expected = alone.resize((50, 13), resample=Resampling.BICUBIC)
+        assert np.array_equal(got[..., c].numpy(), np.asarray(expected)), c
+
+
 def test_random_sizes_equal_to_pillow():
     rng = np.random.default_rng(7)
     for _ in range(40):
