@@ -139,7 +139,7 @@ def test_a_part_the_description_gains_is_refused_by_name(tmp_path):
         changed = dataclasses.replace(spec, layers=(layer, *spec.layers[1:]))
         assert decoder_stack_cpu.unserved_parts(module, changed) == [part]
         assert decoder_stack_cpu.pack_decoder_stack(module, changed) is None
-    # one layer's projection not one of our kernels' (a torch function): none is named,
+    # one layer's projection not one of our kernels' (a torch module): none is named,
     # and the steps go layer by layer too
     assert decoder_stack_cpu.pack_decoder_stack(module, spec) is not None
     foreign = dataclasses.replace(spec.layers[1], o=torch.nn.Identity())
