@@ -98,6 +98,27 @@ def test_the_pass_order_follows_the_pillow_version(monkeypatch, version, expecte
     assert image_cpu.vertical_first(300, 100, 290, 90) is False
 
 
+# (width, height) -> (width, height) at the edges of Pillow 13's rule: the height shrunk
+# by twice what the width is (8 and 4: horizontal first), by one pixel more (vertical),
+# by one pixel with the width grown (vertical), not at all (horizontal).
+PILLOW_13_EDGES = [
+    ((10, 20), (6, 12), False),
+    ((10, 21), (6, 12), True),
+    ((10, 11), (20, 10), True),
+    ((10, 10), (20, 10), False),
+]
+
+
+@pytest.mark.parametrize(("size", "new_size", "vertical"), PILLOW_13_EDGES)
+def test_pillow_13s_pass_order_at_its_edges(monkeypatch, size, new_size, vertical):
+    pixels = noise(*size, 3, seed=sum(size))
+    expected = PIL.Image.fromarray(pixels).resize(new_size, resample=Resampling.BICUBIC)
+    got = resize_like_pillow(torch.from_numpy(pixels), new_size[1], new_size[0], Resampling.BICUBIC)
+    assert np.array_equal(got.numpy(), np.asarray(expected))
+    monkeypatch.setattr(PIL, "__version__", "13.0.0")
+    assert image_cpu.vertical_first(size[1], size[0], new_size[1], new_size[0]) is vertical
+
+
 def test_a_pillow_or_filter_not_known_here_is_left_to_pillow(monkeypatch):
     pixels = torch.from_numpy(noise(40, 30, 3, seed=1))
     assert resize_like_pillow(pixels, 10, 10, Resampling.NEAREST) is None
