@@ -130,6 +130,15 @@ def test_a_pillow_or_filter_not_known_here_is_left_to_pillow(monkeypatch):
     assert torch.equal(resized(pixels, 10, 10, Resampling.LANCZOS), expected)
 
 
+def test_an_image_of_its_size_is_itself_and_without_kernels_none(monkeypatch):
+    """(None: the callers' own way, Pillow's or torch's)"""
+    pixels = torch.from_numpy(noise(40, 30, 3, seed=2))
+    assert resize_like_pillow(pixels, 30, 40, Resampling.BICUBIC) is pixels
+    monkeypatch.setattr(image_cpu, "built_cpu_kernels", lambda: None)
+    assert resize_like_pillow(pixels, 10, 10, Resampling.BICUBIC) is None
+    assert pixel_levels(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(3, 256)) is None
+
+
 def resample_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(image, bounds, weights) of a 4 x 5 RGB image resampled to 2 outputs along either
     axis (the second's 2 taps, as many as its weights, end on the last row), but for
