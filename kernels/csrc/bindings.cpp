@@ -15,7 +15,7 @@ using without_gil = py::call_guard<py::gil_scoped_release>;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention", without_gil());
   m.def("prefill_attention_available", &prefill_attention_available,
-        "whether prefill_attention was built (AVX512-BF16)");
+        "whether prefill_attention was built (AVX-512 BW)");
   m.def("prefill_attention", &prefill_attention, "tiled causal attention of prefill chunks",
         without_gil());
   m.def("encoder_attention_available", &encoder_attention_available,
@@ -30,7 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_tanh", &gelu_tanh, "GELU, tanh's approximation (bf16/fp16)", without_gil());
   m.def("rotary", &rotary, "rotary embeddings of q and k (bf16/fp16)");
   m.def("linear_packed_available", &linear_packed_available,
-        "whether linear_packed was built (AVX512-BF16)");
+        "whether linear_packed was built (AVX-512 BW)");
   m.def("pack_linear_weight", &pack_linear_weight, "a bf16 weight in linear_packed's panels");
   m.def("pack_gated_linear_weight", &pack_gated_linear_weight,
         "a merged gate_up weight in linear_packed's gated panels");
@@ -38,7 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("gated") = false,
         py::arg("addend") = std::nullopt, without_gil());
   m.def("quantized_linear_available", &quantized_linear_available,
-        "whether quantized_linear was built (AVX512-VNNI and -BW)");
+        "whether quantized_linear was built (AVX2, FMA and F16C)");
   m.def("amx_tiles_available", &amx_tiles_available,
         "whether the kernels may run on AMX's tiles (built for them, and granted them)");
   m.def("set_amx_tiles", &set_amx_tiles, "AMX's tiles on or off for the kernels; the previous wish");

@@ -479,7 +479,7 @@ at::Tensor quantized_linear_bf16(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(1) == kPanel * packed_row_bytes(t, k),
               "packed weight does not fit x");
-  const int64_t panels = packed.size(0), panel_bytes = packed.size(1), n = panels * kPanel;
+  const int64_t panels = packed.size(0), n = panels * kPanel;
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->to(at::kFloat).contiguous();
@@ -488,6 +488,7 @@ at::Tensor quantized_linear_bf16(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor out = tensors::empty({rows, n}, x.options());
 #if defined(QUANTIZED_AMX_BUILT)
   if (rows == 0) return out;
+  const int64_t panel_bytes = packed.size(1);
   const at::Tensor xb = x.to(at::kBFloat16).contiguous();
   const at::BFloat16* xp = xb.data_ptr<at::BFloat16>();
   const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;

@@ -18,7 +18,7 @@ leave out a few roundings of the same size. Each bound sits about 1.5x above the
 its format gives, and below what the format one bit coarser gives (every rounding
 twice as large): a wrong scale or a coarser rounding fails it.
 
-On a CPU where the quantized kernel does not run (it needs AVX512-VNNI and -BW:
+On a CPU where the quantized kernel does not run (it needs AVX2, FMA and F16C:
 kernels/cpu_isa.py) the engine dequantizes those weights at load instead, and the same
 comparisons hold: the tests run there too, checking that the weights were dequantized.
 """
