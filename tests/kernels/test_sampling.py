@@ -22,6 +22,8 @@ from hetero_infer.kernels.sampling import (
     truncated_weights_ref,
 )
 
+from tests.kernels.checks import refusals
+
 OPS = select_kernels("auto", torch.device("cpu")).ops
 
 
@@ -238,6 +240,164 @@ def test_kernel_never_draws_an_excluded_token():
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3))
     tokens, _ = OPS.sample(logits, tensors)
     assert set(tokens.tolist()) <= allowed
+
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+
+
+def sample_arguments(case: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The sampler's arguments for two rows of 64 tokens with every feature, then broken
+    as ``case`` says ("none": left whole)."""
+    tensors = SamplingTensors.build(
+        temperature=[0.0, 1.0],
+        top_k=[0, 5],
+        top_p=[1.0, 0.9],
+        min_p=[0.0, 0.1],
+        uniforms=torch.tensor([0.25, 0.75], dtype=torch.float64),
+        wants_logprob=[True, False],
+        penalties=[(0.5, 0.5, 1.1), (0.0, 0.0, 1.0)],
+        prompt_ids=[[1, 2], [3]],
+        output_ids=[[4], [5, 6]],
+        bias=[{7: 1.0}, {8: -1.0}],
+        banned=[{9}, {10}],
+        allowed=torch.full((2, 2), -1, dtype=torch.int32),
+    )
+    fields = dict(zip(tensors.__dataclass_fields__, tensors.fields(), strict=True))
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    match case.split(" ", 1):
+        case ["1-d", "logits"]:
+            logits = logits[0]
+        case ["strided", "logits"]:
+            logits = logits.t().contiguous().t()
+        case ["no", "vocabulary"]:
+            logits = logits[:, :0]
+        case [dtype, name] if dtype in DTYPES:
+            fields[name] = fields[name].to(DTYPES[dtype])
+        case ["3-row", name]:
+            fields[name] = torch.cat([fields[name], fields[name][:1]])
+        case ["2-d", name]:
+            fields[name] = fields[name][:, None]
+        case ["strided", name]:
+            fields[name] = torch.stack([fields[name], fields[name]], -1)[..., 0]
+        case ["unended", name]:
+            fields[name.replace("ids", "offsets")][-1] += 1
+        case ["past", name]:
+            fields[name][0] = 64
+        case ["negative", name]:
+            fields[name][0] = -1
+        case ["short", name]:
+            fields[name] = fields[name][:-1]
+        case ["narrow", name]:
+            fields[name] = fields[name][:, :1].contiguous()
+        case ["65", "tokens"]:
+            logits = torch.randn(2, 65)
+    return logits, fields
+
+
+SAMPLE_REFUSALS = {
+    r"logits must be a contiguous \[rows, vocab\]": [
+        "1-d logits",
+        "strided logits",
+        "no vocabulary",
+    ],
+    **{
+        rf"{name}: expected a contiguous \[rows\] tensor": [
+            f"{wrong} {name}",
+            f"3-row {name}",
+            f"2-d {name}",
+            f"strided {name}",
+        ]
+        for name, wrong in [
+            ("temperature", "fp64"),
+            ("top_k", "int32"),
+            ("top_p", "fp64"),
+            ("min_p", "fp64"),
+            ("uniforms", "fp32"),
+            ("wants_logprob", "int32"),
+            ("presence", "fp64"),
+            ("frequency", "fp64"),
+            ("repetition", "fp64"),
+        ]
+    },
+    **{
+        rf"{name}: expected a contiguous \[rows\] tensor": [f"int32 {offsets}", f"3-row {offsets}"]
+        for name, offsets in [
+            ("prompt_ids", "prompt_offsets"),
+            ("output_ids", "output_offsets"),
+            ("bias_ids", "bias_offsets"),
+            ("banned_ids", "banned_offsets"),
+        ]
+    },
+    **{
+        rf"{name}: int64 ids": [f"int32 {name}", f"strided {name}"]
+        for name in ["prompt_ids", "output_ids", "bias_ids", "banned_ids"]
+    },
+    **{
+        f"{name}: offsets do not end at ids": [f"unended {name}"]
+        for name in ["prompt_ids", "output_ids", "bias_ids", "banned_ids"]
+    },
+    **{
+        f"{name}: a token id is outside the vocabulary": [f"past {name}", f"negative {name}"]
+        for name in ["prompt_ids", "output_ids", "bias_ids", "banned_ids"]
+    },
+    "bias_values: one fp32 value per id": ["fp64 bias_values", "short bias_values"],
+    r"allowed: a contiguous \[rows, ceil\(vocab / 32\)\] int32 bit mask": [
+        "int64 allowed",
+        "3-row allowed",
+        "strided allowed",
+        "narrow allowed",
+        "65 tokens",
+    ],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(SAMPLE_REFUSALS))
+def test_the_sampler_refuses_what_it_cannot_read(case, message):
+    """Every argument's shape, dtype and layout, and the id lists' ends and range; a mask
+    of exactly ceil(vocab / 32) words (64 tokens: 2 of them) taken."""
+    kernels = load_cpu_kernels()
+    logits, fields = sample_arguments("none")
+    whole = SamplingTensors(**fields)
+    check_same(kernels.sample(logits, *whole.fields()), sample_ref(logits, whole))
+    logits, fields = sample_arguments(case)
+    with pytest.raises(RuntimeError, match=message):
+        kernels.sample(logits, *fields.values())
+
+
+PHILOX_REFUSALS = {
+    r"keys: a contiguous \[n\] int64 tensor": ["int32 keys", "2-d keys", "strided keys"],
+    r"counters: a contiguous \[n, 2\] int64 tensor": [
+        "int32 counters",
+        "1-d counters",
+        "3-row counters",
+        "3-column counters",
+        "strided counters",
+    ],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(PHILOX_REFUSALS))
+def test_philox_refuses_what_it_cannot_read(case, message):
+    keys, counters = torch.arange(2), torch.zeros(2, 2, dtype=torch.long)
+    match case:
+        case "int32 keys":
+            keys = keys.int()
+        case "2-d keys":
+            keys = keys[:, None]
+        case "strided keys":
+            keys = torch.arange(4)[::2]
+        case "int32 counters":
+            counters = counters.int()
+        case "1-d counters":
+            counters = counters.flatten()
+        case "3-row counters":
+            counters = torch.zeros(3, 2, dtype=torch.long)
+        case "3-column counters":
+            counters = torch.zeros(2, 3, dtype=torch.long)
+        case "strided counters":
+            counters = counters.t().contiguous().t()
+    with pytest.raises(RuntimeError, match=message):
+        load_cpu_kernels().philox_uniform(keys, counters)
 
 
 def sample_within(seconds: float, logits: torch.Tensor, tensors: SamplingTensors):
