@@ -29,6 +29,8 @@ from hetero_infer.kernels.quantized import (
     row_bytes,
 )
 
+from tests.kernels.checks import refusals
+
 
 def kernel_module():
     module = load_cpu_kernels()
@@ -236,7 +238,7 @@ def test_fp16_activations_go_through_fp32():
 
 
 @needs_kernel
-def test_pack_keeps_the_bytes_and_refuses_partial_panels():
+def test_pack_keeps_the_bytes():
     module = kernel_module()
     for qtype in KERNEL_TYPES:
         weight = raw_weight(qtype, 32, 512)
@@ -245,18 +247,123 @@ def test_pack_keeps_the_bytes_and_refuses_partial_panels():
         # 256 values); I8 adds its fp32 scale.
         extra = {"Q4_K": 4 * 512 // 256, "Q5_K": 4 * 512 // 256, INT8: 4}.get(qtype, 0)
         assert size == weight.data.numel() + 32 * extra
-    with pytest.raises(RuntimeError):
-        module.pack_quantized_weight(quantized("Q8_0", 40, 64).data, "Q8_0")
-    with pytest.raises(RuntimeError):
-        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q2_K")
-    int8 = raw_weight(INT8, 32, 64)
-    with pytest.raises(RuntimeError):  # I8 without its scales
-        module.pack_quantized_weight(int8.data.view(torch.uint8), INT8)
-    with pytest.raises(RuntimeError):  # scales for a type that has its own
-        module.pack_quantized_weight(quantized("Q8_0", 32, 64).data, "Q8_0", int8.scales)
-    x = randn(2, 64)
-    with pytest.raises(RuntimeError):  # the packed weight is for 576 inputs
-        module.quantized_linear(x, packed("Q8_0", 576, 576).packed, "Q8_0", None)
+
+
+def pack_arguments(case: str) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+    """pack_quantized_weight's arguments for 32 rows of 64 Q8_0 values (two 34-byte
+    blocks a row), then broken as ``case`` says ("none": left whole; "I8": 32 int8 rows
+    and their scales)."""
+    data, qtype, scales = torch.zeros(32, 68, dtype=torch.uint8), "Q8_0", None
+    if case.startswith("I8"):
+        int8 = raw_weight(INT8, 32, 64)
+        data, qtype, scales = int8.data.view(torch.uint8), INT8, int8.scales
+    match case:
+        case "Q2_K":
+            qtype = "Q2_K"
+        case "1-d data":
+            data = data.flatten()
+        case "int8 data":
+            data = data.view(torch.int8)
+        case "I8 without scales":
+            scales = None
+        case "Q8_0 with scales":
+            scales = torch.ones(32)
+        case "I8 with 31 scales":
+            scales = scales[:31]
+        case "24 rows":
+            data = data[:24]
+        case "a byte past the blocks":
+            data = torch.zeros(32, 69, dtype=torch.uint8)
+    return data, qtype, scales
+
+
+PACK_REFUSALS = {
+    "quantized_linear does not take Q2_K": ["Q2_K"],
+    r"data \[N, row_bytes\] uint8": ["1-d data", "int8 data"],
+    r"scales \[N\] go with I8 weights, and only with them": [
+        "I8 without scales",
+        "Q8_0 with scales",
+    ],
+    r"scales \[N\]$": ["I8 with 31 scales"],
+    "N must be a multiple of 16": ["24 rows"],
+    "row_bytes must be whole Q8_0 blocks": ["a byte past the blocks"],
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize(("case", "message"), refusals(PACK_REFUSALS))
+def test_pack_refuses_what_it_cannot_lay_out(case, message):
+    module = kernel_module()
+    assert module.pack_quantized_weight(*pack_arguments("none")).shape == (2, 16 * 68)
+    assert module.pack_quantized_weight(*pack_arguments("I8")).shape == (2, 16 * (64 + 4))
+    with pytest.raises(RuntimeError, match=message):
+        module.pack_quantized_weight(*pack_arguments(case))
+
+
+def linear_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, str, torch.Tensor, int]:
+    """quantized_linear's arguments for 2 rows times 32 x 64 Q8_0 weights, with a bias,
+    then broken as ``case`` says ("none": left whole)."""
+    x, weight = randn(2, 64), packed("Q8_0", 32, 64).packed
+    qtype, bias, bits = "Q8_0", torch.zeros(32), 8
+    match case:
+        case "Q2_K":
+            qtype = "Q2_K"
+        case "4-bit activations":
+            bits = 4
+        case "32-bit activations":
+            bits = 32
+        case "1-d x":
+            x = x.flatten()
+        case "3-d x":
+            x = x[None]
+        case "fp16 x":
+            x = x.half()
+        case "int64 x":
+            x = x.long()
+        case "x off the CPU":
+            x = x.to("meta")
+        case "48 inputs":
+            x = randn(2, 48)
+        case "128 inputs":
+            x = randn(2, 128)
+        case "1-d weight":
+            weight = weight.flatten()
+        case "int8 weight":
+            weight = weight.view(torch.int8)
+        case "strided weight":
+            weight = torch.stack([weight, weight], -1)[..., 0]
+        case "33 biases":
+            bias = torch.zeros(33)
+    return x, weight, qtype, bias, bits
+
+
+LINEAR_REFUSALS = {
+    "quantized_linear does not take Q2_K": ["Q2_K"],
+    "activation_bits is 8 or 16": ["4-bit activations", "32-bit activations"],
+    r"x \[M, K\] bf16 or fp32 on the CPU": [
+        "1-d x",
+        "3-d x",
+        "fp16 x",
+        "int64 x",
+        "x off the CPU",
+    ],
+    "K must be whole Q8_0 blocks": ["48 inputs"],
+    "packed weight does not fit x": ["128 inputs", "1-d weight", "int8 weight", "strided weight"],
+    r"bias \[N\]": ["33 biases"],
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize(("case", "message"), refusals(LINEAR_REFUSALS))
+def test_the_kernel_refuses_what_it_cannot_multiply(case, message):
+    """Each check; a whole call taken with 8- and 16-bit activations and without a bias."""
+    module = kernel_module()
+    x, weight, qtype, bias, _ = linear_arguments("none")
+    for bits in (8, 16):
+        assert module.quantized_linear(x, weight, qtype, bias, bits).shape == (2, 32)
+    assert module.quantized_linear(x, weight, qtype, None).shape == (2, 32)
+    with pytest.raises(RuntimeError, match=message):
+        module.quantized_linear(*linear_arguments(case))
 
 
 def wide(weight: QuantizedWeight) -> QuantizedWeight:
@@ -344,13 +451,6 @@ def test_activation_bits_travel_with_the_weight():
     assert concat_rows([weight, quantized("Q4_0", 64, 128)]) is None  # one kernel call: one width
     with pytest.raises(AssertionError):
         dataclasses.replace(weight, activation_bits=4)
-
-
-@needs_kernel
-def test_the_kernel_refuses_other_activation_widths():
-    linear = packed("Q8_0", 576, 576)
-    with pytest.raises(RuntimeError):
-        kernel_module().quantized_linear(randn(2, 576), linear.packed, "Q8_0", None, 4)
 
 
 class NoKernel:
