@@ -270,3 +270,39 @@ def test_pixel_levels_look_up_each_channels_level(contiguous):
     got = pixel_levels(tiles, levels)
     expected = torch.stack([levels[c][tiles[:, c].long()] for c in range(3)], dim=1)
     assert got.is_contiguous() and torch.equal(got, expected)
+
+
+PIXEL_LEVELS_REFUSALS = {
+    r"pixels must be uint8 \[n, channels, height, width\]": ["3-d pixels", "int32 pixels"],
+    r"levels must be a contiguous float32 \[channels, 256\]": [
+        "1-d levels",
+        "levels of 2 channels",
+        "255 levels",
+        "fp64 levels",
+        "strided levels",
+    ],
+}
+
+
+@pytest.mark.parametrize(("case", "message"), refusals(PIXEL_LEVELS_REFUSALS))
+def test_pixel_levels_refuse_what_they_cannot_read(case, message):
+    pixels, levels = torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(3, 256)
+    look_up = load_cpu_kernels().pixel_levels
+    assert look_up(pixels, levels, True).shape == (1, 3, 2, 2)
+    match case:
+        case "3-d pixels":
+            pixels = pixels[0]
+        case "int32 pixels":
+            pixels = pixels.int()
+        case "1-d levels":
+            levels = levels.flatten()
+        case "levels of 2 channels":
+            levels = levels[:2]
+        case "255 levels":
+            levels = levels[:, :255].contiguous()
+        case "fp64 levels":
+            levels = levels.double()
+        case "strided levels":
+            levels = torch.stack([levels, levels], -1)[..., 0]
+    with pytest.raises(RuntimeError, match=message):
+        look_up(pixels, levels, True)
