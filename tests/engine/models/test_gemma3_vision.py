@@ -17,7 +17,8 @@ from hetero_infer.engine import loader
 from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, family_of
 from hetero_infer.engine.models.gemma3_mm import Gemma3ForConditionalGeneration
-from hetero_infer.engine.models.gemma3_vision import Gemma3Vision
+from hetero_infer.engine.models.gemma3_vision import Gemma3Vision, GemmaRMSNorm
+from hetero_infer.engine.models.siglip import SiglipVisionConfig
 from hetero_infer.engine.worker.model_loader import load_model
 from hetero_infer.kernels import select_kernels
 from PIL import Image
@@ -104,6 +105,38 @@ def test_encode_in_the_weights_dtype(folder: Path, state_dict: dict[str, torch.T
     assert half.dtype == torch.bfloat16
     # bf16 keeps 8 bits: a few percent of the features' spread, through 2 layers
     torch.testing.assert_close(half.float(), full, rtol=0.1, atol=0.1 * full.std().item())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"vision_config": {"image_size": 256}}, {"mm_tokens_per_image": 49}],
+    ids=["image size", "tokens per image"],
+)
+def test_a_config_without_vision_keys_takes_transformers_defaults(config: dict) -> None:
+    """transformers saves only what differs from its defaults: a config.json without them
+    builds what Gemma3Config's defaults build. (Not all of them: SigLIP's 224 pixels make
+    14 x 14 patches, which Gemma 3's 256 tokens do not pool.)"""
+    with torch.device("meta"):
+        vision = Gemma3Vision.from_hf(config)
+    hf = transformers.Gemma3Config(**config)
+    assert vision.vision_model.config == SiglipVisionConfig.from_hf(hf.vision_config.to_dict())
+    assert vision.mm_tokens_per_image == hf.mm_tokens_per_image
+    projection = vision.multi_modal_projector.mm_input_projection_weight
+    assert projection.shape == (hf.vision_config.hidden_size, hf.text_config.hidden_size)
+
+
+def test_the_projector_norm_is_gemmas_where_its_epsilon_counts() -> None:
+    """Features near zero, where the epsilon under the root is most of the mean square."""
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0)) * 1e-3
+    ours = GemmaRMSNorm(8, eps=1e-6)
+    theirs = transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm(8, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.normal_(generator=torch.Generator().manual_seed(1))
+        theirs.weight.copy_(ours.weight)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-6, atol=0)
+    without = GemmaRMSNorm(8, eps=0.0)
+    without.load_state_dict(ours.state_dict())
+    assert not torch.allclose(ours(x), without(x), rtol=0.1)  # the epsilon counts here
 
 
 def test_load_weights_names_what_is_missing(
