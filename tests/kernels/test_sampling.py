@@ -247,7 +247,10 @@ DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "int32": torch.int32, "i
 
 def sample_arguments(case: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The sampler's arguments for two rows of 64 tokens with every feature, then broken
-    as ``case`` says ("none": left whole)."""
+    as ``case`` says: "<how> <argument>", how being a dtype, a row too many ("3-row"),
+    "2-d", "strided", an id list's offsets past its ids ("unended"), an id past the
+    vocabulary or below 0 ("past", "negative"), a value short, a mask a word "narrow"
+    ("none": left whole)."""
     tensors = SamplingTensors.build(
         temperature=[0.0, 1.0],
         top_k=[0, 5],
