@@ -135,6 +135,20 @@ def test_load_weights_names_what_is_missing(
         vision.load_weights(partial)
 
 
+def test_a_config_without_vision_keys_takes_transformers_defaults() -> None:
+    """transformers saves only what differs from its defaults: a config.json that leaves
+    out every vision key builds the tower Qwen2_5_VLConfig's defaults describe."""
+    defaults = transformers.Qwen2_5_VLConfig().vision_config.to_dict()
+
+    def described(config: dict) -> tuple:
+        with torch.device("meta"):
+            vision = Qwen2_5_VLVision.from_hf(config)
+        shapes = {name: t.shape for name, t in vision.state_dict().items()}
+        return shapes, vision.patch_size, vision.window, vision.fullatt_blocks, vision.rope_dim
+
+    assert described({}) == described({"vision_config": defaults})
+
+
 def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> None:
     """The folder's tokenizer, template and image processor make Qwen2_5_VLProcessor's
     inputs (AutoProcessor's where torchvision is installed), on which its model generates."""
