@@ -19,6 +19,7 @@ from hetero_infer.engine.models import ModelConfig
 from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, family_of
 from hetero_infer.engine.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from hetero_infer.engine.models.qwen2_5_vl_vision import Qwen2_5_VLVision
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.worker.model_loader import load_model
 from hetero_infer.kernels import select_kernels
 from PIL import Image
@@ -111,6 +112,50 @@ def test_encode_matches_transformers(
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     # One image alone gives its rows of the three.
     torch.testing.assert_close(vision.encode(per_image(processed)[1:2]), expected[24:78])
+
+
+@pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
+def test_other_activations_and_rope_bases_match_transformers(
+    folder: Path,
+    tmp_path: Path,
+    state_dict: dict[str, torch.Tensor],
+    processed: transformers.BatchFeature,
+    act: str,
+) -> None:
+    """The tiny tower's weights under another MLP activation and RoPE base (the tiny
+    model has silu and 10,000), as transformers reads them from a config.json."""
+    variant = tmp_path / "variant"
+    shutil.copytree(folder, variant)
+    config = json.loads((folder / "config.json").read_text())
+    rope = {"rope_type": "axial", "rope_theta": 50.0}
+    config["vision_config"] |= {"hidden_act": act, "rope_parameters": rope}
+    (variant / "config.json").write_text(json.dumps(config))
+    hf_model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        variant, dtype=torch.float32
+    ).eval()
+    expected = hf_features(hf_model, processed)
+    ours = build(variant, state_dict).encode(per_image(processed))
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours, build(folder, state_dict).encode(per_image(processed)))
+
+
+@pytest.mark.parametrize(
+    ("vision_config", "message"),
+    [
+        ({"hidden_size": 30, "num_heads": 4}, "4 heads of 30 dims"),
+        ({"hidden_size": 24, "num_heads": 4}, "4 heads of 24 dims"),  # 6 each
+        ({"window_size": 27}, "window_size 27 too small"),
+    ],
+    ids=["heads do not divide", "not 4k dims a head", "window under a merged patch"],
+)
+def test_towers_it_cannot_build_are_refused(vision_config: dict, message: str) -> None:
+    """Each axis of the 2D RoPE takes a quarter of a head's dims in pairs; a window of
+    fewer pixels than a merged patch (2 x 14) holds none."""
+    with torch.device("meta"), pytest.raises(ConfigError, match=message):
+        Qwen2_5_VLVision.from_hf({"vision_config": vision_config})
+    edges = {"hidden_size": 16, "num_heads": 4, "window_size": 28}  # 4 dims, a window of 1
+    with torch.device("meta"):
+        assert Qwen2_5_VLVision.from_hf({"vision_config": edges}).window == 1
 
 
 def test_encode_in_the_weights_dtype(
