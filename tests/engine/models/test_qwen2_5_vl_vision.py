@@ -114,6 +114,30 @@ def test_encode_matches_transformers(
     torch.testing.assert_close(vision.encode(per_image(processed)[1:2]), expected[24:78])
 
 
+def test_a_window_of_one_merged_patch_matches_transformers(
+    folder: Path, hf_model: transformers.PreTrainedModel, state_dict: dict[str, torch.Tensor]
+) -> None:
+    """A 40 x 24 image: 3 x 5 merged patches in windows of 2 x 2, the last of them one
+    merged patch alone."""
+    image = Image.new("RGB", (40, 24), (9, 99, 199))
+    processed = pil_image_processor(folder)([image], return_tensors="pt")
+    assert processed["image_grid_thw"].tolist() == [[1, 6, 10]]
+    vision = build(folder, state_dict)
+    assert vision.window_order(6, 10)[1] == [16, 16, 8, 8, 8, 4]
+    expected = hf_features(hf_model, processed)
+    torch.testing.assert_close(vision.encode(per_image(processed)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grid", [(5, 4), (4, 5)])
+def test_a_grid_that_does_not_merge_is_refused(
+    folder: Path, state_dict: dict[str, torch.Tensor], grid: tuple[int, int]
+) -> None:
+    vision = build(folder, state_dict)
+    patch_values = 3 * 2 * 4 * 4  # channels x temporal patch x patch side squared
+    with pytest.raises(ValueError, match=f"a {grid[0]} x {grid[1]} patch grid does not merge"):
+        vision.encode([torch.zeros(*grid, patch_values)])
+
+
 @pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
 def test_other_activations_and_rope_bases_match_transformers(
     folder: Path,
