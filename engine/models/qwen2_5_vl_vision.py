@@ -222,9 +222,9 @@ class Qwen2_5_VLVision(nn.Module):
             torch.arange(h * w).view(h, w), (0, cols * size - w, 0, rows * size - h), value=-1
         )
         index = index.view(rows, size, cols, size).permute(0, 2, 1, 3).reshape(rows * cols, -1)
-        counts = (index >= 0).sum(1)
+        counts = (index >= 0).sum(1)  # none is 0: ceil(h / size) x ceil(w / size) windows
         unit = self.merge_size**2
-        return index[index >= 0], [int(c) * unit for c in counts if c > 0]
+        return index[index >= 0], [int(c) * unit for c in counts]
 
     def positions(self, grid_h: int, grid_w: int) -> torch.Tensor:
         """[grid_h * grid_w, 2]: each patch's (row, column), in the processor's order."""
