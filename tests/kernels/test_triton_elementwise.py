@@ -98,3 +98,32 @@ def test_silu_and_mul(dtype, num_rows, d):
     gen = torch.Generator().manual_seed(d)
     x = strided_rows(num_rows, 2 * d, dtype, gen)
     assert_close(silu_and_mul_triton(x), silu_and_mul_ref(x), dtype)
+
+
+def test_rms_norm_where_its_epsilon_counts():
+    """Rows near zero, where the epsilon under the root is most of the mean square."""
+    gen = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(3, 64, generator=gen) * 1e-3 for _ in range(2))
+    weight = torch.randn(64, generator=gen)
+    expected = rms_norm_ref(x, weight, 1e-5)
+    assert_close(rms_norm_triton(x, weight, 1e-5), expected, torch.float32)
+    assert not torch.allclose(expected, rms_norm_ref(x, weight, 0.0), rtol=0.1)
+    fused = fused_add_rms_norm_triton(x, residual, weight, 1e-5)[0]
+    assert_close(fused, fused_add_rms_norm_ref(x, residual, weight, 1e-5)[0], torch.float32)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, w: silu_and_mul_triton(x[:, :63]),
+        lambda x, w: rms_norm_triton(x, w[:63], 1e-5),
+        lambda x, w: rms_norm_triton(x, torch.stack([w, w], 1)[:, 0], 1e-5),
+        lambda x, w: fused_add_rms_norm_triton(x, x[:2], w, 1e-5),
+        lambda x, w: fused_add_rms_norm_triton(x, x.double(), w, 1e-5),
+    ],
+    ids=["odd width", "short weight", "strided weight", "residual rows", "residual dtype"],
+)
+def test_shapes_the_kernels_cannot_take_are_refused(call):
+    x, weight = torch.ones(3, 64), torch.ones(64)
+    with pytest.raises(AssertionError):
+        call(x, weight)
