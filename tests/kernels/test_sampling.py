@@ -259,8 +259,8 @@ def sample_arguments(case: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         uniforms=torch.tensor([0.25, 0.75], dtype=torch.float64),
         wants_logprob=[True, False],
         penalties=[(0.5, 0.5, 1.1), (0.0, 0.0, 1.0)],
-        prompt_ids=[[1, 2], [3]],
-        output_ids=[[4], [5, 6]],
+        prompt_ids=[[0, 2], [3]],  # token 0 and 63, the vocabulary's ends
+        output_ids=[[4], [5, 63]],
         bias=[{7: 1.0}, {8: -1.0}],
         banned=[{9}, {10}],
         allowed=torch.full((2, 2), -1, dtype=torch.int32),
@@ -382,6 +382,7 @@ PHILOX_REFUSALS = {
 @pytest.mark.parametrize(("case", "message"), refusals(PHILOX_REFUSALS))
 def test_philox_refuses_what_it_cannot_read(case, message):
     keys, counters = torch.arange(2), torch.zeros(2, 2, dtype=torch.long)
+    assert load_cpu_kernels().philox_uniform(keys, counters).shape == (2,)
     match case:
         case "int32 keys":
             keys = keys.int()
