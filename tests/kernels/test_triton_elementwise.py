@@ -127,3 +127,47 @@ def test_shapes_the_kernels_cannot_take_are_refused(call):
     x, weight = torch.ones(3, 64), torch.ones(64)
     with pytest.raises(AssertionError):
         call(x, weight)
+
+
+def rotary_inputs(num_tokens: int) -> tuple[torch.Tensor, ...]:
+    """positions, q [tokens, 4, 16], k [tokens, 2, 16], cos and sin for 32 positions."""
+    gen = torch.Generator().manual_seed(num_tokens)
+    cos, sin = rope_cos_sin(rope_inv_freq(16, 10000.0, None), 32)
+    positions = torch.randint(0, 32, (num_tokens,), generator=gen)
+    q, k = (
+        torch.randn(num_tokens, 4, 16, generator=gen),
+        torch.randn(num_tokens, 2, 16, generator=gen),
+    )
+    return positions, q, k, cos, sin
+
+
+def test_rotary_of_one_token_defaults_to_neox():
+    """A decode step's single token, the layout not named (as the kernels' callers leave
+    it for the neox layout)."""
+    inputs = rotary_inputs(1)
+    for out, expected in zip(rotary_triton(*inputs), rotary_ref(*inputs, True), strict=True):
+        assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "sin of other positions",
+        "tables of other widths",
+        "a position too many",
+        "strided positions",
+    ],
+)
+def test_rotary_refuses_tables_and_positions_that_do_not_fit(case):
+    positions, q, k, cos, sin = rotary_inputs(3)
+    match case:
+        case "sin of other positions":
+            sin = sin[:16]
+        case "tables of other widths":
+            cos, sin = cos[:, :8].contiguous(), sin[:, :8].contiguous()
+        case "a position too many":
+            positions = torch.cat([positions, positions[:1]])
+        case "strided positions":
+            positions = torch.stack([positions, positions], 1)[:, 0]
+    with pytest.raises(AssertionError):
+        rotary_triton(positions, q, k, cos, sin)
