@@ -204,18 +204,32 @@ def test_load_weights_names_what_is_missing(
         vision.load_weights(partial)
 
 
+def described(config: dict | transformers.PretrainedConfig) -> tuple:
+    """What a tower built from ``config`` is made of: its tensors' shapes, its patch and
+    window sizes, its full-attention blocks and RoPE's share of a head."""
+    with torch.device("meta"):
+        vision = Qwen2_5_VLVision.from_hf(config)
+    shapes = {name: t.shape for name, t in vision.state_dict().items()}
+    return shapes, vision.patch_size, vision.window, vision.fullatt_blocks, vision.rope_dim
+
+
 def test_a_config_without_vision_keys_takes_transformers_defaults() -> None:
     """transformers saves only what differs from its defaults: a config.json that leaves
     out every vision key builds the tower Qwen2_5_VLConfig's defaults describe."""
     defaults = transformers.Qwen2_5_VLConfig().vision_config.to_dict()
-
-    def described(config: dict) -> tuple:
-        with torch.device("meta"):
-            vision = Qwen2_5_VLVision.from_hf(config)
-        shapes = {name: t.shape for name, t in vision.state_dict().items()}
-        return shapes, vision.patch_size, vision.window, vision.fullatt_blocks, vision.rope_dim
-
     assert described({}) == described({"vision_config": defaults})
+
+
+def test_the_hubs_other_names_and_a_config_object_build_the_same_tower() -> None:
+    """The Hub's first configs name heads, layers and channels as other ViTs do; a
+    transformers Qwen2_5_VLConfig is read as its dict."""
+    sizes = {"hidden_size": 64, "intermediate_size": 48, "out_hidden_size": 64}
+    ours = {"num_heads": 4, "depth": 2, "in_channels": 1, **sizes}
+    hubs = {"num_attention_heads": 4, "num_hidden_layers": 2, "in_chans": 1, **sizes}
+    tower = described({"vision_config": ours})
+    assert tower != described({"vision_config": sizes})  # each name changes the tower
+    assert described({"vision_config": hubs}) == tower
+    assert described(transformers.Qwen2_5_VLConfig(vision_config=ours)) == tower
 
 
 def test_tiny_folder(folder: Path, hf_model: transformers.PreTrainedModel) -> None:
