@@ -19,6 +19,7 @@ from hetero_infer.engine.models.architectures import BY_GGUF_ARCH, family_of
 from hetero_infer.engine.models.gemma3_mm import Gemma3ForConditionalGeneration
 from hetero_infer.engine.models.gemma3_vision import Gemma3Vision, GemmaRMSNorm
 from hetero_infer.engine.models.siglip import SiglipVisionConfig
+from hetero_infer.engine.settings.exceptions import ConfigError
 from hetero_infer.engine.worker.model_loader import load_model
 from hetero_infer.kernels import select_kernels
 from PIL import Image
@@ -120,6 +121,8 @@ def test_a_config_without_vision_keys_takes_transformers_defaults(config: dict) 
         vision = Gemma3Vision.from_hf(config)
     hf = transformers.Gemma3Config(**config)
     assert vision.vision_model.config == SiglipVisionConfig.from_hf(hf.vision_config.to_dict())
+    with torch.device("meta"):  # a config object is read as its dict
+        assert Gemma3Vision.from_hf(hf).vision_model.config == vision.vision_model.config
     assert vision.mm_tokens_per_image == hf.mm_tokens_per_image
     projection = vision.multi_modal_projector.mm_input_projection_weight
     assert projection.shape == (hf.vision_config.hidden_size, hf.text_config.hidden_size)
@@ -147,6 +150,30 @@ def test_load_weights_names_what_is_missing(
     partial = {k: v for k, v in state_dict.items() if "mm_soft_emb_norm" not in k}
     with pytest.raises(ValueError, match="mm_soft_emb_norm"):
         vision.load_weights(partial)
+
+
+def test_a_layer_missing_one_of_its_projections_is_named(
+    folder: Path, state_dict: dict[str, torch.Tensor]
+) -> None:
+    """q, k and v join into one product at load only where all three are there."""
+    config = json.loads((folder / "config.json").read_text())
+    vision = Gemma3Vision.from_hf(config)
+    partial = {k: v for k, v in state_dict.items() if not k.endswith("0.self_attn.k_proj.bias")}
+    assert len(partial) == len(state_dict) - 1
+    with pytest.raises(ConfigError, match=r"missing \[.*layers\.0\.self_attn\.qkv_proj\.bias"):
+        vision.load_weights(partial)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "image_size"), [(50, 256), (36, 256)], ids=["not a square", "not a divisor"]
+)
+def test_tokens_per_image_that_do_not_pool_the_patches_are_refused(
+    tokens: int, image_size: int
+) -> None:
+    """16 x 16 patches pool into 4, 16, 64 or 256 tokens, not 50 (no square) nor 36."""
+    config = {"mm_tokens_per_image": tokens, "vision_config": {"image_size": image_size}}
+    with torch.device("meta"), pytest.raises(ConfigError, match=f"mm_tokens_per_image {tokens}"):
+        Gemma3Vision.from_hf(config)
 
 
 def text_fields(config: ModelConfig) -> ModelConfig:
