@@ -3,9 +3,15 @@ embeds the patches as torch's convolution does (one projection of each patch's p
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-from hetero_infer.engine.models.siglip import SiglipVisionConfig, SiglipVisionEmbeddings
+from hetero_infer.engine.models.layers import pack_linears
+from hetero_infer.engine.models.siglip import (
+    SiglipVisionConfig,
+    SiglipVisionEmbeddings,
+    SiglipVisionTransformer,
+)
 from hetero_infer.kernels import KernelOps
 
 
@@ -30,3 +36,14 @@ def test_the_patch_projection_is_the_checkpoints_convolution() -> None:
     expected = convolved.flatten(2).transpose(1, 2) + positions
     # fp32 sums of 48 products, in another order: ~1e-6 apart on some CPUs
     torch.testing.assert_close(embeddings(pixels), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 4), (2, 1, 8, 8), (3, 8, 8), (1, 2, 3, 8, 8)])
+def test_pixel_values_of_another_shape_are_refused(shape: tuple[int, ...]) -> None:
+    config = SiglipVisionConfig(8, 16, 1, 2, image_size=8, patch_size=4)
+    tower = SiglipVisionTransformer(config, KernelOps())
+    pack_linears(tower)
+    assert tower(torch.zeros(2, 3, 8, 8)).shape == (2, 4, 8)  # 4 patches of 8 values each
+    expected = rf"pixel values of shape \({shape[0]}, .* takes \[tiles, 3, 8, 8\]"
+    with pytest.raises(ValueError, match=expected):
+        tower(torch.zeros(shape))
