@@ -16,6 +16,7 @@ from hetero_infer.engine.models.idefics3_vision import (
     fractional_position_ids,
     pixel_shuffle,
 )
+from hetero_infer.engine.models.siglip import SiglipVisionConfig
 from hetero_infer.engine.multimodal.idefics3_images import Idefics3ImageProcessor
 from safetensors.torch import load_file
 
@@ -106,6 +107,25 @@ def test_encode_in_the_weights_dtype(folder: Path, state_dict: dict[str, torch.T
     assert half.dtype == torch.bfloat16
     # bf16 keeps 8 bits: a few percent of the features' spread, through 2 layers
     torch.testing.assert_close(half.float(), full, rtol=0.1, atol=0.1 * full.std().item())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"vision_config": {"image_size": 256}}, {"scale_factor": 7}],
+    ids=["image size", "scale factor"],
+)
+def test_a_config_without_vision_keys_takes_transformers_defaults(config: dict) -> None:
+    """transformers saves only what differs from its defaults: a config.json without them
+    builds what Idefics3Config's defaults build. (Not all of them: 224 pixels in patches
+    of 32 make 7 a side, which a scale factor of 2 does not split.)"""
+    hf = transformers.Idefics3Config(**config)
+    with torch.device("meta"):
+        vision = Idefics3Vision.from_hf(config)
+        assert Idefics3Vision.from_hf(hf).vision_model.config == vision.vision_model.config
+    assert vision.vision_model.config == SiglipVisionConfig.from_hf(hf.vision_config.to_dict())
+    assert vision.scale_factor == hf.scale_factor
+    vision_hidden = hf.vision_config.hidden_size * hf.scale_factor**2
+    assert vision.projection.weight.shape == (hf.text_config.hidden_size, vision_hidden)
 
 
 def test_load_weights_names_what_is_missing(
