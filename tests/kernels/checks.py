@@ -52,3 +52,10 @@ def refusals(table: Mapping[str, Mapping[str, Any] | Sequence[str]]) -> list[Any
         named = cases.items() if isinstance(cases, Mapping) else ((case, case) for case in cases)
         params += [pytest.param(case, message, id=name) for name, case in named]
     return params
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in its shape, as a view that is not contiguous (each value every
+    other element of a buffer twice its size): what a kernel that reads rows in place
+    refuses."""
+    return torch.stack([t, t], -1)[..., 0]

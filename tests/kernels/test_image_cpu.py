@@ -18,7 +18,7 @@ from hetero_infer.kernels import image_cpu
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.image_cpu import pixel_levels, resize_like_pillow
 
-from tests.kernels.checks import refusals
+from tests.kernels.checks import refusals, strided
 
 Resampling = PIL.Image.Resampling
 FILTERS = [
@@ -143,32 +143,20 @@ def resample_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     """(image, bounds, weights) of a 4 x 5 RGB image resampled to 2 outputs along either
     axis (the second's 2 taps, as many as its weights, end on the last row), but for
     ``case``."""
-    image = torch.zeros(4, 5, 3, dtype=torch.uint8)
-    bounds = torch.tensor([[0, 1], [2, 2]], dtype=torch.int32)
-    weights = torch.ones(2, 2, dtype=torch.int32)
+    parts = {
+        "image": torch.zeros(4, 5, 3, dtype=torch.uint8),
+        "bounds": torch.tensor([[0, 1], [2, 2]], dtype=torch.int32),
+        "weights": torch.ones(2, 2, dtype=torch.int32),
+    }
+    bounds = parts["bounds"]
+    how, _, name = case.partition(" ")  # "<how> <part>" for the layouts and dtypes
     match case:
         case "2-d image":
-            image = image[..., 0]
-        case "int32 image":
-            image = image.int()
-        case "strided image":
-            image = image.transpose(0, 1).contiguous().transpose(0, 1)
-        case "1-d bounds":
-            bounds = bounds.flatten()
+            parts["image"] = parts["image"][..., 0]
         case "bounds of 3":
-            bounds = torch.zeros(2, 3, dtype=torch.int32)
-        case "int64 bounds":
-            bounds = bounds.long()
-        case "strided bounds":
-            bounds = bounds.t().contiguous().t()
-        case "1-d weights":
-            weights = weights.flatten()
+            parts["bounds"] = torch.zeros(2, 3, dtype=torch.int32)
         case "weights of 3 outputs":
-            weights = torch.ones(3, 2, dtype=torch.int32)
-        case "int64 weights":
-            weights = weights.long()
-        case "strided weights":
-            weights = weights.t().contiguous().t()
+            parts["weights"] = torch.ones(3, 2, dtype=torch.int32)
         case "a start before the image":
             bounds[0, 0] = -1
         case "negative taps":
@@ -178,8 +166,14 @@ def resample_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
         case "taps past the image":
             bounds[1, 0] = 4
         case "5 channels":
-            image = torch.zeros(4, 5, 5, dtype=torch.uint8)
-    return image, bounds, weights
+            parts["image"] = torch.zeros(4, 5, 5, dtype=torch.uint8)
+        case _ if how == "1-d":
+            parts[name] = parts[name].flatten()
+        case _ if how in ("int32", "int64"):
+            parts[name] = parts[name].to(getattr(torch, how))
+        case _ if how == "strided":
+            parts[name] = strided(parts[name])
+    return parts["image"], parts["bounds"], parts["weights"]
 
 
 RESAMPLE_REFUSALS = {
@@ -303,6 +297,6 @@ def test_pixel_levels_refuse_what_they_cannot_read(case, message):
         case "fp64 levels":
             levels = levels.double()
         case "strided levels":
-            levels = torch.stack([levels, levels], -1)[..., 0]
+            levels = strided(levels)
     with pytest.raises(RuntimeError, match=message):
         look_up(pixels, levels, True)

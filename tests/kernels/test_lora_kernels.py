@@ -10,7 +10,7 @@ import torch
 from hetero_infer.kernels.cpu_extension import load_cpu_kernels
 from hetero_infer.kernels.lora import add_lora_ref, cpu_lora_ops, pack_lora_ref
 
-from tests.kernels.checks import assert_close, refusals
+from tests.kernels.checks import assert_close, refusals, strided
 
 IN, COLUMNS = 72, 120  # q 72 columns, k and v 24 each
 
@@ -248,7 +248,7 @@ def lora_add_arguments(case: str) -> tuple:
         case "out of fewer tokens":
             out = out[:3]
         case "strided out":
-            out = out.t().contiguous().t()
+            out = strided(out)
         case "fp16 out":
             out = out.half()
         case "fp32 x":

@@ -29,7 +29,7 @@ from hetero_infer.kernels.quantized import (
     row_bytes,
 )
 
-from tests.kernels.checks import refusals
+from tests.kernels.checks import refusals, strided
 
 
 def kernel_module():
@@ -331,7 +331,7 @@ def linear_arguments(case: str) -> tuple[torch.Tensor, torch.Tensor, str, torch.
         case "int8 weight":
             weight = weight.view(torch.int8)
         case "strided weight":
-            weight = torch.stack([weight, weight], -1)[..., 0]
+            weight = strided(weight)
         case "33 biases":
             bias = torch.zeros(33)
     return x, weight, qtype, bias, bits

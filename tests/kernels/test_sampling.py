@@ -22,7 +22,7 @@ from hetero_infer.kernels.sampling import (
     truncated_weights_ref,
 )
 
-from tests.kernels.checks import refusals
+from tests.kernels.checks import refusals, strided
 
 OPS = select_kernels("auto", torch.device("cpu")).ops
 
@@ -271,7 +271,7 @@ def sample_arguments(case: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         case ["1-d", "logits"]:
             logits = logits[0]
         case ["strided", "logits"]:
-            logits = logits.t().contiguous().t()
+            logits = strided(logits)
         case ["no", "vocabulary"]:
             logits = logits[:, :0]
         case [dtype, name] if dtype in DTYPES:
@@ -281,7 +281,7 @@ def sample_arguments(case: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         case ["2-d", name]:
             fields[name] = fields[name][:, None]
         case ["strided", name]:
-            fields[name] = torch.stack([fields[name], fields[name]], -1)[..., 0]
+            fields[name] = strided(fields[name])
         case ["unended", name]:
             fields[name.replace("ids", "offsets")][-1] += 1
         case ["past", name]:
@@ -399,7 +399,7 @@ def test_philox_refuses_what_it_cannot_read(case, message):
         case "3-column counters":
             counters = torch.zeros(2, 3, dtype=torch.long)
         case "strided counters":
-            counters = counters.t().contiguous().t()
+            counters = strided(counters)
     with pytest.raises(RuntimeError, match=message):
         load_cpu_kernels().philox_uniform(keys, counters)
 

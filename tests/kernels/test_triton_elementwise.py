@@ -18,7 +18,7 @@ from hetero_infer.kernels.rotary import rope_cos_sin, rope_inv_freq, rotary_ref 
 from hetero_infer.kernels.rotary_triton import rotary_triton  # noqa: E402
 from hetero_infer.kernels.triton_utils import DeviceInfo  # noqa: E402
 
-from tests.kernels.checks import assert_close  # noqa: E402
+from tests.kernels.checks import assert_close, strided  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
@@ -117,7 +117,7 @@ def test_rms_norm_where_its_epsilon_counts():
     [
         lambda x, w: silu_and_mul_triton(x[:, :63]),
         lambda x, w: rms_norm_triton(x, w[:63], 1e-5),
-        lambda x, w: rms_norm_triton(x, torch.stack([w, w], 1)[:, 0], 1e-5),
+        lambda x, w: rms_norm_triton(x, strided(w), 1e-5),
         lambda x, w: fused_add_rms_norm_triton(x, x[:2], w, 1e-5),
         lambda x, w: fused_add_rms_norm_triton(x, x.double(), w, 1e-5),
     ],
@@ -168,6 +168,6 @@ def test_rotary_refuses_tables_and_positions_that_do_not_fit(case):
         case "a position too many":
             positions = torch.cat([positions, positions[:1]])
         case "strided positions":
-            positions = torch.stack([positions, positions], 1)[:, 0]
+            positions = strided(positions)
     with pytest.raises(AssertionError):
         rotary_triton(positions, q, k, cos, sin)
