@@ -297,8 +297,10 @@ class RequestTracker:
     def __init__(self, metrics: ServerMetrics, final_only: bool = False) -> None:
         self.metrics = metrics
         self.final_only = final_only
-        self.last_token_time: float | None = None
-        self.generated: dict[str, int] = {}  # tokens so far, by choice (its request id)
+        # By choice (its request id): when its last tokens came, and how many so far. A
+        # request's n choices stream side by side, each timed on its own, as vLLM does.
+        self.last_token_time: dict[str, float] = {}
+        self.generated: dict[str, int] = {}
 
     def observe(self, output: RequestOutput) -> None:
         m, name = self.metrics, self.metrics.model_name
@@ -313,14 +315,15 @@ class RequestTracker:
                     self._token_gap(gap / num_tokens)
             self.generated[output.request_id] = len(output.token_ids)
         elif output.delta_token_ids:
-            if self.last_token_time is None:
+            last = self.last_token_time.get(output.request_id)
+            if last is None:
                 m.ttft.labels(name).observe(now - output.metrics.arrival_time)
             else:
                 # Several tokens in one output share the gap evenly.
-                gap = (now - self.last_token_time) / len(output.delta_token_ids)
+                gap = (now - last) / len(output.delta_token_ids)
                 for _ in output.delta_token_ids:
                     self._token_gap(gap)
-            self.last_token_time = now
+            self.last_token_time[output.request_id] = now
             count = self.generated.get(output.request_id, 0) + len(output.delta_token_ids)
             self.generated[output.request_id] = count
         if output.finished:

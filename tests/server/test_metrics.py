@@ -160,3 +160,26 @@ def test_a_beam_search_counts_each_beam_once(server: LiveServer):
     assert delta("request_success", "_total") == 2
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
         assert delta(name, "_count") == 2, name
+
+
+def test_each_choice_is_timed_on_its_own(server: LiveServer):
+    """A request's n choices each have a first token and gaps between their own tokens,
+    streamed or not (vLLM times each choice apart): one first token and one gap for
+    every choice's later tokens."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Hello world and the",
+        "max_tokens": 5,
+        "n": 3,
+        "temperature": 1.0,
+        "ignore_eos": True,
+    }
+    for stream in (False, True):
+        with server.client() as http:
+            before = scrape(http)
+            http.post("/v1/completions", json={**body, "stream": stream}).raise_for_status()
+            after = scrape(http)
+        delta = changes(before, after)
+        assert delta("time_to_first_token_seconds", "_count") == 3, stream
+        assert delta("inter_token_latency_seconds", "_count") == 3 * 4, stream
+        assert delta("request_success", "_total", finished_reason="length") == 3, stream
