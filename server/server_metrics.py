@@ -8,13 +8,13 @@ All times are seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -26,6 +26,8 @@ REQUEST_BUCKETS += (50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 # Token counts: vLLM's 1-2-5 series, which it cuts at max_model_len; here up to 10M
 # tokens for every model (buckets past a model's context stay empty).
 TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5)) + (1e7,)
+N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class _EngineCollector(Collector):
@@ -84,8 +86,30 @@ class _EngineCollector(Collector):
         for reason, count in sorted(engine.rejections.items()):
             rejections.add_metric([self.model_name, reason], count)
         yield rejections
+        yield self._step_tokens(metrics.step_tokens)
         yield from self._spec_decode(metrics.spec_decode)
         yield from self._kv_tiers(stats)
+
+    def _step_tokens(self, step_tokens: Mapping[int, int]) -> HistogramMetricFamily:
+        """vllm:iteration_tokens_total: the tokens each step ran (prompt chunks, decodes
+        and drafts; vLLM counts a prompt whole at its first token instead), from the
+        engine's count of steps by size."""
+        family = HistogramMetricFamily(
+            "vllm:iteration_tokens_total",
+            "The tokens of each engine step.",
+            labels=["model_name"],
+        )
+        # One copy (made in C, whole under the GIL): the engine thread adds sizes as it
+        # steps, and iterating the live dict could see it change size.
+        counts = dict(step_tokens)
+        buckets = [
+            (str(float(bound)), sum(n for size, n in counts.items() if size <= bound))
+            for bound in STEP_TOKEN_BUCKETS
+        ]
+        buckets.append(("+Inf", sum(counts.values())))
+        total = sum(size * n for size, n in counts.items())
+        family.add_metric([self.model_name], buckets, total)
+        return family
 
     def _kv_tiers(self, stats: dict) -> Iterator:
         """The prefix cache's RAM and disk tiers (docs/kv-tiers.md), when they are on:
@@ -277,9 +301,18 @@ class ServerMetrics:
                 ("request_prompt_tokens", "Prompt tokens of each finished request."),
                 ("request_generation_tokens", "Tokens generated for each finished request."),
                 ("request_params_max_tokens", "The max_tokens each request asked for."),
-                ("max_num_generation_tokens", "The most tokens any choice of a request made."),
+                ("request_max_num_generation_tokens", "The most tokens a choice made."),
+                # llm-d's inference simulator's name for the same
+                ("max_num_generation_tokens", "The most tokens a choice made."),
             )
         }
+        self.params_n = Histogram(
+            "vllm:request_params_n",
+            "The n (choices) each request asked for.",
+            labels,
+            buckets=N_BUCKETS,
+            registry=self.registry,
+        )
 
     def bind(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.model_name = model_name
@@ -329,13 +362,15 @@ class RequestTracker:
         if output.finished:
             self._finished(output, now)
 
-    def done(self, max_tokens: int | None) -> None:
+    def done(self, max_tokens: int | None, n: int) -> None:
         """The request has ended, every choice of it: its request-wide histograms."""
         m, name = self.metrics, self.metrics.model_name
+        m.params_n.labels(name).observe(n)
         if max_tokens is not None:
             m.tokens["request_params_max_tokens"].labels(name).observe(max_tokens)
         if self.generated:
             most = max(self.generated.values())
+            m.tokens["request_max_num_generation_tokens"].labels(name).observe(most)
             m.tokens["max_num_generation_tokens"].labels(name).observe(most)
 
     def _token_gap(self, gap: float) -> None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hetero_infer.engine.core.pending_tokens import hand_over, needs_known_tokens
@@ -46,6 +47,9 @@ class CoreCounters:
     num_rejected: int = 0  # requests refused after max_queue_time in the queue
     busy_time: float = 0.0  # seconds spent in steps that ran the model
     max_batch_size: int = 0  # most sequences in one forward pass
+    # How many steps ran each number of tokens (prompt chunks, decodes and drafts): the
+    # distinct sizes are at most max_num_batched_tokens.
+    step_tokens: Counter[int] = field(default_factory=Counter)
 
 
 class EngineCore:
@@ -191,6 +195,7 @@ class EngineCore:
             # handed over before its stop was known.
             counters.tokens_generated += sum(len(update.new_tokens) for update in updates)
             counters.max_batch_size = max(counters.max_batch_size, len(scheduled.scheduled))
+            counters.step_tokens[scheduled.num_batched_tokens] += 1
             now = time.perf_counter()
             counters.busy_time += now - max(started, self._busy_until)
             self._busy_until = now

@@ -253,7 +253,7 @@ async def beam_outputs(
     for output in outputs:
         tracker.observe(output)
         yield output
-    tracker.done(params.max_tokens)
+    tracker.done(params.max_tokens, params.beam_width)
 
 
 async def beam_finals(

@@ -142,7 +142,7 @@ class RequestContext:
                 yield output
         except (EngineError, ValueError) as exc:
             raise APIError.from_exception(exc) from exc
-        tracker.done(request.params.max_tokens)
+        tracker.done(request.params.max_tokens, request.params.n)
 
     def max_tokens(self, prompt: PromptTokens, requested: int | None) -> int:
         """A request's max_tokens for ``prompt``: its own, which must fit the context with

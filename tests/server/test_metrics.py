@@ -18,6 +18,9 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 ITL_BUCKETS += [7.5, 10.0, 20.0, 40.0, 80.0]
 REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0]
 REQUEST_BUCKETS += [60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+N_BUCKETS = [1.0, 2.0, 5.0, 10.0, 20.0]
+STEP_TOKEN_BUCKETS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0]
+STEP_TOKEN_BUCKETS += [4096.0, 8192.0, 16384.0]
 
 GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"]
 COUNTERS = [
@@ -33,6 +36,8 @@ HISTOGRAMS = {
     "inter_token_latency_seconds": ITL_BUCKETS,
     "e2e_request_latency_seconds": REQUEST_BUCKETS,
     "request_queue_time_seconds": REQUEST_BUCKETS,
+    "request_params_n": N_BUCKETS,
+    "iteration_tokens_total": STEP_TOKEN_BUCKETS,
 }
 
 
@@ -183,3 +188,32 @@ def test_each_choice_is_timed_on_its_own(server: LiveServer):
         assert delta("time_to_first_token_seconds", "_count") == 3, stream
         assert delta("inter_token_latency_seconds", "_count") == 3 * 4, stream
         assert delta("request_success", "_total", finished_reason="length") == 3, stream
+        # Request-wide: one observation of n, and of the longest choice's tokens.
+        assert delta("request_params_n", "_count") == 1, stream
+        assert delta("request_params_n", "_sum") == 3, stream
+        for name in ("request_max_num_generation_tokens", "max_num_generation_tokens"):
+            assert delta(name, "_count") == 1, (name, stream)
+            assert delta(name, "_sum") == 5, (name, stream)
+
+
+def test_each_step_counts_the_tokens_it_ran(server: LiveServer):
+    """vllm:iteration_tokens_total: a step a token, the first one running the prompt (one
+    chunk, nothing of it cached) and each later one the token sampled before it."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Steps counted here: a quartz zebra juggles seven violet kumquats",
+        "max_tokens": 4,
+        "ignore_eos": True,
+    }
+    with server.client() as http:
+        before = scrape(http)
+        answer = http.post("/v1/completions", json=body).json()
+        after = scrape(http)
+    delta = changes(before, after)
+    assert answer["usage"]["completion_tokens"] == 4
+    assert delta("iteration_tokens_total", "_count") == 4
+    assert delta("iteration_tokens_total", "_sum") == answer["usage"]["prompt_tokens"] + 3
+    # The prompt's step is past the 8-token bucket, the three decodes in the first.
+    assert delta("iteration_tokens_total", "_bucket", le="1.0") == 3
+    assert delta("iteration_tokens_total", "_bucket", le="8.0") == 3
+    assert delta("iteration_tokens_total", "_bucket", le="+Inf") == 4
