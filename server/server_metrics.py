@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping
 
 from hetero_infer.engine.core.spec_decode_stats import SpecDecodeStats
 from hetero_infer.engine.entrypoints.async_engine import AsyncEngine
-from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -317,82 +316,3 @@ class ServerMetrics:
     def bind(self, get_engine: Callable[[], AsyncEngine | None], model_name: str) -> None:
         self.model_name = model_name
         self.registry.register(_EngineCollector(get_engine, model_name))
-
-    def tracker(self, final_only: bool = False) -> RequestTracker:
-        """A tracker of one request's outputs; ``final_only``: it gets only its finished
-        ones (RequestOutputKind.FINAL_ONLY)."""
-        return RequestTracker(self, final_only)
-
-
-class RequestTracker:
-    """Observes one request's outputs as they arrive."""
-
-    def __init__(self, metrics: ServerMetrics, final_only: bool = False) -> None:
-        self.metrics = metrics
-        self.final_only = final_only
-        # By choice (its request id): when its last tokens came, and how many so far. A
-        # request's n choices stream side by side, each timed on its own, as vLLM does.
-        self.last_token_time: dict[str, float] = {}
-        self.generated: dict[str, int] = {}
-
-    def observe(self, output: RequestOutput) -> None:
-        m, name = self.metrics, self.metrics.model_name
-        now = time.monotonic()
-        if self.final_only:
-            # The engine timed the steps that a stream's outputs would have shown.
-            timing = output.metrics
-            if timing.first_token_time is not None:
-                m.ttft.labels(name).observe(timing.first_token_time - timing.arrival_time)
-            for gap, num_tokens in timing.token_gaps:
-                for _ in range(num_tokens):
-                    self._token_gap(gap / num_tokens)
-            self.generated[output.request_id] = len(output.token_ids)
-        elif output.delta_token_ids:
-            last = self.last_token_time.get(output.request_id)
-            if last is None:
-                m.ttft.labels(name).observe(now - output.metrics.arrival_time)
-            else:
-                # Several tokens in one output share the gap evenly.
-                gap = (now - last) / len(output.delta_token_ids)
-                for _ in output.delta_token_ids:
-                    self._token_gap(gap)
-            self.last_token_time[output.request_id] = now
-            count = self.generated.get(output.request_id, 0) + len(output.delta_token_ids)
-            self.generated[output.request_id] = count
-        if output.finished:
-            self._finished(output, now)
-
-    def done(self, max_tokens: int | None, n: int) -> None:
-        """The request has ended, every choice of it: its request-wide histograms."""
-        m, name = self.metrics, self.metrics.model_name
-        m.params_n.labels(name).observe(n)
-        if max_tokens is not None:
-            m.tokens["request_params_max_tokens"].labels(name).observe(max_tokens)
-        if self.generated:
-            most = max(self.generated.values())
-            m.tokens["request_max_num_generation_tokens"].labels(name).observe(most)
-            m.tokens["max_num_generation_tokens"].labels(name).observe(most)
-
-    def _token_gap(self, gap: float) -> None:
-        name = self.metrics.model_name
-        self.metrics.itl.labels(name).observe(gap)
-        self.metrics.tpot.labels(name).observe(gap)
-
-    def _finished(self, output: RequestOutput, now: float) -> None:
-        """A choice has finished: its latencies, phases and token counts."""
-        m, name, timing = self.metrics, self.metrics.model_name, output.metrics
-        m.request_success.labels(name, output.finish_reason or "error").inc()
-        m.e2e.labels(name).observe(now - timing.arrival_time)
-        tokens = m.tokens
-        tokens["request_prompt_tokens"].labels(name).observe(len(output.prompt_token_ids))
-        generated = self.generated.get(output.request_id, 0)
-        tokens["request_generation_tokens"].labels(name).observe(generated)
-        scheduled, first_token = timing.first_scheduled_time, timing.first_token_time
-        if scheduled is None:
-            return
-        m.queue_time.labels(name).observe(scheduled - timing.arrival_time)
-        finished = timing.finished_time or now
-        m.phases["inference"].labels(name).observe(finished - scheduled)
-        if first_token is not None:
-            m.phases["prefill"].labels(name).observe(first_token - scheduled)
-            m.phases["decode"].labels(name).observe(finished - first_token)

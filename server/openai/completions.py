@@ -28,6 +28,7 @@ from hetero_infer.engine.tokenizer import Tokenizer
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai.completion_request import CompletionRequest
 from hetero_infer.server.openai.responses import Chunk, completion_body, usage
+from hetero_infer.server.request_tracker import RequestTracker
 from hetero_infer.server.serving.answer_parts import new_id
 from hetero_infer.server.serving.logprobs import Entry, LogprobsFormatter
 from hetero_infer.server.serving.request_context import RequestContext, timed_out_before_first_token
@@ -243,7 +244,7 @@ async def beam_outputs(
     A search that ran out of time before its first token has no beam to give: a 408.
     Its max_tokens is the request's (a prompt's own room, where several share ``params``)."""
     params = replace(params, max_tokens=request.params.max_tokens)
-    tracker = ctx.metrics.tracker(final_only=True)
+    tracker = RequestTracker(ctx.metrics, final_only=True)
     try:
         outputs = await beam_search_async(ctx.engine, request, params)
     except (EngineError, ValueError) as exc:

@@ -22,6 +22,7 @@ from hetero_infer.engine.params.sampling_params import RequestOutputKind, Sampli
 from hetero_infer.engine.params.thinking_budget import ThinkingBudget
 from hetero_infer.engine.settings.exceptions import EngineError, ValidationError
 from hetero_infer.server.errors import APIError
+from hetero_infer.server.request_tracker import RequestTracker
 from hetero_infer.server.server_metrics import ServerMetrics
 from hetero_infer.server.serving.reasoning import THINK_END, THINK_START
 from hetero_infer.server.serving.tool_prompt import with_tool_prompt
@@ -135,14 +136,20 @@ class RequestContext:
         errors as APIErrors (which a stream reports in-band)."""
         if self.lora is not None and request.lora is None:
             request = dataclasses.replace(request, lora=self.lora)
-        tracker = self.metrics.tracker(request.params.output_kind is RequestOutputKind.FINAL_ONLY)
+        params = request.params
+        tracker = RequestTracker(self.metrics, params.output_kind is RequestOutputKind.FINAL_ONLY)
         try:
             async for output in self.engine.generate(request):
                 tracker.observe(output)
                 yield output
         except (EngineError, ValueError) as exc:
             raise APIError.from_exception(exc) from exc
-        tracker.done(request.params.max_tokens, request.params.n)
+        except (asyncio.CancelledError, GeneratorExit):
+            # Its client went away, or a sibling request failed (run_to_end).
+            tracker.abandoned(len(request.prompt_token_ids), params.n)
+            tracker.done(params.max_tokens, params.n)
+            raise
+        tracker.done(params.max_tokens, params.n)
 
     def max_tokens(self, prompt: PromptTokens, requested: int | None) -> int:
         """A request's max_tokens for ``prompt``: its own, which must fit the context with

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 
 import httpx
@@ -217,3 +218,42 @@ def test_each_step_counts_the_tokens_it_ran(server: LiveServer):
     assert delta("iteration_tokens_total", "_bucket", le="1.0") == 3
     assert delta("iteration_tokens_total", "_bucket", le="8.0") == 3
     assert delta("iteration_tokens_total", "_bucket", le="+Inf") == 4
+
+
+def test_a_request_its_client_left_counts_as_aborted(server: LiveServer):
+    """A stream whose client goes away after its first tokens: each choice is a finished
+    request with reason "abort", its prompt and the tokens it had made counted (as the
+    prompt_tokens_total counter counts its prompt)."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Hello world and the",
+        "max_tokens": 480,  # the tiny model's half a second, most of its context
+        "n": 2,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with server.client() as http:
+        before = scrape(http)
+        with http.stream("POST", "/v1/completions", json=body) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    break
+        deadline = time.monotonic() + 30
+        while True:
+            after = scrape(http)
+            delta = changes(before, after)
+            ended = delta("request_success", "_total") == 2
+            idle = all(value(after, name) == 0 for name in GAUGES)
+            if ended and idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert delta("request_success", "_total", finished_reason="abort") == 2
+    assert delta("request_success", "_total") == 2
+    assert delta("e2e_request_latency_seconds", "_count") == 2
+    prompt_tokens = delta("prompt_tokens", "_total")
+    assert prompt_tokens > 0
+    assert delta("request_prompt_tokens", "_sum") == 2 * prompt_tokens
+    assert 1 <= delta("request_generation_tokens", "_sum") < 2 * 480
+    assert delta("request_params_n", "_count") == 1
+    for name in GAUGES:
+        assert value(after, name) == 0, name
