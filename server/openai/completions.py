@@ -249,6 +249,10 @@ async def beam_outputs(
         outputs = await beam_search_async(ctx.engine, request, params)
     except (EngineError, ValueError) as exc:
         raise APIError.from_exception(exc) from exc
+    except asyncio.CancelledError:  # its client went away
+        tracker.abandoned(len(request.prompt_token_ids), params.beam_width)
+        tracker.done(params.max_tokens, params.beam_width)
+        raise
     if not outputs:
         raise timed_out_before_first_token()
     for output in outputs:

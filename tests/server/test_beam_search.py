@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 from hetero_infer.engine.entrypoints.beam_search import BeamSearchParams
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL_NAME, make_engine, start_server, wait_until
 from tests.server.openai_shapes import check_error_body
@@ -187,9 +188,21 @@ def test_neutral_values_are_accepted(http):
     assert len(response.json()["choices"]) == 6
 
 
+def aborted(http) -> float:
+    """vllm:request_success_total{finished_reason="abort"}."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        if family.name == "vllm:request_success"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["finished_reason"] == "abort"
+    )
+
+
 def test_client_that_leaves_frees_the_blocks(server, http):
     counters = server.engine.core.counters
     steps_before = counters.num_steps
+    aborted_before = aborted(http)
     with server.client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
         impatient.post("/v1/completions", json=completion(max_tokens=400, ignore_eos=True))
 
@@ -203,6 +216,7 @@ def test_client_that_leaves_frees_the_blocks(server, http):
     # The whole search takes 400 rounds, a step each: it was cut short.
     assert counters.num_steps - steps_before < 300
     assert server.engine.memory_stats()["used_blocks"] == 0
+    assert aborted(http) - aborted_before == 4  # each of its beams
     assert http.post("/v1/completions", json=completion(max_tokens=2)).status_code == 200
 
 
