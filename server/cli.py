@@ -223,6 +223,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help='allow tool_choice "auto": the model\'s calls are read by --tool-call-parser',
     )
     parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        default=None,
+        help="give usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix "
+        "cache held",
+    )
+    parser.add_argument(
         "--lora-modules",
         nargs="+",
         help="LoRA adapters to load at start, as vLLM's: name=path or JSON "
@@ -238,6 +245,7 @@ def server_settings_from_args(
 ) -> ServerSettings:
     flags = [(name, kind) for _, name, kind in SERVER_FLAGS]
     flags += [("served_model_name", str), ("enable_auto_tool_choice", _parse_bool)]
+    flags += [("enable_prompt_tokens_details", _parse_bool)]
     flags += [("lora_modules", str)]  # HETERO_LORA_MODULES: name=path, split by spaces
     flags += [(name, kind) for _, name, kind, _ in MEDIA_FLAGS]
     flags += [("allowed_media_domains", str)]  # HETERO_ALLOWED_MEDIA_DOMAINS: by commas

@@ -42,6 +42,9 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # The usage of chat and completions answers gives prompt_tokens_details (the prompt
+    # tokens the prefix cache held), as vLLM's --enable-prompt-tokens-details.
+    enable_prompt_tokens_details: bool = False
     # LoRA adapters loaded at start, as vLLM's --lora-modules: (name, folder) pairs
     # (needs the engine's enable_lora).
     lora_modules: tuple[tuple[str, str], ...] = ()

@@ -25,8 +25,6 @@ crosses it while generating starts again (preempted by recompute), as transforme
 
 from __future__ import annotations
 
-import time
-
 from hetero_infer.engine.core.block_manager import BlockManager
 from hetero_infer.engine.core.pending_tokens import put_back, take_pending
 from hetero_infer.engine.core.sequence import Sequence, SequenceStatus
@@ -160,8 +158,7 @@ class Scheduler:
             self.queues.waiting.popleft()
             out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
             seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
+            seq.start()
             self.queues.running.append(seq)
             steps.append((seq, num_new))
             budget -= num_new

@@ -139,6 +139,16 @@ class Sequence:
         self.deadline = deadline
         self.first_scheduled_time: float | None = None
         self.finished_time: float | None = None
+        # The tokens the prefix cache gave it when it was first scheduled (vLLM's
+        # num_cached_tokens).
+        self.num_cached_tokens = 0
+
+    def start(self) -> None:
+        """It is scheduled: the first time (not after a preemption), when, and how many
+        of its tokens the prefix cache gave it."""
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = time.monotonic()
+            self.num_cached_tokens = self.num_computed_tokens
 
     @functools.cached_property
     def stop_and_eos_token_ids(self) -> frozenset[int]:

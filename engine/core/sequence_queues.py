@@ -139,6 +139,7 @@ class SequenceQueues:
             child.num_prompt_logprobs = parent.num_prompt_logprobs  # complete now
             child.status = SequenceStatus.RUNNING
             child.first_scheduled_time = parent.first_scheduled_time
+            child.num_cached_tokens = parent.num_cached_tokens
             self.running.append(child)
         parent.fork_children = []
 

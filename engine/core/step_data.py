@@ -229,3 +229,5 @@ class SequenceUpdate:
     finished_time: float | None
     # An embedding request's pooled vector, on the update that finishes it.
     embedding: list[float] | None = None
+    # The tokens the prefix cache gave it when first scheduled (0 until then).
+    num_cached_tokens: int = 0

@@ -84,6 +84,7 @@ def sequence_update(
         num_output_tokens=seq.num_output_tokens - seq.num_pending_tokens,
         num_preemptions=seq.num_preemptions,
         first_scheduled_time=seq.first_scheduled_time,
+        num_cached_tokens=seq.num_cached_tokens,
         finished_time=seq.finished_time,
         embedding=embedding,
     )

@@ -70,6 +70,9 @@ class RequestOutput:
     group_id: str = ""
     # An embedding request's pooled, unit-length vector, on its finished output.
     embedding: list[float] | None = None
+    # The prompt tokens the prefix cache gave it (its KV found, not computed), as vLLM's
+    # num_cached_tokens: 0 until it is first scheduled.
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.group_id:

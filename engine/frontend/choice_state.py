@@ -35,6 +35,7 @@ class ChoiceState:
     # Shared by every choice of a request: choice 0 computes the prompt.
     prompt_logprobs: list[Logprobs | None] | None = None
     first_scheduled_time: float | None = None
+    num_cached_tokens: int = 0
     first_token_time: float | None = None
     num_preemptions: int = 0
     stop_reason: int | str | None = None
@@ -164,4 +165,5 @@ class ChoiceState:
             index=self.index,
             group_id=self.parent.request_id,
             embedding=self.embedding,
+            num_cached_tokens=self.num_cached_tokens,
         )

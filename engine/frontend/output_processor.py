@@ -133,6 +133,7 @@ class OutputProcessor:
         if state.prompt_logprobs is not None:
             state.prompt_logprobs.extend(update.new_prompt_logprobs)
         state.first_scheduled_time = update.first_scheduled_time
+        state.num_cached_tokens = update.num_cached_tokens
         state.num_preemptions = update.num_preemptions
         state.stop_reason = update.stop_reason
         state.embedding = update.embedding

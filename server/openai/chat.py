@@ -54,6 +54,7 @@ class ChatCompletion:
         self.include_reasoning = body.include_reasoning
         last = body.messages[-1]
         self.echoed = last.template_content() if body.echo and last.role == "assistant" else ""
+        self.cached_tokens = 0  # of the prompt, from choice 0's outputs (the choices share it)
 
     @classmethod
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
@@ -85,12 +86,9 @@ class ChatCompletion:
             if self.token_ids:
                 choices[-1]["token_ids"] = list(final.token_ids)
         generated = sum(len(final.token_ids) for final in finals)
+        self.cached_tokens = finals[0].num_cached_tokens if finals else 0
         body = completion_body(
-            "chat.completion",
-            self.id,
-            self.ctx.model_name,
-            choices,
-            usage(run.prompt_tokens, generated),
+            "chat.completion", self.id, self.ctx.model_name, choices, self._usage(generated)
         )
         return self._with_prompt_extras(body, finals[0].prompt_logprobs if finals else None)
 
@@ -117,6 +115,8 @@ class ChatCompletion:
         parsers = [run.output_parser() for _ in range(self.n)]
         async for out in prepend(first, outputs):  # deltas
             generated += len(out.delta_token_ids)
+            if out.index == 0:
+                self.cached_tokens = out.num_cached_tokens
             parser = parsers[out.index]
             pending[out.index][0].extend(out.token_ids)
             if self.formatter is not None:
@@ -141,7 +141,7 @@ class ChatCompletion:
             pending[out.index] = ([], [])
             yield self._chunk([choice], self._usage_so_far(generated))
         if self.include_usage:
-            yield self._chunk([], usage(run.prompt_tokens, generated))
+            yield self._chunk([], self._usage(generated))
 
     def _message(self, message: MessageDelta) -> dict[str, Any]:
         body: dict[str, Any] = {"role": "assistant", "content": message.content}
@@ -164,9 +164,14 @@ class ChatCompletion:
             body["prompt_logprobs"] = self.prompt_formatter.prompt(prompt_logprobs)
         return body
 
-    def _usage_so_far(self, generated: int) -> dict[str, int] | None:
+    def _usage(self, generated: int) -> dict[str, Any]:
+        """The usage so far; with prompt tokens details on, the prompt's cached tokens."""
+        details = self.ctx.settings.enable_prompt_tokens_details
+        return usage(self.run.prompt_tokens, generated, self.cached_tokens if details else None)
+
+    def _usage_so_far(self, generated: int) -> dict[str, Any] | None:
         """With continuous usage stats, the usage a content chunk carries."""
-        return usage(self.run.prompt_tokens, generated) if self.continuous_usage else None
+        return self._usage(generated) if self.continuous_usage else None
 
     def _logprobs(
         self, token_ids: list[int], entries: list[dict[int, float]] | None
@@ -178,7 +183,7 @@ class ChatCompletion:
         return self.formatter.chat(token_ids, entries, self.top_logprobs)
 
     def _chunk(
-        self, choices: list[dict[str, Any]], usage_value: dict[str, int] | None = None
+        self, choices: list[dict[str, Any]], usage_value: dict[str, Any] | None = None
     ) -> Chunk:
         return completion_body(
             "chat.completion.chunk",

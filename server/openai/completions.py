@@ -76,6 +76,8 @@ class Completion:
             self.prompt_formatter = self.formatter or LogprobsFormatter(tokenizer, as_ids)
         self.token_ids = bool(body.return_token_ids)
         self.prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+        # Each prompt's tokens the prefix cache held, from its choice 0's outputs.
+        self.cached_tokens = [0] * len(requests)
 
     @classmethod
     def build(cls, ctx: RequestContext, body: CompletionRequest) -> Completion:
@@ -138,7 +140,8 @@ class Completion:
                     self._with_extras(choice, i, out.token_ids, True, out.prompt_logprobs)
                 )
         generated = sum(len(out.token_ids) for outs in finals for out in outs)
-        return self._body(choices, usage(self.prompt_tokens, generated))
+        self.cached_tokens = [outs[0].num_cached_tokens if outs else 0 for outs in finals]
+        return self._body(choices, self._usage(generated))
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         generated = 0
@@ -150,11 +153,19 @@ class Completion:
                 outputs = self.ctx.outputs(request)
             async for out in outputs:
                 generated += len(out.delta_token_ids)
+                if out.index == 0:
+                    self.cached_tokens[i] = out.num_cached_tokens
                 chunk = self._chunk(i, out, cursors[out.index], generated)
                 if chunk is not None:
                     yield chunk
         if self.include_usage:
-            yield self._body([], usage(self.prompt_tokens, generated))
+            yield self._body([], self._usage(generated))
+
+    def _usage(self, generated: int) -> dict[str, Any]:
+        """The usage so far; with prompt tokens details on, the prompts' cached tokens."""
+        details = self.ctx.settings.enable_prompt_tokens_details
+        cached = sum(self.cached_tokens) if details else None
+        return usage(self.prompt_tokens, generated, cached)
 
     def _chunk(
         self, i: int, out: RequestOutput, cursor: _ChoiceCursor, generated: int
@@ -182,7 +193,7 @@ class Completion:
             cursor.text_offset += self.formatter.text_length(ids)
         cursor.pending_ids, cursor.pending_entries = [], []
         cursor.started = True
-        running_usage = usage(self.prompt_tokens, generated) if self.continuous_usage else None
+        running_usage = self._usage(generated) if self.continuous_usage else None
         choice = self._choice(i, out, text, logprobs)
         choice = self._with_extras(choice, i, new_ids, first, cursor.prompt_logprobs)
         return self._body([choice], running_usage)
@@ -229,7 +240,7 @@ class Completion:
         return choice
 
     def _body(
-        self, choices: list[dict[str, Any]], usage_value: dict[str, int] | None = None
+        self, choices: list[dict[str, Any]], usage_value: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         return completion_body(
             "text_completion", self.id, self.ctx.model_name, choices, usage_value

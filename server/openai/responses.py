@@ -70,12 +70,19 @@ def completion_body(
     return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage; ``cached_tokens``: the prompt tokens the prefix cache held, given
+    as prompt_tokens_details where the server enables it (else None: left out)."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def sse_response(chunks: AsyncIterator[Chunk]) -> EventSourceResponse:

@@ -146,7 +146,8 @@ class ResponsesAnswer:
         self, final: RequestOutput, status: str, items: list[dict[str, Any]], generated: int
     ) -> dict[str, Any]:
         """The finished response's body, kept in the store where the request asks."""
-        body = self._body(status, items, _incomplete_details(final), generated)
+        incomplete = _incomplete_details(final)
+        body = self._body(status, items, incomplete, generated, final.num_cached_tokens)
         if status == "failed":
             body["error"] = self._constraint_error()
         if self.body.store:
@@ -168,8 +169,10 @@ class ResponsesAnswer:
         items: list[dict[str, Any]],
         incomplete_details: dict[str, str] | None = None,
         generated: int | None = None,
+        cached_tokens: int = 0,
     ) -> dict[str, Any]:
-        """The response object; ``usage`` once it has finished."""
+        """The response object; ``usage`` once it has finished (``cached_tokens``: the
+        prompt tokens the prefix cache held)."""
         body = self.body
         params = self.run.request.params
         tool_choice: Any = body.tool_choice or ("auto" if body.tools else "none")
@@ -201,7 +204,7 @@ class ResponsesAnswer:
             if generated is None
             else {
                 "input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": cached_tokens},
                 "output_tokens": generated,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": input_tokens + generated,

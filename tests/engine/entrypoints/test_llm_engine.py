@@ -287,3 +287,25 @@ def test_cli_reports_bad_flags_as_errors(model_dir, capsys):
 def test_gguf_quantization_needs_a_gguf_file(model_dir):
     with pytest.raises(ValueError, match="quantization 'gguf' does not match .* not quantized"):
         LLMEngine(EngineConfig(model=str(model_dir), max_model_len=256, quantization="gguf"))
+
+
+def test_outputs_count_the_prompt_tokens_the_prefix_cache_held(model_dir):
+    """RequestOutput.num_cached_tokens, as vLLM's: 0 for the first to compute a prompt,
+    then its full blocks before the last token (which is always computed), on every
+    output of every choice."""
+    engine = LLMEngine(
+        EngineConfig(model=str(model_dir), max_model_len=256, max_num_blocks=64, block_size=8)
+    )
+    prompt = list(range(5, 25))  # 20 tokens: 2 full blocks before the last one
+    params = SamplingParams(max_tokens=3, temperature=1.0, seed=1, n=2, ignore_eos=True)
+    first = engine.generate([prompt], params, use_tqdm=False)
+    assert [out.num_cached_tokens for out in first] == [0, 0]
+    engine.add_request(prompt, params)
+    outputs = []
+    while engine.has_pending_work():
+        outputs += engine.step()
+    assert {out.index for out in outputs} == {0, 1}
+    assert {out.num_cached_tokens for out in outputs} == {16}
+    # Longer than the cached prompt: its blocks, not the new tokens'.
+    longer = engine.generate([[*prompt, 30, 31, 32, 33, 34]], params, use_tqdm=False)
+    assert [out.num_cached_tokens for out in longer] == [16, 16]

@@ -505,4 +505,5 @@ def test_http_client_sees_the_same_body(server):
         "max_output_tokens", "model", "output", "parallel_tool_calls", "previous_response_id",
         "store", "temperature", "text", "tool_choice", "tools", "top_p", "usage", "metadata",
     } <= set(out)  # fmt: skip
-    assert out["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    # (its values: tests/server/test_prompt_tokens_details.py)
+    assert set(out["usage"]["input_tokens_details"]) == {"cached_tokens"}
