@@ -28,7 +28,15 @@ from hetero_infer.engine.params.sampling_params import (
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.guided_fields import GuidedDecodingFields
 from hetero_infer.server.serving.request_body import NULL_SCHEMA, TokenId
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
 INT64_MAX = 2**63 - 1
 
@@ -129,6 +137,14 @@ class SamplingFields(GuidedDecodingFields):
         if value is True or value is False or value == "never":
             return value
         raise ValueError('must be true, false or "never"')
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_with_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
+        """As OpenAI and vLLM: options of a stream need a stream."""
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return value
 
     @property
     def include_usage(self) -> bool:

@@ -71,6 +71,19 @@ CASES = [
         param="stream_options",
     ),
     Case("tokens-string", "/detokenize", {"tokens": "abc"}, param="tokens"),
+    # Options of a stream without one (OpenAI's 400, and vLLM's).
+    Case(
+        "stream-options-unstreamed",
+        CHAT,
+        chat(stream_options={"include_usage": True}),
+        param="stream_options",
+    ),
+    Case(
+        "stream-options-stream-false",
+        COMPLETIONS,
+        completion(stream=False, stream_options={"include_usage": True}),
+        param="stream_options",
+    ),
     # Out of range.
     Case("max-tokens-negative", COMPLETIONS, completion(max_tokens=-1), param="max_tokens"),
     Case("max-tokens-zero", CHAT, chat(max_tokens=0), param="max_tokens"),

@@ -122,9 +122,11 @@ def test_streams_an_answer_token_by_token(page: Any, ui_server: LiveServer, outp
     ]
     assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0, 1, 40)
     assert body["model"] == MODEL_NAME
-    # What the page shows is the server's answer: the same request, not streamed (greedy).
+    # What the page shows is the server's answer: the same request, not streamed (greedy;
+    # without the stream's options, which need a stream).
+    whole = {**body, "stream": False, "stream_options": None}
     with ui_server.client() as http:
-        expected = http.post(CHAT_PATH, json={**body, "stream": False}).json()
+        expected = http.post(CHAT_PATH, json=whole).json()
     assert text == expected["choices"][0]["message"]["content"]
     assert "40 tokens" in last_answer(page).locator(".meta").text_content()
 
