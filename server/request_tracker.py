@@ -63,7 +63,7 @@ class RequestTracker:
                 self._choice_ended(output, "abort", now)
         for _ in range(n - len(self.latest)):  # choices with no output yet
             arrived = RequestMetrics(arrival_time=self.started)
-            self._ended("abort", arrived, num_prompt_tokens, 0, now)
+            self._ended("abort", arrived, num_prompt_tokens, 0, 0, now)
 
     def done(self, max_tokens: int | None, n: int) -> None:
         """The request has ended, every choice of it: its request-wide histograms."""
@@ -83,17 +83,20 @@ class RequestTracker:
 
     def _choice_ended(self, output: RequestOutput, reason: str | None, now: float) -> None:
         generated = self.generated.get(output.request_id, 0)
-        self._ended(reason, output.metrics, len(output.prompt_token_ids), generated, now)
+        prompt, cached = len(output.prompt_token_ids), output.num_cached_tokens
+        self._ended(reason, output.metrics, prompt, cached, generated, now)
 
     def _ended(
         self,
         reason: str | None,
         timing: RequestMetrics,
         num_prompt_tokens: int,
+        num_cached_tokens: int,
         num_generated: int,
         now: float,
     ) -> None:
-        """A choice has ended: its latencies, phases and token counts."""
+        """A choice has ended: its latencies, phases and token counts (``num_cached_tokens``:
+        those of its prompt the prefix cache held)."""
         m, name = self.metrics, self.metrics.model_name
         m.request_success.labels(name, reason or "error").inc()
         m.e2e.labels(name).observe(now - timing.arrival_time)
@@ -102,9 +105,15 @@ class RequestTracker:
         scheduled, first_token = timing.first_scheduled_time, timing.first_token_time
         if scheduled is None:
             return
+        m.prompt_tokens_cached.labels(name).inc(num_cached_tokens)
+        computed = num_prompt_tokens - num_cached_tokens
+        m.tokens["request_prefill_kv_computed_tokens"].labels(name).observe(computed)
         m.queue_time.labels(name).observe(scheduled - timing.arrival_time)
         finished = timing.finished_time or now
         m.phases["inference"].labels(name).observe(finished - scheduled)
         if first_token is not None:
             m.phases["prefill"].labels(name).observe(first_token - scheduled)
             m.phases["decode"].labels(name).observe(finished - first_token)
+            if num_generated > 1:
+                tpot = (finished - first_token) / (num_generated - 1)
+                m.request_tpot.labels(name).observe(tpot)

@@ -298,6 +298,10 @@ class ServerMetrics:
             )
             for name, doc in (
                 ("request_prompt_tokens", "Prompt tokens of each finished request."),
+                (
+                    "request_prefill_kv_computed_tokens",
+                    "Prompt tokens each request computed (those the prefix cache lacked).",
+                ),
                 ("request_generation_tokens", "Tokens generated for each finished request."),
                 ("request_params_max_tokens", "The max_tokens each request asked for."),
                 ("request_max_num_generation_tokens", "The most tokens a choice made."),
@@ -305,6 +309,19 @@ class ServerMetrics:
                 ("max_num_generation_tokens", "The most tokens a choice made."),
             )
         }
+        self.request_tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Each request's decode time over its tokens after the first.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens_cached = Counter(
+            "vllm:prompt_tokens_cached",
+            "Prompt tokens the prefix cache held when their request was first scheduled.",
+            labels,
+            registry=self.registry,
+        )
         self.params_n = Histogram(
             "vllm:request_params_n",
             "The n (choices) each request asked for.",

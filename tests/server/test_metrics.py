@@ -31,10 +31,12 @@ COUNTERS = [
     "request_success",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "prompt_tokens_cached",
 ]
 HISTOGRAMS = {
     "time_to_first_token_seconds": TTFT_BUCKETS,
     "inter_token_latency_seconds": ITL_BUCKETS,
+    "request_time_per_output_token_seconds": ITL_BUCKETS,
     "e2e_request_latency_seconds": REQUEST_BUCKETS,
     "request_queue_time_seconds": REQUEST_BUCKETS,
     "request_params_n": N_BUCKETS,
@@ -136,6 +138,16 @@ def test_values_follow_requests(server: LiveServer):
         assert delta(name, "_sum") > 0, name
     assert delta("request_queue_time_seconds", "_count") == num_requests
     assert delta("inter_token_latency_seconds", "_count") == completion_tokens - num_requests
+    # A request's own time per output token: its decode time over its later tokens.
+    assert delta("request_time_per_output_token_seconds", "_count") == num_requests
+    tpot_sum = delta("request_time_per_output_token_seconds", "_sum")
+    assert 0 < tpot_sum <= delta("request_decode_time_seconds", "_sum")
+    # The second completion found the first one's blocks: what each request computed
+    # and what the cache held add up to its prompt.
+    cached = delta("prompt_tokens_cached", "_total")
+    assert cached >= 16
+    assert delta("request_prefill_kv_computed_tokens", "_sum") == prompt_tokens - cached
+    assert delta("request_prefill_kv_computed_tokens", "_count") == num_requests
     # Each histogram's +Inf bucket holds all of its observations.
     for name in HISTOGRAMS:
         assert delta(name, "_bucket", le="+Inf") == delta(name, "_count"), name
