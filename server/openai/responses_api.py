@@ -210,6 +210,8 @@ class ResponsesAnswer:
                 "total_tokens": input_tokens + generated,
             },
             "user": body.user,
+            "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key,
             "metadata": body.metadata or {},
         }
 

@@ -88,6 +88,8 @@ class ResponseObject(BaseModel):
     # None until the response has finished (in response.created / .in_progress).
     usage: ResponseUsage | None
     user: str | None
+    safety_identifier: str | None
+    prompt_cache_key: str | None
     metadata: dict[str, str]
 
 

@@ -51,9 +51,7 @@ RESPONSES_UNSUPPORTED = {
     "prompt": _NO,
     "conversation": Unsupported(why="is not supported: use previous_response_id"),
     "max_tool_calls": _NO,
-    "prompt_cache_key": _NO,
     "prompt_cache_retention": _NO,
-    "safety_identifier": _NO,
     "stream_options": _NO,
 }
 
@@ -155,7 +153,11 @@ class ResponsesRequest(RequestBody):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    # OpenAI's, which change nothing here (as on the chat route): an end user's id, and
+    # a key for the prompt cache, which finds shared prompts by their tokens.
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @field_validator("input", mode="before")
     @classmethod

@@ -440,6 +440,16 @@ def test_neutral_values_of_unsupported_fields_are_taken(client):
     assert out.status == "incomplete"
 
 
+def test_hints_that_change_nothing_are_taken_and_echoed(server):
+    """OpenAI's end-user id and prompt cache key, as the chat route takes them."""
+    hints = {"safety_identifier": "user-7", "prompt_cache_key": "thread-1", "user": "u"}
+    body = {"model": MODEL_NAME, "input": "Hi", "max_output_tokens": 1, **hints}
+    with server.client() as http:
+        out = http.post("/v1/responses", json=body)
+    assert out.status_code == 200, out.text
+    assert {key: out.json()[key] for key in hints} == hints
+
+
 def test_unknown_model_and_unknown_id(server):
     with server.client() as http:
         response = http.post("/v1/responses", json={"model": "nope", "input": "Hi"})
