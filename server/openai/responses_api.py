@@ -192,7 +192,7 @@ class ResponsesAnswer:
             "output": items,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": None,
+            "reasoning": body.reasoning.model_dump() if body.reasoning else None,
             "store": body.store,
             "temperature": params.temperature,
             "text": {"format": (body.text.format if body.text else None) or {"type": "text"}},

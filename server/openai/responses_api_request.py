@@ -44,10 +44,10 @@ _NO = Unsupported()
 RESPONSES_UNSUPPORTED = {
     "background": Unsupported((False,)),
     "truncation": Unsupported(("disabled",)),
-    "include": Unsupported(([],)),
+    # Reasoning is plain text in its output item here: there is no encrypted copy.
+    "include": Unsupported(([], ["reasoning.encrypted_content"])),
     "top_logprobs": Unsupported((0,)),
     "service_tier": Unsupported(("auto", "default")),
-    "reasoning": _NO,
     "prompt": _NO,
     "conversation": Unsupported(why="is not supported: use previous_response_id"),
     "max_tool_calls": _NO,
@@ -105,6 +105,17 @@ class NamedFunction(BaseModel):
     name: str
 
 
+class ReasoningConfig(BaseModel):
+    """OpenAI's reasoning options, as vLLM takes them: the effort goes to the chat
+    template as reasoning_effort (the chat route's field; gpt-oss's template reads it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # No summary is made: a reasoning item carries the reasoning's own text.
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -148,6 +159,7 @@ class ResponsesRequest(RequestBody):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     stream: bool = False
     # Kept for previous_response_id and GET /v1/responses/{id} (OpenAI's default).
     store: bool = True
@@ -224,6 +236,7 @@ class ResponsesRequest(RequestBody):
             "tool_choice": tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
             "response_format": self.text.response_format() if self.text else None,
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
         }
         try:
             return ChatCompletionRequest.model_validate(values)

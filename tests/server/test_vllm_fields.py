@@ -261,6 +261,15 @@ def test_reasoning_effort_reaches_the_template(model_dir):
         with live.client() as http:
             bad = http.post("/v1/chat/completions", json={**body, "reasoning_effort": "max"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+        # /v1/responses' reasoning.effort is the same (as vLLM maps it): its prompt is
+        # the chat route's, echoed in the response.
+        reasoning = {"effort": "high", "summary": "auto"}
+        answer = {"model": MODEL_NAME, "input": MESSAGES, "max_output_tokens": 1}
+        response = post(live, "/v1/responses", {**answer, "reasoning": reasoning})
+        assert response["usage"]["input_tokens"] == len(prompt)
+        assert response["reasoning"] == reasoning
+        plain = post(live, "/v1/responses", answer)
+        assert plain["usage"]["input_tokens"] < len(prompt) and plain["reasoning"] is None
     finally:
         live.stop()
 

@@ -413,7 +413,8 @@ REFUSED = [
     ({"max_output_tokens": 5000}, "max_output_tokens", "maximum context length"),
     ({"input": "a " * 1100, "max_output_tokens": None}, "input", "maximum context length"),
     ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", None),
-    ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
+    ({"reasoning": {"effort": "max"}}, "reasoning.effort", None),
+    ({"include": ["message.output_text.logprobs"]}, "include", "not supported"),
     ({"background": True}, "background", "not supported"),
     ({"previous_response_id": "resp_nope"}, "previous_response_id", "not found"),
 ]
@@ -432,12 +433,13 @@ def test_refused(server, fields, param, message):
 
 
 def test_neutral_values_of_unsupported_fields_are_taken(client):
-    out = create(
-        client,
-        max_output_tokens=1,
-        extra_body={"background": False, "truncation": "disabled", "include": []},
-    )
-    assert out.status == "incomplete"
+    for include in ([], ["reasoning.encrypted_content"]):  # (no encrypted copy to give)
+        out = create(
+            client,
+            max_output_tokens=1,
+            extra_body={"background": False, "truncation": "disabled", "include": include},
+        )
+        assert out.status == "incomplete"
 
 
 def test_hints_that_change_nothing_are_taken_and_echoed(server):
