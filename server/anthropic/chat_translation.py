@@ -25,6 +25,7 @@ from hetero_infer.server.anthropic.messages_request import (
     InputMessage,
     MessagesRequest,
     TextBlock,
+    ThinkingEnabled,
     ToolChoice,
     ToolResultBlock,
     ToolUseBlock,
@@ -64,6 +65,12 @@ def chat_plan(body: ConversationFields) -> ChatPlan:
             "top_k": body.top_k,
             "stream": body.stream,
         }
+        thinking = body.thinking
+        if thinking is not None:
+            enabled = isinstance(thinking, ThinkingEnabled)
+            values["chat_template_kwargs"] = {"enable_thinking": enabled}
+            if isinstance(thinking, ThinkingEnabled):
+                values["thinking_token_budget"] = thinking.budget_tokens
     try:
         return ChatPlan.model_validate(values)
     except PydanticValidationError as exc:

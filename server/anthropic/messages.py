@@ -14,7 +14,7 @@ from typing import Any
 
 from hetero_infer.engine.entrypoints.outputs import RequestOutput
 from hetero_infer.server.anthropic.chat_translation import chat_plan, image_sources
-from hetero_infer.server.anthropic.messages_request import MessagesRequest
+from hetero_infer.server.anthropic.messages_request import MessagesRequest, ThinkingEnabled
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.serving.chat_images import load_images
 from hetero_infer.server.serving.chat_output import MessageDelta, tool_calls_body
@@ -38,6 +38,13 @@ class AnthropicMessage:
     async def build(cls, ctx: RequestContext, body: MessagesRequest) -> AnthropicMessage:
         """The checked request, its images loaded: a 400 naming the field for what
         cannot be served."""
+        if isinstance(body.thinking, ThinkingEnabled) and ctx.settings.reasoning_parser is None:
+            raise APIError(
+                400,
+                "thinking: this server splits thinking from the answer only when started "
+                "with --reasoning-parser",
+                param="thinking",
+            )
         plan = chat_plan(body)
         images = await load_images(ctx, image_sources(body))
         return cls(ctx, ChatRun.build(ctx, plan, new_id("msg"), images))

@@ -204,6 +204,20 @@ class Metadata(AnthropicModel):
     user_id: str | None = None
 
 
+class ThinkingEnabled(AnthropicModel):
+    """Extended thinking: the template gets enable_thinking, and the thinking may hold
+    budget_tokens before its end is forced (vLLM's thinking_token_budget)."""
+
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1)  # (Anthropic's least is 1,024; any is served here)
+
+
+class ThinkingDisabled(AnthropicModel):
+    """No thinking: the template gets enable_thinking false."""
+
+    type: Literal["disabled"]
+
+
 class ConversationFields(AnthropicModel):
     """What both routes render into the prompt."""
 
@@ -255,3 +269,13 @@ class MessagesRequest(ConversationFields):
     top_k: int | None = Field(default=None, ge=0, le=2**63 - 1)
     metadata: Metadata | None = None  # accepted, no effect
     stream: bool = False
+    thinking: Annotated[ThinkingEnabled | ThinkingDisabled, Field(discriminator="type")] | None = (
+        None
+    )
+
+    @model_validator(mode="after")
+    def _budget_under_max_tokens(self) -> MessagesRequest:
+        thinking = self.thinking
+        if isinstance(thinking, ThinkingEnabled) and thinking.budget_tokens >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens (as Anthropic)")
+        return self

@@ -401,3 +401,63 @@ def test_reasoning_is_a_thinking_block(thinking_server: LiveServer):
     assert reasoning and [(b.type, b.thinking) for b in out.content] == [("thinking", reasoning)]
     assert [(b.type, b.thinking) for b in final.content] == [("thinking", reasoning)]
     assert "thinking" in events  # the helper's own event for each thinking_delta
+
+
+# A template that opens the thinking in the prompt, as DeepSeek-R1's does.
+THINK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: <think>\n{% endif %}"
+)
+
+
+def test_extended_thinking_is_the_chat_routes_budget(model_dir: Path, live):
+    """thinking enabled: the template's enable_thinking and vLLM's thinking_token_budget,
+    so its end is forced after budget_tokens (the thinking the prompt opened, which a
+    random model never closes, ends there and text follows); disabled: enable_thinking
+    false. Each answer is the chat route's with those fields."""
+    server = start_server(model_dir, reasoning_parser="deepseek_r1", chat_template=THINK_TEMPLATE)
+    try:
+        check_thinking(server, live)
+    finally:
+        server.stop()
+
+
+def check_thinking(thinking_server: LiveServer, live: LiveServer) -> None:
+    url = thinking_server.url
+    enabled = {"type": "enabled", "budget_tokens": 3}
+    cases = [
+        (enabled, {"thinking_token_budget": 3, "chat_template_kwargs": {"enable_thinking": True}}),
+        ({"type": "disabled"}, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ]
+    answers = []
+    for thinking, fields in cases:
+        with anthropic.Anthropic(base_url=url, api_key="x", max_retries=0) as client:
+            out = create(client, max_tokens=20, temperature=0, thinking=thinking)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+            ref = (
+                client.chat.completions.create(
+                    model=MODEL_NAME,
+                    messages=MESSAGES,
+                    max_tokens=20,
+                    temperature=0,
+                    extra_body=fields,
+                )
+                .choices[0]
+                .message
+            )
+        blocks = [(b.type, b.thinking if b.type == "thinking" else b.text) for b in out.content]
+        expected = [("thinking", ref.reasoning_content), ("text", ref.content)]
+        assert blocks == [(kind, text) for kind, text in expected if text], thinking
+        answers.append([kind for kind, _ in blocks])
+    assert answers[0] == ["thinking", "text"]  # the budget ended the thinking
+    # The budget must be under max_tokens (as Anthropic); without a reasoning parser the
+    # server cannot tell the thinking apart: both a 400 naming the field.
+    body = {"model": MODEL_NAME, "max_tokens": MAX_TOKENS, "messages": MESSAGES}
+    over = {"type": "enabled", "budget_tokens": MAX_TOKENS}
+    with thinking_server.client() as http:
+        too_big = http.post("/v1/messages", json={**body, "thinking": over})
+    with live.client(headers={"x-api-key": API_KEY}) as http:
+        unparsed = http.post("/v1/messages", json={**body, "thinking": enabled})
+    for response in (too_big, unparsed):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["message"].startswith("thinking"), response.text
