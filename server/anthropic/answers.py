@@ -31,7 +31,9 @@ class ToolUseContent(BaseModel):
 
 
 class MessageUsage(BaseModel):
-    input_tokens: int
+    input_tokens: int  # the prompt's, less those read from the cache
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
     output_tokens: int
 
 

@@ -60,8 +60,21 @@ class AnthropicMessage:
             content_blocks(message),
             stop_reason,
             stop_sequence,
-            {"input_tokens": self.input_tokens, "output_tokens": len(final.token_ids)},
+            usage(self.input_tokens, final.num_cached_tokens, len(final.token_ids)),
         )
+
+
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage, whose input is split by the cache: input_tokens are the
+    prompt's tokens not read from it, cache_read_input_tokens those the prefix cache held
+    (the two add up to the prompt); nothing is written on request (no cache_control is
+    needed: every prompt's blocks are kept as they are computed)."""
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
 
 
 def message_body(

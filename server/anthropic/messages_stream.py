@@ -29,6 +29,7 @@ from hetero_infer.server.anthropic.messages import (
     message_body,
     new_id,
     thinking_block,
+    usage,
 )
 from hetero_infer.server.errors import APIError
 from hetero_infer.server.json_line import json_line
@@ -65,8 +66,8 @@ async def message_events(answer: AnthropicMessage) -> AsyncIterator[Event]:
     if first.finish_reason == "error":
         raise constraint_failed()  # nothing sent yet: the answer's status says it
     generated = len(first.delta_token_ids)
-    usage = {"input_tokens": answer.input_tokens, "output_tokens": generated}
-    start = message_body(answer.message_id, answer.ctx.model_name, [], None, None, usage)
+    start_usage = usage(answer.input_tokens, first.num_cached_tokens, generated)
+    start = message_body(answer.message_id, answer.ctx.model_name, [], None, None, start_usage)
     yield "message_start", {"type": "message_start", "message": start}
     blocks = BlockEvents()
     parser = answer.run.output_parser()

@@ -79,6 +79,12 @@ def sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "extra_body": extra} if extra else kwargs
 
 
+def prompt_tokens(usage: Any) -> int:
+    """The whole prompt, as Anthropic splits it: the tokens computed, and those written
+    to and read from the cache."""
+    return usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+
+
 def raw_events(live: LiveServer, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A streamed answer's events as (event name, data), in order."""
     with live.client(headers={"x-api-key": API_KEY}) as http:
@@ -123,7 +129,7 @@ def test_message_is_the_chat_answer(claude, gpt):
     assert [(b.type, b.text) for b in out.content] == ([("text", text)] if text else [])
     expected = {"length": "max_tokens", "stop": "end_turn"}[ref.choices[0].finish_reason]
     assert out.stop_reason == expected and out.stop_sequence is None
-    assert out.usage.input_tokens == ref.usage.prompt_tokens
+    assert prompt_tokens(out.usage) == ref.usage.prompt_tokens
     assert out.usage.output_tokens == ref.usage.completion_tokens
 
 
@@ -157,7 +163,7 @@ def test_stream_helper_gives_the_whole_answer(claude):
         final = stream.get_final_message()
     assert len(pieces) > 1 and "".join(pieces) == whole.content[0].text
     assert [(b.type, b.text) for b in final.content] == [("text", whole.content[0].text)]
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_tokens(final.usage) == prompt_tokens(whole.usage)
     assert final.usage.output_tokens == whole.usage.output_tokens
     assert final.stop_reason == whole.stop_reason and final.id.startswith("msg_")
 
@@ -181,7 +187,8 @@ def test_raw_stream_event_order(live: LiveServer, claude):
     assert (
         start["id"].startswith("msg_") and start["content"] == [] and start["stop_reason"] is None
     )
-    assert start["usage"]["input_tokens"] == whole.usage.input_tokens
+    cached = start["usage"]["cache_read_input_tokens"]
+    assert start["usage"]["input_tokens"] + cached == prompt_tokens(whole.usage)
     assert events[1][1] == {
         "type": "content_block_start",
         "index": 0,
@@ -299,7 +306,7 @@ def test_tool_result_turn(live: LiveServer, claude, gpt):
         claude, messages=TOOL_TURNS, tools=TOOLS, tool_choice={"type": "none"}, temperature=0
     )
     expected = prompt_ids(live, OPENAI_TURNS, tools=OPENAI_TOOLS)
-    assert out.usage.input_tokens == len(expected)
+    assert prompt_tokens(out.usage) == len(expected)
     ref = gpt.chat.completions.create(
         model=MODEL_NAME,
         messages=OPENAI_TURNS,
@@ -308,7 +315,7 @@ def test_tool_result_turn(live: LiveServer, claude, gpt):
         max_tokens=MAX_TOKENS,
         temperature=0,
     )
-    assert out.usage.input_tokens == ref.usage.prompt_tokens
+    assert prompt_tokens(out.usage) == ref.usage.prompt_tokens
     assert "".join(b.text for b in out.content) == ref.choices[0].message.content
     # A forced call after the results: its input follows the schema too.
     forced = create(
@@ -325,7 +332,7 @@ def test_count_tokens(live: LiveServer, claude):
     counted = claude.messages.count_tokens(model=MODEL_NAME, messages=TOOL_TURNS, tools=TOOLS)
     assert counted.input_tokens == len(prompt_ids(live, OPENAI_TURNS, tools=OPENAI_TOOLS))
     out = create(claude, messages=TOOL_TURNS, tools=TOOLS, tool_choice={"type": "none"})
-    assert out.usage.input_tokens == counted.input_tokens
+    assert prompt_tokens(out.usage) == counted.input_tokens
     plain = claude.messages.count_tokens(model=MODEL_NAME, messages=MESSAGES, system="Be brief.")
     expected = prompt_ids(live, [{"role": "system", "content": "Be brief."}, *MESSAGES])
     assert plain.input_tokens == len(expected)
@@ -461,3 +468,15 @@ def check_thinking(thinking_server: LiveServer, live: LiveServer) -> None:
     for response in (too_big, unparsed):
         assert response.status_code == 400, response.text
         assert response.json()["error"]["message"].startswith("thinking"), response.text
+
+
+def test_a_repeated_prompt_is_read_from_the_cache(claude):
+    """The prompt's tokens the prefix cache held are cache_read_input_tokens, the rest
+    input_tokens (a prompt asked again finds all its full blocks but the last token's)."""
+    system = "You answer questions about the weather, briefly and with care. " * 4
+    first = create(claude, system=system, temperature=0).usage
+    again = create(claude, system=system, temperature=0).usage
+    whole = prompt_tokens(first)
+    assert prompt_tokens(again) == whole and first.cache_creation_input_tokens == 0
+    assert again.cache_read_input_tokens == (whole - 1) // 16 * 16 > 0
+    assert again.input_tokens == whole - again.cache_read_input_tokens
