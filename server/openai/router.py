@@ -96,6 +96,8 @@ async def scores(body: ScoreRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/rerank", responses=route_responses(RerankResponse))
 @router.post("/rerank", responses=route_responses(RerankResponse), include_in_schema=False)
+# Cohere's v2 client's path, which vLLM serves too.
+@router.post("/v2/rerank", responses=route_responses(RerankResponse), include_in_schema=False)
 async def reranked(body: RerankRequest, request: Request) -> dict[str, Any]:
     return await rerank(RequestContext.open(request, body.model), body)
 

@@ -42,7 +42,7 @@ def test_score_one_against_many_and_pairwise(server: LiveServer):
     assert bad["error"]["param"] == "text_2"
 
 
-@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
 def test_rerank_best_first(server: LiveServer, path: str):
     scores = [cosine(server, QUERY, document) for document in DOCUMENTS]
     best_first = sorted(range(len(DOCUMENTS)), key=lambda i: -scores[i])
