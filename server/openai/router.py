@@ -1,6 +1,7 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/responses,
 /v1/embeddings, /v1/models (and one model's card, /v1/models/{model}), /tokenize and
-/detokenize; and vLLM's /v1/score and /rerank (/v1/rerank).
+/detokenize; vLLM's /v1/score and /rerank (/v1/rerank); and SageMaker's /invocations,
+which takes any of their bodies.
 
 Each handler only routes: completions.py, chat.py, responses_api.py and embeddings.py
 build the engine requests (through the engine's input processor, which checks them)
@@ -10,10 +11,13 @@ and the answers, whole or streamed as SSE. The typed bodies (*_request.py) and a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from hetero_infer.server.errors import APIError
 from hetero_infer.server.openai import tokenization
 from hetero_infer.server.openai.answers import (
     ChatCompletionResponse,
@@ -47,6 +51,7 @@ from hetero_infer.server.openai.scoring import rerank, score
 from hetero_infer.server.openai.scoring_request import RerankRequest, ScoreRequest
 from hetero_infer.server.openai.tokenize_request import DetokenizeRequest, TokenizeRequest
 from hetero_infer.server.serving.request_context import RequestContext, unknown_model
+from pydantic import ValidationError as PydanticValidationError
 
 router = APIRouter()
 
@@ -131,3 +136,33 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
 @router.post("/detokenize", responses=route_responses(DetokenizeResponse))
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
     return tokenization.detokenize(RequestContext.open(request, body.model).engine, body)
+
+
+# SageMaker's one inference path (its containers are probed at /ping and called at
+# /invocations): the body goes to the route whose body it is, by the field only that
+# body has, as vLLM routes it.
+INVOCATIONS = (
+    ("messages", ChatCompletionRequest, chat_completions),
+    ("prompt", CompletionRequest, completions),
+    ("input", EmbeddingRequest, embeddings),
+    ("query", RerankRequest, reranked),
+    ("text_1", ScoreRequest, scores),
+)
+
+
+@router.post("/invocations", include_in_schema=False)
+async def invocations(request: Request) -> Any:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError):
+        raise APIError(400, "the request body is not valid JSON") from None
+    for field, model_type, route in INVOCATIONS:
+        if isinstance(body, dict) and field in body:
+            try:
+                parsed = model_type.model_validate(body)
+            except PydanticValidationError as exc:
+                raise RequestValidationError(exc.errors()) from None
+            return await route(parsed, request)
+    fields = ", ".join(f"'{field}'" for field, _, _ in INVOCATIONS)
+    raise APIError(400, f"/invocations takes the body of a chat, completion, embedding, "
+                   f"rerank or score request: one with {fields}")  # fmt: skip
