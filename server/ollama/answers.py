@@ -21,6 +21,7 @@ class Timings(BaseModel):
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None
+    prompt_eval_cached_count: int | None = None
     prompt_eval_duration: int | None = None
     eval_count: int | None = None
     eval_duration: int | None = None

@@ -123,6 +123,8 @@ class Generation:
             "total_duration": nanoseconds(end - self.start),
             "load_duration": 0,
             "prompt_eval_count": len(self.request.prompt_token_ids),
+            # Ollama's: those of them read from the cache (the count above holds them).
+            "prompt_eval_cached_count": final.num_cached_tokens,
             "prompt_eval_duration": nanoseconds(first_token - scheduled),
             "eval_count": generated,
             "eval_duration": nanoseconds(end - first_token),

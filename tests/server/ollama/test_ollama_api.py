@@ -133,6 +133,13 @@ def test_generate_templated_streams_and_returns_context(api: ollama.Client, http
     follow = api.generate(model=MODEL_NAME, prompt="More", context=whole.context, options=GREEDY)
     assert follow.prompt_eval_count > len(whole.context)
     assert follow.context[: len(whole.context)] == whole.context
+    # Its start was in the cache: prompt_eval_cached_count (Ollama's) counts the tokens
+    # read from it, whole blocks of the context, within prompt_eval_count.
+    again = {"model": MODEL_NAME, "prompt": "More", "context": whole.context, "stream": False}
+    cached = http.post("/api/generate", json={**again, "options": GREEDY}).json()
+    assert cached["prompt_eval_count"] == follow.prompt_eval_count
+    assert cached["prompt_eval_cached_count"] == (cached["prompt_eval_count"] - 1) // 16 * 16
+    assert cached["prompt_eval_cached_count"] > 0
 
 
 def test_num_predict_larger_than_the_context_is_clamped(api: ollama.Client):
