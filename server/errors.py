@@ -107,7 +107,8 @@ def validation_api_error(exc: RequestValidationError) -> APIError:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid request")
+    # (pydantic's prefix of a validator's own message says nothing to a client)
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
         message, param = "the request body is not valid JSON", None
     return APIError(400, f"{param}: {message}" if param else message, param=param)
