@@ -31,6 +31,7 @@ from hetero_infer.server.serving.answer_parts import new_id, now, prepend
 from hetero_infer.server.serving.chat_images import ImageSource, load_images
 from hetero_infer.server.serving.chat_output import MessageDelta
 from hetero_infer.server.serving.chat_run import ChatRun
+from hetero_infer.server.serving.reasoning import THINK_END, reasoning_token_count
 from hetero_infer.server.serving.request_context import RequestContext
 
 # The chat request's field names -> the Responses API's, for errors.
@@ -115,7 +116,7 @@ class ResponsesAnswer:
         output.feed(self.run.output_parser().parse(final.text))
         status = _status(final)
         output.finish(status)
-        return self._finished(final, status, output.items, len(final.token_ids))
+        return self._finished(final, status, output.items, list(final.token_ids))
 
     async def chunks(self) -> AsyncIterator[Event]:
         outputs = self.ctx.outputs(self.run.request)
@@ -127,9 +128,9 @@ class ResponsesAnswer:
         yield {"type": "response.in_progress", "response": opening}
         parser = self.run.output_parser()
         output = OutputItems()
-        generated = 0
+        output_ids: list[int] = []
         async for out in prepend(first, outputs):  # deltas
-            generated += len(out.delta_token_ids)
+            output_ids += out.delta_token_ids
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
             if out.finished:
                 delta.add(parser.finish())
@@ -139,15 +140,19 @@ class ResponsesAnswer:
                 status = _status(out)
                 for event in output.finish(status):
                     yield event
-                body = self._finished(out, status, output.items, generated)
+                body = self._finished(out, status, output.items, output_ids)
                 yield {"type": f"response.{status}", "response": body}
 
     def _finished(
-        self, final: RequestOutput, status: str, items: list[dict[str, Any]], generated: int
+        self,
+        final: RequestOutput,
+        status: str,
+        items: list[dict[str, Any]],
+        output_ids: list[int],
     ) -> dict[str, Any]:
         """The finished response's body, kept in the store where the request asks."""
-        incomplete = _incomplete_details(final)
-        body = self._body(status, items, incomplete, generated, final.num_cached_tokens)
+        usage = self._usage(output_ids, final.num_cached_tokens, items)
+        body = self._body(status, items, _incomplete_details(final), usage)
         if status == "failed":
             body["error"] = self._constraint_error()
         if self.body.store:
@@ -156,6 +161,25 @@ class ResponsesAnswer:
             conversation = [*self.conversation, *kept]
             self.store.put(self.response_id, StoredResponse(body, conversation))
         return body
+
+    def _usage(
+        self, output_ids: list[int], cached_tokens: int, items: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The finished response's usage: the prompt tokens and those of them the prefix
+        cache held; the output tokens and those of them that are the model's thinking
+        (where the reasoning parser found any: through its end mark)."""
+        input_tokens = self.run.prompt_tokens
+        end_mark = self.ctx.engine.tokenizer.encode(THINK_END, add_special_tokens=False)
+        reasoned = any(item["type"] == "reasoning" for item in items)
+        return {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens},
+            "output_tokens": len(output_ids),
+            "output_tokens_details": {
+                "reasoning_tokens": reasoning_token_count(output_ids, end_mark, reasoned)
+            },
+            "total_tokens": input_tokens + len(output_ids),
+        }
 
     def _constraint_error(self) -> dict[str, Any]:
         """A failed response's ``error`` (OpenAI's: code and message), naming the
@@ -168,17 +192,14 @@ class ResponsesAnswer:
         status: str,
         items: list[dict[str, Any]],
         incomplete_details: dict[str, str] | None = None,
-        generated: int | None = None,
-        cached_tokens: int = 0,
+        usage: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The response object; ``usage`` once it has finished (``cached_tokens``: the
-        prompt tokens the prefix cache held)."""
+        """The response object; ``usage`` once it has finished."""
         body = self.body
         params = self.run.request.params
         tool_choice: Any = body.tool_choice or ("auto" if body.tools else "none")
         if not isinstance(tool_choice, str):
             tool_choice = tool_choice.model_dump()
-        input_tokens = self.run.prompt_tokens
         return {
             "id": self.response_id,
             "object": "response",
@@ -200,15 +221,7 @@ class ResponsesAnswer:
             "tools": [tool.model_dump() for tool in body.tools or []],
             "top_p": params.top_p,
             "truncation": "disabled",
-            "usage": None
-            if generated is None
-            else {
-                "input_tokens": input_tokens,
-                "input_tokens_details": {"cached_tokens": cached_tokens},
-                "output_tokens": generated,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": input_tokens + generated,
-            },
+            "usage": usage,
             "user": body.user,
             "safety_identifier": body.safety_identifier,
             "prompt_cache_key": body.prompt_cache_key,

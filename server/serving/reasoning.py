@@ -73,5 +73,18 @@ class ThinkTagParser:
 REASONING_PARSERS = {"deepseek_r1": True, "qwen3": False}  # name -> starts in reasoning
 
 
+def reasoning_token_count(token_ids: list[int], end_mark: list[int], reasoned: bool) -> int:
+    """How many of an output's tokens are its thinking, where the parser found some
+    (``reasoned``): those through the first end mark (``</think>`` as tokens), or all
+    of them where the thinking never closed."""
+    if not reasoned:
+        return 0
+    n = len(end_mark)
+    for i in range(len(token_ids) - n + 1):
+        if token_ids[i : i + n] == end_mark:
+            return i + n
+    return len(token_ids)
+
+
 def reasoning_parser(name: str) -> ThinkTagParser:
     return ThinkTagParser(starts_in_reasoning=REASONING_PARSERS[name])

@@ -492,6 +492,8 @@ def test_reasoning_items(reasoning_server):
         assert item.type == "reasoning" and item.id.startswith("rs_")
         assert item.content[0].type == "reasoning_text" and item.content[0].text == expected
         assert out.output_text == ""
+        # Every output token is thinking: the usage says so.
+        assert out.usage.output_tokens_details.reasoning_tokens == out.usage.output_tokens > 0
         events = list(create(client, stream=True))
     assert event_kinds([e.type for e in events]) == [
         "response.created",
@@ -506,6 +508,8 @@ def test_reasoning_items(reasoning_server):
     ]
     deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
     assert "".join(deltas) == expected
+    usage = events[-1].response.usage
+    assert usage.output_tokens_details.reasoning_tokens == usage.output_tokens == TEXT_TOKENS
 
 
 def test_http_client_sees_the_same_body(server):

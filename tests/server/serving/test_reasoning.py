@@ -5,7 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from hetero_infer.server.serving.reasoning import ReasoningDelta, reasoning_parser
+from hetero_infer.server.serving.reasoning import (
+    ReasoningDelta,
+    reasoning_parser,
+    reasoning_token_count,
+)
 
 from tests.server.serving.tool_parsers.streaming import random_pieces
 
@@ -60,3 +64,18 @@ def test_text_that_cannot_open_a_tag_streams_at_once() -> None:
     parser = reasoning_parser("qwen3")
     assert parser.feed("<think>") == ReasoningDelta()
     assert parser.feed("a") == ReasoningDelta(reasoning="a")
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "reasoned", "count"),
+    [
+        ([1, 2, 7, 8, 3, 4], True, 4),  # through the end mark (7, 8)
+        ([7, 8, 3], True, 2),  # an empty thinking: the mark alone
+        ([1, 2, 7, 3, 8], True, 5),  # the mark's tokens apart: never closed, all of it
+        ([1, 2, 7, 8, 5, 7, 8], True, 4),  # the first mark ends it
+        ([1, 2, 7, 8], False, 0),  # the parser found no thinking
+        ([], True, 0),
+    ],
+)
+def test_reasoning_tokens_are_those_through_the_end_mark(token_ids, reasoned, count):
+    assert reasoning_token_count(token_ids, [7, 8], reasoned) == count
