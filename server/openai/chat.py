@@ -30,6 +30,7 @@ from hetero_infer.server.serving.chat_output import (
 )
 from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.logprobs import LogprobsFormatter
+from hetero_infer.server.serving.reasoning import THINK_END, ThinkingTokens
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -55,6 +56,11 @@ class ChatCompletion:
         last = body.messages[-1]
         self.echoed = last.template_content() if body.echo and last.role == "assistant" else ""
         self.cached_tokens = 0  # of the prompt, from choice 0's outputs (the choices share it)
+        # Each choice's thinking in tokens, with the server's reasoning parser.
+        self.thinking: list[ThinkingTokens] | None = None
+        if run.reasoning is not None:
+            end_mark = tokenizer.encode(THINK_END, add_special_tokens=False)
+            self.thinking = [ThinkingTokens(end_mark) for _ in range(self.n)]
 
     @classmethod
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:
@@ -73,6 +79,7 @@ class ChatCompletion:
         for final in finals:
             parser = run.output_parser()
             message = parser.parse(final.text)
+            self._count_thinking(final.index, final.token_ids, message)
             message.content = self.echoed + message.content
             choices.append(
                 {
@@ -124,6 +131,7 @@ class ChatCompletion:
             delta = parser.feed(out.delta_text) if out.delta_text else MessageDelta()
             if out.finished:
                 delta.add(parser.finish())
+            self._count_thinking(out.index, out.delta_token_ids, delta)
             if not self.include_reasoning:
                 delta.reasoning = ""
             # Logprobs of tokens without text yet (or held back) ride on a later chunk.
@@ -164,10 +172,18 @@ class ChatCompletion:
             body["prompt_logprobs"] = self.prompt_formatter.prompt(prompt_logprobs)
         return body
 
+    def _count_thinking(self, index: int, token_ids: list[int], message: MessageDelta) -> None:
+        if self.thinking is not None:
+            self.thinking[index].add(token_ids)
+            self.thinking[index].reasoned |= bool(message.reasoning)
+
     def _usage(self, generated: int) -> dict[str, Any]:
-        """The usage so far; with prompt tokens details on, the prompt's cached tokens."""
+        """The usage so far; with prompt tokens details on, the prompt's cached tokens;
+        with a reasoning parser, the output's thinking tokens."""
         details = self.ctx.settings.enable_prompt_tokens_details
-        return usage(self.run.prompt_tokens, generated, self.cached_tokens if details else None)
+        cached = self.cached_tokens if details else None
+        thinking = None if self.thinking is None else sum(t.count for t in self.thinking)
+        return usage(self.run.prompt_tokens, generated, cached, thinking)
 
     def _usage_so_far(self, generated: int) -> dict[str, Any] | None:
         """With continuous usage stats, the usage a content chunk carries."""

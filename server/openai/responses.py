@@ -71,10 +71,14 @@ def completion_body(
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """OpenAI's usage; ``cached_tokens``: the prompt tokens the prefix cache held, given
-    as prompt_tokens_details where the server enables it (else None: left out)."""
+    as prompt_tokens_details where the server enables it; ``reasoning_tokens``: the
+    output's thinking, as completion_tokens_details (None: left out)."""
     body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -82,6 +86,8 @@ def usage(
     }
     if cached_tokens is not None:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return body
 
 

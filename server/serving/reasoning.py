@@ -73,17 +73,37 @@ class ThinkTagParser:
 REASONING_PARSERS = {"deepseek_r1": True, "qwen3": False}  # name -> starts in reasoning
 
 
+class ThinkingTokens:
+    """One choice's thinking in tokens, as its output arrives: those through the first
+    end mark (``</think>`` as tokens), all of them while the thinking has not closed.
+    They are thinking only where the parser found some (``reasoned``)."""
+
+    def __init__(self, end_mark: list[int]) -> None:
+        self.end_mark = end_mark
+        self.through_end = 0
+        self.closed = False
+        self.reasoned = False
+        self._tail: list[int] = []  # the last tokens, as long as the mark
+
+    def add(self, token_ids: list[int]) -> None:
+        for token in token_ids:
+            if self.closed:
+                return
+            self.through_end += 1
+            self._tail = [*self._tail, token][-len(self.end_mark) :]
+            self.closed = self._tail == self.end_mark
+
+    @property
+    def count(self) -> int:
+        return self.through_end if self.reasoned else 0
+
+
 def reasoning_token_count(token_ids: list[int], end_mark: list[int], reasoned: bool) -> int:
-    """How many of an output's tokens are its thinking, where the parser found some
-    (``reasoned``): those through the first end mark (``</think>`` as tokens), or all
-    of them where the thinking never closed."""
-    if not reasoned:
-        return 0
-    n = len(end_mark)
-    for i in range(len(token_ids) - n + 1):
-        if token_ids[i : i + n] == end_mark:
-            return i + n
-    return len(token_ids)
+    """How many of a whole output's tokens are its thinking (ThinkingTokens)."""
+    thinking = ThinkingTokens(end_mark)
+    thinking.add(token_ids)
+    thinking.reasoned = reasoned
+    return thinking.count
 
 
 def reasoning_parser(name: str) -> ThinkTagParser:

@@ -418,3 +418,32 @@ def test_thinking_token_budget_forces_the_end_mark(model_dir, server, reference_
     for response in (constrained, unmarked):
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "thinking_token_budget"
+
+
+# A template that opens the thinking in the prompt, as DeepSeek-R1's does.
+THINK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: <think>\n{% endif %}"
+)
+
+
+def test_usage_counts_the_thinking_tokens(model_dir, reference_engine):
+    """With a reasoning parser, usage.completion_tokens_details.reasoning_tokens (OpenAI's)
+    counts the output's thinking: its tokens through the end mark the budget forced,
+    whole or streamed (with continuous usage, every chunk so far); for n choices, all
+    of theirs."""
+    end = reference_engine.tokenizer.encode("</think>", add_special_tokens=False)
+    live = start_server(model_dir, reasoning_parser="deepseek_r1", chat_template=THINK_TEMPLATE)
+    body = {**GREEDY, "messages": MESSAGES, "thinking_token_budget": 3}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    try:
+        whole = post(live, "/v1/chat/completions", {**body, "n": 2, "return_token_ids": True})
+        chunks = stream(live, "/v1/chat/completions", {**body, "stream_options": options})
+    finally:
+        live.stop()
+    ids = whole["choices"][0]["token_ids"]
+    thinking = next(i + len(end) for i in range(len(ids)) if ids[i : i + len(end)] == end)
+    assert 3 <= thinking < len(ids)  # the budget ended it, and an answer followed
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2 * thinking}
+    so_far = [c["usage"]["completion_tokens_details"]["reasoning_tokens"] for c in chunks]
+    assert so_far == sorted(so_far) and so_far[0] < so_far[-1] == thinking
