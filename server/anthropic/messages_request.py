@@ -218,6 +218,9 @@ class ThinkingDisabled(AnthropicModel):
     type: Literal["disabled"]
 
 
+Thinking = Annotated[ThinkingEnabled | ThinkingDisabled, Field(discriminator="type")]
+
+
 class ConversationFields(AnthropicModel):
     """What both routes render into the prompt."""
 
@@ -269,9 +272,7 @@ class MessagesRequest(ConversationFields):
     top_k: int | None = Field(default=None, ge=0, le=2**63 - 1)
     metadata: Metadata | None = None  # accepted, no effect
     stream: bool = False
-    thinking: Annotated[ThinkingEnabled | ThinkingDisabled, Field(discriminator="type")] | None = (
-        None
-    )
+    thinking: Thinking | None = None
 
     @model_validator(mode="after")
     def _budget_under_max_tokens(self) -> MessagesRequest:
