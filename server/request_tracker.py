@@ -13,7 +13,7 @@ class RequestTracker:
     """Observes one request's outputs as they arrive; ``final_only``: it gets only its
     finished ones (RequestOutputKind.FINAL_ONLY)."""
 
-    def __init__(self, metrics: ServerMetrics, final_only: bool = False) -> None:
+    def __init__(self, metrics: ServerMetrics, final_only: bool) -> None:
         self.metrics = metrics
         self.final_only = final_only
         self.started = time.monotonic()

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import MODEL_NAME, LiveServer
@@ -269,3 +270,66 @@ def test_a_request_its_client_left_counts_as_aborted(server: LiveServer):
     assert delta("request_params_n", "_count") == 1
     for name in GAUGES:
         assert value(after, name) == 0, name
+
+
+LATENCIES = (
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "time_per_output_token_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "request_inference_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+    "request_time_per_output_token_seconds",
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_latencies_lie_within_the_requests_time(server: LiveServer, stream: bool):
+    """Every latency observed is a time within the requests' own: no sum passes the
+    wall time of its observations. A request's time per output token is its decode time
+    over its tokens after the first; one token has none (no observation, no error)."""
+    body = {"model": MODEL_NAME, "prompt": "Hello world and the", "stream": stream}
+    body |= {"ignore_eos": True}
+    with server.client() as http:
+        scrapes = [scrape(http)]
+        started = time.monotonic()
+        for max_tokens in (1, 2, 6):
+            answer = http.post("/v1/completions", json={**body, "max_tokens": max_tokens})
+            assert answer.status_code == 200, answer.text
+            scrapes.append(scrape(http))
+        elapsed = time.monotonic() - started
+    delta = changes(scrapes[0], scrapes[-1])
+    for name in LATENCIES:
+        count = delta(name, "_count")
+        assert count > 0, name
+        assert 0 <= delta(name, "_sum") <= count * elapsed, name
+    steps = [changes(a, b) for a, b in zip(scrapes, scrapes[1:], strict=False)]
+    counts = [step("request_time_per_output_token_seconds", "_count") for step in steps]
+    assert counts == [0, 1, 1]
+    six = steps[-1]
+    decode = six("request_decode_time_seconds", "_sum")
+    assert six("request_time_per_output_token_seconds", "_sum") == pytest.approx(decode / 5)
+
+
+def test_a_request_whose_client_left_before_any_output(server: LiveServer):
+    """Not streamed, a request gives the server no output before its end: its choices
+    end as aborted having made nothing the server saw."""
+    body = {"model": MODEL_NAME, "prompt": "Hello world and the", "max_tokens": 480, "n": 2}
+    with server.client() as http:
+        before = scrape(http)
+        with server.client(timeout=0.2) as impatient, pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/completions", json={**body, "ignore_eos": True})
+        deadline = time.monotonic() + 30
+        while True:
+            after = scrape(http)
+            delta = changes(before, after)
+            idle = all(value(after, name) == 0 for name in GAUGES)
+            if delta("request_success", "_total") == 2 and idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert delta("request_success", "_total", finished_reason="abort") == 2
+    assert delta("request_generation_tokens", "_count") == 2
+    assert delta("request_generation_tokens", "_sum") == 0
+    assert delta("request_params_n", "_sum") == 2
