@@ -7,6 +7,7 @@ import random
 import pytest
 from hetero_infer.server.serving.reasoning import (
     ReasoningDelta,
+    ThinkingTokens,
     reasoning_parser,
     reasoning_token_count,
 )
@@ -79,3 +80,13 @@ def test_text_that_cannot_open_a_tag_streams_at_once() -> None:
 )
 def test_reasoning_tokens_are_those_through_the_end_mark(token_ids, reasoned, count):
     assert reasoning_token_count(token_ids, [7, 8], reasoned) == count
+
+
+def test_thinking_counts_nothing_until_the_parser_finds_some():
+    """As the chat route feeds it: tokens as they come, the parser's finding apart."""
+    thinking = ThinkingTokens([7, 8])
+    thinking.add([1, 7])
+    thinking.add([8, 2])
+    assert thinking.closed and thinking.count == 0
+    thinking.reasoned |= True
+    assert thinking.count == 3
