@@ -52,11 +52,11 @@ class RequestTracker:
         if output.finished:
             self._choice_ended(output, output.finish_reason, now)
 
-    def abandoned(self, num_prompt_tokens: int, n: int) -> None:
+    def abandoned(self, num_prompt_tokens: int, n: int, max_tokens: int | None) -> None:
         """The request ended before its choices did (its client went away): each one
         not finished counts as aborted, with what it had done, so that the requests'
         histograms hold every request the engine took (vLLM's leave aborted requests
-        out, while its prompt_tokens_total counts their prompts)."""
+        out, while its prompt_tokens_total counts their prompts); then ``done``."""
         now = time.monotonic()
         for output in self.latest.values():
             if not output.finished:
@@ -64,6 +64,7 @@ class RequestTracker:
         for _ in range(n - len(self.latest)):  # choices with no output yet
             arrived = RequestMetrics(arrival_time=self.started)
             self._ended("abort", arrived, num_prompt_tokens, 0, 0, now)
+        self.done(max_tokens, n)
 
     def done(self, max_tokens: int | None, n: int) -> None:
         """The request has ended, every choice of it: its request-wide histograms."""

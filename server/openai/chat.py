@@ -30,7 +30,7 @@ from hetero_infer.server.serving.chat_output import (
 )
 from hetero_infer.server.serving.chat_run import ChatRun
 from hetero_infer.server.serving.logprobs import LogprobsFormatter
-from hetero_infer.server.serving.reasoning import THINK_END, ThinkingTokens
+from hetero_infer.server.serving.reasoning import ThinkingTokens, end_mark_tokens
 from hetero_infer.server.serving.request_context import RequestContext
 
 
@@ -59,8 +59,7 @@ class ChatCompletion:
         # Each choice's thinking in tokens, with the server's reasoning parser.
         self.thinking: list[ThinkingTokens] | None = None
         if run.reasoning is not None:
-            end_mark = tokenizer.encode(THINK_END, add_special_tokens=False)
-            self.thinking = [ThinkingTokens(end_mark) for _ in range(self.n)]
+            self.thinking = [ThinkingTokens(end_mark_tokens(tokenizer)) for _ in range(self.n)]
 
     @classmethod
     async def build(cls, ctx: RequestContext, body: ChatCompletionRequest) -> ChatCompletion:

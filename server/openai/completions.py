@@ -261,8 +261,7 @@ async def beam_outputs(
     except (EngineError, ValueError) as exc:
         raise APIError.from_exception(exc) from exc
     except asyncio.CancelledError:  # its client went away
-        tracker.abandoned(len(request.prompt_token_ids), params.beam_width)
-        tracker.done(params.max_tokens, params.beam_width)
+        tracker.abandoned(len(request.prompt_token_ids), params.beam_width, params.max_tokens)
         raise
     if not outputs:
         raise timed_out_before_first_token()

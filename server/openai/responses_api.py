@@ -31,7 +31,7 @@ from hetero_infer.server.serving.answer_parts import new_id, now, prepend
 from hetero_infer.server.serving.chat_images import ImageSource, load_images
 from hetero_infer.server.serving.chat_output import MessageDelta
 from hetero_infer.server.serving.chat_run import ChatRun
-from hetero_infer.server.serving.reasoning import THINK_END, reasoning_token_count
+from hetero_infer.server.serving.reasoning import end_mark_tokens, reasoning_token_count
 from hetero_infer.server.serving.request_context import RequestContext
 
 # The chat request's field names -> the Responses API's, for errors.
@@ -169,15 +169,15 @@ class ResponsesAnswer:
         cache held; the output tokens and those of them that are the model's thinking
         (where the reasoning parser found any: through its end mark)."""
         input_tokens = self.run.prompt_tokens
-        end_mark = self.ctx.engine.tokenizer.encode(THINK_END, add_special_tokens=False)
-        reasoned = any(item["type"] == "reasoning" for item in items)
+        thinking = 0
+        if any(item["type"] == "reasoning" for item in items):
+            end_mark = end_mark_tokens(self.ctx.engine.tokenizer)
+            thinking = reasoning_token_count(output_ids, end_mark, reasoned=True)
         return {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": len(output_ids),
-            "output_tokens_details": {
-                "reasoning_tokens": reasoning_token_count(output_ids, end_mark, reasoned)
-            },
+            "output_tokens_details": {"reasoning_tokens": thinking},
             "total_tokens": input_tokens + len(output_ids),
         }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetero_infer.engine.params.thinking_budget import Encoder
 from hetero_infer.server.serving.tool_parsers.base import split_at_marker
 
 THINK_START = "<think>"
@@ -71,6 +72,11 @@ class ThinkTagParser:
 
 
 REASONING_PARSERS = {"deepseek_r1": True, "qwen3": False}  # name -> starts in reasoning
+
+
+def end_mark_tokens(tokenizer: Encoder) -> list[int]:
+    """The end mark as the tokens a model writes it in."""
+    return tokenizer.encode(THINK_END, add_special_tokens=False)
 
 
 class ThinkingTokens:

@@ -146,8 +146,7 @@ class RequestContext:
             raise APIError.from_exception(exc) from exc
         except (asyncio.CancelledError, GeneratorExit):
             # Its client went away, or a sibling request failed (run_to_end).
-            tracker.abandoned(len(request.prompt_token_ids), params.n)
-            tracker.done(params.max_tokens, params.n)
+            tracker.abandoned(len(request.prompt_token_ids), params.n, params.max_tokens)
             raise
         tracker.done(params.max_tokens, params.n)
 
