@@ -75,7 +75,6 @@ def request_error(exc: RequestValidationError) -> APIError:
             f"(documents, files and server tools are not); this server takes "
             f"{context.get('expected_tags')}"
         )
-    error.message = error.message.replace("Value error, ", "")
     return error
 
 
